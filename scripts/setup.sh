@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Create .venv and install the pinned requirements (torch first). Idempotent: a second
+# run installs nothing when the requirements have not changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+stamp=.venv/.stopexp-requirements
+if ! cmp -s requirements.txt "$stamp" 2>/dev/null; then
+  .venv/bin/pip install -q --disable-pip-version-check "$(grep -E '^torch==' requirements.txt)"
+  .venv/bin/pip install -q --disable-pip-version-check -r requirements.txt
+  .venv/bin/pip install -q --disable-pip-version-check --no-deps -e .
+  cp requirements.txt "$stamp"
+fi

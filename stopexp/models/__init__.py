@@ -1,0 +1,76 @@
+"""Loading the LM: the embedded toy Llama or any HF causal LM, frozen, in eval mode."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelNotAvailable(RuntimeError):
+    """The configured model's weights are neither local nor downloadable."""
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def model_dir(cfg, progress: bool = True) -> str:
+    """Where the weights come from: the toy LM's directory (trained if needed) or
+    `model.path` (hub id or local directory)."""
+    if cfg.model.name == "toy":
+        from stopexp.models.toy_lm import ensure_toy_lm
+
+        return str(ensure_toy_lm(cfg, progress))
+    return cfg.model.path
+
+
+def load_lm(cfg, progress: bool = True):
+    """(model, tokenizer) for `cfg.model`, checked against the sizes the config states."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    m = cfg.model
+    source = model_dir(cfg, progress)
+    kwargs = {"dtype": DTYPES[m.dtype]}
+    if m.revision:
+        kwargs["revision"] = m.revision
+    if m.attn_implementation:
+        kwargs["attn_implementation"] = m.attn_implementation
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, revision=m.revision)
+        model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+    except (OSError, ValueError) as e:
+        local = Path(source).exists()
+        raise ModelNotAvailable(
+            f"model.path: cannot load {source!r} "
+            + ("from that directory" if local else
+               "- it is not in the local Hugging Face cache and the hub cannot be reached")
+            + f" ({e.__class__.__name__}). Download it where you have internet "
+            f"(`huggingface-cli download {source}`) or point model.path at a local copy: "
+            f"model.path=/path/to/{source.split('/')[-1]}") from e
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    model.to(pick_device(m.device)).eval().requires_grad_(False)
+    check_sizes(cfg, model)
+    return model, tokenizer
+
+
+def check_sizes(cfg, model) -> None:
+    """The loaded model must match the sizes the config (and the tap layers) assume."""
+    c = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    expected = {"model.hidden_size": cfg.model.hidden_size, "model.num_layers": cfg.model.num_layers}
+    if cfg.model.toy is not None:
+        expected = {"model.toy.hidden_size": cfg.model.toy.hidden_size,
+                    "model.toy.num_layers": cfg.model.toy.num_layers}
+    actual = dict(zip(expected, (c.hidden_size, c.num_hidden_layers)))
+    for key, want in expected.items():
+        if want is not None and want != actual[key]:
+            raise ValueError(f"{key}: the config says {want} but the loaded model "
+                             f"{cfg.model.name!r} has {actual[key]}")

@@ -1,0 +1,132 @@
+"""The embedded model: a tiny Llama trained locally on the embedded task.
+
+Training stops early, by design: a fully trained tiny model solves the task almost always
+and leaves nothing to prune. The stopping point is the first evaluation at which the
+per-path accuracy on separate screening prompts (val split, sampled at the search
+temperature) reaches `target_accuracy`.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from pathlib import Path
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from stopexp.artifacts import config_hash, publish_dir, staging_dir, write_json
+from stopexp.models.tokenizer import build_char_tokenizer
+from stopexp.search.decode import Engine, SamplingParams
+from stopexp.search.sample import sample_paths
+
+log = logging.getLogger(__name__)
+COMMITTED = Path(__file__).parent / "pretrained"
+
+
+def toy_key(toy_cfg, task_cfg) -> str:
+    """What determines the toy LM: its own settings (screening sampler included), the task."""
+    return config_hash(toy_cfg, task_cfg)
+
+
+def screening_params(toy_cfg) -> SamplingParams:
+    return SamplingParams(max_new_tokens=toy_cfg.screen_max_new_tokens,
+                          temperature=toy_cfg.screen_temperature)
+
+
+def build_model(toy_cfg, tokenizer) -> LlamaForCausalLM:
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=toy_cfg.hidden_size,
+        num_hidden_layers=toy_cfg.num_layers, num_attention_heads=toy_cfg.num_heads,
+        num_key_value_heads=toy_cfg.num_heads, intermediate_size=toy_cfg.intermediate_size,
+        max_position_embeddings=256, tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(toy_cfg.seed)
+    return LlamaForCausalLM(config)
+
+
+def _batch(task, tokenizer, rng: random.Random, size: int):
+    seqs, prompt_lens = [], []
+    for _ in range(size):
+        p = task.sample("train", rng)
+        prompt = tokenizer(p.prompt)["input_ids"]
+        answer = tokenizer(task.training_text(p, rng), add_special_tokens=False)["input_ids"]
+        seqs.append(prompt + answer + [tokenizer.eos_token_id])
+        prompt_lens.append(len(prompt))
+    width = max(map(len, seqs))
+    ids = torch.full((size, width), tokenizer.pad_token_id)
+    labels = torch.full((size, width), -100)
+    for i, (s, n) in enumerate(zip(seqs, prompt_lens)):
+        ids[i, : len(s)] = torch.tensor(s)
+        labels[i, n : len(s)] = torch.tensor(s[n:])  # loss on the completion only
+    return ids, (ids != tokenizer.pad_token_id).long(), labels
+
+
+def screen(model, tokenizer, task, toy_cfg) -> float:
+    """Per-path accuracy on the screening prompts (val split) at the search temperature."""
+    model.eval()
+    problems = task.problems("val", toy_cfg.screen_prompts)
+    engine = Engine(model, tokenizer.eos_token_id, tokenizer.pad_token_id,
+                    screening_params(toy_cfg))
+    paths = sample_paths(engine, tokenizer, task, problems, toy_cfg.screen_paths,
+                         seed=toy_cfg.seed + 1)
+    model.train()
+    return sum(p.correct for p in paths) / len(paths)
+
+
+def train_toy_lm(toy_cfg, task, out_dir: Path, progress=True) -> dict:
+    """Train until screening accuracy reaches the target; save with `save_pretrained`."""
+    tokenizer = build_char_tokenizer()
+    model = build_model(toy_cfg, tokenizer)
+    opt = torch.optim.AdamW(model.parameters(), lr=toy_cfg.lr, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / max(1, toy_cfg.warmup_steps)))
+    rng = random.Random(toy_cfg.seed)
+    start, history, acc, step = time.time(), [], 0.0, 0
+    model.train()
+    for step in range(1, toy_cfg.max_steps + 1):
+        ids, mask, labels = _batch(task, tokenizer, rng, toy_cfg.batch_size)
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if step % toy_cfg.eval_every == 0 or step == toy_cfg.max_steps:
+            acc = screen(model, tokenizer, task, toy_cfg)
+            history.append({"step": step, "loss": loss.item(), "screen_accuracy": acc,
+                            "seconds": round(time.time() - start, 1)})
+            if progress:
+                log.info("toy LM step %d  loss %.4f  screening per-path accuracy %.3f  (%.0fs)",
+                         step, loss.item(), acc, time.time() - start)
+            if acc >= toy_cfg.target_accuracy:
+                break
+    model.eval()
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    info = {"steps": step, "screen_accuracy": acc, "train_seconds": round(time.time() - start, 1),
+            "parameters": sum(p.numel() for p in model.parameters()), "history": history,
+            "reached_target": acc >= toy_cfg.target_accuracy}
+    write_json(out_dir / "toy_lm.json", info)
+    return info
+
+
+def ensure_toy_lm(cfg, progress=True) -> Path:
+    """The toy LM's directory for this config: the cache, else the committed checkpoint,
+    else trained now (and cached)."""
+    from stopexp.tasks import build_task
+
+    key = toy_key(cfg.model.toy, cfg.task)
+    final = Path(cfg.paths.cache_dir) / "toy_lm" / key
+    if (final / "toy_lm.json").exists():
+        return final
+    committed = COMMITTED / f"toy-{key}"
+    if (committed / "toy_lm.json").exists():
+        return committed
+    log.info("training the toy LM (%s) into %s", key, final)
+    tmp = staging_dir(final)
+    train_toy_lm(cfg.model.toy, build_task(cfg.task), tmp, progress)
+    publish_dir(tmp, final)
+    return final

@@ -1,0 +1,1 @@
+"""Decoding and search: the engine, plain sampling, tracing, pruned searches."""

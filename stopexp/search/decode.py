@@ -1,0 +1,261 @@
+"""The decode engine: batched incremental sampling with a KV cache whose rows really leave.
+
+All live rows advance in lockstep (same number of generated tokens), prompts are
+left-padded. A row that ends (EOS or max length) or is pruned leaves the batch *and* the
+cache, so each forward costs only what is still alive.
+
+Every path samples from its own random stream, a function of (seed, prompt, path): the
+token at step t is drawn by inverse CDF from the path's t-th uniform. A path's tokens thus
+do not depend on which other paths share the batch or were pruned, which is what makes
+offline replay of any pruning decision exact.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache
+
+from stopexp.taps import Taps
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    do_sample: bool = True
+    conf_topk: int = 5  # DeepConf's token confidence: -mean log-prob of the top-k tokens
+
+    @classmethod
+    def from_config(cls, search) -> "SamplingParams":
+        return cls(max_new_tokens=search.max_new_tokens, temperature=search.temperature,
+                   top_p=search.top_p, top_k=search.top_k, do_sample=search.do_sample,
+                   conf_topk=search.conf_topk)
+
+
+def stream_seed(*parts) -> int:
+    """A 63-bit seed for a random stream named by `parts`, e.g. (seed, prompt, path)."""
+    digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+def uniforms(seed: int, n: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(n, generator=g, dtype=torch.float64)
+
+
+def sampling_distribution(logits: torch.Tensor, p: SamplingParams):
+    """log-probs of the sampling distribution (temperature, top-k, top-p applied) and the
+    log-probs of the temperature-scaled distribution before filtering."""
+    scaled = logits.float() / (p.temperature if p.do_sample else 1.0)
+    full = torch.log_softmax(scaled, dim=-1)
+    if not p.do_sample:
+        return full, full
+    filtered = scaled
+    if p.top_k and p.top_k < scaled.shape[-1]:
+        kth = torch.topk(scaled, p.top_k, dim=-1).values[..., -1:]
+        filtered = filtered.masked_fill(filtered < kth, float("-inf"))
+    if p.top_p < 1.0:
+        probs = torch.softmax(filtered, dim=-1)
+        sorted_p, order = torch.sort(probs, dim=-1, descending=True)
+        # drop a token when the mass before it already reaches top_p (the top token stays)
+        drop_sorted = (torch.cumsum(sorted_p, dim=-1) - sorted_p) >= p.top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        filtered = filtered.masked_fill(drop, float("-inf"))
+    return torch.log_softmax(filtered, dim=-1), full
+
+
+def choose_tokens(logp: torch.Tensor, u: torch.Tensor, do_sample: bool) -> torch.Tensor:
+    if not do_sample:
+        return logp.argmax(dim=-1)
+    cdf = torch.cumsum(logp.double().exp(), dim=-1)
+    idx = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1)).squeeze(-1)
+    return idx.clamp_max(logp.shape[-1] - 1)
+
+
+@dataclass
+class StepRecord:
+    """What one decode step produced for the rows alive at that step."""
+    paths: torch.Tensor      # (B,) path index of each row
+    tokens: torch.Tensor     # (B,)
+    logprob: torch.Tensor    # (B,) log-prob of the token under the sampling distribution
+    entropy: torch.Tensor    # (B,) entropy of the sampling distribution
+    conf: torch.Tensor       # (B,) DeepConf token confidence
+
+
+@dataclass
+class Decode:
+    """The live state of a batch of paths. Rows are indexed 0..B-1; `paths` maps rows to
+    path indices (positions in the list given to `Engine.launch`)."""
+    paths: torch.Tensor
+    uniforms: torch.Tensor          # (B, max_new_tokens)
+    cache: DynamicCache
+    attention_mask: torch.Tensor    # (B, T)
+    positions: torch.Tensor         # (B,) position id of the next token to feed
+    next_logits: torch.Tensor       # (B, V)
+    n_generated: int
+    n_paths: int
+    pool_sum: torch.Tensor | None = None  # (B, layers, H) for mean pooling
+    steps: list[StepRecord] = field(default_factory=list)
+    features: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    lengths: torch.Tensor | None = None    # (P,) tokens generated per path so far
+    finished: torch.Tensor | None = None   # (P,) ended by EOS
+    record_taps: bool = True               # forks (Monte Carlo rollouts) keep no features
+
+    @property
+    def size(self) -> int:
+        return int(self.paths.numel())
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only `rows` (indices into the live batch), in the batch and in the cache."""
+        if rows.numel() == self.size and bool((rows == torch.arange(self.size)).all()):
+            return
+        rows = rows.to(self.attention_mask.device)
+        self.cache.batch_select_indices(rows)
+        self.paths = self.paths[rows.cpu()]
+        self.uniforms = self.uniforms[rows.cpu()]
+        self.attention_mask = self.attention_mask[rows]
+        self.positions = self.positions[rows]
+        self.next_logits = self.next_logits[rows]
+        if self.pool_sum is not None:
+            self.pool_sum = self.pool_sum[rows]
+
+    def keep_paths(self, keep: torch.Tensor) -> None:
+        """Keep the live rows whose path index is in `keep`; the others leave."""
+        mask = torch.isin(self.paths, keep.cpu())
+        self.select(mask.nonzero().squeeze(-1))
+
+    def tensors(self, pad_id: int):
+        """(tokens, logprob, entropy, conf) as (P, max_len) padded tensors + lengths."""
+        P, T = self.n_paths, max(1, len(self.steps))
+        tok = torch.full((P, T), pad_id, dtype=torch.long)
+        lp, ent, conf = (torch.zeros(P, T) for _ in range(3))
+        for t, s in enumerate(self.steps):
+            tok[s.paths, t] = s.tokens
+            lp[s.paths, t] = s.logprob
+            ent[s.paths, t] = s.entropy
+            conf[s.paths, t] = s.conf
+        return tok, lp, ent, conf, self.lengths.clone()
+
+
+class Engine:
+    """Runs a frozen causal LM over batches of paths. Taps (forward hooks) are optional:
+    with `taps`, hidden features are kept at the `checkpoints` (prefix lengths in generated
+    tokens), pooled as the taps say; nothing else of the hidden sequence is kept."""
+
+    def __init__(self, model, eos_id: int, pad_id: int, params: SamplingParams,
+                 taps: Taps | None = None, checkpoints: tuple[int, ...] = ()):
+        self.model, self.eos_id, self.pad_id, self.params = model, eos_id, pad_id, params
+        self.taps, self.checkpoints = taps, tuple(sorted(set(checkpoints)))
+        self.device = next(model.parameters()).device
+        bad = [c for c in self.checkpoints if not 1 <= c < params.max_new_tokens]
+        if bad:
+            raise ValueError(f"checkpoints {bad} lie outside 1..{params.max_new_tokens - 1} "
+                             f"(max_new_tokens={params.max_new_tokens})")
+
+    @torch.no_grad()
+    def _forward(self, state: Decode, input_ids: torch.Tensor, position_ids: torch.Tensor):
+        out = self.model(input_ids=input_ids, attention_mask=state.attention_mask,
+                         position_ids=position_ids, cache=state.cache, use_cache=True)
+        state.next_logits = out.logits[:, -1, :].float()
+
+    @torch.no_grad()
+    def launch(self, prompts: list[list[int]], seeds: list[int]) -> Decode:
+        """Prefill left-padded `prompts` (token ids, one per path) with their stream seeds."""
+        if len(prompts) != len(seeds) or not prompts:
+            raise ValueError("launch needs one seed per prompt and at least one prompt")
+        width = max(map(len, prompts))
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            if p:
+                ids[i, width - len(p):] = torch.tensor(p)
+                mask[i, width - len(p):] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        pos = (mask.cumsum(-1) - 1).clamp_min(0)
+        P = len(prompts)
+        u = torch.stack([uniforms(s, self.params.max_new_tokens) for s in seeds])
+        state = Decode(paths=torch.arange(P), uniforms=u,
+                       cache=DynamicCache(config=self.model.config), attention_mask=mask,
+                       positions=pos[:, -1] + 1, next_logits=torch.empty(0), n_generated=0,
+                       n_paths=P, lengths=torch.zeros(P, dtype=torch.long),
+                       finished=torch.zeros(P, dtype=torch.bool))
+        self._forward(state, ids, pos)
+        return state
+
+    @torch.no_grad()
+    def step(self, state: Decode) -> None:
+        """Sample one token for every live row, drop rows that ended, feed the others."""
+        p = self.params
+        logp, full = sampling_distribution(state.next_logits, p)
+        t = state.n_generated
+        tokens = choose_tokens(logp, state.uniforms[:, t].to(logp.device), p.do_sample)
+        chosen = logp.gather(-1, tokens[:, None]).squeeze(-1)
+        probs = logp.exp()
+        entropy = -(probs * logp.nan_to_num(neginf=0.0)).sum(-1)
+        k = min(p.conf_topk, full.shape[-1])
+        conf = -full.topk(k, dim=-1).values.mean(-1)
+        state.steps.append(StepRecord(state.paths.clone(), tokens.cpu(), chosen.cpu(),
+                                      entropy.cpu(), conf.cpu()))
+        state.n_generated = t + 1
+        state.lengths[state.paths] = t + 1
+        ended = tokens == self.eos_id
+        state.finished[state.paths[ended.cpu()]] = True
+        if t + 1 >= p.max_new_tokens:
+            ended = torch.ones_like(ended)
+        alive = (~ended).nonzero().squeeze(-1)
+        state.select(alive)
+        if state.size == 0:
+            return
+        tokens = tokens[alive]
+        state.attention_mask = torch.cat(
+            [state.attention_mask, state.attention_mask.new_ones(state.size, 1)], dim=-1)
+        if self.taps is not None:
+            self.taps.clear()
+        self._forward(state, tokens[:, None], state.positions[:, None])
+        state.positions = state.positions + 1
+        if self.taps is not None and state.record_taps:
+            self._read_taps(state)
+
+    def _read_taps(self, state: Decode) -> None:
+        last = self.taps.read()  # (B, layers, H) at the token just fed
+        if self.taps.pooling == "mean":
+            state.pool_sum = last if state.pool_sum is None else state.pool_sum + last
+        n = state.n_generated
+        if n in self.checkpoints:
+            feats = last if self.taps.pooling == "last" else state.pool_sum / n
+            state.features[n] = (state.paths.clone(), feats.float().cpu())
+
+    def run(self, state: Decode, until: int | None = None) -> Decode:
+        """Advance until every live path has `until` tokens (default: until all end)."""
+        limit = self.params.max_new_tokens if until is None else until
+        while state.size and state.n_generated < limit:
+            self.step(state)
+        return state
+
+    def fork(self, state: Decode, repeats: int, seeds: list[int],
+             rows: torch.Tensor | None = None) -> Decode:
+        """A new state whose rows are the live `rows` (default: all) each repeated
+        `repeats` times, sharing the prefix through a copied cache (no re-encoding). New row
+        r*repeats+j draws from `seeds[r*repeats+j]` from the current step on. The original
+        state is untouched."""
+        rows = torch.arange(state.size) if rows is None else rows
+        if len(seeds) != len(rows) * repeats:
+            raise ValueError("fork needs one seed per new row")
+        idx = rows.to(state.attention_mask.device).repeat_interleave(repeats)
+        cache = DynamicCache(config=self.model.config)
+        for i, layer in enumerate(state.cache.layers):
+            cache.update(layer.keys[idx], layer.values[idx], i)
+        P = len(seeds)
+        u = torch.zeros(P, self.params.max_new_tokens, dtype=torch.float64)
+        t = state.n_generated
+        for r, s in enumerate(seeds):
+            u[r, t:] = uniforms(s, self.params.max_new_tokens - t)
+        return Decode(paths=torch.arange(P), uniforms=u, cache=cache,
+                      attention_mask=state.attention_mask[idx], positions=state.positions[idx],
+                      next_logits=state.next_logits[idx], n_generated=t, n_paths=P,
+                      pool_sum=None, lengths=torch.full((P,), t, dtype=torch.long),
+                      finished=torch.zeros(P, dtype=torch.bool), record_taps=False)

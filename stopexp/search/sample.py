@@ -1,0 +1,57 @@
+"""Plain parallel sampling: N paths per prompt, no pruning, in chunks of whole prompts."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from stopexp.search.decode import Engine, stream_seed
+
+
+@dataclass
+class SampledPath:
+    problem_index: int
+    path_id: int
+    tokens: list[int]
+    text: str
+    correct: bool
+
+
+def path_seeds(seed: int, prompt: str, n_paths: int) -> list[int]:
+    return [stream_seed(seed, prompt, j) for j in range(n_paths)]
+
+
+def prompt_chunks(n_problems: int, n_paths: int, max_rows: int):
+    """Ranges of problems whose N paths fit into `max_rows` rows (at least one problem)."""
+    per = max(1, max_rows // n_paths)
+    for lo in range(0, n_problems, per):
+        yield range(lo, min(n_problems, lo + per))
+
+
+def sample_paths(engine: Engine, tokenizer, task, problems, n_paths: int, seed: int,
+                 max_rows: int = 1024) -> list[SampledPath]:
+    """Sample `n_paths` completions per problem and check them."""
+    out = []
+    for chunk in prompt_chunks(len(problems), n_paths, max_rows):
+        prompts, seeds, owners = [], [], []
+        for i in chunk:
+            ids = tokenizer(problems[i].prompt)["input_ids"]
+            prompts += [ids] * n_paths
+            seeds += path_seeds(seed, problems[i].prompt, n_paths)
+            owners += [(i, j) for j in range(n_paths)]
+        state = engine.run(engine.launch(prompts, seeds))
+        tok, *_, lengths = state.tensors(engine.pad_id)
+        for row, (i, j) in enumerate(owners):
+            ids = tok[row, : lengths[row]].tolist()
+            text = tokenizer.decode(ids, skip_special_tokens=True)
+            out.append(SampledPath(i, j, ids, text, task.check(problems[i], text)))
+    return out
+
+
+def vote(answers: list) -> object:
+    """Majority vote over answers (None never wins); ties go to the answer seen first."""
+    counts: dict = {}
+    for a in answers:
+        if a is not None:
+            counts[a] = counts.get(a, 0) + 1
+    return max(counts, key=counts.get) if counts else None

@@ -1,0 +1,77 @@
+"""Train the embedded toy LM from scratch and show it solving test prompts.
+
+    python -m stopexp.toy_lm                      # retrain into the cache, then report
+    python -m stopexp.toy_lm model.toy.seed=1     # another seed, another cache entry
+"""
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+from stopexp.artifacts import publish_dir, staging_dir, write_json
+from stopexp.config import validate
+from stopexp.search.decode import Engine, SamplingParams
+from stopexp.search.sample import sample_paths, vote
+from stopexp.tasks import build_task
+from stopexp.tasks.arith import extract_answer
+
+log = logging.getLogger(__name__)
+
+
+def solve_report(cfg, model, tokenizer, n_prompts: int = 100, n_paths: int = 32) -> dict:
+    """Per-path and majority-vote accuracy on test prompts at the search's sampling."""
+    task = build_task(cfg.task)
+    problems = task.problems("test", n_prompts)
+    params = SamplingParams.from_config(cfg.search)
+    engine = Engine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, params)
+    start = time.time()
+    paths = sample_paths(engine, tokenizer, task, problems, n_paths, seed=cfg.seed,
+                         max_rows=cfg.search.max_batch_rows)
+    by_prompt: dict[int, list] = {}
+    for p in paths:
+        by_prompt.setdefault(p.problem_index, []).append(p)
+    votes = [vote([extract_answer(p.text) for p in ps]) == problems[i].answer
+             for i, ps in by_prompt.items()]
+    report = {"prompts": n_prompts, "paths_per_prompt": n_paths,
+              "path_accuracy": sum(p.correct for p in paths) / len(paths),
+              "vote_accuracy": sum(votes) / len(votes),
+              "seconds": round(time.time() - start, 1)}
+    examples = [p for p in by_prompt[0] if p.correct][:2] + [p for p in by_prompt[0] if not p.correct][:2]
+    for p in examples:
+        log.info("  %s %s  %s", problems[0].prompt, p.text, "right" if p.correct else "wrong")
+    log.info("toy LM on %d test prompts x %d paths: per-path accuracy %.3f, majority vote %.3f",
+             n_prompts, n_paths, report["path_accuracy"], report["vote_accuracy"])
+    return report
+
+
+@hydra.main(config_path="../conf", config_name="toy_lm", version_base="1.3")
+def main(cfg: DictConfig) -> dict:
+    validate(cfg)
+    from stopexp.models import load_lm
+    from stopexp.models.toy_lm import toy_key, train_toy_lm
+
+    if cfg.model.name != "toy":
+        raise SystemExit(f"model={cfg.model.name}: stopexp.toy_lm trains only model=toy")
+    final = Path(cfg.paths.cache_dir) / "toy_lm" / toy_key(cfg.model.toy, cfg.task)
+    tmp = staging_dir(final)
+    info = train_toy_lm(cfg.model.toy, build_task(cfg.task), tmp)
+    if final.exists():
+        shutil.rmtree(final)
+    publish_dir(tmp, final)
+    log.info("toy LM saved to %s (%d parameters, %d steps, %.0f s)", final,
+             info["parameters"], info["steps"], info["train_seconds"])
+    model, tokenizer = load_lm(cfg)
+    report = solve_report(cfg, model, tokenizer)
+    out = Path(hydra.core.hydra_config.HydraConfig.get().runtime.output_dir)
+    write_json(out / "metrics.json", {"toy_lm": {k: v for k, v in info.items() if k != "history"},
+                                      "test": report, "checkpoint": str(final)})
+    return report
+
+
+if __name__ == "__main__":
+    main()

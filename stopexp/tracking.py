@@ -1,0 +1,116 @@
+"""Experiment tracking: a W&B run (offline by default) or a null run with the same methods.
+
+All W&B directories live under `<paths.output_dir>/wandb`, so nothing lands in the home
+directory. `tracked_run` always finishes the run, marking it failed on error, so Hydra
+multirun jobs never log into one another's run.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+from omegaconf import OmegaConf
+
+
+class NullRun:
+    """Same methods as a W&B run; does nothing (logger=none)."""
+
+    name = "null"
+    dir = None
+
+    def log(self, data: dict, step: int | None = None) -> None:
+        pass
+
+    def log_artifact(self, path, name: str, type: str, metadata: dict | None = None,
+                     aliases: list | None = None) -> None:
+        pass
+
+    def use_artifact(self, name: str, type: str | None = None) -> None:
+        pass
+
+    def summary_update(self, data: dict) -> None:
+        pass
+
+    def table(self, columns: list[str], rows: list[list]) -> Any:
+        return None
+
+    def image(self, path) -> Any:
+        return None
+
+    def finish(self, exit_code: int = 0) -> None:
+        pass
+
+
+class WandbRun(NullRun):
+    def __init__(self, run, wandb):
+        self._run, self._wandb = run, wandb
+        self.name, self.dir = run.name, run.dir
+
+    def log(self, data: dict, step: int | None = None) -> None:
+        self._run.log(data, step=step)
+
+    def log_artifact(self, path, name: str, type: str, metadata: dict | None = None,
+                     aliases: list | None = None) -> None:
+        art = self._wandb.Artifact(name=name, type=type, metadata=metadata or {})
+        path = Path(path)
+        if path.is_dir():
+            art.add_reference(path.resolve().as_uri(), name=path.name)
+        else:
+            art.add_file(str(path))
+        self._run.log_artifact(art, aliases=aliases)
+
+    def use_artifact(self, name: str, type: str | None = None) -> None:
+        with contextlib.suppress(Exception):  # lineage only; absent upstream runs are fine
+            self._run.use_artifact(f"{name}:latest", type=type)
+
+    def summary_update(self, data: dict) -> None:
+        self._run.summary.update(data)
+
+    def table(self, columns: list[str], rows: list[list]) -> Any:
+        return self._wandb.Table(columns=columns, data=rows)
+
+    def image(self, path) -> Any:
+        return self._wandb.Image(str(path))
+
+    def finish(self, exit_code: int = 0) -> None:
+        self._run.finish(exit_code=exit_code)
+
+
+def wandb_dirs(output_dir: str | os.PathLike) -> Path:
+    """Point every W&B directory inside the project's output folder; return the root."""
+    root = Path(output_dir) / "wandb"
+    for var, sub in [("WANDB_DIR", ""), ("WANDB_CACHE_DIR", ".cache"),
+                     ("WANDB_DATA_DIR", ".data"), ("WANDB_CONFIG_DIR", ".config"),
+                     ("WANDB_ARTIFACT_DIR", ".artifacts")]:
+        path = root / sub if sub else root
+        path.mkdir(parents=True, exist_ok=True)
+        os.environ[var] = str(path)
+    return root
+
+
+def start_run(cfg, job_type: str, name: str | None = None) -> NullRun:
+    lg = cfg.logger
+    if lg.name == "none" or lg.mode == "disabled":
+        return NullRun()
+    root = wandb_dirs(cfg.paths.output_dir)
+    import wandb
+
+    run = wandb.init(project=lg.project, entity=lg.entity, mode=lg.mode, group=lg.group,
+                     tags=list(lg.tags), job_type=job_type, name=name, dir=str(root),
+                     config=OmegaConf.to_container(cfg, resolve=True), reinit="create_new",
+                     settings=wandb.Settings(silent=True, x_disable_stats=True))
+    return WandbRun(run, wandb)
+
+
+@contextlib.contextmanager
+def tracked_run(cfg, job_type: str, name: str | None = None) -> Iterator[NullRun]:
+    """A run that is finished in all cases and marked failed (exit code 1) on error."""
+    run = start_run(cfg, job_type, name)
+    try:
+        yield run
+    except BaseException:
+        run.finish(exit_code=1)
+        raise
+    run.finish(exit_code=0)

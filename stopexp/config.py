@@ -308,14 +308,15 @@ def validate(cfg: DictConfig) -> DictConfig:
     if checkpoint_tokens(cfg.train.checkpoint, s.max_new_tokens) not in ckpts:
         fail("train.checkpoint", f"{cfg.train.checkpoint} is not one of tap.checkpoints "
                                  f"{list(tap.checkpoints)}")
-    if not 1 <= pol.keep <= s.n_paths:
-        fail("policy.keep", f"retention K={pol.keep} must lie in 1..N={s.n_paths} (search.n_paths)")
-    for k in cfg.evaluate.retention:
-        if not 1 <= k <= s.n_paths:
-            fail("evaluate.retention", f"K={k} must lie in 1..N={s.n_paths} (search.n_paths)")
-    for n in cfg.evaluate.n_points:
-        if not 1 <= n <= s.n_paths:
-            fail("evaluate.n_points", f"N={n} must lie in 1..{s.n_paths} (search.n_paths)")
+    if cfg.stage in ("evaluate", "pipeline"):  # what only evaluation uses
+        if not 1 <= pol.keep <= s.n_paths:
+            fail("policy.keep", f"retention K={pol.keep} must lie in 1..N={s.n_paths} (search.n_paths)")
+        for k in cfg.evaluate.retention:
+            if not 1 <= k <= s.n_paths:
+                fail("evaluate.retention", f"K={k} must lie in 1..N={s.n_paths} (search.n_paths)")
+        for n in cfg.evaluate.n_points:
+            if not 1 <= n <= s.n_paths:
+                fail("evaluate.n_points", f"N={n} must lie in 1..{s.n_paths} (search.n_paths)")
     if not 0 < pol.quantile < 1:
         fail("policy.quantile", f"must lie in (0, 1), got {pol.quantile}")
     if not 0 <= pol.target_prune_rate < 1:

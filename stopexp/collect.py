@@ -1,0 +1,170 @@
+"""Stage 1, collect: run the LM without pruning and fill the trace bank.
+
+    python -m stopexp.collect +exp=toy_contrastive
+
+For every prompt of the configured splits, N paths are sampled; per path the tokens,
+text, answer, outcome and per-token confidences are kept, per checkpoint the tap
+features, the non-learnable signals and optionally a Monte Carlo success rate. Shards
+are written atomically; rerunning the same command resumes after the last finished one.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import hydra
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+from stopexp import bank
+from stopexp.artifacts import write_json
+from stopexp.config import validate
+from stopexp.tracking import tracked_run
+
+log = logging.getLogger(__name__)
+
+
+def plan(cfg, task) -> list[list]:
+    """The shards of the collection: lists of problems, split by split, in a fixed order."""
+    shards = []
+    for split, n in cfg.collect.prompts.items():
+        problems = task.problems(split, n) if n else []
+        size = cfg.collect.shard_prompts
+        shards += [problems[i : i + size] for i in range(0, len(problems), size)]
+    return shards
+
+
+def difficulty_filter(cfg, cols: dict) -> dict:
+    """Keep the prompts whose number of correct paths lies in collect.keep_correct."""
+    band = cfg.collect.keep_correct
+    if band is None or not cols["split"] or cols["split"][0] not in cfg.collect.keep_correct_splits:
+        return cols
+    prompts = np.asarray(cols["prompt_id"])
+    correct = np.asarray(cols["correct"])
+    keep_ids = [p for p in np.unique(prompts) if band[0] <= correct[prompts == p].sum() <= band[1]]
+    mask = np.isin(prompts, keep_ids)
+    return {k: [v for v, m in zip(vals, mask) if m] for k, vals in cols.items()}
+
+
+def summarize(root: Path) -> dict:
+    """Per-path and vote accuracy, tokens and sanity counts over the whole bank."""
+    from stopexp.search.sample import vote
+
+    ds = bank.load_bank(root)
+    correct = np.asarray(ds["correct"][:])
+    keys = np.asarray([f"{s}/{p}" for s, p in zip(ds["split"][:], ds["prompt_id"][:])])
+    answers = np.asarray(ds["answer"][:])
+    votes = []
+    for key in np.unique(keys):
+        sel = keys == key
+        winner = vote([a or None for a in answers[sel]])
+        votes.append(winner is not None and correct[sel][answers[sel] == winner].any())
+    hidden = ds["hidden"][:]
+    signals = ds["signals"][:]
+    return {"paths": int(len(correct)), "prompts": int(len(votes)),
+            "path_accuracy": float(correct.mean()), "vote_accuracy": float(np.mean(votes)),
+            "tokens_total": int(np.asarray(ds["length"][:]).sum()),
+            "nonfinite_features": int((~np.isfinite(hidden)).sum()),
+            "nonfinite_signals": int((~np.isfinite(signals)).sum())}
+
+
+def collect(cfg, rank: int = 0, world: int = 1, run=None) -> dict:
+    """Fill the bank for `cfg` (this rank's shards); returns the summary of the bank."""
+    from stopexp.models import load_lm
+    from stopexp.search.decode import Engine, SamplingParams
+    from stopexp.search.trace import trace_problems
+    from stopexp.taps import Taps
+    from stopexp.tasks import build_task
+
+    root = bank.bank_dir(cfg)
+    task = build_task(cfg.task)
+    shards = plan(cfg, task)
+    todo = [i for i in range(len(shards)) if i % world == rank]
+    done = {bank.shard_index(n) for n in bank.finished_shards(root)}
+    pending = [i for i in todo if i not in done]
+    checkpoints = bank.checkpoints_of(cfg)
+    if pending:
+        model, tokenizer = load_lm(cfg)
+        params = SamplingParams.from_config(cfg.search)
+        hidden = model.config.get_text_config().hidden_size
+        n_prompts = sum(len(shards[i]) for i in pending)
+        log.info("collecting %d shards (%d prompts x %d paths) into %s; %d already there",
+                 len(pending), n_prompts, cfg.search.n_paths, root, len(todo) - len(pending))
+        start, paths, tokens = time.time(), 0, 0
+        with Taps(model, list(cfg.tap.layers), cfg.tap.pooling) as taps, \
+                tqdm(total=n_prompts, unit="prompt", desc="collect") as bar:
+            engine = Engine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, params,
+                            taps, checkpoints)
+            feats = bank.features(len(checkpoints), len(taps.layers), hidden)
+            for i in pending:
+                cols = trace_problems(engine, tokenizer, task, shards[i], cfg.search.n_paths,
+                                      cfg.seed, checkpoints, cfg.collect.mc_rollouts,
+                                      cfg.search.group_window, len(taps.layers), hidden,
+                                      cfg.search.max_batch_rows)
+                paths += len(cols["length"])
+                tokens += int(sum(cols["length"]))
+                bank.write_shard(root, bank.shard_name(i, rank), difficulty_filter(cfg, cols), feats)
+                bar.update(len(shards[i]))
+                rate = time.time() - start
+                bar.set_postfix(paths_s=f"{paths / rate:.0f}", tok_s=f"{tokens / rate:.0f}")
+        meta_layers = taps.layers
+    else:
+        meta_layers = None
+    complete = {bank.shard_index(n) for n in bank.finished_shards(root)} >= set(range(len(shards)))
+    if rank == 0 or complete:
+        _write_meta(cfg, root, checkpoints, meta_layers, complete)
+    summary = summarize(root) if complete else {}
+    if run is not None and complete:
+        run.summary_update({f"collect/{k}": v for k, v in summary.items()})
+        run.log_artifact(root, name=f"traces-{root.name}", type="trace_bank",
+                         metadata={**bank.read_meta(root), **summary})
+        run.log({"collect/sample_paths": _sample_table(run, root)})
+    return {"bank": str(root), "complete": complete, **summary}
+
+
+def _write_meta(cfg, root: Path, checkpoints, layers, complete: bool) -> None:
+    old = bank.read_meta(root) if (root / "meta.json").exists() else {}
+    if layers is None:
+        layers = old.get("tap_layers")
+    n_layers = cfg.model.toy.num_layers if cfg.model.toy is not None else cfg.model.num_layers
+    if layers is None and n_layers is not None:
+        layers = [i % n_layers for i in cfg.tap.layers]
+    hidden = cfg.model.toy.hidden_size if cfg.model.toy is not None else cfg.model.hidden_size
+    bank.write_meta(root, {
+        "key": root.name, "complete": complete, "model_name": cfg.model.name,
+        "hidden_size": hidden, "tap_layers": layers, "pooling": cfg.tap.pooling,
+        "checkpoints": checkpoints, "signal_names": list(bank.SIGNAL_NAMES),
+        "n_paths": cfg.search.n_paths, "task": OmegaConf.to_container(cfg.task),
+        "seed": cfg.seed, "mc_rollouts": cfg.collect.mc_rollouts,
+        "version": bank.BANK_VERSION})
+
+
+def _sample_table(run, root: Path, n: int = 20):
+    ds = bank.load_bank(root)
+    rows = [[ds["prompt"][i], ds["text"][i], bool(ds["correct"][i]), int(ds["length"][i]),
+             ds["style"][i]] for i in range(min(n, len(ds)))]
+    return run.table(["prompt", "text", "correct", "length", "style"], rows)
+
+
+@hydra.main(config_path="../conf", config_name="collect", version_base="1.3")
+def main(cfg: DictConfig) -> dict:
+    validate(cfg)
+    from hydra.core.hydra_config import HydraConfig
+
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    start = time.time()
+    with tracked_run(cfg, "collect") as run:
+        result = collect(cfg, run=run)
+    result["wall_s"] = round(time.time() - start, 1)
+    write_json(run_dir / "metrics.json", {"collect": result})
+    log.info("bank %s: %d paths, per-path accuracy %.3f, vote accuracy %.3f, %d tokens, %.0fs",
+             result["bank"], result.get("paths", 0), result.get("path_accuracy", float("nan")),
+             result.get("vote_accuracy", float("nan")), result.get("tokens_total", 0),
+             result["wall_s"])
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""Tracing: sample N unpruned paths per prompt and record, per path, its tokens, outcome
+and per-token confidences, and per checkpoint its tap features, non-learnable signals and
+(optionally) a Monte Carlo success rate estimated by K rollouts from the prefix."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from stopexp.bank import SIGNAL_NAMES
+from stopexp.search.decode import Decode, Engine, stream_seed
+from stopexp.search.sample import path_seeds, prompt_chunks
+from stopexp.signals.confidence import confidence_signals
+
+
+def _decode_texts(tokenizer, tokens: torch.Tensor, lengths: torch.Tensor) -> list[str]:
+    return tokenizer.batch_decode([tokens[i, : lengths[i]].tolist() for i in range(len(lengths))],
+                                  skip_special_tokens=True)
+
+
+def mc_success(engine: Engine, tokenizer, task, state: Decode, problems, owners, seed: int,
+               rollouts: int, max_rows: int) -> dict[int, float]:
+    """Success rate of `rollouts` continuations from each live row's current prefix; the
+    rollouts copy the prefix's cache rows (no re-encoding). Returns {path index: rate}."""
+    prefix_tok, *_, prefix_len = state.tensors(engine.pad_id)
+    t = state.n_generated
+    out = {}
+    per = max(1, max_rows // rollouts)
+    for lo in range(0, state.size, per):
+        rows = torch.arange(lo, min(state.size, lo + per))
+        paths = state.paths[rows].tolist()
+        seeds = [stream_seed(seed, problems[owners[p][0]].prompt, owners[p][1], "mc", t, r)
+                 for p in paths for r in range(rollouts)]
+        child = engine.run(engine.fork(state, rollouts, seeds, rows))
+        tok, *_, n = child.tensors(engine.pad_id)
+        texts = _decode_texts(tokenizer, tok, n - t)
+        for k, p in enumerate(paths):
+            prefix = tokenizer.decode(prefix_tok[p, :t].tolist(), skip_special_tokens=True)
+            problem = problems[owners[p][0]]
+            wins = sum(task.check(problem, prefix + texts[k * rollouts + r]) for r in range(rollouts))
+            out[p] = wins / rollouts
+    return out
+
+
+def trace_problems(engine: Engine, tokenizer, task, problems, n_paths: int, seed: int,
+                   checkpoints: list[int], mc_rollouts: int, group_window: int,
+                   n_layers: int, hidden: int, max_rows: int = 1024) -> dict[str, list]:
+    """Columns of the trace bank for `problems` (N paths each), in (prompt, path) order."""
+    cols: dict[str, list] = {k: [] for k in (
+        "split", "prompt_id", "prompt", "path_id", "tokens", "text", "answer", "correct",
+        "length", "finished", "style", "first_error", "token_logprob", "token_entropy",
+        "token_conf", "alive", "mc", "signals", "hidden")}
+    C = len(checkpoints)
+    for chunk in prompt_chunks(len(problems), n_paths, max_rows):
+        prompts, seeds, owners = [], [], []
+        for i in chunk:
+            ids = tokenizer(problems[i].prompt)["input_ids"]
+            prompts += [ids] * n_paths
+            seeds += path_seeds(seed, problems[i].prompt, n_paths)
+            owners += [(i, j) for j in range(n_paths)]
+        P = len(prompts)
+        state = engine.launch(prompts, seeds)
+        mc = np.full((P, C), np.nan, dtype=np.float32)
+        for c_idx, c in enumerate(checkpoints):
+            engine.run(state, until=c)
+            if mc_rollouts and state.size:
+                for p, rate in mc_success(engine, tokenizer, task, state, problems, owners,
+                                          seed, mc_rollouts, max_rows).items():
+                    mc[p, c_idx] = rate
+        engine.run(state)
+        tok, lp, ent, conf, lengths = state.tensors(engine.pad_id)
+        texts = _decode_texts(tokenizer, tok, lengths)
+        alive = np.zeros((P, C), dtype=bool)
+        hid = np.zeros((P, C, n_layers, hidden), dtype=np.float32)
+        sig = np.zeros((P, C, len(SIGNAL_NAMES)), dtype=np.float32)
+        for c_idx, c in enumerate(checkpoints):
+            if c in state.features:
+                rows, feats = state.features[c]
+                alive[rows.numpy(), c_idx] = True
+                hid[rows.numpy(), c_idx] = feats.numpy()
+            s = confidence_signals(lp, ent, conf, torch.clamp(lengths, max=c), group_window)
+            s["hidden_norm"] = torch.from_numpy(np.linalg.norm(hid[:, c_idx, -1], axis=-1))
+            sig[:, c_idx] = torch.stack([s[name] for name in SIGNAL_NAMES], -1).numpy()
+        for p, (i, j) in enumerate(owners):
+            problem, text, n = problems[i], texts[p], int(lengths[p])
+            correct = task.check(problem, text)
+            mc[p, ~alive[p]] = float(correct)  # a path already ended knows its outcome
+            diag = task.diagnose(problem, text)
+            cols["split"].append(problem.split)
+            cols["prompt_id"].append(problem.prompt_id)
+            cols["prompt"].append(problem.prompt)
+            cols["path_id"].append(j)
+            cols["tokens"].append(tok[p, :n].tolist())
+            cols["text"].append(text)
+            cols["answer"].append(task.answer_of(text))
+            cols["correct"].append(correct)
+            cols["length"].append(n)
+            cols["finished"].append(bool(state.finished[p]))
+            cols["style"].append(diag["style"])
+            cols["first_error"].append(diag["first_error"])
+            cols["token_logprob"].append(lp[p, :n].numpy())
+            cols["token_entropy"].append(ent[p, :n].numpy())
+            cols["token_conf"].append(conf[p, :n].numpy())
+            cols["alive"].append(alive[p].tolist())
+            cols["mc"].append(mc[p])
+            cols["signals"].append(sig[p])
+            cols["hidden"].append(hid[p])
+    return cols

@@ -1,0 +1,37 @@
+"""Non-learnable signals of a path prefix, from its per-token log-probs, entropies and
+DeepConf token confidences. One function serves collection, online pruning and replay,
+so a signal means the same thing everywhere."""
+from __future__ import annotations
+
+import torch
+
+
+def confidence_signals(logprob: torch.Tensor, entropy: torch.Tensor, conf: torch.Tensor,
+                       prefix: torch.Tensor, window: int) -> dict[str, torch.Tensor]:
+    """Signals of the first `prefix[i]` tokens of each row of the (P, T) token arrays.
+
+    - mean_logprob, min_logprob: of the sampled tokens;
+    - mean_entropy: of the sampling distribution;
+    - group_conf: DeepConf's lowest group confidence, the minimum over sliding windows of
+      `window` tokens of the mean token confidence (over the whole prefix when shorter);
+    - prefix_len: the prefix length itself.
+    """
+    P, T = logprob.shape
+    prefix = prefix.clamp(1, T).long()
+    pos = torch.arange(T).expand(P, T)
+    inside = pos < prefix[:, None]
+    n = prefix.float()
+    mean_lp = (logprob * inside).sum(1) / n
+    min_lp = logprob.masked_fill(~inside, float("inf")).min(1).values
+    mean_ent = (entropy * inside).sum(1) / n
+    # windowed means from a cumulative sum; a window counts only when it lies in the prefix
+    w = min(window, T)
+    csum = torch.nn.functional.pad(torch.cumsum(conf * inside, 1), (1, 0))
+    win_mean = (csum[:, w:] - csum[:, :-w]) / w                  # (P, T-w+1), start s
+    starts = torch.arange(T - w + 1).expand(P, -1)
+    full = starts + w <= prefix[:, None]
+    lowest = win_mean.masked_fill(~full, float("inf")).min(1).values
+    short = prefix < w  # no full window: the mean over the prefix
+    group = torch.where(short, (conf * inside).sum(1) / n, lowest)
+    return {"mean_logprob": mean_lp, "min_logprob": min_lp, "mean_entropy": mean_ent,
+            "group_conf": group, "prefix_len": n}

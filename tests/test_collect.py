@@ -1,0 +1,115 @@
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import ROOT, compose
+from stopexp import bank
+from stopexp.collect import collect
+from stopexp.config import validate
+
+SMALL = ["logger=none", "search.n_paths=4", "collect.prompts.train=3", "collect.prompts.val=1",
+         "collect.prompts.test=2", "collect.shard_prompts=2", "collect.mc_rollouts=2"]
+
+
+def small_cfg(out_dir, *extra):
+    return validate(compose("collect", [f"paths.output_dir={out_dir}", *SMALL, *extra]))
+
+
+def test_collect_writes_a_complete_bank_and_resumes_as_a_no_op(out_dir):
+    cfg = small_cfg(out_dir)
+    result = collect(cfg)
+    assert result["complete"] and result["paths"] == 6 * 4 and result["prompts"] == 6
+    root = bank.bank_dir(cfg)
+    meta = bank.read_meta(root)
+    assert meta["model_name"] == "toy" and meta["hidden_size"] == 96
+    assert meta["tap_layers"] == [2] and meta["checkpoints"] == [8, 16] and meta["key"] == root.name
+    ds = bank.load_bank(root)
+    assert ds["hidden"][:].shape == (24, 2, 1, 96) and ds["hidden"][:].dtype == np.float32
+    assert sorted(set(ds["split"][:])) == ["test", "train", "val"]
+    keys = list(zip(ds["split"][:], ds["prompt_id"][:], ds["path_id"][:]))
+    assert len(set(keys)) == len(keys)
+    alive, mc, length = ds["alive"][:], ds["mc"][:], ds["length"][:]
+    for i in range(len(ds)):
+        for c, ck in enumerate(meta["checkpoints"]):
+            assert alive[i, c] == (length[i] > ck or (length[i] == ck and not ds["finished"][i]))
+            assert 0 <= mc[i, c] <= 1
+            if not alive[i, c]:
+                assert mc[i, c] == float(ds["correct"][i]) and not ds["hidden"][i][c].any()
+    # the stored signals agree with the stored per-token arrays
+    lp = ds["token_logprob"][0]
+    assert np.isclose(ds["signals"][0][0][0], lp[:8].mean(), atol=1e-6)
+    assert np.isclose(ds["signals"][0][0][1], lp[:8].min(), atol=1e-6)
+    mtime = {p.name: p.stat().st_mtime for p in root.glob("shard-*")}
+    assert collect(cfg)["paths"] == 24  # a rerun writes nothing
+    assert {p.name: p.stat().st_mtime for p in root.glob("shard-*")} == mtime
+
+
+def test_bank_is_deterministic_and_independent_of_batching(out_dir, tmp_path):
+    a = small_cfg(out_dir, "collect.mc_rollouts=0")
+    b = small_cfg(tmp_path / "other", "collect.mc_rollouts=0", "search.max_batch_rows=4")
+    collect(a), collect(b)
+    da, db = (bank.load_bank(bank.bank_dir(c)) for c in (a, b))
+    assert bank.bank_dir(a).name == bank.bank_dir(b).name  # batch size is not content
+    assert list(da["text"][:]) == list(db["text"][:])
+    assert np.allclose(da["hidden"][:], db["hidden"][:], atol=1e-4)
+
+
+def test_difficulty_filter_keeps_the_band(out_dir):
+    cfg = small_cfg(out_dir, "collect.keep_correct=[1,3]", "collect.mc_rollouts=0")
+    collect(cfg)
+    ds = bank.load_bank(bank.bank_dir(cfg))
+    for split in ("train", "val"):
+        sel = ds["split"][:] == split
+        for p in set(ds["prompt_id"][:][sel]):
+            n = ds["correct"][:][sel & (ds["prompt_id"][:] == p)].sum()
+            assert 1 <= n <= 3
+    assert (ds["split"][:] == "test").sum() == 8  # the test split is never filtered
+
+
+def test_missing_bank_error_prints_the_collect_command(out_dir):
+    cfg = small_cfg(out_dir)
+    with pytest.raises(bank.BankMissing, match="python -m stopexp.collect search.n_paths=4"):
+        bank.require_bank(cfg, ["search.n_paths=4"])
+
+
+def test_model_size_mismatch_is_refused(tiny_lm):
+    from stopexp.models import check_sizes
+    cfg = compose("collect", ["+exp=llama_contrastive", "model.hidden_size=64", "model.num_layers=2"])
+    check_sizes(cfg, tiny_lm[0].__class__(tiny_lm[0].config.__class__(
+        **{**tiny_lm[0].config.to_dict(), "hidden_size": 64})))
+    cfg = compose("collect", ["+exp=llama_contrastive", "model.hidden_size=4096", "model.num_layers=2"])
+    with pytest.raises(ValueError, match="model.hidden_size: the config says 4096"):
+        check_sizes(cfg, tiny_lm[0])
+
+
+def test_sigkill_then_rerun_loses_and_duplicates_nothing(tmp_path):
+    out = tmp_path / "outputs"
+    args = [f"paths.output_dir={out}", "logger=none", "search.n_paths=4",
+            "collect.prompts.train=0", "collect.prompts.val=0", "collect.prompts.test=40",
+            "collect.shard_prompts=2", "collect.mc_rollouts=0"]
+    cmd = [sys.executable, "-m", "stopexp.collect", *args]
+    env = {**os.environ, "HYDRA_FULL_ERROR": "1"}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    cfg = validate(compose("collect", args))
+    root = bank.bank_dir(cfg)
+    deadline = time.time() + 120
+    while time.time() < deadline and len(bank.finished_shards(root)) < 3:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    before = bank.finished_shards(root)
+    assert 3 <= len(before) < 20, "kill landed outside the collection"
+    subprocess.run(cmd, cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
+    ds = bank.load_bank(root)
+    keys = list(zip(ds["prompt_id"][:], ds["path_id"][:]))
+    assert len(keys) == 40 * 4 and len(set(keys)) == 40 * 4
+    assert not [p for p in root.iterdir() if p.name.startswith(".")]  # no half shard left
+    assert bank.read_meta(root)["complete"]

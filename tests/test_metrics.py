@@ -1,0 +1,165 @@
+import os
+import time
+
+import numpy as np
+import pytest
+import sacrebleu
+from sklearn.metrics import average_precision_score, roc_auc_score
+
+from stopexp.metrics import (BertScorer, auprc, auroc, avg_at_k, bleu, bootstrap_ci,
+                             bootstrap_over_groups, brier, cons_at_n, ece,
+                             length_correlation, majority_vote, pass_at_1, per_group_auroc,
+                             pooled_auroc, reliability, rouge, text_metrics,
+                             within_prompt_auroc)
+from stopexp.metrics.text import _hub_offline
+
+
+def test_auroc_auprc_equal_sklearn_with_ties():
+    rng = np.random.default_rng(0)
+    scores = rng.integers(0, 5, 300).astype(float)  # few levels: many ties
+    labels = rng.random(300) < 0.4
+    assert auroc(scores, labels) == roc_auc_score(labels, scores)
+    assert auprc(scores, labels) == average_precision_score(labels, scores)
+    assert auroc(list(scores), list(labels.astype(int))) == roc_auc_score(labels, scores)
+    assert pooled_auroc(scores, labels) == auroc(scores, labels)
+
+
+def test_auroc_single_class_is_nan():
+    assert np.isnan(auroc([0.1, 0.7], [1, 1]))
+    assert np.isnan(auroc([0.1, 0.7], [0, 0]))
+    assert np.isnan(auprc([0.1, 0.7], [0, 0]))
+
+
+def test_within_prompt_auroc_hand_example():
+    scores = [0.9, 0.1, 0.8, 0.2, 0.3, 0.3, 0.5, 0.6]
+    labels = [1, 0, 1, 0, 1, 0, 1, 1]
+    groups = ["a", "a", "a", "a", "b", "b", "c", "c"]  # a: 1.0, b (a tie): 0.5, c: skipped
+    assert within_prompt_auroc(scores, labels, groups) == 0.75
+    keys, values = per_group_auroc(scores, labels, groups)
+    assert list(keys) == ["a", "b", "c"]
+    assert values[:2].tolist() == [1.0, 0.5] and np.isnan(values[2])
+    assert np.isnan(within_prompt_auroc([0.1, 0.2], [1, 0], [0, 1]))  # no mixed prompt
+
+
+def test_per_group_auroc_equals_sklearn_per_group():
+    rng = np.random.default_rng(1)
+    groups = rng.permutation(np.repeat(np.arange(30), 12))  # groups interleaved
+    scores = rng.integers(0, 4, len(groups)).astype(float)
+    labels = rng.random(len(groups)) < 0.5
+    keys, values = per_group_auroc(scores, labels, groups)
+    for k, v in zip(keys, values):
+        m = groups == k
+        expected = roc_auc_score(labels[m], scores[m]) if 0 < labels[m].sum() < m.sum() else None
+        assert np.isnan(v) if expected is None else v == pytest.approx(expected, abs=1e-12)
+
+
+def test_prompt_only_score_is_chance_within_prompt():
+    # A score that only knows how hard each prompt is (constant within a prompt).
+    rng = np.random.default_rng(2)
+    difficulty = rng.random(100)
+    groups = np.repeat(np.arange(100), 8)
+    labels = rng.random(len(groups)) > difficulty[groups]
+    scores = -difficulty[groups]
+    assert within_prompt_auroc(scores, labels, groups) == 0.5
+    assert pooled_auroc(scores, labels) > 0.75
+
+
+def test_bootstrap_ci_contains_estimate_narrows_and_is_deterministic():
+    rng = np.random.default_rng(3)
+    few, many = rng.random(20), rng.random(500)
+    lo, hi = bootstrap_ci(few)
+    assert lo < few.mean() < hi
+    lo2, hi2 = bootstrap_ci(many)
+    assert lo2 < many.mean() < hi2
+    assert hi2 - lo2 < (hi - lo) / 2
+    assert bootstrap_ci(few, seed=7) == bootstrap_ci(few, seed=7) != bootstrap_ci(few, seed=8)
+
+
+def test_bootstrap_over_groups_matches_bootstrap_ci():
+    values = np.random.default_rng(4).random(50)
+    groups = np.repeat(np.arange(50), 3)
+    lo, hi = bootstrap_over_groups(lambda idx: values[idx].mean(), groups, n=300, seed=5)
+    assert (lo, hi) == pytest.approx(bootstrap_ci(values, n=300, seed=5), abs=1e-12)
+
+
+def test_bootstrap_ci_is_fast():
+    values = np.random.default_rng(5).random(200)
+    start = time.perf_counter()
+    bootstrap_ci(values, n=1000)
+    assert time.perf_counter() - start < 0.5
+
+
+def test_length_correlation():
+    assert length_correlation([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert length_correlation([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert np.isnan(length_correlation([1, 1, 1], [1, 2, 3]))
+
+
+def test_ece_brier_reliability_hand_example():
+    probs, labels = [0.15, 0.15, 0.85, 0.85], [0, 1, 1, 1]
+    # bin 1: confidence 0.15, accuracy 0.5; bin 8: confidence 0.85, accuracy 1.0
+    assert ece(probs, labels) == pytest.approx(0.5 * 0.35 + 0.5 * 0.15)
+    assert brier(probs, labels) == pytest.approx((3 * 0.15**2 + 0.85**2) / 4)
+    r = reliability(probs + [1.0], labels + [1])  # p == 1 lands in the last bin
+    assert r["counts"].tolist() == [0, 2, 0, 0, 0, 0, 0, 0, 2, 1]
+    assert r["accuracy"][1] == 0.5 and r["confidence"][8] == pytest.approx(0.85)
+    assert np.isnan(r["accuracy"][0]) and np.isnan(r["confidence"][5])
+    assert r["bin_centers"][0] == pytest.approx(0.05)
+    assert ece([1.0, 0.0], [1, 0]) == 0.0
+
+
+def test_majority_vote_ties_and_none():
+    assert majority_vote([3, 5, 5, 3]) == 3  # tie: first seen wins
+    assert majority_vote([None, None, None, 4]) == 4  # None never wins
+    assert majority_vote([None, None]) is None
+    assert majority_vote([]) is None
+
+
+def test_cons_avg_pass():
+    answers = [[1, 1, 2], [None, None], [3, 4, 4]]
+    assert cons_at_n(answers, [1, None, 4]) == pytest.approx(2 / 3)  # no answer is wrong
+    assert avg_at_k([[1, 0], [1, 1, 1, 0], []]) == pytest.approx((0.5 + 0.75 + 0) / 3)
+    assert pass_at_1([[True, False], [True]]) == 0.75
+
+
+def test_bleu_equals_sacrebleu():
+    hyps = ["4+7=1;1*3=3;3-9=4;#4", "the cat sat on the mat", "12+34=46;#46"]
+    refs = ["4+7=1;1*3=3;3-9=5;#5", "the cat sat on a mat", "12+34=46;#46"]
+    assert bleu(hyps, refs) == sacrebleu.corpus_bleu(hyps, [refs]).score
+    spaced = [" ".join(h) for h in hyps], [[" ".join(r) for r in refs]]
+    assert text_metrics(hyps, refs, bertscore=False)["bleu"] == sacrebleu.corpus_bleu(*spaced).score
+
+
+def test_rouge_hand_example():
+    r = rouge(["the cat sat"], ["the cat sat down"])
+    assert r["rouge1"] == pytest.approx(6 / 7)  # P 1, R 3/4
+    assert r["rouge2"] == pytest.approx(0.8)  # P 1, R 2/3
+    assert r["rougeL"] == pytest.approx(6 / 7)
+
+
+def test_char_level_rouge_counts_operators():
+    # rouge_score's default tokenizer drops "+" and "*": the two would look identical.
+    assert rouge([" ".join("4+7=1")], [" ".join("4*7=1")])["rouge1"] == 1.0
+    m = text_metrics(["4+7=1"], ["4*7=1"], bertscore=False)
+    assert m["rouge1"] == pytest.approx(0.8) and m["rougeL"] == pytest.approx(0.8)
+    assert set(m) == {"bleu", "rouge1", "rouge2", "rougeL"}
+
+
+def test_hub_offline_restores_environment(monkeypatch):
+    import huggingface_hub.constants as hub
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    before = hub.HF_HUB_OFFLINE
+    with _hub_offline():
+        assert os.environ["HF_HUB_OFFLINE"] == "1" and hub.HF_HUB_OFFLINE is True
+    assert "HF_HUB_OFFLINE" not in os.environ and hub.HF_HUB_OFFLINE == before
+
+
+def test_bertscore_bundled_encoder():
+    scorer = BertScorer()
+    same = scorer.score(["4+7=1;1*3=3;#3", "the cat sat"], ["4+7=1;1*3=3;#3", "the cat sat"])
+    other = scorer.score(["4+7=1;1*3=3;#3"], ["9-2=7;7*7=9;#9"])
+    assert same > 0.99 and other < same - 0.1
+    assert BertScorer().scorer is scorer.scorer  # one encoder per process
+    m = text_metrics(["4+7=1;#1"], ["4+7=1;#1"])
+    assert m["bertscore"] > 0.99 and m["bleu"] == pytest.approx(100.0)

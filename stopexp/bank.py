@@ -22,11 +22,10 @@ from datasets.utils.logging import disable_progress_bar
 
 from stopexp.artifacts import config_hash, publish_dir, staging_dir, write_json
 from stopexp.config import checkpoint_tokens
+from stopexp.signals.features import SIGNAL_NAMES
 
 disable_progress_bar()  # one bar per shard save would drown the collect progress bar
 
-SIGNAL_NAMES = ("mean_logprob", "min_logprob", "mean_entropy", "group_conf", "hidden_norm",
-                "prefix_len")
 BANK_VERSION = 1
 EMPTY = "empty-shard.json"
 
@@ -132,3 +131,31 @@ def require_bank(cfg, overrides: list[str] | None = None) -> Path:
     raise BankMissing(f"no complete trace bank for this config at {root}.\n"
                       f"Make it with:  python -m stopexp.collect {args}".rstrip()
                       + "\n(or run python -m stopexp.pipeline, which makes it for you)")
+
+
+def tensors_at(ds: Dataset, c_idx: int, checkpoint: int) -> dict:
+    """Everything a predictor or a pruning decision needs at checkpoint `c_idx`, for every
+    path of `ds` (numpy-formatted bank), as float32/int64 torch tensors."""
+    import torch
+
+    splits, prompt_ids = np.asarray(ds["split"][:]), np.asarray(ds["prompt_id"][:])
+    keys = np.char.add(np.char.add(splits.astype(str), "/"), prompt_ids.astype(str))
+    _, group = np.unique(keys, return_inverse=True)
+    length = np.asarray(ds["length"][:]).astype(np.float32)
+    signals = ds["signals"][:][:, c_idx]
+    prefix = signals[:, SIGNAL_NAMES.index("prefix_len")]
+    return {
+        "hidden": torch.from_numpy(np.ascontiguousarray(ds["hidden"][:][:, c_idx])),
+        "signals": torch.from_numpy(np.ascontiguousarray(signals)),
+        "group": torch.from_numpy(group.astype(np.int64)),
+        "correct": torch.from_numpy(np.asarray(ds["correct"][:]).astype(np.float32)),
+        "mc": torch.from_numpy(ds["mc"][:][:, c_idx].astype(np.float32)),
+        "alive": torch.from_numpy(ds["alive"][:][:, c_idx].astype(bool)),
+        "prefix_len": torch.from_numpy(prefix.astype(np.float32)),
+        "remaining": torch.from_numpy(np.maximum(length - checkpoint, 0)),
+        "length": torch.from_numpy(length),
+    }
+
+
+def select_rows(batch: dict, rows) -> dict:
+    return {k: v[rows] for k, v in batch.items()}

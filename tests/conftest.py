@@ -44,3 +44,21 @@ def tiny_lm():
                       max_position_embeddings=128, bos_token_id=tok.bos_token_id,
                       eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     return LlamaForCausalLM(cfg).eval(), tok
+
+
+SMALL_BANK = ["logger=none", "search.n_paths=8", "collect.prompts.train=12", "collect.prompts.val=6",
+              "collect.prompts.test=6", "collect.shard_prompts=6", "collect.mc_rollouts=2",
+              "search.max_batch_rows=256"]
+
+
+@pytest.fixture(scope="session")
+def small_bank(tmp_path_factory):
+    """A small trace bank of the embedded default (toy LM), collected once per session;
+    returns the overrides that compose its config."""
+    from stopexp.collect import collect
+    from stopexp.config import validate
+
+    out = tmp_path_factory.mktemp("bank") / "outputs"
+    overrides = [f"paths.output_dir={out}", *SMALL_BANK]
+    collect(validate(compose("collect", overrides)))
+    return overrides

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from stopexp.bank import SIGNAL_NAMES
+from stopexp.signals.features import SIGNAL_NAMES
 from stopexp.search.decode import Decode, Engine, stream_seed
 from stopexp.search.sample import path_seeds, prompt_chunks
 from stopexp.signals.confidence import confidence_signals

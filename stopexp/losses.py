@@ -1,0 +1,69 @@
+"""Training losses for signal predictors: `build_loss(loss_cfg)` returns a callable
+(scores (B,), batch) -> scalar tensor. Batch keys are described in stopexp/signals/features.py.
+
+Pairwise losses compare paths of the same prompt only: pruning chooses among the paths
+of one prompt, so knowing which prompts are hard is of no use to it."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _pair_mask(batch: dict) -> torch.Tensor:
+    """(B, B) bool: i and j share a prompt, path i ended correct and path j did not."""
+    good = batch["correct"] > 0.5
+    same = batch["group"][:, None] == batch["group"][None, :]
+    return same & good[:, None] & ~good[None, :]
+
+
+def _mean_over_pairs(per_pair: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    # a batch without a good/bad pair gives 0, still attached to the graph
+    return (per_pair * mask).sum() / mask.sum().clamp(min=1)
+
+
+def contrastive(scores, batch, cfg):
+    diff = scores[:, None] - scores[None, :]
+    return _mean_over_pairs(F.relu(cfg.margin - diff), _pair_mask(batch))
+
+
+def pairwise(scores, batch, cfg):
+    diff = scores[:, None] - scores[None, :]
+    return _mean_over_pairs(F.softplus(-diff), _pair_mask(batch))
+
+
+def reward_regression(scores, batch, cfg):
+    mc, correct = batch["mc"], batch["correct"]
+    target = torch.where(torch.isnan(mc), correct, mc)
+    return F.binary_cross_entropy_with_logits(scores, target)
+
+
+def mse(scores, batch, cfg):
+    target = batch["correct"] * cfg.discount ** batch["remaining"]
+    return ((torch.sigmoid(scores) - target) ** 2).mean()
+
+
+LOSSES = {"contrastive": contrastive, "pairwise": pairwise,
+          "reward_regression": reward_regression, "mse": mse}
+
+
+def length_correlation(scores: torch.Tensor, prefix_len: torch.Tensor) -> torch.Tensor:
+    """Pearson correlation over the batch; 0 when either side is constant."""
+    s, n = scores - scores.mean(), prefix_len - prefix_len.mean()
+    eps = 1e-12  # keeps sqrt differentiable when all scores are equal
+    return (s * n).sum() / (torch.sqrt((s * s).sum() + eps) * torch.sqrt((n * n).sum() + eps))
+
+
+def build_loss(loss_cfg):
+    """The loss `loss_cfg.name`, plus length_reg * corr(score, prefix_len)^2 when
+    length_reg > 0 (against the shortcut of scoring a path by its length)."""
+    if loss_cfg.name not in LOSSES:
+        raise ValueError(f"loss.name: {loss_cfg.name!r} unknown; allowed: {', '.join(LOSSES)}")
+    base, weight = LOSSES[loss_cfg.name], loss_cfg.length_reg
+
+    def loss(scores: torch.Tensor, batch: dict) -> torch.Tensor:
+        value = base(scores, batch, loss_cfg)
+        if weight > 0:
+            value = value + weight * length_correlation(scores, batch["prefix_len"]) ** 2
+        return value
+
+    return loss

@@ -1,0 +1,94 @@
+"""Threshold policies: which of the live paths of one prompt stay, given their signals.
+
+Shared by both searches: Launch-Check-Resume asks `keep` once per prompt at the check;
+beam search asks `keep` at every step and prunes a beam only after `patience`
+consecutive refusals. A policy never empties a prompt: the best path always stays.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class Policy:
+    name = "policy"
+
+    def threshold(self, scores: torch.Tensor) -> float:
+        raise NotImplementedError
+
+    def keep(self, scores: torch.Tensor) -> torch.Tensor:
+        """Bool mask over `scores` (one prompt's live paths) of the paths that stay."""
+        if scores.numel() == 0:
+            return torch.zeros(0, dtype=torch.bool)
+        mask = scores >= self.threshold(scores)
+        if not mask.any():
+            mask[int(torch.argmax(scores))] = True
+        self.observe(1 - mask.float().mean().item())
+        return mask
+
+    def observe(self, prune_rate: float) -> None:
+        """Feedback after a decision (used by the adaptive controller)."""
+
+
+class FixedThreshold(Policy):
+    name = "fixed"
+
+    def __init__(self, tau: float):
+        self.tau = tau
+
+    def threshold(self, scores):
+        return self.tau
+
+
+class Quantile(Policy):
+    """Prune below the q-quantile of the current step's live signals."""
+    name = "quantile"
+
+    def __init__(self, q: float):
+        self.q = q
+
+    def threshold(self, scores):
+        return torch.quantile(scores.double(), self.q).item()
+
+
+class TopK(Policy):
+    """Keep the K best (retention K/N); ties go to the earlier path."""
+    name = "topk"
+
+    def __init__(self, k: int):
+        self.k = k
+
+    def keep(self, scores):
+        mask = torch.zeros(scores.numel(), dtype=torch.bool)
+        if scores.numel():
+            order = torch.sort(scores, descending=True, stable=True).indices
+            mask[order[: self.k]] = True
+        return mask
+
+
+class Adaptive(Policy):
+    """A fixed threshold that a proportional controller moves toward a target prune rate:
+    after pruning more than the target, tau goes down, after pruning less, it goes up."""
+    name = "adaptive"
+
+    def __init__(self, tau: float, target: float, gain: float):
+        self.tau, self.target, self.gain = tau, target, gain
+
+    def threshold(self, scores):
+        return self.tau
+
+    def observe(self, prune_rate):
+        self.tau -= self.gain * (prune_rate - self.target)
+
+
+def build_policy(policy_cfg, keep: int | None = None) -> Policy:
+    """The configured policy; `keep` overrides policy.keep for top-K (retention sweeps)."""
+    name = policy_cfg.name
+    if name == "fixed":
+        return FixedThreshold(policy_cfg.tau)
+    if name == "quantile":
+        return Quantile(policy_cfg.quantile)
+    if name == "topk":
+        return TopK(keep if keep is not None else policy_cfg.keep)
+    if name == "adaptive":
+        return Adaptive(policy_cfg.tau, policy_cfg.target_prune_rate, policy_cfg.gain)
+    raise ValueError(f"policy.name: {name!r} unknown; allowed: fixed, quantile, topk, adaptive")

@@ -1,0 +1,28 @@
+"""Multi-layer fusion: every tapped layer gets its own LayerNorm -> Linear(H, hidden)
+projection; the projections are concatenated and mixed by a small MLP to one logit.
+Concatenation (not a weighted sum) lets the mixer combine layers non-additively."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from stopexp.signals.base import Predictor
+from stopexp.signals.features import FeatureSpec, hidden_of
+from stopexp.signals.mlp import mlp_head
+
+
+class FusionPredictor(Predictor):
+    inputs = ("hidden",)
+
+    def __init__(self, cfg, spec: FeatureSpec):
+        super().__init__(spec)
+        n_taps, size = len(spec.tap_layers), spec.hidden_size
+        self.projections = nn.ModuleList(
+            nn.Sequential(nn.LayerNorm(size), nn.Linear(size, cfg.hidden)) for _ in range(n_taps))
+        self.mixer = nn.Sequential(nn.GELU(), nn.Dropout(cfg.dropout),
+                                   mlp_head(n_taps * cfg.hidden, cfg.hidden, cfg.depth, cfg.dropout))
+
+    def forward(self, batch: dict) -> torch.Tensor:
+        hidden = hidden_of(batch, self.spec)
+        parts = [proj(hidden[:, i]) for i, proj in enumerate(self.projections)]
+        return self.mixer(torch.cat(parts, dim=-1)).squeeze(-1)

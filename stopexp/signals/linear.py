@@ -1,0 +1,25 @@
+"""Linear probe on one tap.
+
+Inputs are standardised per sample by a LayerNorm without affine parameters rather than
+by a running mean/std fitted on the training set: nothing has to be fitted before
+training, and a checkpoint carries no statistics of the data it was trained on."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from stopexp.signals.base import Predictor
+from stopexp.signals.features import FeatureSpec, hidden_of, tap_index
+
+
+class LinearPredictor(Predictor):
+    inputs = ("hidden",)
+
+    def __init__(self, cfg, spec: FeatureSpec):
+        super().__init__(spec)
+        self.tap = tap_index(cfg.layer, spec)
+        self.norm = nn.LayerNorm(spec.hidden_size, elementwise_affine=False)
+        self.head = nn.Linear(spec.hidden_size, 1)
+
+    def forward(self, batch: dict) -> torch.Tensor:
+        return self.head(self.norm(hidden_of(batch, self.spec)[:, self.tap])).squeeze(-1)

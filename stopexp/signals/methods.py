@@ -1,0 +1,65 @@
+"""Scoring methods compared by evaluate, behind one signature: `score(batch) -> (B,)`,
+higher = keep. The batch is the predictor batch (see features.py) plus "seed_key" (one
+string per path, naming its random stream) and, for the oracle, "correct"/"mc".
+
+- non-learnable: confidence (mean log-prob), entropy (minus mean entropy), deepconf
+  (lowest windowed group confidence), hidden_norm;
+- controls: random (a per-path seeded draw, the same in replay and online), oracle (the
+  Monte Carlo label where collected, else the outcome: the upper bound);
+- learned: any trained predictor;
+- external: a callable registered with `register_external`, e.g. a verifier or PRM.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from stopexp.signals.features import SIGNAL_NAMES
+from stopexp.search.decode import stream_seed
+
+Scorer = Callable[[dict], torch.Tensor]
+NON_LEARNABLE = ("confidence", "entropy", "deepconf", "hidden_norm")
+_EXTERNAL: dict[str, Scorer] = {}
+
+
+def _signal(name: str, sign: float = 1.0) -> Scorer:
+    col = SIGNAL_NAMES.index(name)
+    return lambda batch: sign * batch["signals"][:, col]
+
+
+BASELINES: dict[str, Scorer] = {
+    "confidence": _signal("mean_logprob"),
+    "entropy": _signal("mean_entropy", -1.0),
+    "deepconf": _signal("group_conf"),
+    "hidden_norm": _signal("hidden_norm"),
+}
+
+
+def random_scorer(seed: int) -> Scorer:
+    def score(batch):
+        return torch.tensor([stream_seed(seed, "random", k) / 2**63 for k in batch["seed_key"]])
+    return score
+
+
+def oracle(batch) -> torch.Tensor:
+    mc = batch["mc"]
+    label = torch.where(torch.isnan(mc), batch["correct"], mc)
+    return label + 1e-3 * batch["correct"]  # equal soft labels: the right path first
+
+
+def learned(predictor) -> Scorer:
+    @torch.no_grad()
+    def score(batch):
+        return predictor(batch).float()
+    return score
+
+
+def register_external(name: str, scorer: Scorer) -> None:
+    """Plug a scorer in (a verifier, a process reward model, ...); evaluate.methods can
+    then name it."""
+    _EXTERNAL[name] = scorer
+
+
+def external(name: str) -> Scorer | None:
+    return _EXTERNAL.get(name)

@@ -1,0 +1,205 @@
+"""Stage 2, train: fit the signal predictor on the trace bank, the LM frozen (not loaded).
+
+    python -m stopexp.train +exp=toy_contrastive
+
+Reads the bank made by collect for the same upstream config (found by hash), trains on
+the `train` split at checkpoint `train.checkpoint`, early-stops on the validation
+within-prompt AUROC, keeps the best epoch, reports train/val/test metrics and saves a
+checkpoint that evaluate finds by hash.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from pathlib import Path
+
+import hydra
+import numpy as np
+import torch
+from omegaconf import DictConfig
+from tqdm import tqdm
+
+from stopexp import bank, plots
+from stopexp.artifacts import config_hash, write_json
+from stopexp.config import checkpoint_tokens, validate
+from stopexp.losses import build_loss
+from stopexp.metrics import auprc, brier, ece, length_correlation, pooled_auroc, within_prompt_auroc
+from stopexp.signals import FeatureSpec, build_predictor
+from stopexp.signals.checkpoint import load_predictor, save_predictor
+from stopexp.tracking import tracked_run
+
+log = logging.getLogger(__name__)
+
+
+def predictor_dir(cfg) -> Path:
+    key = config_hash(bank.bank_key(cfg), cfg.predictor, cfg.loss, cfg.train)
+    return Path(cfg.paths.cache_dir) / "predictors" / key
+
+
+def feature_spec(meta: dict) -> FeatureSpec:
+    return FeatureSpec(meta["model_name"], meta["hidden_size"], list(meta["tap_layers"]),
+                       tuple(meta["signal_names"]))
+
+
+def split_data(root: Path, meta: dict, cfg) -> dict[str, dict]:
+    """Per split, the tensors of the paths still alive at the training checkpoint. The
+    splits are the task's, which are disjoint by prompt, so no prompt is in two parts."""
+    ckpt = checkpoint_tokens(cfg.train.checkpoint, cfg.search.max_new_tokens)
+    c_idx = meta["checkpoints"].index(ckpt)
+    out = {}
+    for split in ("train", "val", "test"):
+        try:
+            ds = bank.load_bank(root, split)
+        except bank.BankMissing:
+            continue
+        if len(ds):
+            t = bank.tensors_at(ds, c_idx, ckpt)
+            out[split] = bank.select_rows(t, t["alive"])
+    for needed in ("train", "val"):
+        if needed not in out or not len(out[needed]["correct"]):
+            raise ValueError(f"collect.prompts.{needed}: the trace bank has no {needed} paths "
+                             f"alive at checkpoint {ckpt}; collect some")
+    return out
+
+
+@torch.no_grad()
+def score(predictor, data: dict, chunk: int = 8192) -> torch.Tensor:
+    predictor.eval()
+    n = len(data["correct"])
+    return torch.cat([predictor(bank.select_rows(data, slice(i, i + chunk)))
+                      for i in range(0, n, chunk)]) if n else torch.zeros(0)
+
+
+def evaluate_scores(scores: torch.Tensor, data: dict) -> dict:
+    s, y = scores.numpy(), data["correct"].numpy()
+    p = 1 / (1 + np.exp(-s))
+    return {"auroc": within_prompt_auroc(s, y, data["group"].numpy()),
+            "auroc_pooled": pooled_auroc(s, y), "auprc": auprc(s, y),
+            "ece": ece(p, y), "brier": brier(p, y),
+            "length_corr": length_correlation(s, data["length"].numpy()),
+            "paths": int(len(y)), "positive_rate": float(y.mean()) if len(y) else math.nan}
+
+
+def prompt_batches(groups: torch.Tensor, batch_prompts: int, rng: random.Random):
+    """Batches of whole prompts (pairs are mined inside a prompt), shuffled per epoch."""
+    ids = sorted(set(groups.tolist()))
+    rng.shuffle(ids)
+    for i in range(0, len(ids), batch_prompts):
+        yield torch.isin(groups, torch.tensor(ids[i : i + batch_prompts])).nonzero().squeeze(-1)
+
+
+def fit(cfg, predictor, data: dict, progress: bool = True) -> tuple[dict, list[dict]]:
+    """AdamW with early stopping on validation within-prompt AUROC; returns the best
+    state and the per-epoch history."""
+    loss_fn = build_loss(cfg.loss)
+    params = [p for p in predictor.parameters() if p.requires_grad]
+    best = {"state": {k: v.clone() for k, v in predictor.state_dict().items()},
+            "auroc": -math.inf, "epoch": 0}
+    history = []
+    if not params:  # a statistic: nothing to fit, evaluated as is
+        val = evaluate_scores(score(predictor, data["val"]), data["val"])
+        return best, [{"epoch": 0, "train_loss": math.nan, "val_auroc": val["auroc"]}]
+    opt = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+    rng, stale = random.Random(cfg.train.seed), 0
+    bar = tqdm(range(1, cfg.train.epochs + 1), desc="train", unit="epoch", disable=not progress)
+    for epoch in bar:
+        predictor.train()
+        losses = []
+        for rows in prompt_batches(data["train"]["group"], cfg.train.batch_prompts, rng):
+            batch = bank.select_rows(data["train"], rows)
+            loss = loss_fn(predictor(batch), batch)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        val = evaluate_scores(score(predictor, data["val"]), data["val"])
+        history.append({"epoch": epoch, "train_loss": float(np.mean(losses)),
+                        "val_auroc": val["auroc"], "val_auroc_pooled": val["auroc_pooled"]})
+        bar.set_postfix(loss=f"{np.mean(losses):.4f}", val_auroc=f"{val['auroc']:.3f}")
+        if val["auroc"] > best["auroc"]:
+            best = {"state": {k: v.clone() for k, v in predictor.state_dict().items()},
+                    "auroc": val["auroc"], "epoch": epoch}
+            stale = 0
+        else:
+            stale += 1
+            if stale >= cfg.train.patience:
+                break
+    return best, history
+
+
+def train(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | None = None,
+          progress: bool = True) -> dict:
+    """Train (or find) the predictor of `cfg`; returns its metrics and checkpoint path."""
+    root = bank.require_bank(cfg, overrides)
+    meta = bank.read_meta(root)
+    out = predictor_dir(cfg)
+    if (out / "predictor.json").exists():
+        _, saved = load_predictor(out, feature_spec(meta))
+        log.info("predictor already trained for this config: %s", out)
+        return {"checkpoint": str(out), **saved["metrics"]}
+    start = time.time()
+    data = split_data(root, meta, cfg)
+    torch.manual_seed(cfg.train.seed)
+    spec = feature_spec(meta)
+    predictor = build_predictor(cfg.predictor, spec)
+    n_params = sum(p.numel() for p in predictor.parameters())
+    log.info("training %s (%d parameters) with %s on %d paths of %d prompts", cfg.predictor.name,
+             n_params, cfg.loss.name, len(data["train"]["correct"]),
+             len(set(data["train"]["group"].tolist())))
+    best, history = fit(cfg, predictor, data, progress)
+    predictor.load_state_dict(best["state"])
+    metrics = {"predictor": cfg.predictor.name, "loss": cfg.loss.name, "parameters": n_params,
+               "best_epoch": best["epoch"], "epochs": len(history),
+               "wall_s": round(time.time() - start, 2)}
+    scores = {}
+    for split, d in data.items():
+        scores[split] = score(predictor, d)
+        metrics[split] = evaluate_scores(scores[split], d)
+    save_predictor(out, predictor, cfg.predictor, spec, root.name, metrics,
+                   {"history": history, "checkpoint_tokens": checkpoint_tokens(
+                       cfg.train.checkpoint, cfg.search.max_new_tokens)})
+    metrics["checkpoint"] = str(out)
+    if run_dir is not None:
+        figs = {"loss_curve": plots.loss_curve(history, run_dir / "loss_curve.png")}
+        split = "test" if "test" in data else "val"
+        s, y = scores[split].numpy(), data[split]["correct"].numpy()
+        figs["score_hist"] = plots.score_histogram(
+            s, y, run_dir / "score_hist.png", f"{cfg.predictor.name} ({split})")
+        figs["reliability"] = plots.reliability_diagram(
+            1 / (1 + np.exp(-s)), y, run_dir / "reliability.png", f"{cfg.predictor.name} ({split})")
+        if run is not None:
+            for h in history:
+                run.log({"train/loss": h["train_loss"], "val/auroc": h["val_auroc"]}, step=h["epoch"])
+            run.log({f"plots/{k}": run.image(v) for k, v in figs.items()})
+    if run is not None:
+        run.use_artifact(f"traces-{root.name}", type="trace_bank")
+        run.summary_update({f"{split}/{k}": v for split in data for k, v in metrics[split].items()})
+        run.log_artifact(out, name=f"predictor-{out.name}", type="predictor",
+                         metadata={"bank": root.name, **{k: v for k, v in metrics.items()
+                                                         if not isinstance(v, dict)}})
+    return metrics
+
+
+@hydra.main(config_path="../conf", config_name="train", version_base="1.3")
+def main(cfg: DictConfig) -> dict:
+    validate(cfg)
+    from hydra.core.hydra_config import HydraConfig
+
+    hc = HydraConfig.get()
+    run_dir = Path(hc.runtime.output_dir)
+    with tracked_run(cfg, "train") as run:
+        metrics = train(cfg, run, list(hc.overrides.task), run_dir)
+    write_json(run_dir / "metrics.json", {"train": metrics})
+    for split in ("train", "val", "test"):
+        if split in metrics:
+            m = metrics[split]
+            log.info("%-5s AUROC within-prompt %.3f  pooled %.3f  AUPRC %.3f  ECE %.3f  "
+                     "Brier %.3f  length corr %+.3f", split, m["auroc"], m["auroc_pooled"],
+                     m["auprc"], m["ece"], m["brier"], m["length_corr"])
+    return metrics
+
+
+if __name__ == "__main__":
+    main()

@@ -99,22 +99,24 @@ def collect(cfg, rank: int = 0, world: int = 1, run=None) -> dict:
                             taps, checkpoints)
             feats = bank.features(len(checkpoints), len(taps.layers), hidden)
             for i in pending:
-                cols = trace_problems(engine, tokenizer, task, shards[i], cfg.search.n_paths,
+                cols, mc_tokens = trace_problems(engine, tokenizer, task, shards[i], cfg.search.n_paths,
                                       cfg.seed, checkpoints, cfg.collect.mc_rollouts,
                                       cfg.search.group_window, len(taps.layers), hidden,
                                       cfg.search.max_batch_rows)
                 paths += len(cols["length"])
-                tokens += int(sum(cols["length"]))
+                tokens += int(sum(cols["length"])) + mc_tokens
                 bank.write_shard(root, bank.shard_name(i, rank), difficulty_filter(cfg, cols), feats)
                 bar.update(len(shards[i]))
                 rate = time.time() - start
                 bar.set_postfix(paths_s=f"{paths / rate:.0f}", tok_s=f"{tokens / rate:.0f}")
         meta_layers = taps.layers
+        measured = {"seconds_per_token": (time.time() - start) / max(tokens, 1),
+                    "lm_parameters": sum(p.numel() for p in model.parameters())}
     else:
-        meta_layers = None
+        meta_layers, measured = None, {}
     complete = {bank.shard_index(n) for n in bank.finished_shards(root)} >= set(range(len(shards)))
     if rank == 0 or complete:
-        _write_meta(cfg, root, checkpoints, meta_layers, complete)
+        _write_meta(cfg, root, checkpoints, meta_layers, complete, measured)
     summary = summarize(root) if complete else {}
     if run is not None and complete:
         run.summary_update({f"collect/{k}": v for k, v in summary.items()})
@@ -124,8 +126,9 @@ def collect(cfg, rank: int = 0, world: int = 1, run=None) -> dict:
     return {"bank": str(root), "complete": complete, **summary}
 
 
-def _write_meta(cfg, root: Path, checkpoints, layers, complete: bool) -> None:
+def _write_meta(cfg, root: Path, checkpoints, layers, complete: bool, measured: dict) -> None:
     old = bank.read_meta(root) if (root / "meta.json").exists() else {}
+    measured = measured or {k: old[k] for k in ("seconds_per_token", "lm_parameters") if k in old}
     if layers is None:
         layers = old.get("tap_layers")
     n_layers = cfg.model.toy.num_layers if cfg.model.toy is not None else cfg.model.num_layers
@@ -138,7 +141,7 @@ def _write_meta(cfg, root: Path, checkpoints, layers, complete: bool) -> None:
         "checkpoints": checkpoints, "signal_names": list(bank.SIGNAL_NAMES),
         "n_paths": cfg.search.n_paths, "task": OmegaConf.to_container(cfg.task),
         "seed": cfg.seed, "mc_rollouts": cfg.collect.mc_rollouts,
-        "version": bank.BANK_VERSION})
+        "version": bank.BANK_VERSION, **measured})
 
 
 def _sample_table(run, root: Path, n: int = 20):

@@ -61,3 +61,62 @@ def reliability_diagram(probs, correct, path: Path, title: str = "") -> Path:
     ax.set_ylabel("observed success rate")
     ax.set_title(title, fontsize=9)
     return _save(fig, path)
+
+
+def pareto(points: list[dict], path: Path) -> Path:
+    """Accuracy vs total tokens: no_prune at several N, each method at several K."""
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for i, method in enumerate(dict.fromkeys(p["method"] for p in points)):
+        pts = sorted((p for p in points if p["method"] == method), key=lambda p: p["tokens_total"])
+        ax.plot([p["tokens_total"] for p in pts], [p["accuracy"] for p in pts],
+                "o-" if method == "no_prune" else "s:", color=f"C{i % 10}", label=method, ms=4)
+        for p in pts:
+            ax.annotate(f"{p['n']}>{p['k']}" if p["n"] != p["k"] else f"N={p['n']}",
+                        (p["tokens_total"], p["accuracy"]), fontsize=6, alpha=0.7)
+    ax.set_xlabel("total generated tokens")
+    ax.set_ylabel("vote accuracy")
+    ax.legend(fontsize=7, ncol=2)
+    return _save(fig, path)
+
+
+def survival(curves: dict[str, list], path: Path) -> Path:
+    """Share of launched paths still generating at each step."""
+    fig, ax = plt.subplots(figsize=(5.5, 3.5))
+    for i, (method, c) in enumerate(curves.items()):
+        ax.plot(np.arange(1, len(c) + 1), c, color=f"C{i % 10}", label=method, lw=1.2)
+    ax.set_xlabel("generation step")
+    ax.set_ylabel("share of paths alive")
+    ax.legend(fontsize=7, ncol=2)
+    return _save(fig, path)
+
+
+def prune_steps(pruned_at: dict[str, np.ndarray], path: Path) -> Path:
+    """Histogram of the step at which paths were pruned, per method."""
+    fig, ax = plt.subplots(figsize=(5.5, 3.5))
+    data = {m: np.asarray(v) for m, v in pruned_at.items() if len(v)}
+    if data:
+        ax.hist(list(data.values()), bins=20, label=list(data), alpha=0.8)
+        ax.legend(fontsize=7, ncol=2)
+    ax.set_xlabel("prune step")
+    ax.set_ylabel("paths")
+    return _save(fig, path)
+
+
+def signal_histograms(scores: dict[str, np.ndarray], correct, path: Path) -> Path:
+    """One panel per method: the signal of paths that end right vs wrong."""
+    correct = np.asarray(correct, bool)
+    n = len(scores)
+    cols = min(4, n)
+    rows = (n + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.4 * rows), squeeze=False)
+    for ax, (method, s) in zip(axes.flat, scores.items()):
+        s = np.asarray(s, float)
+        bins = np.histogram_bin_edges(s[np.isfinite(s)], bins=30)
+        ax.hist(s[correct], bins=bins, alpha=0.6, density=True, label="right")
+        ax.hist(s[~correct], bins=bins, alpha=0.6, density=True, label="wrong")
+        ax.set_title(method, fontsize=9)
+        ax.tick_params(labelsize=7)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    return _save(fig, path)

@@ -8,6 +8,15 @@ from __future__ import annotations
 
 import torch
 
+RESOLUTION = 1e-4
+
+
+def quantize(scores: torch.Tensor) -> torch.Tensor:
+    """Scores rounded to RESOLUTION: paths with the same prefix get bit-different signals
+    depending on batch composition; rounding turns those near-ties into exact ties, broken
+    by path order, so online and replayed decisions agree."""
+    return torch.round(scores.double() / RESOLUTION) * RESOLUTION
+
 
 class Policy:
     name = "policy"
@@ -19,6 +28,7 @@ class Policy:
         """Bool mask over `scores` (one prompt's live paths) of the paths that stay."""
         if scores.numel() == 0:
             return torch.zeros(0, dtype=torch.bool)
+        scores = quantize(scores)
         mask = scores >= self.threshold(scores)
         if not mask.any():
             mask[int(torch.argmax(scores))] = True
@@ -60,7 +70,7 @@ class TopK(Policy):
     def keep(self, scores):
         mask = torch.zeros(scores.numel(), dtype=torch.bool)
         if scores.numel():
-            order = torch.sort(scores, descending=True, stable=True).indices
+            order = torch.sort(quantize(scores), descending=True, stable=True).indices
             mask[order[: self.k]] = True
         return mask
 

@@ -236,24 +236,28 @@ class Engine:
             self.step(state)
         return state
 
-    def fork(self, state: Decode, repeats: int, seeds: list[int],
+    def fork(self, state: Decode, repeats: int, seeds: list[int] | None,
              rows: torch.Tensor | None = None) -> Decode:
         """A new state whose rows are the live `rows` (default: all) each repeated
         `repeats` times, sharing the prefix through a copied cache (no re-encoding). New row
-        r*repeats+j draws from `seeds[r*repeats+j]` from the current step on. The original
-        state is untouched."""
+        r*repeats+j draws from `seeds[r*repeats+j]` from the current step on; with
+        `seeds=None` each row keeps its own stream (it continues exactly as it would have).
+        New rows are numbered 0.. in the order of `rows`. The original state is untouched."""
         rows = torch.arange(state.size) if rows is None else rows
-        if len(seeds) != len(rows) * repeats:
+        if seeds is not None and len(seeds) != len(rows) * repeats:
             raise ValueError("fork needs one seed per new row")
         idx = rows.to(state.attention_mask.device).repeat_interleave(repeats)
         cache = DynamicCache(config=self.model.config)
         for i, layer in enumerate(state.cache.layers):
             cache.update(layer.keys[idx], layer.values[idx], i)
-        P = len(seeds)
-        u = torch.zeros(P, self.params.max_new_tokens, dtype=torch.float64)
+        P = len(idx)
         t = state.n_generated
-        for r, s in enumerate(seeds):
-            u[r, t:] = uniforms(s, self.params.max_new_tokens - t)
+        if seeds is None:
+            u = state.uniforms[idx.cpu()].clone()
+        else:
+            u = torch.zeros(P, self.params.max_new_tokens, dtype=torch.float64)
+            for r, s in enumerate(seeds):
+                u[r, t:] = uniforms(s, self.params.max_new_tokens - t)
         return Decode(paths=torch.arange(P), uniforms=u, cache=cache,
                       attention_mask=state.attention_mask[idx], positions=state.positions[idx],
                       next_logits=state.next_logits[idx], n_generated=t, n_paths=P,

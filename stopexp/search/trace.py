@@ -18,12 +18,13 @@ def _decode_texts(tokenizer, tokens: torch.Tensor, lengths: torch.Tensor) -> lis
 
 
 def mc_success(engine: Engine, tokenizer, task, state: Decode, problems, owners, seed: int,
-               rollouts: int, max_rows: int) -> dict[int, float]:
+               rollouts: int, max_rows: int) -> tuple[dict[int, float], int]:
     """Success rate of `rollouts` continuations from each live row's current prefix; the
-    rollouts copy the prefix's cache rows (no re-encoding). Returns {path index: rate}."""
+    rollouts copy the prefix's cache rows (no re-encoding). Returns {path index: rate}
+    and the number of tokens generated."""
     prefix_tok, *_, prefix_len = state.tensors(engine.pad_id)
     t = state.n_generated
-    out = {}
+    out, generated = {}, 0
     per = max(1, max_rows // rollouts)
     for lo in range(0, state.size, per):
         rows = torch.arange(lo, min(state.size, lo + per))
@@ -32,19 +33,22 @@ def mc_success(engine: Engine, tokenizer, task, state: Decode, problems, owners,
                  for p in paths for r in range(rollouts)]
         child = engine.run(engine.fork(state, rollouts, seeds, rows))
         tok, *_, n = child.tensors(engine.pad_id)
+        generated += int((n - t).sum())
         texts = _decode_texts(tokenizer, tok, n - t)
         for k, p in enumerate(paths):
             prefix = tokenizer.decode(prefix_tok[p, :t].tolist(), skip_special_tokens=True)
             problem = problems[owners[p][0]]
             wins = sum(task.check(problem, prefix + texts[k * rollouts + r]) for r in range(rollouts))
             out[p] = wins / rollouts
-    return out
+    return out, generated
 
 
 def trace_problems(engine: Engine, tokenizer, task, problems, n_paths: int, seed: int,
                    checkpoints: list[int], mc_rollouts: int, group_window: int,
-                   n_layers: int, hidden: int, max_rows: int = 1024) -> dict[str, list]:
-    """Columns of the trace bank for `problems` (N paths each), in (prompt, path) order."""
+                   n_layers: int, hidden: int, max_rows: int = 1024) -> tuple[dict[str, list], int]:
+    """Columns of the trace bank for `problems` (N paths each), in (prompt, path) order,
+    and the number of tokens the Monte Carlo rollouts generated."""
+    mc_tokens = 0
     cols: dict[str, list] = {k: [] for k in (
         "split", "prompt_id", "prompt", "path_id", "tokens", "text", "answer", "correct",
         "length", "finished", "style", "first_error", "token_logprob", "token_entropy",
@@ -63,8 +67,10 @@ def trace_problems(engine: Engine, tokenizer, task, problems, n_paths: int, seed
         for c_idx, c in enumerate(checkpoints):
             engine.run(state, until=c)
             if mc_rollouts and state.size:
-                for p, rate in mc_success(engine, tokenizer, task, state, problems, owners,
-                                          seed, mc_rollouts, max_rows).items():
+                rates, n_tok = mc_success(engine, tokenizer, task, state, problems, owners,
+                                          seed, mc_rollouts, max_rows)
+                mc_tokens += n_tok
+                for p, rate in rates.items():
                     mc[p, c_idx] = rate
         engine.run(state)
         tok, lp, ent, conf, lengths = state.tensors(engine.pad_id)
@@ -104,4 +110,4 @@ def trace_problems(engine: Engine, tokenizer, task, problems, n_paths: int, seed
             cols["mc"].append(mc[p])
             cols["signals"].append(sig[p])
             cols["hidden"].append(hid[p])
-    return cols
+    return cols, mc_tokens

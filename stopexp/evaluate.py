@@ -1,0 +1,419 @@
+"""Stage 3, evaluate: prune with every method under one accounting, and show it.
+
+    python -m stopexp.evaluate +exp=toy_contrastive                    # replay (default)
+    python -m stopexp.evaluate +exp=toy_contrastive evaluate.mode=online
+
+Standard protocol (Launch-Check-Resume): N = search.n_paths paths per test prompt, check
+at search.check_at, keep K = policy.keep by each method's signal, finish the kept paths,
+majority vote; paths that end before the check vote directly. `replay` re-scores the
+trace bank without the LM (exact, since every path has its own random stream);
+`online` really runs the LM and measures wall time.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import hydra
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from stopexp import bank, plots
+from stopexp.artifacts import write_json
+from stopexp.config import checkpoint_tokens, validate
+from stopexp.metrics import (auprc, bootstrap_ci, per_group_auroc, pooled_auroc, text_metrics,
+                             within_prompt_auroc)
+from stopexp.policies import build_policy
+from stopexp.search.sample import vote
+from stopexp.signals import methods as M
+from stopexp.tracking import tracked_run
+
+log = logging.getLogger(__name__)
+ALWAYS = ("no_prune", "random", "confidence", "oracle")
+
+
+@dataclass
+class Paths:
+    """The evaluated paths, one row each, grouped by prompt (rows of a prompt contiguous,
+    ordered by path id)."""
+    group: np.ndarray    # prompt index 0..G-1
+    path_id: np.ndarray
+    length: np.ndarray   # tokens the path generates when not pruned
+    correct: np.ndarray
+    answer: np.ndarray   # extracted answers ("" = none)
+    text: np.ndarray
+    alive: np.ndarray    # still generating at the check
+    batch: dict          # predictor batch at the check, for every row
+
+
+def method_names(cfg) -> list[str]:
+    names = [cfg.predictor.name if m == "learned" else m for m in cfg.evaluate.methods]
+    for m in ALWAYS:
+        if m not in names:
+            names.insert(0, m)
+    return list(dict.fromkeys(names))
+
+
+def check_methods(cfg) -> None:
+    """Unknown method names fail before any compute."""
+    from stopexp.signals import PREDICTORS
+
+    allowed = set(ALWAYS) | set(M.NON_LEARNABLE) | set(PREDICTORS) | {"learned"}
+    for m in cfg.evaluate.methods:
+        if m not in allowed and M.external(m) is None:
+            raise ValueError(f"evaluate.methods: {m!r} unknown; allowed: "
+                             f"{', '.join(sorted(allowed))} or a scorer registered with "
+                             "stopexp.signals.methods.register_external")
+
+
+def build_scorers(cfg, names: list[str], spec) -> dict:
+    """name -> scorer for every method but no_prune; learned ones load their checkpoint
+    (the conf_features control is trained here if missing: it needs no LM)."""
+    from stopexp.signals import PREDICTORS
+    from stopexp.signals.checkpoint import load_predictor
+    from stopexp.train import predictor_dir, train
+
+    scorers = {}
+    for name in names:
+        if name == "no_prune":
+            continue
+        if name == "random":
+            scorers[name] = M.random_scorer(cfg.evaluate.seed)
+        elif name == "oracle":
+            scorers[name] = M.oracle
+        elif name in M.BASELINES:
+            scorers[name] = M.BASELINES[name]
+        elif name in PREDICTORS:
+            sub = cfg if name == cfg.predictor.name else _with_predictor(cfg, name)
+            ckpt = predictor_dir(sub)
+            if not (ckpt / "predictor.json").exists():
+                if name != cfg.predictor.name:
+                    log.info("training the %s control for this bank", name)
+                    train(sub, progress=False)
+                else:
+                    raise FileNotFoundError(
+                        f"no trained {name} predictor for this config at {ckpt}.\nMake it with:  "
+                        f"python -m stopexp.train {' '.join(_overrides())}".rstrip()
+                        + "\n(or run python -m stopexp.pipeline, which makes it for you)")
+            predictor, _ = load_predictor(ckpt, spec)
+            scorers[name] = M.learned(predictor)
+        else:
+            scorers[name] = M.external(name)
+    return scorers
+
+
+def _with_predictor(cfg, name: str):
+    """cfg with conf/predictor/<name>.yaml as its predictor (the controls' config)."""
+    from stopexp.config import PredictorConfig
+
+    node = OmegaConf.load(Path(__file__).resolve().parent.parent / "conf" / "predictor" / f"{name}.yaml")
+    node.pop("defaults", None)
+    sub = cfg.copy()
+    sub.predictor = OmegaConf.merge(OmegaConf.structured(PredictorConfig), node)
+    return sub
+
+
+def _overrides() -> list[str]:
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        return list(HydraConfig.get().overrides.task)
+    except ValueError:
+        return []
+
+
+def replay_paths(root: Path, meta: dict, split: str, checkpoint: int) -> Paths:
+    ds = bank.load_bank(root, split)
+    if not len(ds):
+        raise ValueError(f"evaluate.split: the trace bank has no {split!r} paths")
+    c_idx = meta["checkpoints"].index(checkpoint)
+    t = bank.tensors_at(ds, c_idx, checkpoint)
+    t["seed_key"] = [f"{p}/{j}" for p, j in zip(ds["prompt"][:], ds["path_id"][:])]
+    t["group"] = torch.as_tensor(np.asarray(ds["prompt_id"][:]).astype(np.int64))
+    return Paths(group=t["group"].numpy(), path_id=np.asarray(ds["path_id"][:]),
+                 length=np.asarray(ds["length"][:]), correct=np.asarray(ds["correct"][:]),
+                 answer=np.asarray(ds["answer"][:], dtype=object),
+                 text=np.asarray(ds["text"][:], dtype=object), alive=t["alive"].numpy(),
+                 batch=t)
+
+
+def outcome(paths: Paths, kept: np.ndarray, checkpoint: int, n: int) -> dict:
+    """Vote, accounting and survival for one pruning decision over the first n paths of
+    every prompt. `kept` marks the live paths that continue after the check."""
+    use = paths.path_id < n
+    voter = use & (~paths.alive | kept)
+    spent = np.where(voter, paths.length, np.minimum(paths.length, checkpoint)) * use
+    G = int(paths.group.max()) + 1
+    correct = np.zeros(G, bool)
+    chosen = np.full(G, "", dtype=object)
+    avg = np.zeros(G)
+    for g in range(G):
+        rows = np.nonzero((paths.group == g) & voter)[0]
+        winner = vote([a or None for a in paths.answer[rows]])
+        hit = rows[paths.answer[rows] == winner] if winner is not None else rows[:0]
+        correct[g] = bool(len(hit)) and bool(paths.correct[hit[0]])
+        chosen[g] = paths.text[hit[0]] if len(hit) else (paths.text[rows[0]] if len(rows) else "")
+        avg[g] = paths.correct[rows].mean() if len(rows) else 0.0
+    per_prompt_tokens = np.bincount(paths.group, weights=spent, minlength=G)
+    seq = np.zeros(G)
+    np.maximum.at(seq, paths.group, spent)
+    steps = np.arange(1, int(paths.length.max()) + 1)
+    survival = ((spent[use][:, None] >= steps[None, :]).mean(0)).tolist()
+    pruned_at = np.full(int((use & paths.alive & ~kept).sum()), checkpoint)
+    return {"correct": correct, "chosen": chosen, "avg": avg, "tokens": per_prompt_tokens,
+            "seq_tokens": seq, "survival": survival, "pruned_at": pruned_at,
+            "alive_at_check": float((use & paths.alive).sum() / use.sum())}
+
+
+def keep_by_policy(paths: Paths, scores: np.ndarray, cfg, k: int, n: int) -> np.ndarray:
+    """Apply the threshold policy prompt by prompt to the live paths among the first n."""
+    policy = build_policy(cfg.policy, keep=k)
+    kept = np.zeros(len(scores), bool)
+    live = paths.alive & (paths.path_id < n)
+    for g in range(int(paths.group.max()) + 1):
+        rows = np.nonzero((paths.group == g) & live)[0]
+        if len(rows):
+            kept[rows] = policy.keep(torch.as_tensor(scores[rows])).numpy()
+    return kept
+
+
+def summarize(o: dict, seconds_per_token: float, flops_per_token: float, n_boot: int,
+              seed: int) -> dict:
+    lo, hi = bootstrap_ci(o["correct"].astype(float), n=n_boot, seed=seed)
+    tokens = float(o["tokens"].sum())
+    return {"accuracy": float(o["correct"].mean()), "accuracy_ci": [lo, hi],
+            "avg_at_k": float(o["avg"].mean()), "tokens_total": tokens,
+            "seq_tokens": float(o["seq_tokens"].mean()), "flops": tokens * flops_per_token,
+            "wall_s": tokens * seconds_per_token,
+            "mean_prune_step": float(o["pruned_at"].mean()) if len(o["pruned_at"]) else None,
+            "alive_at_check": o["alive_at_check"]}
+
+
+def signal_quality(paths: Paths, scores: np.ndarray, n: int, n_boot: int, seed: int) -> dict:
+    """AUROC (within-prompt, primary; pooled) and AUPRC of a method's scores against path
+    success, over the live paths at the check."""
+    live = paths.alive & (paths.path_id < n)
+    s, y, g = scores[live], paths.correct[live].astype(float), paths.group[live]
+    _, per = per_group_auroc(s, y, g)
+    per = per[np.isfinite(per)]
+    lo, hi = bootstrap_ci(per, n=n_boot, seed=seed) if len(per) else (np.nan, np.nan)
+    return {"auroc": within_prompt_auroc(s, y, g), "auroc_ci": [lo, hi],
+            "auroc_pooled": pooled_auroc(s, y), "auprc": auprc(s, y)}
+
+
+def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
+    check_methods(cfg)
+    root = bank.require_bank(cfg, _overrides())
+    meta = bank.read_meta(root)
+    from stopexp.train import feature_spec
+
+    checkpoint = checkpoint_tokens(cfg.search.check_at, cfg.search.max_new_tokens)
+    N, K = cfg.search.n_paths, cfg.policy.keep
+    names = method_names(cfg)
+    scorers = build_scorers(cfg, names, feature_spec(meta))
+    start = time.time()
+    paths = replay_paths(root, meta, cfg.evaluate.split, checkpoint)
+    views = timing = None
+    if cfg.evaluate.mode == "online":
+        paths, views, timing = online_paths(cfg, names, scorers, checkpoint,
+                                            int(paths.group.max()) + 1)
+    sec_tok = meta.get("seconds_per_token", 0.0)
+    flops_tok = 2.0 * meta.get("lm_parameters", 0)
+    n_boot, seed = cfg.evaluate.bootstrap, cfg.evaluate.seed
+    results, outcomes, scores, points = {}, {}, {}, []
+    all_rows = np.ones(len(paths.length), bool)
+    for name in names:
+        t0 = time.perf_counter()
+        if name == "no_prune":
+            kept = paths.alive.copy()
+        else:
+            scores[name] = scorers[name](paths.batch).numpy().astype(float)
+            kept = keep_by_policy(paths, scores[name], cfg, K, N)
+        check_s = time.perf_counter() - t0
+        if views is not None:  # online: the vote of what the method's own run produced
+            view, kept = views[name]
+            o = outcome(view, kept if name != "no_prune" else all_rows, checkpoint, N)
+        else:
+            o = outcome(paths, kept if name != "no_prune" else all_rows, checkpoint, N)
+        outcomes[name] = o
+        r = summarize(o, sec_tok, flops_tok, n_boot, seed)
+        r["check_s"] = check_s
+        if name in scores:
+            r.update(signal_quality(paths, scores[name], N, n_boot, seed))
+        if cfg.evaluate.mode == "online":
+            r.update(timing[name])
+        results[name] = r
+    base = results["no_prune"]
+    for r in results.values():
+        r["tokens_ratio"] = r["tokens_total"] / base["tokens_total"]
+        r["pass_at_1"] = base["avg_at_k"]
+        r["n"], r["k"] = N, K
+    results["no_prune"]["k"] = N
+    # the Pareto points: no_prune at several N, every method at several K, and 32 -> 8
+    for n in cfg.evaluate.n_points:
+        o = outcome(paths, all_rows, checkpoint, n)
+        points.append({"method": "no_prune", "n": n, "k": n, "accuracy": float(o["correct"].mean()),
+                       "tokens_total": float(o["tokens"].sum())})
+    for name, s in scores.items():
+        for n, k in {(N, k) for k in cfg.evaluate.retention} | {(min(32, N), min(8, N))}:
+            o = outcome(paths, keep_by_policy(paths, s, cfg, k, n), checkpoint, n)
+            points.append({"method": name, "n": n, "k": k, "accuracy": float(o["correct"].mean()),
+                           "tokens_total": float(o["tokens"].sum())})
+    if cfg.evaluate.text_metrics:
+        add_text_metrics(cfg, paths, outcomes, results)
+    metrics = {"methods": results, "points": points, "mode": cfg.evaluate.mode,
+               "protocol": {"n": N, "k": K, "check_tokens": checkpoint, "policy": cfg.policy.name,
+                            "prompts": int(paths.group.max()) + 1, "split": cfg.evaluate.split},
+               "bank": root.name, "eval_wall_s": round(time.time() - start, 2)}
+    if run_dir is not None:
+        figs = make_plots(paths, outcomes, scores, points, run_dir)
+        metrics["plots"] = {k: str(v) for k, v in figs.items()}
+        if run is not None:
+            run.log({f"plots/{k}": run.image(v) for k, v in figs.items()})
+    if run is not None:
+        run.use_artifact(f"traces-{root.name}", type="trace_bank")
+        run.summary_update({f"{m}/{k}": v for m, r in results.items() for k, v in r.items()
+                            if isinstance(v, (int, float))})
+        run.log({"samples": sample_table(run, paths, scores, cfg, K, N)})
+    return metrics
+
+
+def add_text_metrics(cfg, paths: Paths, outcomes: dict, results: dict) -> None:
+    """BLEU / ROUGE / BERTScore of each method's chosen output against the reference
+    solution and against the no_prune output."""
+    from stopexp.metrics import BertScorer
+    from stopexp.tasks import build_task
+
+    task = build_task(cfg.task)
+    n_prompts = int(paths.group.max()) + 1
+    problems = task.problems(cfg.evaluate.split, n_prompts)
+    refs = [task.reference(p) for p in problems]
+    scorer = BertScorer(cfg.evaluate.bertscore_model) if cfg.evaluate.bertscore_model else BertScorer()
+    base = list(outcomes["no_prune"]["chosen"])
+    for name, o in outcomes.items():
+        hyps = list(o["chosen"])
+        results[name]["text_vs_reference"] = text_metrics(hyps, refs, scorer=scorer)
+        results[name]["text_vs_no_prune"] = text_metrics(hyps, base, scorer=scorer)
+
+
+def online_paths(cfg, names, scorers, checkpoint, n_prompts: int):
+    """Run Launch-Check-Resume with the LM. Returns the paths as the no_prune run saw
+    them, per method the paths as that method's run saw them with its kept set, and per
+    method the measured time."""
+    from stopexp.models import load_lm
+    from stopexp.search.decode import Engine, SamplingParams
+    from stopexp.search.parallel import launch_check_resume
+    from stopexp.taps import Taps
+    from stopexp.tasks import build_task
+
+    task = build_task(cfg.task)
+    problems = task.problems(cfg.evaluate.split, n_prompts)
+    model, tokenizer = load_lm(cfg)
+    N, K = cfg.search.n_paths, cfg.policy.keep
+    methods = {m: (scorers[m], lambda: build_policy(cfg.policy, keep=K))
+               for m in names if m != "no_prune"}
+    with Taps(model, list(cfg.tap.layers), cfg.tap.pooling) as taps:
+        engine = Engine(model, tokenizer.eos_token_id, tokenizer.pad_token_id,
+                        SamplingParams.from_config(cfg.search), taps, (checkpoint,))
+        runs, batch = launch_check_resume(engine, tokenizer, task, problems, N, cfg.seed,
+                                          checkpoint, methods, cfg.search.group_window,
+                                          cfg.search.max_batch_rows)
+    keys = [(i, j) for i in range(len(problems)) for j in range(N)]
+    views, timing = {}, {}
+    for name, run in runs.items():
+        text = np.asarray([run.text[k] for k in keys], dtype=object)
+        answer = np.asarray([task.answer_of(t) for t in text], dtype=object)
+        views[name] = (Paths(
+            group=np.repeat(np.arange(len(problems)), N), path_id=np.tile(np.arange(N), len(problems)),
+            length=np.asarray([run.length[k] for k in keys]),
+            correct=np.asarray([task.check(problems[i], t) for (i, _), t in zip(keys, text)]),
+            answer=answer, text=text, alive=np.asarray([k in batch["row"] for k in keys]),
+            batch={}), np.asarray([run.kept[k] for k in keys]))
+        gen = run.prefix_s + run.resume_s
+        timing[name] = {"wall_s": run.wall_s, "check_s": run.check_s, "prefix_s": run.prefix_s,
+                        "resume_s": run.resume_s,
+                        "check_share": run.check_s / gen if gen else 0.0}
+    paths = views["no_prune"][0]
+    rows = [batch["row"][k] for k in keys if k in batch["row"]]
+    paths.batch = _scatter(batch, rows, len(keys), paths)
+    return paths, views, timing
+
+
+def _scatter(batch: dict, rows: list[int], n: int, paths: Paths) -> dict:
+    """The check batch (live paths only; `rows[i]` is the batch row of the i-th live path)
+    spread over all n paths, zeros where a path ended before the check."""
+    live = torch.as_tensor(np.nonzero(paths.alive)[0])
+    full = {}
+    for key in ("hidden", "signals", "prefix_len", "mc"):
+        v = batch[key][rows]
+        full[key] = torch.zeros((n, *v.shape[1:]), dtype=v.dtype)
+        full[key][live] = v
+    full["mc"][torch.as_tensor(~paths.alive)] = float("nan")
+    full["correct"] = torch.as_tensor(paths.correct.astype(np.float32))
+    full["seed_key"] = [""] * n
+    for r, i in zip(rows, live.tolist()):
+        full["seed_key"][i] = batch["seed_key"][r]
+    return full
+
+
+def make_plots(paths: Paths, outcomes: dict, scores: dict, points: list, run_dir: Path) -> dict:
+    figs = {"pareto": plots.pareto(points, run_dir / "pareto.png"),
+            "survival": plots.survival({m: o["survival"] for m, o in outcomes.items()},
+                                       run_dir / "survival.png"),
+            "prune_steps": plots.prune_steps({m: o["pruned_at"] for m, o in outcomes.items()},
+                                             run_dir / "prune_steps.png")}
+    figs["signal_histograms"] = plots.signal_histograms(
+        {m: s[paths.alive] for m, s in scores.items()}, paths.correct[paths.alive],
+        run_dir / "signal_histograms.png")
+    learned = [m for m in scores if m not in M.NON_LEARNABLE and m not in ("random", "oracle")]
+    for m in learned:
+        s = scores[m][paths.alive]
+        figs[f"calibration_{m}"] = plots.reliability_diagram(
+            1 / (1 + np.exp(-s)), paths.correct[paths.alive], run_dir / f"calibration_{m}.png", m)
+    return figs
+
+
+def sample_table(run, paths: Paths, scores: dict, cfg, k: int, n: int, rows: int = 32):
+    method = next((m for m in scores if m not in M.NON_LEARNABLE and m not in ("random", "oracle")),
+                  "confidence")
+    s = scores[method]
+    kept = keep_by_policy(paths, s, cfg, k, n)
+    idx = np.nonzero(paths.alive)[0][:rows]
+    return run.table(["text", f"score ({method})", "kept", "correct"],
+                     [[paths.text[i], float(s[i]), bool(kept[i]), bool(paths.correct[i])] for i in idx])
+
+
+def print_table(metrics: dict) -> str:
+    p = metrics["protocol"]
+    lines = [f"Launch-Check-Resume {p['n']} -> {p['k']} at {p['check_tokens']} tokens, "
+             f"{p['prompts']} {p['split']} prompts ({metrics['mode']})",
+             f"{'method':<14}{'accuracy':>9}{'95% CI':>16}{'avg@K':>8}{'tokens':>10}{'ratio':>7}"
+             f"{'AUROC':>7}{'pooled':>8}{'wall s':>8}"]
+    for name, r in metrics["methods"].items():
+        ci = f"[{r['accuracy_ci'][0]:.3f},{r['accuracy_ci'][1]:.3f}]"
+        au = f"{r['auroc']:.3f}" if "auroc" in r else "-"
+        pooled = f"{r['auroc_pooled']:.3f}" if "auroc_pooled" in r else "-"
+        lines.append(f"{name:<14}{r['accuracy']:>9.3f}{ci:>16}{r['avg_at_k']:>8.3f}"
+                     f"{r['tokens_total']:>10.0f}{r['tokens_ratio']:>7.2f}{au:>7}{pooled:>8}"
+                     f"{r['wall_s']:>8.1f}")
+    return "\n".join(lines)
+
+
+@hydra.main(config_path="../conf", config_name="evaluate", version_base="1.3")
+def main(cfg: DictConfig) -> dict:
+    validate(cfg)
+    from hydra.core.hydra_config import HydraConfig
+
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    with tracked_run(cfg, "evaluate") as run:
+        metrics = evaluate(cfg, run, run_dir)
+    write_json(run_dir / "metrics.json", metrics)
+    print(print_table(metrics))
+    log.info("plots and metrics.json in %s", run_dir)
+    return metrics
+
+
+if __name__ == "__main__":
+    main()

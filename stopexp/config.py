@@ -80,7 +80,7 @@ class TapConfig:
     layers: List[int] = field(default_factory=lambda: [-1])
     pooling: str = "last"  # last | mean
     # prefix lengths in generated tokens; values below 1 are fractions of max_new_tokens
-    checkpoints: List[float] = field(default_factory=lambda: [0.125, 0.25])
+    checkpoints: List[float] = field(default_factory=lambda: [0.1, 0.25])
 
 
 @dataclass
@@ -117,7 +117,7 @@ class SearchConfig:
     n_paths: int = 64           # N paths launched per prompt (parallel)
     beam_width: int = 4
     patience: int = 2           # beam: consecutive marks before a beam is pruned
-    check_at: float = 0.25      # prefix (one of tap.checkpoints) where parallel search checks
+    check_at: float = 0.1       # prefix (one of tap.checkpoints) where parallel search checks
     max_new_tokens: int = 64
     temperature: float = 1.0
     top_p: float = 1.0
@@ -141,7 +141,7 @@ class LoggerConfig:
 @dataclass
 class CollectConfig:
     prompts: Dict[str, int] = field(
-        default_factory=lambda: {"train": 400, "val": 100, "test": 200})
+        default_factory=lambda: {"train": 200, "val": 50, "test": 200})
     mc_rollouts: int = 0
     keep_correct: Optional[List[int]] = None  # difficulty band [lo, hi] of correct paths
     keep_correct_splits: List[str] = field(default_factory=lambda: ["train", "val"])
@@ -156,7 +156,7 @@ class TrainConfig:
     lr: float = 1e-3
     weight_decay: float = 0.01
     patience: int = 5
-    checkpoint: float = 0.25  # which tap checkpoint the predictor is trained at
+    checkpoint: float = 0.1   # which tap checkpoint the predictor is trained at
     seed: int = 0
 
 

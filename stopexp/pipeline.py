@@ -1,10 +1,12 @@
-"""The whole study on one config: make (or load) the LM, then run every stage.
+"""The whole study on one config: collect -> train -> evaluate, each stage reusing what
+an earlier run already made for the same upstream config (found by hash).
 
     python -m stopexp.pipeline +exp=toy_contrastive
 """
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import hydra
@@ -13,22 +15,50 @@ from omegaconf import DictConfig
 
 from stopexp.artifacts import write_json
 from stopexp.config import validate
+from stopexp.tracking import tracked_run
 
 log = logging.getLogger(__name__)
 
 
-@hydra.main(config_path="../conf", config_name="pipeline", version_base="1.3")
-def main(cfg: DictConfig) -> dict:
-    validate(cfg)
-    from stopexp.models import load_lm
-    from stopexp.toy_lm import solve_report
+def run_pipeline(cfg, run_dir: Path) -> dict:
+    from stopexp.collect import collect
+    from stopexp.evaluate import evaluate, print_table
+    from stopexp.train import train
 
-    model, tokenizer = load_lm(cfg)
-    report = solve_report(cfg, model, tokenizer)
+    timings, start = {}, time.time()
+    with tracked_run(cfg, "pipeline") as run:
+        collected = collect(cfg, run=run)
+        timings["collect_s"] = round(time.time() - start, 1)
+        trained = train(cfg, run=run, run_dir=run_dir / "train")
+        timings["train_s"] = round(time.time() - start - timings["collect_s"], 1)
+        evaluated = evaluate(cfg, run=run, run_dir=run_dir / "evaluate")
+        timings["evaluate_s"] = round(time.time() - start - sum(timings.values()), 1)
+        timings["wall_s"] = round(time.time() - start, 1)
+        run.summary_update({f"pipeline/{k}": v for k, v in timings.items()})
+    metrics = {"collect": collected, "train": trained, **evaluated, "pipeline": timings}
+    write_json(run_dir / "metrics.json", metrics)
+    print(print_table(evaluated))
+    return metrics
+
+
+@hydra.main(config_path="../conf", config_name="pipeline", version_base="1.3")
+def main(cfg: DictConfig) -> float | None:
+    validate(cfg)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    write_json(run_dir / "metrics.json", {"lm": report})
-    log.info("run dir: %s", run_dir)
-    return report
+    from stopexp.sweeps import objective, worst_value
+
+    try:
+        metrics = run_pipeline(cfg, run_dir)
+    except Exception:
+        if not cfg.optimized_metric:
+            raise
+        # a sweeper's trial: one crash must not end the whole sweep
+        log.exception("trial failed; the sweeper gets the worst value and goes on")
+        return worst_value()
+    log.info("done in %.0f s; metrics.json and plots in %s", metrics["pipeline"]["wall_s"], run_dir)
+    if cfg.optimized_metric:  # for Hydra sweepers; NaN counts as the worst value
+        return objective(metrics, cfg.optimized_metric)
+    return None
 
 
 if __name__ == "__main__":

@@ -1,0 +1,57 @@
+"""Full N vs N -> K Launch-Check-Resume with the learned signal, online, in one run:
+accuracy, tokens and wall; the pruned/full ratios for tokens and wall (target: wall
+ratio <= 1.15 x token ratio); the check's share of generation time (target <= 1%); and
+the time to replay one policy over 1,000 prompts x 32 paths (target < 2 s).
+
+    python scripts/bench_prune.py +exp=toy_contrastive     # needs the pipeline's outputs
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+from hydra import compose, initialize_config_dir
+
+from stopexp.config import project_root, validate
+from stopexp.evaluate import Paths, evaluate, keep_by_policy, outcome
+
+
+def replay_seconds(cfg, prompts: int = 1000, n: int = 32, k: int = 8) -> float:
+    rng = np.random.default_rng(0)
+    size = prompts * n
+    correct = rng.random(size) < 0.5
+    paths = Paths(group=np.repeat(np.arange(prompts), n), path_id=np.tile(np.arange(n), prompts),
+                  length=rng.integers(20, 40, size), correct=correct,
+                  answer=rng.integers(0, 10, size).astype(str).astype(object),
+                  text=np.asarray([""] * size, dtype=object), alive=rng.random(size) < 0.97,
+                  batch={})
+    scores = rng.normal(size=size)
+    start = time.perf_counter()
+    outcome(paths, keep_by_policy(paths, scores, cfg, k, n), 6, n)
+    return time.perf_counter() - start
+
+
+def main(overrides: list[str]) -> None:
+    with initialize_config_dir(str(project_root() / "conf"), version_base="1.3"):
+        cfg = validate(compose("evaluate", ["logger=none", "evaluate.mode=online",
+                                            "evaluate.methods=[learned]",
+                                            "evaluate.text_metrics=false", *overrides]))
+    m = evaluate(cfg)
+    full, pruned = m["methods"]["no_prune"], m["methods"][cfg.predictor.name]
+    p = m["protocol"]
+    print(f"Launch-Check-Resume online, {p['prompts']} prompts, check at {p['check_tokens']} tokens")
+    print(f"{'':<22}{'accuracy':>9}{'tokens':>10}{'wall s':>9}{'check s':>9}")
+    for name, r in ((f"full N={p['n']}", full), (f"{p['n']} -> {p['k']} ({cfg.predictor.name})", pruned)):
+        print(f"{name:<22}{r['accuracy']:>9.3f}{r['tokens_total']:>10.0f}{r['wall_s']:>9.2f}"
+              f"{r['check_s']:>9.3f}")
+    tok_ratio = pruned["tokens_total"] / full["tokens_total"]
+    wall_ratio = pruned["wall_s"] / full["wall_s"]
+    print(f"token ratio {tok_ratio:.3f}   wall ratio {wall_ratio:.3f}   wall/token ratio "
+          f"{wall_ratio / tok_ratio:.2f} (target <= 1.15)")
+    print(f"check overhead: {100 * pruned['check_share']:.2f}% of generation time (target <= 1%)")
+    print(f"replay of one policy over 1000 prompts x 32 paths: {replay_seconds(cfg):.2f} s (target < 2 s)")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,104 @@
+import numpy as np
+import pytest
+import torch
+
+from conftest import compose
+from stopexp.config import validate
+from stopexp.evaluate import Paths, evaluate, keep_by_policy, outcome
+from stopexp.signals.methods import random_scorer, register_external
+from stopexp.train import train
+
+FAST = ["evaluate.n_points=[4,8]", "evaluate.retention=[2,4]", "policy.keep=4",
+        "evaluate.bootstrap=200", "train.epochs=3", "search.check_at=0.1"]
+
+
+def cfg_for(small_bank, *extra, stage="evaluate"):
+    return validate(compose(stage, [*small_bank, *FAST, *extra]))
+
+
+@pytest.fixture(scope="module")
+def trained(small_bank):
+    train(cfg_for(small_bank, stage="train"), progress=False)
+    return small_bank
+
+
+def test_replay_metrics_follow_the_contract(trained, tmp_path):
+    m = evaluate(cfg_for(trained, "evaluate.text_metrics=false"), run_dir=tmp_path)
+    methods = m["methods"]
+    for name in ("no_prune", "random", "confidence", "oracle", "entropy", "deepconf",
+                 "hidden_norm", "conf_features", "mlp"):
+        r = methods[name]
+        assert {"accuracy", "tokens_total", "wall_s", "avg_at_k", "accuracy_ci"} <= set(r)
+        if name != "no_prune":
+            assert {"auroc", "auroc_pooled", "auprc"} <= set(r)
+    assert methods["oracle"]["auroc_pooled"] > 0.95
+    assert methods["no_prune"]["tokens_ratio"] == 1.0
+    assert all(r["tokens_total"] <= methods["no_prune"]["tokens_total"] for r in methods.values())
+    for fig in ("pareto", "survival", "prune_steps", "signal_histograms"):
+        assert (tmp_path / f"{fig}.png").exists()
+    assert {p["method"] for p in m["points"]} >= {"no_prune", "mlp", "random"}
+
+
+def test_replay_equals_online(trained):
+    replay = evaluate(cfg_for(trained, "evaluate.text_metrics=false"))["methods"]
+    online = evaluate(cfg_for(trained, "evaluate.text_metrics=false", "evaluate.mode=online"))["methods"]
+    for name in replay:
+        if name == "oracle":  # replay ranks by Monte Carlo labels, online by the outcome
+            continue
+        assert online[name]["accuracy"] == replay[name]["accuracy"], name
+        assert online[name]["tokens_total"] == replay[name]["tokens_total"], name
+        assert online[name]["wall_s"] > 0 and 0 <= online[name]["check_share"] < 1
+
+
+def test_text_metrics_are_reported(trained):
+    m = evaluate(cfg_for(trained, "evaluate.methods=[confidence]"))["methods"]
+    t = m["no_prune"]["text_vs_no_prune"]
+    assert t["bleu"] == pytest.approx(100.0) and t["bertscore"] > 0.99
+    assert 0 < m["confidence"]["text_vs_reference"]["bleu"] <= 100
+
+
+def test_unknown_method_and_missing_predictor_fail_before_compute(trained, tmp_path):
+    with pytest.raises(ValueError, match="evaluate.methods: 'psychic' unknown"):
+        evaluate(cfg_for(trained, "evaluate.methods=[psychic]"))
+    with pytest.raises(FileNotFoundError, match="python -m stopexp.train"):
+        evaluate(cfg_for(trained, "predictor=linear"))
+
+
+def test_external_scorer_plugs_in(trained):
+    register_external("longest_prefix_text", lambda b: b["signals"][:, -1] * 0 + torch.arange(len(b["signals"])).float())
+    m = evaluate(cfg_for(trained, "evaluate.methods=[longest_prefix_text]", "evaluate.text_metrics=false"))
+    assert "longest_prefix_text" in m["methods"]
+
+
+def _synthetic(G=300, n=16, seed=0):
+    rng = np.random.default_rng(seed)
+    correct = rng.random(G * n) < 0.4
+    return Paths(group=np.repeat(np.arange(G), n), path_id=np.tile(np.arange(n), G),
+                 length=np.full(G * n, 30), correct=correct,
+                 answer=np.where(correct, "1", rng.integers(2, 9, G * n).astype(str)).astype(object),
+                 text=np.asarray(["t"] * (G * n), dtype=object), alive=np.ones(G * n, bool),
+                 batch={"seed_key": [f"{g}/{j}" for g in range(G) for j in range(n)]})
+
+
+def test_random_pruning_keeps_avg_at_n():
+    paths = _synthetic()
+    cfg = compose("evaluate", ["policy.keep=4", "search.n_paths=16"])
+    full = outcome(paths, paths.alive, 6, 16)["avg"].mean()
+    kept = keep_by_policy(paths, random_scorer(0)(paths.batch).numpy(), cfg, 4, 16)
+    assert kept.reshape(300, 16).sum(1).tolist() == [4] * 300
+    assert abs(outcome(paths, kept, 6, 16)["avg"].mean() - full) < 0.03
+
+
+def test_accounting_and_early_finishers_vote():
+    paths = Paths(group=np.zeros(4, int), path_id=np.arange(4), length=np.array([3, 20, 20, 20]),
+                  correct=np.array([True, True, False, False]),
+                  answer=np.array(["7", "7", "2", "2"], dtype=object),
+                  text=np.array(["a", "b", "c", "d"], dtype=object),
+                  alive=np.array([False, True, True, True]), batch={})
+    kept = np.array([False, True, False, False])
+    o = outcome(paths, kept, 5, 4)
+    assert o["tokens"].tolist() == [3 + 20 + 5 + 5] and o["correct"].tolist() == [True]
+    assert o["chosen"].tolist() == ["a"] and o["pruned_at"].tolist() == [5, 5]
+    everything = outcome(paths, paths.alive, 5, 4)
+    assert everything["tokens"].tolist() == [63] and everything["correct"].tolist() == [True]  # tie: first seen
+    assert outcome(paths, kept, 5, 2)["tokens"].tolist() == [23]

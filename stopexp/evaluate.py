@@ -214,6 +214,21 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
     names = method_names(cfg)
     scorers = build_scorers(cfg, names, feature_spec(meta))
     start = time.time()
+    if cfg.search.name == "beam":
+        n_prompts = int(replay_paths(root, meta, cfg.evaluate.split, checkpoint).group.max()) + 1
+        results = evaluate_beam(cfg, names, scorers, n_prompts)
+        metrics = {"methods": results, "mode": "online", "search": "beam",
+                   "protocol": {"beam_width": cfg.search.beam_width, "patience": cfg.search.patience,
+                                "policy": cfg.policy.name, "prompts": n_prompts,
+                                "split": cfg.evaluate.split},
+                   "bank": root.name, "eval_wall_s": round(time.time() - start, 2)}
+        if run_dir is not None:
+            metrics["plots"] = {"survival": str(plots.survival(
+                {m: r["survival"] for m, r in results.items()}, run_dir / "survival.png"))}
+        if run is not None:
+            run.summary_update({f"{m}/{k}": v for m, r in results.items() for k, v in r.items()
+                                if isinstance(v, (int, float))})
+        return metrics
     paths = replay_paths(root, meta, cfg.evaluate.split, checkpoint)
     views = timing = None
     if cfg.evaluate.mode == "online":
@@ -358,6 +373,66 @@ def _scatter(batch: dict, rows: list[int], n: int, paths: Paths) -> dict:
     return full
 
 
+def evaluate_beam(cfg, names: list[str], scorers: dict, n_prompts: int) -> dict:
+    """Beam search with per-step pruning, online, per method. The oracle here is the
+    task's process check: a beam whose written steps already contain an error scores 0."""
+    from stopexp.models import load_lm
+    from stopexp.search.beam import beam_search
+    from stopexp.taps import Taps
+    from stopexp.tasks import build_task
+
+    task = build_task(cfg.task)
+    problems = task.problems(cfg.evaluate.split, n_prompts)
+    model, tokenizer = load_lm(cfg)
+    s, B = cfg.search, cfg.search.beam_width
+    results = {}
+    with Taps(model, list(cfg.tap.layers), cfg.tap.pooling) as taps:
+        for name in names:
+            correct, tokens, steps, alive = [], 0, [], np.zeros(s.max_new_tokens)
+            check_s, start = 0.0, time.perf_counter()
+            policy = None if name == "no_prune" else build_policy(cfg.policy, keep=cfg.policy.keep)
+            for problem in problems:
+                scorer = None if name == "no_prune" else scorers[name]
+                if name == "oracle":
+                    scorer = _prefix_oracle(task, problem, tokenizer)
+                ids = tokenizer(problem.prompt)["input_ids"]
+                r = beam_search(model, ids, beam_width=B, max_new_tokens=s.max_new_tokens,
+                                eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
+                                scorer=scorer, policy=policy, patience=s.patience,
+                                taps=taps if scorer else None, group_window=s.group_window,
+                                conf_topk=s.conf_topk)
+                correct.append(task.check(problem, tokenizer.decode(r.tokens, skip_special_tokens=True)))
+                tokens += r.n_forward_tokens - len(ids)
+                steps += r.pruned_steps
+                alive[: len(r.alive_per_step)] += np.asarray(r.alive_per_step) / B
+                check_s += r.check_seconds
+            wall = time.perf_counter() - start
+            c = np.asarray(correct, float)
+            lo, hi = bootstrap_ci(c, n=cfg.evaluate.bootstrap, seed=cfg.evaluate.seed)
+            results[name] = {"accuracy": float(c.mean()), "accuracy_ci": [lo, hi],
+                             "tokens_total": float(tokens), "wall_s": wall, "check_s": check_s,
+                             "check_share": check_s / max(wall - check_s, 1e-9),
+                             "pruned": len(steps), "survival": (alive / len(problems)).tolist(),
+                             "mean_prune_step": float(np.mean(steps)) if steps else None}
+    base = results["no_prune"]["tokens_total"]
+    for r in results.values():
+        r["tokens_ratio"] = r["tokens_total"] / base
+    return results
+
+
+def _prefix_oracle(task, problem, tokenizer):
+    """1 while the written complete steps of a beam are all right, else 0."""
+    def score(batch):
+        out = []
+        for row in batch["tokens"].tolist():
+            text = tokenizer.decode(row, skip_special_tokens=True)
+            done = text[: text.rfind(";") + 1]
+            err = task.diagnose(problem, done)["first_error"]
+            out.append(0.0 if 0 <= err < len(done) else 1.0)
+        return torch.tensor(out)
+    return score
+
+
 def make_plots(paths: Paths, outcomes: dict, scores: dict, points: list, run_dir: Path) -> dict:
     figs = {"pareto": plots.pareto(points, run_dir / "pareto.png"),
             "survival": plots.survival({m: o["survival"] for m, o in outcomes.items()},
@@ -387,6 +462,17 @@ def sample_table(run, paths: Paths, scores: dict, cfg, k: int, n: int, rows: int
 
 def print_table(metrics: dict) -> str:
     p = metrics["protocol"]
+    if metrics.get("search") == "beam":
+        lines = [f"Beam search B={p['beam_width']}, patience {p['patience']}, policy {p['policy']}, "
+                 f"{p['prompts']} {p['split']} prompts",
+                 f"{'method':<14}{'accuracy':>9}{'95% CI':>16}{'tokens':>10}{'ratio':>7}"
+                 f"{'pruned':>8}{'wall s':>8}{'check %':>9}"]
+        for name, r in metrics["methods"].items():
+            ci = f"[{r['accuracy_ci'][0]:.3f},{r['accuracy_ci'][1]:.3f}]"
+            lines.append(f"{name:<14}{r['accuracy']:>9.3f}{ci:>16}{r['tokens_total']:>10.0f}"
+                         f"{r['tokens_ratio']:>7.2f}{r['pruned']:>8}{r['wall_s']:>8.1f}"
+                         f"{100 * r['check_share']:>9.2f}")
+        return "\n".join(lines)
     lines = [f"Launch-Check-Resume {p['n']} -> {p['k']} at {p['check_tokens']} tokens, "
              f"{p['prompts']} {p['split']} prompts ({metrics['mode']})",
              f"{'method':<14}{'accuracy':>9}{'95% CI':>16}{'avg@K':>8}{'tokens':>10}{'ratio':>7}"

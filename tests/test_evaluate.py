@@ -102,3 +102,14 @@ def test_accounting_and_early_finishers_vote():
     everything = outcome(paths, paths.alive, 5, 4)
     assert everything["tokens"].tolist() == [63] and everything["correct"].tolist() == [True]  # tie: first seen
     assert outcome(paths, kept, 5, 2)["tokens"].tolist() == [23]
+
+
+def test_beam_search_evaluation(trained):
+    cfg = cfg_for(trained, "+exp=toy_beam", "search.beam_width=2", "search.max_new_tokens=64",
+                  "evaluate.methods=[confidence,oracle]")
+    m = evaluate(cfg)
+    assert m["search"] == "beam" and set(m["methods"]) >= {"no_prune", "random", "confidence", "oracle"}
+    assert m["methods"]["no_prune"]["pruned"] == 0
+    assert m["methods"]["oracle"]["accuracy"] >= m["methods"]["no_prune"]["accuracy"]
+    for r in m["methods"].values():
+        assert r["tokens_total"] > 0 and len(r["survival"]) == 64

@@ -38,7 +38,9 @@ BASELINES: dict[str, Scorer] = {
 
 def random_scorer(seed: int) -> Scorer:
     def score(batch):
-        return torch.tensor([stream_seed(seed, "random", k) / 2**63 for k in batch["seed_key"]])
+        # beams have no path id: a beam's stream is named by its tokens so far
+        keys = batch.get("seed_key") or ["/".join(map(str, t)) for t in batch["tokens"].tolist()]
+        return torch.tensor([stream_seed(seed, "random", k) / 2**63 for k in keys])
     return score
 
 

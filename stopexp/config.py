@@ -60,6 +60,10 @@ class ModelConfig:
     attn_implementation: Optional[str] = None
     num_layers: Optional[int] = None  # known before loading, so tap layers are checked early
     hidden_size: Optional[int] = None
+    # token budget per forward: rows x (prompt + max_new_tokens) stays within it, so long
+    # prompts get fewer rows (with search.max_batch_rows, the smaller wins); None = no budget
+    max_batch_tokens: Optional[int] = None
+    chat_template: bool = True        # render prompts with the tokenizer's chat template, if any
     toy: Optional[ToyLMConfig] = None
 
 
@@ -73,6 +77,14 @@ class TaskConfig:
     split_fractions: Dict[str, float] = field(
         default_factory=lambda: {"train": 0.8, "val": 0.1, "test": 0.1})
     seed: int = 0
+    # qa (stopexp/tasks/qa.py): questions and reference answers from a file or hub dataset
+    path: Optional[str] = None           # .jsonl / .json / .parquet file, or a hub dataset id
+    subset: Optional[str] = None         # hub dataset config name (e.g. "main" for gsm8k)
+    source_split: str = "test"           # which split of the hub dataset
+    question_key: str = "question"
+    answer_key: str = "answer"           # a bare answer or a solution ending in one
+    answer_format: str = "numeric"       # numeric (#### 42, or \boxed{}) | boxed (\boxed{})
+    prompt_template: str = "{question}"
 
 
 @dataclass
@@ -80,7 +92,7 @@ class TapConfig:
     layers: List[int] = field(default_factory=lambda: [-1])
     pooling: str = "last"  # last | mean
     # prefix lengths in generated tokens; values below 1 are fractions of max_new_tokens
-    checkpoints: List[float] = field(default_factory=lambda: [0.1, 0.25])
+    checkpoints: List[float] = field(default_factory=lambda: [0.08, 0.25])
 
 
 @dataclass
@@ -91,6 +103,11 @@ class PredictorConfig:
     dropout: float = 0.0
     layer: int = -1         # which tap layer single-tap predictors read
     statistic: str = "l2"   # statistic predictor: l2 | mean | var
+    n_tokens: int = 4       # super_token: [STOP] copies appended (one shared embedding)
+    lora_rank: int = 8      # super_token: its LoRA adapter, active only on the [STOP] tokens
+    lora_alpha: float = 16.0
+    lora_targets: List[str] = field(default_factory=lambda: [
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
 
 
 @dataclass
@@ -117,7 +134,7 @@ class SearchConfig:
     n_paths: int = 64           # N paths launched per prompt (parallel)
     beam_width: int = 4
     patience: int = 2           # beam: consecutive marks before a beam is pruned
-    check_at: float = 0.1       # prefix (one of tap.checkpoints) where parallel search checks
+    check_at: float = 0.08      # prefix (one of tap.checkpoints) where parallel search checks
     max_new_tokens: int = 64
     temperature: float = 1.0
     top_p: float = 1.0
@@ -147,6 +164,10 @@ class CollectConfig:
     keep_correct_splits: List[str] = field(default_factory=lambda: ["train", "val"])
     shard_prompts: int = 25
     seed: int = 0
+    # this process's slice of the shards (shard index % world == rank); None = from the
+    # RANK / WORLD_SIZE that torchrun or accelerate set, else 0 / 1
+    rank: Optional[int] = None
+    world: Optional[int] = None
 
 
 @dataclass
@@ -156,7 +177,7 @@ class TrainConfig:
     lr: float = 1e-3
     weight_decay: float = 0.01
     patience: int = 5
-    checkpoint: float = 0.1   # which tap checkpoint the predictor is trained at
+    checkpoint: float = 0.08  # which tap checkpoint the predictor is trained at
     seed: int = 0
 
 
@@ -215,7 +236,8 @@ register()
 
 ALLOWED = {
     "model.dtype": ("float32", "bfloat16", "float16"),
-    "task.name": ("arith",),
+    "task.name": ("arith", "qa"),
+    "task.answer_format": ("numeric", "boxed"),
     "tap.pooling": ("last", "mean"),
     "predictor.name": ("statistic", "linear", "mlp", "fusion", "conf_features", "super_token"),
     "predictor.statistic": ("l2", "mean", "var"),
@@ -281,6 +303,10 @@ def validate(cfg: DictConfig) -> DictConfig:
             if not -n_layers <= i < n_layers:
                 fail("tap.layers", f"layer {i} is outside the model's {n_layers} layers "
                                    f"(allowed {-n_layers}..{n_layers - 1})")
+    if m.max_batch_tokens is not None and m.max_batch_tokens < s.n_paths * (s.max_new_tokens + 1):
+        fail("model.max_batch_tokens", f"{m.max_batch_tokens} cannot hold one prompt's N paths: "
+                                       f"needs >= N x (max_new_tokens + 1) = "
+                                       f"{s.n_paths * (s.max_new_tokens + 1)} plus the prompt")
     if s.temperature <= 0:
         fail("search.temperature", f"must be > 0, got {s.temperature} (use do_sample=false for greedy)")
     if not 0 < s.top_p <= 1:
@@ -317,6 +343,11 @@ def validate(cfg: DictConfig) -> DictConfig:
         for n in cfg.evaluate.n_points:
             if not 1 <= n <= s.n_paths:
                 fail("evaluate.n_points", f"N={n} must lie in 1..{s.n_paths} (search.n_paths)")
+    pred = cfg.predictor
+    if pred.n_tokens < 1 or pred.lora_rank < 1 or not pred.lora_targets:
+        fail("predictor", f"super_token needs n_tokens >= 1, lora_rank >= 1 and lora_targets; got "
+                          f"n_tokens={pred.n_tokens}, lora_rank={pred.lora_rank}, "
+                          f"lora_targets={list(pred.lora_targets)}")
     if not 0 < pol.quantile < 1:
         fail("policy.quantile", f"must lie in (0, 1), got {pol.quantile}")
     if not 0 <= pol.target_prune_rate < 1:
@@ -334,7 +365,16 @@ def validate(cfg: DictConfig) -> DictConfig:
         fail("collect.keep_correct", f"needs [lo, hi] with 0 <= lo <= hi <= N={s.n_paths}, got {list(band)}")
     if cfg.collect.shard_prompts < 1:
         fail("collect.shard_prompts", f"must be >= 1, got {cfg.collect.shard_prompts}")
+    rank, world = cfg.collect.rank, cfg.collect.world
+    if world is not None and world < 1:
+        fail("collect.world", f"must be >= 1, got {world}")
+    if rank is not None and (rank < 0 or (world is not None and rank >= world)):
+        fail("collect.rank", f"{rank} must lie in 0..collect.world-1 (world {world})")
     t = cfg.task
+    if t.name == "qa" and not t.path:
+        fail("task.path", "task qa needs a .jsonl / .json / .parquet file or a hub dataset id")
+    if "{question}" not in t.prompt_template:
+        fail("task.prompt_template", f"must contain {{question}}, got {t.prompt_template!r}")
     if t.n_steps < 1:
         fail("task.n_steps", f"must be >= 1, got {t.n_steps}")
     bad_ops = [o for o in t.operators if o not in ("+", "-", "*")]

@@ -28,7 +28,7 @@ def test_collect_writes_a_complete_bank_and_resumes_as_a_no_op(out_dir):
     root = bank.bank_dir(cfg)
     meta = bank.read_meta(root)
     assert meta["model_name"] == "toy" and meta["hidden_size"] == 96
-    assert meta["tap_layers"] == [2] and meta["checkpoints"] == [8, 16] and meta["key"] == root.name
+    assert meta["tap_layers"] == [2] and meta["checkpoints"] == [5, 16] and meta["key"] == root.name
     ds = bank.load_bank(root)
     assert ds["hidden"][:].shape == (24, 2, 1, 96) and ds["hidden"][:].dtype == np.float32
     assert sorted(set(ds["split"][:])) == ["test", "train", "val"]
@@ -43,8 +43,8 @@ def test_collect_writes_a_complete_bank_and_resumes_as_a_no_op(out_dir):
                 assert mc[i, c] == float(ds["correct"][i]) and not ds["hidden"][i][c].any()
     # the stored signals agree with the stored per-token arrays
     lp = ds["token_logprob"][0]
-    assert np.isclose(ds["signals"][0][0][0], lp[:8].mean(), atol=1e-6)
-    assert np.isclose(ds["signals"][0][0][1], lp[:8].min(), atol=1e-6)
+    assert np.isclose(ds["signals"][0][0][0], lp[:5].mean(), atol=1e-6)
+    assert np.isclose(ds["signals"][0][0][1], lp[:5].min(), atol=1e-6)
     mtime = {p.name: p.stat().st_mtime for p in root.glob("shard-*")}
     assert collect(cfg)["paths"] == 24  # a rerun writes nothing
     assert {p.name: p.stat().st_mtime for p in root.glob("shard-*")} == mtime

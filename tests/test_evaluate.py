@@ -9,7 +9,7 @@ from stopexp.signals.methods import random_scorer, register_external
 from stopexp.train import train
 
 FAST = ["evaluate.n_points=[4,8]", "evaluate.retention=[2,4]", "policy.keep=4",
-        "evaluate.bootstrap=200", "train.epochs=3", "search.check_at=0.1"]
+        "evaluate.bootstrap=200", "train.epochs=3"]
 
 
 def cfg_for(small_bank, *extra, stage="evaluate"):

@@ -1,0 +1,49 @@
+"""Within-prompt and pooled AUROC of every predictor x loss on one trace bank, next to
+the non-learnable signals at the same checkpoint (validation and test splits).
+
+    python scripts/compare_predictors.py +exp=toy_reward      # after its collect
+"""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+from hydra import compose, initialize_config_dir
+
+from stopexp import bank
+from stopexp.config import project_root, validate
+from stopexp.signals.methods import BASELINES
+from stopexp.train import evaluate_scores, split_data, train
+
+PREDICTORS = ("statistic", "linear", "mlp", "conf_features")
+LOSSES = ("contrastive", "pairwise", "reward_regression", "mse")
+
+
+def main(overrides: list[str]) -> None:
+    conf = str(project_root() / "conf")
+    rows = []
+    for pred in PREDICTORS:
+        for loss in LOSSES if pred != "statistic" else ("contrastive",):
+            with initialize_config_dir(conf, version_base="1.3"):
+                cfg = validate(compose("train", ["logger=none", *overrides,
+                                                 f"predictor={pred}", f"loss={loss}"]))
+            m = train(cfg, progress=False)
+            rows.append((f"{pred} / {loss}", m["val"], m["test"]))
+    root = bank.require_bank(cfg)
+    data = split_data(root, bank.read_meta(root), cfg)
+    for name, scorer in BASELINES.items():
+        rows.append((name, evaluate_scores(scorer(data["val"]), data["val"]),
+                     evaluate_scores(scorer(data["test"]), data["test"])))
+    print(f"checkpoint {cfg.train.checkpoint} of {cfg.search.max_new_tokens} tokens, bank {root.name}")
+    print(f"{'signal':<34}{'val AUROC':>10}{'pooled':>8}{'test AUROC':>11}{'pooled':>8}")
+    for name, val, test in rows:
+        print(f"{name:<34}{val['auroc']:>10.3f}{val['auroc_pooled']:>8.3f}"
+              f"{test['auroc']:>11.3f}{test['auroc_pooled']:>8.3f}")
+    best = max((r for r in rows if r[0].split(" ")[0] not in BASELINES), key=lambda r: r[1]["auroc"])
+    base = max((r for r in rows if r[0] in BASELINES), key=lambda r: r[1]["auroc"])
+    print(f"best learned {best[0]} vs best non-learnable {base[0]} (val, within-prompt): "
+          f"{best[1]['auroc'] - base[1]['auroc']:+.3f}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -20,7 +20,7 @@ from datasets import Array2D, Array3D, Dataset, Features, List, Value, concatena
 from datasets import load_from_disk
 from datasets.utils.logging import disable_progress_bar
 
-from stopexp.artifacts import config_hash, publish_dir, staging_dir, write_json
+from stopexp.artifacts import config_hash, plain, publish_dir, staging_dir, write_json
 from stopexp.config import checkpoint_tokens
 from stopexp.signals.features import SIGNAL_NAMES
 
@@ -45,11 +45,14 @@ def sampling_section(search) -> dict:
 
 
 def bank_key(cfg) -> str:
-    """What the bank's content depends on (not batch sizes, loggers or later stages)."""
-    return config_hash({"version": BANK_VERSION, "model": cfg.model, "task": cfg.task,
+    """What the bank's content depends on (not batch sizes, the rank that wrote a shard,
+    loggers or later stages)."""
+    model = {k: v for k, v in plain(cfg.model).items() if k != "max_batch_tokens"}
+    collect = {k: v for k, v in plain(cfg.collect).items() if k not in ("rank", "world")}
+    return config_hash({"version": BANK_VERSION, "model": model, "task": cfg.task,
                         "tap": {"layers": list(cfg.tap.layers), "pooling": cfg.tap.pooling,
                                 "checkpoints": checkpoints_of(cfg)},
-                        "search": sampling_section(cfg.search), "collect": cfg.collect,
+                        "search": sampling_section(cfg.search), "collect": collect,
                         "seed": cfg.seed})
 
 
@@ -155,6 +158,14 @@ def tensors_at(ds: Dataset, c_idx: int, checkpoint: int) -> dict:
         "remaining": torch.from_numpy(np.maximum(length - checkpoint, 0)),
         "length": torch.from_numpy(length),
     }
+
+
+def prefix_columns(ds: Dataset) -> dict:
+    """Each path's prompt and generated ids, for predictors that re-encode the prefix (the
+    super token); object arrays, so `select_rows` indexes them like the tensors."""
+    tokens = np.empty(len(ds), dtype=object)
+    tokens[:] = [np.asarray(t) for t in ds["tokens"][:]]
+    return {"prompt": np.asarray(ds["prompt"][:], dtype=object), "tokens": tokens}
 
 
 def select_rows(batch: dict, rows) -> dict:

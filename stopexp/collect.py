@@ -6,11 +6,17 @@ For every prompt of the configured splits, N paths are sampled; per path the tok
 text, answer, outcome and per-token confidences are kept, per checkpoint the tap
 features, the non-learnable signals and optionally a Monte Carlo success rate. Shards
 are written atomically; rerunning the same command resumes after the last finished one.
+
+Sharded over processes, each rank takes the shards whose index % world == rank:
+
+    torchrun --nproc_per_node=2 -m stopexp.collect +exp=toy_contrastive
+    python -m stopexp.collect -m collect.rank=0,1 collect.world=2 hydra/launcher=submitit_slurm
 """
 from __future__ import annotations
 
 import logging
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import hydra
@@ -21,6 +27,7 @@ from tqdm import tqdm
 from stopexp import bank
 from stopexp.artifacts import write_json
 from stopexp.config import validate
+from stopexp.ranks import barrier, in_group, join_group, leave_group, shard_of
 from stopexp.tracking import tracked_run
 
 log = logging.getLogger(__name__)
@@ -34,6 +41,10 @@ def plan(cfg, task) -> list[list]:
         size = cfg.collect.shard_prompts
         shards += [problems[i : i + size] for i in range(0, len(problems), size)]
     return shards
+
+
+def is_complete(root: Path, n_shards: int) -> bool:
+    return {bank.shard_index(n) for n in bank.finished_shards(root)} >= set(range(n_shards))
 
 
 def difficulty_filter(cfg, cols: dict) -> dict:
@@ -74,6 +85,7 @@ def collect(cfg, rank: int = 0, world: int = 1, run=None) -> dict:
     """Fill the bank for `cfg` (this rank's shards); returns the summary of the bank."""
     from stopexp.models import load_lm
     from stopexp.search.decode import Engine, SamplingParams
+    from stopexp.search.sample import row_cap
     from stopexp.search.trace import trace_problems
     from stopexp.taps import Taps
     from stopexp.tasks import build_task
@@ -102,7 +114,7 @@ def collect(cfg, rank: int = 0, world: int = 1, run=None) -> dict:
                 cols, mc_tokens = trace_problems(engine, tokenizer, task, shards[i], cfg.search.n_paths,
                                       cfg.seed, checkpoints, cfg.collect.mc_rollouts,
                                       cfg.search.group_window, len(taps.layers), hidden,
-                                      cfg.search.max_batch_rows)
+                                      row_cap(cfg, tokenizer, shards[i]))
                 paths += len(cols["length"])
                 tokens += int(sum(cols["length"])) + mc_tokens
                 bank.write_shard(root, bank.shard_name(i, rank), difficulty_filter(cfg, cols), feats)
@@ -114,9 +126,17 @@ def collect(cfg, rank: int = 0, world: int = 1, run=None) -> dict:
                     "lm_parameters": sum(p.numel() for p in model.parameters())}
     else:
         meta_layers, measured = None, {}
-    complete = {bank.shard_index(n) for n in bank.finished_shards(root)} >= set(range(len(shards)))
+    if in_group():
+        barrier()  # every rank's shards exist before rank 0 writes the final meta
+        if rank:
+            return {"bank": str(root), "complete": True}
+    complete = is_complete(root, len(shards))
     if rank == 0 or complete:
-        _write_meta(cfg, root, checkpoints, meta_layers, complete, measured)
+        _write_meta(cfg, root, task, checkpoints, meta_layers, complete, measured)
+        if not complete and is_complete(root, len(shards)):
+            # another job of an array finished meanwhile: never leave a stale "incomplete"
+            complete = True
+            _write_meta(cfg, root, task, checkpoints, meta_layers, complete, measured)
     summary = summarize(root) if complete else {}
     if run is not None and complete:
         run.summary_update({f"collect/{k}": v for k, v in summary.items()})
@@ -126,7 +146,7 @@ def collect(cfg, rank: int = 0, world: int = 1, run=None) -> dict:
     return {"bank": str(root), "complete": complete, **summary}
 
 
-def _write_meta(cfg, root: Path, checkpoints, layers, complete: bool, measured: dict) -> None:
+def _write_meta(cfg, root: Path, task, checkpoints, layers, complete: bool, measured: dict) -> None:
     old = bank.read_meta(root) if (root / "meta.json").exists() else {}
     measured = measured or {k: old[k] for k in ("seconds_per_token", "lm_parameters") if k in old}
     if layers is None:
@@ -141,7 +161,9 @@ def _write_meta(cfg, root: Path, checkpoints, layers, complete: bool, measured: 
         "checkpoints": checkpoints, "signal_names": list(bank.SIGNAL_NAMES),
         "n_paths": cfg.search.n_paths, "task": OmegaConf.to_container(cfg.task),
         "seed": cfg.seed, "mc_rollouts": cfg.collect.mc_rollouts,
-        "version": bank.BANK_VERSION, **measured})
+        "version": bank.BANK_VERSION, **measured,
+        # which source rows form each split (file-based tasks), fixed by task.seed
+        **({"split_rows": task.split_rows} if hasattr(task, "split_rows") else {})})
 
 
 def _sample_table(run, root: Path, n: int = 20):
@@ -157,10 +179,17 @@ def main(cfg: DictConfig) -> dict:
     from hydra.core.hydra_config import HydraConfig
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    rank, world = shard_of(cfg)
+    grouped = join_group()
     start = time.time()
-    with tracked_run(cfg, "collect") as run:
-        result = collect(cfg, run=run)
+    try:
+        with tracked_run(cfg, "collect") if rank == 0 else nullcontext() as run:  # rank 0 logs
+            result = collect(cfg, rank, world, run=run)
+    finally:
+        leave_group()
     result["wall_s"] = round(time.time() - start, 1)
+    if grouped and rank:  # the ranks of one launch share a run dir: rank 0 reports
+        return result
     write_json(run_dir / "metrics.json", {"collect": result})
     log.info("bank %s: %d paths, per-path accuracy %.3f, vote accuracy %.3f, %d tokens, %.0fs",
              result["bank"], result.get("paths", 0), result.get("path_accuracy", float("nan")),

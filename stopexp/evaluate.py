@@ -61,7 +61,7 @@ def check_methods(cfg) -> None:
     """Unknown method names fail before any compute."""
     from stopexp.signals import PREDICTORS
 
-    allowed = set(ALWAYS) | set(M.NON_LEARNABLE) | set(PREDICTORS) | {"learned"}
+    allowed = set(ALWAYS) | set(M.NON_LEARNABLE) | set(PREDICTORS) | {"learned", "super_token"}
     for m in cfg.evaluate.methods:
         if m not in allowed and M.external(m) is None:
             raise ValueError(f"evaluate.methods: {m!r} unknown; allowed: "
@@ -86,7 +86,7 @@ def build_scorers(cfg, names: list[str], spec) -> dict:
             scorers[name] = M.oracle
         elif name in M.BASELINES:
             scorers[name] = M.BASELINES[name]
-        elif name in PREDICTORS:
+        elif name in PREDICTORS or name == "super_token":
             sub = cfg if name == cfg.predictor.name else _with_predictor(cfg, name)
             ckpt = predictor_dir(sub)
             if not (ckpt / "predictor.json").exists():
@@ -98,7 +98,13 @@ def build_scorers(cfg, names: list[str], spec) -> dict:
                         f"no trained {name} predictor for this config at {ckpt}.\nMake it with:  "
                         f"python -m stopexp.train {' '.join(_overrides())}".rstrip()
                         + "\n(or run python -m stopexp.pipeline, which makes it for you)")
-            predictor, _ = load_predictor(ckpt, spec)
+            if name == "super_token":  # on its own copy of the LM; online it reads the engine's cache
+                from stopexp.models import load_lm
+                from stopexp.signals.super_token import load_super_token
+                predictor, _ = load_super_token(ckpt, *load_lm(sub, progress=False), spec,
+                                                cfg.search.max_batch_rows)
+            else:
+                predictor, _ = load_predictor(ckpt, spec)
             scorers[name] = M.learned(predictor)
         else:
             scorers[name] = M.external(name)
@@ -131,6 +137,7 @@ def replay_paths(root: Path, meta: dict, split: str, checkpoint: int) -> Paths:
     c_idx = meta["checkpoints"].index(checkpoint)
     t = bank.tensors_at(ds, c_idx, checkpoint)
     t["seed_key"] = [f"{p}/{j}" for p, j in zip(ds["prompt"][:], ds["path_id"][:])]
+    t.update(bank.prefix_columns(ds))  # the super token re-encodes the prefixes
     t["group"] = torch.as_tensor(np.asarray(ds["prompt_id"][:]).astype(np.int64))
     return Paths(group=t["group"].numpy(), path_id=np.asarray(ds["path_id"][:]),
                  length=np.asarray(ds["length"][:]), correct=np.asarray(ds["correct"][:]),
@@ -320,6 +327,7 @@ def online_paths(cfg, names, scorers, checkpoint, n_prompts: int):
     from stopexp.models import load_lm
     from stopexp.search.decode import Engine, SamplingParams
     from stopexp.search.parallel import launch_check_resume
+    from stopexp.search.sample import row_cap
     from stopexp.taps import Taps
     from stopexp.tasks import build_task
 
@@ -334,7 +342,7 @@ def online_paths(cfg, names, scorers, checkpoint, n_prompts: int):
                         SamplingParams.from_config(cfg.search), taps, (checkpoint,))
         runs, batch = launch_check_resume(engine, tokenizer, task, problems, N, cfg.seed,
                                           checkpoint, methods, cfg.search.group_window,
-                                          cfg.search.max_batch_rows)
+                                          row_cap(cfg, tokenizer, problems))
     keys = [(i, j) for i in range(len(problems)) for j in range(N)]
     views, timing = {}, {}
     for name, run in runs.items():
@@ -367,9 +375,10 @@ def _scatter(batch: dict, rows: list[int], n: int, paths: Paths) -> dict:
         full[key][live] = v
     full["mc"][torch.as_tensor(~paths.alive)] = float("nan")
     full["correct"] = torch.as_tensor(paths.correct.astype(np.float32))
-    full["seed_key"] = [""] * n
+    full["seed_key"], full["prompt"], full["tokens"] = [""] * n, [""] * n, [[]] * n
     for r, i in zip(rows, live.tolist()):
         full["seed_key"][i] = batch["seed_key"][r]
+        full["prompt"][i], full["tokens"][i] = batch["prompt"][r], batch["tokens"][r]
     return full
 
 
@@ -378,6 +387,7 @@ def evaluate_beam(cfg, names: list[str], scorers: dict, n_prompts: int) -> dict:
     task's process check: a beam whose written steps already contain an error scores 0."""
     from stopexp.models import load_lm
     from stopexp.search.beam import beam_search
+    from stopexp.search.sample import prompt_ids
     from stopexp.taps import Taps
     from stopexp.tasks import build_task
 
@@ -395,7 +405,7 @@ def evaluate_beam(cfg, names: list[str], scorers: dict, n_prompts: int) -> dict:
                 scorer = None if name == "no_prune" else scorers[name]
                 if name == "oracle":
                     scorer = _prefix_oracle(task, problem, tokenizer)
-                ids = tokenizer(problem.prompt)["input_ids"]
+                ids = prompt_ids(tokenizer, problem.prompt)
                 r = beam_search(model, ids, beam_width=B, max_new_tokens=s.max_new_tokens,
                                 eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
                                 scorer=scorer, policy=policy, patience=s.patience,

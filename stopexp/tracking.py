@@ -2,7 +2,7 @@
 
 All W&B directories live under `<paths.output_dir>/wandb`, so nothing lands in the home
 directory. `tracked_run` always finishes the run, marking it failed on error, so Hydra
-multirun jobs never log into one another's run.
+multirun jobs never log into one another's run; the jobs of one sweep share a W&B group.
 """
 from __future__ import annotations
 
@@ -90,6 +90,19 @@ def wandb_dirs(output_dir: str | os.PathLike) -> Path:
     return root
 
 
+def run_group(cfg) -> str | None:
+    """logger.group, else under Hydra multirun the sweep dir's name (one group per sweep)."""
+    if cfg.logger.group:
+        return cfg.logger.group
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized():  # compose API, notebooks: no sweep
+        return None
+    hc = HydraConfig.get()
+    return Path(hc.sweep.dir).name if hc.mode == RunMode.MULTIRUN else None
+
+
 def start_run(cfg, job_type: str, name: str | None = None) -> NullRun:
     lg = cfg.logger
     if lg.name == "none" or lg.mode == "disabled":
@@ -97,7 +110,7 @@ def start_run(cfg, job_type: str, name: str | None = None) -> NullRun:
     root = wandb_dirs(cfg.paths.output_dir)
     import wandb
 
-    run = wandb.init(project=lg.project, entity=lg.entity, mode=lg.mode, group=lg.group,
+    run = wandb.init(project=lg.project, entity=lg.entity, mode=lg.mode, group=run_group(cfg),
                      tags=list(lg.tags), job_type=job_type, name=name, dir=str(root),
                      config=OmegaConf.to_container(cfg, resolve=True), reinit="create_new",
                      settings=wandb.Settings(silent=True, x_disable_stats=True))

@@ -1,4 +1,5 @@
-"""Stage 2, train: fit the signal predictor on the trace bank, the LM frozen (not loaded).
+"""Stage 2, train: fit the signal predictor on the trace bank, the LM frozen (not loaded,
+except by the super-token predictor, which runs it).
 
     python -m stopexp.train +exp=toy_contrastive
 
@@ -43,9 +44,10 @@ def feature_spec(meta: dict) -> FeatureSpec:
                        tuple(meta["signal_names"]))
 
 
-def split_data(root: Path, meta: dict, cfg) -> dict[str, dict]:
-    """Per split, the tensors of the paths still alive at the training checkpoint. The
-    splits are the task's, which are disjoint by prompt, so no prompt is in two parts."""
+def split_data(root: Path, meta: dict, cfg, prefixes: bool = False) -> dict[str, dict]:
+    """Per split, the tensors of the paths still alive at the training checkpoint (with
+    `prefixes`, also their prompts and tokens). The splits are the task's, which are
+    disjoint by prompt, so no prompt is in two parts."""
     ckpt = checkpoint_tokens(cfg.train.checkpoint, cfg.search.max_new_tokens)
     c_idx = meta["checkpoints"].index(ckpt)
     out = {}
@@ -56,6 +58,8 @@ def split_data(root: Path, meta: dict, cfg) -> dict[str, dict]:
             continue
         if len(ds):
             t = bank.tensors_at(ds, c_idx, ckpt)
+            if prefixes:
+                t.update(bank.prefix_columns(ds))
             out[split] = bank.select_rows(t, t["alive"])
     for needed in ("train", "val"):
         if needed not in out or not len(out[needed]["correct"]):
@@ -135,15 +139,24 @@ def train(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
     root = bank.require_bank(cfg, overrides)
     meta = bank.read_meta(root)
     out = predictor_dir(cfg)
+    lm_based = cfg.predictor.name == "super_token"  # the one predictor that runs the LM
     if (out / "predictor.json").exists():
-        _, saved = load_predictor(out, feature_spec(meta))
+        if lm_based:
+            from stopexp.signals.super_token import checkpoint_meta
+            saved = checkpoint_meta(out, feature_spec(meta))
+        else:
+            _, saved = load_predictor(out, feature_spec(meta))
         log.info("predictor already trained for this config: %s", out)
         return {"checkpoint": str(out), **saved["metrics"]}
     start = time.time()
-    data = split_data(root, meta, cfg)
+    data = split_data(root, meta, cfg, prefixes=lm_based)
     torch.manual_seed(cfg.train.seed)
     spec = feature_spec(meta)
-    predictor = build_predictor(cfg.predictor, spec)
+    if lm_based:
+        from stopexp.signals.super_token import build_super_token
+        predictor = build_super_token(cfg)
+    else:
+        predictor = build_predictor(cfg.predictor, spec)
     n_params = sum(p.numel() for p in predictor.parameters())
     log.info("training %s (%d parameters) with %s on %d paths of %d prompts", cfg.predictor.name,
              n_params, cfg.loss.name, len(data["train"]["correct"]),

@@ -16,7 +16,10 @@ def cfg_for(small_bank, *extra, stage="train"):
 
 
 def test_train_writes_a_checkpoint_that_reloads_with_identical_scores(small_bank, tmp_path):
+    import shutil
+
     cfg = cfg_for(small_bank)
+    shutil.rmtree(predictor_dir(cfg), ignore_errors=True)  # other tests may have made it
     metrics = train(cfg, run_dir=tmp_path, progress=False)
     assert {"train", "val", "test"} <= set(metrics)
     for split in ("train", "val", "test"):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import torch
@@ -16,8 +17,9 @@ class ModelNotAvailable(RuntimeError):
 
 
 def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "auto":  # one GPU per local rank under torchrun / accelerate launch
+        return torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0)) % torch.cuda.device_count()}"
+                            if torch.cuda.is_available() else "cpu")
     return torch.device(name)
 
 
@@ -54,6 +56,8 @@ def load_lm(cfg, progress: bool = True):
             + f" ({e.__class__.__name__}). Download it where you have internet "
             f"(`huggingface-cli download {source}`) or point model.path at a local copy: "
             f"model.path=/path/to/{source.split('/')[-1]}") from e
+    if not m.chat_template:  # plain prompts even where the tokenizer ships a template
+        tokenizer.chat_template = None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"

@@ -14,9 +14,11 @@ import time
 from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from stopexp.artifacts import config_hash, publish_dir, staging_dir, write_json
+from stopexp.config import ConfigError
 from stopexp.models.tokenizer import build_char_tokenizer
 from stopexp.search.decode import Engine, SamplingParams
 from stopexp.search.sample import sample_paths
@@ -25,9 +27,17 @@ log = logging.getLogger(__name__)
 COMMITTED = Path(__file__).parent / "pretrained"
 
 
+ARITH_KEYS = ("name", "n_steps", "operators", "multipliers", "styles", "split_fractions", "seed")
+
+
 def toy_key(toy_cfg, task_cfg) -> str:
-    """What determines the toy LM: its own settings (screening sampler included), the task."""
-    return config_hash(toy_cfg, task_cfg)
+    """What determines the toy LM: its own settings (screening sampler included) and the
+    arith task's; fields of other tasks stay out, so they keep the committed checkpoint."""
+    if task_cfg.name != "arith":
+        raise ConfigError(f"task.name: the toy LM learns only task=arith, not {task_cfg.name!r}; "
+                          "use a real model (model=llama, model=qwen or model.path=DIR)")
+    task = OmegaConf.to_container(task_cfg, resolve=True)
+    return config_hash(toy_cfg, {k: task[k] for k in ARITH_KEYS})
 
 
 def screening_params(toy_cfg) -> SamplingParams:

@@ -167,10 +167,15 @@ class Engine:
         """Prefill left-padded `prompts` (token ids, one per path) with their stream seeds."""
         if len(prompts) != len(seeds) or not prompts:
             raise ValueError("launch needs one seed per prompt and at least one prompt")
-        width = max(map(len, prompts))
-        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, p in enumerate(prompts):
+        # the N paths of a prompt share it: encode each distinct prompt once, then copy
+        # its cache row N times
+        distinct = list(dict.fromkeys(map(tuple, prompts)))
+        index = {p: i for i, p in enumerate(distinct)}
+        rows = torch.tensor([index[tuple(p)] for p in prompts], device=self.device)
+        width = max(map(len, distinct))
+        ids = torch.full((len(distinct), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(distinct), width), dtype=torch.long)
+        for i, p in enumerate(distinct):
             if p:
                 ids[i, width - len(p):] = torch.tensor(p)
                 mask[i, width - len(p):] = 1
@@ -184,6 +189,10 @@ class Engine:
                        n_paths=P, lengths=torch.zeros(P, dtype=torch.long),
                        finished=torch.zeros(P, dtype=torch.bool))
         self._forward(state, ids, pos)
+        if len(distinct) < P:
+            state.cache.reorder_cache(rows)
+        state.attention_mask, state.positions = mask[rows], state.positions[rows]
+        state.next_logits = state.next_logits[rows]
         return state
 
     @torch.no_grad()
@@ -263,3 +272,35 @@ class Engine:
                       next_logits=state.next_logits[idx], n_generated=t, n_paths=P,
                       pool_sum=None, lengths=torch.full((P,), t, dtype=torch.long),
                       finished=torch.zeros(P, dtype=torch.bool), record_taps=False)
+
+    def merge(self, states: list[Decode]) -> Decode:
+        """One state holding the rows of `states`, which stand at the same step: caches and
+        masks of shorter (fewer prompt tokens) states are left-padded, so batches pruned
+        apart can continue together. Row order follows `states`; the result starts a fresh
+        step record, like `fork`."""
+        states = [s for s in states if s.size]
+        t = states[0].n_generated
+        if any(s.n_generated != t for s in states):
+            raise ValueError("merge needs states at the same generation step")
+        width = max(s.attention_mask.shape[1] for s in states)
+
+        def left_pad(x: torch.Tensor, dim: int) -> torch.Tensor:
+            missing = width - x.shape[dim]
+            if not missing:
+                return x
+            shape = list(x.shape)
+            shape[dim] = missing
+            return torch.cat([x.new_zeros(shape), x], dim=dim)
+
+        cache = DynamicCache(config=self.model.config)
+        for i in range(len(states[0].cache.layers)):
+            cache.update(torch.cat([left_pad(s.cache.layers[i].keys, 2) for s in states]),
+                         torch.cat([left_pad(s.cache.layers[i].values, 2) for s in states]), i)
+        P = sum(s.size for s in states)
+        return Decode(paths=torch.arange(P), uniforms=torch.cat([s.uniforms for s in states]),
+                      cache=cache, attention_mask=torch.cat([left_pad(s.attention_mask, 1) for s in states]),
+                      positions=torch.cat([s.positions for s in states]),
+                      next_logits=torch.cat([s.next_logits for s in states]), n_generated=t,
+                      n_paths=P, lengths=torch.full((P,), t, dtype=torch.long),
+                      finished=torch.zeros(P, dtype=torch.bool), record_taps=False)
+

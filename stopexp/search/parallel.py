@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from stopexp.search.decode import Decode, Engine
-from stopexp.search.sample import path_seeds, prompt_chunks
+from stopexp.search.sample import path_seeds, prompt_chunks, prompt_ids
 from stopexp.signals.confidence import confidence_signals
 from stopexp.signals.features import SIGNAL_NAMES
 
@@ -50,28 +50,53 @@ def check_batch(state: Decode, engine: Engine, checkpoint: int, keys: list[str],
     return paths, batch
 
 
-def _finish(engine, tokenizer, child: Decode, origin: list[int], owners, prefix_tok,
-            prefix_len, checkpoint, out: OnlineRun) -> None:
+def _finish(engine, tokenizer, child: Decode, origin: list, checkpoint: int,
+            out: OnlineRun) -> None:
+    """Record the full text and length of each continued row; `origin[r]` is the row's
+    (prompt, path) key and its prefix token ids."""
     tok, *_, n = child.tensors(engine.pad_id)
-    for r, p in enumerate(origin):
-        ids = prefix_tok[p, :checkpoint].tolist() + tok[r, : n[r] - checkpoint].tolist()
-        out.length[owners[p]] = len(ids)
-        out.text[owners[p]] = tokenizer.decode(ids, skip_special_tokens=True)
+    for r, (key, prefix) in enumerate(origin):
+        ids = prefix + tok[r, : n[r] - checkpoint].tolist()
+        out.length[key] = len(ids)
+        out.text[key] = tokenizer.decode(ids, skip_special_tokens=True)
+
+
+class _Pending:
+    """Kept rows of one method waiting to continue: forks from several checked chunks are
+    merged until they fill a batch, so pruning shrinks the number of forwards, not only
+    their width."""
+
+    def __init__(self):
+        self.states, self.origin = [], []
+
+    @property
+    def rows(self) -> int:
+        return sum(s.size for s in self.states)
+
+    def flush(self, engine, tokenizer, checkpoint, run: OnlineRun) -> None:
+        if self.rows:
+            start = time.perf_counter()
+            child = engine.run(engine.merge(self.states))
+            run.resume_s += time.perf_counter() - start
+            _finish(engine, tokenizer, child, self.origin, checkpoint, run)
+        self.states, self.origin = [], []
 
 
 def launch_check_resume(engine: Engine, tokenizer, task, problems, n_paths: int, seed: int,
                         checkpoint: int, methods: dict, group_window: int,
                         max_rows: int = 1024) -> tuple[dict[str, OnlineRun], dict]:
     """Run every method of `methods` (name -> (scorer, policy factory)) plus `no_prune`
-    on `problems`. The oracle sees the outcomes of the no_prune continuation. Returns the
-    runs and the check batch of all chunks (its "row" maps (prompt, path) to a row)."""
+    on `problems`, at most `max_rows` live rows per forward. The oracle sees the outcomes
+    of the no_prune continuation. Returns the runs and the check batch of all chunks (its
+    "row" maps (prompt, path) to a row)."""
     runs = {name: OnlineRun() for name in ["no_prune", *methods]}
-    batches = []
     policies = {name: make() for name, (_, make) in methods.items()}
+    pending = {name: _Pending() for name in runs}
+    batches = []
     for chunk in prompt_chunks(len(problems), n_paths, max_rows):
         prompts, seeds, owners, keys = [], [], [], []
         for i in chunk:
-            ids = tokenizer(problems[i].prompt)["input_ids"]
+            ids = prompt_ids(tokenizer, problems[i].prompt)
             prompts += [ids] * n_paths
             seeds += path_seeds(seed, problems[i].prompt, n_paths)
             owners += [(i, j) for j in range(n_paths)]
@@ -80,22 +105,24 @@ def launch_check_resume(engine: Engine, tokenizer, task, problems, n_paths: int,
         state = engine.run(engine.launch(prompts, seeds), until=checkpoint)
         prefix_s = time.perf_counter() - start
         prefix_tok, *_, prefix_len = state.tensors(engine.pad_id)
-        ended = [p for p in range(len(prompts)) if p not in set(state.paths.tolist())]
+        live_set = set(state.paths.tolist())
         for run in runs.values():
             run.prefix_s += prefix_s
-            for p in ended:  # ended before the check: they vote directly
-                run.kept[owners[p]] = False
-                run.length[owners[p]] = int(prefix_len[p])
-                run.text[owners[p]] = tokenizer.decode(prefix_tok[p, : prefix_len[p]].tolist(),
-                                                       skip_special_tokens=True)
+            for p in range(len(prompts)):
+                if p not in live_set:  # ended before the check: votes directly
+                    run.kept[owners[p]] = False
+                    run.length[owners[p]] = int(prefix_len[p])
+                    run.text[owners[p]] = tokenizer.decode(
+                        prefix_tok[p, : prefix_len[p]].tolist(), skip_special_tokens=True)
         live, batch = check_batch(state, engine, checkpoint, keys, group_window)
-        row_of = {p: r for r, p in enumerate(state.paths.tolist())}
+        # the super token scores from the live cache; replaying it re-encodes prompt + tokens
+        batch.update(lm_state=state, prompt=[problems[owners[p][0]].prompt for p in live.tolist()],
+                     tokens=[prefix_tok[p, :checkpoint] for p in live.tolist()])
+        origin = [(owners[p], prefix_tok[p, :checkpoint].tolist()) for p in live.tolist()]
         # no_prune first: the oracle needs the outcomes
-        start = time.perf_counter()
-        child = engine.run(engine.fork(state, 1, None))
-        runs["no_prune"].resume_s += time.perf_counter() - start
-        _finish(engine, tokenizer, child, state.paths.tolist(), owners, prefix_tok, prefix_len,
-                checkpoint, runs["no_prune"])
+        pending["no_prune"].states.append(engine.fork(state, 1, None))
+        pending["no_prune"].origin += origin
+        pending["no_prune"].flush(engine, tokenizer, checkpoint, runs["no_prune"])
         for p in live.tolist():
             runs["no_prune"].kept[owners[p]] = True
         batch["correct"] = torch.tensor([float(task.check(problems[owners[p][0]],
@@ -103,32 +130,33 @@ def launch_check_resume(engine: Engine, tokenizer, task, problems, n_paths: int,
                                          for p in live.tolist()])
         batch["row"] = [owners[p] for p in live.tolist()]
         batches.append(batch)
+        prompt_of = np.array([owners[p][0] for p in live.tolist()])
         for name, (scorer, _) in methods.items():
             run = runs[name]
             start = time.perf_counter()
             scores = scorer(batch)
             keep = torch.zeros(len(live), dtype=torch.bool)
-            prompt_of = np.array([owners[p][0] for p in live.tolist()])
             for i in chunk:
                 sel = np.nonzero(prompt_of == i)[0]
                 if len(sel):
                     keep[sel] = policies[name].keep(scores[sel])
             run.check_s += time.perf_counter() - start
-            kept_paths = live[keep].tolist()
             for p, k in zip(live.tolist(), keep.tolist()):
                 run.kept[owners[p]] = k
                 if not k:
                     run.length[owners[p]] = checkpoint
                     run.text[owners[p]] = ""
-            start = time.perf_counter()
-            child = engine.run(engine.fork(state, 1, None,
-                                           torch.tensor([row_of[p] for p in kept_paths],
-                                                        dtype=torch.long)))
-            run.resume_s += time.perf_counter() - start
-            _finish(engine, tokenizer, child, kept_paths, owners, prefix_tok, prefix_len,
-                    checkpoint, run)
+            rows = keep.nonzero().squeeze(-1)  # live rows are state rows in order
+            pending[name].states.append(engine.fork(state, 1, None, rows))
+            pending[name].origin += [origin[r] for r in rows.tolist()]
+            if pending[name].rows >= max_rows:
+                pending[name].flush(engine, tokenizer, checkpoint, run)
+        del batch["lm_state"]  # frees the chunk's cache
+    for name in methods:
+        pending[name].flush(engine, tokenizer, checkpoint, runs[name])
     merged = {k: torch.cat([b[k] for b in batches]) for k in ("hidden", "signals", "prefix_len",
                                                                "mc", "correct")}
-    merged["seed_key"] = [k for b in batches for k in b["seed_key"]]
+    for key in ("seed_key", "prompt", "tokens"):
+        merged[key] = [k for b in batches for k in b[key]]
     merged["row"] = {key: r for r, key in enumerate(k for b in batches for k in b["row"])}
     return runs, merged

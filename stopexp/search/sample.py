@@ -21,6 +21,26 @@ def path_seeds(seed: int, prompt: str, n_paths: int) -> list[int]:
     return [stream_seed(seed, prompt, j) for j in range(n_paths)]
 
 
+def prompt_ids(tokenizer, prompt: str) -> list[int]:
+    """A prompt's token ids: through the tokenizer's chat template when it has one (instruct
+    and reasoning models expect their turn markers), else plain (the toy LM)."""
+    if tokenizer.chat_template:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                             tokenize=False, add_generation_prompt=True)
+        return tokenizer(text, add_special_tokens=False)["input_ids"]  # the template has the BOS
+    return tokenizer(prompt)["input_ids"]
+
+
+def row_cap(cfg, tokenizer, problems) -> int:
+    """Rows per forward: search.max_batch_rows, lowered so that rows x (longest prompt +
+    max_new_tokens) stays within model.max_batch_tokens (the KV cache of a batch)."""
+    rows, budget = cfg.search.max_batch_rows, cfg.model.max_batch_tokens
+    if budget is None or not problems:
+        return rows
+    longest = max(len(prompt_ids(tokenizer, p.prompt)) for p in problems)
+    return max(1, min(rows, budget // (longest + cfg.search.max_new_tokens)))
+
+
 def prompt_chunks(n_problems: int, n_paths: int, max_rows: int):
     """Ranges of problems whose N paths fit into `max_rows` rows (at least one problem)."""
     per = max(1, max_rows // n_paths)
@@ -35,7 +55,7 @@ def sample_paths(engine: Engine, tokenizer, task, problems, n_paths: int, seed: 
     for chunk in prompt_chunks(len(problems), n_paths, max_rows):
         prompts, seeds, owners = [], [], []
         for i in chunk:
-            ids = tokenizer(problems[i].prompt)["input_ids"]
+            ids = prompt_ids(tokenizer, problems[i].prompt)
             prompts += [ids] * n_paths
             seeds += path_seeds(seed, problems[i].prompt, n_paths)
             owners += [(i, j) for j in range(n_paths)]

@@ -29,10 +29,7 @@ def save_predictor(final_dir: Path, predictor, pred_cfg, spec: FeatureSpec, bank
     write_json(tmp / META, {"predictor": OmegaConf.to_container(pred_cfg) if OmegaConf.is_config(pred_cfg) else dict(pred_cfg),
                             "feature_spec": {**asdict(spec), "signal_names": list(spec.signal_names)},
                             "bank_key": bank_key, "metrics": metrics, **(extra or {})})
-    if final_dir.exists():  # retraining replaces the old checkpoint as a whole
-        import shutil
-        shutil.rmtree(final_dir)
-    publish_dir(tmp, final_dir)
+    publish_dir(tmp, final_dir)  # a concurrent job that got there first wins: same config
     return final_dir
 
 

@@ -1,15 +1,21 @@
 """Tasks: prompts, references and a checker. `build_task(cfg.task)` picks one by name."""
 from stopexp.tasks.arith import ArithTask, Problem
+from stopexp.tasks.qa import QAProblem, QATask
 
-TASKS = {"arith": ArithTask}
+TASKS = {"arith": ArithTask, "qa": QATask}
 
 
 def build_task(task_cfg):
     if task_cfg.name not in TASKS:
         raise ValueError(f"task.name: {task_cfg.name!r} unknown; allowed: {', '.join(TASKS)}")
+    common = {"seed": task_cfg.seed, "split_fractions": dict(task_cfg.split_fractions)}
+    if task_cfg.name == "qa":
+        return QATask(path=task_cfg.path, answer_format=task_cfg.answer_format,
+                      prompt_template=task_cfg.prompt_template, question_key=task_cfg.question_key,
+                      answer_key=task_cfg.answer_key, subset=task_cfg.subset,
+                      source_split=task_cfg.source_split, **common)
     return ArithTask(n_steps=task_cfg.n_steps, operators=list(task_cfg.operators),
-                     multipliers=list(task_cfg.multipliers), styles=dict(task_cfg.styles),
-                     seed=task_cfg.seed, split_fractions=dict(task_cfg.split_fractions))
+                     multipliers=list(task_cfg.multipliers), styles=dict(task_cfg.styles), **common)
 
 
-__all__ = ["ArithTask", "Problem", "build_task", "TASKS"]
+__all__ = ["ArithTask", "Problem", "QATask", "QAProblem", "build_task", "TASKS"]

@@ -1,0 +1,85 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Run report
+# Every standard figure of one pipeline run, rebuilt from its outputs: the table and the
+# Pareto points from `metrics.json`; the histograms, survival, prune steps and calibration
+# by replaying the run's trace bank with its trained predictors (the cached artifacts its
+# config hashes to), through the same `stopexp.plots` calls the evaluate stage makes.
+#
+#     papermill notebooks/run_report.ipynb out.ipynb -p run_dir outputs/runs/pipeline/<time>
+
+# %% tags=["parameters"]
+run_dir = None  # a pipeline run dir (None: the newest under outputs/runs/pipeline)
+out_dir = None  # where the figures go (None: <run_dir>/report)
+
+# %%
+import json
+from pathlib import Path
+
+import numpy as np
+from IPython.display import Image, display
+from omegaconf import OmegaConf
+
+from stopexp import bank, plots
+from stopexp.config import Config, project_root, validate
+from stopexp.evaluate import (build_scorers, keep_by_policy, make_plots, outcome, print_table,
+                              replay_paths)
+from stopexp.train import feature_spec, predictor_dir
+
+run = Path(run_dir) if run_dir else max((project_root() / "outputs/runs/pipeline").iterdir())
+out = Path(out_dir) if out_dir else run / "report"
+metrics = json.loads((run / "metrics.json").read_text())
+assert metrics.get("search") != "beam", "a beam-search run has no Launch-Check-Resume figures"
+cfg = validate(OmegaConf.merge(OmegaConf.structured(Config),
+                               OmegaConf.load(run / ".hydra" / "config.yaml")))
+print(run)
+print(print_table(metrics))
+
+# %% [markdown]
+# ## Replay the check
+# Each method scores the live paths at the check, the policy keeps K of N per prompt, the
+# kept paths finish and vote. The replay must give the run's accuracies exactly (online
+# runs too: every path has its own random stream).
+
+# %%
+p = metrics["protocol"]
+root = bank.require_bank(cfg)
+meta = bank.read_meta(root)
+paths = replay_paths(root, meta, p["split"], p["check_tokens"])
+names = [m for m in metrics["methods"] if m != "no_prune"]
+scorers = build_scorers(cfg, names, feature_spec(meta))
+scores = {m: scorers[m](paths.batch).numpy().astype(float) for m in names}
+outcomes = {"no_prune": outcome(paths, np.ones(len(paths.length), bool), p["check_tokens"], p["n"])}
+for m, s in scores.items():
+    kept = keep_by_policy(paths, s, cfg, p["k"], p["n"])
+    outcomes[m] = outcome(paths, kept, p["check_tokens"], p["n"])
+for m, o in outcomes.items():
+    # an online run's oracle ranked by outcome, the replayed one by Monte Carlo labels
+    if metrics["mode"] == "replay" or m != "oracle":
+        assert np.isclose(o["correct"].mean(), metrics["methods"][m]["accuracy"]), m
+print(f"replayed {len(outcomes)} methods on {p['prompts']} prompts: accuracies match metrics.json")
+
+# %% [markdown]
+# ## Figures
+
+# %%
+figs = make_plots(paths, outcomes, scores, metrics["points"], out)
+history = json.loads((predictor_dir(cfg) / "predictor.json").read_text())["history"]
+figs["loss_curve"] = plots.loss_curve(history, out / "loss_curve.png")
+for name, path in figs.items():
+    print(name)
+    display(Image(filename=str(path)))

@@ -1,0 +1,154 @@
+"""The super-token predictor (the published STOP design, arXiv 2604.16029).
+
+`n_tokens` [STOP] tokens, all one learnable embedding, are appended to a path's cached
+prefix and run through the frozen LM with a LoRA adapter; the last layer's hidden state
+(after the final norm) at the last [STOP] goes through a linear head to one logit.
+
+[STOP] has no token id: it is fed as `inputs_embeds`, so the tokenizer and the embedding
+matrix are untouched and no existing id or output can change. The adapter is injected
+into the LM but switched off except inside the scoring call, which only ever feeds the
+[STOP] positions (the prefix K/V come from the cache, computed without it). Scoring
+appends to the cache and crops it back, so a live path continues as if never checked.
+
+The batch gives the prefixes either as the live decode state ("lm_state", online) or as
+"prompt" + "tokens" + "prefix_len" (replay, training), which are re-encoded without LoRA.
+"""
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from peft import LoraConfig, inject_adapter_in_model
+from peft.tuners.tuners_utils import BaseTunerLayer
+from safetensors.torch import load_file
+from torch import nn
+from transformers import DynamicCache
+
+from stopexp.search.sample import prompt_ids
+from stopexp.signals.checkpoint import META, WEIGHTS, CheckpointMismatch, check_spec
+from stopexp.signals.features import FeatureSpec
+
+ADAPTER = "stop"
+
+
+class SuperTokenPredictor(nn.Module):
+    def __init__(self, cfg, lm, tokenizer, max_rows: int = 256):
+        super().__init__()
+        if any(isinstance(m, BaseTunerLayer) for m in lm.modules()):
+            raise ValueError("the LM already carries an adapter; give the super token its own LM")
+        # not a submodule: the frozen LM stays out of state_dict(), .train() and .to()
+        object.__setattr__(self, "lm", lm)
+        self.tokenizer, self.n_tokens, self.max_rows = tokenizer, cfg.n_tokens, max_rows
+        inject_adapter_in_model(LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha,
+                                           target_modules=list(cfg.lora_targets), lora_dropout=0.0),
+                                lm, adapter_name=ADAPTER)
+        self._layers = [m for m in lm.modules() if isinstance(m, BaseTunerLayer)]
+        # registered here (shared with the LM) so the optimizer and state_dict() see them
+        self.lora = nn.ParameterDict({n.replace(".", "__"): p for n, p in lm.named_parameters()
+                                      if "lora_" in n})
+        self._set_adapter(False)
+        emb = lm.get_input_embeddings().weight
+        self.stop = nn.Parameter(emb.detach().float().mean(0))  # a neutral, in-distribution start
+        self.head = nn.Linear(emb.shape[1], 1, device=emb.device)
+
+    def _set_adapter(self, on: bool) -> None:
+        for m in self._layers:
+            m.enable_adapters(on)
+        for p in self.lora.values():  # peft ties requires_grad to the switch; backward runs after it
+            p.requires_grad_(True)
+
+    @contextmanager
+    def _adapter(self):
+        self._set_adapter(True)
+        try:
+            yield
+        finally:
+            self._set_adapter(False)
+
+    def score_cache(self, cache, attention_mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """(B,) logits for the prefixes held in `cache` (left-padded, `positions` = next
+        position id per row); the cache is cropped back to the prefix afterwards."""
+        B, n = attention_mask.shape[0], self.n_tokens
+        dtype = self.lm.get_input_embeddings().weight.dtype
+        length = cache.get_seq_length()
+        try:
+            with self._adapter():
+                hidden = self.lm.get_decoder()(
+                    inputs_embeds=self.stop.to(dtype).expand(B, n, -1),
+                    attention_mask=torch.cat([attention_mask, attention_mask.new_ones(B, n)], -1),
+                    position_ids=positions[:, None] + torch.arange(n, device=positions.device),
+                    cache=cache, use_cache=True).last_hidden_state
+        finally:
+            for layer in cache.layers:  # per layer: a failed forward may stop half-way
+                extra = layer.get_seq_length() - length
+                if extra > 0:
+                    layer.crop(-extra)
+        return self.head(hidden[:, -1].float()).squeeze(-1)
+
+    @torch.no_grad()
+    def encode(self, prefixes: list[list[int]]):
+        """(cache, attention mask, next positions) of left-padded prefixes, LoRA off."""
+        width = max(map(len, prefixes))
+        device = self.stop.device
+        ids = torch.full((len(prefixes), width), self.tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(prefixes), width), dtype=torch.long)
+        for i, p in enumerate(prefixes):
+            ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            mask[i, width - len(p):] = 1
+        ids, mask = ids.to(device), mask.to(device)
+        pos = (mask.cumsum(-1) - 1).clamp_min(0)  # as Engine.launch numbers them
+        cache = DynamicCache(config=self.lm.config)
+        self.lm.get_decoder()(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache,
+                              use_cache=True)
+        return cache, mask, pos[:, -1] + 1
+
+    def forward(self, batch: dict) -> torch.Tensor:
+        state = batch.get("lm_state")
+        if state is not None:  # online: the live rows, in the batch's order
+            return self.score_cache(state.cache, state.attention_mask, state.positions)
+        if "prompt" not in batch:
+            raise ValueError("super_token scores from the live decode state ('lm_state') or from "
+                             "the prefixes ('prompt', 'tokens', 'prefix_len'); the batch has neither")
+        ids = {p: prompt_ids(self.tokenizer, p) for p in set(batch["prompt"])}
+        prefixes = [ids[p] + [int(t) for t in tok[: int(n)]]
+                    for p, tok, n in zip(batch["prompt"], batch["tokens"], batch["prefix_len"])]
+        if not prefixes:
+            return torch.zeros(0, device=self.stop.device)
+        return torch.cat([self.score_cache(*self.encode(prefixes[i : i + self.max_rows]))
+                          for i in range(0, len(prefixes), self.max_rows)])
+
+
+def build_super_token(cfg) -> SuperTokenPredictor:
+    """The super-token predictor of `cfg.predictor` on a freshly loaded LM of `cfg.model`."""
+    from stopexp.models import load_lm
+
+    lm, tokenizer = load_lm(cfg, progress=False)
+    return SuperTokenPredictor(cfg.predictor, lm, tokenizer, cfg.search.max_batch_rows)
+
+
+def checkpoint_meta(ckpt_dir: Path, spec: FeatureSpec) -> dict:
+    """The checkpoint's metadata, refused for another model (no LM needed)."""
+    meta = json.loads((Path(ckpt_dir) / META).read_text())
+    check_spec(meta["feature_spec"], spec, ckpt_dir)
+    return meta
+
+
+def load_super_token(ckpt_dir: Path, lm, tokenizer, spec: FeatureSpec, max_rows: int = 256):
+    """(predictor in eval mode, metadata) on `lm`; refused for another model, naming the field."""
+    from omegaconf import OmegaConf
+
+    meta = checkpoint_meta(ckpt_dir, spec)
+    hidden = lm.get_input_embeddings().weight.shape[1]
+    if hidden != meta["feature_spec"]["hidden_size"]:
+        raise CheckpointMismatch(f"super-token checkpoint {ckpt_dir} was trained for hidden_size="
+                                 f"{meta['feature_spec']['hidden_size']}, but the LM has hidden_size={hidden}")
+    predictor = SuperTokenPredictor(OmegaConf.create(meta["predictor"]), lm, tokenizer, max_rows)
+    state = load_file(str(Path(ckpt_dir) / WEIGHTS), device=str(predictor.stop.device))
+    differ = set(predictor.state_dict()) ^ set(state)
+    if differ:
+        raise CheckpointMismatch(f"super-token checkpoint {ckpt_dir} has other adapter layers than "
+                                 f"this LM (num_layers or lora_targets differ): {sorted(differ)[:3]}")
+    predictor.load_state_dict(state)
+    return predictor.eval(), meta

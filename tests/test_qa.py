@@ -1,0 +1,124 @@
+import json
+
+import pytest
+
+from conftest import ROOT, compose
+from stopexp.config import ConfigError, validate
+from stopexp.tasks import QATask, build_task
+from stopexp.tasks.qa import canonical, extract
+
+GSM8K = ROOT / "tests" / "data" / "gsm8k_sample.jsonl"
+MATH = ROOT / "tests" / "data" / "math_sample.jsonl"
+SPREAD = {"train": 0.5, "val": 0.25, "test": 0.25}  # the sample files are small
+
+
+def gsm8k(**kw):
+    return QATask(str(GSM8K), "numeric", split_fractions=SPREAD, **kw)
+
+
+@pytest.mark.parametrize("fmt, a, b", [
+    ("numeric", "0.5", "1/2"), ("numeric", ".5", "0.5"), ("boxed", "\\frac{1}{2}", "0.5"),
+    ("boxed", "\\dfrac12", "1/2"), ("numeric", "1,000", "1000"), ("numeric", "$1,000.", "1000"),
+    ("boxed", "-\\frac{3}{4}", "-0.75"), ("boxed", "180^\\circ", "180"), ("boxed", "1{,}500", "1500"),
+    ("numeric", "72 apples", "72"), ("boxed", "\\text{(2, 1)}", "(2,1)"), ("boxed", "x + 1", "x+1"),
+    ("numeric", "3.0", "3"), ("numeric", "+7", "7"),
+])
+def test_equivalent_answers_share_one_canonical_form(fmt, a, b):
+    assert canonical(a, fmt) == canonical(b, fmt) != ""
+
+
+@pytest.mark.parametrize("a, b", [("1/2", "0.6"), ("1,000", "100"), ("x+1", "x-1"), ("12", "1,2")])
+def test_different_answers_differ(a, b):
+    assert canonical(a, "boxed") != canonical(b, "boxed")
+
+
+def test_extraction_takes_the_last_answer():
+    assert extract("so 3.\n#### 4\nno, #### 42", "numeric") == "42"
+    assert extract("\\boxed{1} then \\boxed{\\frac{1}{2}}", "boxed") == "\\frac{1}{2}"
+    assert extract("no mark but \\boxed{7}", "numeric") == "7"
+    assert extract("#### 9", "boxed") is None  # boxed format reads \boxed only
+    assert extract("\\boxed 5$", "boxed") == "5"
+
+
+@pytest.mark.parametrize("text", [
+    "", "####", "#### ", "\\boxed{", "\\boxed{\\frac{1}{", "\\boxed", "\\boxed $", "\\boxed{}",
+    "#### 1/0", "\\boxed{\\frac{1}{0}}", "#### " + "9" * 5000, "#### 1e999999", "}}}{{{",
+    "#### \\frac{}{}", "\x00\\boxed{\udcff}",
+])
+def test_malformed_completions_are_wrong_never_a_crash(text):
+    t = gsm8k()
+    problem = t.problems("train", 1)[0]
+    for task in (t, QATask(str(MATH), "boxed", question_key="problem", answer_key="solution",
+                           split_fractions=SPREAD)):
+        assert task.check(problem, text) is False
+        assert isinstance(task.answer_of(text), str)
+
+
+def test_gsm8k_style_file_checks_and_references():
+    t = build_task(compose("collect", ["task=gsm8k", f"task.path={GSM8K}",
+                                       "task.split_fractions={train: 0.5, val: 0.25, test: 0.25}"]).task)
+    problems = [p for s in ("train", "val", "test") for p in t.problems(s, len(t.split_rows[s]))]
+    assert len(problems) == 16 and {p.split for p in problems} == {"train", "val", "test"}
+    by_row = {p.source_row: p for p in problems}
+    tom = by_row[0]
+    assert tom.answer == "29" and tom.prompt.startswith("Tom has 3 boxes") and "####" in tom.prompt
+    assert t.check(tom, "36 - 7 = 29\n#### 29") and t.check(tom, "so \\boxed{29}")
+    assert t.check(tom, "#### 29.0") and not t.check(tom, "#### 28") and not t.check(tom, "29")
+    assert t.reference(tom).endswith("#### 29")
+    assert t.diagnose(tom, "anything") == {"style": "n/a", "first_error": -1}
+    assert by_row[3].answer == "900" and by_row[5].answer == "1/2" and by_row[15].answer == "81/2"
+    assert t.check(by_row[5], "#### 1/2") and t.answer_of("#### .5") == "1/2"
+
+
+def test_math_style_file_with_boxed_answers(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [json.loads(line) for line in MATH.read_text().splitlines()]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "math.parquet")
+    cfg = compose("collect", ["task=math", f"task.path={tmp_path / 'math.parquet'}"])
+    t, from_jsonl = build_task(cfg.task), QATask(str(MATH), "boxed", question_key="problem",
+                                                 answer_key="solution")
+    assert t.split_rows == from_jsonl.split_rows  # Parquet and JSONL read the same rows
+    answers = {p.source_row: p for s in t.split_rows for p in t.problems(s, len(t.split_rows[s]))}
+    assert [answers[i].answer for i in range(10)] == [
+        "1/2", "-3", "180", "15", "23", "x+1", "1500", "3/4", "(2,1)", "6"]
+    assert answers[0].prompt.endswith("within \\boxed{}.")
+    assert t.check(answers[0], "so it is $\\boxed{0.5}$") and t.check(answers[7], "\\boxed{\\frac34}")
+    assert not t.check(answers[0], "#### 0.5")
+
+
+def test_split_is_fixed_by_the_seed_and_disjoint():
+    a, b, other = gsm8k(seed=0), gsm8k(seed=0), gsm8k(seed=1)
+    assert a.split_rows == b.split_rows and a.split_rows != other.split_rows
+    rows = [r for s in a.split_rows.values() for r in s]
+    assert sorted(rows) == list(range(16))  # every row in exactly one split
+    first = [p.prompt for p in a.problems("train", 3)]
+    assert first == [p.prompt for p in a.problems("train", 5)][:3]  # a prefix, as for arith
+    with pytest.raises(ValueError, match="lower collect.prompts.val"):
+        a.problems("val", 100)
+
+
+def test_file_errors_are_clear(tmp_path, monkeypatch):
+    with pytest.raises(FileNotFoundError, match="task.path: .*not a readable"):
+        QATask(str(tmp_path / "missing.jsonl"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(FileNotFoundError, match="nor a hub dataset available here") as e:
+        QATask("nobody/not-a-dataset")
+    assert "task.path=/path/to/file.jsonl" in str(e.value)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"q": "1+1?", "answer": "2"}) + "\n")
+    with pytest.raises(KeyError, match="task.question_key: row 0"):
+        QATask(str(bad))
+
+
+def test_qa_configs_validate():
+    for name in ("gsm8k", "math"):
+        cfg = validate(compose("pipeline", [f"task={name}"]))
+        assert cfg.task.name == "qa"
+    with pytest.raises(ConfigError, match="task.prompt_template"):
+        validate(compose("collect", ["task=gsm8k", "task.prompt_template=no placeholder"]))
+    with pytest.raises(ConfigError, match="task.answer_format"):
+        validate(compose("collect", ["task=gsm8k", "task.answer_format=words"]))
+    with pytest.raises(ConfigError, match="task.path"):
+        validate(compose("collect", ["task=gsm8k", "task.path=null"]))

@@ -1,0 +1,163 @@
+import copy
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from conftest import compose
+from stopexp.config import ConfigError, LossConfig, PredictorConfig, validate
+from stopexp.losses import build_loss
+from stopexp.search.decode import Engine, SamplingParams
+from stopexp.signals.checkpoint import CheckpointMismatch, save_predictor
+from stopexp.signals.features import FeatureSpec
+from stopexp.signals.super_token import SuperTokenPredictor, load_super_token
+
+PROMPTS = ["4+7*3-9?", "1-2?", "9*9*9+1-0-3*7?"]  # different lengths: left padding matters
+
+
+def fresh(tiny_lm, seed=0, perturb=True):
+    """A super token on a copy of the tiny LM; LoRA B is perturbed (peft starts it at 0,
+    which would make every adapter check vacuous)."""
+    lm, tok = copy.deepcopy(tiny_lm[0]), tiny_lm[1]
+    torch.manual_seed(seed)
+    st = SuperTokenPredictor(PredictorConfig(name="super_token"), lm, tok)
+    if perturb:
+        for name, p in st.lora.items():
+            if "lora_B" in name:
+                p.data.normal_(0, 0.2)
+    return st.eval()
+
+
+def launched(st, until=5):
+    tok = st.tokenizer
+    eng = Engine(st.lm, tok.eos_token_id, tok.pad_token_id, SamplingParams(max_new_tokens=12))
+    state = eng.run(eng.launch([tok(p)["input_ids"] for p in PROMPTS], [3, 4, 5]), until=until)
+    return eng, state
+
+
+def replay_batch(state, pad_id):
+    tokens, *_ = state.tensors(pad_id)
+    rows = state.paths.tolist()
+    return {"prompt": [PROMPTS[p] for p in rows], "tokens": [tokens[p] for p in rows],
+            "prefix_len": torch.full((len(rows),), float(state.n_generated))}
+
+
+def test_ordinary_tokens_see_no_adapter(tiny_lm):
+    st = fresh(tiny_lm, perturb=False)
+    ids = st.tokenizer(PROMPTS[0], return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        plain = tiny_lm[0](ids).logits
+        assert torch.equal(st.lm(ids).logits, plain)  # injected, switched off
+        _, state = launched(st)
+        batch = replay_batch(state, st.tokenizer.pad_token_id)
+        zero_b = st(batch)
+        for name, p in st.lora.items():
+            if "lora_B" in name:
+                p.data.normal_(0, 0.2)
+        assert not torch.allclose(st(batch), zero_b)  # the adapter acts on [STOP] ...
+        assert torch.equal(st.lm(ids).logits, plain)  # ... and on nothing else
+
+
+def test_check_leaves_the_live_cache_and_the_paths_untouched(tiny_lm):
+    st = fresh(tiny_lm)
+    eng, state = launched(st)
+    before = [(l.keys.clone(), l.values.clone()) for l in state.cache.layers]
+    mask, pos = state.attention_mask.clone(), state.positions.clone()
+    with torch.no_grad():
+        st({"lm_state": state})
+    for (k, v), layer in zip(before, state.cache.layers):
+        assert torch.equal(layer.keys, k) and torch.equal(layer.values, v)
+    assert torch.equal(state.attention_mask, mask) and torch.equal(state.positions, pos)
+    checked = eng.run(state).tensors(st.tokenizer.pad_token_id)
+    _, plain = launched(st)
+    unchecked = eng.run(plain).tensors(st.tokenizer.pad_token_id)
+    assert all(torch.equal(a, b) for a, b in zip(checked, unchecked))
+
+
+def test_left_padded_rows_score_as_if_alone(tiny_lm):
+    st = fresh(tiny_lm)
+    _, state = launched(st)
+    assert len({len(st.tokenizer(p)["input_ids"]) for p in PROMPTS}) == 3 and state.size == 3
+    with torch.no_grad():
+        online = st({"lm_state": state})
+        batch = replay_batch(state, st.tokenizer.pad_token_id)
+        replay = st(batch)
+        alone = torch.cat([st({k: v[i : i + 1] for k, v in batch.items()}) for i in range(3)])
+    assert torch.allclose(online, alone, atol=1e-5) and torch.allclose(replay, alone, atol=1e-5)
+
+
+def test_first_losses_are_pinned_and_only_the_adapter_stop_and_head_train(tiny_lm):
+    st = fresh(tiny_lm, perturb=False)
+    _, state = launched(st, until=4)
+    batch = replay_batch(state, st.tokenizer.pad_token_id)
+    batch.update(mc=torch.tensor([0.25, float("nan"), 1.0]), correct=torch.tensor([0.0, 1.0, 1.0]))
+    frozen = {k: v.clone() for k, v in st.lm.state_dict().items() if "lora_" not in k}
+    loss_fn = build_loss(LossConfig(name="reward_regression"))
+    opt = torch.optim.AdamW(st.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(3):
+        loss = loss_fn(st(batch), batch)
+        opt.zero_grad()
+        loss.backward()
+        assert all(p.grad is not None for p in st.parameters())
+        opt.step()
+        losses.append(loss.item())
+    print("first losses", losses)
+    assert losses == pytest.approx([0.6282348, 0.6442229, 0.5819464], abs=1e-5)
+    assert all(torch.equal(v, st.lm.state_dict()[k]) for k, v in frozen.items())
+    n_lora = sum(p.numel() for p in st.lora.values())
+    assert sum(p.numel() for p in st.parameters()) == n_lora + 32 + 33
+
+
+def test_checkpoint_round_trip_and_mismatch(tiny_lm, tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    st = fresh(tiny_lm)
+    _, state = launched(st)
+    batch = replay_batch(state, st.tokenizer.pad_token_id)
+    spec = FeatureSpec("tiny", 32, [1])
+    save_predictor(tmp_path / "st", st, OmegaConf.structured(PredictorConfig(name="super_token")),
+                   spec, "bank", {})
+    again, meta = load_super_token(tmp_path / "st", copy.deepcopy(tiny_lm[0]), st.tokenizer, spec)
+    assert meta["predictor"]["n_tokens"] == 4 and meta["bank_key"] == "bank"
+    with torch.no_grad():
+        assert torch.equal(again(batch), st(batch))
+    with pytest.raises(CheckpointMismatch, match="model_name"):
+        load_super_token(tmp_path / "st", copy.deepcopy(tiny_lm[0]), st.tokenizer,
+                         FeatureSpec("llama", 32, [1]))
+    other = LlamaForCausalLM(LlamaConfig(vocab_size=len(st.tokenizer), hidden_size=48,
+                                         num_hidden_layers=2, num_attention_heads=4,
+                                         intermediate_size=64))
+    with pytest.raises(CheckpointMismatch, match="hidden_size"):
+        load_super_token(tmp_path / "st", other, st.tokenizer, spec)
+
+
+def test_config_and_bad_values():
+    cfg = compose("train", ["predictor=super_token"])
+    assert cfg.predictor.n_tokens == 4 and "down_proj" in cfg.predictor.lora_targets
+    with pytest.raises(ConfigError, match="predictor"):
+        validate(compose("train", ["predictor=super_token", "predictor.lora_rank=0"]))
+
+
+def test_train_and_evaluate_through_the_harness(small_bank):
+    from stopexp import bank
+    from stopexp.evaluate import evaluate
+    from stopexp.models import load_lm
+    from stopexp.train import evaluate_scores, feature_spec, predictor_dir, score, split_data, train
+
+    extra = ["predictor=super_token", "loss=reward_regression", "train.epochs=2"]
+    cfg = validate(compose("train", [*small_bank, *extra]))
+    metrics = train(cfg, progress=False)
+    assert metrics["parameters"] < 60_000 and np.isfinite(metrics["val"]["auroc_pooled"])
+    root = bank.require_bank(cfg)
+    meta = bank.read_meta(root)
+    st, _ = load_super_token(predictor_dir(cfg), *load_lm(cfg, progress=False), feature_spec(meta))
+    test = split_data(root, meta, cfg, prefixes=True)["test"]
+    assert evaluate_scores(score(st, test), test)["auroc_pooled"] == metrics["test"]["auroc_pooled"]
+    ev = validate(compose("evaluate", [*small_bank, *extra, "evaluate.methods=[learned]",
+                                       "evaluate.text_metrics=false", "evaluate.bootstrap=50",
+                                       "evaluate.n_points=[8]", "evaluate.retention=[4]",
+                                       "policy.keep=4", "evaluate.mode=online"]))
+    r = evaluate(ev)["methods"]["super_token"]
+    assert 0 <= r["accuracy"] <= 1 and 0 < r["check_share"] < 1 and np.isfinite(r["auroc_pooled"])

@@ -193,7 +193,7 @@ def summarize(o: dict, seconds_per_token: float, flops_per_token: float, n_boot:
     return {"accuracy": float(o["correct"].mean()), "accuracy_ci": [lo, hi],
             "avg_at_k": float(o["avg"].mean()), "tokens_total": tokens,
             "seq_tokens": float(o["seq_tokens"].mean()), "flops": tokens * flops_per_token,
-            "wall_s": tokens * seconds_per_token,
+            "wall_s": tokens * seconds_per_token, "wall_estimated": True,
             "mean_prune_step": float(o["pruned_at"].mean()) if len(o["pruned_at"]) else None,
             "alive_at_check": o["alive_at_check"]}
 
@@ -270,6 +270,7 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
     base = results["no_prune"]
     for r in results.values():
         r["tokens_ratio"] = r["tokens_total"] / base["tokens_total"]
+        r["tokens_per_s"] = r["tokens_total"] / r["wall_s"] if r["wall_s"] else None
         r["pass_at_1"] = base["avg_at_k"]
         r["n"], r["k"] = N, K
     results["no_prune"]["k"] = N
@@ -355,7 +356,7 @@ def online_paths(cfg, names, scorers, checkpoint, n_prompts: int):
             answer=answer, text=text, alive=np.asarray([k in batch["row"] for k in keys]),
             batch={}), np.asarray([run.kept[k] for k in keys]))
         gen = run.prefix_s + run.resume_s
-        timing[name] = {"wall_s": run.wall_s, "check_s": run.check_s, "prefix_s": run.prefix_s,
+        timing[name] = {"wall_s": run.wall_s, "wall_estimated": False, "check_s": run.check_s, "prefix_s": run.prefix_s,
                         "resume_s": run.resume_s,
                         "check_share": run.check_s / gen if gen else 0.0}
     paths = views["no_prune"][0]
@@ -494,6 +495,13 @@ def print_table(metrics: dict) -> str:
         lines.append(f"{name:<14}{r['accuracy']:>9.3f}{ci:>16}{r['avg_at_k']:>8.3f}"
                      f"{r['tokens_total']:>10.0f}{r['tokens_ratio']:>7.2f}{au:>7}{pooled:>8}"
                      f"{r['wall_s']:>8.1f}")
+    learned = [m for m in metrics["methods"] if m not in M.NON_LEARNABLE
+               and m not in ("no_prune", "random", "oracle", "conf_features")]
+    pts = [q for q in metrics.get("points", []) if q["method"] in ("no_prune", *learned[:1])]
+    if pts:
+        lines.append("points (N -> K: accuracy / tokens): " + "   ".join(
+            f"{q['method']} {q['n']}->{q['k']}: {q['accuracy']:.3f} / {q['tokens_total']:.0f}"
+            for q in sorted(pts, key=lambda q: (q["method"] != "no_prune", q["n"], q["k"]))))
     return "\n".join(lines)
 
 

@@ -120,7 +120,7 @@ def fit(cfg, predictor, data: dict, progress: bool = True) -> tuple[dict, list[d
             losses.append(loss.item())
         val = evaluate_scores(score(predictor, data["val"]), data["val"])
         history.append({"epoch": epoch, "train_loss": float(np.mean(losses)),
-                        "val_auroc": val["auroc"], "val_auroc_pooled": val["auroc_pooled"]})
+                        **{f"val_{k}": v for k, v in val.items() if k not in ("paths", "positive_rate")}})
         bar.set_postfix(loss=f"{np.mean(losses):.4f}", val_auroc=f"{val['auroc']:.3f}")
         if val["auroc"] > best["auroc"]:
             best = {"state": {k: v.clone() for k, v in predictor.state_dict().items()},
@@ -184,7 +184,9 @@ def train(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
             1 / (1 + np.exp(-s)), y, run_dir / "reliability.png", f"{cfg.predictor.name} ({split})")
         if run is not None:
             for h in history:
-                run.log({"train/loss": h["train_loss"], "val/auroc": h["val_auroc"]}, step=h["epoch"])
+                run.log({"train/loss": h["train_loss"],
+                         **{f"val/{k[4:]}": v for k, v in h.items() if k.startswith("val_")}},
+                        step=h["epoch"])
             run.log({f"plots/{k}": run.image(v) for k, v in figs.items()})
     if run is not None:
         run.use_artifact(f"traces-{root.name}", type="trace_bank")

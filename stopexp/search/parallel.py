@@ -131,15 +131,14 @@ def launch_check_resume(engine: Engine, tokenizer, task, problems, n_paths: int,
         batch["row"] = [owners[p] for p in live.tolist()]
         batches.append(batch)
         prompt_of = np.array([owners[p][0] for p in live.tolist()])
+        groups = [torch.as_tensor(sel) for i in chunk if len(sel := np.nonzero(prompt_of == i)[0])]
         for name, (scorer, _) in methods.items():
             run = runs[name]
             start = time.perf_counter()
             scores = scorer(batch)
             keep = torch.zeros(len(live), dtype=torch.bool)
-            for i in chunk:
-                sel = np.nonzero(prompt_of == i)[0]
-                if len(sel):
-                    keep[sel] = policies[name].keep(scores[sel])
+            for sel in groups:
+                keep[sel] = policies[name].keep(scores[sel])
             run.check_s += time.perf_counter() - start
             for p, k in zip(live.tolist(), keep.tolist()):
                 run.kept[owners[p]] = k

@@ -223,6 +223,8 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
     start = time.time()
     if cfg.search.name == "beam":
         n_prompts = int(replay_paths(root, meta, cfg.evaluate.split, checkpoint).group.max()) + 1
+        from stopexp.evaluate_beam import evaluate_beam
+
         results = evaluate_beam(cfg, names, scorers, n_prompts)
         metrics = {"methods": results, "mode": "online", "search": "beam",
                    "protocol": {"beam_width": cfg.search.beam_width, "patience": cfg.search.patience,
@@ -381,67 +383,6 @@ def _scatter(batch: dict, rows: list[int], n: int, paths: Paths) -> dict:
         full["seed_key"][i] = batch["seed_key"][r]
         full["prompt"][i], full["tokens"][i] = batch["prompt"][r], batch["tokens"][r]
     return full
-
-
-def evaluate_beam(cfg, names: list[str], scorers: dict, n_prompts: int) -> dict:
-    """Beam search with per-step pruning, online, per method. The oracle here is the
-    task's process check: a beam whose written steps already contain an error scores 0."""
-    from stopexp.models import load_lm
-    from stopexp.search.beam import beam_search
-    from stopexp.search.sample import prompt_ids
-    from stopexp.taps import Taps
-    from stopexp.tasks import build_task
-
-    task = build_task(cfg.task)
-    problems = task.problems(cfg.evaluate.split, n_prompts)
-    model, tokenizer = load_lm(cfg)
-    s, B = cfg.search, cfg.search.beam_width
-    results = {}
-    with Taps(model, list(cfg.tap.layers), cfg.tap.pooling) as taps:
-        for name in names:
-            correct, tokens, steps, alive = [], 0, [], np.zeros(s.max_new_tokens)
-            check_s, start = 0.0, time.perf_counter()
-            policy = None if name == "no_prune" else build_policy(cfg.policy, keep=cfg.policy.keep)
-            for problem in problems:
-                scorer = None if name == "no_prune" else scorers[name]
-                if name == "oracle":
-                    scorer = _prefix_oracle(task, problem, tokenizer)
-                ids = prompt_ids(tokenizer, problem.prompt)
-                r = beam_search(model, ids, beam_width=B, max_new_tokens=s.max_new_tokens,
-                                eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
-                                scorer=scorer, policy=policy, patience=s.patience,
-                                taps=taps if scorer else None, group_window=s.group_window,
-                                conf_topk=s.conf_topk)
-                correct.append(task.check(problem, tokenizer.decode(r.tokens, skip_special_tokens=True)))
-                tokens += r.n_forward_tokens - len(ids)
-                steps += r.pruned_steps
-                alive[: len(r.alive_per_step)] += np.asarray(r.alive_per_step) / B
-                check_s += r.check_seconds
-            wall = time.perf_counter() - start
-            c = np.asarray(correct, float)
-            lo, hi = bootstrap_ci(c, n=cfg.evaluate.bootstrap, seed=cfg.evaluate.seed)
-            results[name] = {"accuracy": float(c.mean()), "accuracy_ci": [lo, hi],
-                             "tokens_total": float(tokens), "wall_s": wall, "check_s": check_s,
-                             "check_share": check_s / max(wall - check_s, 1e-9),
-                             "pruned": len(steps), "survival": (alive / len(problems)).tolist(),
-                             "mean_prune_step": float(np.mean(steps)) if steps else None}
-    base = results["no_prune"]["tokens_total"]
-    for r in results.values():
-        r["tokens_ratio"] = r["tokens_total"] / base
-    return results
-
-
-def _prefix_oracle(task, problem, tokenizer):
-    """1 while the written complete steps of a beam are all right, else 0."""
-    def score(batch):
-        out = []
-        for row in batch["tokens"].tolist():
-            text = tokenizer.decode(row, skip_special_tokens=True)
-            done = text[: text.rfind(";") + 1]
-            err = task.diagnose(problem, done)["first_error"]
-            out.append(0.0 if 0 <= err < len(done) else 1.0)
-        return torch.tensor(out)
-    return score
 
 
 def make_plots(paths: Paths, outcomes: dict, scores: dict, points: list, run_dir: Path) -> dict:

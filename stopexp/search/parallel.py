@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from stopexp.search.decode import Decode, Engine
-from stopexp.search.sample import path_seeds, prompt_chunks, prompt_ids
+from stopexp.search.sample import launch_lists, prompt_chunks
 from stopexp.signals.confidence import confidence_signals
 from stopexp.signals.features import SIGNAL_NAMES
 
@@ -94,13 +94,8 @@ def launch_check_resume(engine: Engine, tokenizer, task, problems, n_paths: int,
     pending = {name: _Pending() for name in runs}
     batches = []
     for chunk in prompt_chunks(len(problems), n_paths, max_rows):
-        prompts, seeds, owners, keys = [], [], [], []
-        for i in chunk:
-            ids = prompt_ids(tokenizer, problems[i].prompt)
-            prompts += [ids] * n_paths
-            seeds += path_seeds(seed, problems[i].prompt, n_paths)
-            owners += [(i, j) for j in range(n_paths)]
-            keys += [f"{problems[i].prompt}/{j}" for j in range(n_paths)]
+        prompts, seeds, owners = launch_lists(tokenizer, problems, chunk, n_paths, seed)
+        keys = [f"{problems[i].prompt}/{j}" for i, j in owners]
         start = time.perf_counter()
         state = engine.run(engine.launch(prompts, seeds), until=checkpoint)
         prefix_s = time.perf_counter() - start

@@ -48,17 +48,23 @@ def prompt_chunks(n_problems: int, n_paths: int, max_rows: int):
         yield range(lo, min(n_problems, lo + per))
 
 
+def launch_lists(tokenizer, problems, chunk, n_paths: int, seed: int):
+    """For the problems in `chunk`: every path's prompt ids, stream seed and
+    (problem index, path id), N paths per problem, in that order."""
+    prompts, seeds, owners = [], [], []
+    for i in chunk:
+        prompts += [prompt_ids(tokenizer, problems[i].prompt)] * n_paths
+        seeds += path_seeds(seed, problems[i].prompt, n_paths)
+        owners += [(i, j) for j in range(n_paths)]
+    return prompts, seeds, owners
+
+
 def sample_paths(engine: Engine, tokenizer, task, problems, n_paths: int, seed: int,
                  max_rows: int = 1024) -> list[SampledPath]:
     """Sample `n_paths` completions per problem and check them."""
     out = []
     for chunk in prompt_chunks(len(problems), n_paths, max_rows):
-        prompts, seeds, owners = [], [], []
-        for i in chunk:
-            ids = prompt_ids(tokenizer, problems[i].prompt)
-            prompts += [ids] * n_paths
-            seeds += path_seeds(seed, problems[i].prompt, n_paths)
-            owners += [(i, j) for j in range(n_paths)]
+        prompts, seeds, owners = launch_lists(tokenizer, problems, chunk, n_paths, seed)
         state = engine.run(engine.launch(prompts, seeds))
         tok, *_, lengths = state.tensors(engine.pad_id)
         for row, (i, j) in enumerate(owners):

@@ -8,7 +8,7 @@ import torch
 
 from stopexp.signals.features import SIGNAL_NAMES
 from stopexp.search.decode import Decode, Engine, stream_seed
-from stopexp.search.sample import path_seeds, prompt_chunks, prompt_ids
+from stopexp.search.sample import launch_lists, prompt_chunks
 from stopexp.signals.confidence import confidence_signals
 
 
@@ -55,12 +55,7 @@ def trace_problems(engine: Engine, tokenizer, task, problems, n_paths: int, seed
         "token_conf", "alive", "mc", "signals", "hidden")}
     C = len(checkpoints)
     for chunk in prompt_chunks(len(problems), n_paths, max_rows):
-        prompts, seeds, owners = [], [], []
-        for i in chunk:
-            ids = prompt_ids(tokenizer, problems[i].prompt)
-            prompts += [ids] * n_paths
-            seeds += path_seeds(seed, problems[i].prompt, n_paths)
-            owners += [(i, j) for j in range(n_paths)]
+        prompts, seeds, owners = launch_lists(tokenizer, problems, chunk, n_paths, seed)
         P = len(prompts)
         state = engine.launch(prompts, seeds)
         mc = np.full((P, C), np.nan, dtype=np.float32)

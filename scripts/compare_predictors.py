@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import sys
 
-import numpy as np
 from hydra import compose, initialize_config_dir
 
 from stopexp import bank

@@ -121,22 +121,22 @@ def collect(cfg, rank: int = 0, world: int = 1, run=None) -> dict:
                 bar.update(len(shards[i]))
                 rate = time.time() - start
                 bar.set_postfix(paths_s=f"{paths / rate:.0f}", tok_s=f"{tokens / rate:.0f}")
-        meta_layers = taps.layers
         measured = {"seconds_per_token": (time.time() - start) / max(tokens, 1),
-                    "lm_parameters": sum(p.numel() for p in model.parameters())}
+                    "lm_parameters": sum(p.numel() for p in model.parameters()),
+                    "hidden_size": hidden, "tap_layers": taps.layers}
     else:
-        meta_layers, measured = None, {}
+        measured = {}
     if in_group():
         barrier()  # every rank's shards exist before rank 0 writes the final meta
         if rank:
             return {"bank": str(root), "complete": True}
     complete = is_complete(root, len(shards))
     if rank == 0 or complete:
-        _write_meta(cfg, root, task, checkpoints, meta_layers, complete, measured)
+        _write_meta(cfg, root, task, checkpoints, complete, measured)
         if not complete and is_complete(root, len(shards)):
             # another job of an array finished meanwhile: never leave a stale "incomplete"
             complete = True
-            _write_meta(cfg, root, task, checkpoints, meta_layers, complete, measured)
+            _write_meta(cfg, root, task, checkpoints, complete, measured)
     summary = summarize(root) if complete else {}
     if run is not None and complete:
         run.summary_update({f"collect/{k}": v for k, v in summary.items()})
@@ -146,22 +146,24 @@ def collect(cfg, rank: int = 0, world: int = 1, run=None) -> dict:
     return {"bank": str(root), "complete": complete, **summary}
 
 
-def _write_meta(cfg, root: Path, task, checkpoints, layers, complete: bool, measured: dict) -> None:
+def _write_meta(cfg, root: Path, task, checkpoints, complete: bool, measured: dict) -> None:
+    """The bank's metadata. Sizes come from the loaded model when this process loaded it,
+    else from an earlier meta.json, else from the config (a rank that had nothing to do)."""
     old = bank.read_meta(root) if (root / "meta.json").exists() else {}
-    measured = measured or {k: old[k] for k in ("seconds_per_token", "lm_parameters") if k in old}
-    if layers is None:
-        layers = old.get("tap_layers")
-    n_layers = cfg.model.toy.num_layers if cfg.model.toy is not None else cfg.model.num_layers
-    if layers is None and n_layers is not None:
-        layers = [i % n_layers for i in cfg.tap.layers]
-    hidden = cfg.model.toy.hidden_size if cfg.model.toy is not None else cfg.model.hidden_size
+    size = cfg.model.toy if cfg.model.toy is not None else cfg.model
+    n_layers = getattr(size, "num_layers", None)
+    known = {"hidden_size": size.hidden_size,
+             "tap_layers": [i % n_layers for i in cfg.tap.layers] if n_layers else None}
+    keys = ("seconds_per_token", "lm_parameters", "hidden_size", "tap_layers")
+    known.update({k: old[k] for k in keys if k in old})
+    known.update(measured)
     bank.write_meta(root, {
         "key": root.name, "complete": complete, "model_name": cfg.model.name,
-        "hidden_size": hidden, "tap_layers": layers, "pooling": cfg.tap.pooling,
+        "pooling": cfg.tap.pooling,
         "checkpoints": checkpoints, "signal_names": list(bank.SIGNAL_NAMES),
         "n_paths": cfg.search.n_paths, "task": OmegaConf.to_container(cfg.task),
         "seed": cfg.seed, "mc_rollouts": cfg.collect.mc_rollouts,
-        "version": bank.BANK_VERSION, **measured,
+        "version": bank.BANK_VERSION, **known,
         # which source rows form each split (file-based tasks), fixed by task.seed
         **({"split_rows": task.split_rows} if hasattr(task, "split_rows") else {})})
 

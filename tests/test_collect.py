@@ -6,7 +6,6 @@ import time
 
 import numpy as np
 import pytest
-import torch
 
 from conftest import ROOT, compose
 from stopexp import bank

@@ -7,7 +7,6 @@ temperature) reaches `target_accuracy`.
 """
 from __future__ import annotations
 
-import json
 import logging
 import random
 import time

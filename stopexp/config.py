@@ -186,7 +186,7 @@ class EvaluateConfig:
     mode: str = "replay"    # replay (from the trace bank) | online (runs the LM)
     split: str = "test"
     methods: List[str] = field(default_factory=lambda: [
-        "no_prune", "random", "confidence", "entropy", "deepconf", "hidden_norm",
+        "no_prune", "random", "confidence", "min_logprob", "entropy", "deepconf", "hidden_norm",
         "conf_features", "learned", "oracle"])
     retention: List[int] = field(default_factory=lambda: [4, 8, 16])
     n_points: List[int] = field(default_factory=lambda: [8, 32, 64])

@@ -2,7 +2,8 @@
 higher = keep. The batch is the predictor batch (see features.py) plus "seed_key" (one
 string per path, naming its random stream) and, for the oracle, "correct"/"mc".
 
-- non-learnable: confidence (mean log-prob), entropy (minus mean entropy), deepconf
+- non-learnable: confidence (mean log-prob), min_logprob (the least likely token so far),
+  entropy (minus mean entropy), deepconf
   (lowest windowed group confidence), hidden_norm;
 - controls: random (a per-path seeded draw, the same in replay and online), oracle (the
   Monte Carlo label where collected, else the outcome: the upper bound);
@@ -19,7 +20,7 @@ from stopexp.signals.features import SIGNAL_NAMES
 from stopexp.search.decode import stream_seed
 
 Scorer = Callable[[dict], torch.Tensor]
-NON_LEARNABLE = ("confidence", "entropy", "deepconf", "hidden_norm")
+NON_LEARNABLE = ("confidence", "min_logprob", "entropy", "deepconf", "hidden_norm")
 _EXTERNAL: dict[str, Scorer] = {}
 
 
@@ -30,6 +31,7 @@ def _signal(name: str, sign: float = 1.0) -> Scorer:
 
 BASELINES: dict[str, Scorer] = {
     "confidence": _signal("mean_logprob"),
+    "min_logprob": _signal("min_logprob"),
     "entropy": _signal("mean_entropy", -1.0),
     "deepconf": _signal("group_conf"),
     "hidden_norm": _signal("hidden_norm"),

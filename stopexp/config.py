@@ -134,6 +134,7 @@ class SearchConfig:
     n_paths: int = 64           # N paths launched per prompt (parallel)
     beam_width: int = 4
     patience: int = 2           # beam: consecutive marks before a beam is pruned
+    beam_checks: Optional[List[float]] = None  # beam: prefixes checked (like tap.checkpoints); None = every step
     check_at: float = 0.08      # prefix (one of tap.checkpoints) where parallel search checks
     max_new_tokens: int = 64
     temperature: float = 1.0
@@ -329,6 +330,11 @@ def validate(cfg: DictConfig) -> DictConfig:
             fail("tap.checkpoints", f"{c} is prefix {t}, beyond max length "
                                     f"{s.max_new_tokens} (search.max_new_tokens)")
         ckpts.append(t)
+    for c in s.beam_checks or []:
+        t = checkpoint_tokens(c, s.max_new_tokens) if c > 0 else 0
+        if not 1 <= t < s.max_new_tokens or (c >= 1 and c != int(c)):
+            fail("search.beam_checks", f"{c} is not a prefix in 1..{s.max_new_tokens - 1} "
+                                       "tokens (or a fraction of search.max_new_tokens)")
     if checkpoint_tokens(s.check_at, s.max_new_tokens) not in ckpts:
         fail("search.check_at", f"{s.check_at} is not one of tap.checkpoints {list(tap.checkpoints)}")
     if checkpoint_tokens(cfg.train.checkpoint, s.max_new_tokens) not in ckpts:

@@ -7,6 +7,7 @@ import time
 import numpy as np
 import torch
 
+from stopexp.config import checkpoint_tokens
 from stopexp.metrics import bootstrap_ci
 from stopexp.policies import build_policy
 
@@ -24,6 +25,8 @@ def evaluate_beam(cfg, names: list[str], scorers: dict, n_prompts: int) -> dict:
     problems = task.problems(cfg.evaluate.split, n_prompts)
     model, tokenizer = load_lm(cfg)
     s, B = cfg.search, cfg.search.beam_width
+    checks = None if s.beam_checks is None else {
+        checkpoint_tokens(c, s.max_new_tokens) for c in s.beam_checks}
     results = {}
     with Taps(model, list(cfg.tap.layers), cfg.tap.pooling) as taps:
         for name in names:
@@ -39,7 +42,7 @@ def evaluate_beam(cfg, names: list[str], scorers: dict, n_prompts: int) -> dict:
                                 eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
                                 scorer=scorer, policy=policy, patience=s.patience,
                                 taps=taps if scorer else None, group_window=s.group_window,
-                                conf_topk=s.conf_topk)
+                                conf_topk=s.conf_topk, check_steps=checks)
                 correct.append(task.check(problem, tokenizer.decode(r.tokens, skip_special_tokens=True)))
                 tokens += r.n_forward_tokens - len(ids)
                 steps += r.pruned_steps

@@ -151,3 +151,14 @@ def test_scorer_needs_policy_and_taps(tiny_lm):
         _beam(model, tok, ids, 2, 4, scorer=lambda b: b["signals"][:, 0])
     with pytest.raises(ValueError, match="taps"):
         _beam(model, tok, ids, 2, 4, scorer=lambda b: b["signals"][:, 0], policy=TopK(2))
+
+
+def test_checks_only_at_the_given_prefixes(tiny_lm):
+    model, tok = tiny_lm
+    ids, B, T = tok(PROMPTS[0])["input_ids"], 4, 12
+    scorer, calls = _record(lambda batch: -batch["tokens"][:, -1].float())
+    with Taps(model, [-1]) as taps:
+        res = _beam(model, tok, ids, B, T, scorer=scorer, policy=FixedThreshold(0.0), taps=taps,
+                    patience=1, check_steps={3, 7})
+    assert res.check_calls == 2 and [c["tokens"].shape[1] for c in calls] == [3, 7]
+    assert set(res.pruned_steps) <= {3, 7}

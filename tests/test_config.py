@@ -106,6 +106,7 @@ def test_misspelt_key_in_experiment_names_the_key(tmp_path):
     ("predictor=mlp", None),
     ("predictor.name=transformer", "predictor.name"),
     ("search.top_p=0", "search.top_p"),
+    ("search.beam_checks=[70]", "search.beam_checks"),
     ("collect.keep_correct=[30,4]", "collect.keep_correct"),
     ("evaluate.retention=[100]", "evaluate.retention"),
     ("model.toy.num_heads=5", "model.toy.num_heads"),

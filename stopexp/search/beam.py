@@ -74,10 +74,11 @@ def _features(tokens: torch.Tensor, stats: torch.Tensor, hidden: torch.Tensor,
 def beam_search(model, prompt_ids: list[int], *, beam_width: int, max_new_tokens: int,
                 eos_id: int, pad_id: int, scorer=None, policy=None, patience: int = 2,
                 taps=None, length_penalty: float = 1.0, group_window: int = 8,
-                conf_topk: int = 5) -> BeamResult:
+                conf_topk: int = 5, check_steps=None) -> BeamResult:
     """Beam search for one unpadded prompt (so `pad_id` is never needed; it is accepted for
     the same call shape as the engine). `scorer(batch) -> (R,)` scores the R live beams
-    (higher = better) from the batch of `_features`; it needs `policy` and active `taps`."""
+    (higher = better) from the batch of `_features`; it needs `policy` and active `taps`.
+    `check_steps` (prefix lengths) limits the checks to those steps; None checks every step."""
     if (scorer is None) != (policy is None):
         raise ValueError("beam_search: scorer and policy go together")
     if scorer is not None and taps is None:
@@ -102,7 +103,7 @@ def beam_search(model, prompt_ids: list[int], *, beam_width: int, max_new_tokens
     for t in range(max_new_tokens):                    # t = tokens each live beam holds
         logprobs = torch.log_softmax(logits, dim=-1)
         pruned = torch.zeros(len(seqs), dtype=torch.bool)
-        if scorer is not None and t > 0:
+        if scorer is not None and t > 0 and (check_steps is None or t in check_steps):
             start = time.perf_counter()
             batch = _features(seqs, stats, taps.read(), group_window)
             keep = policy.keep(scorer(batch).float().cpu())

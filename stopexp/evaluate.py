@@ -130,6 +130,11 @@ def _overrides() -> list[str]:
         return []
 
 
+def prompts_in(root: Path, split: str) -> int:
+    """How many prompts of `split` the bank holds (prompt ids run 0..n-1)."""
+    return int(bank.load_bank(root, split)["prompt_id"][:].max()) + 1
+
+
 def replay_paths(root: Path, meta: dict, split: str, checkpoint: int) -> Paths:
     ds = bank.load_bank(root, split)
     if not len(ds):
@@ -222,7 +227,7 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
     scorers = build_scorers(cfg, names, feature_spec(meta))
     start = time.time()
     if cfg.search.name == "beam":
-        n_prompts = int(replay_paths(root, meta, cfg.evaluate.split, checkpoint).group.max()) + 1
+        n_prompts = prompts_in(root, cfg.evaluate.split)
         from stopexp.evaluate_beam import evaluate_beam
 
         results = evaluate_beam(cfg, names, scorers, n_prompts)
@@ -238,11 +243,12 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
             run.summary_update({f"{m}/{k}": v for m, r in results.items() for k, v in r.items()
                                 if isinstance(v, (int, float))})
         return metrics
-    paths = replay_paths(root, meta, cfg.evaluate.split, checkpoint)
     views = timing = None
-    if cfg.evaluate.mode == "online":
+    if cfg.evaluate.mode == "online":  # the same test prompts as the bank
         paths, views, timing = online_paths(cfg, names, scorers, checkpoint,
-                                            int(paths.group.max()) + 1)
+                                            prompts_in(root, cfg.evaluate.split))
+    else:
+        paths = replay_paths(root, meta, cfg.evaluate.split, checkpoint)
     sec_tok = meta.get("seconds_per_token", 0.0)
     flops_tok = 2.0 * meta.get("lm_parameters", 0)
     n_boot, seed = cfg.evaluate.bootstrap, cfg.evaluate.seed
@@ -250,17 +256,14 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
     all_rows = np.ones(len(paths.length), bool)
     for name in names:
         t0 = time.perf_counter()
-        if name == "no_prune":
-            kept = paths.alive.copy()
-        else:
+        if name != "no_prune":  # scores for AUROC (online too); replay also decides by them
             scores[name] = scorers[name](paths.batch).numpy().astype(float)
-            kept = keep_by_policy(paths, scores[name], cfg, K, N)
-        check_s = time.perf_counter() - t0
         if views is not None:  # online: the vote of what the method's own run produced
             view, kept = views[name]
-            o = outcome(view, kept if name != "no_prune" else all_rows, checkpoint, N)
         else:
-            o = outcome(paths, kept if name != "no_prune" else all_rows, checkpoint, N)
+            view, kept = paths, keep_by_policy(paths, scores[name], cfg, K, N) if name in scores else None
+        check_s = time.perf_counter() - t0
+        o = outcome(view, all_rows if name == "no_prune" else kept, checkpoint, N)
         outcomes[name] = o
         r = summarize(o, sec_tok, flops_tok, n_boot, seed)
         r["check_s"] = check_s

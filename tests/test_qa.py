@@ -175,3 +175,20 @@ def test_qa_configs_validate():
         validate(compose("collect", ["task=gsm8k", "task.answer_format=words"]))
     with pytest.raises(ConfigError, match="task.path"):
         validate(compose("collect", ["task=gsm8k", "task.path=null"]))
+
+
+def test_extraction_mode_is_configured_checked_and_recorded():
+    from omegaconf import OmegaConf
+
+    with pytest.raises(ConfigError, match="task.extraction: 'loose' is not allowed; allowed: strict, flexible"):
+        validate(compose("collect", ["task=gsm8k", "task.extraction=loose"]))
+    cfg = validate(compose("collect", ["task=gsm8k", f"task.path={GSM8K}", "task.extraction=flexible",
+                                       "task.split_fractions={train: 0.5, val: 0.25, test: 0.25}"]))
+    assert OmegaConf.to_container(cfg.task)["extraction"] == "flexible"  # the bank's meta.json "task"
+    flexible, strict = build_task(cfg.task), gsm8k()
+    tom = flexible.problems("train", len(flexible.split_rows["train"]))
+    tom = next(p for p in tom if p.source_row == 0)
+    unmarked = "36 - 7 = 29 pencils are left."
+    assert flexible.check(tom, unmarked) and not strict.check(tom, unmarked)
+    assert flexible.answer_of("#### 29\nQuestion: 5 more") == strict.answer_of("#### 29") == "29"
+    assert compose("collect", ["task=arith"]).task.extraction == "strict"  # the default

@@ -1,4 +1,7 @@
-"""Calibration of predicted success probabilities (equal-width bins on [0, 1])."""
+"""Calibration of predicted success probabilities (equal-width bins on [0, 1]).
+
+A NaN probability (from a NaN score) counts as 0, as NaN scores rank lowest everywhere
+(see `stopexp.metrics.ranking`)."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,7 +11,7 @@ def _pair(probs, labels):
     p, y = np.asarray(probs, dtype=float), np.asarray(labels, dtype=float)
     if p.shape != y.shape or p.ndim != 1:
         raise ValueError(f"probs {p.shape} and labels {y.shape} must be equal-length 1-d")
-    return p, y
+    return np.nan_to_num(p, nan=0.0), y
 
 
 def reliability(probs, labels, n_bins: int = 10) -> dict:

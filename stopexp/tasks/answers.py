@@ -193,7 +193,8 @@ def _numeric_value(answer: str) -> Fraction | None:
     m = _NUMBER.fullmatch(s)
     if m:
         return _value(m)
-    if "\\" in s and len(s) <= MAX_ANSWER_CHARS and (value := _latex_value(s)) is not None:
+    latex_first = re.match(r"[^\d\\]*\\", s)  # \frac{3}{4}, not "9 and \boxed{4}"
+    if latex_first and len(s) <= MAX_ANSWER_CHARS and (value := _latex_value(s)) is not None:
         return value
     if _ARITHMETIC.fullmatch(s):
         value = _arithmetic(s)

@@ -29,6 +29,8 @@ NUMERIC = [
     ("#### 1\u2009000", "1000"),                 # a thin space between digit groups
     ("#### １２", "12"),                          # full-width digits
     ("#### 50%", "50"),
+    ("#### −$5", "-5"),                          # a sign before the currency
+    ("#### **72**", "72"),                       # markdown emphasis
     ("#### 72 apples", "72"),
     ("#### $18.90", "189/10"),
     ("#### 12.00", "12"),
@@ -42,6 +44,7 @@ NUMERIC = [
     ("So the final answer is: 3 + 4 = 7", "7"),
     ("#### 9 and \\boxed{4}", "9"),              # the mark before any box
     ("no mark but \\boxed{7}", "7"),
+    ("no mark but \\fbox{8}", "8"),
     ("#### 1/0", ""),                            # absurd values are no answer
     ("#### 1e999999", ""),
     ("####\n42", ""),                            # strict: the number must be on the mark's line
@@ -55,6 +58,7 @@ BOXED = [
     ("1{,}500", "1500"),                         # {,} as a thousands separator
     ("1\\,000", "1000"),
     ("\\frac{1}{2}", "1/2"),
+    ("\\left( 3 \\right)", "3"),
     ("\\dfrac12", "1/2"),
     ("0.5", "1/2"),
     ("-\\frac{3}{4}", "-3/4"),

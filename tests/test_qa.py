@@ -146,6 +146,8 @@ OK = json.dumps({"question": "1+1?", "answer": "#### 2"})
                                    r"several lines is not a task file"),
     ("a.json", "[]", r"a.json: the file holds no rows"),
     ("a.json", '"text"', r"line 1: a string where an object"),
+    ("a.csv", "question,answer\n1+1?,2\n", r"a.csv: a .csv file; allowed: a .jsonl/.json/.parquet "
+                                            r"file or a hub dataset id"),
     ("a.parquet", b"PAR1 not really", r"a.parquet: not a readable Parquet file .*expected a Parquet "
                                       r"table with the question and answer columns"),
 ])

@@ -48,19 +48,20 @@ _DEC = rf"(?:{_INT}(?:\.\d+)?|\.\d+)(?:[eE][-+]?\d+)?"
 _NUMBER = re.compile(rf"(?<![\w.])(?P<sign>-)?(?:(?:(?P<whole>\d+) )?(?P<num>{_DEC})/(?P<den>{_DEC})"
                      rf"|(?P<dec>{_DEC}))(?![\d/])")
 _ARITHMETIC = re.compile(r"[\d\s.,+\-*/×÷()^]*\d[\d\s.,+\-*/×÷()^]*")
-_LATEX_DROP = re.compile(r"\\[!,;: ]|\\left|\\right|~|\\%|%|\^\{?\\circ\}?|\\\$|\$")
-# thin spaces, LaTeX spaces and {,} between digit groups: 1\u2009000, 1\\,000, 1{,}000
+_LATEX_SPACE = re.compile(r"\\[!,;: ]|~")
+_LATEX_DROP = re.compile(r"\\left|\\right|\\%|%|\^\{?\\circ\}?|\\\$|\$")  # -$5 is -5
 # \text{(2, 1)}: text markup around something that is not words
 _TEXT_WITHOUT_WORDS = re.compile(r"\\(?:text|textbf|mbox|mathrm)\{([^{}a-zA-Z]*)\}")
+# thin spaces, LaTeX spaces and {,} between digit groups: 1\u2009000, 1\\,000, 1{,}000
 _SPACE_IN_NUMBER = re.compile(r"(?<=\d)(?:[\u00a0\u2009\u202f]|\\[,!]|\{,\})(?=\d{3}(?!\d))")
 
 
 def last_boxed(text: str) -> str | None:
-    """The content of the last ``\\boxed{...}`` (braces balanced), else None."""
-    start = text.rfind("\\boxed")
+    """The content of the last ``\\boxed{...}`` or ``\\fbox{...}`` (braces balanced), else None."""
+    start, command = max((text.rfind(c), c) for c in ("\\boxed", "\\fbox"))
     if start < 0:
         return None
-    i = start + len("\\boxed")
+    i = start + len(command)
     while i < len(text) and text[i] == " ":
         i += 1
     if i < len(text) and text[i] != "{":  # \boxed 5
@@ -81,7 +82,7 @@ def _clean(text: str) -> str:
     s = _SPACE_IN_NUMBER.sub("", text)
     s = unicodedata.normalize("NFKC", s).translate(_MINUS).replace("{,}", ",")
     s = re.sub(r"\\[dt]frac", r"\\frac", s)
-    return _LATEX_DROP.sub(" ", s)
+    return _LATEX_DROP.sub("", _LATEX_SPACE.sub(" ", s))
 
 
 def _value(m: re.Match) -> Fraction | None:
@@ -106,7 +107,8 @@ def _as_string(value: Fraction) -> str:
 
 
 def last_number(text: str) -> str | None:
-    """The last number written in `text` (as written, e.g. ``1,000`` or ``2 1/2``), else None."""
+    """The last number written in `text` (e.g. ``1,000`` or ``2 1/2``; Unicode digits and
+    minus signs normalised), else None."""
     found = [m for m in _NUMBER.finditer(_clean(text)) if _value(m) is not None]
     return found[-1].group(0) if found else None
 

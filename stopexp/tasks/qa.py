@@ -45,7 +45,10 @@ def _fail(path, where: str, what: str) -> TaskFileError:
 
 def _decode(path: Path) -> str:
     """The file as text (UTF-8, a leading byte-order mark allowed)."""
-    data = path.read_bytes()
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise _fail(path, "", f"cannot be read ({e.strerror or e})") from None
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
@@ -136,6 +139,9 @@ def read_rows(path: str, subset: str | None = None,
         return [(f"row {i}", r) for i, r in enumerate(table.to_pylist())]
     if p.is_file() and p.suffix in (".jsonl", ".json"):
         return _json_rows(p)
+    if p.exists() and p.suffix not in FILE_SUFFIXES:
+        raise _fail(p, "", f"a {p.suffix or 'suffix-less'} {'folder' if p.is_dir() else 'file'}; "
+                           f"allowed: a {'/'.join(FILE_SUFFIXES)} file or a hub dataset id")
     if p.suffix in FILE_SUFFIXES or p.exists():
         raise FileNotFoundError(f"task.path: {path!r} is not a readable "
                                 f"{'/'.join(FILE_SUFFIXES)} file")

@@ -145,6 +145,8 @@ OK = json.dumps({"question": "1+1?", "answer": "#### 2"})
     ("a.json", '{\n "data": []\n}', r"a.json, line 1 column 2: invalid JSON .*a JSON object spanning "
                                    r"several lines is not a task file"),
     ("a.json", "[]", r"a.json: the file holds no rows"),
+    ("a.json", f'{{"data": [{OK}]}}', r"line 1: no field 'question' \(it has \['data'\]\); set "
+                                     r"task.question_key .*; the rows seem to sit under 'data'"),
     ("a.json", '"text"', r"line 1: a string where an object"),
     ("a.csv", "question,answer\n1+1?,2\n", r"a.csv: a .csv file; allowed: a .jsonl/.json/.parquet "
                                             r"file or a hub dataset id"),

@@ -165,8 +165,11 @@ def _field(path, where: str, row, key: str, config_key: str, other: str) -> str:
         raise _fail(path, where, f"{kind} where an object with the fields {key!r} and {other!r} "
                                  "is expected")
     if key not in row:
+        nested = [k for k, v in row.items() if isinstance(v, list) and v and isinstance(v[0], dict)]
+        hint = (f"; the rows seem to sit under {nested[0]!r}: save them as a JSON list or JSON "
+                "Lines" if len(row) == 1 and nested else "")
         raise _fail(path, where, f"no field {key!r} (it has {sorted(row)}); set {config_key} "
-                                 "to the field that holds it")
+                                 f"to the field that holds it{hint}")
     value = row[key]
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         kind = "null" if value is None else type(value).__name__

@@ -19,6 +19,7 @@ NUMERIC = [
     ("#### –3", "-3"),                           # an en dash written as a minus
     ("#### 3 * 4 = 12", "12"),                   # the value after the last "="
     ("#### 3 * 4", "12"),                        # a plain arithmetic line, evaluated exactly
+    ("#### 3 x 4", "12"),
     ("#### (10 - 4) / 4", "3/2"),
     ("#### 2 1/2", "5/2"),                       # a mixed number, not 21/2
     ("#### -2 1/2", "-5/2"),
@@ -47,6 +48,8 @@ NUMERIC = [
     ("no mark but \\fbox{8}", "8"),
     ("#### 1/0", ""),                            # absurd values are no answer
     ("#### 1e999999", ""),
+    ("#### 2^100000", ""),                       # too large to be an answer, never an operand
+    ("#### 9**9**9", ""),
     ("####\n42", ""),                            # strict: the number must be on the mark's line
     ("She has 7 apples.", ""),
 ]

@@ -47,6 +47,7 @@ def test_extraction_takes_the_first_mark_and_the_last_box():
     "", "####", "#### ", "\\boxed{", "\\boxed{\\frac{1}{", "\\boxed", "\\boxed $", "\\boxed{}",
     "#### 1/0", "\\boxed{\\frac{1}{0}}", "#### " + "9" * 5000, "#### 1e999999", "}}}{{{",
     "#### \\frac{}{}", "\x00\\boxed{\udcff}",
+    "#### 9^9^9^9", "\\boxed{10^{10^{10}}}", "#### " + "1+" * 2000 + "1", "\\boxed{" + "(" * 500 + "1" + ")" * 500 + "}",
 ])
 def test_malformed_completions_are_wrong_never_a_crash(text):
     t = gsm8k()

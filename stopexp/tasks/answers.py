@@ -175,9 +175,15 @@ def _exact(expr) -> Fraction | None:
     return None
 
 
+def _is_arithmetic(segment: str) -> bool:
+    """Only numbers, operators and brackets, with at least one binary operator."""
+    return bool(_ARITHMETIC.fullmatch(segment) and re.search(r"\d\s*[+\-*/×÷^]{1,2}\s*[\d(]", segment))
+
+
 def _arithmetic(segment: str) -> Fraction | None:
-    """The exact value of a plain arithmetic line such as ``3 * 4`` or ``(10 - 4) / 3``."""
-    if not re.search(r"\d\s*[+\-*/×÷^]\s*[\d(]", segment):
+    """The exact value of a plain arithmetic line such as ``3 * 4`` or ``(10 - 4) / 3``;
+    None when it is too long or its value too large to be an answer."""
+    if len(segment) > MAX_ANSWER_CHARS:
         return None
     from math_verify import ExprExtractionConfig, parse
 
@@ -192,16 +198,15 @@ def _numeric_value(answer: str) -> Fraction | None:
     if "=" in s:
         s = s.rsplit("=", 1)[1]
     s = s.strip().rstrip(".,;:!?").strip()
+    s = re.sub(r"(?<=\d) ?[x×] ?(?=\d)", " * ", s)  # "3 x 4": models write x for times
     m = _NUMBER.fullmatch(s)
     if m:
         return _value(m)
     latex_first = re.match(r"[^\d\\]*\\", s)  # \frac{3}{4}, not "9 and \boxed{4}"
     if latex_first and len(s) <= MAX_ANSWER_CHARS and (value := _latex_value(s)) is not None:
         return value
-    if _ARITHMETIC.fullmatch(s):
-        value = _arithmetic(s)
-        if value is not None:
-            return value
+    if _is_arithmetic(s):  # its value or nothing: never one of its operands
+        return _arithmetic(s)
     for m in _NUMBER.finditer(s):
         if (value := _value(m)) is not None:
             return value

@@ -144,7 +144,7 @@ def test_char_level_rouge_counts_operators():
     assert rouge([" ".join("4+7=1")], [" ".join("4*7=1")])["rouge1"] == 1.0
     m = text_metrics(["4+7=1"], ["4*7=1"], level="char", bertscore=False)
     assert m["rouge1"] == pytest.approx(0.8) and m["rougeL"] == pytest.approx(0.8)
-    assert set(m) == {"bleu", "rouge1", "rouge2", "rougeL", "empty_hypotheses", "level"}
+    assert set(m) == {"bleu", "rouge1", "rouge2", "rougeL", "empty_hypotheses", "empty_references", "level"}
     assert m["level"] == "char" and m["empty_hypotheses"] == 0
     with pytest.raises(ValueError, match="text level 'token' unknown; allowed: char, word"):
         text_metrics(["a"], ["a"], level="token")
@@ -179,7 +179,7 @@ def test_bertscore_empty_hypotheses_score_zero_and_are_counted():
     assert (d["empty_hypotheses"], d["empty_references"], d["truncated"]) == (2, 1, 0)
     m = text_metrics(hyps, refs, scorer=scorer)
     assert m["bertscore"] == pytest.approx(float(direct[0]) / 4, abs=1e-6)
-    assert m["empty_hypotheses"] == 2 and m["level"] == "word"
+    assert m["empty_hypotheses"] == 2 and m["empty_references"] == 1 and m["level"] == "word"
     assert m["bleu"] == sacrebleu.corpus_bleu(hyps, [refs]).score
     assert np.isnan(scorer.score([], [])) and scorer.scores([""], [""])["f1"].tolist() == [0.0]
 

@@ -125,8 +125,8 @@ LEVELS = ("char", "word")
 
 def text_metrics(hyps, refs, level: str = "word", bertscore: bool = True,
                  scorer: BertScorer | None = None) -> dict:
-    """{bleu, rouge1, rouge2, rougeL[, bertscore, truncated], empty_hypotheses, level} of
-    hypotheses against references.
+    """{bleu, rouge1, rouge2, rougeL[, bertscore, truncated], empty_hypotheses,
+    empty_references, level} of hypotheses against references.
 
     level: ``word`` for natural language (sacrebleu's and rouge_score's own tokenisers);
     ``char`` for outputs without spaces (the arithmetic task): every character is spaced
@@ -143,6 +143,7 @@ def text_metrics(hyps, refs, level: str = "word", bertscore: bool = True,
         tokenizer = WhitespaceTokenizer()
     out = {"bleu": bleu(hyps, refs), **rouge(hyps, refs, tokenizer=tokenizer)}
     out["empty_hypotheses"] = sum(not h.strip() for h in hyps)
+    out["empty_references"] = sum(not r.strip() for r in refs)
     if bertscore:
         details = (scorer or BertScorer()).scores(hyps, refs)
         out["bertscore"] = float(np.mean(details["f1"])) if len(hyps) else float("nan")

@@ -29,6 +29,9 @@ NUMERIC = [
     ("#### 1,234,567", "1234567"),
     ("#### 1\u2009000", "1000"),                 # a thin space between digit groups
     ("#### １２", "12"),                          # full-width digits
+    ("#### 2½", "5/2"),                          # a vulgar fraction, not 21/2
+    ("#### ¾", "3/4"),
+    ("#### 10²", "100"),                         # a superscript, not 102
     ("#### 50%", "50"),
     ("#### −$5", "-5"),                          # a sign before the currency
     ("#### **72**", "72"),                       # markdown emphasis

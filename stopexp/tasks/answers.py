@@ -41,6 +41,7 @@ PARSE_TIMEOUT_S = 5       # math-verify's own limit (SIGALRM; only in the main t
 
 # hyphen-like characters that models and PDFs write for a minus sign
 _MINUS = str.maketrans({c: "-" for c in "\u2212\u2012\u2013\ufe63\uff0d"})
+_VULGAR = re.compile("[\u00bc-\u00be\u2150-\u215e]")  # ¼ ½ ¾ ⅐ ... ⅞
 _MARKS = (re.compile(r"####"), re.compile(r"(?i)\bthe (?:final )?answer is\b:?"))
 _INT = r"(?:\d{1,3}(?:,\d{3})+(?![\d,])|\d+)"
 _DEC = rf"(?:{_INT}(?:\.\d+)?|\.\d+)(?:[eE][-+]?\d+)?"
@@ -75,11 +76,18 @@ def last_boxed(text: str) -> str | None:
     return None  # never closed: malformed
 
 
+def _unicode_numbers(text: str) -> str:
+    """Vulgar fractions and superscripts written out before NFKC, which would turn ``2½``
+    into ``21⁄2`` and ``10²`` into ``102``: ``2 1/2``, ``10^2``."""
+    text = re.sub(r"[⁰¹²³⁴⁵⁶⁷⁸⁹]+", lambda m: "^" + unicodedata.normalize("NFKC", m.group()), text)
+    return _VULGAR.sub(lambda m: f" {Fraction(unicodedata.numeric(m.group())).limit_denominator(16)}", text)
+
+
 def _clean(text: str) -> str:
     """Unicode and LaTeX decoration that never changes a number's value removed:
-    full-width digits, minus signs, thin spaces between digit groups, ``{,}``, ``$``,
-    ``\\$``, ``\\%``, ``^\\circ``, LaTeX spacing."""
-    s = _SPACE_IN_NUMBER.sub("", text)
+    full-width digits, minus signs, vulgar fractions, superscripts, thin spaces between
+    digit groups, ``{,}``, ``$``, ``\\$``, ``\\%``, ``^\\circ``, LaTeX spacing."""
+    s = _SPACE_IN_NUMBER.sub("", _unicode_numbers(text))
     s = unicodedata.normalize("NFKC", s).translate(_MINUS).replace("{,}", ",")
     s = re.sub(r"\\[dt]frac", r"\\frac", s)
     return _LATEX_DROP.sub("", _LATEX_SPACE.sub(" ", s))

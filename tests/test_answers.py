@@ -44,6 +44,8 @@ NUMERIC = [
     ("#### x = 5", "5"),
     ("#### 4\nQuestion: Ben has 3 books...\n#### 9", "4"),   # the first mark counts
     ("#### five\n#### 5", "5"),                  # a mark without a number is skipped
+    ("#### Step 1: add\n3 + 4 = 7\n#### 7", "7"),  # a markdown heading is no answer
+    ("The answer is that 3 are left.", ""),
     ("She has 7 apples.\nThe answer is 7.", "7"),  # the chain-of-thought mark
     ("So the final answer is: 3 + 4 = 7", "7"),
     ("#### 9 and \\boxed{4}", "9"),              # the mark before any box

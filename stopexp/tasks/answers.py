@@ -5,7 +5,8 @@ Two answer formats and two extraction modes:
 - ``numeric`` (GSM8K): **strict** reads the first answer line, marked ``#### 42`` (GSM8K's
   own grader and lm-evaluation-harness' strict-match take the first mark, so text a model
   invents after its answer is ignored) or ``The answer is 42`` (the chain-of-thought
-  variant); without a mark, the last ``\\boxed{}``.
+  variant); a marked line must start with a number (``#### Step 1``, a markdown heading,
+  is none); without a mark, the last ``\\boxed{}``.
 - ``boxed`` (MATH): **strict** reads the last ``\\boxed{...}`` (braces balanced).
 - **flexible** (either format): the strict answer when there is one, else the last number
   written anywhere in the completion (lm-evaluation-harness' flexible-extract takes the
@@ -132,7 +133,7 @@ def extract_answer(text: str, fmt: str, mode: str = "strict") -> str | None:
     answer = None
     if fmt == "numeric":
         answer = next((line for mark in _MARKS for m in mark.finditer(text)
-                       if _has_digit(line := text[m.end():].split("\n", 1)[0].strip())), None)
+                       if _states_number(line := text[m.end():].split("\n", 1)[0].strip())), None)
     if answer is None:
         answer = last_boxed(text)
     if answer is None and mode == "flexible":
@@ -140,8 +141,12 @@ def extract_answer(text: str, fmt: str, mode: str = "strict") -> str | None:
     return answer
 
 
-def _has_digit(line: str) -> bool:
-    return any(c.isdigit() for c in unicodedata.normalize("NFKC", line))
+def _states_number(line: str) -> bool:
+    """Whether a marked line starts with a number (after ``$``, ``**``, a sign, a LaTeX
+    command or ``x =``), as the graders' ``#### (-?[0-9.,]+)`` requires: a markdown
+    heading ``#### Step 1`` is no answer."""
+    s = re.sub(r"^[a-zA-Z]\s*=", "", unicodedata.normalize("NFKC", line).lstrip(" *_$({")).lstrip()
+    return bool(s) and (s[0].isdigit() or s[0] in "-−–+.\\") and any(c.isdigit() for c in s)
 
 
 def _timeout() -> int | None:

@@ -165,7 +165,8 @@ def test_json_list_and_bom_read_like_jsonl(tmp_path):
     rows = [json.loads(line) for line in GSM8K.read_text().splitlines()]
     (tmp_path / "a.json").write_text(json.dumps(rows, indent=2))
     (tmp_path / "b.jsonl").write_bytes(b"\xef\xbb\xbf" + GSM8K.read_bytes())  # a byte-order mark
-    for f in ("a.json", "b.jsonl"):
+    (tmp_path / "c.json").write_bytes(GSM8K.read_bytes())  # JSON Lines named .json (datasets' to_json)
+    for f in ("a.json", "b.jsonl", "c.json"):
         assert QATask(str(tmp_path / f), split_fractions=SPREAD).split_rows == gsm8k().split_rows
     assert read_rows(str(tmp_path / "a.json"))[1][0] == "line 6 (item 1)"  # where the item starts
 

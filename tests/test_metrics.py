@@ -224,6 +224,9 @@ def test_nan_scores_rank_lowest_within_a_prompt():
     assert auroc([np.inf, -np.inf], [1, 0]) == 1.0
     assert length_correlation([1, 2, np.nan, 3, np.inf], [1, 2, 9, 3, 9]) == pytest.approx(1.0)
     assert ece([np.nan, 1.0], [0, 1]) == 0.0 and brier([np.nan], [1]) == 1.0  # NaN counts as 0
+    assert np.isnan(length_correlation([np.nan, np.inf, 1.0], [1, 2, 3]))
+    with pytest.raises(ValueError, match=r"probabilities must lie in \[0, 1\]; got values from -0.5 to 1.0"):
+        ece([-0.5, 1.0], [0, 1])
 
 
 def test_policies_treat_nan_as_lowest_and_survive_infinities():

@@ -11,7 +11,10 @@ def _pair(probs, labels):
     p, y = np.asarray(probs, dtype=float), np.asarray(labels, dtype=float)
     if p.shape != y.shape or p.ndim != 1:
         raise ValueError(f"probs {p.shape} and labels {y.shape} must be equal-length 1-d")
-    return np.nan_to_num(p, nan=0.0), y
+    p = np.nan_to_num(p, nan=0.0)
+    if ((p < 0) | (p > 1)).any():
+        raise ValueError(f"probabilities must lie in [0, 1]; got values from {p.min()} to {p.max()}")
+    return p, y
 
 
 def reliability(probs, labels, n_bins: int = 10) -> dict:

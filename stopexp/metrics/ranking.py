@@ -116,6 +116,6 @@ def length_correlation(scores, lengths) -> float:
     s, n = np.asarray(scores, dtype=float), np.asarray(lengths, dtype=float)
     finite = np.isfinite(s)
     s, n = s[finite], n[finite]
-    if s.std() == 0 or n.std() == 0:
+    if len(s) < 2 or s.std() == 0 or n.std() == 0:
         return float("nan")
     return float(np.corrcoef(s, n)[0, 1])

@@ -84,6 +84,7 @@ class TaskConfig:
     question_key: str = "question"
     answer_key: str = "answer"           # a bare answer or a solution ending in one
     answer_format: str = "numeric"       # numeric (#### 42, or \boxed{}) | boxed (\boxed{})
+    extraction: str = "strict"           # strict (#### / \boxed{} only) | flexible (else the last number)
     prompt_template: str = "{question}"
 
 
@@ -239,6 +240,7 @@ ALLOWED = {
     "model.dtype": ("float32", "bfloat16", "float16"),
     "task.name": ("arith", "qa"),
     "task.answer_format": ("numeric", "boxed"),
+    "task.extraction": ("strict", "flexible"),
     "tap.pooling": ("last", "mean"),
     "predictor.name": ("statistic", "linear", "mlp", "fusion", "conf_features", "super_token"),
     "predictor.statistic": ("l2", "mean", "var"),

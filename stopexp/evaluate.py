@@ -24,8 +24,8 @@ from omegaconf import DictConfig, OmegaConf
 from stopexp import bank, plots
 from stopexp.artifacts import write_json
 from stopexp.config import checkpoint_tokens, validate
-from stopexp.metrics import (auprc, bootstrap_ci, per_group_auroc, pooled_auroc, text_metrics,
-                             within_prompt_auroc)
+from stopexp.metrics import (auprc, bootstrap_ci, nonfinite, per_group_auroc, pooled_auroc,
+                             text_metrics, within_prompt_auroc)
 from stopexp.policies import build_policy
 from stopexp.search.sample import vote
 from stopexp.signals import methods as M
@@ -205,14 +205,16 @@ def summarize(o: dict, seconds_per_token: float, flops_per_token: float, n_boot:
 
 def signal_quality(paths: Paths, scores: np.ndarray, n: int, n_boot: int, seed: int) -> dict:
     """AUROC (within-prompt, primary; pooled) and AUPRC of a method's scores against path
-    success, over the live paths at the check."""
+    success, over the live paths at the check. NaN scores rank lowest and +-inf at the
+    extremes (`stopexp.metrics.ranking`); `nonfinite_scores` counts them."""
     live = paths.alive & (paths.path_id < n)
     s, y, g = scores[live], paths.correct[live].astype(float), paths.group[live]
     _, per = per_group_auroc(s, y, g)
     per = per[np.isfinite(per)]
     lo, hi = bootstrap_ci(per, n=n_boot, seed=seed) if len(per) else (np.nan, np.nan)
     return {"auroc": within_prompt_auroc(s, y, g), "auroc_ci": [lo, hi],
-            "auroc_pooled": pooled_auroc(s, y), "auprc": auprc(s, y)}
+            "auroc_pooled": pooled_auroc(s, y), "auprc": auprc(s, y),
+            "nonfinite_scores": nonfinite(s)}
 
 
 def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
@@ -269,6 +271,9 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
         r["check_s"] = check_s
         if name in scores:
             r.update(signal_quality(paths, scores[name], N, n_boot, seed))
+            if r["nonfinite_scores"]:
+                log.warning("%s: %d scores are NaN or infinite; NaN ranks lowest (pruned first), "
+                            "+-inf at the extremes", name, r["nonfinite_scores"])
         if cfg.evaluate.mode == "online":
             r.update(timing[name])
         results[name] = r
@@ -320,10 +325,14 @@ def add_text_metrics(cfg, paths: Paths, outcomes: dict, results: dict) -> None:
     refs = [task.reference(p) for p in problems]
     scorer = BertScorer(cfg.evaluate.bertscore_model) if cfg.evaluate.bertscore_model else BertScorer()
     base = list(outcomes["no_prune"]["chosen"])
+    level = getattr(task, "text_level", "word")  # characters for the arithmetic task only
     for name, o in outcomes.items():
         hyps = list(o["chosen"])
-        results[name]["text_vs_reference"] = text_metrics(hyps, refs, scorer=scorer)
-        results[name]["text_vs_no_prune"] = text_metrics(hyps, base, scorer=scorer)
+        for key, against in (("text_vs_reference", refs), ("text_vs_no_prune", base)):
+            m = results[name][key] = text_metrics(hyps, against, level=level, scorer=scorer)
+            if m.get("truncated"):
+                log.warning("%s %s: BERTScore cut %d of %d outputs at the encoder's maximum "
+                            "length (their ends do not count)", name, key, m["truncated"], len(hyps))
 
 
 def online_paths(cfg, names, scorers, checkpoint, n_prompts: int):

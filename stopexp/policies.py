@@ -14,8 +14,10 @@ RESOLUTION = 1e-4
 def quantize(scores: torch.Tensor) -> torch.Tensor:
     """Scores rounded to RESOLUTION: paths with the same prefix get bit-different signals
     depending on batch composition; rounding turns those near-ties into exact ties, broken
-    by path order, so online and replayed decisions agree."""
-    return torch.round(scores.double() / RESOLUTION) * RESOLUTION
+    by path order, so online and replayed decisions agree. NaN becomes -inf: a path whose
+    signal is NaN ranks lowest, as in `stopexp.metrics.ranking`."""
+    s = scores.double()
+    return torch.round(torch.where(torch.isnan(s), float("-inf"), s) / RESOLUTION) * RESOLUTION
 
 
 class Policy:
@@ -57,7 +59,8 @@ class Quantile(Policy):
         self.q = q
 
     def threshold(self, scores):
-        return torch.quantile(scores.double(), self.q).item()
+        finite = scores[torch.isfinite(scores)].double()  # -inf would make the quantile NaN
+        return torch.quantile(finite, self.q).item() if finite.numel() else float("-inf")
 
 
 class TopK(Policy):

@@ -26,7 +26,8 @@ from stopexp import bank, plots
 from stopexp.artifacts import config_hash, write_json
 from stopexp.config import checkpoint_tokens, validate
 from stopexp.losses import build_loss
-from stopexp.metrics import auprc, brier, ece, length_correlation, pooled_auroc, within_prompt_auroc
+from stopexp.metrics import (auprc, brier, ece, length_correlation, nonfinite, pooled_auroc,
+                             within_prompt_auroc)
 from stopexp.signals import FeatureSpec, build_predictor
 from stopexp.signals.checkpoint import load_predictor, save_predictor
 from stopexp.tracking import tracked_run
@@ -83,7 +84,8 @@ def evaluate_scores(scores: torch.Tensor, data: dict) -> dict:
             "auroc_pooled": pooled_auroc(s, y), "auprc": auprc(s, y),
             "ece": ece(p, y), "brier": brier(p, y),
             "length_corr": length_correlation(s, data["length"].numpy()),
-            "paths": int(len(y)), "positive_rate": float(y.mean()) if len(y) else math.nan}
+            "paths": int(len(y)), "positive_rate": float(y.mean()) if len(y) else math.nan,
+            "nonfinite_scores": nonfinite(s)}  # NaN ranks lowest, +-inf at the extremes
 
 
 def prompt_batches(groups: torch.Tensor, batch_prompts: int, rng: random.Random):

@@ -55,6 +55,7 @@ def test_text_metrics_are_reported(trained):
     t = m["no_prune"]["text_vs_no_prune"]
     assert t["bleu"] == pytest.approx(100.0) and t["bertscore"] > 0.99
     assert 0 < m["confidence"]["text_vs_reference"]["bleu"] <= 100
+    assert t["level"] == "char" and t["empty_hypotheses"] == 0 and t["truncated"] == 0  # arith: characters
 
 
 def test_unknown_method_and_missing_predictor_fail_before_compute(trained, tmp_path):
@@ -68,6 +69,19 @@ def test_external_scorer_plugs_in(trained):
     register_external("longest_prefix_text", lambda b: b["signals"][:, -1] * 0 + torch.arange(len(b["signals"])).float())
     m = evaluate(cfg_for(trained, "evaluate.methods=[longest_prefix_text]", "evaluate.text_metrics=false"))
     assert "longest_prefix_text" in m["methods"]
+
+
+def test_nonfinite_external_scores_are_ranked_and_counted(trained):
+    def flaky(b):  # a plugged-in scorer that returns NaN and infinities for some paths
+        s = b["signals"][:, -1].double().clone()
+        s[::5], s[1::7], s[2::11] = float("nan"), float("inf"), float("-inf")
+        return s
+
+    register_external("flaky", flaky)
+    m = evaluate(cfg_for(trained, "evaluate.methods=[flaky]", "evaluate.text_metrics=false"))["methods"]
+    r = m["flaky"]
+    assert r["nonfinite_scores"] > 0 and m["confidence"]["nonfinite_scores"] == 0
+    assert all(np.isfinite(r[k]) for k in ("auroc", "auroc_pooled", "auprc", "accuracy"))
 
 
 def _synthetic(G=300, n=16, seed=0):

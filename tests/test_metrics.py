@@ -8,7 +8,8 @@ from sklearn.metrics import average_precision_score, roc_auc_score
 
 from stopexp.metrics import (BertScorer, auprc, auroc, avg_at_k, bleu, bootstrap_ci,
                              bootstrap_over_groups, brier, cons_at_n, ece,
-                             length_correlation, majority_vote, pass_at_1, per_group_auroc,
+                             length_correlation, majority_vote, nonfinite, pass_at_1,
+                             per_group_auroc,
                              pooled_auroc, reliability, rouge, text_metrics,
                              within_prompt_auroc)
 from stopexp.metrics.text import _hub_offline
@@ -127,7 +128,8 @@ def test_bleu_equals_sacrebleu():
     refs = ["4+7=1;1*3=3;3-9=5;#5", "the cat sat on a mat", "12+34=46;#46"]
     assert bleu(hyps, refs) == sacrebleu.corpus_bleu(hyps, [refs]).score
     spaced = [" ".join(h) for h in hyps], [[" ".join(r) for r in refs]]
-    assert text_metrics(hyps, refs, bertscore=False)["bleu"] == sacrebleu.corpus_bleu(*spaced).score
+    assert text_metrics(hyps, refs, level="char", bertscore=False)["bleu"] == sacrebleu.corpus_bleu(*spaced).score
+    assert text_metrics(hyps, refs, bertscore=False)["bleu"] == sacrebleu.corpus_bleu(hyps, [refs]).score
 
 
 def test_rouge_hand_example():
@@ -140,9 +142,12 @@ def test_rouge_hand_example():
 def test_char_level_rouge_counts_operators():
     # rouge_score's default tokenizer drops "+" and "*": the two would look identical.
     assert rouge([" ".join("4+7=1")], [" ".join("4*7=1")])["rouge1"] == 1.0
-    m = text_metrics(["4+7=1"], ["4*7=1"], bertscore=False)
+    m = text_metrics(["4+7=1"], ["4*7=1"], level="char", bertscore=False)
     assert m["rouge1"] == pytest.approx(0.8) and m["rougeL"] == pytest.approx(0.8)
-    assert set(m) == {"bleu", "rouge1", "rouge2", "rougeL"}
+    assert set(m) == {"bleu", "rouge1", "rouge2", "rougeL", "empty_hypotheses", "empty_references", "level"}
+    assert m["level"] == "char" and m["empty_hypotheses"] == 0
+    with pytest.raises(ValueError, match="text level 'token' unknown; allowed: char, word"):
+        text_metrics(["a"], ["a"], level="token")
 
 
 def test_hub_offline_restores_environment(monkeypatch):
@@ -161,5 +166,86 @@ def test_bertscore_bundled_encoder():
     other = scorer.score(["4+7=1;1*3=3;#3"], ["9-2=7;7*7=9;#9"])
     assert same > 0.99 and other < same - 0.1
     assert BertScorer().scorer is scorer.scorer  # one encoder per process
-    m = text_metrics(["4+7=1;#1"], ["4+7=1;#1"])
+    m = text_metrics(["4+7=1;#1"], ["4+7=1;#1"], level="char")
     assert m["bertscore"] > 0.99 and m["bleu"] == pytest.approx(100.0)
+
+
+def test_bertscore_empty_hypotheses_score_zero_and_are_counted():
+    scorer = BertScorer()
+    hyps, refs = ["", "the cat sat", "  \n", "a dog ran"], ["a dog", "the cat sat down", "x", ""]
+    d = scorer.scores(hyps, refs)
+    _, _, direct = scorer.scorer.score(["the cat sat"], ["the cat sat down"])  # bert_score itself
+    assert d["f1"].tolist() == pytest.approx([0.0, float(direct[0]), 0.0, 0.0], abs=1e-6)
+    assert (d["empty_hypotheses"], d["empty_references"], d["truncated"]) == (2, 1, 0)
+    m = text_metrics(hyps, refs, scorer=scorer)
+    assert m["bertscore"] == pytest.approx(float(direct[0]) / 4, abs=1e-6)
+    assert m["empty_hypotheses"] == 2 and m["empty_references"] == 1 and m["level"] == "word"
+    assert m["bleu"] == sacrebleu.corpus_bleu(hyps, [refs]).score
+    assert np.isnan(scorer.score([], [])) and scorer.scores([""], [""])["f1"].tolist() == [0.0]
+
+
+def test_bertscore_reports_truncation():
+    # Two long outputs that differ only in their final answer: the encoder never sees the
+    # end, so BERTScore is 1.0; the cut is reported, and word-level BLEU still sees it.
+    body = " ".join(f"step {i}: add 3 to the total and write it down." for i in range(80))
+    for level in ("char", "word"):
+        m = text_metrics([body + " #### 5"], [body + " #### 7"], level=level)
+        assert m["bertscore"] == pytest.approx(1.0) and m["truncated"] == 1 and m["level"] == level
+        assert m["bleu"] < 100
+    short = text_metrics(["the cat sat"], ["the cat sat"])
+    assert short["truncated"] == 0
+
+
+BIG = 1e300  # a finite stand-in for inf that sklearn accepts: same order, same ties
+
+
+@pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan])
+def test_nonfinite_scores_rank_at_the_extremes(bad):
+    rng = np.random.default_rng(6)
+    scores = rng.random(60)
+    labels = rng.random(60) < 0.5
+    scores[[3, 10, 11]] = bad
+    scores[20] = -np.inf
+    stand_in = np.where(np.isnan(scores), -BIG, np.clip(scores, -BIG, BIG))  # NaN ranks with -inf
+    assert auroc(scores, labels) == roc_auc_score(labels, stand_in)
+    assert auprc(scores, labels) == average_precision_score(labels, stand_in)
+    groups = np.repeat(np.arange(6), 10)
+    _, per = per_group_auroc(scores, labels, groups)
+    _, expected = per_group_auroc(stand_in, labels, groups)
+    assert per.tolist() == pytest.approx(expected.tolist(), abs=1e-12)
+    assert np.isfinite(per[1]) and np.isfinite(within_prompt_auroc(scores, labels, groups))
+    assert nonfinite(scores) == 4
+
+
+def test_nan_scores_rank_lowest_within_a_prompt():
+    # the prompt is kept (not dropped) and its NaN path counts as the lowest score
+    assert within_prompt_auroc([np.nan, 0.2, 0.9], [0, 0, 1], [0, 0, 0]) == 1.0
+    assert within_prompt_auroc([np.nan, 0.2, 0.9], [1, 0, 0], [0, 0, 0]) == 0.0
+    assert auroc([np.inf, -np.inf], [1, 0]) == 1.0
+    assert length_correlation([1, 2, np.nan, 3, np.inf], [1, 2, 9, 3, 9]) == pytest.approx(1.0)
+    assert ece([np.nan, 1.0], [0, 1]) == 0.0 and brier([np.nan], [1]) == 1.0  # NaN counts as 0
+    assert np.isnan(length_correlation([np.nan, np.inf, 1.0], [1, 2, 3]))
+    with pytest.raises(ValueError, match=r"probabilities must lie in \[0, 1\]; got values from -0.5 to 1.0"):
+        ece([-0.5, 1.0], [0, 1])
+
+
+def test_policies_treat_nan_as_lowest_and_survive_infinities():
+    import torch
+
+    from stopexp.policies import Quantile, TopK
+
+    s = torch.tensor([float("nan"), 0.2, 0.9, float("-inf"), float("inf")])
+    assert TopK(3).keep(s).tolist() == [False, True, True, False, True]
+    assert Quantile(0.5).keep(s).tolist() == [False, False, True, False, True]  # median of finite
+
+
+def test_evaluate_signal_quality_counts_nonfinite_scores():
+    from stopexp.evaluate import Paths, signal_quality
+
+    n = 8
+    paths = Paths(group=np.repeat([0, 1], 4), path_id=np.tile(np.arange(4), 2), length=np.full(n, 10),
+                  correct=np.array([1, 0, 1, 0, 1, 1, 0, 0], bool), answer=np.full(n, "", object),
+                  text=np.full(n, "", object), alive=np.ones(n, bool), batch={})
+    scores = np.array([np.inf, np.nan, 0.5, 0.1, 0.9, 0.8, -np.inf, np.nan])
+    q = signal_quality(paths, scores, 4, n_boot=50, seed=0)
+    assert q["auroc"] == 1.0 and q["auroc_pooled"] == 1.0 and q["nonfinite_scores"] == 4

@@ -5,7 +5,8 @@ import pytest
 from conftest import ROOT, compose
 from stopexp.config import ConfigError, validate
 from stopexp.tasks import QATask, build_task
-from stopexp.tasks.qa import canonical, extract
+from stopexp.tasks.answers import canonical, extract_answer as extract
+from stopexp.tasks.qa import TaskFileError, read_rows
 
 GSM8K = ROOT / "tests" / "data" / "gsm8k_sample.jsonl"
 MATH = ROOT / "tests" / "data" / "math_sample.jsonl"
@@ -32,8 +33,10 @@ def test_different_answers_differ(a, b):
     assert canonical(a, "boxed") != canonical(b, "boxed")
 
 
-def test_extraction_takes_the_last_answer():
-    assert extract("so 3.\n#### 4\nno, #### 42", "numeric") == "42"
+def test_extraction_takes_the_first_mark_and_the_last_box():
+    # GSM8K's grader and lm-evaluation-harness' strict-match read the first mark: what a
+    # model invents after its answer (a new question and its answer) does not count
+    assert extract("so 3.\n#### 4\nQuestion: ...\n#### 42", "numeric") == "4"
     assert extract("\\boxed{1} then \\boxed{\\frac{1}{2}}", "boxed") == "\\frac{1}{2}"
     assert extract("no mark but \\boxed{7}", "numeric") == "7"
     assert extract("#### 9", "boxed") is None  # boxed format reads \boxed only
@@ -44,6 +47,7 @@ def test_extraction_takes_the_last_answer():
     "", "####", "#### ", "\\boxed{", "\\boxed{\\frac{1}{", "\\boxed", "\\boxed $", "\\boxed{}",
     "#### 1/0", "\\boxed{\\frac{1}{0}}", "#### " + "9" * 5000, "#### 1e999999", "}}}{{{",
     "#### \\frac{}{}", "\x00\\boxed{\udcff}",
+    "#### 9^9^9^9", "\\boxed{10^{10^{10}}}", "#### " + "1+" * 2000 + "1", "\\boxed{" + "(" * 500 + "1" + ")" * 500 + "}",
 ])
 def test_malformed_completions_are_wrong_never_a_crash(text):
     t = gsm8k()
@@ -106,10 +110,65 @@ def test_file_errors_are_clear(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match="nor a hub dataset available here") as e:
         QATask("nobody/not-a-dataset")
     assert "task.path=/path/to/file.jsonl" in str(e.value)
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text(json.dumps({"q": "1+1?", "answer": "2"}) + "\n")
-    with pytest.raises(KeyError, match="task.question_key: row 0"):
-        QATask(str(bad))
+
+
+OK = json.dumps({"question": "1+1?", "answer": "#### 2"})
+
+
+@pytest.mark.parametrize("name, content, message", [
+    # JSON Lines: the file's line (not the line within one row) and the decoder's column
+    ("a.jsonl", f"{OK}\n{OK[:-1]}\n", r"a.jsonl, line 2 column 40: invalid JSON \(Expecting ',' "
+                                      r"delimiter\); expected one JSON object per line"),
+    ("a.jsonl", f"{OK}\n\n{OK}\n[1, 2]\n", r"a.jsonl, line 4: a list where an object with the fields "
+                                          r"'question' and 'answer' is expected"),
+    ("a.jsonl", f"{OK}\n\"just text\"\n", r"line 2: a string where an object"),
+    ("a.jsonl", f"{OK}\nnull\n", r"line 2: null where an object"),
+    ("a.jsonl", b'{"question": "caf\xe9?", "answer": "1"}\n', r"a.jsonl, line 1 column 18: byte 0xe9 "
+                                                            r"is not UTF-8; save the file as UTF-8"),
+    ("a.jsonl", f"{OK}\n".encode() + b'{"question": "\xff", "answer": "1"}', r"line 2 column 15: byte 0xff"),
+    ("a.jsonl", "", r"a.jsonl: the file is empty; expected one JSON object per line"),
+    ("a.jsonl", "\n  \n", r"the file is empty"),
+    ("a.jsonl", '{"question": null, "answer": "#### 2"}', r"line 1: field 'question' is null; "
+                                                        r"expected a string \(or a number\)"),
+    ("a.jsonl", '{"question": "q", "answer": ["#### 2"]}', r"line 1: field 'answer' is list"),
+    ("a.jsonl", '{"question": "q", "answer": true}', r"line 1: field 'answer' is bool"),
+    ("a.jsonl", '{"question": "  ", "answer": "#### 2"}', r"line 1: field 'question' is empty; "
+                                                        r"expected the question"),
+    ("a.jsonl", '{"q": "1+1?", "answer": "2"}', r"line 1: no field 'question' \(it has \['answer', "
+                                               r"'q'\]\); set task.question_key"),
+    ("a.jsonl", '{"question": "q", "answer": "#### two"}', r"line 1: field 'answer' \('#### two'\) "
+                                                         r"states no number; expected a numeric"),
+    # JSON: the decoder's line and column in the whole file; the item's own line
+    ("a.json", f"[\n  {OK},\n  {OK[:-1]}\n]", r"a.json, line 4 column 1: invalid JSON \(Expecting ',' delimiter\)"),
+    ("a.json", f"[\n  {OK},\n  7\n]", r"a.json, line 3 \(item 1\): int where an object"),
+    ("a.json", f"[{OK}, {OK}", r"line 1 column \d+: expected ',' or ']' after a list item"),
+    ("a.json", f"[{OK}] x", r"a.json, line 1: text after the end of the JSON list"),
+    ("a.json", '{\n "data": []\n}', r"a.json, line 1 column 2: invalid JSON .*a JSON object spanning "
+                                   r"several lines is not a task file"),
+    ("a.json", "[]", r"a.json: the file holds no rows"),
+    ("a.json", f'{{"data": [{OK}]}}', r"line 1: no field 'question' \(it has \['data'\]\); set "
+                                     r"task.question_key .*; the rows seem to sit under 'data'"),
+    ("a.json", '"text"', r"line 1: a string where an object"),
+    ("a.csv", "question,answer\n1+1?,2\n", r"a.csv: a .csv file; allowed: a .jsonl/.json/.parquet "
+                                            r"file or a hub dataset id"),
+    ("a.parquet", b"PAR1 not really", r"a.parquet: not a readable Parquet file .*expected a Parquet "
+                                      r"table with the question and answer columns"),
+])
+def test_bad_task_files_name_file_line_and_expectation(tmp_path, name, content, message):
+    f = tmp_path / name
+    f.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(TaskFileError, match=message):
+        QATask(str(f))
+
+
+def test_json_list_and_bom_read_like_jsonl(tmp_path):
+    rows = [json.loads(line) for line in GSM8K.read_text().splitlines()]
+    (tmp_path / "a.json").write_text(json.dumps(rows, indent=2))
+    (tmp_path / "b.jsonl").write_bytes(b"\xef\xbb\xbf" + GSM8K.read_bytes())  # a byte-order mark
+    (tmp_path / "c.json").write_bytes(GSM8K.read_bytes())  # JSON Lines named .json (datasets' to_json)
+    for f in ("a.json", "b.jsonl", "c.json"):
+        assert QATask(str(tmp_path / f), split_fractions=SPREAD).split_rows == gsm8k().split_rows
+    assert read_rows(str(tmp_path / "a.json"))[1][0] == "line 6 (item 1)"  # where the item starts
 
 
 def test_qa_configs_validate():
@@ -122,3 +181,20 @@ def test_qa_configs_validate():
         validate(compose("collect", ["task=gsm8k", "task.answer_format=words"]))
     with pytest.raises(ConfigError, match="task.path"):
         validate(compose("collect", ["task=gsm8k", "task.path=null"]))
+
+
+def test_extraction_mode_is_configured_checked_and_recorded():
+    from omegaconf import OmegaConf
+
+    with pytest.raises(ConfigError, match="task.extraction: 'loose' is not allowed; allowed: strict, flexible"):
+        validate(compose("collect", ["task=gsm8k", "task.extraction=loose"]))
+    cfg = validate(compose("collect", ["task=gsm8k", f"task.path={GSM8K}", "task.extraction=flexible",
+                                       "task.split_fractions={train: 0.5, val: 0.25, test: 0.25}"]))
+    assert OmegaConf.to_container(cfg.task)["extraction"] == "flexible"  # the bank's meta.json "task"
+    flexible, strict = build_task(cfg.task), gsm8k()
+    tom = flexible.problems("train", len(flexible.split_rows["train"]))
+    tom = next(p for p in tom if p.source_row == 0)
+    unmarked = "36 - 7 = 29 pencils are left."
+    assert flexible.check(tom, unmarked) and not strict.check(tom, unmarked)
+    assert flexible.answer_of("#### 29\nQuestion: 5 more") == strict.answer_of("#### 29") == "29"
+    assert compose("collect", ["task=arith"]).task.extraction == "strict"  # the default

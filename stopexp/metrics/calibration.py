@@ -1,4 +1,7 @@
-"""Calibration of predicted success probabilities (equal-width bins on [0, 1])."""
+"""Calibration of predicted success probabilities (equal-width bins on [0, 1]).
+
+A NaN probability (from a NaN score) counts as 0, as NaN scores rank lowest everywhere
+(see `stopexp.metrics.ranking`)."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,6 +11,9 @@ def _pair(probs, labels):
     p, y = np.asarray(probs, dtype=float), np.asarray(labels, dtype=float)
     if p.shape != y.shape or p.ndim != 1:
         raise ValueError(f"probs {p.shape} and labels {y.shape} must be equal-length 1-d")
+    p = np.nan_to_num(p, nan=0.0)
+    if ((p < 0) | (p > 1)).any():
+        raise ValueError(f"probabilities must lie in [0, 1]; got values from {p.min()} to {p.max()}")
     return p, y
 
 

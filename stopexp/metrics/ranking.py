@@ -2,6 +2,12 @@
 
 Within-prompt AUROC is the primary metric: pruning only ever chooses among the paths of
 one prompt, while a pooled AUROC also rewards knowing which prompts are hard.
+
+Non-finite scores (a scorer plugged in with `register_external` may return them): +inf
+and -inf rank as the highest and lowest scores; NaN ranks lowest, tied with -inf (the
+path a pruning policy would drop first; `stopexp.policies` treats NaN the same way). All
+ranking metrics depend only on the order of the scores, so they are computed on ranks;
+callers report how many scores were not finite (`nonfinite`).
 """
 from __future__ import annotations
 
@@ -10,10 +16,18 @@ from scipy.stats import rankdata
 from sklearn.metrics import average_precision_score, roc_auc_score
 
 
+def nonfinite(scores) -> int:
+    """How many scores are NaN or +-inf (reported next to the metrics as `nonfinite_scores`)."""
+    return int((~np.isfinite(np.asarray(scores, dtype=float))).sum())
+
+
 def _arrays(scores, labels):
+    """(finite ranks of the scores, bool labels): NaN ranks with -inf, at the bottom."""
     s, y = np.asarray(scores, dtype=float), np.asarray(labels).astype(bool)
     if s.shape != y.shape or s.ndim != 1:
         raise ValueError(f"scores {s.shape} and labels {y.shape} must be equal-length 1-d")
+    if not np.isfinite(s).all():
+        s = rankdata(np.where(np.isnan(s), -np.inf, s))  # order and ties kept: same AUROC
     return s, y
 
 
@@ -97,8 +111,11 @@ def bootstrap_over_groups(fn, groups, n: int = 1000, seed: int = 0,
 
 def length_correlation(scores, lengths) -> float:
     """Pearson correlation of a score with path length (a score that merely tracks length
-    is a cheap baseline in disguise); NaN when either is constant."""
+    is a cheap baseline in disguise), over the paths with a finite score; NaN when either
+    is constant."""
     s, n = np.asarray(scores, dtype=float), np.asarray(lengths, dtype=float)
-    if s.std() == 0 or n.std() == 0:
+    finite = np.isfinite(s)
+    s, n = s[finite], n[finite]
+    if len(s) < 2 or s.std() == 0 or n.std() == 0:
         return float("nan")
     return float(np.corrcoef(s, n)[0, 1])

@@ -89,27 +89,64 @@ class BertScorer:
         return _SCORERS[key]
 
     def score(self, hyps, refs) -> float:
-        """Mean BERTScore F1 of each hypothesis against its reference."""
+        """Mean BERTScore F1 of each hypothesis against its reference (see `scores`)."""
+        f1 = self.scores(hyps, refs)["f1"]
+        return float(np.mean(f1)) if len(f1) else float("nan")
+
+    def scores(self, hyps, refs) -> dict:
+        """Per-pair F1 and what went into it: {f1 (n,), empty_hypotheses, empty_references,
+        truncated}. A pair whose hypothesis or reference is empty or whitespace scores 0,
+        as bert_score documents (its own code path for that fails with transformers 5).
+        `truncated` counts pairs where either side is longer than the encoder's maximum
+        length, which bert_score cuts silently: text past it does not count."""
         hyps, refs = list(hyps), list(refs)
         if len(hyps) != len(refs):
             raise ValueError(f"{len(hyps)} hypotheses but {len(refs)} references")
-        _, _, f1 = self.scorer.score(hyps, refs)
-        return float(f1.mean())
+        empty_h = np.array([not h.strip() for h in hyps], dtype=bool)
+        empty_r = np.array([not r.strip() for r in refs], dtype=bool)
+        f1 = np.zeros(len(hyps))
+        use = np.nonzero(~(empty_h | empty_r))[0]
+        truncated = 0
+        if len(use):
+            scorer = self.scorer
+            _, _, f = scorer.score([hyps[i] for i in use], [refs[i] for i in use])
+            f1[use] = f.numpy()
+            tok = scorer._tokenizer
+            longest = tok.model_max_length
+            truncated = sum(max(len(tok.encode(hyps[i].strip(), verbose=False)),
+                                len(tok.encode(refs[i].strip(), verbose=False))) > longest
+                            for i in use)
+        return {"f1": f1, "empty_hypotheses": int(empty_h.sum()),
+                "empty_references": int(empty_r.sum()), "truncated": int(truncated)}
 
 
-def text_metrics(hyps, refs, char_level: bool = True, bertscore: bool = True,
+LEVELS = ("char", "word")
+
+
+def text_metrics(hyps, refs, level: str = "word", bertscore: bool = True,
                  scorer: BertScorer | None = None) -> dict:
-    """{bleu, rouge1, rouge2, rougeL[, bertscore]} of hypotheses against references.
+    """{bleu, rouge1, rouge2, rougeL[, bertscore, truncated], empty_hypotheses,
+    empty_references, level} of hypotheses against references.
 
-    char_level spaces out every character first (the task's outputs have no spaces) and
-    tokenises ROUGE on whitespace so that operators count too.
+    level: ``word`` for natural language (sacrebleu's and rouge_score's own tokenisers);
+    ``char`` for outputs without spaces (the arithmetic task): every character is spaced
+    out first and ROUGE tokenises on whitespace, so that operators count too. A character
+    is then one encoder token, so BERTScore sees only the first ~500 characters: `truncated`
+    says how many pairs were cut. Empty hypotheses score 0 everywhere and are counted.
     """
+    if level not in LEVELS:
+        raise ValueError(f"text level {level!r} unknown; allowed: {', '.join(LEVELS)}")
     hyps, refs = list(hyps), list(refs)
     tokenizer = None
-    if char_level:
+    if level == "char":
         hyps, refs = [" ".join(h) for h in hyps], [" ".join(r) for r in refs]
         tokenizer = WhitespaceTokenizer()
     out = {"bleu": bleu(hyps, refs), **rouge(hyps, refs, tokenizer=tokenizer)}
+    out["empty_hypotheses"] = sum(not h.strip() for h in hyps)
+    out["empty_references"] = sum(not r.strip() for r in refs)
     if bertscore:
-        out["bertscore"] = (scorer or BertScorer()).score(hyps, refs)
+        details = (scorer or BertScorer()).scores(hyps, refs)
+        out["bertscore"] = float(np.mean(details["f1"])) if len(hyps) else float("nan")
+        out["truncated"] = details["truncated"]
+    out["level"] = level
     return out

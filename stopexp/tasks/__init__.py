@@ -13,7 +13,8 @@ def build_task(task_cfg):
         return QATask(path=task_cfg.path, answer_format=task_cfg.answer_format,
                       prompt_template=task_cfg.prompt_template, question_key=task_cfg.question_key,
                       answer_key=task_cfg.answer_key, subset=task_cfg.subset,
-                      source_split=task_cfg.source_split, **common)
+                      source_split=task_cfg.source_split,
+                      extraction=task_cfg.extraction, **common)
     return ArithTask(n_steps=task_cfg.n_steps, operators=list(task_cfg.operators),
                      multipliers=list(task_cfg.multipliers), styles=dict(task_cfg.styles), **common)
 

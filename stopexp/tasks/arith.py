@@ -103,6 +103,7 @@ class ArithTask:
     """
 
     name = "arith"
+    text_level = "char"  # outputs without spaces: text metrics compare characters
 
     def __init__(self, n_steps: int = 6, operators=("+", "-", "*"), multipliers=(3, 7, 9),
                  styles: dict | None = None, seed: int = 0,

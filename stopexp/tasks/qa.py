@@ -2,29 +2,31 @@
 ``\\boxed{...}`` answers, read from a local JSONL / JSON / Parquet file or a `datasets` hub
 id (which must already be in the local cache when offline).
 
-Answers are compared in a canonical form: numbers exactly as fractions (``0.5``, ``.5``,
-``1/2`` and ``\\frac{1}{2}`` are one answer, ``1,000`` is ``1000``), anything else as
-LaTeX with spacing and decoration stripped. A completion without a readable answer is
-wrong, never an error. A question's split is a hash of the task seed and the question, so
-the split is fixed by the seed and a question never sits in two splits.
+Answers are read and compared by `stopexp.tasks.answers` (strict or flexible extraction,
+one canonical string per equivalent answer, math-verify for LaTeX). A completion without a
+readable answer is wrong, never an error. A question's split is a hash of the task seed and
+the question, so the split is fixed by the seed and a question never sits in two splits.
+
+A bad task file fails at start-up with a `TaskFileError` naming the file, the line (JSON
+Lines: the line; JSON: the decoder's line and column; Parquet and hub datasets: the row)
+and what is expected.
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import re
 from dataclasses import dataclass
-from fractions import Fraction
 from pathlib import Path
 
+from stopexp.tasks.answers import FORMATS, MODES, canonical, equivalent, extract_answer
+
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
-_MARK = re.compile(r"####\s*([^\n]*)")
-_DECIMAL = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)")
-_THOUSANDS = re.compile(r"[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
-_FRAC = re.compile(r"([-+]?)\\frac(?:\{([^{}]+)\}|(\d))(?:\{([^{}]+)\}|(\d))")
-_NUMBER_IN_TEXT = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?(?:/\d+)?|[-+]?\.\d+")
-_WRAPPERS = re.compile(r"\\(?:text|textbf|mathrm|mbox)\{([^{}]*)\}")
-_DROP = ("\\left", "\\right", "\\!", "\\,", "\\;", "\\ ", "^{\\circ}", "^\\circ", "\\%", "%", "$")
+EXPECTED = ("one JSON object per line (JSON Lines), or a JSON list of objects, each with "
+            "the question and answer fields")
+
+
+class TaskFileError(ValueError):
+    """A task file that cannot be read as questions and answers (names file and line)."""
 
 
 @dataclass(frozen=True)
@@ -37,95 +39,116 @@ class QAProblem:
     source_row: int      # row in the source file
 
 
-def last_boxed(text: str) -> str | None:
-    """The content of the last ``\\boxed{...}`` (braces balanced), else None."""
-    start = text.rfind("\\boxed")
-    if start < 0:
-        return None
-    i = start + len("\\boxed")
-    while i < len(text) and text[i] == " ":
+def _fail(path, where: str, what: str) -> TaskFileError:
+    return TaskFileError(f"task.path: {path}{', ' + where if where else ''}: {what}")
+
+
+def _decode(path: Path) -> str:
+    """The file as text (UTF-8, a leading byte-order mark allowed)."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise _fail(path, "", f"cannot be read ({e.strerror or e})") from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise _fail(path, f"line {line} column {column}",
+                    f"byte 0x{data[e.start]:02x} is not UTF-8; save the file as UTF-8") from None
+
+
+def _json_error(path: Path, e: json.JSONDecodeError, line_offset: int = 0) -> TaskFileError:
+    return _fail(path, f"line {e.lineno + line_offset} column {e.colno}",
+                 f"invalid JSON ({e.msg}); expected {EXPECTED}")
+
+
+def _json_array(path: Path, text: str) -> list[tuple[str, object]]:
+    """The items of a JSON list, each with the line it starts on."""
+    decoder, rows = json.JSONDecoder(), []
+    i = text.index("[") + 1
+    while True:
+        while i < len(text) and text[i].isspace():
+            i += 1
+        if i < len(text) and text[i] == "]" and not rows:
+            break
+        try:
+            item, end = decoder.raw_decode(text, i)
+        except json.JSONDecodeError as e:
+            raise _json_error(path, e) from None
+        rows.append((f"line {text.count(chr(10), 0, i) + 1} (item {len(rows)})", item))
+        i = end
+        while i < len(text) and text[i].isspace():
+            i += 1
+        if i < len(text) and text[i] == "]":
+            break
+        if i >= len(text) or text[i] != ",":
+            line = text.count("\n", 0, i) + 1
+            column = i - (text.rfind("\n", 0, i) + 1) + 1
+            raise _fail(path, f"line {line} column {column}",
+                        "expected ',' or ']' after a list item (the JSON list is not closed)")
         i += 1
-    if i < len(text) and text[i] != "{":  # \boxed 5
-        word = text[i:].split("$")[0].split()
-        return word[0] if word else None
-    depth = 0
-    for j in range(i, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[j], 0)
-        if depth == 0:
-            return text[i + 1 : j]
-    return None  # never closed: malformed
+    if text[i + 1:].strip():
+        line = text.count("\n", 0, i + 1) + 1
+        raise _fail(path, f"line {line}", "text after the end of the JSON list")
+    return rows
 
 
-def extract(text: str, answer_format: str) -> str | None:
-    """The final answer written in `text`: after the last ``####`` (numeric format) or in
-    the last ``\\boxed{}``; None when there is none."""
-    if answer_format == "numeric":
-        marks = _MARK.findall(text)
-        if marks and marks[-1].strip():
-            return marks[-1].strip()
-    return last_boxed(text)
+def _json_rows(path: Path) -> list[tuple[str, object]]:
+    text = _decode(path)
+    if not text.strip():
+        raise _fail(path, "", f"the file is empty; expected {EXPECTED}")
+    if text.lstrip().startswith("["):
+        rows = _json_array(path, text)
+        if not rows:
+            raise _fail(path, "", f"the file holds no rows (an empty list); expected {EXPECTED}")
+        return rows
+    rows = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append((f"line {n}", json.loads(line)))
+        except json.JSONDecodeError as e:
+            if e.msg.startswith("Expecting") and line.lstrip().startswith("{") and n == 1:
+                raise _fail(path, f"line {n} column {e.colno}",
+                            f"invalid JSON ({e.msg}); a JSON object spanning several lines is "
+                            f"not a task file: expected {EXPECTED}") from None
+            raise _json_error(path, e, n - 1) from None
+    return rows
 
 
-def _number(s: str) -> Fraction | None:
-    """`s` as an exact number (decimal, a/b, \\frac{a}{b}, 1,000), else None."""
-    if len(s) > 100:  # no answer is that long; and int() refuses over 4300 digits
-        return None
-    if _THOUSANDS.fullmatch(s):
-        s = s.replace(",", "")
-    if _DECIMAL.fullmatch(s):
-        return Fraction(s)
-    m = _FRAC.fullmatch(s)
-    if m:
-        sign, num, den = m.group(1), m.group(2) or m.group(3), m.group(4) or m.group(5)
-    elif s.count("/") == 1:
-        sign, (num, den) = "", s.split("/")
-    else:
-        return None
-    if not (_DECIMAL.fullmatch(num) and _DECIMAL.fullmatch(den)) or Fraction(den) == 0:
-        return None
-    return -Fraction(num) / Fraction(den) if sign == "-" else Fraction(num) / Fraction(den)
-
-
-def canonical(answer: str | None, answer_format: str) -> str:
-    """One string per equivalent answer ("" when there is none): a number as ``p`` or
-    ``p/q``, else the LaTeX without spaces, ``$``, ``\\left``/``\\right``, units of degrees
-    and percent, or text wrappers. Numeric answers with words keep their number."""
-    if not answer:
-        return ""
-    s = _WRAPPERS.sub(r"\1", answer)
-    for old, new in (("\\dfrac", "\\frac"), ("\\tfrac", "\\frac"), ("{,}", ",")):
-        s = s.replace(old, new)
-    for token in _DROP:
-        s = s.replace(token, "")
-    s = re.sub(r"\s+", "", s).rstrip(".")
-    value = _number(s)
-    if value is None and answer_format == "numeric":
-        found = _NUMBER_IN_TEXT.findall(s)  # "72apples" -> 72
-        value = _number(found[0]) if found else None
-    if value is None:
-        return s
-    return str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
-
-
-def read_rows(path: str, subset: str | None = None, source_split: str = "test") -> list[dict]:
-    """The rows of a local file, or of a hub dataset (from the local cache when offline)."""
+def read_rows(path: str, subset: str | None = None,
+              source_split: str = "test") -> list[tuple[str, object]]:
+    """(where, row) pairs of a local file, or of a hub dataset (from the local cache when
+    offline). `where` names the row for messages: ``line 12`` (JSON Lines), ``line 40
+    (item 3)`` (JSON list), ``row 7`` (Parquet, hub). Raises FileNotFoundError for a
+    missing file or dataset, TaskFileError for one that cannot be read."""
     p = Path(path).expanduser()
     if p.is_file() and p.suffix == ".parquet":
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        return pq.read_table(p).to_pylist()
+        try:
+            table = pq.read_table(p)
+        except (pa.ArrowException, OSError) as e:
+            raise _fail(p, "", f"not a readable Parquet file ({e}); expected a Parquet table "
+                               "with the question and answer columns") from None
+        if not table.num_rows:
+            raise _fail(p, "", "the Parquet table has no rows")
+        return [(f"row {i}", r) for i, r in enumerate(table.to_pylist())]
     if p.is_file() and p.suffix in (".jsonl", ".json"):
-        text = p.read_text()
-        if p.suffix == ".json" and text.lstrip().startswith("["):
-            return json.loads(text)
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
+        return _json_rows(p)
+    if p.exists() and p.suffix not in FILE_SUFFIXES:
+        raise _fail(p, "", f"a {p.suffix or 'suffix-less'} {'folder' if p.is_dir() else 'file'}; "
+                           f"allowed: a {'/'.join(FILE_SUFFIXES)} file or a hub dataset id")
     if p.suffix in FILE_SUFFIXES or p.exists():
         raise FileNotFoundError(f"task.path: {path!r} is not a readable "
                                 f"{'/'.join(FILE_SUFFIXES)} file")
     from datasets import load_dataset
 
     try:
-        return list(load_dataset(path, subset, split=source_split))
+        return [(f"row {i}", r) for i, r in enumerate(load_dataset(path, subset, split=source_split))]
     except Exception as e:  # offline, unknown id, missing split: all mean "not available here"
         raise FileNotFoundError(
             f"task.path: {path!r} is neither a local {'/'.join(FILE_SUFFIXES)} file nor a hub "
@@ -134,30 +157,61 @@ def read_rows(path: str, subset: str | None = None, source_split: str = "test") 
             f"task.path=/path/to/file.jsonl") from e
 
 
+def _field(path, where: str, row, key: str, config_key: str, other: str) -> str:
+    """row[key] as a stripped string; TaskFileError naming the row when the row is not an
+    object, or the field is absent, null, empty or not a string or number."""
+    if not isinstance(row, dict):
+        kind = {list: "a list", str: "a string", type(None): "null"}.get(type(row), type(row).__name__)
+        raise _fail(path, where, f"{kind} where an object with the fields {key!r} and {other!r} "
+                                 "is expected")
+    if key not in row:
+        nested = [k for k, v in row.items() if isinstance(v, list) and v and isinstance(v[0], dict)]
+        hint = (f"; the rows seem to sit under {nested[0]!r}: save them as a JSON list or JSON "
+                "Lines" if len(row) == 1 and nested else "")
+        raise _fail(path, where, f"no field {key!r} (it has {sorted(row)}); set {config_key} "
+                                 f"to the field that holds it{hint}")
+    value = row[key]
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        kind = "null" if value is None else type(value).__name__
+        raise _fail(path, where, f"field {key!r} is {kind}; expected a string (or a number)")
+    if not str(value).strip():
+        raise _fail(path, where, f"field {key!r} is empty; expected the {config_key[5:-4]}")
+    return str(value).strip()
+
+
 class QATask:
-    """Questions and reference answers from `path`; the interface of `ArithTask`."""
+    """Questions and reference answers from `path`; the interface of `ArithTask`.
+
+    extraction: ``strict`` (``####`` / ``\\boxed{}``) or ``flexible`` (also the last number
+    of a completion that has no marked answer); see `stopexp.tasks.answers`."""
 
     name = "qa"
+    text_level = "word"  # text metrics compare words (natural language)
 
     def __init__(self, path: str, answer_format: str = "numeric", prompt_template: str = "{question}",
                  question_key: str = "question", answer_key: str = "answer", subset: str | None = None,
-                 source_split: str = "test", seed: int = 0, split_fractions: dict | None = None):
+                 source_split: str = "test", seed: int = 0, split_fractions: dict | None = None,
+                 extraction: str = "strict"):
+        if answer_format not in FORMATS or extraction not in MODES:
+            raise ValueError(f"task.answer_format {answer_format!r} / task.extraction {extraction!r}: "
+                             f"allowed {', '.join(FORMATS)} / {', '.join(MODES)}")
         self.path, self.answer_format, self.seed = path, answer_format, seed
+        self.extraction = extraction
         self.split_fractions = dict(split_fractions or {"train": 0.8, "val": 0.1, "test": 0.1})
         self._by_split: dict[str, list] = {s: [] for s in self.split_fractions}
         seen = set()
-        for row_no, row in enumerate(read_rows(path, subset, source_split)):
-            for key in (question_key, answer_key):
-                if key not in row:
-                    raise KeyError(f"task.{'question' if key == question_key else 'answer'}_key: "
-                                   f"row {row_no} of {path} has no {key!r} (it has {sorted(row)})")
-            question, reference = str(row[question_key]).strip(), str(row[answer_key]).strip()
+        for row_no, (where, row) in enumerate(read_rows(path, subset, source_split)):
+            question = _field(path, where, row, question_key, "task.question_key", answer_key)
+            reference = _field(path, where, row, answer_key, "task.answer_key", question_key)
             if question in seen:  # a repeated question would repeat its paths' random streams
                 continue
             seen.add(question)
-            answer = canonical(extract(reference, answer_format) or reference, answer_format)
+            # the reference's marked answer (always read strictly), else the whole field
+            answer = canonical(extract_answer(reference, answer_format) or reference, answer_format)
             if not answer:
-                raise ValueError(f"task.answer_key: row {row_no} of {path} has an empty answer")
+                raise _fail(path, where, f"field {answer_key!r} ({reference[-60:]!r}) states no "
+                                         f"{'number' if answer_format == 'numeric' else 'answer'}"
+                                         f"; expected a {answer_format} answer (task.answer_format)")
             prompt = prompt_template.replace("{question}", question)
             self._by_split[self.split_of(question)].append(
                 (self._hash(question), prompt, answer, reference, row_no))
@@ -193,10 +247,12 @@ class QATask:
                 for i, (_, prompt, answer, reference, row) in enumerate(rows[:n])]
 
     def answer_of(self, completion: str) -> str:
-        return canonical(extract(completion, self.answer_format), self.answer_format)
+        """The completion's canonical answer under task.extraction ("" when none)."""
+        return canonical(extract_answer(completion, self.answer_format, self.extraction),
+                         self.answer_format)
 
     def check(self, problem: QAProblem, completion: str) -> bool:
-        return self.answer_of(completion) == problem.answer
+        return equivalent(self.answer_of(completion), problem.answer, self.answer_format)
 
     def reference(self, problem: QAProblem) -> str:
         return problem.reference

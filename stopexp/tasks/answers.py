@@ -1,0 +1,312 @@
+"""Reading final answers out of completions, the way graders of the field read them.
+
+Two answer formats and two extraction modes:
+
+- ``numeric`` (GSM8K): **strict** reads the first answer line, marked ``#### 42`` (GSM8K's
+  own grader and lm-evaluation-harness' strict-match take the first mark, so text a model
+  invents after its answer is ignored) or ``The answer is 42`` (the chain-of-thought
+  variant); a marked line must start with a number (``#### Step 1``, a markdown heading,
+  is none); without a mark, the last ``\\boxed{}``.
+- ``boxed`` (MATH): **strict** reads the last ``\\boxed{...}`` (braces balanced).
+- **flexible** (either format): the strict answer when there is one, else the last number
+  written anywhere in the completion (lm-evaluation-harness' flexible-extract takes the
+  last number even when a mark exists; preferring the mark means flexible never rejects an
+  answer that strict accepts).
+
+Answers are compared in a canonical string form, so that a majority vote by string
+equality counts equivalent answers as one: a rational number is ``p`` or ``p/q``
+(``0.5``, ``1/2``, ``\\frac{1}{2}``, ``\\$0.50``... are ``1/2``); any other LaTeX is
+math-verify's normalised LaTeX without spaces. `equivalent` also accepts different
+canonical strings that math-verify (HuggingFace's Math-Verify, sympy-based) proves equal,
+e.g. ``\\sqrt{2}/2`` and ``\\frac{1}{\\sqrt{2}}``.
+
+In an answer line: a trailing comma or period ends the number (``#### 72,`` is 72);
+``1,000`` and ``1{,}000`` are 1000; Unicode minus signs are minus signs; with ``=`` the
+value after the last ``=`` counts (``#### 3 * 4 = 12`` is 12); a plain arithmetic line
+is evaluated exactly (``#### 3 * 4`` is 12); ``2 1/2`` is the mixed number 5/2; percent
+signs, ``$`` and units after the number are dropped.
+"""
+from __future__ import annotations
+
+import re
+import threading
+import unicodedata
+from fractions import Fraction
+from functools import lru_cache
+
+FORMATS = ("numeric", "boxed")
+MODES = ("strict", "flexible")
+MAX_ANSWER_CHARS = 300    # longer "answers" are compared as strings, never parsed by sympy
+MAX_DIGITS = 1000         # no exact value is built past this many digits
+PARSE_TIMEOUT_S = 5       # math-verify's own limit (SIGALRM; only in the main thread)
+
+# hyphen-like characters that models and PDFs write for a minus sign
+_MINUS = str.maketrans({c: "-" for c in "\u2212\u2012\u2013\ufe63\uff0d"})
+_VULGAR = re.compile("[\u00bc-\u00be\u2150-\u215e]")  # ¼ ½ ¾ ⅐ ... ⅞
+_MARKS = (re.compile(r"####"), re.compile(r"(?i)\bthe (?:final )?answer is\b:?"))
+_INT = r"(?:\d{1,3}(?:,\d{3})+(?![\d,])|\d+)"
+_DEC = rf"(?:{_INT}(?:\.\d+)?|\.\d+)(?:[eE][-+]?\d+)?"
+# a mixed number (2 1/2), a fraction (3/4) or a decimal, not glued to a word or a decimal point
+_NUMBER = re.compile(rf"(?<![\w.])(?P<sign>-)?(?:(?:(?P<whole>\d+) )?(?P<num>{_DEC})/(?P<den>{_DEC})"
+                     rf"|(?P<dec>{_DEC}))(?![\d/])")
+_ARITHMETIC = re.compile(r"[\d\s.,+\-*/×÷()^]*\d[\d\s.,+\-*/×÷()^]*")
+_LATEX_SPACE = re.compile(r"\\[!,;: ]|~")
+_LATEX_DROP = re.compile(r"\\left|\\right|\\%|%|\^\{?\\circ\}?|\\\$|\$")  # -$5 is -5
+# \text{(2, 1)}: text markup around something that is not words
+_TEXT_WITHOUT_WORDS = re.compile(r"\\(?:text|textbf|mbox|mathrm)\{([^{}a-zA-Z]*)\}")
+# thin spaces, LaTeX spaces and {,} between digit groups: 1\u2009000, 1\\,000, 1{,}000
+_SPACE_IN_NUMBER = re.compile(r"(?<=\d)(?:[\u00a0\u2009\u202f]|\\[,!]|\{,\})(?=\d{3}(?!\d))")
+
+
+def last_boxed(text: str) -> str | None:
+    """The content of the last ``\\boxed{...}`` or ``\\fbox{...}`` (braces balanced), else None."""
+    start, command = max((text.rfind(c), c) for c in ("\\boxed", "\\fbox"))
+    if start < 0:
+        return None
+    i = start + len(command)
+    while i < len(text) and text[i] == " ":
+        i += 1
+    if i < len(text) and text[i] != "{":  # \boxed 5
+        word = text[i:].split("$")[0].split()
+        return word[0] if word else None
+    depth = 0
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[i + 1 : j]
+    return None  # never closed: malformed
+
+
+def _unicode_numbers(text: str) -> str:
+    """Vulgar fractions and superscripts written out before NFKC, which would turn ``2½``
+    into ``21⁄2`` and ``10²`` into ``102``: ``2 1/2``, ``10^2``."""
+    text = re.sub(r"[⁰¹²³⁴⁵⁶⁷⁸⁹]+", lambda m: "^" + unicodedata.normalize("NFKC", m.group()), text)
+    return _VULGAR.sub(lambda m: f" {Fraction(unicodedata.numeric(m.group())).limit_denominator(16)}", text)
+
+
+def _clean(text: str) -> str:
+    """Unicode and LaTeX decoration that never changes a number's value removed:
+    full-width digits, minus signs, vulgar fractions, superscripts, thin spaces between
+    digit groups, ``{,}``, ``$``, ``\\$``, ``\\%``, ``^\\circ``, LaTeX spacing."""
+    s = _SPACE_IN_NUMBER.sub("", _unicode_numbers(text))
+    s = unicodedata.normalize("NFKC", s).translate(_MINUS).replace("{,}", ",")
+    s = re.sub(r"\\[dt]frac", r"\\frac", s)
+    return _LATEX_DROP.sub("", _LATEX_SPACE.sub(" ", s))
+
+
+def _value(m: re.Match) -> Fraction | None:
+    """The exact value of a `_NUMBER` match, None when absurd (a zero denominator, an
+    exponent or length past any real answer)."""
+    g = m.groupdict()
+    parts = [g["dec"]] if g["dec"] else [g["whole"] or "0", g["num"], g["den"]]
+    if any(len(p) > 100 or abs(int(re.split(r"[eE]", p + "e0")[1])) > 300 for p in parts):
+        return None
+    parts = [Fraction(p.replace(",", "")) for p in parts]
+    if g["dec"]:
+        value = parts[0]
+    elif parts[2] == 0:
+        return None
+    else:
+        value = parts[0] + parts[1] / parts[2]
+    return -value if g["sign"] else value
+
+
+def _as_string(value: Fraction) -> str:
+    return str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
+
+
+def last_number(text: str) -> str | None:
+    """The last number written in `text` (e.g. ``1,000`` or ``2 1/2``; Unicode digits and
+    minus signs normalised), else None."""
+    found = [m for m in _NUMBER.finditer(_clean(text)) if _value(m) is not None]
+    return found[-1].group(0) if found else None
+
+
+def extract_answer(text: str, fmt: str, mode: str = "strict") -> str | None:
+    """The final answer written in a completion, as written; None when there is none.
+
+    fmt: ``numeric`` | ``boxed``; mode: ``strict`` | ``flexible`` (see the module doc).
+    Raises ValueError for an unknown fmt or mode."""
+    if fmt not in FORMATS or mode not in MODES:
+        raise ValueError(f"answer format {fmt!r} / extraction {mode!r} unknown; allowed: "
+                         f"{', '.join(FORMATS)} / {', '.join(MODES)}")
+    answer = None
+    if fmt == "numeric":
+        answer = next((line for mark in _MARKS for m in mark.finditer(text)
+                       if _states_number(line := text[m.end():].split("\n", 1)[0].strip())), None)
+    if answer is None:
+        answer = last_boxed(text)
+    if answer is None and mode == "flexible":
+        answer = last_number(text)
+    return answer
+
+
+def _states_number(line: str) -> bool:
+    """Whether a marked line starts with a number (after ``$``, ``**``, a sign, a LaTeX
+    command or ``x =``), as the graders' ``#### (-?[0-9.,]+)`` requires: a markdown
+    heading ``#### Step 1`` is no answer."""
+    s = re.sub(r"^[a-zA-Z]\s*=", "", unicodedata.normalize("NFKC", line).lstrip(" *_$({")).lstrip()
+    return bool(s) and (s[0].isdigit() or s[0] in "-−–+.\\") and any(c.isdigit() for c in s)
+
+
+def _timeout() -> int | None:
+    # math-verify's timeout uses signal.alarm, which only the main thread may set
+    return PARSE_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
+
+
+@lru_cache(maxsize=65536)
+def _parse_latex(latex: str) -> tuple:
+    """math-verify's parse of one answer: (sympy value or string, normalised LaTeX), or ()."""
+    from math_verify import parse
+
+    return tuple(parse(f"$\\boxed{{{latex}}}$", parsing_timeout=_timeout()))
+
+
+def _exact(expr) -> Fraction | None:
+    """The exact rational value of a sympy expression built from numbers with + * / and
+    small integer powers; None for anything else (symbols, roots, pi, huge powers)."""
+    import sympy
+
+    if isinstance(expr, sympy.Rational):
+        return Fraction(int(expr.p), int(expr.q))
+    if isinstance(expr, sympy.Float):
+        return Fraction(str(expr)) if expr.is_finite else None
+    if isinstance(expr, (sympy.Add, sympy.Mul)):
+        parts = [_exact(a) for a in expr.args]
+        if any(p is None for p in parts):
+            return None
+        out = Fraction(0) if isinstance(expr, sympy.Add) else Fraction(1)
+        for p in parts:
+            out = out + p if isinstance(expr, sympy.Add) else out * p
+        return out
+    if isinstance(expr, sympy.Pow):
+        base, exp = _exact(expr.base), _exact(expr.exp)
+        if base is None or exp is None or exp.denominator != 1 or (base == 0 and exp < 0):
+            return None
+        size = max(abs(base.numerator), base.denominator).bit_length() * abs(exp.numerator)
+        return base ** int(exp) if size <= MAX_DIGITS * 3.33 else None
+    return None
+
+
+def _is_arithmetic(segment: str) -> bool:
+    """Only numbers, operators and brackets, with at least one binary operator."""
+    return bool(_ARITHMETIC.fullmatch(segment) and re.search(r"\d\s*[+\-*/×÷^]{1,2}\s*[\d(]", segment))
+
+
+def _arithmetic(segment: str) -> Fraction | None:
+    """The exact value of a plain arithmetic line such as ``3 * 4`` or ``(10 - 4) / 3``;
+    None when it is too long or its value too large to be an answer."""
+    if len(segment) > MAX_ANSWER_CHARS:
+        return None
+    from math_verify import ExprExtractionConfig, parse
+
+    s = segment.replace("×", "*").replace("÷", "/").replace(",", "")
+    parsed = parse(s, [ExprExtractionConfig()], parsing_timeout=_timeout())
+    return _exact(parsed[0]) if parsed and not isinstance(parsed[0], str) else None
+
+
+def _numeric_value(answer: str) -> Fraction | None:
+    """The number an answer line states (see the module doc), else None."""
+    s = _clean(answer)
+    if "=" in s:
+        s = s.rsplit("=", 1)[1]
+    s = s.strip().rstrip(".,;:!?").strip()
+    s = re.sub(r"(?<=\d) ?[x×] ?(?=\d)", " * ", s)  # "3 x 4": models write x for times
+    m = _NUMBER.fullmatch(s)
+    if m:
+        return _value(m)
+    latex_first = re.match(r"[^\d\\]*\\", s)  # \frac{3}{4}, not "9 and \boxed{4}"
+    if latex_first and len(s) <= MAX_ANSWER_CHARS and (value := _latex_value(s)) is not None:
+        return value
+    if _is_arithmetic(s):  # its value or nothing: never one of its operands
+        return _arithmetic(s)
+    for m in _NUMBER.finditer(s):
+        if (value := _value(m)) is not None:
+            return value
+    return None
+
+
+@lru_cache(maxsize=65536)
+def canonical(answer: str | None, fmt: str) -> str:
+    """One string per equivalent answer; "" when there is none.
+
+    numeric: the stated number as ``p`` or ``p/q`` ("" without a number). boxed: a rational
+    value as ``p`` or ``p/q``; an equation ``x = v`` as v; anything else math-verify's
+    normalised LaTeX without spaces (or the answer without spaces when it cannot parse)."""
+    if not answer or not answer.strip():
+        return ""
+    if fmt == "numeric":
+        value = _numeric_value(answer)
+        return _as_string(value) if value is not None else ""
+    plain = re.sub(r"\s+", "", answer)
+    if len(answer) > MAX_ANSWER_CHARS:
+        return plain
+    answer = _TEXT_WITHOUT_WORDS.sub(r"\1", answer)
+    m = _NUMBER.fullmatch(_clean(answer).strip().rstrip("."))
+    if m and _value(m) is not None:
+        return _as_string(_value(m))
+    return _latex_canonical(answer) or plain
+
+
+def _latex_value(answer: str) -> Fraction | None:
+    parsed = _parse_latex(answer.replace("$", ""))
+    return _exact(parsed[0]) if parsed and not isinstance(parsed[0], str) else None
+
+
+def _latex_canonical(answer: str) -> str:
+    import sympy
+
+    parsed = _parse_latex(re.sub(r"(?<!\\)\$", "", answer))
+    if not parsed:
+        return ""
+    value, latex = parsed[0], parsed[-1]
+    if isinstance(value, sympy.Eq) and isinstance(value.lhs, sympy.Symbol):
+        value, latex = value.rhs, latex.split("=")[-1]  # x = 3 answers 3
+    exact = None if isinstance(value, str) else _exact(value)
+    return _as_string(exact) if exact is not None else re.sub(r"\s+", "", latex)
+
+
+@lru_cache(maxsize=65536)
+def equivalent(answer: str, reference: str, fmt: str = "boxed") -> bool:
+    """Whether a canonical answer equals a canonical reference: the same string, or (boxed
+    format) math-verify proves them equal. No answer is never equivalent."""
+    if not answer or not reference:
+        return False
+    if answer == reference:
+        return True
+    rational = re.compile(r"-?\d+(?:/\d+)?")
+    if fmt == "numeric" or (rational.fullmatch(answer) and rational.fullmatch(reference)):
+        return False  # two different exact numbers
+    if max(len(answer), len(reference)) > MAX_ANSWER_CHARS:
+        return False
+    from math_verify import verify
+
+    gold, pred = _parse_latex(reference), _parse_latex(answer)
+    if not (gold and pred) or not all(_tame(x) for x in (*gold, *pred)):
+        return False
+    return verify(list(gold), list(pred), timeout_seconds=_timeout())
+
+
+def _tame(value) -> bool:
+    """Whether sympy can compare `value` quickly: no huge powers or factorials (a model
+    that boxes 10^{10^{10}} would otherwise cost seconds, or hang outside the main thread)."""
+    import sympy
+
+    if isinstance(value, str) or not isinstance(value, sympy.Basic):
+        return True
+    for node in sympy.preorder_traversal(value):
+        big = None
+        if isinstance(node, sympy.Pow):
+            big = node.exp
+        elif isinstance(node, sympy.factorial):
+            big = node.args[0]
+        if big is not None and not big.free_symbols:
+            exact = _exact(big)
+            if exact is None or abs(exact) > 1000:
+                return False
+    return True
+
+
+def answer_of(text: str, fmt: str, mode: str = "strict") -> str:
+    """The canonical answer of a completion ("" when it has none)."""
+    return canonical(extract_answer(text, fmt, mode), fmt)

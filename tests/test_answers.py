@@ -1,0 +1,182 @@
+"""Answer extraction and canonical forms (stopexp/tasks/answers.py), pinned value by value."""
+import json
+import threading
+import time
+
+import pytest
+
+from conftest import ROOT
+from stopexp.tasks.answers import answer_of, canonical, equivalent, extract_answer
+
+# (completion, canonical answer under strict numeric extraction)
+NUMERIC = [
+    ("#### 72", "72"),
+    ("#### 72,", "72"),                          # a trailing comma ends the number
+    ("#### 5, so she has five", "5"),
+    ("#### 5.", "5"),                            # ... and so does a full stop
+    ("#### 0.5.", "1/2"),
+    ("#### −3", "-3"),                           # U+2212 minus keeps its sign
+    ("#### –3", "-3"),                           # an en dash written as a minus
+    ("#### 3 * 4 = 12", "12"),                   # the value after the last "="
+    ("#### 3 * 4", "12"),                        # a plain arithmetic line, evaluated exactly
+    ("#### 3 x 4", "12"),
+    ("#### (10 - 4) / 4", "3/2"),
+    ("#### 2 1/2", "5/2"),                       # a mixed number, not 21/2
+    ("#### -2 1/2", "-5/2"),
+    ("#### 1/2", "1/2"),
+    ("#### $1,000.", "1000"),
+    ("#### 1,000.50", "2001/2"),
+    ("#### 1,234,567", "1234567"),
+    ("#### 1\u2009000", "1000"),                 # a thin space between digit groups
+    ("#### １２", "12"),                          # full-width digits
+    ("#### 2½", "5/2"),                          # a vulgar fraction, not 21/2
+    ("#### ¾", "3/4"),
+    ("#### 10²", "100"),                         # a superscript, not 102
+    ("#### 50%", "50"),
+    ("#### −$5", "-5"),                          # a sign before the currency
+    ("#### **72**", "72"),                       # markdown emphasis
+    ("#### 72 apples", "72"),
+    ("#### $18.90", "189/10"),
+    ("#### 12.00", "12"),
+    ("#### -0", "0"),
+    ("#### 1e3", "1000"),
+    ("#### \\frac{3}{4}", "3/4"),
+    ("#### x = 5", "5"),
+    ("#### 4\nQuestion: Ben has 3 books...\n#### 9", "4"),   # the first mark counts
+    ("#### five\n#### 5", "5"),                  # a mark without a number is skipped
+    ("#### Step 1: add\n3 + 4 = 7\n#### 7", "7"),  # a markdown heading is no answer
+    ("The answer is that 3 are left.", ""),
+    ("She has 7 apples.\nThe answer is 7.", "7"),  # the chain-of-thought mark
+    ("So the final answer is: 3 + 4 = 7", "7"),
+    ("#### 9 and \\boxed{4}", "9"),              # the mark before any box
+    ("no mark but \\boxed{7}", "7"),
+    ("no mark but \\fbox{8}", "8"),
+    ("#### 1/0", ""),                            # absurd values are no answer
+    ("#### 1e999999", ""),
+    ("#### 2^100000", ""),                       # too large to be an answer, never an operand
+    ("#### 9**9**9", ""),
+    ("####\n42", ""),                            # strict: the number must be on the mark's line
+    ("She has 7 apples.", ""),
+]
+
+# (what a \boxed{} holds, its canonical form)
+BOXED = [
+    ("\\$18.90", "189/10"),                      # no stray backslash
+    ("\\$1,000.00", "1000"),
+    ("1{,}500", "1500"),                         # {,} as a thousands separator
+    ("1\\,000", "1000"),
+    ("\\frac{1}{2}", "1/2"),
+    ("\\left( 3 \\right)", "3"),
+    ("\\dfrac12", "1/2"),
+    ("0.5", "1/2"),
+    ("-\\frac{3}{4}", "-3/4"),
+    ("−0.75", "-3/4"),
+    ("2\\frac{1}{2}", "5/2"),
+    ("\\frac{1}{3}+\\frac{1}{7}", "10/21"),
+    ("2^{-1}", "1/2"),
+    ("10^{3}", "1000"),
+    ("180^\\circ", "180"),
+    ("50\\%", "50"),
+    ("5\\text{ cm}", "5"),
+    ("3.0", "3"),
+    ("$5$", "5"),
+    ("x=3", "3"),                                # an assignment answers its value
+    ("x + 1", "x+1"),
+    ("(2, 1)", "(2,1)"),
+    ("\\text{(2, 1)}", "(2,1)"),
+    ("[1,2)", "[1,2)"),
+    ("\\{1,2\\}", "\\{1,2\\}"),
+    ("1,2", "1,2"),                              # two numbers, not one thousand and two
+    ("\\sqrt{2}/2", "\\sqrt{2}/2"),
+    ("\\frac{\\sqrt2}{2}", "\\frac{\\sqrt{2}}{2}"),
+    ("\\pi", "\\pi"),
+    ("9^{9^{9}}", "9^{9^{9}}"),                  # never evaluated
+    ("\\text{Monday}", "\\text{Monday}"),
+]
+
+
+@pytest.mark.parametrize("text, expected", NUMERIC)
+def test_numeric_answers_canonical(text, expected):
+    assert answer_of(text, "numeric", "strict") == expected
+
+
+@pytest.mark.parametrize("content, expected", BOXED)
+def test_boxed_answers_canonical(content, expected):
+    assert canonical(content, "boxed") == expected
+    assert answer_of(f"so the answer is $\\boxed{{{content}}}$.", "boxed") == expected
+
+
+def test_the_table_is_large():
+    assert len(NUMERIC) + len(BOXED) >= 40
+
+
+@pytest.mark.parametrize("answer, reference, same", [
+    ("\\sqrt{2}/2", "\\frac{1}{\\sqrt{2}}", True),   # different strings, proved equal
+    ("1+x", "x+1", True),
+    ("\\{2,1\\}", "\\{1,2\\}", True),
+    ("-3", "3", False),
+    ("x-1", "x+1", False),
+    ("1/2", "0.5", True),
+    ("", "", False),           # no answer is never right
+    ("10^{10^{10}}", "29", False),  # never evaluated: no seconds-long comparison
+    ("100000!", "\\sqrt{2}", False),
+    ("x^{2}", "x \\cdot x", True),
+])
+def test_equivalent(answer, reference, same):
+    a, r = canonical(answer, "boxed") if answer else "", canonical(reference, "boxed") if reference else ""
+    assert equivalent(a, r, "boxed") is same
+    assert equivalent(answer, reference, "boxed") is same
+
+
+def test_minus_sign_is_never_lost():
+    assert not equivalent(answer_of("#### −3", "numeric"), canonical("3", "numeric"), "numeric")
+
+
+@pytest.mark.parametrize("text, fmt, strict, flexible", [
+    ("She has 4 + 3 = 7 apples.", "numeric", None, "7"),
+    ("She has 7 apples.\n#### 7\nQuestion: 12 birds", "numeric", "7", "7"),  # the mark wins
+    ("so 12 - 5 = 7", "boxed", None, "7"),
+    ("we get $\\boxed{\\frac{1}{2}}$, not 3", "boxed", "\\frac{1}{2}", "\\frac{1}{2}"),
+    ("It costs $1,000.", "numeric", None, "1,000"),
+    ("It is 10-3", "numeric", None, "3"),          # a minus between numbers is subtraction
+    ("no number here", "numeric", None, None),
+])
+def test_strict_and_flexible_extraction(text, fmt, strict, flexible):
+    assert extract_answer(text, fmt, "strict") == strict
+    assert extract_answer(text, fmt, "flexible") == flexible
+
+
+def test_unknown_format_or_mode_is_refused():
+    with pytest.raises(ValueError, match="extraction 'loose' unknown; allowed: .*strict, flexible"):
+        extract_answer("#### 1", "numeric", "loose")
+
+
+def test_works_outside_the_main_thread_and_is_cached():
+    # math-verify's timeout needs signal.alarm, which only the main thread may set
+    out = []
+    t = threading.Thread(target=lambda: out.append((canonical("\\frac{7}{3}+1", "boxed"),
+                                                    equivalent("\\sqrt{3}/3", "\\frac{1}{\\sqrt{3}}"))))
+    t.start()
+    t.join()
+    assert out == [("10/3", True)]
+    canonical("\\frac{\\sqrt{5}}{5}", "boxed")
+    start = time.perf_counter()
+    for _ in range(10000):  # the vote reads every path's answer: repeats are free
+        canonical("\\frac{\\sqrt{5}}{5}", "boxed")
+    assert time.perf_counter() - start < 0.1
+
+
+SMOLLM2 = ROOT / "tests" / "data" / "smollm2_completions.jsonl"
+
+
+def test_real_smollm2_completions_in_both_modes():
+    """Completions of SmolLM2-135M-Instruct (plain-text few-shot GSM8K-style prompts,
+    temperature 0.9), with the answers a reader finds in them under each mode."""
+    rows = [json.loads(line) for line in SMOLLM2.read_text().splitlines()]
+    assert len(rows) >= 20
+    for r in rows:
+        assert answer_of(r["completion"], "numeric", "strict") == r["strict"], r["completion"]
+        assert answer_of(r["completion"], "numeric", "flexible") == r["flexible"], r["completion"]
+    strict = sum(r["strict"] != "" for r in rows)
+    flexible = sum(r["flexible"] != "" for r in rows)
+    assert strict < flexible == len(rows)  # flexible reads an answer wherever strict does, and more

@@ -296,3 +296,40 @@ def test_smollm2_tokenizer_stop_across_tokens_equals_hf(smol_lm):
     _assert_same_as_hf(ours, theirs, tok.pad_token_id)
     assert ours[0] == free[0][: i + 2] and bool(state.finished[0])
     assert stop in tok.decode(ours[0]) and stop not in tok.decode(ours[0][:-1])
+
+
+def test_traced_paths_and_rollouts_end_at_the_stop(sharp_lm):
+    from stopexp.search.trace import trace_problems
+    from stopexp.tasks import ArithTask
+
+    model, tok = sharp_lm
+    task = ArithTask(n_steps=3)
+    problems = task.problems("test", 3)
+    free = make_engine(model, tok, SamplingParams(max_new_tokens=T))
+    cols, _ = trace_problems(free, tok, task, problems, 4, 0, [2], 0, 4, 1, 32)
+    texts = [t for t in cols["text"] if len(t) > 6]
+    stop = texts[0][4:6]
+    eng = make_engine(model, tok, SamplingParams(max_new_tokens=T, stop=(stop,)))
+    with_stop, mc_tokens = trace_problems(eng, tok, task, problems, 4, 0, [2], 2, 4, 1, 32)
+    assert mc_tokens > 0
+    hits = 0
+    for text, tokens, n, before in zip(with_stop["text"], with_stop["tokens"],
+                                       with_stop["length"], cols["text"]):
+        assert len(tokens) == n and text == tok.decode(tokens, skip_special_tokens=True)
+        end = _first_stop(before, [stop])
+        assert text == (before if end < 0 else before[:end])  # cut right after the stop
+        hits += end >= 0
+    assert hits and sum(with_stop["length"]) < sum(cols["length"])
+
+
+def test_stop_strings_change_the_bank_and_are_validated(tmp_path):
+    from conftest import compose
+    from stopexp.bank import bank_key
+    from stopexp.config import ConfigError, validate
+
+    base = ["logger=none", f"paths.output_dir={tmp_path}"]
+    plain = validate(compose("collect", base))
+    stopped = validate(compose("collect", [*base, "search.stop=['Question:']"]))
+    assert list(stopped.search.stop) == ["Question:"] and bank_key(plain) != bank_key(stopped)
+    with pytest.raises(ConfigError, match="search.stop: every stop string must be non-empty"):
+        validate(compose("collect", [*base, "search.stop=['#','']"]))

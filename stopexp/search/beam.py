@@ -110,7 +110,7 @@ def beam_search(model, prompt_ids: list[int], *, beam_width: int, max_new_tokens
 
     for t in range(max_new_tokens):                    # t = tokens each live beam holds
         logprobs = torch.log_softmax(logits, dim=-1)
-        check_finite(logprobs, t, [f"beam {r}" for r in range(len(logprobs))])
+        check_finite(logprobs, t, lambda r: f"beam {r}")
         pruned = torch.zeros(len(seqs), dtype=torch.bool)
         if scorer is not None and t > 0 and (check_steps is None or t in check_steps):
             start = time.perf_counter()

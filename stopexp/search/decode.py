@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from transformers import DynamicCache
@@ -65,14 +65,14 @@ def make_engine(model, tokenizer, params: SamplingParams, taps: Taps | None = No
                   checkpoints, tokenizer=tokenizer)
 
 
-def check_finite(logprobs: torch.Tensor, step: int, labels: Sequence[str]) -> None:
+def check_finite(logprobs: torch.Tensor, step: int, label: Callable[[int], str]) -> None:
     """Refuse a step whose next-token log-probs hold NaN (NaN or +inf logits, or a row
     whose logits are all -inf): they would be sampled silently as an arbitrary token.
-    `labels[r]` names row r. Raises FloatingPointError naming the step and the paths."""
+    `label(r)` names row r. Raises FloatingPointError naming the step and the paths."""
     bad = torch.isnan(logprobs).any(-1)
     if bool(bad.any()):
         rows = bad.nonzero().squeeze(-1).tolist()
-        names = ", ".join(labels[r] for r in rows[:8]) + (" ..." if len(rows) > 8 else "")
+        names = ", ".join(label(r) for r in rows[:8]) + (" ..." if len(rows) > 8 else "")
         raise FloatingPointError(
             f"decode step {step}: the next-token distribution holds NaN for {len(rows)} of "
             f"{len(bad)} rows ({names}); the model produced NaN or inf logits (as HF's "
@@ -262,7 +262,7 @@ class Engine:
         p = self.params
         logp, full = sampling_distribution(state.next_logits, p)
         t = state.n_generated
-        check_finite(logp, t, [state.label(r) for r in range(state.size)])
+        check_finite(logp, t, state.label)
         tokens = choose_tokens(logp, state.uniforms[:, t].to(logp.device), p.do_sample)
         chosen = logp.gather(-1, tokens[:, None]).squeeze(-1)
         probs = logp.exp()

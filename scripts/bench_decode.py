@@ -1,21 +1,32 @@
-"""Decode engine vs HF `generate`: tokens/s for the same model, batch, sampling settings
-and max length, measured in one run; plus the cost of the taps (engine with taps on/off).
+"""Decode engine vs HF `generate` in one run, on the same model, prompts, sampling settings
+and max length: tokens/s of HF `generate(do_sample=True, num_return_sequences=N)`, of the
+engine (N paths per prompt, no pruning), of the engine with taps, and of Launch-Check-Resume
+(N paths to the check prefix search.check_at, then K of N per prompt finished; the kept
+paths are the first K, since only the decode cost is measured here); plus peak memory.
 
-    python scripts/bench_decode.py                 # the embedded toy LM
-    python scripts/bench_decode.py model=qwen      # any model config (GPU when present)
+    python scripts/bench_decode.py                                   # the embedded toy LM
+    python scripts/bench_decode.py model=smollm2 search.n_paths=16 search.max_new_tokens=128
+    python scripts/bench_decode.py model=qwen --prompts 8 --keep 4 --repeats 3
+
+Options (before or after the Hydra overrides): --prompts P (test prompts, default 4),
+--keep K (paths kept per prompt at the check, default N/4), --repeats R (best of R timed
+runs after one warm-up, default 3). Both sides stop at every EOS id of the model and at
+search.stop. Tokens count what the paths really generated (up to and including their end).
 """
 from __future__ import annotations
 
+import argparse
+import resource
 import sys
 import time
 
 import torch
 from hydra import compose, initialize_config_dir
 
-from stopexp.config import project_root, validate
+from stopexp.config import checkpoint_tokens, project_root, validate
 from stopexp.models import load_lm
-from stopexp.search.decode import Engine, SamplingParams
-from stopexp.search.sample import path_seeds
+from stopexp.search.decode import SamplingParams, eos_ids, make_engine
+from stopexp.search.sample import launch_lists
 from stopexp.taps import Taps
 from stopexp.tasks import build_task
 
@@ -25,9 +36,14 @@ def sync():
         torch.cuda.synchronize()
 
 
+def peak_rss_gib() -> float:
+    """Peak resident memory of this process so far (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
 def timed(fn, repeats: int):
     fn()  # warm-up
-    best = float("inf")
+    best, out = float("inf"), None
     for _ in range(repeats):
         sync()
         t = time.perf_counter()
@@ -37,47 +53,83 @@ def timed(fn, repeats: int):
     return best, out
 
 
-def main(overrides: list[str], batch: int = 32, repeats: int = 5) -> None:
+def generated_tokens(out: torch.Tensor, ends: torch.Tensor) -> int:
+    """Tokens of HF's padded output rows up to and including each row's first end token."""
+    ended = torch.isin(out, ends).int().cumsum(-1)
+    return int(((ended == 0) | ((ended == 1) & torch.isin(out, ends))).sum())
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--keep", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=3)
+    args, overrides = parser.parse_known_args(argv)
     with initialize_config_dir(str(project_root() / "conf"), version_base="1.3"):
         cfg = validate(compose("collect", ["logger=none", *overrides]))
+    rss_start = peak_rss_gib()
     model, tok = load_lm(cfg)
+    rss_model = peak_rss_gib()
     device = next(model.parameters()).device
     p = SamplingParams.from_config(cfg.search)
-    problem = build_task(cfg.task).problems("test", 1)[0]
-    ids = tok(problem.prompt)["input_ids"]
-    seeds = path_seeds(0, problem.prompt, batch)
+    N, K = cfg.search.n_paths, args.keep or max(1, cfg.search.n_paths // 4)
+    check = checkpoint_tokens(cfg.search.check_at, p.max_new_tokens)
+    problems = build_task(cfg.task).problems("test", args.prompts)
+    prompts, seeds, owners = launch_lists(tok, problems, range(len(problems)), N, cfg.seed)
+    ends = torch.tensor(eos_ids(model, tok), device=device)
+    peaks = {}
+
+    def measure(name, fn):
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+        t, n = timed(fn, args.repeats)
+        peaks[name] = (peak_rss_gib(), torch.cuda.max_memory_allocated() / 2**30
+                       if torch.cuda.is_available() else None)
+        return name, n, t
 
     def engine_run(taps=None):
-        eng = Engine(model, tok.eos_token_id, tok.pad_token_id, p, taps,
-                     (max(1, p.max_new_tokens // 10),) if taps else ())
-        state = eng.run(eng.launch([ids] * batch, seeds))
-        return int(state.lengths.sum())
+        eng = make_engine(model, tok, p, taps, (check,) if taps else ())
+        return int(eng.run(eng.launch(prompts, seeds)).lengths.sum())
+
+    def pruned_run():
+        eng = make_engine(model, tok, p)
+        state = eng.run(eng.launch(prompts, seeds), until=check)
+        state.keep_paths(torch.tensor([r for r, (_, j) in enumerate(owners) if j < K]))
+        return int(eng.run(state).lengths.sum())
 
     def hf_run():
-        enc = torch.tensor([ids] * batch, device=device)
-        out = model.generate(enc, attention_mask=torch.ones_like(enc), do_sample=True,
-                             temperature=p.temperature, top_p=p.top_p, top_k=p.top_k or None,
+        distinct = tok.pad([{"input_ids": prompts[i * N]} for i in range(len(problems))],
+                           return_tensors="pt").to(device)
+        stop = {"stop_strings": list(p.stop), "tokenizer": tok} if p.stop else {}
+        out = model.generate(**distinct, do_sample=True, num_return_sequences=N,
+                             temperature=p.temperature, top_p=p.top_p, top_k=p.top_k,
                              max_new_tokens=p.max_new_tokens, pad_token_id=tok.pad_token_id,
-                             eos_token_id=tok.eos_token_id)[:, enc.shape[1]:]
-        # tokens up to and including EOS: what the paths really generated
-        ended = (out == tok.eos_token_id).int().cumsum(-1)
-        return int(((ended == 0) | ((ended == 1) & (out == tok.eos_token_id))).sum())
+                             eos_token_id=ends.tolist(), **stop)
+        return generated_tokens(out[:, distinct["input_ids"].shape[1]:], ends)
 
     torch.manual_seed(0)
-    t_hf, n_hf = timed(hf_run, repeats)
-    t_eng, n_eng = timed(engine_run, repeats)
+    rows = [measure("HF generate", hf_run), measure("engine", engine_run)]
     with Taps(model, list(cfg.tap.layers), cfg.tap.pooling) as taps:
-        t_tap, n_tap = timed(lambda: engine_run(taps), repeats)
-    rows = [("HF generate", n_hf, t_hf), ("engine", n_eng, t_eng), ("engine + taps", n_tap, t_tap)]
-    print(f"model={cfg.model.name} batch={batch} max_new_tokens={p.max_new_tokens} "
-          f"temperature={p.temperature} device={device} threads={torch.get_num_threads()}")
-    print(f"{'':<16}{'tokens':>8}{'seconds':>10}{'tokens/s':>11}")
+        rows.append(measure("engine + taps", lambda: engine_run(taps)))
+    rows.append(measure(f"LCR {N}->{K}", pruned_run))
+
+    print(f"model={cfg.model.name} prompts={len(problems)} paths/prompt={N} "
+          f"max_new_tokens={p.max_new_tokens} temperature={p.temperature} stop={list(p.stop)} "
+          f"check={check} keep={K} device={device} dtype={cfg.model.dtype} "
+          f"threads={torch.get_num_threads()} repeats={args.repeats}")
+    print(f"{'':<16}{'tokens':>8}{'seconds':>10}{'tokens/s':>11}{'peak RSS GiB':>14}"
+          + (f"{'peak GPU GiB':>14}" if torch.cuda.is_available() else ""))
     for name, n, t in rows:
-        print(f"{name:<16}{n:>8}{t:>10.3f}{n / t:>11.0f}")
+        rss, gpu = peaks[name]
+        print(f"{name:<16}{n:>8}{t:>10.3f}{n / t:>11.0f}{rss:>14.2f}"
+              + (f"{gpu:>14.2f}" if gpu is not None else ""))
+    (_, n_hf, t_hf), (_, n_eng, t_eng), (_, _, t_tap), (_, n_lcr, t_lcr) = rows
     print(f"ratio engine / HF generate (tokens/s): {(n_eng / t_eng) / (n_hf / t_hf):.2f}  (target >= 0.9)")
+    print(f"ratio LCR / HF generate (tokens/s): {(n_lcr / t_lcr) / (n_hf / t_hf):.2f}  (target >= 1.0); "
+          f"wall {t_lcr / t_hf:.2f}x HF's for {n_lcr / n_hf:.2f}x its tokens")
     print(f"taps cost: engine+taps takes {t_tap / t_eng:.3f}x the time of the engine alone")
-    if torch.cuda.is_available():
-        print(f"peak GPU memory: {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB")
+    print(f"peak RSS: {rss_start:.2f} GiB before loading, {rss_model:.2f} GiB after loading the "
+          f"model, {peak_rss_gib():.2f} GiB at the end (peaks are cumulative, in run order)")
 
 
 if __name__ == "__main__":

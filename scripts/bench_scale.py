@@ -29,7 +29,7 @@ def worker(rank: int, world: int, threads: int | None, overrides: list[str], rep
     from stopexp import bank
     from stopexp.collect import plan
     from stopexp.models import load_lm
-    from stopexp.search.decode import Engine, SamplingParams
+    from stopexp.search.decode import SamplingParams, make_engine
     from stopexp.search.sample import row_cap
     from stopexp.search.trace import trace_problems
     from stopexp.taps import Taps
@@ -46,8 +46,8 @@ def worker(rank: int, world: int, threads: int | None, overrides: list[str], rep
     checkpoints = bank.checkpoints_of(cfg)
     hidden = model.config.get_text_config().hidden_size
     with Taps(model, list(cfg.tap.layers), cfg.tap.pooling) as taps:
-        engine = Engine(model, tok.eos_token_id, tok.pad_token_id,
-                        SamplingParams.from_config(cfg.search), taps, checkpoints)
+        engine = make_engine(model, tok, SamplingParams.from_config(cfg.search), taps,
+                             checkpoints)
 
         def trace(problems):
             cols, _ = trace_problems(engine, tok, task, problems, cfg.search.n_paths, cfg.seed,

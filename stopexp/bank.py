@@ -40,8 +40,10 @@ def checkpoints_of(cfg) -> list[int]:
 
 def sampling_section(search) -> dict:
     keys = ("n_paths", "max_new_tokens", "temperature", "top_p", "top_k", "do_sample",
-            "conf_topk", "group_window")
-    return {k: search[k] for k in keys}
+            "conf_topk", "group_window", "stop")
+    out = {k: search[k] for k in keys}
+    out["stop"] = list(out["stop"])  # stop strings change the paths' content
+    return out
 
 
 def bank_key(cfg) -> str:

@@ -84,7 +84,7 @@ def summarize(root: Path) -> dict:
 def collect(cfg, rank: int = 0, world: int = 1, run=None) -> dict:
     """Fill the bank for `cfg` (this rank's shards); returns the summary of the bank."""
     from stopexp.models import load_lm
-    from stopexp.search.decode import Engine, SamplingParams
+    from stopexp.search.decode import SamplingParams, make_engine
     from stopexp.search.sample import row_cap
     from stopexp.search.trace import trace_problems
     from stopexp.taps import Taps
@@ -107,8 +107,7 @@ def collect(cfg, rank: int = 0, world: int = 1, run=None) -> dict:
         start, paths, tokens = time.time(), 0, 0
         with Taps(model, list(cfg.tap.layers), cfg.tap.pooling) as taps, \
                 tqdm(total=n_prompts, unit="prompt", desc="collect") as bar:
-            engine = Engine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, params,
-                            taps, checkpoints)
+            engine = make_engine(model, tokenizer, params, taps, checkpoints)
             feats = bank.features(len(checkpoints), len(taps.layers), hidden)
             for i in pending:
                 cols, mc_tokens = trace_problems(engine, tokenizer, task, shards[i], cfg.search.n_paths,

@@ -54,6 +54,9 @@ class ToyLMConfig:
 class ModelConfig:
     name: str = "toy"                 # recorded in every artifact
     path: Optional[str] = None        # hub id or local directory; None for the toy LM
+    # a GGUF checkpoint (a file path, or PACKAGE:FILE for a file shipped in an installed
+    # Python package), converted once into a plain HF directory in the cache; excludes `path`
+    gguf_file: Optional[str] = None
     revision: Optional[str] = None
     dtype: str = "float32"            # float32 | bfloat16 | float16
     device: str = "auto"              # auto = cuda when present, else cpu
@@ -145,6 +148,9 @@ class SearchConfig:
     conf_topk: int = 5
     group_window: int = 8       # DeepConf group-confidence window (tokens)
     max_batch_rows: int = 1024  # rows per forward; larger prompt sets run in chunks
+    # stop strings: a path ends at the token that completes one (kept, as in HF
+    # generate(stop_strings=...)); nothing after it is generated or counted
+    stop: List[str] = field(default_factory=list)
 
 
 @dataclass
@@ -296,8 +302,13 @@ def validate(cfg: DictConfig) -> DictConfig:
     m, s, tap, pol = cfg.model, cfg.search, cfg.tap, cfg.policy
     if m.name == "toy" and m.toy is None:
         fail("model.toy", "the toy model needs its `toy:` section (see conf/model/toy.yaml)")
-    if m.name != "toy" and not m.path:
-        fail("model.path", f"model {m.name!r} needs a hub id or local directory")
+    if m.name != "toy" and not m.path and not m.gguf_file:
+        fail("model.path", f"model {m.name!r} needs a hub id or local directory (or model.gguf_file)")
+    if m.path and m.gguf_file:
+        fail("model.gguf_file", "give either model.path or model.gguf_file, not both")
+    bad_stop = [x for x in s.stop if not x]
+    if bad_stop:
+        fail("search.stop", "every stop string must be non-empty")
     n_layers = m.toy.num_layers if m.toy is not None else m.num_layers
     if not tap.layers:
         fail("tap.layers", "give at least one layer")

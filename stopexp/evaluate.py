@@ -340,7 +340,7 @@ def online_paths(cfg, names, scorers, checkpoint, n_prompts: int):
     them, per method the paths as that method's run saw them with its kept set, and per
     method the measured time."""
     from stopexp.models import load_lm
-    from stopexp.search.decode import Engine, SamplingParams
+    from stopexp.search.decode import SamplingParams, make_engine
     from stopexp.search.parallel import launch_check_resume
     from stopexp.search.sample import row_cap
     from stopexp.taps import Taps
@@ -353,8 +353,8 @@ def online_paths(cfg, names, scorers, checkpoint, n_prompts: int):
     methods = {m: (scorers[m], lambda: build_policy(cfg.policy, keep=K))
                for m in names if m != "no_prune"}
     with Taps(model, list(cfg.tap.layers), cfg.tap.pooling) as taps:
-        engine = Engine(model, tokenizer.eos_token_id, tokenizer.pad_token_id,
-                        SamplingParams.from_config(cfg.search), taps, (checkpoint,))
+        engine = make_engine(model, tokenizer, SamplingParams.from_config(cfg.search), taps,
+                             (checkpoint,))
         runs, batch = launch_check_resume(engine, tokenizer, task, problems, N, cfg.seed,
                                           checkpoint, methods, cfg.search.group_window,
                                           row_cap(cfg, tokenizer, problems))

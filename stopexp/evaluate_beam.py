@@ -17,6 +17,7 @@ def evaluate_beam(cfg, names: list[str], scorers: dict, n_prompts: int) -> dict:
     task's process check: a beam whose written steps already contain an error scores 0."""
     from stopexp.models import load_lm
     from stopexp.search.beam import beam_search
+    from stopexp.search.decode import eos_ids
     from stopexp.search.sample import prompt_ids
     from stopexp.taps import Taps
     from stopexp.tasks import build_task
@@ -27,7 +28,7 @@ def evaluate_beam(cfg, names: list[str], scorers: dict, n_prompts: int) -> dict:
     s, B = cfg.search, cfg.search.beam_width
     checks = None if s.beam_checks is None else {
         checkpoint_tokens(c, s.max_new_tokens) for c in s.beam_checks}
-    results = {}
+    results, eos = {}, eos_ids(model, tokenizer)
     with Taps(model, list(cfg.tap.layers), cfg.tap.pooling) as taps:
         for name in names:
             correct, tokens, steps, alive = [], 0, [], np.zeros(s.max_new_tokens)
@@ -39,10 +40,11 @@ def evaluate_beam(cfg, names: list[str], scorers: dict, n_prompts: int) -> dict:
                     scorer = _prefix_oracle(task, problem, tokenizer)
                 ids = prompt_ids(tokenizer, problem.prompt)
                 r = beam_search(model, ids, beam_width=B, max_new_tokens=s.max_new_tokens,
-                                eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
+                                eos_ids=eos, pad_id=tokenizer.pad_token_id,
                                 scorer=scorer, policy=policy, patience=s.patience,
                                 taps=taps if scorer else None, group_window=s.group_window,
-                                conf_topk=s.conf_topk, check_steps=checks)
+                                conf_topk=s.conf_topk, check_steps=checks,
+                                stop=tuple(s.stop), tokenizer=tokenizer)
                 correct.append(task.check(problem, tokenizer.decode(r.tokens, skip_special_tokens=True)))
                 tokens += r.n_forward_tokens - len(ids)
                 steps += r.pruned_steps

@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 
 from stopexp.artifacts import publish_dir, staging_dir, write_json
 from stopexp.config import validate
-from stopexp.search.decode import Engine, SamplingParams
+from stopexp.search.decode import SamplingParams, make_engine
 from stopexp.search.sample import sample_paths, vote
 from stopexp.tasks import build_task
 from stopexp.tasks.arith import extract_answer
@@ -28,7 +28,7 @@ def solve_report(cfg, model, tokenizer, n_prompts: int = 100, n_paths: int = 32)
     task = build_task(cfg.task)
     problems = task.problems("test", n_prompts)
     params = SamplingParams.from_config(cfg.search)
-    engine = Engine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, params)
+    engine = make_engine(model, tokenizer, params)
     start = time.time()
     paths = sample_paths(engine, tokenizer, task, problems, n_paths, seed=cfg.seed,
                          max_rows=cfg.search.max_batch_rows)

@@ -36,7 +36,7 @@ def _hf(model, tok, ids, B, T):
 
 
 def _beam(model, tok, ids, B, T, **kw):
-    return beam_search(model, ids, beam_width=B, max_new_tokens=T, eos_id=tok.eos_token_id,
+    return beam_search(model, ids, beam_width=B, max_new_tokens=T, eos_ids=tok.eos_token_id,
                        pad_id=tok.pad_token_id, **kw)
 
 

@@ -24,12 +24,17 @@ def pick_device(name: str) -> torch.device:
 
 
 def model_dir(cfg, progress: bool = True) -> str:
-    """Where the weights come from: the toy LM's directory (trained if needed) or
-    `model.path` (hub id or local directory)."""
+    """Where the weights come from: the toy LM's directory (trained if needed), the
+    directory converted from `model.gguf_file` (converted if needed) or `model.path`
+    (hub id or local directory)."""
     if cfg.model.name == "toy":
         from stopexp.models.toy_lm import ensure_toy_lm
 
         return str(ensure_toy_lm(cfg, progress))
+    if cfg.model.gguf_file:
+        from stopexp.models.gguf import ensure_gguf
+
+        return str(ensure_gguf(cfg.model.gguf_file, cfg.paths.cache_dir))
     return cfg.model.path
 
 

@@ -19,7 +19,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from stopexp.artifacts import config_hash, publish_dir, staging_dir, write_json
 from stopexp.config import ConfigError
 from stopexp.models.tokenizer import build_char_tokenizer
-from stopexp.search.decode import Engine, SamplingParams
+from stopexp.search.decode import SamplingParams, make_engine
 from stopexp.search.sample import sample_paths
 
 log = logging.getLogger(__name__)
@@ -77,8 +77,7 @@ def screen(model, tokenizer, task, toy_cfg) -> float:
     """Per-path accuracy on the screening prompts (val split) at the search temperature."""
     model.eval()
     problems = task.problems("val", toy_cfg.screen_prompts)
-    engine = Engine(model, tokenizer.eos_token_id, tokenizer.pad_token_id,
-                    screening_params(toy_cfg))
+    engine = make_engine(model, tokenizer, screening_params(toy_cfg))
     paths = sample_paths(engine, tokenizer, task, problems, toy_cfg.screen_paths,
                          seed=toy_cfg.seed + 1)
     model.train()

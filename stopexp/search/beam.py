@@ -4,9 +4,11 @@ Without a scorer this is HF's beam search (`generate(num_beams=B, do_sample=Fals
 early_stopping=False)`), rewritten on our own cache so that rows can leave it. Each step
 takes the top 2B (beam, token) continuations by summed log-prob; EOS continuations among
 the top B become finished hypotheses scored sum_logprob / n_generated**length_penalty
-(EOS counted); the best B others run on. The search ends at max_new_tokens (where the top
-B continuations all finish) or once B hypotheses are finished and the best running beam,
-divided by its current length**length_penalty, cannot beat the worst of them.
+(EOS counted); the best B others run on. Any of the model's EOS ids ends a hypothesis, and
+so does a token that completes a stop string (stopexp.search.stops: the token is kept). The
+search ends at max_new_tokens (where the top B continuations all finish) or once B
+hypotheses are finished and the best running beam, divided by its current
+length**length_penalty, cannot beat the worst of them.
 
 With a scorer, each step first scores all live beams in one call. Their newest token has
 been fed, so the taps hold its hidden state and the features are those a trace bank keeps
@@ -24,6 +26,8 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
+from stopexp.search.decode import check_finite
+from stopexp.search.stops import StopStrings
 from stopexp.signals.confidence import confidence_signals
 from stopexp.signals.features import SIGNAL_NAMES
 
@@ -72,13 +76,15 @@ def _features(tokens: torch.Tensor, stats: torch.Tensor, hidden: torch.Tensor,
 
 @torch.no_grad()
 def beam_search(model, prompt_ids: list[int], *, beam_width: int, max_new_tokens: int,
-                eos_id: int, pad_id: int, scorer=None, policy=None, patience: int = 2,
+                eos_ids, pad_id: int, scorer=None, policy=None, patience: int = 2,
                 taps=None, length_penalty: float = 1.0, group_window: int = 8,
-                conf_topk: int = 5, check_steps=None) -> BeamResult:
+                conf_topk: int = 5, check_steps=None, stop=(), tokenizer=None) -> BeamResult:
     """Beam search for one unpadded prompt (so `pad_id` is never needed; it is accepted for
-    the same call shape as the engine). `scorer(batch) -> (R,)` scores the R live beams
-    (higher = better) from the batch of `_features`; it needs `policy` and active `taps`.
-    `check_steps` (prefix lengths) limits the checks to those steps; None checks every step."""
+    the same call shape as the engine). `eos_ids`: one id or several (stopexp.search.decode
+    .eos_ids). `scorer(batch) -> (R,)` scores the R live beams (higher = better) from the
+    batch of `_features`; it needs `policy` and active `taps`. `check_steps` (prefix
+    lengths) limits the checks to those steps; None checks every step. `stop`: stop strings,
+    checked with `tokenizer`. Raises FloatingPointError on NaN log-probs."""
     if (scorer is None) != (policy is None):
         raise ValueError("beam_search: scorer and policy go together")
     if scorer is not None and taps is None:
@@ -86,6 +92,8 @@ def beam_search(model, prompt_ids: list[int], *, beam_width: int, max_new_tokens
     if not prompt_ids:
         raise ValueError("beam_search: the prompt is empty")
     B, device = beam_width, next(model.parameters()).device
+    eos = torch.tensor([eos_ids] if isinstance(eos_ids, int) else list(eos_ids))
+    stops = StopStrings(stop, tokenizer) if stop else None
     cache = DynamicCache(config=model.config)
     n_prompt = len(prompt_ids)
     logits = _feed(model, cache, torch.tensor([prompt_ids], device=device), 0)
@@ -102,6 +110,7 @@ def beam_search(model, prompt_ids: list[int], *, beam_width: int, max_new_tokens
 
     for t in range(max_new_tokens):                    # t = tokens each live beam holds
         logprobs = torch.log_softmax(logits, dim=-1)
+        check_finite(logprobs, t, lambda r: f"beam {r}")
         pruned = torch.zeros(len(seqs), dtype=torch.bool)
         if scorer is not None and t > 0 and (check_steps is None or t in check_steps):
             start = time.perf_counter()
@@ -121,7 +130,10 @@ def beam_search(model, prompt_ids: list[int], *, beam_width: int, max_new_tokens
         k = min(2 * B, int((~pruned).sum()) * V)
         cand_scores, flat = torch.topk(total.flatten(), k)
         parent, token = (flat // V).cpu(), (flat % V).cpu()
-        ends = (token == eos_id) | (t + 1 == max_new_tokens)
+        ends = torch.isin(token, eos) | (t + 1 == max_new_tokens)
+        if stops is not None:  # like EOS: a candidate past the top B that ends is dropped
+            ends |= torch.tensor(stops.hits([seqs[parent[i], -stops.window:].tolist()
+                                             + [int(token[i])] for i in range(k)]))
 
         # Only the top B continuations may finish (HF); lower EOS ones are dropped.
         finishing = ends & (torch.arange(k) < B)

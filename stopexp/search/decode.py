@@ -1,8 +1,9 @@
 """The decode engine: batched incremental sampling with a KV cache whose rows really leave.
 
 All live rows advance in lockstep (same number of generated tokens), prompts are
-left-padded. A row that ends (EOS or max length) or is pruned leaves the batch *and* the
-cache, so each forward costs only what is still alive.
+left-padded. A row that ends (any of the model's EOS ids, a stop string, or max length)
+or is pruned leaves the batch *and* the cache, so each forward costs only what is still
+alive. Logits with NaN stop the run with an error naming the step and the paths.
 
 Every path samples from its own random stream, a function of (seed, prompt, path): the
 token at step t is drawn by inverse CDF from the path's t-th uniform. A path's tokens thus
@@ -13,10 +14,12 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from typing import Callable, Sequence
 
 import torch
 from transformers import DynamicCache
 
+from stopexp.search.stops import StopStrings
 from stopexp.taps import Taps
 
 
@@ -28,12 +31,53 @@ class SamplingParams:
     top_k: int = 0
     do_sample: bool = True
     conf_topk: int = 5  # DeepConf's token confidence: -mean log-prob of the top-k tokens
+    stop: tuple[str, ...] = ()  # stop strings (stopexp.search.stops): a path ends at one
 
     @classmethod
     def from_config(cls, search) -> "SamplingParams":
         return cls(max_new_tokens=search.max_new_tokens, temperature=search.temperature,
                    top_p=search.top_p, top_k=search.top_k, do_sample=search.do_sample,
-                   conf_topk=search.conf_topk)
+                   conf_topk=search.conf_topk, stop=tuple(search.stop))
+
+
+def eos_ids(model, tokenizer) -> tuple[int, ...]:
+    """Every token id that ends a path: `generation_config.eos_token_id` (an int or a list:
+    Llama 3 and Qwen 2.5 instruct models list several, and HF `generate` stops at any of
+    them) plus the tokenizer's EOS. Raises ValueError when there is none."""
+    ids: list[int] = []
+    gen = getattr(model, "generation_config", None)
+    for source in (getattr(gen, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)):
+        if source is None:
+            continue
+        for i in ([source] if isinstance(source, int) else list(source)):
+            if int(i) not in ids:
+                ids.append(int(i))
+    if not ids:
+        raise ValueError("the model's generation_config and its tokenizer name no EOS token")
+    return tuple(ids)
+
+
+def make_engine(model, tokenizer, params: SamplingParams, taps: Taps | None = None,
+                checkpoints: tuple[int, ...] = ()) -> "Engine":
+    """The engine for `model` with every EOS id, the tokenizer's pad id and, when
+    `params.stop` is set, the tokenizer to check stop strings."""
+    return Engine(model, eos_ids(model, tokenizer), tokenizer.pad_token_id, params, taps,
+                  checkpoints, tokenizer=tokenizer)
+
+
+def check_finite(logprobs: torch.Tensor, step: int, label: Callable[[int], str]) -> None:
+    """Refuse a step whose next-token log-probs hold NaN (NaN or +inf logits, or a row
+    whose logits are all -inf): they would be sampled silently as an arbitrary token.
+    `label(r)` names row r. Raises FloatingPointError naming the step and the paths."""
+    bad = torch.isnan(logprobs).any(-1)
+    if bool(bad.any()):
+        rows = bad.nonzero().squeeze(-1).tolist()
+        names = ", ".join(label(r) for r in rows[:8]) + (" ..." if len(rows) > 8 else "")
+        raise FloatingPointError(
+            f"decode step {step}: the next-token distribution holds NaN for {len(rows)} of "
+            f"{len(bad)} rows ({names}); the model produced NaN or inf logits (as HF's "
+            "'probability tensor contains either inf, nan or element < 0'). Try "
+            "model.dtype=float32 or a larger search.temperature")
 
 
 def stream_seed(*parts) -> int:
@@ -102,8 +146,14 @@ class Decode:
     steps: list[StepRecord] = field(default_factory=list)
     features: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     lengths: torch.Tensor | None = None    # (P,) tokens generated per path so far
-    finished: torch.Tensor | None = None   # (P,) ended by EOS
+    finished: torch.Tensor | None = None   # (P,) ended by EOS or a stop string
     record_taps: bool = True               # forks (Monte Carlo rollouts) keep no features
+    labels: list[str] | None = None        # (P,) names of the paths, for error messages
+    tails: list[list[int]] | None = None   # (B,) recent tokens of each row, for stop strings
+
+    def label(self, row: int) -> str:
+        p = int(self.paths[row])
+        return self.labels[p] if self.labels else f"path {p}"
 
     @property
     def size(self) -> int:
@@ -122,6 +172,8 @@ class Decode:
         self.next_logits = self.next_logits[rows]
         if self.pool_sum is not None:
             self.pool_sum = self.pool_sum[rows]
+        if self.tails is not None:
+            self.tails = [self.tails[r] for r in rows.tolist()]
 
     def keep_paths(self, keep: torch.Tensor) -> None:
         """Keep the live rows whose path index is in `keep`; the others leave."""
@@ -144,11 +196,15 @@ class Decode:
 class Engine:
     """Runs a frozen causal LM over batches of paths. Taps (forward hooks) are optional:
     with `taps`, hidden features are kept at the `checkpoints` (prefix lengths in generated
-    tokens), pooled as the taps say; nothing else of the hidden sequence is kept."""
+    tokens), pooled as the taps say; nothing else of the hidden sequence is kept.
+    `eos_id` is one id or several (see `eos_ids`); `tokenizer` is needed for `params.stop`.
+    `make_engine` builds one from a model and its tokenizer."""
 
-    def __init__(self, model, eos_id: int, pad_id: int, params: SamplingParams,
-                 taps: Taps | None = None, checkpoints: tuple[int, ...] = ()):
-        self.model, self.eos_id, self.pad_id, self.params = model, eos_id, pad_id, params
+    def __init__(self, model, eos_id: int | Sequence[int], pad_id: int, params: SamplingParams,
+                 taps: Taps | None = None, checkpoints: tuple[int, ...] = (), tokenizer=None):
+        self.model, self.pad_id, self.params = model, pad_id, params
+        self.eos_ids = (int(eos_id),) if isinstance(eos_id, int) else tuple(map(int, eos_id))
+        self.stops = StopStrings(params.stop, tokenizer) if params.stop else None
         self.taps, self.checkpoints = taps, tuple(sorted(set(checkpoints)))
         self.device = next(model.parameters()).device
         bad = [c for c in self.checkpoints if not 1 <= c < params.max_new_tokens]
@@ -163,10 +219,14 @@ class Engine:
         state.next_logits = out.logits[:, -1, :].float()
 
     @torch.no_grad()
-    def launch(self, prompts: list[list[int]], seeds: list[int]) -> Decode:
-        """Prefill left-padded `prompts` (token ids, one per path) with their stream seeds."""
+    def launch(self, prompts: list[list[int]], seeds: list[int],
+               labels: list[str] | None = None) -> Decode:
+        """Prefill left-padded `prompts` (token ids, one per path) with their stream seeds;
+        `labels` name the paths in error messages (default "path i")."""
         if len(prompts) != len(seeds) or not prompts:
             raise ValueError("launch needs one seed per prompt and at least one prompt")
+        if labels is not None and len(labels) != len(prompts):
+            raise ValueError("launch needs one label per prompt")
         # the N paths of a prompt share it: encode each distinct prompt once, then copy
         # its cache row N times
         distinct = list(dict.fromkeys(map(tuple, prompts)))
@@ -187,7 +247,8 @@ class Engine:
                        cache=DynamicCache(config=self.model.config), attention_mask=mask,
                        positions=pos[:, -1] + 1, next_logits=torch.empty(0), n_generated=0,
                        n_paths=P, lengths=torch.zeros(P, dtype=torch.long),
-                       finished=torch.zeros(P, dtype=torch.bool))
+                       finished=torch.zeros(P, dtype=torch.bool), labels=labels,
+                       tails=[[] for _ in range(P)] if self.stops else None)
         self._forward(state, ids, pos)
         if len(distinct) < P:
             state.cache.reorder_cache(rows)
@@ -201,6 +262,7 @@ class Engine:
         p = self.params
         logp, full = sampling_distribution(state.next_logits, p)
         t = state.n_generated
+        check_finite(logp, t, state.label)
         tokens = choose_tokens(logp, state.uniforms[:, t].to(logp.device), p.do_sample)
         chosen = logp.gather(-1, tokens[:, None]).squeeze(-1)
         probs = logp.exp()
@@ -211,7 +273,12 @@ class Engine:
                                       entropy.cpu(), conf.cpu()))
         state.n_generated = t + 1
         state.lengths[state.paths] = t + 1
-        ended = tokens == self.eos_id
+        ended = torch.isin(tokens, torch.tensor(self.eos_ids, device=tokens.device))
+        if self.stops is not None:
+            for tail, token in zip(state.tails, tokens.tolist()):
+                tail.append(token)
+                del tail[: -self.stops.window]
+            ended |= torch.tensor(self.stops.hits(state.tails), device=tokens.device)
         state.finished[state.paths[ended.cpu()]] = True
         if t + 1 >= p.max_new_tokens:
             ended = torch.ones_like(ended)
@@ -267,11 +334,16 @@ class Engine:
             u = torch.zeros(P, self.params.max_new_tokens, dtype=torch.float64)
             for r, s in enumerate(seeds):
                 u[r, t:] = uniforms(s, self.params.max_new_tokens - t)
+        parents = idx.cpu().tolist()
+        labels = [state.label(r) + ("" if seeds is None else f" rollout {k % repeats}")
+                  for k, r in enumerate(parents)]
+        tails = None if state.tails is None else [list(state.tails[r]) for r in parents]
         return Decode(paths=torch.arange(P), uniforms=u, cache=cache,
                       attention_mask=state.attention_mask[idx], positions=state.positions[idx],
                       next_logits=state.next_logits[idx], n_generated=t, n_paths=P,
                       pool_sum=None, lengths=torch.full((P,), t, dtype=torch.long),
-                      finished=torch.zeros(P, dtype=torch.bool), record_taps=False)
+                      finished=torch.zeros(P, dtype=torch.bool), record_taps=False,
+                      labels=labels, tails=tails)
 
     def merge(self, states: list[Decode]) -> Decode:
         """One state holding the rows of `states`, which stand at the same step: caches and
@@ -297,10 +369,13 @@ class Engine:
             cache.update(torch.cat([left_pad(s.cache.layers[i].keys, 2) for s in states]),
                          torch.cat([left_pad(s.cache.layers[i].values, 2) for s in states]), i)
         P = sum(s.size for s in states)
+        labels = [s.label(r) for s in states for r in range(s.size)]
+        tails = None if self.stops is None else [t for s in states for t in s.tails]
         return Decode(paths=torch.arange(P), uniforms=torch.cat([s.uniforms for s in states]),
                       cache=cache, attention_mask=torch.cat([left_pad(s.attention_mask, 1) for s in states]),
                       positions=torch.cat([s.positions for s in states]),
                       next_logits=torch.cat([s.next_logits for s in states]), n_generated=t,
                       n_paths=P, lengths=torch.full((P,), t, dtype=torch.long),
-                      finished=torch.zeros(P, dtype=torch.bool), record_taps=False)
+                      finished=torch.zeros(P, dtype=torch.bool), record_taps=False,
+                      labels=labels, tails=tails)
 

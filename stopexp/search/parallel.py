@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from stopexp.search.decode import Decode, Engine
-from stopexp.search.sample import launch_lists, prompt_chunks
+from stopexp.search.sample import launch_lists, path_labels, prompt_chunks
 from stopexp.signals.confidence import confidence_signals
 from stopexp.signals.features import SIGNAL_NAMES
 
@@ -97,7 +97,8 @@ def launch_check_resume(engine: Engine, tokenizer, task, problems, n_paths: int,
         prompts, seeds, owners = launch_lists(tokenizer, problems, chunk, n_paths, seed)
         keys = [f"{problems[i].prompt}/{j}" for i, j in owners]
         start = time.perf_counter()
-        state = engine.run(engine.launch(prompts, seeds), until=checkpoint)
+        state = engine.run(engine.launch(prompts, seeds, path_labels(problems, owners)),
+                           until=checkpoint)
         prefix_s = time.perf_counter() - start
         prefix_tok, *_, prefix_len = state.tensors(engine.pad_id)
         live_set = set(state.paths.tolist())

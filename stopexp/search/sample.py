@@ -58,13 +58,18 @@ def launch_lists(tokenizer, problems, chunk, n_paths: int, seed: int):
     return prompts, seeds, owners
 
 
+def path_labels(problems, owners) -> list[str]:
+    """A name per launched path, for the engine's error messages."""
+    return [f"prompt {problems[i].prompt_id} ({problems[i].split}) path {j}" for i, j in owners]
+
+
 def sample_paths(engine: Engine, tokenizer, task, problems, n_paths: int, seed: int,
                  max_rows: int = 1024) -> list[SampledPath]:
     """Sample `n_paths` completions per problem and check them."""
     out = []
     for chunk in prompt_chunks(len(problems), n_paths, max_rows):
         prompts, seeds, owners = launch_lists(tokenizer, problems, chunk, n_paths, seed)
-        state = engine.run(engine.launch(prompts, seeds))
+        state = engine.run(engine.launch(prompts, seeds, path_labels(problems, owners)))
         tok, *_, lengths = state.tensors(engine.pad_id)
         for row, (i, j) in enumerate(owners):
             ids = tok[row, : lengths[row]].tolist()

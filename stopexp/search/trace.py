@@ -8,7 +8,7 @@ import torch
 
 from stopexp.signals.features import SIGNAL_NAMES
 from stopexp.search.decode import Decode, Engine, stream_seed
-from stopexp.search.sample import launch_lists, prompt_chunks
+from stopexp.search.sample import launch_lists, path_labels, prompt_chunks
 from stopexp.signals.confidence import confidence_signals
 
 
@@ -57,7 +57,7 @@ def trace_problems(engine: Engine, tokenizer, task, problems, n_paths: int, seed
     for chunk in prompt_chunks(len(problems), n_paths, max_rows):
         prompts, seeds, owners = launch_lists(tokenizer, problems, chunk, n_paths, seed)
         P = len(prompts)
-        state = engine.launch(prompts, seeds)
+        state = engine.launch(prompts, seeds, path_labels(problems, owners))
         mc = np.full((P, C), np.nan, dtype=np.float32)
         for c_idx, c in enumerate(checkpoints):
             engine.run(state, until=c)

@@ -1,0 +1,39 @@
+"""Stop sequences: a path ends once its decoded text contains one of the stop strings.
+
+Semantics are those of HF `generate(stop_strings=...)`: the path ends at the first token
+whose text completes a stop string, and that whole token is kept (it may carry characters
+past the stop string's end); nothing after it is generated, counted or kept, so a path's
+text is always the decoding of its kept tokens. Only generated text is searched, never the
+prompt (HF also matches a stop string that starts inside the prompt; vLLM does not).
+
+The check is incremental: each step decodes only the tail of each live path, long enough
+that a stop string ending in the newest token (one that spans token boundaries included)
+lies inside it. A string found anywhere in that tail must end in the newest token, since
+the path would have ended earlier otherwise.
+"""
+from __future__ import annotations
+
+
+class StopStrings:
+    """Stop strings and the tokenizer that turns token ids back into text."""
+
+    def __init__(self, stops, tokenizer):
+        self.stops = tuple(stops)
+        if not self.stops:
+            raise ValueError("search.stop: StopStrings needs at least one stop string")
+        empty = [i for i, s in enumerate(self.stops) if not isinstance(s, str) or not s]
+        if empty:
+            raise ValueError(f"search.stop: entry {empty[0]} is empty (or not a string); "
+                             "every stop must be a non-empty string")
+        if tokenizer is None:
+            raise ValueError("search.stop needs the tokenizer to decode paths (pass tokenizer=)")
+        self.tokenizer = tokenizer
+        # every token decodes to at least one byte, so a stop of n bytes spans at most n
+        # tokens; two more keep a token boundary (and any leading-space rule) in front of it
+        self.window = max(len(s.encode()) for s in self.stops) + 2
+
+    def hits(self, tails: list[list[int]]) -> list[bool]:
+        """For each path's recent token ids (the newest last): does its text now hold a stop?"""
+        texts = self.tokenizer.batch_decode([t[-self.window:] for t in tails],
+                                            skip_special_tokens=True)
+        return [any(s in text for s in self.stops) for text in texts]

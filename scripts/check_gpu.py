@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from stopexp.policies import TopK
 from stopexp.search.beam import beam_search
-from stopexp.search.decode import Engine, SamplingParams
+from stopexp.search.decode import SamplingParams, eos_ids, make_engine
 from stopexp.search.parallel import launch_check_resume
 from stopexp.search.sample import prompt_ids
 from stopexp.search.trace import trace_problems
@@ -33,22 +33,21 @@ def run_on(device: str, model_dir, problems, task) -> dict:
     tok = AutoTokenizer.from_pretrained(model_dir)
     tok.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(model_dir).to(device).eval().requires_grad_(False)
-    eos = tuple(model.generation_config.eos_token_id if isinstance(
-        model.generation_config.eos_token_id, list) else [tok.eos_token_id])
+    eos = eos_ids(model, tok)
     params = SamplingParams(max_new_tokens=48, temperature=1.0)
     out, t = {}, time.perf_counter()
     with Taps(model, [-1], "last") as taps:
-        engine = Engine(model, eos, tok.pad_token_id, params, taps, (CHECK, 12))
+        engine = make_engine(model, tok, params, taps, (CHECK, 12))
         cols, _ = trace_problems(engine, tok, task, problems, N, 0, [CHECK, 12], 2, 8, 1,
                                  model.config.hidden_size)
         out["collect"] = [tuple(x) for x in cols["tokens"]]
         out["mc"] = [tuple(round(float(v), 3) for v in m) for m in cols["mc"]]
-        engine = Engine(model, eos, tok.pad_token_id, params, taps, (CHECK,))
+        engine = make_engine(model, tok, params, taps, (CHECK,))
         runs, _ = launch_check_resume(engine, tok, task, problems, N, 0, CHECK,
                                       {"confidence": (BASELINES["confidence"], lambda: TopK(KEEP))}, 8)
         out["lcr"] = sorted((k, v) for k, v in runs["confidence"].text.items())
         out["beam"] = [tuple(beam_search(model, prompt_ids(tok, p.prompt), beam_width=4,
-                                         max_new_tokens=48, eos_id=eos, pad_id=tok.pad_token_id,
+                                         max_new_tokens=48, eos_ids=eos, pad_id=tok.pad_token_id,
                                          scorer=BASELINES["confidence"], policy=TopK(2),
                                          patience=1, taps=taps).tokens) for p in problems[:8]]
     out["seconds"] = time.perf_counter() - t

@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from stopexp import bank
 from stopexp.artifacts import write_json
-from stopexp.config import validate
+from stopexp.config import check_output_dirs, resolve_layers, validate
 from stopexp.ranks import barrier, in_group, join_group, leave_group, shard_of
 from stopexp.tracking import tracked_run
 
@@ -123,7 +123,8 @@ def collect(cfg, rank: int = 0, world: int = 1, run=None) -> dict:
                 bar.set_postfix(paths_s=f"{paths / rate:.0f}", tok_s=f"{tokens / rate:.0f}")
         measured = {"seconds_per_token": (time.time() - start) / max(tokens, 1),
                     "lm_parameters": sum(p.numel() for p in model.parameters()),
-                    "hidden_size": hidden, "tap_layers": taps.layers}
+                    "hidden_size": hidden, "tap_layers": taps.layers,
+                    "dtype": str(next(model.parameters()).dtype).removeprefix("torch.")}
     else:
         measured = {}
     if in_group():
@@ -153,8 +154,8 @@ def _write_meta(cfg, root: Path, task, checkpoints, complete: bool, measured: di
     size = cfg.model.toy if cfg.model.toy is not None else cfg.model
     n_layers = getattr(size, "num_layers", None)
     known = {"hidden_size": size.hidden_size,
-             "tap_layers": [i % n_layers for i in cfg.tap.layers] if n_layers else None}
-    keys = ("seconds_per_token", "lm_parameters", "hidden_size", "tap_layers")
+             "tap_layers": resolve_layers(cfg.tap.layers, n_layers) if n_layers else None}
+    keys = ("seconds_per_token", "lm_parameters", "hidden_size", "tap_layers", "dtype")
     known.update({k: old[k] for k in keys if k in old})
     known.update(measured)
     bank.write_meta(root, {
@@ -178,6 +179,7 @@ def _sample_table(run, root: Path, n: int = 20):
 @hydra.main(config_path="../conf", config_name="collect", version_base="1.3")
 def main(cfg: DictConfig) -> dict:
     validate(cfg)
+    check_output_dirs(cfg)
     from hydra.core.hydra_config import HydraConfig
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)

@@ -23,7 +23,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from stopexp import bank, plots
 from stopexp.artifacts import write_json
-from stopexp.config import checkpoint_tokens, validate
+from stopexp.config import (ALWAYS_METHODS, check_method_names, check_output_dirs, checkpoint_tokens,
+                            validate)
 from stopexp.metrics import (auprc, bootstrap_ci, per_group_auroc, pooled_auroc, text_metrics,
                              within_prompt_auroc)
 from stopexp.policies import build_policy
@@ -32,7 +33,7 @@ from stopexp.signals import methods as M
 from stopexp.tracking import tracked_run
 
 log = logging.getLogger(__name__)
-ALWAYS = ("no_prune", "random", "confidence", "oracle")
+ALWAYS = ALWAYS_METHODS
 
 
 @dataclass
@@ -58,15 +59,8 @@ def method_names(cfg) -> list[str]:
 
 
 def check_methods(cfg) -> None:
-    """Unknown method names fail before any compute."""
-    from stopexp.signals import PREDICTORS
-
-    allowed = set(ALWAYS) | set(M.NON_LEARNABLE) | set(PREDICTORS) | {"learned", "super_token"}
-    for m in cfg.evaluate.methods:
-        if m not in allowed and M.external(m) is None:
-            raise ValueError(f"evaluate.methods: {m!r} unknown; allowed: "
-                             f"{', '.join(sorted(allowed))} or a scorer registered with "
-                             "stopexp.signals.methods.register_external")
+    """Unknown method names fail before any compute (also checked by config.validate)."""
+    check_method_names(cfg.evaluate.methods)
 
 
 def build_scorers(cfg, names: list[str], spec) -> dict:
@@ -452,6 +446,7 @@ def print_table(metrics: dict) -> str:
 @hydra.main(config_path="../conf", config_name="evaluate", version_base="1.3")
 def main(cfg: DictConfig) -> dict:
     validate(cfg)
+    check_output_dirs(cfg)
     from hydra.core.hydra_config import HydraConfig
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)

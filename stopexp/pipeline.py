@@ -14,7 +14,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from stopexp.artifacts import write_json
-from stopexp.config import validate
+from stopexp.config import check_output_dirs, validate
 from stopexp.tracking import tracked_run
 
 log = logging.getLogger(__name__)
@@ -44,6 +44,7 @@ def run_pipeline(cfg, run_dir: Path) -> dict:
 @hydra.main(config_path="../conf", config_name="pipeline", version_base="1.3")
 def main(cfg: DictConfig) -> float | None:
     validate(cfg)
+    check_output_dirs(cfg)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     from stopexp.sweeps import objective, worst_value
 

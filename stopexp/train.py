@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from stopexp import bank, plots
 from stopexp.artifacts import config_hash, write_json
-from stopexp.config import checkpoint_tokens, validate
+from stopexp.config import check_output_dirs, checkpoint_tokens, validate
 from stopexp.losses import build_loss
 from stopexp.metrics import auprc, brier, ece, length_correlation, pooled_auroc, within_prompt_auroc
 from stopexp.signals import FeatureSpec, build_predictor
@@ -200,6 +200,7 @@ def train(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
 @hydra.main(config_path="../conf", config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> dict:
     validate(cfg)
+    check_output_dirs(cfg)
     from hydra.core.hydra_config import HydraConfig
 
     hc = HydraConfig.get()

@@ -53,7 +53,7 @@ def assert_same_bank(a, b):
 def test_real_model_configs_compose_and_validate(model):
     for stage in ("collect", "evaluate", "pipeline"):
         cfg = validate(compose(stage, [f"model={model}", "task=gsm8k"]))
-        assert cfg.model.dtype == "bfloat16" and cfg.model.device == "auto"
+        assert cfg.model.dtype == "auto" and cfg.model.device == "auto"
         assert cfg.model.attn_implementation == "sdpa" and cfg.model.chat_template
         assert cfg.model.max_batch_tokens >= cfg.search.n_paths * (cfg.search.max_new_tokens + 1)
     with pytest.raises(ConfigError, match="model.max_batch_tokens: 1000 cannot hold"):

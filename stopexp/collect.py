@@ -85,7 +85,7 @@ def collect(cfg, rank: int = 0, world: int = 1, run=None) -> dict:
     """Fill the bank for `cfg` (this rank's shards); returns the summary of the bank."""
     from stopexp.models import load_lm
     from stopexp.search.decode import Engine, SamplingParams
-    from stopexp.search.sample import row_cap
+    from stopexp.search.sample import fit_prompts, prompt_limit, row_cap
     from stopexp.search.trace import trace_problems
     from stopexp.taps import Taps
     from stopexp.tasks import build_task
@@ -110,11 +110,13 @@ def collect(cfg, rank: int = 0, world: int = 1, run=None) -> dict:
             engine = Engine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, params,
                             taps, checkpoints)
             feats = bank.features(len(checkpoints), len(taps.layers), hidden)
+            limit = prompt_limit(cfg, model)
             for i in pending:
-                cols, mc_tokens = trace_problems(engine, tokenizer, task, shards[i], cfg.search.n_paths,
+                problems = fit_prompts(tokenizer, shards[i], limit, cfg.model.long_prompts)
+                cols, mc_tokens = trace_problems(engine, tokenizer, task, problems, cfg.search.n_paths,
                                       cfg.seed, checkpoints, cfg.collect.mc_rollouts,
                                       cfg.search.group_window, len(taps.layers), hidden,
-                                      row_cap(cfg, tokenizer, shards[i]))
+                                      row_cap(cfg, tokenizer, problems))
                 paths += len(cols["length"])
                 tokens += int(sum(cols["length"])) + mc_tokens
                 bank.write_shard(root, bank.shard_name(i, rank), difficulty_filter(cfg, cols), feats)

@@ -48,6 +48,7 @@ class Paths:
     text: np.ndarray
     alive: np.ndarray    # still generating at the check
     batch: dict          # predictor batch at the check, for every row
+    prompt_ids: np.ndarray | None = None  # the task's prompt id of each group (None: 0..G-1)
 
 
 def method_names(cfg) -> list[str]:
@@ -137,12 +138,14 @@ def replay_paths(root: Path, meta: dict, split: str, checkpoint: int) -> Paths:
     t = bank.tensors_at(ds, c_idx, checkpoint)
     t["seed_key"] = [f"{p}/{j}" for p, j in zip(ds["prompt"][:], ds["path_id"][:])]
     t.update(bank.prefix_columns(ds))  # the super token re-encodes the prefixes
-    t["group"] = torch.as_tensor(np.asarray(ds["prompt_id"][:]).astype(np.int64))
+    # groups are dense even where collect left prompts out (model.long_prompts=skip)
+    prompt_ids, group = np.unique(np.asarray(ds["prompt_id"][:]).astype(np.int64), return_inverse=True)
+    t["group"] = torch.as_tensor(group.astype(np.int64))
     return Paths(group=t["group"].numpy(), path_id=np.asarray(ds["path_id"][:]),
                  length=np.asarray(ds["length"][:]), correct=np.asarray(ds["correct"][:]),
                  answer=np.asarray(ds["answer"][:], dtype=object),
                  text=np.asarray(ds["text"][:], dtype=object), alive=t["alive"].numpy(),
-                 batch=t)
+                 batch=t, prompt_ids=prompt_ids)
 
 
 def outcome(paths: Paths, kept: np.ndarray, checkpoint: int, n: int) -> dict:
@@ -309,9 +312,9 @@ def add_text_metrics(cfg, paths: Paths, outcomes: dict, results: dict) -> None:
     from stopexp.tasks import build_task
 
     task = build_task(cfg.task)
-    n_prompts = int(paths.group.max()) + 1
-    problems = task.problems(cfg.evaluate.split, n_prompts)
-    refs = [task.reference(p) for p in problems]
+    ids = paths.prompt_ids if paths.prompt_ids is not None else np.arange(int(paths.group.max()) + 1)
+    problems = task.problems(cfg.evaluate.split, int(ids.max()) + 1)
+    refs = [task.reference(problems[i]) for i in ids]
     scorer = BertScorer(cfg.evaluate.bertscore_model) if cfg.evaluate.bertscore_model else BertScorer()
     base = list(outcomes["no_prune"]["chosen"])
     for name, o in outcomes.items():
@@ -327,13 +330,14 @@ def online_paths(cfg, names, scorers, checkpoint, n_prompts: int):
     from stopexp.models import load_lm
     from stopexp.search.decode import Engine, SamplingParams
     from stopexp.search.parallel import launch_check_resume
-    from stopexp.search.sample import row_cap
+    from stopexp.search.sample import fit_prompts, prompt_limit, row_cap
     from stopexp.taps import Taps
     from stopexp.tasks import build_task
 
     task = build_task(cfg.task)
-    problems = task.problems(cfg.evaluate.split, n_prompts)
     model, tokenizer = load_lm(cfg)
+    problems = fit_prompts(tokenizer, task.problems(cfg.evaluate.split, n_prompts),
+                           prompt_limit(cfg, model), cfg.model.long_prompts)
     N, K = cfg.search.n_paths, cfg.policy.keep
     methods = {m: (scorers[m], lambda: build_policy(cfg.policy, keep=K))
                for m in names if m != "no_prune"}
@@ -353,7 +357,8 @@ def online_paths(cfg, names, scorers, checkpoint, n_prompts: int):
             length=np.asarray([run.length[k] for k in keys]),
             correct=np.asarray([task.check(problems[i], t) for (i, _), t in zip(keys, text)]),
             answer=answer, text=text, alive=np.asarray([k in batch["row"] for k in keys]),
-            batch={}), np.asarray([run.kept[k] for k in keys]))
+            batch={}, prompt_ids=np.asarray([p.prompt_id for p in problems])),
+            np.asarray([run.kept[k] for k in keys]))
         gen = run.prefix_s + run.resume_s
         timing[name] = {"wall_s": run.wall_s, "wall_estimated": False, "check_s": run.check_s, "prefix_s": run.prefix_s,
                         "resume_s": run.resume_s,

@@ -17,13 +17,14 @@ def evaluate_beam(cfg, names: list[str], scorers: dict, n_prompts: int) -> dict:
     task's process check: a beam whose written steps already contain an error scores 0."""
     from stopexp.models import load_lm
     from stopexp.search.beam import beam_search
-    from stopexp.search.sample import prompt_ids
+    from stopexp.search.sample import fit_prompts, prompt_ids, prompt_limit
     from stopexp.taps import Taps
     from stopexp.tasks import build_task
 
     task = build_task(cfg.task)
-    problems = task.problems(cfg.evaluate.split, n_prompts)
     model, tokenizer = load_lm(cfg)
+    problems = fit_prompts(tokenizer, task.problems(cfg.evaluate.split, n_prompts),
+                           prompt_limit(cfg, model), cfg.model.long_prompts)
     s, B = cfg.search, cfg.search.beam_width
     checks = None if s.beam_checks is None else {
         checkpoint_tokens(c, s.max_new_tokens) for c in s.beam_checks}

@@ -354,3 +354,48 @@ def test_auto_dtype_suits_the_device():
     assert pick_dtype("bfloat16", torch.device("cpu")) == torch.bfloat16
     assert compose("collect", ["model=qwen"]).model.dtype == "auto"
     assert compose("collect").model.dtype == "float32"  # the toy LM states it
+
+
+def _problems(*prompts):
+    from types import SimpleNamespace
+
+    return [SimpleNamespace(prompt=p, split="test", prompt_id=i, source_row=10 + i)
+            for i, p in enumerate(prompts)]
+
+
+def test_prompts_longer_than_the_model_allows_are_refused_or_skipped(tiny_lm, caplog):
+    from stopexp.search.sample import PromptTooLong, fit_prompts, prompt_limit
+
+    model, tok = tiny_lm  # 128 positions; the char tokenizer adds <s>
+    cfg = compose("collect", ["search.max_new_tokens=20"])
+    assert prompt_limit(cfg, model) == 128 - 20
+    cfg.model.max_prompt_tokens = 6
+    assert prompt_limit(cfg, model) == 6
+    problems = _problems("1+2?", "1" * 10**6, "1+2*3-4?", "9?")
+    with pytest.raises(PromptTooLong) as e:
+        fit_prompts(tok, problems, 108)
+    assert str(e.value) == (
+        "model.max_prompt_tokens: prompt test/1, source row 11 is 1000001 tokens, longer than "
+        "the 108 allowed (the model's positions minus search.max_new_tokens, or "
+        "model.max_prompt_tokens); 1 of 4 prompts are too long. Shorten them, or set "
+        "model.long_prompts=skip to leave them out")
+    with caplog.at_level("WARNING"):
+        kept = fit_prompts(tok, problems, 6, "skip")
+    assert [p.prompt_id for p in kept] == [0, 3]
+    assert "left out 2 of 4 prompts longer than 6 tokens (test/1: 1000001, test/2: 9)" in caplog.text
+    assert fit_prompts(tok, problems, None) == problems
+
+
+def test_collect_refuses_a_long_prompt_before_generating(tmp_path):
+    from stopexp import bank
+    from stopexp.collect import collect
+    from stopexp.search.sample import PromptTooLong
+
+    cfg = validate(compose("collect", [f"paths.output_dir={tmp_path}", "logger=none",
+                                       "search.n_paths=2", "collect.prompts.train=2",
+                                       "collect.prompts.val=0", "collect.prompts.test=0",
+                                       "model.max_prompt_tokens=5"]))
+    with pytest.raises(PromptTooLong, match=r"^model.max_prompt_tokens: prompt train/0 is \d+ "
+                                            r"tokens, longer than the 5 allowed"):
+        collect(cfg)
+    assert not bank.finished_shards(bank.bank_dir(cfg))

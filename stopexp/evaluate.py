@@ -225,13 +225,24 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
     start = time.time()
     if cfg.search.name == "beam":
         n_prompts = prompts_in(root, cfg.evaluate.split)
-        from stopexp.evaluate_beam import evaluate_beam
+        from stopexp.evaluate_beam import NOT_REPORTED, evaluate_beam, oracle_refusal
 
-        results = evaluate_beam(cfg, names, scorers, n_prompts)
+        omitted = {}
+        if oracle_refusal(cfg.task.name):
+            omitted["oracle"] = oracle_refusal(cfg.task.name)
+            log.warning("oracle: %s", omitted["oracle"])
+            names = [n for n in names if n != "oracle"]
+        results, texts, prompt_ids = evaluate_beam(cfg, names, scorers, n_prompts)
+        not_reported = dict(NOT_REPORTED)
+        if cfg.evaluate.text_metrics:
+            add_text_metrics(cfg, np.asarray(prompt_ids), texts, results)
+        else:
+            not_reported["text_metrics"] = "evaluate.text_metrics=false"
         metrics = {"methods": results, "mode": "online", "search": "beam",
                    "protocol": {"beam_width": cfg.search.beam_width, "patience": cfg.search.patience,
-                                "policy": cfg.policy.name, "prompts": n_prompts,
+                                "policy": cfg.policy.name, "prompts": len(prompt_ids),
                                 "split": cfg.evaluate.split},
+                   "omitted_methods": omitted, "not_reported": not_reported,
                    "bank": root.name, "eval_wall_s": round(time.time() - start, 2)}
         if run_dir is not None:
             metrics["plots"] = {"survival": str(plots.survival(
@@ -287,7 +298,8 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
             points.append({"method": name, "n": n, "k": k, "accuracy": float(o["correct"].mean()),
                            "tokens_total": float(o["tokens"].sum())})
     if cfg.evaluate.text_metrics:
-        add_text_metrics(cfg, paths, outcomes, results)
+        ids = paths.prompt_ids if paths.prompt_ids is not None else np.arange(int(paths.group.max()) + 1)
+        add_text_metrics(cfg, ids, {name: list(o["chosen"]) for name, o in outcomes.items()}, results)
     metrics = {"methods": results, "points": points, "mode": cfg.evaluate.mode,
                "protocol": {"n": N, "k": K, "check_tokens": checkpoint, "policy": cfg.policy.name,
                             "prompts": int(paths.group.max()) + 1, "split": cfg.evaluate.split},
@@ -305,22 +317,21 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
     return metrics
 
 
-def add_text_metrics(cfg, paths: Paths, outcomes: dict, results: dict) -> None:
-    """BLEU / ROUGE / BERTScore of each method's chosen output against the reference
-    solution and against the no_prune output."""
+def add_text_metrics(cfg, prompt_ids: np.ndarray, chosen: dict, results: dict) -> None:
+    """BLEU / ROUGE / BERTScore of each method's chosen output (`chosen[name][g]` for the
+    g-th prompt, whose task prompt id is `prompt_ids[g]`) against the reference solution
+    and against the no_prune output."""
     from stopexp.metrics import BertScorer
     from stopexp.tasks import build_task
 
     task = build_task(cfg.task)
-    ids = paths.prompt_ids if paths.prompt_ids is not None else np.arange(int(paths.group.max()) + 1)
-    problems = task.problems(cfg.evaluate.split, int(ids.max()) + 1)
-    refs = [task.reference(problems[i]) for i in ids]
+    problems = task.problems(cfg.evaluate.split, int(prompt_ids.max()) + 1)
+    refs = [task.reference(problems[i]) for i in prompt_ids]
     scorer = BertScorer(cfg.evaluate.bertscore_model) if cfg.evaluate.bertscore_model else BertScorer()
-    base = list(outcomes["no_prune"]["chosen"])
-    for name, o in outcomes.items():
-        hyps = list(o["chosen"])
-        results[name]["text_vs_reference"] = text_metrics(hyps, refs, scorer=scorer)
-        results[name]["text_vs_no_prune"] = text_metrics(hyps, base, scorer=scorer)
+    base = list(chosen["no_prune"])
+    for name, hyps in chosen.items():
+        results[name]["text_vs_reference"] = text_metrics(list(hyps), refs, scorer=scorer)
+        results[name]["text_vs_no_prune"] = text_metrics(list(hyps), base, scorer=scorer)
 
 
 def online_paths(cfg, names, scorers, checkpoint, n_prompts: int):

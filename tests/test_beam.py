@@ -162,3 +162,14 @@ def test_checks_only_at_the_given_prefixes(tiny_lm):
                     patience=1, check_steps={3, 7})
     assert res.check_calls == 2 and [c["tokens"].shape[1] for c in calls] == [3, 7]
     assert set(res.pruned_steps) <= {3, 7}
+
+
+def test_beam_oracle_needs_a_process_check():
+    from stopexp.evaluate_beam import NOT_REPORTED, oracle_refusal
+
+    assert oracle_refusal("arith") is None
+    assert oracle_refusal("qa") == (
+        "task 'qa' has no process check (no first wrong step can be read from a prefix), so a "
+        "beam oracle would score every live beam alike and never prune; the oracle is left out "
+        "of beam search for it")
+    assert NOT_REPORTED["auroc"].startswith("beams are not independent paths")

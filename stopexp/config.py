@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass, field, is_dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -266,6 +267,8 @@ ALLOWED = {
     "evaluate.mode": ("replay", "online"),
 }
 SYMBOLIC_LAYERS = ("first", "mid", "last")
+SEED_KEYS = ("seed", "task.seed", "collect.seed", "train.seed", "evaluate.seed", "model.toy.seed")
+DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 SPLITS = ("train", "val", "test")
 # The smallest sampling temperature. Logits are divided by it in float32: at 1e-38 a logit
 # of 10 overflows to inf and the log-probs turn NaN. At 1e-4 a logit of 1e4 stays far
@@ -378,6 +381,9 @@ def validate(cfg: DictConfig) -> DictConfig:
                                if OmegaConf.is_config(node) else node, str(key))
             if found:
                 _fail(found[0], f"{found[1]} is not a finite number")
+    for key in SEED_KEYS:  # numpy's generators refuse negative seeds
+        if _get(cfg, key) is not None:
+            _at_least(key, _get(cfg, key), 0)
     _check_model(cfg)
     _check_task(cfg.task)
     _check_search_and_taps(cfg)
@@ -399,6 +405,8 @@ def _check_model(cfg) -> None:
         _fail("model.toy", "the toy model needs its `toy:` section (see conf/model/toy.yaml)")
     if m.name != "toy" and not m.path:
         _fail("model.path", f"model {m.name!r} needs a hub id or local directory")
+    if not DEVICE.fullmatch(m.device):
+        _fail("model.device", f"{m.device!r} is not a device; allowed: auto, cpu, mps, cuda, cuda:N")
     for key in ("num_layers", "hidden_size", "max_batch_tokens", "max_prompt_tokens"):
         if m[key] is not None:
             _at_least(f"model.{key}", m[key], 1)

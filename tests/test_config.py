@@ -219,6 +219,11 @@ BAD_VALUES = [
     ("tap.layers=[0.5]", "tap.layers", "0.5 is not a layer"),
     ("tap.layers=[true]", "tap.layers", "True is not a layer"),
     ("tap.layers=[3]", "tap.layers", "layer 3 is outside the model's 3 layers"),
+    ("evaluate.seed=-1", "evaluate.seed", "must be >= 0, got -1"),
+    ("seed=-3", "seed", "must be >= 0, got -3"),
+    ("train.seed=-1", "train.seed", "must be >= 0"),
+    ("model.toy.seed=-1", "model.toy.seed", "must be >= 0"),
+    ("model.device=gpu", "model.device", "'gpu' is not a device; allowed: auto, cpu, mps, cuda"),
     # what only evaluate or train would find late
     ("evaluate.methods=[no_prune,nosuch]", "evaluate.methods", "'nosuch' unknown; allowed:"),
     ("evaluate.split=dev", "evaluate.split", "'dev' unknown; allowed: train, val, test"),

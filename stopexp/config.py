@@ -390,10 +390,17 @@ def validate(cfg: DictConfig) -> DictConfig:
     _check_collect(cfg)
     _check_predictor_loss_train(cfg)
     if cfg.stage in ("train", "pipeline"):
+        band, n = cfg.collect.keep_correct, cfg.search.n_paths
         for split in ("train", "val"):  # training fits on train and selects the epoch on val
             if not cfg.collect.prompts.get(split, 0) > 0:
                 _fail(f"collect.prompts.{split}", f"train needs {split} prompts in the trace bank, "
                                                   f"got {cfg.collect.prompts.get(split, 0)}")
+            if band is not None and split in cfg.collect.keep_correct_splits and (
+                    band[1] < 1 or band[0] > n - 1):
+                _fail("collect.keep_correct", f"{list(band)} keeps only {split} prompts whose N={n} "
+                                              "paths all fail or all succeed, which leaves train "
+                                              "no pair to learn from; use a band within "
+                                              f"[1, {max(n - 1, 1)}]")
     if cfg.stage in ("evaluate", "pipeline"):
         _check_evaluate(cfg)
     return cfg

@@ -5,7 +5,7 @@ import pytest
 
 from conftest import compose
 from stopexp import bank
-from stopexp.config import validate
+from stopexp.config import ConfigError, validate
 from stopexp.signals.checkpoint import CheckpointMismatch, load_predictor
 from stopexp.train import feature_spec, predictor_dir, score, split_data, train
 
@@ -176,6 +176,10 @@ def test_train_refuses_a_bank_whose_val_split_has_no_mixed_prompt(small_bank, tm
     extra = [f"paths.output_dir={tmp_path}", "collect.keep_correct=[0,0]",
              "collect.keep_correct_splits=[val]"]
     collect(validate(compose("collect", [*small_bank, *extra])))
+    cfg = compose("train", [*small_bank, "train.epochs=3", *extra])
+    with pytest.raises(ConfigError, match=r"^collect.keep_correct: \[0, 0\] keeps only val prompts "
+                                          r"whose N=8 paths all fail or all succeed"):
+        validate(cfg)  # found at start-up; and if validate is skipped, train still refuses:
     with pytest.raises(NothingToLearn, match="^train: the val split has no usable pair"):
-        train(cfg_for(small_bank, *extra), progress=False)
-    assert not predictor_dir(cfg_for(small_bank, *extra)).exists()  # nothing saved
+        train(cfg, progress=False)
+    assert not predictor_dir(cfg).exists()  # nothing saved

@@ -38,6 +38,8 @@ def run_pipeline(cfg, run_dir: Path) -> dict:
     metrics = {"collect": collected, "train": trained, **evaluated, "pipeline": timings}
     write_json(run_dir / "metrics.json", metrics)
     print(print_table(evaluated))
+    for warning in trained.get("warnings", []):  # under the table, where it is read
+        print(f"WARNING: predictor {trained.get('predictor')}: {warning}")
     return metrics
 
 

@@ -267,6 +267,8 @@ def main(cfg: DictConfig) -> dict:
             log.info("%-5s AUROC within-prompt %.3f  pooled %.3f  AUPRC %.3f  ECE %.3f  "
                      "Brier %.3f  length corr %+.3f", split, m["auroc"], m["auroc_pooled"],
                      m["auprc"], m["ece"], m["brier"], m["length_corr"])
+    for warning in metrics.get("warnings", []):
+        log.warning("%s", warning)
     return metrics
 
 

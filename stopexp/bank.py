@@ -50,6 +50,9 @@ def bank_key(cfg) -> str:
     """What the bank's content depends on (not batch sizes, the rank that wrote a shard,
     loggers or later stages)."""
     model = {k: v for k, v in plain(cfg.model).items() if k != "max_batch_tokens"}
+    if model.get("long_prompts", "error") == "error":  # refusing changes no bank's content
+        model.pop("long_prompts", None)
+        model.pop("max_prompt_tokens", None)
     collect = {k: v for k, v in plain(cfg.collect).items() if k not in ("rank", "world")}
     return config_hash({"version": BANK_VERSION, "model": model, "task": cfg.task,
                         "tap": {"layers": list(cfg.tap.layers), "pooling": cfg.tap.pooling,

@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from stopexp import bank
 from stopexp.artifacts import write_json
-from stopexp.config import validate
+from stopexp.config import check_output_dirs, resolve_layers, validate
 from stopexp.ranks import barrier, in_group, join_group, leave_group, shard_of
 from stopexp.tracking import tracked_run
 
@@ -85,7 +85,7 @@ def collect(cfg, rank: int = 0, world: int = 1, run=None) -> dict:
     """Fill the bank for `cfg` (this rank's shards); returns the summary of the bank."""
     from stopexp.models import load_lm
     from stopexp.search.decode import SamplingParams, make_engine
-    from stopexp.search.sample import row_cap
+    from stopexp.search.sample import fit_prompts, prompt_limit, row_cap
     from stopexp.search.trace import trace_problems
     from stopexp.taps import Taps
     from stopexp.tasks import build_task
@@ -109,11 +109,13 @@ def collect(cfg, rank: int = 0, world: int = 1, run=None) -> dict:
                 tqdm(total=n_prompts, unit="prompt", desc="collect") as bar:
             engine = make_engine(model, tokenizer, params, taps, checkpoints)
             feats = bank.features(len(checkpoints), len(taps.layers), hidden)
+            limit = prompt_limit(cfg, model)
             for i in pending:
-                cols, mc_tokens = trace_problems(engine, tokenizer, task, shards[i], cfg.search.n_paths,
+                problems = fit_prompts(tokenizer, shards[i], limit, cfg.model.long_prompts)
+                cols, mc_tokens = trace_problems(engine, tokenizer, task, problems, cfg.search.n_paths,
                                       cfg.seed, checkpoints, cfg.collect.mc_rollouts,
                                       cfg.search.group_window, len(taps.layers), hidden,
-                                      row_cap(cfg, tokenizer, shards[i]))
+                                      row_cap(cfg, tokenizer, problems))
                 paths += len(cols["length"])
                 tokens += int(sum(cols["length"])) + mc_tokens
                 bank.write_shard(root, bank.shard_name(i, rank), difficulty_filter(cfg, cols), feats)
@@ -122,7 +124,8 @@ def collect(cfg, rank: int = 0, world: int = 1, run=None) -> dict:
                 bar.set_postfix(paths_s=f"{paths / rate:.0f}", tok_s=f"{tokens / rate:.0f}")
         measured = {"seconds_per_token": (time.time() - start) / max(tokens, 1),
                     "lm_parameters": sum(p.numel() for p in model.parameters()),
-                    "hidden_size": hidden, "tap_layers": taps.layers}
+                    "hidden_size": hidden, "tap_layers": taps.layers,
+                    "dtype": str(next(model.parameters()).dtype).removeprefix("torch.")}
     else:
         measured = {}
     if in_group():
@@ -152,8 +155,8 @@ def _write_meta(cfg, root: Path, task, checkpoints, complete: bool, measured: di
     size = cfg.model.toy if cfg.model.toy is not None else cfg.model
     n_layers = getattr(size, "num_layers", None)
     known = {"hidden_size": size.hidden_size,
-             "tap_layers": [i % n_layers for i in cfg.tap.layers] if n_layers else None}
-    keys = ("seconds_per_token", "lm_parameters", "hidden_size", "tap_layers")
+             "tap_layers": resolve_layers(cfg.tap.layers, n_layers) if n_layers else None}
+    keys = ("seconds_per_token", "lm_parameters", "hidden_size", "tap_layers", "dtype")
     known.update({k: old[k] for k in keys if k in old})
     known.update(measured)
     bank.write_meta(root, {
@@ -177,6 +180,7 @@ def _sample_table(run, root: Path, n: int = 20):
 @hydra.main(config_path="../conf", config_name="collect", version_base="1.3")
 def main(cfg: DictConfig) -> dict:
     validate(cfg)
+    check_output_dirs(cfg)
     from hydra.core.hydra_config import HydraConfig
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)

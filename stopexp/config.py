@@ -6,7 +6,9 @@ a YAML file or on the command line fails at composition with a message naming th
 """
 from __future__ import annotations
 
+import math
 import os
+import re
 from dataclasses import dataclass, field, is_dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -27,8 +29,15 @@ def project_root() -> Path:
     return here if (here / "pyproject.toml").exists() else Path.cwd()
 
 
+def model_name_of(path: Optional[str]) -> Optional[str]:
+    """A model's display name from its hub id or directory: the last path component."""
+    return Path(str(path).rstrip("/")).name if path else None
+
+
 if not OmegaConf.has_resolver("stopexp_root"):
     OmegaConf.register_new_resolver("stopexp_root", lambda: str(project_root()))
+if not OmegaConf.has_resolver("model_name_of"):
+    OmegaConf.register_new_resolver("model_name_of", model_name_of)
 
 
 @dataclass
@@ -52,17 +61,22 @@ class ToyLMConfig:
 
 @dataclass
 class ModelConfig:
-    name: str = "toy"                 # recorded in every artifact
+    name: Optional[str] = "toy"       # recorded in every artifact (hub models: from the path)
     path: Optional[str] = None        # hub id or local directory; None for the toy LM
     # a GGUF checkpoint (a file path, or PACKAGE:FILE for a file shipped in an installed
     # Python package), converted once into a plain HF directory in the cache; excludes `path`
     gguf_file: Optional[str] = None
     revision: Optional[str] = None
-    dtype: str = "float32"            # float32 | bfloat16 | float16
+    # auto = float32 on a CPU, bfloat16 on a GPU that supports it (else float16)
+    dtype: str = "auto"               # auto | float32 | bfloat16 | float16
     device: str = "auto"              # auto = cuda when present, else cpu
     attn_implementation: Optional[str] = None
-    num_layers: Optional[int] = None  # known before loading, so tap layers are checked early
+    # None = read from the loaded model; set them to check tap layers before loading
+    num_layers: Optional[int] = None
     hidden_size: Optional[int] = None
+    # longest prompt in tokens; None = the model's max_position_embeddings - max_new_tokens
+    max_prompt_tokens: Optional[int] = None
+    long_prompts: str = "error"       # error (names the prompt) | skip (drops it, logs a count)
     # token budget per forward: rows x (prompt + max_new_tokens) stays within it, so long
     # prompts get fewer rows (with search.max_batch_rows, the smaller wins); None = no budget
     max_batch_tokens: Optional[int] = None
@@ -93,7 +107,9 @@ class TaskConfig:
 
 @dataclass
 class TapConfig:
-    layers: List[int] = field(default_factory=lambda: [-1])
+    # decoder layer indices (negative count from the end) or "first" | "mid" | "last",
+    # resolved against the loaded model (mid = num_layers // 2)
+    layers: List[Any] = field(default_factory=lambda: [-1])
     pooling: str = "last"  # last | mean
     # prefix lengths in generated tokens; values below 1 are fractions of max_new_tokens
     checkpoints: List[float] = field(default_factory=lambda: [0.08, 0.25])
@@ -243,7 +259,8 @@ def register() -> None:
 register()
 
 ALLOWED = {
-    "model.dtype": ("float32", "bfloat16", "float16"),
+    "model.dtype": ("auto", "float32", "bfloat16", "float16"),
+    "model.long_prompts": ("error", "skip"),
     "task.name": ("arith", "qa"),
     "task.answer_format": ("numeric", "boxed"),
     "task.extraction": ("strict", "flexible"),
@@ -257,6 +274,20 @@ ALLOWED = {
     "logger.mode": ("offline", "online", "disabled"),
     "evaluate.mode": ("replay", "online"),
 }
+SYMBOLIC_LAYERS = ("first", "mid", "last")
+SEED_KEYS = ("seed", "task.seed", "collect.seed", "train.seed", "evaluate.seed", "model.toy.seed")
+DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
+SPLITS = ("train", "val", "test")
+# The smallest sampling temperature. Logits are divided by it in float32: at 1e-38 a logit
+# of 10 overflows to inf and the log-probs turn NaN. At 1e-4 a logit of 1e4 stays far
+# inside float32, and a logit gap of 1e-3 is already 10 nats, i.e. sampling is greedy
+# for all purposes: below it, use search.do_sample=false.
+MIN_TEMPERATURE = 1e-4
+# the methods evaluate always runs (evaluate.ALWAYS) and the non-learnable baselines
+# (stopexp.signals.methods.NON_LEARNABLE), kept here so that checking a method name needs
+# no torch import
+ALWAYS_METHODS = ("no_prune", "random", "confidence", "oracle")
+BASELINE_METHODS = ("confidence", "min_logprob", "entropy", "deepconf", "hidden_norm")
 
 
 def _get(cfg: Any, key: str) -> Any:
@@ -266,6 +297,26 @@ def _get(cfg: Any, key: str) -> Any:
 def checkpoint_tokens(value: float, max_new_tokens: int) -> int:
     """A checkpoint as a prefix length in tokens (values below 1 are fractions)."""
     return int(round(value * max_new_tokens)) if value < 1 else int(value)
+
+
+def layer_index(entry: int | str, n_layers: int) -> int:
+    """A tap layer entry (an index, negative from the end, or first | mid | last) as a
+    layer index in 0..n_layers-1; mid is n_layers // 2. ValueError names tap.layers."""
+    if isinstance(entry, str):
+        if entry not in SYMBOLIC_LAYERS:
+            raise ValueError(f"tap.layers: {entry!r} is not a layer; give an index or one of "
+                             f"{', '.join(SYMBOLIC_LAYERS)}")
+        return {"first": 0, "mid": n_layers // 2, "last": n_layers - 1}[entry]
+    if not -n_layers <= entry < n_layers:
+        raise ValueError(f"tap.layers: layer {entry} is outside the model's {n_layers} layers "
+                         f"(allowed {-n_layers}..{n_layers - 1}, or {', '.join(SYMBOLIC_LAYERS)})")
+    return entry % n_layers
+
+
+def resolve_layers(layers, n_layers: int) -> list[int]:
+    """Tap layer entries as distinct layer indices, shallowest first, so the last one is
+    always the deepest tapped layer (the one `hidden_norm` reads)."""
+    return sorted({layer_index(e, n_layers) for e in layers})
 
 
 def _unknown_keys(node: Any, prefix: str = "") -> list[str]:
@@ -285,134 +336,302 @@ def _unknown_keys(node: Any, prefix: str = "") -> list[str]:
     return out
 
 
-def validate(cfg: DictConfig) -> DictConfig:
-    """Range and cross-field checks; raises ConfigError naming the key. Returns cfg."""
-    def fail(key, msg):
-        raise ConfigError(f"{key}: {msg}")
+def _nonfinite(node: Any, key: str) -> Optional[tuple[str, float]]:
+    """The first float in `node` (a plain container) that is NaN or infinite: (key, value)."""
+    if isinstance(node, float) and not math.isfinite(node):
+        return key, node
+    if isinstance(node, dict):
+        items = ((f"{key}.{k}", v) for k, v in node.items())
+    elif isinstance(node, (list, tuple)):
+        items = ((key, v) for v in node)  # a list entry is named by the list's key
+    else:
+        return None
+    for sub_key, value in items:
+        found = _nonfinite(value, sub_key)
+        if found:
+            return found
+    return None
 
+
+def _fail(key: str, msg: str):
+    raise ConfigError(f"{key}: {msg}")
+
+
+def _at_least(key: str, value, low) -> None:
+    """value >= low (written so that NaN fails)."""
+    if value is None or not value >= low:
+        _fail(key, f"must be >= {low}, got {value}")
+
+
+def _within(key: str, value, low, high, low_open=False, high_open=False) -> None:
+    """low <= value <= high, either end open; NaN fails."""
+    ok = (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
+    if not ok:
+        _fail(key, f"must lie in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}, "
+                   f"got {value}")
+
+
+def validate(cfg: DictConfig) -> DictConfig:
+    """Every check that needs no compute, for the stages that `cfg.stage` will run: unknown
+    keys, allowed names, finite floats (NaN and inf are refused everywhere), the range of
+    every numeric key and the cross-field rules. Raises ConfigError naming the key; returns cfg."""
     unknown = _unknown_keys(cfg)
     if unknown:
-        fail(unknown[0], "no such key in the config schema (stopexp/config.py); check the spelling")
-
+        _fail(unknown[0], "no such key in the config schema (stopexp/config.py); check the spelling")
     for key, allowed in ALLOWED.items():
         v = _get(cfg, key)
         if v is not None and v not in allowed:
-            fail(key, f"{v!r} is not allowed; allowed: {', '.join(allowed)}")
+            _fail(key, f"{v!r} is not allowed; allowed: {', '.join(allowed)}")
+    for key in cfg:
+        if key != "hydra":
+            node = cfg[key]
+            found = _nonfinite(OmegaConf.to_container(node, resolve=True)
+                               if OmegaConf.is_config(node) else node, str(key))
+            if found:
+                _fail(found[0], f"{found[1]} is not a finite number")
+    for key in SEED_KEYS:  # numpy's generators refuse negative seeds
+        if _get(cfg, key) is not None:
+            _at_least(key, _get(cfg, key), 0)
+    _check_model(cfg)
+    _check_task(cfg.task)
+    _check_search_and_taps(cfg)
+    _check_collect(cfg)
+    _check_predictor_loss_train(cfg)
+    if cfg.stage in ("train", "pipeline"):
+        band, n = cfg.collect.keep_correct, cfg.search.n_paths
+        for split in ("train", "val"):  # training fits on train and selects the epoch on val
+            if not cfg.collect.prompts.get(split, 0) > 0:
+                _fail(f"collect.prompts.{split}", f"train needs {split} prompts in the trace bank, "
+                                                  f"got {cfg.collect.prompts.get(split, 0)}")
+            if band is not None and split in cfg.collect.keep_correct_splits and (
+                    band[1] < 1 or band[0] > n - 1):
+                _fail("collect.keep_correct", f"{list(band)} keeps only {split} prompts whose N={n} "
+                                              "paths all fail or all succeed, which leaves train "
+                                              "no pair to learn from; use a band within "
+                                              f"[1, {max(n - 1, 1)}]")
+    if cfg.stage in ("evaluate", "pipeline"):
+        _check_evaluate(cfg)
+    return cfg
 
-    m, s, tap, pol = cfg.model, cfg.search, cfg.tap, cfg.policy
+
+def _check_model(cfg) -> None:
+    m = cfg.model
     if m.name == "toy" and m.toy is None:
-        fail("model.toy", "the toy model needs its `toy:` section (see conf/model/toy.yaml)")
+        _fail("model.toy", "the toy model needs its `toy:` section (see conf/model/toy.yaml)")
     if m.name != "toy" and not m.path and not m.gguf_file:
-        fail("model.path", f"model {m.name!r} needs a hub id or local directory (or model.gguf_file)")
+        _fail("model.path", f"model {m.name!r} needs a hub id or local directory (or model.gguf_file)")
     if m.path and m.gguf_file:
-        fail("model.gguf_file", "give either model.path or model.gguf_file, not both")
-    bad_stop = [x for x in s.stop if not x]
-    if bad_stop:
-        fail("search.stop", "every stop string must be non-empty")
+        _fail("model.gguf_file", "give either model.path or model.gguf_file, not both")
+    if not DEVICE.fullmatch(m.device):
+        _fail("model.device", f"{m.device!r} is not a device; allowed: auto, cpu, mps, cuda, cuda:N")
+    for key in ("num_layers", "hidden_size", "max_batch_tokens", "max_prompt_tokens"):
+        if m[key] is not None:
+            _at_least(f"model.{key}", m[key], 1)
+    s = cfg.search
+    if m.max_batch_tokens is not None and m.max_batch_tokens < s.n_paths * (s.max_new_tokens + 1):
+        _fail("model.max_batch_tokens", f"{m.max_batch_tokens} cannot hold one prompt's N paths: "
+                                        f"needs >= N x (max_new_tokens + 1) = "
+                                        f"{s.n_paths * (s.max_new_tokens + 1)} plus the prompt")
+    t = m.toy
+    if t is not None:
+        for key in ("hidden_size", "num_layers", "num_heads", "intermediate_size", "batch_size",
+                    "max_steps", "eval_every", "screen_prompts", "screen_paths"):
+            _at_least(f"model.toy.{key}", t[key], 1)
+        _at_least("model.toy.warmup_steps", t.warmup_steps, 0)
+        _at_least("model.toy.screen_max_new_tokens", t.screen_max_new_tokens, 2)
+        _within("model.toy.lr", t.lr, 0, math.inf, low_open=True, high_open=True)
+        _within("model.toy.target_accuracy", t.target_accuracy, 0, 1)
+        _at_least("model.toy.screen_temperature", t.screen_temperature, MIN_TEMPERATURE)
+        if t.hidden_size % t.num_heads:
+            _fail("model.toy.num_heads", f"hidden_size {t.hidden_size} is not divisible by "
+                                         f"{t.num_heads} heads")
+
+
+def _check_task(t) -> None:
+    if t.name == "qa" and not t.path:
+        _fail("task.path", "task qa needs a .jsonl / .json / .parquet file or a hub dataset id")
+    if "{question}" not in t.prompt_template:
+        _fail("task.prompt_template", f"must contain {{question}}, got {t.prompt_template!r}")
+    _at_least("task.n_steps", t.n_steps, 1)
+    bad_ops = [o for o in t.operators if o not in ("+", "-", "*")]
+    if bad_ops or not t.operators:
+        _fail("task.operators", f"{bad_ops or 'empty'}: allowed operators are +, -, *")
+    bad_mult = [x for x in t.multipliers if x not in (1, 3, 7, 9)]
+    if bad_mult or ("*" in t.operators and not t.multipliers):
+        _fail("task.multipliers", f"{bad_mult or 'empty'}: multipliers must be coprime to 10 "
+                                  "(1, 3, 7, 9) so every step is a bijection")
+    bad_styles = [k for k in t.styles if k not in ("careful", "shortcut")]
+    weights = list(t.styles.values())
+    if bad_styles or not weights or not all(w >= 0 for w in weights) or not sum(weights) > 0:
+        _fail("task.styles", "weights >= 0 for careful and/or shortcut, not all zero"
+                             + (f"; unknown: {bad_styles}" if bad_styles else ""))
+    fr = t.split_fractions
+    if (set(fr) != set(SPLITS) or not all(v > 0 for v in fr.values())
+            or not abs(sum(fr.values()) - 1) <= 1e-6):
+        _fail("task.split_fractions", f"needs train, val, test > 0 summing to 1, got {dict(fr)}")
+
+
+def _check_search_and_taps(cfg) -> None:
+    m, s, tap = cfg.model, cfg.search, cfg.tap
+    _at_least("search.max_new_tokens", s.max_new_tokens, 2)
+    if any(not x for x in s.stop):
+        _fail("search.stop", "every stop string must be non-empty")
     n_layers = m.toy.num_layers if m.toy is not None else m.num_layers
     if not tap.layers:
-        fail("tap.layers", "give at least one layer")
-    if n_layers is not None:
-        for i in tap.layers:
-            if not -n_layers <= i < n_layers:
-                fail("tap.layers", f"layer {i} is outside the model's {n_layers} layers "
-                                   f"(allowed {-n_layers}..{n_layers - 1})")
-    if m.max_batch_tokens is not None and m.max_batch_tokens < s.n_paths * (s.max_new_tokens + 1):
-        fail("model.max_batch_tokens", f"{m.max_batch_tokens} cannot hold one prompt's N paths: "
-                                       f"needs >= N x (max_new_tokens + 1) = "
-                                       f"{s.n_paths * (s.max_new_tokens + 1)} plus the prompt")
-    if s.temperature <= 0:
-        fail("search.temperature", f"must be > 0, got {s.temperature} (use do_sample=false for greedy)")
-    if not 0 < s.top_p <= 1:
-        fail("search.top_p", f"must lie in (0, 1], got {s.top_p}")
-    if s.top_k < 0:
-        fail("search.top_k", f"must be >= 0 (0 = off), got {s.top_k}")
-    if s.max_new_tokens < 2:
-        fail("search.max_new_tokens", f"must be >= 2, got {s.max_new_tokens}")
-    if s.n_paths < 1:
-        fail("search.n_paths", f"N must be >= 1, got {s.n_paths}")
+        _fail("tap.layers", "give at least one layer")
+    for entry in tap.layers:
+        if isinstance(entry, bool) or not isinstance(entry, (int, str)) or (
+                isinstance(entry, str) and entry not in SYMBOLIC_LAYERS):
+            _fail("tap.layers", f"{entry!r} is not a layer; give an index or one of "
+                                f"{', '.join(SYMBOLIC_LAYERS)}")
+        if n_layers is not None:
+            try:
+                layer_index(entry, n_layers)
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
+    if not s.temperature >= MIN_TEMPERATURE:
+        _fail("search.temperature", f"must be >= {MIN_TEMPERATURE}, got {s.temperature} (smaller "
+                                    "temperatures overflow float32 logits; use "
+                                    "search.do_sample=false for greedy)")
+    _within("search.top_p", s.top_p, 0, 1, low_open=True)
+    _at_least("search.top_k", s.top_k, 0)
+    if not s.n_paths >= 1:
+        _fail("search.n_paths", f"N must be >= 1, got {s.n_paths}")
     for name in ("beam_width", "patience", "conf_topk", "group_window", "max_batch_rows"):
-        if s[name] < 1:
-            fail(f"search.{name}", f"must be >= 1, got {s[name]}")
+        _at_least(f"search.{name}", s[name], 1)
     ckpts = []
     for c in tap.checkpoints:
-        if c <= 0 or (c >= 1 and c != int(c)):
-            fail("tap.checkpoints", f"{c} is neither a fraction in (0, 1) nor a whole token count")
+        if not c > 0 or (c >= 1 and c != int(c)):
+            _fail("tap.checkpoints", f"{c} is neither a fraction in (0, 1) nor a whole token count")
         t = checkpoint_tokens(c, s.max_new_tokens)
         if not 1 <= t < s.max_new_tokens:
-            fail("tap.checkpoints", f"{c} is prefix {t}, beyond max length "
-                                    f"{s.max_new_tokens} (search.max_new_tokens)")
+            _fail("tap.checkpoints", f"{c} is prefix {t}, beyond max length "
+                                     f"{s.max_new_tokens} (search.max_new_tokens)")
         ckpts.append(t)
     for c in s.beam_checks or []:
         t = checkpoint_tokens(c, s.max_new_tokens) if c > 0 else 0
         if not 1 <= t < s.max_new_tokens or (c >= 1 and c != int(c)):
-            fail("search.beam_checks", f"{c} is not a prefix in 1..{s.max_new_tokens - 1} "
-                                       "tokens (or a fraction of search.max_new_tokens)")
-    if checkpoint_tokens(s.check_at, s.max_new_tokens) not in ckpts:
-        fail("search.check_at", f"{s.check_at} is not one of tap.checkpoints {list(tap.checkpoints)}")
-    if checkpoint_tokens(cfg.train.checkpoint, s.max_new_tokens) not in ckpts:
-        fail("train.checkpoint", f"{cfg.train.checkpoint} is not one of tap.checkpoints "
-                                 f"{list(tap.checkpoints)}")
-    if cfg.stage in ("evaluate", "pipeline"):  # what only evaluation uses
-        if not 1 <= pol.keep <= s.n_paths:
-            fail("policy.keep", f"retention K={pol.keep} must lie in 1..N={s.n_paths} (search.n_paths)")
-        for k in cfg.evaluate.retention:
-            if not 1 <= k <= s.n_paths:
-                fail("evaluate.retention", f"K={k} must lie in 1..N={s.n_paths} (search.n_paths)")
-        for n in cfg.evaluate.n_points:
-            if not 1 <= n <= s.n_paths:
-                fail("evaluate.n_points", f"N={n} must lie in 1..{s.n_paths} (search.n_paths)")
-    pred = cfg.predictor
-    if pred.n_tokens < 1 or pred.lora_rank < 1 or not pred.lora_targets:
-        fail("predictor", f"super_token needs n_tokens >= 1, lora_rank >= 1 and lora_targets; got "
-                          f"n_tokens={pred.n_tokens}, lora_rank={pred.lora_rank}, "
-                          f"lora_targets={list(pred.lora_targets)}")
-    if not 0 < pol.quantile < 1:
-        fail("policy.quantile", f"must lie in (0, 1), got {pol.quantile}")
-    if not 0 <= pol.target_prune_rate < 1:
-        fail("policy.target_prune_rate", f"must lie in [0, 1), got {pol.target_prune_rate}")
-    if cfg.collect.mc_rollouts < 0:
-        fail("collect.mc_rollouts", f"K must be >= 0, got {cfg.collect.mc_rollouts}")
-    for split, n in cfg.collect.prompts.items():
+            _fail("search.beam_checks", f"{c} is not a prefix in 1..{s.max_new_tokens - 1} "
+                                        "tokens (or a fraction of search.max_new_tokens)")
+    for key, value in (("search.check_at", s.check_at), ("train.checkpoint", cfg.train.checkpoint)):
+        if not value > 0 or checkpoint_tokens(value, s.max_new_tokens) not in ckpts:
+            _fail(key, f"{value} is not one of tap.checkpoints {list(tap.checkpoints)}")
+
+
+def _check_collect(cfg) -> None:
+    c, s = cfg.collect, cfg.search
+    _at_least("collect.mc_rollouts", c.mc_rollouts, 0)
+    for split, n in c.prompts.items():
         if split not in cfg.task.split_fractions:
-            fail("collect.prompts", f"split {split!r} unknown; allowed: "
-                                    f"{', '.join(cfg.task.split_fractions)}")
-        if n < 0:
-            fail(f"collect.prompts.{split}", f"must be >= 0, got {n}")
-    band = cfg.collect.keep_correct
+            _fail("collect.prompts", f"split {split!r} unknown; allowed: "
+                                     f"{', '.join(cfg.task.split_fractions)}")
+        _at_least(f"collect.prompts.{split}", n, 0)
+    band = c.keep_correct
     if band is not None and (len(band) != 2 or not 0 <= band[0] <= band[1] <= s.n_paths):
-        fail("collect.keep_correct", f"needs [lo, hi] with 0 <= lo <= hi <= N={s.n_paths}, got {list(band)}")
-    if cfg.collect.shard_prompts < 1:
-        fail("collect.shard_prompts", f"must be >= 1, got {cfg.collect.shard_prompts}")
-    rank, world = cfg.collect.rank, cfg.collect.world
-    if world is not None and world < 1:
-        fail("collect.world", f"must be >= 1, got {world}")
-    if rank is not None and (rank < 0 or (world is not None and rank >= world)):
-        fail("collect.rank", f"{rank} must lie in 0..collect.world-1 (world {world})")
-    t = cfg.task
-    if t.name == "qa" and not t.path:
-        fail("task.path", "task qa needs a .jsonl / .json / .parquet file or a hub dataset id")
-    if "{question}" not in t.prompt_template:
-        fail("task.prompt_template", f"must contain {{question}}, got {t.prompt_template!r}")
-    if t.n_steps < 1:
-        fail("task.n_steps", f"must be >= 1, got {t.n_steps}")
-    bad_ops = [o for o in t.operators if o not in ("+", "-", "*")]
-    if bad_ops or not t.operators:
-        fail("task.operators", f"{bad_ops or 'empty'}: allowed operators are +, -, *")
-    bad_mult = [x for x in t.multipliers if x not in (1, 3, 7, 9)]
-    if bad_mult or ("*" in t.operators and not t.multipliers):
-        fail("task.multipliers", f"{bad_mult or 'empty'}: multipliers must be coprime to 10 "
-                                 "(1, 3, 7, 9) so every step is a bijection")
-    bad_styles = [k for k in t.styles if k not in ("careful", "shortcut")]
-    if bad_styles or not t.styles or min(t.styles.values()) < 0 or sum(t.styles.values()) <= 0:
-        fail("task.styles", "weights >= 0 for careful and/or shortcut, not all zero"
-                            + (f"; unknown: {bad_styles}" if bad_styles else ""))
-    fr = t.split_fractions
-    if set(fr) != {"train", "val", "test"} or abs(sum(fr.values()) - 1) > 1e-6 or min(fr.values()) <= 0:
-        fail("task.split_fractions", "needs train, val, test > 0 summing to 1")
-    if cfg.train.epochs < 1 or cfg.train.batch_prompts < 1 or cfg.train.lr <= 0:
-        fail("train", "epochs and batch_prompts must be >= 1 and lr > 0")
-    if m.toy is not None and (m.toy.hidden_size % m.toy.num_heads):
-        fail("model.toy.num_heads", f"hidden_size {m.toy.hidden_size} is not divisible by "
-                                    f"{m.toy.num_heads} heads")
-    return cfg
+        _fail("collect.keep_correct", f"needs [lo, hi] with 0 <= lo <= hi <= N={s.n_paths}, "
+                                      f"got {list(band)}")
+    bad = [x for x in c.keep_correct_splits if x not in SPLITS]
+    if bad:
+        _fail("collect.keep_correct_splits", f"{bad} unknown; allowed: {', '.join(SPLITS)}")
+    _at_least("collect.shard_prompts", c.shard_prompts, 1)
+    if c.world is not None:
+        _at_least("collect.world", c.world, 1)
+    if c.rank is not None and (c.rank < 0 or (c.world is not None and c.rank >= c.world)):
+        _fail("collect.rank", f"{c.rank} must lie in 0..collect.world-1 (world {c.world})")
+
+
+def _check_predictor_loss_train(cfg) -> None:
+    pred, loss, tr = cfg.predictor, cfg.loss, cfg.train
+    _at_least("predictor.hidden", pred.hidden, 1)
+    _at_least("predictor.depth", pred.depth, 0)
+    _within("predictor.dropout", pred.dropout, 0, 1, high_open=True)
+    if pred.n_tokens < 1 or pred.lora_rank < 1 or not pred.lora_targets:
+        _fail("predictor", f"super_token needs n_tokens >= 1, lora_rank >= 1 and lora_targets; got "
+                           f"n_tokens={pred.n_tokens}, lora_rank={pred.lora_rank}, "
+                           f"lora_targets={list(pred.lora_targets)}")
+    _within("predictor.lora_alpha", pred.lora_alpha, 0, math.inf, low_open=True, high_open=True)
+    if cfg.stage in ("train", "evaluate", "pipeline") and pred.name in ("statistic", "linear", "mlp"):
+        _check_predictor_layer(cfg)
+    _at_least("loss.margin", loss.margin, 0)
+    _within("loss.discount", loss.discount, 0, 1, low_open=True)
+    _at_least("loss.length_reg", loss.length_reg, 0)
+    for key in ("epochs", "batch_prompts", "patience"):
+        _at_least(f"train.{key}", tr[key], 1)
+    _within("train.lr", tr.lr, 0, math.inf, low_open=True, high_open=True)
+    _at_least("train.weight_decay", tr.weight_decay, 0)
+
+
+def _check_predictor_layer(cfg) -> None:
+    """predictor.layer must be a tapped layer, or -1..-len(tap.layers) counted from the
+    deepest tapped one (stopexp.signals.features.tap_index), as far as the config tells."""
+    layer, entries = cfg.predictor.layer, list(cfg.tap.layers)
+    m = cfg.model
+    n_layers = m.toy.num_layers if m.toy is not None else m.num_layers
+    tapped = (resolve_layers(entries, n_layers) if n_layers is not None
+              else entries if all(isinstance(e, int) and e >= 0 for e in entries) else None)
+    count = len(tapped) if tapped is not None else len(entries)
+    if layer < 0 and -count <= layer:
+        return
+    if layer >= 0 and (tapped is None or layer in tapped):
+        return
+    _fail("predictor.layer", f"{layer} is not a tapped layer; allowed: "
+                             f"{tapped if tapped is not None else entries} (tap.layers) or "
+                             f"-1..-{count} counted from the deepest tapped layer")
+
+
+def check_method_names(names) -> None:
+    """Every name in evaluate.methods is a built-in method, a predictor, `learned`, or a
+    scorer registered with stopexp.signals.methods.register_external; ConfigError otherwise."""
+    from stopexp.signals.methods import external
+
+    builtin = {*ALWAYS_METHODS, *BASELINE_METHODS, *ALLOWED["predictor.name"], "learned"}
+    for name in names:
+        if name not in builtin and external(name) is None:
+            _fail("evaluate.methods", f"{name!r} unknown; allowed: {', '.join(sorted(builtin))} or "
+                                      "a scorer registered with stopexp.signals.methods.register_external")
+
+
+def _check_evaluate(cfg) -> None:
+    ev, s, pol = cfg.evaluate, cfg.search, cfg.policy
+    check_method_names(ev.methods)
+    if ev.split not in SPLITS:
+        _fail("evaluate.split", f"{ev.split!r} unknown; allowed: {', '.join(SPLITS)}")
+    if not cfg.collect.prompts.get(ev.split, 0) > 0:
+        _fail("evaluate.split", f"the trace bank holds no {ev.split!r} prompts "
+                                f"(collect.prompts.{ev.split}={cfg.collect.prompts.get(ev.split, 0)})")
+    _at_least("evaluate.bootstrap", ev.bootstrap, 1)
+    if not 1 <= pol.keep <= s.n_paths:
+        _fail("policy.keep", f"retention K={pol.keep} must lie in 1..N={s.n_paths} (search.n_paths)")
+    for k in ev.retention:
+        if not 1 <= k <= s.n_paths:
+            _fail("evaluate.retention", f"K={k} must lie in 1..N={s.n_paths} (search.n_paths)")
+    for n in ev.n_points:
+        if not 1 <= n <= s.n_paths:
+            _fail("evaluate.n_points", f"N={n} must lie in 1..{s.n_paths} (search.n_paths)")
+    _within("policy.quantile", pol.quantile, 0, 1, low_open=True, high_open=True)
+    _within("policy.target_prune_rate", pol.target_prune_rate, 0, 1, high_open=True)
+    _at_least("policy.gain", pol.gain, 0)
+    if s.name == "beam" and pol.name == "topk" and pol.keep >= s.beam_width:
+        _fail("policy.keep", f"policy=topk keeps K={pol.keep} of at most search.beam_width="
+                             f"{s.beam_width} live beams, so beam search would never prune and "
+                             "every method would equal no_prune; use policy=quantile (as "
+                             "+exp=toy_beam does), policy=fixed or a K below the beam width")
+
+
+def check_output_dirs(cfg) -> None:
+    """Every output location (paths.output_dir, paths.cache_dir) exists or can be made, and
+    a file can be written in it; ConfigError names the key otherwise. Call before compute,
+    so a read-only cache is found before the LM loads. Writes and removes a probe file
+    (root may write where permissions say no, so asking os.access is not enough)."""
+    import tempfile
+
+    for key in ("paths.output_dir", "paths.cache_dir"):
+        where = Path(_get(cfg, key))
+        try:
+            where.mkdir(parents=True, exist_ok=True)
+            fd, probe = tempfile.mkstemp(dir=where, prefix=".write-probe-")
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as e:
+            _fail(key, f"cannot write to {where} ({e.strerror or e}); point {key} at a writable "
+                       "directory")

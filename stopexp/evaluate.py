@@ -23,7 +23,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from stopexp import bank, plots
 from stopexp.artifacts import write_json
-from stopexp.config import checkpoint_tokens, validate
+from stopexp.config import (ALWAYS_METHODS, check_method_names, check_output_dirs, checkpoint_tokens,
+                            validate)
 from stopexp.metrics import (auprc, bootstrap_ci, nonfinite, per_group_auroc, pooled_auroc,
                              text_metrics, within_prompt_auroc)
 from stopexp.policies import build_policy
@@ -32,7 +33,7 @@ from stopexp.signals import methods as M
 from stopexp.tracking import tracked_run
 
 log = logging.getLogger(__name__)
-ALWAYS = ("no_prune", "random", "confidence", "oracle")
+ALWAYS = ALWAYS_METHODS
 
 
 @dataclass
@@ -47,6 +48,7 @@ class Paths:
     text: np.ndarray
     alive: np.ndarray    # still generating at the check
     batch: dict          # predictor batch at the check, for every row
+    prompt_ids: np.ndarray | None = None  # the task's prompt id of each group (None: 0..G-1)
 
 
 def method_names(cfg) -> list[str]:
@@ -58,15 +60,8 @@ def method_names(cfg) -> list[str]:
 
 
 def check_methods(cfg) -> None:
-    """Unknown method names fail before any compute."""
-    from stopexp.signals import PREDICTORS
-
-    allowed = set(ALWAYS) | set(M.NON_LEARNABLE) | set(PREDICTORS) | {"learned", "super_token"}
-    for m in cfg.evaluate.methods:
-        if m not in allowed and M.external(m) is None:
-            raise ValueError(f"evaluate.methods: {m!r} unknown; allowed: "
-                             f"{', '.join(sorted(allowed))} or a scorer registered with "
-                             "stopexp.signals.methods.register_external")
+    """Unknown method names fail before any compute (also checked by config.validate)."""
+    check_method_names(cfg.evaluate.methods)
 
 
 def build_scorers(cfg, names: list[str], spec) -> dict:
@@ -143,12 +138,14 @@ def replay_paths(root: Path, meta: dict, split: str, checkpoint: int) -> Paths:
     t = bank.tensors_at(ds, c_idx, checkpoint)
     t["seed_key"] = [f"{p}/{j}" for p, j in zip(ds["prompt"][:], ds["path_id"][:])]
     t.update(bank.prefix_columns(ds))  # the super token re-encodes the prefixes
-    t["group"] = torch.as_tensor(np.asarray(ds["prompt_id"][:]).astype(np.int64))
+    # groups are dense even where collect left prompts out (model.long_prompts=skip)
+    prompt_ids, group = np.unique(np.asarray(ds["prompt_id"][:]).astype(np.int64), return_inverse=True)
+    t["group"] = torch.as_tensor(group.astype(np.int64))
     return Paths(group=t["group"].numpy(), path_id=np.asarray(ds["path_id"][:]),
                  length=np.asarray(ds["length"][:]), correct=np.asarray(ds["correct"][:]),
                  answer=np.asarray(ds["answer"][:], dtype=object),
                  text=np.asarray(ds["text"][:], dtype=object), alive=t["alive"].numpy(),
-                 batch=t)
+                 batch=t, prompt_ids=prompt_ids)
 
 
 def outcome(paths: Paths, kept: np.ndarray, checkpoint: int, n: int) -> dict:
@@ -230,13 +227,24 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
     start = time.time()
     if cfg.search.name == "beam":
         n_prompts = prompts_in(root, cfg.evaluate.split)
-        from stopexp.evaluate_beam import evaluate_beam
+        from stopexp.evaluate_beam import NOT_REPORTED, evaluate_beam, oracle_refusal
 
-        results = evaluate_beam(cfg, names, scorers, n_prompts)
+        omitted = {}
+        if oracle_refusal(cfg.task.name):
+            omitted["oracle"] = oracle_refusal(cfg.task.name)
+            log.warning("oracle: %s", omitted["oracle"])
+            names = [n for n in names if n != "oracle"]
+        results, texts, prompt_ids = evaluate_beam(cfg, names, scorers, n_prompts)
+        not_reported = dict(NOT_REPORTED)
+        if cfg.evaluate.text_metrics:
+            add_text_metrics(cfg, np.asarray(prompt_ids), texts, results)
+        else:
+            not_reported["text_metrics"] = "evaluate.text_metrics=false"
         metrics = {"methods": results, "mode": "online", "search": "beam",
                    "protocol": {"beam_width": cfg.search.beam_width, "patience": cfg.search.patience,
-                                "policy": cfg.policy.name, "prompts": n_prompts,
+                                "policy": cfg.policy.name, "prompts": len(prompt_ids),
                                 "split": cfg.evaluate.split},
+                   "omitted_methods": omitted, "not_reported": not_reported,
                    "bank": root.name, "eval_wall_s": round(time.time() - start, 2)}
         if run_dir is not None:
             metrics["plots"] = {"survival": str(plots.survival(
@@ -295,7 +303,8 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
             points.append({"method": name, "n": n, "k": k, "accuracy": float(o["correct"].mean()),
                            "tokens_total": float(o["tokens"].sum())})
     if cfg.evaluate.text_metrics:
-        add_text_metrics(cfg, paths, outcomes, results)
+        ids = paths.prompt_ids if paths.prompt_ids is not None else np.arange(int(paths.group.max()) + 1)
+        add_text_metrics(cfg, ids, {name: list(o["chosen"]) for name, o in outcomes.items()}, results)
     metrics = {"methods": results, "points": points, "mode": cfg.evaluate.mode,
                "protocol": {"n": N, "k": K, "check_tokens": checkpoint, "policy": cfg.policy.name,
                             "prompts": int(paths.group.max()) + 1, "split": cfg.evaluate.split},
@@ -313,21 +322,21 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
     return metrics
 
 
-def add_text_metrics(cfg, paths: Paths, outcomes: dict, results: dict) -> None:
-    """BLEU / ROUGE / BERTScore of each method's chosen output against the reference
-    solution and against the no_prune output."""
+def add_text_metrics(cfg, prompt_ids: np.ndarray, chosen: dict, results: dict) -> None:
+    """BLEU / ROUGE / BERTScore of each method's chosen output (`chosen[name][g]` for the
+    g-th prompt, whose task prompt id is `prompt_ids[g]`) against the reference solution
+    and against the no_prune output."""
     from stopexp.metrics import BertScorer
     from stopexp.tasks import build_task
 
     task = build_task(cfg.task)
-    n_prompts = int(paths.group.max()) + 1
-    problems = task.problems(cfg.evaluate.split, n_prompts)
-    refs = [task.reference(p) for p in problems]
+    problems = task.problems(cfg.evaluate.split, int(prompt_ids.max()) + 1)
+    refs = [task.reference(problems[i]) for i in prompt_ids]
     scorer = BertScorer(cfg.evaluate.bertscore_model) if cfg.evaluate.bertscore_model else BertScorer()
-    base = list(outcomes["no_prune"]["chosen"])
+    base = list(chosen["no_prune"])
     level = getattr(task, "text_level", "word")  # characters for the arithmetic task only
-    for name, o in outcomes.items():
-        hyps = list(o["chosen"])
+    for name, hyps in chosen.items():
+        hyps = list(hyps)
         for key, against in (("text_vs_reference", refs), ("text_vs_no_prune", base)):
             m = results[name][key] = text_metrics(hyps, against, level=level, scorer=scorer)
             if m.get("truncated"):
@@ -342,13 +351,14 @@ def online_paths(cfg, names, scorers, checkpoint, n_prompts: int):
     from stopexp.models import load_lm
     from stopexp.search.decode import SamplingParams, make_engine
     from stopexp.search.parallel import launch_check_resume
-    from stopexp.search.sample import row_cap
+    from stopexp.search.sample import fit_prompts, prompt_limit, row_cap
     from stopexp.taps import Taps
     from stopexp.tasks import build_task
 
     task = build_task(cfg.task)
-    problems = task.problems(cfg.evaluate.split, n_prompts)
     model, tokenizer = load_lm(cfg)
+    problems = fit_prompts(tokenizer, task.problems(cfg.evaluate.split, n_prompts),
+                           prompt_limit(cfg, model), cfg.model.long_prompts)
     N, K = cfg.search.n_paths, cfg.policy.keep
     methods = {m: (scorers[m], lambda: build_policy(cfg.policy, keep=K))
                for m in names if m != "no_prune"}
@@ -368,7 +378,8 @@ def online_paths(cfg, names, scorers, checkpoint, n_prompts: int):
             length=np.asarray([run.length[k] for k in keys]),
             correct=np.asarray([task.check(problems[i], t) for (i, _), t in zip(keys, text)]),
             answer=answer, text=text, alive=np.asarray([k in batch["row"] for k in keys]),
-            batch={}), np.asarray([run.kept[k] for k in keys]))
+            batch={}, prompt_ids=np.asarray([p.prompt_id for p in problems])),
+            np.asarray([run.kept[k] for k in keys]))
         gen = run.prefix_s + run.resume_s
         timing[name] = {"wall_s": run.wall_s, "wall_estimated": False, "check_s": run.check_s, "prefix_s": run.prefix_s,
                         "resume_s": run.resume_s,
@@ -461,6 +472,7 @@ def print_table(metrics: dict) -> str:
 @hydra.main(config_path="../conf", config_name="evaluate", version_base="1.3")
 def main(cfg: DictConfig) -> dict:
     validate(cfg)
+    check_output_dirs(cfg)
     from hydra.core.hydra_config import HydraConfig
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)

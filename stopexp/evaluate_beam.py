@@ -12,26 +12,50 @@ from stopexp.metrics import bootstrap_ci
 from stopexp.policies import build_policy
 
 
-def evaluate_beam(cfg, names: list[str], scorers: dict, n_prompts: int) -> dict:
+# tasks whose `diagnose` finds the first wrong written step, which the beam oracle needs
+PROCESS_CHECKED_TASKS = ("arith",)
+# what beam metrics leave out, said in metrics.json rather than left to guess
+NOT_REPORTED = {
+    "auroc": "beams are not independent paths with one outcome each: they share prefixes, are "
+             "re-ranked and refilled at every step, so AUROC/AUPRC of a method's scores against "
+             "path success is undefined; see the parallel protocol (search=parallel) for them",
+    "avg_at_k": "one hypothesis per prompt: accuracy is the only per-prompt outcome",
+}
+
+
+def oracle_refusal(task_name: str) -> str | None:
+    """Why the beam oracle cannot run for this task, or None when it can."""
+    if task_name in PROCESS_CHECKED_TASKS:
+        return None
+    return (f"task {task_name!r} has no process check (no first wrong step can be read from a "
+            "prefix), so a beam oracle would score every live beam alike and never prune; the "
+            "oracle is left out of beam search for it")
+
+
+def evaluate_beam(cfg, names: list[str], scorers: dict, n_prompts: int) -> tuple[dict, dict, list]:
     """Beam search with per-step pruning, online, per method. The oracle here is the
-    task's process check: a beam whose written steps already contain an error scores 0."""
+    task's process check: a beam whose written steps already contain an error scores 0
+    (only tasks in PROCESS_CHECKED_TASKS). Returns per method the metrics and the chosen
+    output text of every prompt, and the prompts' ids."""
     from stopexp.models import load_lm
     from stopexp.search.beam import beam_search
     from stopexp.search.decode import eos_ids
-    from stopexp.search.sample import prompt_ids
+    from stopexp.search.sample import fit_prompts, prompt_ids, prompt_limit
     from stopexp.taps import Taps
     from stopexp.tasks import build_task
 
     task = build_task(cfg.task)
-    problems = task.problems(cfg.evaluate.split, n_prompts)
     model, tokenizer = load_lm(cfg)
+    problems = fit_prompts(tokenizer, task.problems(cfg.evaluate.split, n_prompts),
+                           prompt_limit(cfg, model), cfg.model.long_prompts)
     s, B = cfg.search, cfg.search.beam_width
     checks = None if s.beam_checks is None else {
         checkpoint_tokens(c, s.max_new_tokens) for c in s.beam_checks}
-    results, eos = {}, eos_ids(model, tokenizer)
+    results, texts, eos = {}, {}, eos_ids(model, tokenizer)
     with Taps(model, list(cfg.tap.layers), cfg.tap.pooling) as taps:
         for name in names:
             correct, tokens, steps, alive = [], 0, [], np.zeros(s.max_new_tokens)
+            texts[name] = []
             check_s, start = 0.0, time.perf_counter()
             policy = None if name == "no_prune" else build_policy(cfg.policy, keep=cfg.policy.keep)
             for problem in problems:
@@ -45,7 +69,8 @@ def evaluate_beam(cfg, names: list[str], scorers: dict, n_prompts: int) -> dict:
                                 taps=taps if scorer else None, group_window=s.group_window,
                                 conf_topk=s.conf_topk, check_steps=checks,
                                 stop=tuple(s.stop), tokenizer=tokenizer)
-                correct.append(task.check(problem, tokenizer.decode(r.tokens, skip_special_tokens=True)))
+                texts[name].append(tokenizer.decode(r.tokens, skip_special_tokens=True))
+                correct.append(task.check(problem, texts[name][-1]))
                 tokens += r.n_forward_tokens - len(ids)
                 steps += r.pruned_steps
                 alive[: len(r.alive_per_step)] += np.asarray(r.alive_per_step) / B
@@ -61,7 +86,7 @@ def evaluate_beam(cfg, names: list[str], scorers: dict, n_prompts: int) -> dict:
     base = results["no_prune"]["tokens_total"]
     for r in results.values():
         r["tokens_ratio"] = r["tokens_total"] / base
-    return results
+    return results, texts, [p.prompt_id for p in problems]
 
 
 def _prefix_oracle(task, problem, tokenizer):

@@ -14,7 +14,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from stopexp.artifacts import write_json
-from stopexp.config import validate
+from stopexp.config import check_output_dirs, validate
 from stopexp.tracking import tracked_run
 
 log = logging.getLogger(__name__)
@@ -38,12 +38,15 @@ def run_pipeline(cfg, run_dir: Path) -> dict:
     metrics = {"collect": collected, "train": trained, **evaluated, "pipeline": timings}
     write_json(run_dir / "metrics.json", metrics)
     print(print_table(evaluated))
+    for warning in trained.get("warnings", []):  # under the table, where it is read
+        print(f"WARNING: predictor {trained.get('predictor')}: {warning}")
     return metrics
 
 
 @hydra.main(config_path="../conf", config_name="pipeline", version_base="1.3")
 def main(cfg: DictConfig) -> float | None:
     validate(cfg)
+    check_output_dirs(cfg)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     from stopexp.sweeps import objective, worst_value
 

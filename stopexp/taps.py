@@ -1,11 +1,15 @@
 """Taps: forward hooks on decoder layers that keep the hidden state of the last position.
 
 Only the last position of each forward is kept (B, layers, H), never the hidden sequence.
+The layers are resolved against the loaded model and ordered shallowest first, so
+`read()[:, -1]` is the deepest tapped layer whatever order tap.layers lists them in.
 Use as a context manager so the hooks are removed on exit, also on error.
 """
 from __future__ import annotations
 
 import torch
+
+from stopexp import config
 
 
 def decoder_layers(model) -> torch.nn.ModuleList:
@@ -20,14 +24,10 @@ def decoder_layers(model) -> torch.nn.ModuleList:
 
 
 def resolve_layers(layers, n_layers: int) -> list[int]:
-    """Map possibly negative layer indices to 0..n_layers-1, with a clear error."""
-    out = []
-    for i in layers:
-        if not -n_layers <= i < n_layers:
-            raise ValueError(f"tap.layers: layer {i} is outside the model's {n_layers} layers "
-                             f"(allowed {-n_layers}..{n_layers - 1})")
-        out.append(i % n_layers)
-    return out
+    """Tap layer entries (indices, negative from the end, or first | mid | last) as
+    distinct indices in 0..n_layers-1, shallowest first: the last tap is always the
+    deepest tapped layer. ValueError names tap.layers for a layer outside the model."""
+    return config.resolve_layers(layers, n_layers)
 
 
 class Taps:

@@ -14,7 +14,7 @@ import hydra
 from omegaconf import DictConfig
 
 from stopexp.artifacts import publish_dir, staging_dir, write_json
-from stopexp.config import validate
+from stopexp.config import check_output_dirs, validate
 from stopexp.search.decode import SamplingParams, make_engine
 from stopexp.search.sample import sample_paths, vote
 from stopexp.tasks import build_task
@@ -52,6 +52,7 @@ def solve_report(cfg, model, tokenizer, n_prompts: int = 100, n_paths: int = 32)
 @hydra.main(config_path="../conf", config_name="toy_lm", version_base="1.3")
 def main(cfg: DictConfig) -> dict:
     validate(cfg)
+    check_output_dirs(cfg)
     from stopexp.models import load_lm
     from stopexp.models.toy_lm import toy_key, train_toy_lm
 

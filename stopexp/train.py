@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from stopexp import bank, plots
 from stopexp.artifacts import config_hash, write_json
-from stopexp.config import checkpoint_tokens, validate
+from stopexp.config import check_output_dirs, checkpoint_tokens, validate
 from stopexp.losses import build_loss
 from stopexp.metrics import (auprc, brier, ece, length_correlation, nonfinite, pooled_auroc,
                              within_prompt_auroc)
@@ -63,10 +63,34 @@ def split_data(root: Path, meta: dict, cfg, prefixes: bool = False) -> dict[str,
                 t.update(bank.prefix_columns(ds))
             out[split] = bank.select_rows(t, t["alive"])
     for needed in ("train", "val"):
-        if needed not in out or not len(out[needed]["correct"]):
-            raise ValueError(f"collect.prompts.{needed}: the trace bank has no {needed} paths "
-                             f"alive at checkpoint {ckpt}; collect some")
+        check_usable(needed, out.get(needed), ckpt, cfg.search.n_paths)
     return out
+
+
+class NothingToLearn(ValueError):
+    """A split that cannot train or select a predictor: no prompt has both a correct and a
+    wrong path alive at the training checkpoint."""
+
+
+def check_usable(split: str, data: dict | None, ckpt: int, n_paths: int) -> int:
+    """The number of prompts of `split` with both a correct and a wrong path alive at the
+    checkpoint (the pairs the losses and the within-prompt AUROC are made of); raises
+    NothingToLearn naming the split, its counts and the fixes when there is none."""
+    n = len(data["correct"]) if data is not None else 0
+    groups = data["group"].numpy() if n else np.zeros(0, int)
+    correct = data["correct"].numpy() > 0.5 if n else np.zeros(0, bool)
+    prompts = np.unique(groups)
+    mixed = sum(bool(correct[groups == g].any() and (~correct[groups == g]).any()) for g in prompts)
+    if mixed:
+        return mixed
+    raise NothingToLearn(
+        f"train: the {split} split has no usable pair at checkpoint {ckpt} tokens "
+        f"(train.checkpoint): {len(prompts)} prompts with {n} paths alive there, {int(correct.sum())} "
+        f"of them correct, and no prompt has both a correct and a wrong path. Training and its "
+        f"epoch selection compare paths of one prompt, so nothing can be learned. Collect more "
+        f"prompts (collect.prompts.{split}), give the split a larger share "
+        f"(task.split_fractions), keep prompts with mixed outcomes (collect.keep_correct=[1, "
+        f"{max(n_paths - 1, 1)}]), or try another task.seed or seed.")
 
 
 @torch.no_grad()
@@ -98,15 +122,18 @@ def prompt_batches(groups: torch.Tensor, batch_prompts: int, rng: random.Random)
 
 def fit(cfg, predictor, data: dict, progress: bool = True) -> tuple[dict, list[dict]]:
     """AdamW with early stopping on validation within-prompt AUROC; returns the best
-    state and the per-epoch history."""
+    state and the per-epoch history. Only a trained epoch with a finite validation AUROC
+    is ever selected; `best["init_auroc"]` is the untrained initialisation's, for
+    comparison. Raises ValueError when no epoch has a finite validation AUROC."""
     loss_fn = build_loss(cfg.loss)
     params = [p for p in predictor.parameters() if p.requires_grad]
+    init_auroc = evaluate_scores(score(predictor, data["val"]), data["val"])["auroc"]
     best = {"state": {k: v.clone() for k, v in predictor.state_dict().items()},
-            "auroc": -math.inf, "epoch": 0}
+            "auroc": init_auroc, "epoch": 0, "init_auroc": init_auroc}
     history = []
     if not params:  # a statistic: nothing to fit, evaluated as is
-        val = evaluate_scores(score(predictor, data["val"]), data["val"])
-        return best, [{"epoch": 0, "train_loss": math.nan, "val_auroc": val["auroc"]}]
+        return best, [{"epoch": 0, "train_loss": math.nan, "val_auroc": init_auroc}]
+    best["auroc"] = -math.inf
     opt = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     rng, stale = random.Random(cfg.train.seed), 0
     bar = tqdm(range(1, cfg.train.epochs + 1), desc="train", unit="epoch", disable=not progress)
@@ -124,15 +151,37 @@ def fit(cfg, predictor, data: dict, progress: bool = True) -> tuple[dict, list[d
         history.append({"epoch": epoch, "train_loss": float(np.mean(losses)),
                         **{f"val_{k}": v for k, v in val.items() if k not in ("paths", "positive_rate")}})
         bar.set_postfix(loss=f"{np.mean(losses):.4f}", val_auroc=f"{val['auroc']:.3f}")
-        if val["auroc"] > best["auroc"]:
-            best = {"state": {k: v.clone() for k, v in predictor.state_dict().items()},
-                    "auroc": val["auroc"], "epoch": epoch}
+        # NaN never wins; a tie goes to the later epoch: a flat validation AUROC (coarse with
+        # few mixed prompts) is no reason to keep an earlier, less trained state. Keeping
+        # the first of tied epochs kept epoch 1, a single Adam step of lr * sign(gradient),
+        # which is the same for every loss whose gradient has the same signs.
+        if math.isfinite(val["auroc"]) and val["auroc"] >= best["auroc"]:
+            best.update(state={k: v.clone() for k, v in predictor.state_dict().items()},
+                        auroc=val["auroc"], epoch=epoch)
             stale = 0
         else:
             stale += 1
             if stale >= cfg.train.patience:
                 break
+    if best["epoch"] == 0:
+        raise ValueError(
+            f"train: the validation within-prompt AUROC was not finite after any of "
+            f"{len(history)} epochs (train losses {[round(h['train_loss'], 4) for h in history]}), "
+            "so no trained epoch can be selected and the untrained initialisation is not saved; "
+            "the scores diverged (lower train.lr) or the validation split lacks mixed prompts")
     return best, history
+
+
+def learning_warnings(best: dict, params: list) -> list[str]:
+    """What says the fit learned nothing visible: the selected epoch ranks the validation
+    paths no better than the untrained initialisation did."""
+    if not params or not best["auroc"] <= best["init_auroc"]:
+        return []
+    return [f"the selected epoch {best['epoch']} ranks validation paths no better than the "
+            f"untrained initialisation (within-prompt AUROC {best['auroc']:.4f} vs "
+            f"{best['init_auroc']:.4f} before training): its ranking comes from the random "
+            "initial weights, not from the loss. Train longer or faster (train.epochs, train.lr) "
+            "or on more prompts (collect.prompts.train)"]
 
 
 def train(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | None = None,
@@ -164,9 +213,13 @@ def train(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
              n_params, cfg.loss.name, len(data["train"]["correct"]),
              len(set(data["train"]["group"].tolist())))
     best, history = fit(cfg, predictor, data, progress)
+    warnings = learning_warnings(best, [p for p in predictor.parameters() if p.requires_grad])
+    for w in warnings:
+        log.warning("%s: %s", cfg.predictor.name, w)
     predictor.load_state_dict(best["state"])
     metrics = {"predictor": cfg.predictor.name, "loss": cfg.loss.name, "parameters": n_params,
                "best_epoch": best["epoch"], "epochs": len(history),
+               "val_auroc_untrained": best["init_auroc"], "warnings": warnings,
                "wall_s": round(time.time() - start, 2)}
     scores = {}
     for split, d in data.items():
@@ -202,6 +255,7 @@ def train(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
 @hydra.main(config_path="../conf", config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> dict:
     validate(cfg)
+    check_output_dirs(cfg)
     from hydra.core.hydra_config import HydraConfig
 
     hc = HydraConfig.get()
@@ -215,6 +269,8 @@ def main(cfg: DictConfig) -> dict:
             log.info("%-5s AUROC within-prompt %.3f  pooled %.3f  AUPRC %.3f  ECE %.3f  "
                      "Brier %.3f  length corr %+.3f", split, m["auroc"], m["auroc_pooled"],
                      m["auprc"], m["ece"], m["brier"], m["length_corr"])
+    for warning in metrics.get("warnings", []):
+        log.warning("%s", warning)
     return metrics
 
 

@@ -162,3 +162,36 @@ def test_checks_only_at_the_given_prefixes(tiny_lm):
                     patience=1, check_steps={3, 7})
     assert res.check_calls == 2 and [c["tokens"].shape[1] for c in calls] == [3, 7]
     assert set(res.pruned_steps) <= {3, 7}
+
+
+def test_beam_oracle_needs_a_process_check():
+    from stopexp.evaluate_beam import NOT_REPORTED, oracle_refusal
+
+    assert oracle_refusal("arith") is None
+    assert oracle_refusal("qa") == (
+        "task 'qa' has no process check (no first wrong step can be read from a prefix), so a "
+        "beam oracle would score every live beam alike and never prune; the oracle is left out "
+        "of beam search for it")
+    assert NOT_REPORTED["auroc"].startswith("beams are not independent paths")
+
+
+@pytest.mark.parametrize("layers", [[0, -1], [-1, 0], ["last", "first"]])
+def test_hidden_norm_reads_the_deepest_tapped_layer_whatever_the_order(tiny_lm, layers):
+    model, tok = tiny_lm
+    ids = tok(PROMPTS[0])["input_ids"]
+    scorer, calls = _record(lambda batch: torch.zeros(len(batch["tokens"])))
+    with Taps(model, layers) as taps:
+        assert taps.layers == [0, 1]
+        _beam(model, tok, ids, 2, 4, scorer=scorer, policy=TopK(2), taps=taps)
+    batch = calls[0]
+    full = torch.tensor([ids + row for row in batch["tokens"].tolist()])
+    seen = {}
+    hook = model.model.layers[1].register_forward_hook(lambda m, a, out: seen.update(h=out))
+    try:
+        model(full)  # hidden_states[-1] would be after the final norm: hook the layer instead
+    finally:
+        hook.remove()
+    deepest = seen["h"][:, -1]  # layer 1's output
+    assert torch.allclose(deepest, batch["hidden"][:, 1], atol=1e-5)
+    assert torch.allclose(batch["signals"][:, SIGNAL_NAMES.index("hidden_norm")],
+                          deepest.norm(dim=-1), atol=1e-4)

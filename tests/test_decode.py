@@ -91,7 +91,7 @@ def test_taps_keep_checkpoint_features_and_remove_hooks(tiny_lm):
     j = int(rows[0])
     full = torch.tensor([ids[j] + tokens[j, :3].tolist()])
     hs = model(full, output_hidden_states=True).hidden_states
-    assert torch.allclose(feats[0, 1], hs[1][0, -1], atol=1e-5)  # layer 0's output
+    assert torch.allclose(feats[0, 0], hs[1][0, -1], atol=1e-5)  # layer 0 (taps: shallowest first)
 
 
 def test_taps_removed_on_error(tiny_lm):

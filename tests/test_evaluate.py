@@ -127,3 +127,6 @@ def test_beam_search_evaluation(trained):
     assert m["methods"]["oracle"]["accuracy"] >= m["methods"]["no_prune"]["accuracy"]
     for r in m["methods"].values():
         assert r["tokens_total"] > 0 and len(r["survival"]) == 64
+        assert 0 <= r["text_vs_reference"]["bleu"] <= 100 + 1e-9  # beam outputs get text metrics too
+    assert m["methods"]["no_prune"]["text_vs_no_prune"]["bleu"] == pytest.approx(100.0)
+    assert set(m["not_reported"]) == {"auroc", "avg_at_k"} and m["omitted_methods"] == {}

@@ -53,7 +53,7 @@ def assert_same_bank(a, b):
 def test_real_model_configs_compose_and_validate(model):
     for stage in ("collect", "evaluate", "pipeline"):
         cfg = validate(compose(stage, [f"model={model}", "task=gsm8k"]))
-        assert cfg.model.dtype == "bfloat16" and cfg.model.device == "auto"
+        assert cfg.model.dtype == "auto" and cfg.model.device == "auto"
         assert cfg.model.attn_implementation == "sdpa" and cfg.model.chat_template
         assert cfg.model.max_batch_tokens >= cfg.search.n_paths * (cfg.search.max_new_tokens + 1)
     with pytest.raises(ConfigError, match="model.max_batch_tokens: 1000 cannot hold"):
@@ -89,7 +89,8 @@ def test_qa_task_collects_with_a_local_chat_model(chat_lm_dir, out_dir):
         "task.split_fractions={train: 0.5, val: 0.25, test: 0.25}",
         "logger=none", "search.n_paths=2", "search.max_new_tokens=8", "tap.checkpoints=[2,4]",
         "search.check_at=2", "train.checkpoint=2", "collect.prompts.train=2", "collect.prompts.val=1",
-        "collect.prompts.test=1", "collect.mc_rollouts=0", f"paths.output_dir={out_dir}"]))
+        "collect.prompts.test=1", "collect.mc_rollouts=0", f"paths.output_dir={out_dir}",
+        "model.max_prompt_tokens=1024"]))  # char-level questions outrun the tiny model's 128 positions
     assert collect(cfg)["paths"] == 8
     root = bank.bank_dir(cfg)
     meta = bank.read_meta(root)

@@ -5,7 +5,7 @@ import pytest
 
 from conftest import compose
 from stopexp import bank
-from stopexp.config import validate
+from stopexp.config import ConfigError, validate
 from stopexp.signals.checkpoint import CheckpointMismatch, load_predictor
 from stopexp.train import feature_spec, predictor_dir, score, split_data, train
 
@@ -86,3 +86,100 @@ def test_training_is_seeded(small_bank):
     again = train(cfg, progress=False)
     assert (ckpt / "predictor.safetensors").read_bytes() == weights
     assert again["val"] == first["val"]
+
+
+def test_two_losses_train_different_weights_and_scores(small_bank):
+    """In shrunk runs every loss once gave the same within-prompt AUROC: the selection kept
+    epoch 1 of a flat validation AUROC, one Adam step of lr * sign(gradient), identical for
+    losses whose gradients share their signs, and the linear probe's ranking was its random
+    initial direction. Ties now go to the later epoch and the probe starts at zero."""
+    from safetensors.torch import load_file
+
+    root = bank.require_bank(cfg_for(small_bank))
+    meta = bank.read_meta(root)
+    weights, scores, metrics = {}, {}, {}
+    for loss in ("contrastive", "pairwise", "reward_regression"):
+        cfg = cfg_for(small_bank, "predictor=linear", f"loss={loss}")
+        metrics[loss] = train(cfg, progress=False)
+        weights[loss] = load_file(str(predictor_dir(cfg) / "predictor.safetensors"))["head.weight"]
+        predictor, _ = load_predictor(predictor_dir(cfg), feature_spec(meta))
+        scores[loss] = score(predictor, split_data(root, meta, cfg)["test"]).numpy()
+    for other in ("pairwise", "reward_regression"):
+        assert (weights[other] - weights["contrastive"]).abs().max() > 1e-6, other
+        assert not np.allclose(scores[other], scores["contrastive"], rtol=0, atol=1e-6), other
+    for m in metrics.values():
+        assert m["best_epoch"] == 3  # the validation AUROC is flat here: the last epoch wins
+        assert m["val_auroc_untrained"] == 0.5 and m["warnings"] == []  # zero init ties all
+        assert m["val"]["auroc"] > 0.5
+
+
+def test_a_fit_that_does_not_beat_its_initialisation_says_so(small_bank):
+    m = train(cfg_for(small_bank, "train.lr=1e-12", "train.seed=7"), progress=False)
+    assert m["val"]["auroc"] == m["val_auroc_untrained"]
+    assert len(m["warnings"]) == 1 and m["warnings"][0].startswith(
+        f"the selected epoch {m['best_epoch']} ranks validation paths no better than the "
+        f"untrained initialisation (within-prompt AUROC {m['val_auroc_untrained']:.4f} vs "
+        f"{m['val_auroc_untrained']:.4f} before training)")
+    saved = json.loads((predictor_dir(cfg_for(small_bank, "train.lr=1e-12", "train.seed=7"))
+                        / "predictor.json").read_text())
+    assert saved["metrics"]["warnings"] == m["warnings"]  # the checkpoint is marked
+
+
+def test_nan_validation_never_selects_the_untrained_state(small_bank, monkeypatch):
+    import stopexp.train as T
+    from stopexp.signals import build_predictor
+
+    cfg = cfg_for(small_bank)
+    root = bank.require_bank(cfg)
+    meta = bank.read_meta(root)
+    data = split_data(root, meta, cfg)
+    real = T.evaluate_scores
+    monkeypatch.setattr(T, "evaluate_scores", lambda s, d: {**real(s, d), "auroc": float("nan")})
+    predictor = build_predictor(cfg.predictor, feature_spec(meta))
+    with pytest.raises(ValueError, match=r"^train: the validation within-prompt AUROC was not "
+                                         r"finite after any of 3 epochs"):
+        T.fit(cfg, predictor, data, progress=False)
+
+
+def _split(groups, correct):
+    import torch
+
+    return {"group": torch.tensor(groups), "correct": torch.tensor(correct, dtype=torch.float32)}
+
+
+def test_a_split_without_mixed_prompts_is_refused():
+    from stopexp.train import NothingToLearn, check_usable
+
+    assert check_usable("val", _split([0, 0, 1, 1], [1, 0, 1, 1]), 5, 8) == 1
+    with pytest.raises(NothingToLearn) as e:
+        check_usable("val", _split([0, 0, 1, 1], [1, 1, 0, 0]), 5, 8)
+    assert str(e.value) == (
+        "train: the val split has no usable pair at checkpoint 5 tokens (train.checkpoint): 2 "
+        "prompts with 4 paths alive there, 2 of them correct, and no prompt has both a correct "
+        "and a wrong path. Training and its epoch selection compare paths of one prompt, so "
+        "nothing can be learned. Collect more prompts (collect.prompts.val), give the split a "
+        "larger share (task.split_fractions), keep prompts with mixed outcomes "
+        "(collect.keep_correct=[1, 7]), or try another task.seed or seed.")
+    with pytest.raises(NothingToLearn, match="the train split has no usable pair at checkpoint 5 "
+                                             "tokens .*: 1 prompts with 3 paths alive there, 0 of"):
+        check_usable("train", _split([4, 4, 4], [0, 0, 0]), 5, 8)  # zero positives
+    with pytest.raises(NothingToLearn, match="the val split has no usable pair .*: 0 prompts "
+                                             "with 0 paths"):
+        check_usable("val", None, 5, 8)  # a split the task left empty
+
+
+def test_train_refuses_a_bank_whose_val_split_has_no_mixed_prompt(small_bank, tmp_path):
+    from stopexp.collect import collect
+    from stopexp.train import NothingToLearn
+
+    # keep only the validation prompts that no path solves
+    extra = [f"paths.output_dir={tmp_path}", "collect.keep_correct=[0,0]",
+             "collect.keep_correct_splits=[val]"]
+    collect(validate(compose("collect", [*small_bank, *extra])))
+    cfg = compose("train", [*small_bank, "train.epochs=3", *extra])
+    with pytest.raises(ConfigError, match=r"^collect.keep_correct: \[0, 0\] keeps only val prompts "
+                                          r"whose N=8 paths all fail or all succeed"):
+        validate(cfg)  # found at start-up; and if validate is skipped, train still refuses:
+    with pytest.raises(NothingToLearn, match="^train: the val split has no usable pair"):
+        train(cfg, progress=False)
+    assert not predictor_dir(cfg).exists()  # nothing saved

@@ -23,6 +23,16 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def pick_dtype(name: str, device: torch.device) -> torch.dtype:
+    """model.dtype as a torch dtype; `auto` is float32 on a CPU (bfloat16 matmuls there are
+    ~2.6x slower), bfloat16 on a GPU that supports it, else float16."""
+    if name != "auto":
+        return DTYPES[name]
+    if device.type != "cuda":
+        return torch.float32
+    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
+
 def model_dir(cfg, progress: bool = True) -> str:
     """Where the weights come from: the toy LM's directory (trained if needed), the
     directory converted from `model.gguf_file` (converted if needed) or `model.path`
@@ -44,7 +54,10 @@ def load_lm(cfg, progress: bool = True):
 
     m = cfg.model
     source = model_dir(cfg, progress)
-    kwargs = {"dtype": DTYPES[m.dtype]}
+    device = pick_device(m.device)
+    kwargs = {"dtype": pick_dtype(m.dtype, device)}
+    log.info("loading %s on %s as %s (model.dtype=%s)", source, device,
+             str(kwargs["dtype"]).removeprefix("torch."), m.dtype)
     if m.revision:
         kwargs["revision"] = m.revision
     if m.attn_implementation:
@@ -66,7 +79,7 @@ def load_lm(cfg, progress: bool = True):
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
-    model.to(pick_device(m.device)).eval().requires_grad_(False)
+    model.to(device).eval().requires_grad_(False)
     check_sizes(cfg, model)
     return model, tokenizer
 

@@ -1,10 +1,12 @@
 """Plain parallel sampling: N paths per prompt, no pruning, in chunks of whole prompts."""
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
-
 from stopexp.search.decode import Engine, stream_seed
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -28,6 +30,46 @@ def prompt_ids(tokenizer, prompt: str) -> list[int]:
                                              tokenize=False, add_generation_prompt=True)
         return tokenizer(text, add_special_tokens=False)["input_ids"]  # the template has the BOS
     return tokenizer(prompt)["input_ids"]
+
+
+class PromptTooLong(ValueError):
+    """A prompt longer than the model can take (model.max_prompt_tokens)."""
+
+
+def prompt_limit(cfg, model) -> int | None:
+    """The longest prompt in tokens: model.max_prompt_tokens, else the model's
+    max_position_embeddings minus search.max_new_tokens (None when the model states none)."""
+    if cfg.model.max_prompt_tokens is not None:
+        return int(cfg.model.max_prompt_tokens)
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    positions = getattr(config, "max_position_embeddings", None)
+    return None if positions is None else max(0, positions - cfg.search.max_new_tokens)
+
+
+def fit_prompts(tokenizer, problems: list, limit: int | None, mode: str = "error") -> list:
+    """The problems whose encoded prompt has at most `limit` tokens, checked before any
+    forward (a 1 MB question would otherwise ask for a KV cache of terabytes). mode `error`
+    raises PromptTooLong naming the first long prompt (split, prompt id, source row) and its
+    length; `skip` drops the long ones and logs how many."""
+    if limit is None:
+        return list(problems)
+    kept, long = [], []
+    for p in problems:
+        n = len(prompt_ids(tokenizer, p.prompt))
+        (kept if n <= limit else long).append((p, n))
+    if long and mode != "skip":
+        p, n = long[0]
+        row = f", source row {p.source_row}" if hasattr(p, "source_row") else ""
+        raise PromptTooLong(
+            f"model.max_prompt_tokens: prompt {p.split}/{p.prompt_id}{row} is {n} tokens, longer "
+            f"than the {limit} allowed (the model's positions minus search.max_new_tokens, or "
+            f"model.max_prompt_tokens); {len(long)} of {len(problems)} prompts are too long. "
+            "Shorten them, or set model.long_prompts=skip to leave them out")
+    if long:
+        log.warning("model.long_prompts=skip: left out %d of %d prompts longer than %d tokens "
+                    "(%s)", len(long), len(problems), limit,
+                    ", ".join(f"{p.split}/{p.prompt_id}: {n}" for p, n in long[:5]))
+    return [p for p, _ in kept]
 
 
 def row_cap(cfg, tokenizer, problems) -> int:

@@ -20,6 +20,9 @@ class LinearPredictor(Predictor):
         self.tap = tap_index(cfg.layer, spec)
         self.norm = nn.LayerNorm(spec.hidden_size, elementwise_affine=False)
         self.head = nn.Linear(spec.hidden_size, 1)
+        # zero weights (as in logistic regression): the untrained probe ties every path, so
+        # the ranking it ends with comes from the loss, not from a random initial direction
+        nn.init.zeros_(self.head.weight)
 
     def forward(self, batch: dict) -> torch.Tensor:
         return self.head(self.norm(hidden_of(batch, self.spec)[:, self.tap])).squeeze(-1)

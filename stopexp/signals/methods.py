@@ -4,7 +4,10 @@ string per path, naming its random stream) and, for the oracle, "correct"/"mc".
 
 - non-learnable: confidence (mean log-prob), min_logprob (the least likely token so far),
   entropy (minus mean entropy), deepconf
-  (lowest windowed group confidence), hidden_norm;
+  (lowest windowed group confidence), hidden_norm (the L2 norm of the current token's
+  hidden state at the *deepest tapped layer*, i.e. the highest index among the resolved
+  tap.layers, whatever order they are listed in; with tap=last it is the model's last
+  decoder layer's output, before the final norm);
 - controls: random (a per-path seeded draw, the same in replay and online), oracle (the
   Monte Carlo label where collected, else the outcome: the upper bound);
 - learned: any trained predictor;
@@ -16,11 +19,12 @@ from typing import Callable
 
 import torch
 
+from stopexp.config import BASELINE_METHODS
 from stopexp.signals.features import SIGNAL_NAMES
 from stopexp.search.decode import stream_seed
 
 Scorer = Callable[[dict], torch.Tensor]
-NON_LEARNABLE = ("confidence", "min_logprob", "entropy", "deepconf", "hidden_norm")
+NON_LEARNABLE = BASELINE_METHODS  # the names config.validate accepts
 _EXTERNAL: dict[str, Scorer] = {}
 
 

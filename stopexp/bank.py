@@ -185,18 +185,19 @@ def write_meta(root: Path, meta: dict) -> None:
     write_json(root / "meta.json", meta)
 
 
-def read_meta(root: Path) -> dict:
-    """The bank's meta.json; BankMissing when there is none, BankDamaged when unreadable."""
+def read_meta(root: Path, repair: str = REPAIR) -> dict:
+    """The bank's meta.json; BankMissing when there is none, BankDamaged when unreadable
+    (both messages end with `repair`)."""
     path = Path(root) / "meta.json"
     try:
         meta = json.loads(path.read_text())
     except FileNotFoundError:
-        raise BankMissing(f"trace bank {root} has no meta.json; {REPAIR}") from None
+        raise BankMissing(f"trace bank {root} has no meta.json; {repair}") from None
     except (ValueError, OSError) as e:
         raise BankDamaged(f"trace bank {root}: meta.json is unreadable ({e.__class__.__name__}: "
-                          f"{e}); {REPAIR}") from e
+                          f"{e}); {repair}") from e
     if not isinstance(meta, dict):
-        raise BankDamaged(f"trace bank {root}: meta.json is not a JSON object; {REPAIR}")
+        raise BankDamaged(f"trace bank {root}: meta.json is not a JSON object; {repair}")
     return meta
 
 
@@ -208,7 +209,7 @@ def verify_bank(root: Path, full: bool = False, repair: str = REPAIR) -> dict:
     Raises BankMissing (not complete: which shards are missing) or BankDamaged (which
     shards or files differ, and why); both say how to repair (`repair`)."""
     root = Path(root)
-    meta = read_meta(root)
+    meta = read_meta(root, repair)
     if meta.get("version") != BANK_VERSION or "shards" not in meta:
         raise BankDamaged(f"trace bank {root} was written by another version of stopexp "
                           f"(bank version {meta.get('version')}, {BANK_VERSION} expected); {repair}")

@@ -159,6 +159,7 @@ def finished_shards(root: Path) -> set[str]:
 
 
 def read_record(shard: Path) -> dict | None:
+    """A shard's own record (`shard.json`), or None when it is missing or unreadable."""
     try:
         rec = json.loads((shard / MANIFEST).read_text())
         return rec if isinstance(rec, dict) and "files" in rec and "rows" in rec else None
@@ -217,7 +218,7 @@ def verify_bank(root: Path, full: bool = False, repair: str = REPAIR) -> dict:
         missing = meta.get("missing", [])
         raise BankMissing(f"trace bank {root} is incomplete ({len(missing)} of "
                           f"{len(meta.get('plan', []))} shards missing: indices "
-                          f"{_short(missing)}); {repair}")
+                          f"{brief(missing)}); {repair}")
     damaged = {}
     for name, record in meta["shards"].items():
         problem = shard_problem(root / name, record, full)
@@ -230,7 +231,8 @@ def verify_bank(root: Path, full: bool = False, repair: str = REPAIR) -> dict:
     return meta
 
 
-def _short(items: list, n: int = 10) -> str:
+def brief(items: list, n: int = 10) -> str:
+    """The first `n` items, comma-separated, and how many more (for messages)."""
     return ", ".join(map(str, items[:n])) + (f" and {len(items) - n} more" if len(items) > n else "")
 
 

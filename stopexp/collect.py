@@ -132,7 +132,7 @@ def collect(cfg, rank: int = 0, world: int = 1, run=None) -> dict:
         if grouped:
             barrier()
         complete = not missing
-        lost = f"{len(missing)} of {len(shards)} shards missing (indices {bank._short(missing)})"
+        lost = f"{len(missing)} of {len(shards)} shards missing (indices {bank.brief(missing)})"
     if not complete:
         if world == 1:
             raise bank.BankDamaged(f"trace bank {root} is still incomplete after collect: {lost}; "

@@ -17,6 +17,7 @@ verifies every byte and recomputes what is damaged or missing.
 """
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 from pathlib import Path
@@ -67,13 +68,20 @@ def task_content(task_cfg) -> str | None:
         return None
     p = Path(path).expanduser()
     if p.is_file():
-        return "sha256:" + file_sha256(p)
+        st = p.stat()
+        return "sha256:" + _file_digest(str(p.resolve()), st.st_size, st.st_mtime_ns)
     if p.exists() or p.suffix in (".jsonl", ".json", ".parquet"):
         return "unreadable"  # collect refuses it, naming task.path
     from huggingface_hub.constants import HF_HUB_CACHE
 
     refs = Path(HF_HUB_CACHE) / f"datasets--{path.replace('/', '--')}" / "refs" / "main"
     return f"hub:{path}@{refs.read_text().strip()}" if refs.is_file() else f"hub:{path}"
+
+
+@functools.lru_cache(maxsize=64)
+def _file_digest(path: str, size: int, mtime_ns: int) -> str:
+    """A file's SHA-256, computed once per version of the file (size, mtime) and process."""
+    return file_sha256(Path(path))
 
 
 def bank_key(cfg) -> str:

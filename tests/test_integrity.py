@@ -293,3 +293,17 @@ def test_damaged_toy_lm_is_named_and_never_loaded(tmp_path, caplog):
     assert toy_lm_problem(cached) is None
     os.truncate(cached / "model.safetensors", 1000)
     assert toy_lm_problem(cached).startswith("model.safetensors cannot be read (Error while deserializing header")
+
+
+def test_a_damaged_job_file_of_a_sweep_is_named(tmp_path):
+    from omegaconf import OmegaConf
+
+    from stopexp import sweeps
+
+    job = tmp_path / "sweep" / "0"
+    (job / ".hydra").mkdir(parents=True)
+    OmegaConf.save(compose("pipeline"), job / ".hydra" / "config.yaml")
+    (job / "metrics.json").write_text('{"methods": {"no_pr')
+    with pytest.raises(ValueError, match=rf"job {job}: metrics.json or .hydra/config.yaml is "
+                                         r"unreadable \(JSONDecodeError.*or delete"):
+        sweeps.dir_runs(job.parent)

@@ -101,9 +101,9 @@ def collect(cfg, rank: int = 0, world: int = 1, run=None) -> dict:
     damaged meta.json; returns the summary of the bank.
 
     The bank is marked complete only when every shard of the plan is there and matches
-    its record byte for byte. A single process (world 1) that cannot complete it raises
-    BankDamaged; a rank of a sharded launch may end with it incomplete (the others finish
-    it), which it logs."""
+    its record byte for byte. A single process (world 1) or a launcher group that cannot
+    complete it raises BankDamaged; one job of an array (collect.rank/world) may end with
+    it incomplete (the other jobs finish it), which it logs with the ranks still owing."""
     from stopexp.tasks import build_task
 
     root = bank.bank_dir(cfg)
@@ -121,24 +121,20 @@ def collect(cfg, rank: int = 0, world: int = 1, run=None) -> dict:
         barrier()  # rank 0 has written meta.json: report what it found
         complete, lost = bank.read_meta(root).get("complete", False), "see rank 0's log"
     else:
-        good = verified_shards(root, range(len(shards)), trusted=set(done.values()) | written)
-        missing = [i for i in range(len(shards)) if i not in good]
-        if rank == 0 or not missing:
-            missing = _write_meta(cfg, root, task, shards, good, missing)
-            if missing:  # another job of an array may have finished meanwhile: never leave
-                good = verified_shards(root, range(len(shards)), trusted=set(good.values()))
-                if len(good) == len(shards):  # a stale "incomplete" behind
-                    missing = _write_meta(cfg, root, task, shards, good, [])
+        missing = _settle(cfg, root, task, shards, set(done.values()) | written, rank)
         if grouped:
             barrier()
         complete = not missing
         lost = f"{len(missing)} of {len(shards)} shards missing (indices {bank.brief(missing)})"
     if not complete:
-        if world == 1:
+        if world == 1 or grouped:  # every rank has run: nobody is left to complete it
             raise bank.BankDamaged(f"trace bank {root} is still incomplete after collect: {lost}; "
                                    "did another process remove shards meanwhile? Rerun collect.")
-        log.info("rank %d of %d: its shards are written; the bank %s is not complete yet (%s): "
-                 "the other ranks complete it", rank, world, root, lost)
+        owners = sorted({i % world for i in missing})
+        log.info("rank %d of %d: its shards are written; the bank %s is not complete yet (%s, "
+                 "of ranks %s): those ranks' jobs complete it (one that already ended: rerun "
+                 "it, or one collect without collect.rank/world)", rank, world, root, lost,
+                 bank.brief(owners))
         return {"bank": str(root), "complete": False}
     if grouped and rank:
         return {"bank": str(root), "complete": True}
@@ -151,6 +147,21 @@ def collect(cfg, rank: int = 0, world: int = 1, run=None) -> dict:
                                    **summary})
         run.log({"collect/sample_paths": _sample_table(run, root)})
     return {"bank": str(root), "complete": True, **summary}
+
+
+def _settle(cfg, root: Path, task, shards: list, trusted: set[str], rank: int) -> list[int]:
+    """Verify every shard of the plan (byte for byte, except the `trusted` ones this
+    process has just checked or written) and write meta.json if this process may: rank 0,
+    or any process that finds the bank complete. Returns the indices still missing."""
+    good = verified_shards(root, range(len(shards)), trusted)
+    missing = [i for i in range(len(shards)) if i not in good]
+    if rank == 0 or not missing:
+        missing = _write_meta(cfg, root, task, shards, good, missing)
+        if missing:  # another job of an array may have finished meanwhile: never leave
+            good = verified_shards(root, range(len(shards)), set(good.values()))
+            if len(good) == len(shards):  # a stale "incomplete" behind
+                missing = _write_meta(cfg, root, task, shards, good, [])
+    return missing
 
 
 def _fill(cfg, root: Path, task, shards: list, pending: list[int], rank: int,

@@ -307,3 +307,15 @@ def test_a_damaged_job_file_of_a_sweep_is_named(tmp_path):
     with pytest.raises(ValueError, match=rf"job {job}: metrics.json or .hydra/config.yaml is "
                                          r"unreadable \(JSONDecodeError.*or delete"):
         sweeps.dir_runs(job.parent)
+
+
+def test_an_array_job_may_end_incomplete_and_says_which_ranks_owe_shards(copied, caplog):
+    cfg, root = copied
+    shutil.rmtree(root / shard_of(root, "test"))  # shard 3: rank 1's of 2
+    with caplog.at_level("INFO"):
+        assert collect(cfg, 0, 2) == {"bank": str(root), "complete": False}
+    assert "1 of 4 shards missing (indices 3), of ranks 1" in caplog.text
+    meta = bank.read_meta(root)
+    assert not meta["complete"] and meta["missing"] == [3] and len(meta["shards"]) == 3
+    with pytest.raises(bank.BankMissing, match="incomplete"):
+        bank.require_bank(cfg)

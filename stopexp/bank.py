@@ -37,7 +37,7 @@ disable_progress_bar()  # one bar per shard save would drown the collect progres
 BANK_VERSION = 2  # 2: shard records in meta.json and shard.json; task content in the key
 MANIFEST = "shard.json"
 REPAIR = ("rerun the collect command that made it (python -m stopexp.collect with the same "
-          "overrides): it recomputes damaged or missing shards and rewrites meta.json")
+          "overrides); it recomputes damaged or missing shards and rewrites meta.json")
 
 
 class BankMissing(FileNotFoundError):
@@ -201,12 +201,12 @@ def read_meta(root: Path, repair: str = REPAIR) -> dict:
     try:
         meta = json.loads(path.read_text())
     except FileNotFoundError:
-        raise BankMissing(f"trace bank {root} has no meta.json; {repair}") from None
+        raise BankMissing(f"trace bank {root} has no meta.json.\nRepair:  {repair}") from None
     except (ValueError, OSError) as e:
         raise BankDamaged(f"trace bank {root}: meta.json is unreadable ({e.__class__.__name__}: "
-                          f"{e}); {repair}") from e
+                          f"{e}).\nRepair:  {repair}") from e
     if not isinstance(meta, dict):
-        raise BankDamaged(f"trace bank {root}: meta.json is not a JSON object; {repair}")
+        raise BankDamaged(f"trace bank {root}: meta.json is not a JSON object.\nRepair:  {repair}")
     return meta
 
 
@@ -221,12 +221,13 @@ def verify_bank(root: Path, full: bool = False, repair: str = REPAIR) -> dict:
     meta = read_meta(root, repair)
     if meta.get("version") != BANK_VERSION or "shards" not in meta:
         raise BankDamaged(f"trace bank {root} was written by another version of stopexp "
-                          f"(bank version {meta.get('version')}, {BANK_VERSION} expected); {repair}")
+                          f"(bank version {meta.get('version')}, {BANK_VERSION} expected)."
+                          f"\nRepair:  {repair}")
     if not meta.get("complete"):
         missing = meta.get("missing", [])
         raise BankMissing(f"trace bank {root} is incomplete ({len(missing)} of "
                           f"{len(meta.get('plan', []))} shards missing: indices "
-                          f"{brief(missing)}); {repair}")
+                          f"{brief(missing)}).\nRepair:  {repair}")
     damaged = {}
     for name, record in meta["shards"].items():
         problem = shard_problem(root / name, record, full)
@@ -235,7 +236,7 @@ def verify_bank(root: Path, full: bool = False, repair: str = REPAIR) -> dict:
     if damaged:
         raise BankDamaged(f"trace bank {root} is damaged: "
                           + "; ".join(f"{n}: {p}" for n, p in sorted(damaged.items()))
-                          + f".\nRepair: {repair}")
+                          + f".\nRepair:  {repair}")
     return meta
 
 
@@ -262,10 +263,10 @@ def load_bank(root: Path, split: str | None = None) -> Dataset:
             ds = load_from_disk(str(root / name))
         except Exception as e:  # pyarrow / datasets name no file: say which shard it was
             raise BankDamaged(f"trace bank {root}: shard {name} cannot be read "
-                              f"({e.__class__.__name__}: {str(e)[:200]}).\nRepair: {REPAIR}") from e
+                              f"({e.__class__.__name__}: {str(e)[:200]}).\nRepair:  {REPAIR}") from e
         if len(ds) != meta["shards"][name]["rows"]:
             raise BankDamaged(f"trace bank {root}: shard {name} holds {len(ds)} rows, "
-                              f"{meta['shards'][name]['rows']} recorded.\nRepair: {REPAIR}")
+                              f"{meta['shards'][name]['rows']} recorded.\nRepair:  {REPAIR}")
         parts.append(ds)
     ds = concatenate_datasets(parts)
     if split is not None:
@@ -293,8 +294,8 @@ def require_bank(cfg, overrides: list[str] | None = None) -> Path:
         raise BankMissing(f"no complete trace bank for this config at {root}.\n"
                           f"Make it with:  {command}"
                           + "\n(or run python -m stopexp.pipeline, which makes it for you)")
-    verify_bank(root, repair=f"repair it with:  {command}\n(collect recomputes only the "
-                             "damaged or missing shards; python -m stopexp.pipeline does too)")
+    verify_bank(root, repair=f"{command}\n(collect recomputes only the damaged or missing "
+                             "shards; python -m stopexp.pipeline does too)")
     return root
 
 

@@ -78,8 +78,8 @@ def test_missing_shard_is_named_and_collect_recomputes_only_it(copied, small_ban
     before = snapshot(root)
     shutil.rmtree(root / lost)
     # every consumer: the shard is named with the exact repair command, nothing is trained
-    with pytest.raises(bank.BankDamaged, match=rf"{lost}: missing.*\n.*python -m stopexp.collect "
-                                                r"search.n_paths=8"):
+    with pytest.raises(bank.BankDamaged, match=rf"{lost}: missing.\nRepair:  python -m stopexp.collect "
+                                                r"search.n_paths=8\n"):
         bank.require_bank(cfg, ["search.n_paths=8"])
     with pytest.raises(bank.BankDamaged, match=f"{lost}: missing"):
         train(validate(compose("train", [*small_bank, f"paths.output_dir={root.parents[2]}"])),
@@ -150,8 +150,8 @@ def test_truncated_meta_is_named_and_collect_rewrites_it(copied):
     before = snapshot(root)
     text = (root / "meta.json").read_text()
     (root / "meta.json").write_text(text[: len(text) // 3])
-    with pytest.raises(bank.BankDamaged, match=r"meta.json is unreadable \(JSONDecodeError.*"
-                                                r"repair it with:  python -m stopexp.collect"):
+    with pytest.raises(bank.BankDamaged, match=r"meta.json is unreadable \(JSONDecodeError.*\)"
+                                                r".\nRepair:  python -m stopexp.collect"):
         bank.require_bank(cfg)
     assert collect(cfg)["complete"]
     assert bank.read_meta(root) == original and snapshot(root) == before  # nothing recomputed
@@ -202,7 +202,8 @@ def test_empty_split_messages_say_which_setting_to_change():
     from stopexp.train import _empty_split
 
     cfg = compose("train", ["collect.keep_correct=[2,6]"])
-    meta = {"plan": [{"index": 0, "split": "train", "prompts": 5}, {"index": 1, "split": "val", "prompts": 3}],
+    meta = {"plan": [{"index": 0, "split": "train", "prompts": 5},
+                     {"index": 1, "split": "val", "prompts": 3}],
             "shards": {"shard-00000-r000": {"rows": 40, "splits": {"train": 40}},
                        "shard-00001-r000": {"rows": 0, "splits": {}}}}
     assert _empty_split(meta, "test", 5, cfg).startswith(
@@ -280,7 +281,8 @@ def test_damaged_toy_lm_is_named_and_never_loaded(tmp_path, caplog):
     assert ensure_toy_lm(cfg) == cached
     size = (cached / "model.safetensors").stat().st_size
     os.truncate(cached / "model.safetensors", 1000)
-    assert toy_lm_problem(cached) == f"model.safetensors has 1000 bytes, {size} recorded (truncated or replaced)"
+    assert toy_lm_problem(cached) == (f"model.safetensors has 1000 bytes, {size} recorded "
+                                      "(truncated or replaced)")
     with caplog.at_level("WARNING"):
         assert ensure_toy_lm(cfg) == committed  # the damaged copy is deleted, the committed one used
     assert "cached toy LM" in caplog.text and "model.safetensors has 1000 bytes" in caplog.text
@@ -292,7 +294,8 @@ def test_damaged_toy_lm_is_named_and_never_loaded(tmp_path, caplog):
     (cached / "toy_lm.json").write_text(json.dumps(info))
     assert toy_lm_problem(cached) is None
     os.truncate(cached / "model.safetensors", 1000)
-    assert toy_lm_problem(cached).startswith("model.safetensors cannot be read (Error while deserializing header")
+    assert toy_lm_problem(cached).startswith(
+        "model.safetensors cannot be read (Error while deserializing header")
 
 
 def test_a_damaged_job_file_of_a_sweep_is_named(tmp_path):

@@ -38,6 +38,7 @@ from stopexp import bank, plots
 from stopexp.config import Config, project_root, validate
 from stopexp.evaluate import (build_scorers, keep_by_policy, make_plots, outcome, print_table,
                               replay_paths)
+from stopexp.signals.checkpoint import read_checkpoint
 from stopexp.train import feature_spec, predictor_dir
 
 run = Path(run_dir) if run_dir else max((project_root() / "outputs/runs/pipeline").iterdir())
@@ -78,7 +79,7 @@ print(f"replayed {len(outcomes)} methods on {p['prompts']} prompts: accuracies m
 
 # %%
 figs = make_plots(paths, outcomes, scores, metrics["points"], out)
-history = json.loads((predictor_dir(cfg) / "predictor.json").read_text())["history"]
+history = read_checkpoint(predictor_dir(cfg))["history"]  # names a damaged file
 figs["loss_curve"] = plots.loss_curve(history, out / "loss_curve.png")
 for name, path in figs.items():
     print(name)

@@ -7,10 +7,17 @@ rank of the process that wrote them, and loading sorts them, so the order of pat
 the same whichever process wrote what.
 
 The bank lives in `<cache>/traces/<hash>`, where the hash covers every config section that
-changes its content; `meta.json` records what a consumer needs to check it fits.
+changes its content (for a file-based task, the file's content too); `meta.json` records
+what a consumer needs to check it fits, and what the bank must hold: the shard plan and,
+per shard, its rows and the size and SHA-256 of every file (each shard also carries that
+record in its own `shard.json`, written with it). Consumers verify the bank against that
+record on load (sizes, and the checksum of small files and of sampled blocks of large
+ones: milliseconds) and name any damaged shard with the command that repairs it; collect
+verifies every byte and recomputes what is damaged or missing.
 """
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 from pathlib import Path
@@ -22,16 +29,24 @@ from datasets.utils.logging import disable_progress_bar
 
 from stopexp.artifacts import config_hash, plain, publish_dir, staging_dir, write_json
 from stopexp.config import checkpoint_tokens
+from stopexp.integrity import dir_problem, file_sha256, records
 from stopexp.signals.features import SIGNAL_NAMES
 
 disable_progress_bar()  # one bar per shard save would drown the collect progress bar
 
-BANK_VERSION = 1
-EMPTY = "empty-shard.json"
+BANK_VERSION = 2  # 2: shard records in meta.json and shard.json; task content in the key
+MANIFEST = "shard.json"
+REPAIR = ("rerun the collect command that made it (python -m stopexp.collect with the same "
+          "overrides); it recomputes damaged or missing shards and rewrites meta.json")
 
 
 class BankMissing(FileNotFoundError):
     """No trace bank for this config; the message gives the command that makes it."""
+
+
+class BankDamaged(BankMissing):
+    """A bank whose files differ from what it records (a shard missing, truncated or
+    altered, or meta.json unreadable); the message names them and the repair."""
 
 
 def checkpoints_of(cfg) -> list[int]:
@@ -46,15 +61,44 @@ def sampling_section(search) -> dict:
     return out
 
 
+def task_content(task_cfg) -> str | None:
+    """What a file-based task's questions are, for the bank's hash: the SHA-256 of a local
+    file; for a hub dataset id, the cached revision (commit) when the local Hugging Face
+    cache has one, else the id alone. None for tasks without a path (the embedded one)."""
+    path = task_cfg.get("path") if hasattr(task_cfg, "get") else None
+    if not path:
+        return None
+    p = Path(path).expanduser()
+    if p.is_file():
+        st = p.stat()
+        return "sha256:" + _file_digest(str(p.resolve()), st.st_size, st.st_mtime_ns)
+    if p.exists() or p.suffix in (".jsonl", ".json", ".parquet"):
+        return "unreadable"  # collect refuses it, naming task.path
+    from huggingface_hub.constants import HF_HUB_CACHE
+
+    refs = Path(HF_HUB_CACHE) / f"datasets--{path.replace('/', '--')}" / "refs" / "main"
+    return f"hub:{path}@{refs.read_text().strip()}" if refs.is_file() else f"hub:{path}"
+
+
+@functools.lru_cache(maxsize=64)
+def _file_digest(path: str, size: int, mtime_ns: int) -> str:
+    """A file's SHA-256, computed once per version of the file (size, mtime) and process."""
+    return file_sha256(Path(path))
+
+
 def bank_key(cfg) -> str:
     """What the bank's content depends on (not batch sizes, the rank that wrote a shard,
-    loggers or later stages)."""
+    loggers or later stages); a file-based task counts by its content, not its path alone."""
     model = {k: v for k, v in plain(cfg.model).items() if k != "max_batch_tokens"}
     if model.get("long_prompts", "error") == "error":  # refusing changes no bank's content
         model.pop("long_prompts", None)
         model.pop("max_prompt_tokens", None)
     collect = {k: v for k, v in plain(cfg.collect).items() if k not in ("rank", "world")}
-    return config_hash({"version": BANK_VERSION, "model": model, "task": cfg.task,
+    task = plain(cfg.task)
+    content = task_content(cfg.task)
+    if content is not None:
+        task = {**task, "content": content}
+    return config_hash({"version": BANK_VERSION, "model": model, "task": task,
                         "tap": {"layers": list(cfg.tap.layers), "pooling": cfg.tap.pooling,
                                 "checkpoints": checkpoints_of(cfg)},
                         "search": sampling_section(cfg.search), "collect": collect,
@@ -89,56 +133,175 @@ def shard_index(name: str) -> int:
     return int(name.split("-")[1])
 
 
-def write_shard(root: Path, name: str, rows: dict, feats: Features) -> None:
-    """Save one shard atomically (temp dir + rename)."""
+# ---- shards ------------------------------------------------------------------------------
+
+def write_shard(root: Path, name: str, rows: dict, feats: Features, info: dict | None = None) -> dict:
+    """Save one shard atomically (temp dir + rename) with its record (`shard.json`: index,
+    split, rows, per-file size and SHA-256, and `info`); returns the record."""
     final = root / name
     tmp = staging_dir(final)
     try:
-        if rows["length"]:
+        n = len(rows["length"])
+        if n:  # else every prompt was filtered out: the shard is done but holds nothing
             Dataset.from_dict(rows, features=feats).save_to_disk(str(tmp))
-        else:  # every prompt filtered out: the shard is done but holds nothing
-            (tmp / EMPTY).write_text("{}")
+        splits = sorted(set(rows["split"]))
+        record = {"index": shard_index(name), "rows": n,
+                  "splits": {s: rows["split"].count(s) for s in splits},
+                  "files": records(tmp),
+                  **(info or {})}
+        write_json(tmp / MANIFEST, record)
         publish_dir(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    return record
+
+
+def shard_dirs(root: Path) -> dict[int, list[str]]:
+    """Published shard directories by plan index (temporary dirs start with a dot)."""
+    out: dict[int, list[str]] = {}
+    for p in sorted(root.glob("shard-*")) if root.is_dir() else []:
+        out.setdefault(shard_index(p.name), []).append(p.name)
+    return out
 
 
 def finished_shards(root: Path) -> set[str]:
-    """Names of the shards fully written (temporary dirs start with a dot)."""
-    return {p.name for p in root.glob("shard-*")
-            if (p / "dataset_info.json").exists() or (p / EMPTY).exists()}
+    """Names of the shards published with a readable record (not checked against it)."""
+    return {n for names in shard_dirs(root).values() for n in names
+            if read_record(root / n) is not None}
 
+
+def read_record(shard: Path) -> dict | None:
+    """A shard's own record (`shard.json`), or None when it is missing or unreadable."""
+    try:
+        rec = json.loads((shard / MANIFEST).read_text())
+        return rec if isinstance(rec, dict) and "files" in rec and "rows" in rec else None
+    except (OSError, ValueError):
+        return None
+
+
+def shard_problem(shard: Path, record: dict | None = None, full: bool = False) -> str | None:
+    """Why a shard differs from `record` (default: its own `shard.json`), or None."""
+    if not shard.is_dir():
+        return "missing"
+    own = read_record(shard)
+    if own is None:
+        return f"{MANIFEST} is missing or unreadable"
+    record = record or own
+    if own != record:
+        return f"{MANIFEST} differs from the bank's record (another shard put in its place?)"
+    return dir_problem(shard, record["files"], full)
+
+
+# ---- meta.json and verification ----------------------------------------------------------
 
 def write_meta(root: Path, meta: dict) -> None:
     write_json(root / "meta.json", meta)
 
 
-def read_meta(root: Path) -> dict:
-    return json.loads((root / "meta.json").read_text())
+def read_meta(root: Path, repair: str = REPAIR) -> dict:
+    """The bank's meta.json; BankMissing when there is none, BankDamaged when unreadable
+    (both messages end with `repair`)."""
+    path = Path(root) / "meta.json"
+    try:
+        meta = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise BankMissing(f"trace bank {root} has no meta.json.\nRepair:  {repair}") from None
+    except (ValueError, OSError) as e:
+        raise BankDamaged(f"trace bank {root}: meta.json is unreadable ({e.__class__.__name__}: "
+                          f"{e}).\nRepair:  {repair}") from e
+    if not isinstance(meta, dict):
+        raise BankDamaged(f"trace bank {root}: meta.json is not a JSON object.\nRepair:  {repair}")
+    return meta
+
+
+def verify_bank(root: Path, full: bool = False, repair: str = REPAIR) -> dict:
+    """Check a bank against its own record: complete, every recorded shard present and
+    its files of the recorded sizes and checksums (cheap: small files whole, sampled
+    blocks of large ones; `full`: every byte). Returns meta.json's content.
+
+    Raises BankMissing (not complete: which shards are missing) or BankDamaged (which
+    shards or files differ, and why); both say how to repair (`repair`)."""
+    root = Path(root)
+    meta = read_meta(root, repair)
+    if meta.get("version") != BANK_VERSION or "shards" not in meta:
+        raise BankDamaged(f"trace bank {root} was written by another version of stopexp "
+                          f"(bank version {meta.get('version')}, {BANK_VERSION} expected)."
+                          f"\nRepair:  {repair}")
+    if not meta.get("complete"):
+        missing = meta.get("missing", [])
+        raise BankMissing(f"trace bank {root} is incomplete ({len(missing)} of "
+                          f"{len(meta.get('plan', []))} shards missing: indices "
+                          f"{brief(missing)}).\nRepair:  {repair}")
+    damaged = {}
+    for name, record in meta["shards"].items():
+        problem = shard_problem(root / name, record, full)
+        if problem:
+            damaged[name] = problem
+    if damaged:
+        raise BankDamaged(f"trace bank {root} is damaged: "
+                          + "; ".join(f"{n}: {p}" for n, p in sorted(damaged.items()))
+                          + f".\nRepair:  {repair}")
+    return meta
+
+
+def brief(items: list, n: int = 10) -> str:
+    """The first `n` items, comma-separated, and how many more (for messages)."""
+    return ", ".join(map(str, items[:n])) + (f" and {len(items) - n} more" if len(items) > n else "")
 
 
 def load_bank(root: Path, split: str | None = None) -> Dataset:
-    """All finished shards (sorted by name), optionally one split, numpy-formatted."""
-    names = sorted(n for n in finished_shards(root) if not (root / n / EMPTY).exists())
+    """The paths of a complete, verified bank (shards in name order), optionally of one
+    split, numpy-formatted. Raises BankMissing / BankDamaged naming the shard at fault."""
+    root = Path(root)
+    meta = verify_bank(root)
+    names = sorted(n for n, rec in meta["shards"].items()
+                   if rec["rows"] and (split is None or rec["splits"].get(split)))
     if not names:
-        raise BankMissing(f"trace bank {root} holds no finished shard")
-    ds = concatenate_datasets([load_from_disk(str(root / n)) for n in names])
+        names = sorted(n for n, rec in meta["shards"].items() if rec["rows"])[:1]
+        if not names:
+            raise BankMissing(f"trace bank {root} holds no paths (every prompt was filtered "
+                              "out by collect.keep_correct?)")
+    parts = []
+    for name in names:
+        try:
+            ds = load_from_disk(str(root / name))
+        except Exception as e:  # pyarrow / datasets name no file: say which shard it was
+            raise BankDamaged(f"trace bank {root}: shard {name} cannot be read "
+                              f"({e.__class__.__name__}: {str(e)[:200]}).\nRepair:  {REPAIR}") from e
+        if len(ds) != meta["shards"][name]["rows"]:
+            raise BankDamaged(f"trace bank {root}: shard {name} holds {len(ds)} rows, "
+                              f"{meta['shards'][name]['rows']} recorded.\nRepair:  {REPAIR}")
+        parts.append(ds)
+    ds = concatenate_datasets(parts)
     if split is not None:
         idx = np.nonzero(np.asarray(ds["split"][:]) == split)[0]
         ds = ds.select(idx)
     return ds.with_format("numpy")
 
 
+def split_rows(meta: dict, split: str) -> int:
+    """How many paths of `split` the bank holds (from its record, nothing loaded)."""
+    return sum(rec["splits"].get(split, 0) for rec in meta["shards"].values())
+
+
+def planned_prompts(meta: dict, split: str) -> int:
+    """How many prompts of `split` collect was asked for (before the difficulty filter)."""
+    return sum(p["prompts"] for p in meta.get("plan", []) if p["split"] == split)
+
+
 def require_bank(cfg, overrides: list[str] | None = None) -> Path:
-    """The bank for this config, or an error that prints the exact collect command."""
+    """The bank for this config, verified (cheaply) against its record, or an error that
+    names what is missing or damaged and prints the exact collect command."""
     root = bank_dir(cfg)
-    if (root / "meta.json").exists() and read_meta(root).get("complete"):
-        return root
-    args = " ".join(overrides or [])
-    raise BankMissing(f"no complete trace bank for this config at {root}.\n"
-                      f"Make it with:  python -m stopexp.collect {args}".rstrip()
-                      + "\n(or run python -m stopexp.pipeline, which makes it for you)")
+    command = f"python -m stopexp.collect {' '.join(overrides or [])}".rstrip()
+    if not (root / "meta.json").exists():
+        raise BankMissing(f"no complete trace bank for this config at {root}.\n"
+                          f"Make it with:  {command}"
+                          + "\n(or run python -m stopexp.pipeline, which makes it for you)")
+    verify_bank(root, repair=f"{command}\n(collect recomputes only the damaged or missing "
+                             "shards; python -m stopexp.pipeline does too)")
+    return root
 
 
 def tensors_at(ds: Dataset, c_idx: int, checkpoint: int) -> dict:
@@ -175,3 +338,26 @@ def prefix_columns(ds: Dataset) -> dict:
 
 def select_rows(batch: dict, rows) -> dict:
     return {k: v[rows] for k, v in batch.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m stopexp.bank DIR [--full]`: verify a bank; exit 1 naming what is wrong."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m stopexp.bank", description=main.__doc__)
+    ap.add_argument("bank", type=Path, help="the bank directory (<cache>/traces/<hash>)")
+    ap.add_argument("--full", action="store_true", help="checksum every byte, not samples")
+    args = ap.parse_args(argv)
+    try:
+        meta = verify_bank(args.bank, full=args.full)
+    except BankMissing as e:
+        print(e)
+        return 1
+    rows = sum(r["rows"] for r in meta["shards"].values())
+    print(f"{args.bank}: complete, {len(meta['shards'])} shards, {rows} paths, "
+          f"{'every byte' if args.full else 'sizes and sampled checksums'} as recorded")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -27,6 +27,7 @@ from tqdm import tqdm
 from stopexp import bank
 from stopexp.artifacts import write_json
 from stopexp.config import check_output_dirs, resolve_layers, validate
+from stopexp.integrity import set_aside
 from stopexp.ranks import barrier, in_group, join_group, leave_group, shard_of
 from stopexp.tracking import tracked_run
 
@@ -41,10 +42,6 @@ def plan(cfg, task) -> list[list]:
         size = cfg.collect.shard_prompts
         shards += [problems[i : i + size] for i in range(0, len(problems), size)]
     return shards
-
-
-def is_complete(root: Path, n_shards: int) -> bool:
-    return {bank.shard_index(n) for n in bank.finished_shards(root)} >= set(range(n_shards))
 
 
 def difficulty_filter(cfg, cols: dict) -> dict:
@@ -81,93 +78,169 @@ def summarize(root: Path) -> dict:
             "nonfinite_signals": int((~np.isfinite(signals)).sum())}
 
 
+def verified_shards(root: Path, indices, trusted: set[str] = frozenset()) -> dict[int, str]:
+    """index -> name of a shard that matches its record byte for byte, for each of
+    `indices` that has one. Damaged shards (unreadable record, a file missing, truncated or
+    garbled) are set aside, so that they are recomputed; `trusted` shards were just written
+    by this process and are not read again."""
+    found, good = bank.shard_dirs(root), {}
+    for i in indices:
+        for name in found.get(i, []):
+            problem = None if name in trusted else bank.shard_problem(root / name, full=True)
+            if problem is None:
+                good.setdefault(i, name)  # a duplicate from another world size is ignored
+            else:
+                log.warning("trace bank %s: shard %s is damaged (%s); set aside, it is recomputed "
+                            "by the collect that owns it", root, name, problem)
+                set_aside(root / name)
+    return good
+
+
 def collect(cfg, rank: int = 0, world: int = 1, run=None) -> dict:
-    """Fill the bank for `cfg` (this rank's shards); returns the summary of the bank."""
-    from stopexp.models import load_lm
-    from stopexp.search.decode import SamplingParams, make_engine
-    from stopexp.search.sample import fit_prompts, prompt_limit, row_cap
-    from stopexp.search.trace import trace_problems
-    from stopexp.taps import Taps
+    """Fill the bank for `cfg` (this rank's shards), repairing damaged shards and a
+    damaged meta.json; returns the summary of the bank.
+
+    The bank is marked complete only when every shard of the plan is there and matches
+    its record byte for byte. A single process (world 1) or a launcher group that cannot
+    complete it raises BankDamaged; one job of an array (collect.rank/world) may end with
+    it incomplete (the other jobs finish it), which it logs with the ranks still owing."""
     from stopexp.tasks import build_task
 
     root = bank.bank_dir(cfg)
     task = build_task(cfg.task)
     shards = plan(cfg, task)
     todo = [i for i in range(len(shards)) if i % world == rank]
-    done = {bank.shard_index(n) for n in bank.finished_shards(root)}
+    done = verified_shards(root, todo)
     pending = [i for i in todo if i not in done]
     checkpoints = bank.checkpoints_of(cfg)
-    if pending:
-        model, tokenizer = load_lm(cfg)
-        params = SamplingParams.from_config(cfg.search)
-        hidden = model.config.get_text_config().hidden_size
-        n_prompts = sum(len(shards[i]) for i in pending)
-        log.info("collecting %d shards (%d prompts x %d paths) into %s; %d already there",
-                 len(pending), n_prompts, cfg.search.n_paths, root, len(todo) - len(pending))
-        start, paths, tokens = time.time(), 0, 0
-        with Taps(model, list(cfg.tap.layers), cfg.tap.pooling) as taps, \
-                tqdm(total=n_prompts, unit="prompt", desc="collect") as bar:
-            engine = make_engine(model, tokenizer, params, taps, checkpoints)
-            feats = bank.features(len(checkpoints), len(taps.layers), hidden)
-            limit = prompt_limit(cfg, model)
-            for i in pending:
-                problems = fit_prompts(tokenizer, shards[i], limit, cfg.model.long_prompts)
-                cols, mc_tokens = trace_problems(engine, tokenizer, task, problems, cfg.search.n_paths,
-                                      cfg.seed, checkpoints, cfg.collect.mc_rollouts,
-                                      cfg.search.group_window, len(taps.layers), hidden,
-                                      row_cap(cfg, tokenizer, problems))
-                paths += len(cols["length"])
-                tokens += int(sum(cols["length"])) + mc_tokens
-                bank.write_shard(root, bank.shard_name(i, rank), difficulty_filter(cfg, cols), feats)
-                bar.update(len(shards[i]))
-                rate = time.time() - start
-                bar.set_postfix(paths_s=f"{paths / rate:.0f}", tok_s=f"{tokens / rate:.0f}")
-        measured = {"seconds_per_token": (time.time() - start) / max(tokens, 1),
-                    "lm_parameters": sum(p.numel() for p in model.parameters()),
-                    "hidden_size": hidden, "tap_layers": taps.layers,
-                    "dtype": str(next(model.parameters()).dtype).removeprefix("torch.")}
+    written = _fill(cfg, root, task, shards, pending, rank, checkpoints) if pending else set()
+    grouped = in_group()
+    if grouped:
+        barrier()  # every rank's shards exist before rank 0 verifies them and writes meta
+    if grouped and rank:
+        barrier()  # rank 0 has written meta.json: report what it found
+        complete, lost = bank.read_meta(root).get("complete", False), "see rank 0's log"
     else:
-        measured = {}
-    if in_group():
-        barrier()  # every rank's shards exist before rank 0 writes the final meta
-        if rank:
-            return {"bank": str(root), "complete": True}
-    complete = is_complete(root, len(shards))
-    if rank == 0 or complete:
-        _write_meta(cfg, root, task, checkpoints, complete, measured)
-        if not complete and is_complete(root, len(shards)):
-            # another job of an array finished meanwhile: never leave a stale "incomplete"
-            complete = True
-            _write_meta(cfg, root, task, checkpoints, complete, measured)
-    summary = summarize(root) if complete else {}
-    if run is not None and complete:
+        missing = _settle(cfg, root, task, shards, set(done.values()) | written, rank)
+        if grouped:
+            barrier()
+        complete = not missing
+        lost = f"{len(missing)} of {len(shards)} shards missing (indices {bank.brief(missing)})"
+    if not complete:
+        if world == 1 or grouped:  # every rank has run: nobody is left to complete it
+            raise bank.BankDamaged(f"trace bank {root} is still incomplete after collect: {lost}; "
+                                   "did another process remove shards meanwhile? Rerun collect.")
+        owners = sorted({i % world for i in missing})
+        log.info("rank %d of %d: its shards are written; the bank %s is not complete yet (%s, "
+                 "of ranks %s): those ranks' jobs complete it (one that already ended: rerun "
+                 "it, or one collect without collect.rank/world)", rank, world, root, lost,
+                 bank.brief(owners))
+        return {"bank": str(root), "complete": False}
+    if grouped and rank:
+        return {"bank": str(root), "complete": True}
+    summary = summarize(root)
+    if run is not None:
+        meta = bank.read_meta(root)
         run.summary_update({f"collect/{k}": v for k, v in summary.items()})
         run.log_artifact(root, name=f"traces-{root.name}", type="trace_bank",
-                         metadata={**bank.read_meta(root), **summary})
+                         metadata={**{k: v for k, v in meta.items() if k not in ("shards", "plan")},
+                                   **summary})
         run.log({"collect/sample_paths": _sample_table(run, root)})
-    return {"bank": str(root), "complete": complete, **summary}
+    return {"bank": str(root), "complete": True, **summary}
 
 
-def _write_meta(cfg, root: Path, task, checkpoints, complete: bool, measured: dict) -> None:
-    """The bank's metadata. Sizes come from the loaded model when this process loaded it,
-    else from an earlier meta.json, else from the config (a rank that had nothing to do)."""
-    old = bank.read_meta(root) if (root / "meta.json").exists() else {}
+def _settle(cfg, root: Path, task, shards: list, trusted: set[str], rank: int) -> list[int]:
+    """Verify every shard of the plan (byte for byte, except the `trusted` ones this
+    process has just checked or written) and write meta.json if this process may: rank 0,
+    or any process that finds the bank complete. Returns the indices still missing."""
+    good = verified_shards(root, range(len(shards)), trusted)
+    missing = [i for i in range(len(shards)) if i not in good]
+    if rank == 0 or not missing:
+        missing = _write_meta(cfg, root, task, shards, good, missing)
+        if missing:  # another job of an array may have finished meanwhile: never leave
+            good = verified_shards(root, range(len(shards)), set(good.values()))
+            if len(good) == len(shards):  # a stale "incomplete" behind
+                missing = _write_meta(cfg, root, task, shards, good, [])
+    return missing
+
+
+def _fill(cfg, root: Path, task, shards: list, pending: list[int], rank: int,
+          checkpoints: list[int]) -> set[str]:
+    """Generate the `pending` shards; returns the names written."""
+    from stopexp.models import load_lm
+    from stopexp.search.decode import SamplingParams, make_engine
+    from stopexp.search.sample import fit_prompts, prompt_limit, row_cap
+    from stopexp.search.trace import trace_problems
+    from stopexp.taps import Taps
+
+    model, tokenizer = load_lm(cfg)
+    params = SamplingParams.from_config(cfg.search)
+    hidden = model.config.get_text_config().hidden_size
+    n_prompts = sum(len(shards[i]) for i in pending)
+    log.info("collecting %d shards (%d prompts x %d paths) into %s", len(pending), n_prompts,
+             cfg.search.n_paths, root)
+    start, paths, tokens, written = time.time(), 0, 0, set()
+    with Taps(model, list(cfg.tap.layers), cfg.tap.pooling) as taps, \
+            tqdm(total=n_prompts, unit="prompt", desc="collect") as bar:
+        engine = make_engine(model, tokenizer, params, taps, checkpoints)
+        feats = bank.features(len(checkpoints), len(taps.layers), hidden)
+        measured = {"lm_parameters": sum(p.numel() for p in model.parameters()),
+                    "hidden_size": hidden, "tap_layers": list(taps.layers),
+                    "dtype": str(next(model.parameters()).dtype).removeprefix("torch.")}
+        limit = prompt_limit(cfg, model)
+        for i in pending:
+            shard_start = time.time()
+            problems = fit_prompts(tokenizer, shards[i], limit, cfg.model.long_prompts)
+            cols, mc_tokens = trace_problems(engine, tokenizer, task, problems, cfg.search.n_paths,
+                                             cfg.seed, checkpoints, cfg.collect.mc_rollouts,
+                                             cfg.search.group_window, len(taps.layers), hidden,
+                                             row_cap(cfg, tokenizer, problems))
+            shard_tokens = int(sum(cols["length"])) + mc_tokens
+            paths += len(cols["length"])
+            tokens += shard_tokens
+            name = bank.shard_name(i, rank)
+            bank.write_shard(root, name, difficulty_filter(cfg, cols), feats,
+                             {"split": shards[i][0].split, "prompts": len(shards[i]),
+                              "tokens": shard_tokens, "seconds": time.time() - shard_start,
+                              **measured})
+            written.add(name)
+            bar.update(len(shards[i]))
+            rate = time.time() - start
+            bar.set_postfix(paths_s=f"{paths / rate:.0f}", tok_s=f"{tokens / rate:.0f}")
+    return written
+
+
+def _write_meta(cfg, root: Path, task, shards: list, good: dict[int, str],
+                missing: list[int]) -> list[int]:
+    """Write the bank's metadata and its record: the plan, and per shard present its own
+    record (rows, files, sizes, checksums). Sizes and timings come from the shards' records
+    (the processes that computed them), else from the config (nothing computed yet). Nothing
+    is read from an earlier meta.json, so a damaged one is simply replaced. Returns the
+    indices still missing (a shard removed meanwhile counts)."""
+    records = {good[i]: bank.read_record(root / good[i]) for i in sorted(good)}
+    missing = sorted({*missing, *(i for i in good if records[good[i]] is None)})
+    records = {name: rec for name, rec in records.items() if rec is not None}
     size = cfg.model.toy if cfg.model.toy is not None else cfg.model
     n_layers = getattr(size, "num_layers", None)
     known = {"hidden_size": size.hidden_size,
              "tap_layers": resolve_layers(cfg.tap.layers, n_layers) if n_layers else None}
-    keys = ("seconds_per_token", "lm_parameters", "hidden_size", "tap_layers", "dtype")
-    known.update({k: old[k] for k in keys if k in old})
-    known.update(measured)
+    with_data = [r for r in records.values() if "hidden_size" in r]
+    if with_data:
+        tokens = sum(r["tokens"] for r in with_data)
+        known = {k: with_data[0][k] for k in ("lm_parameters", "hidden_size", "tap_layers", "dtype")}
+        known["seconds_per_token"] = sum(r["seconds"] for r in with_data) / max(tokens, 1)
     bank.write_meta(root, {
-        "key": root.name, "complete": complete, "model_name": cfg.model.name,
+        "key": root.name, "complete": not missing, "model_name": cfg.model.name,
         "pooling": cfg.tap.pooling,
-        "checkpoints": checkpoints, "signal_names": list(bank.SIGNAL_NAMES),
+        "checkpoints": bank.checkpoints_of(cfg), "signal_names": list(bank.SIGNAL_NAMES),
         "n_paths": cfg.search.n_paths, "task": OmegaConf.to_container(cfg.task),
         "seed": cfg.seed, "mc_rollouts": cfg.collect.mc_rollouts,
         "version": bank.BANK_VERSION, **known,
+        "plan": [{"index": i, "split": s[0].split, "prompts": len(s)} for i, s in enumerate(shards)],
+        "shards": records, **({"missing": missing} if missing else {}),
         # which source rows form each split (file-based tasks), fixed by task.seed
         **({"split_rows": task.split_rows} if hasattr(task, "split_rows") else {})})
+    return missing
 
 
 def _sample_table(run, root: Path, n: int = 20):

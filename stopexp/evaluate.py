@@ -68,7 +68,7 @@ def build_scorers(cfg, names: list[str], spec) -> dict:
     """name -> scorer for every method but no_prune; learned ones load their checkpoint
     (the conf_features control is trained here if missing: it needs no LM)."""
     from stopexp.signals import PREDICTORS
-    from stopexp.signals.checkpoint import load_predictor
+    from stopexp.signals.checkpoint import CheckpointDamaged, CheckpointMismatch, load_predictor
     from stopexp.train import predictor_dir, train
 
     scorers = {}
@@ -84,22 +84,23 @@ def build_scorers(cfg, names: list[str], spec) -> dict:
         elif name in PREDICTORS or name == "super_token":
             sub = cfg if name == cfg.predictor.name else _with_predictor(cfg, name)
             ckpt = predictor_dir(sub)
-            if not (ckpt / "predictor.json").exists():
-                if name != cfg.predictor.name:
-                    log.info("training the %s control for this bank", name)
-                    train(sub, progress=False)
+            command = f"python -m stopexp.train {' '.join(_overrides())}".rstrip()
+            if name != cfg.predictor.name:  # a control: made here, a damaged one remade
+                train(sub, progress=False)
+            elif not (ckpt / "predictor.json").exists():
+                raise FileNotFoundError(
+                    f"no trained {name} predictor for this config at {ckpt}.\nMake it with:  "
+                    f"{command}\n(or run python -m stopexp.pipeline, which makes it for you)")
+            try:
+                if name == "super_token":  # on its own copy of the LM; online it reads the engine's cache
+                    from stopexp.models import load_lm
+                    from stopexp.signals.super_token import load_super_token
+                    predictor, _ = load_super_token(ckpt, *load_lm(sub, progress=False), spec,
+                                                    cfg.search.max_batch_rows)
                 else:
-                    raise FileNotFoundError(
-                        f"no trained {name} predictor for this config at {ckpt}.\nMake it with:  "
-                        f"python -m stopexp.train {' '.join(_overrides())}".rstrip()
-                        + "\n(or run python -m stopexp.pipeline, which makes it for you)")
-            if name == "super_token":  # on its own copy of the LM; online it reads the engine's cache
-                from stopexp.models import load_lm
-                from stopexp.signals.super_token import load_super_token
-                predictor, _ = load_super_token(ckpt, *load_lm(sub, progress=False), spec,
-                                                cfg.search.max_batch_rows)
-            else:
-                predictor, _ = load_predictor(ckpt, spec)
+                    predictor, _ = load_predictor(ckpt, spec)
+            except (CheckpointDamaged, CheckpointMismatch) as e:
+                raise type(e)(f"{e}\nRebuild it with:  {command}") from e
             scorers[name] = M.learned(predictor)
         else:
             scorers[name] = M.external(name)

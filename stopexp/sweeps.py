@@ -69,10 +69,17 @@ def dir_runs(sweep_dir: str | Path) -> list[dict]:
     jobs.sort(key=lambda d: (not d.name.isdigit(), int(d.name) if d.name.isdigit() else 0, d.name))
     runs = []
     for d in jobs:
-        metrics = json.loads((d / "metrics.json").read_text())
-        runs.append({"job": d.name, "dir": d, "metrics": metrics, "summary": summary_of(metrics),
-                     "config": OmegaConf.to_container(OmegaConf.load(d / ".hydra" / "config.yaml"),
-                                                      resolve=True)})
+        try:
+            metrics = json.loads((d / "metrics.json").read_text())
+            config = OmegaConf.to_container(OmegaConf.load(d / ".hydra" / "config.yaml"), resolve=True)
+            summary = summary_of(metrics)
+        except Exception as e:  # a damaged file: name it rather than fail in a library
+            raise ValueError(f"job {d}: metrics.json or .hydra/config.yaml is unreadable "
+                             f"({e.__class__.__name__}: {str(e)[:160]}); rerun that job (its "
+                             f"overrides are in {d / '.hydra' / 'overrides.yaml'}) or delete {d} "
+                             "to leave it out") from e
+        runs.append({"job": d.name, "dir": d, "metrics": metrics, "summary": summary,
+                     "config": config})
     return runs
 
 

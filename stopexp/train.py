@@ -25,11 +25,13 @@ from tqdm import tqdm
 from stopexp import bank, plots
 from stopexp.artifacts import config_hash, write_json
 from stopexp.config import check_output_dirs, checkpoint_tokens, validate
+from stopexp.integrity import set_aside
 from stopexp.losses import build_loss
 from stopexp.metrics import (auprc, brier, ece, length_correlation, nonfinite, pooled_auroc,
                              within_prompt_auroc)
 from stopexp.signals import FeatureSpec, build_predictor
-from stopexp.signals.checkpoint import load_predictor, save_predictor
+from stopexp.signals.checkpoint import (CheckpointDamaged, CheckpointMismatch, load_predictor,
+                                       save_predictor)
 from stopexp.tracking import tracked_run
 
 log = logging.getLogger(__name__)
@@ -53,16 +55,16 @@ def split_data(root: Path, meta: dict, cfg, prefixes: bool = False) -> dict[str,
     c_idx = meta["checkpoints"].index(ckpt)
     out = {}
     for split in ("train", "val", "test"):
-        try:
-            ds = bank.load_bank(root, split)
-        except bank.BankMissing:
+        if not bank.split_rows(meta, split):
             continue
-        if len(ds):
-            t = bank.tensors_at(ds, c_idx, ckpt)
-            if prefixes:
-                t.update(bank.prefix_columns(ds))
-            out[split] = bank.select_rows(t, t["alive"])
+        ds = bank.load_bank(root, split)
+        t = bank.tensors_at(ds, c_idx, ckpt)
+        if prefixes:
+            t.update(bank.prefix_columns(ds))
+        out[split] = bank.select_rows(t, t["alive"])
     for needed in ("train", "val"):
+        if needed not in out or not len(out[needed]["correct"]):
+            raise ValueError(_empty_split(meta, needed, ckpt, cfg))
         check_usable(needed, out.get(needed), ckpt, cfg.search.n_paths)
     return out
 
@@ -91,6 +93,21 @@ def check_usable(split: str, data: dict | None, ckpt: int, n_paths: int) -> int:
         f"prompts (collect.prompts.{split}), give the split a larger share "
         f"(task.split_fractions), keep prompts with mixed outcomes (collect.keep_correct=[1, "
         f"{max(n_paths - 1, 1)}]), or try another task.seed or seed.")
+
+
+def _empty_split(meta: dict, split: str, ckpt: int, cfg) -> str:
+    """Why a split the predictor needs has no path alive at the checkpoint, and the fix."""
+    planned, rows = bank.planned_prompts(meta, split), bank.split_rows(meta, split)
+    if not planned:
+        return (f"collect.prompts.{split}: the trace bank holds no {split} prompts (0 were "
+                f"collected); collect some, e.g. collect.prompts.{split}=100")
+    if not rows:
+        return (f"collect.keep_correct: all {planned} {split} prompts of the trace bank were "
+                f"dropped by the difficulty filter {list(cfg.collect.keep_correct or [])}; "
+                f"widen it or collect more {split} prompts (collect.prompts.{split})")
+    return (f"train.checkpoint: none of the {rows} {split} paths of the trace bank is still "
+            f"generating at checkpoint {ckpt} tokens (all ended earlier); choose an earlier "
+            f"train.checkpoint (one of tap.checkpoints)")
 
 
 @torch.no_grad()
@@ -191,14 +208,18 @@ def train(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
     meta = bank.read_meta(root)
     out = predictor_dir(cfg)
     lm_based = cfg.predictor.name == "super_token"  # the one predictor that runs the LM
-    if (out / "predictor.json").exists():
-        if lm_based:
-            from stopexp.signals.super_token import checkpoint_meta
-            saved = checkpoint_meta(out, feature_spec(meta))
-        else:
-            _, saved = load_predictor(out, feature_spec(meta))
-        log.info("predictor already trained for this config: %s", out)
-        return {"checkpoint": str(out), **saved["metrics"]}
+    if out.exists():
+        try:
+            if lm_based:
+                from stopexp.signals.super_token import checkpoint_meta
+                saved = checkpoint_meta(out, feature_spec(meta))
+            else:
+                _, saved = load_predictor(out, feature_spec(meta))
+            log.info("predictor already trained for this config: %s", out)
+            return {"checkpoint": str(out), **saved["metrics"]}
+        except (CheckpointDamaged, CheckpointMismatch) as e:  # ours to rebuild: never loop
+            log.warning("%s\nretraining it: the old checkpoint is deleted", e)
+            set_aside(out)
     start = time.time()
     data = split_data(root, meta, cfg, prefixes=lm_based)
     torch.manual_seed(cfg.train.seed)

@@ -7,6 +7,7 @@ temperature) reaches `target_accuracy`.
 """
 from __future__ import annotations
 
+import json
 import logging
 import random
 import time
@@ -14,16 +15,20 @@ from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
+from safetensors import safe_open
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from stopexp.artifacts import config_hash, publish_dir, staging_dir, write_json
 from stopexp.config import ConfigError
+from stopexp.integrity import dir_problem, records, set_aside
 from stopexp.models.tokenizer import build_char_tokenizer
 from stopexp.search.decode import SamplingParams, make_engine
 from stopexp.search.sample import sample_paths
 
 log = logging.getLogger(__name__)
 COMMITTED = Path(__file__).parent / "pretrained"
+INFO = "toy_lm.json"
+REQUIRED = ("config.json", "model.safetensors", "tokenizer.json", INFO)
 
 
 ARITH_KEYS = ("name", "n_steps", "operators", "multipliers", "styles", "split_fractions", "seed")
@@ -116,23 +121,54 @@ def train_toy_lm(toy_cfg, task, out_dir: Path, progress=True) -> dict:
     tokenizer.save_pretrained(out_dir)
     info = {"steps": step, "screen_accuracy": acc, "train_seconds": round(time.time() - start, 1),
             "parameters": sum(p.numel() for p in model.parameters()), "history": history,
-            "reached_target": acc >= toy_cfg.target_accuracy}
-    write_json(out_dir / "toy_lm.json", info)
+            "reached_target": acc >= toy_cfg.target_accuracy,
+            "files": records(out_dir, skip=(INFO,))}  # checked whenever it is loaded
+    write_json(out_dir / INFO, info)
     return info
+
+
+def toy_lm_problem(directory: Path) -> str | None:
+    """Why a toy LM directory cannot be used (a file missing, truncated or garbled), or
+    None. Checked against the sizes and SHA-256 in its toy_lm.json; directories saved
+    before that record: the files must be there and the weights' header must cover them."""
+    try:
+        info = json.loads((directory / INFO).read_text())
+    except (OSError, ValueError) as e:
+        return f"{INFO} is missing or unreadable ({e.__class__.__name__})"
+    if "files" in info:
+        return dir_problem(directory, info["files"])
+    missing = [f for f in REQUIRED if not (directory / f).is_file()]
+    if missing:
+        return f"{', '.join(missing)} missing"
+    try:
+        safe_open(str(directory / "model.safetensors"), "pt").keys()
+    except Exception as e:  # SafetensorError: "incomplete metadata, file not fully covered"
+        return f"model.safetensors cannot be read ({str(e)[:120]})"
+    return None
 
 
 def ensure_toy_lm(cfg, progress=True) -> Path:
     """The toy LM's directory for this config: the cache, else the committed checkpoint,
-    else trained now (and cached)."""
+    else trained now (and cached). A damaged cached copy is deleted and trained again, a
+    damaged committed one is passed over (both with a warning naming the file)."""
     from stopexp.tasks import build_task
 
     key = toy_key(cfg.model.toy, cfg.task)
     final = Path(cfg.paths.cache_dir) / "toy_lm" / key
-    if (final / "toy_lm.json").exists():
-        return final
     committed = COMMITTED / f"toy-{key}"
-    if (committed / "toy_lm.json").exists():
-        return committed
+    if final.exists():
+        problem = toy_lm_problem(final)
+        if problem is None:
+            return final
+        log.warning("the cached toy LM %s is damaged (%s); deleting it and training it again",
+                    final, problem)
+        set_aside(final)
+    if committed.exists():
+        problem = toy_lm_problem(committed)
+        if problem is None:
+            return committed
+        log.warning("the committed toy LM %s is damaged (%s; `git checkout -- %s` restores it); "
+                    "training one into the cache instead", committed, problem, committed)
     log.info("training the toy LM (%s) into %s", key, final)
     tmp = staging_dir(final)
     train_toy_lm(cfg.model.toy, build_task(cfg.task), tmp, progress)

@@ -1,7 +1,8 @@
 """Predictor checkpoints: safetensors weights + a JSON with the predictor config, the
-feature spec it was trained for, the trace bank's hash and its validation metrics.
-Loading one for other features (model, hidden size, tap layers, signals) is refused
-with a message naming the field that differs."""
+feature spec it was trained for, the trace bank's hash, its validation metrics and the
+size and SHA-256 of the weights file. Loading one for other features (model, hidden
+size, tap layers, signals) is refused with a message naming the field that differs;
+a missing, truncated or garbled file is named with the way to rebuild it."""
 from __future__ import annotations
 
 import json
@@ -12,13 +13,20 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file, save_file
 
 from stopexp.artifacts import publish_dir, staging_dir, write_json
+from stopexp.integrity import file_problem, file_record
 from stopexp.signals import FeatureSpec, build_predictor
 
 WEIGHTS, META = "predictor.safetensors", "predictor.json"
+REBUILD = ("rerun python -m stopexp.train with the same overrides as this run (train replaces "
+           "a damaged or mismatched checkpoint of its own config), or delete {dir}")
 
 
 class CheckpointMismatch(ValueError):
     """A predictor checkpoint made for other features than the ones at hand."""
+
+
+class CheckpointDamaged(ValueError):
+    """A predictor checkpoint whose files are missing, truncated or garbled."""
 
 
 def save_predictor(final_dir: Path, predictor, pred_cfg, spec: FeatureSpec, bank_key: str,
@@ -28,7 +36,8 @@ def save_predictor(final_dir: Path, predictor, pred_cfg, spec: FeatureSpec, bank
     save_file(state, str(tmp / WEIGHTS))
     write_json(tmp / META, {"predictor": OmegaConf.to_container(pred_cfg) if OmegaConf.is_config(pred_cfg) else dict(pred_cfg),
                             "feature_spec": {**asdict(spec), "signal_names": list(spec.signal_names)},
-                            "bank_key": bank_key, "metrics": metrics, **(extra or {})})
+                            "bank_key": bank_key, "metrics": metrics, "weights": file_record(tmp / WEIGHTS),
+                            **(extra or {})})
     publish_dir(tmp, final_dir)  # a concurrent job that got there first wins: same config
     return final_dir
 
@@ -39,19 +48,57 @@ def check_spec(saved: dict, spec: FeatureSpec, where: Path) -> None:
         if saved.get(field) != value:
             raise CheckpointMismatch(
                 f"predictor checkpoint {where} was trained for {field}={saved.get(field)!r}, "
-                f"but the features at hand have {field}={value!r}; retrain it "
-                "(python -m stopexp.train with this config)")
+                f"but the features at hand have {field}={value!r}; "
+                + REBUILD.format(dir=where))
+
+
+def read_checkpoint(ckpt_dir: Path) -> dict:
+    """The checkpoint's metadata, its weights file checked against the recorded size and
+    SHA-256 (checkpoints saved without a record: only that the file is there). Raises
+    CheckpointDamaged naming the file and how to rebuild it."""
+    ckpt_dir = Path(ckpt_dir)
+    path = ckpt_dir / META
+    try:
+        meta = json.loads(path.read_text())
+        if not isinstance(meta, dict) or not {"predictor", "feature_spec"} <= set(meta):
+            raise ValueError("not a predictor checkpoint's metadata")
+    except (OSError, ValueError) as e:
+        raise CheckpointDamaged(f"predictor checkpoint file {path} is missing or unreadable "
+                                f"({e.__class__.__name__}: {str(e)[:120]}); "
+                                + REBUILD.format(dir=ckpt_dir)) from e
+    problem = (file_problem(ckpt_dir / WEIGHTS, meta["weights"]) if "weights" in meta
+               else None if (ckpt_dir / WEIGHTS).is_file() else f"{WEIGHTS} is missing")
+    if problem:
+        raise CheckpointDamaged(f"predictor checkpoint {ckpt_dir}: {problem}; "
+                                + REBUILD.format(dir=ckpt_dir))
+    return meta
+
+
+def load_weights(ckpt_dir: Path, device: str = "cpu") -> dict:
+    """The state dict in WEIGHTS; a file that safetensors cannot read is named."""
+    path = Path(ckpt_dir) / WEIGHTS
+    try:
+        return load_file(str(path), device=device)
+    except Exception as e:  # SafetensorError, OSError: neither names the file
+        raise CheckpointDamaged(f"predictor checkpoint file {path} cannot be read "
+                                f"({e.__class__.__name__}: {str(e)[:120]}); "
+                                + REBUILD.format(dir=Path(ckpt_dir))) from e
 
 
 def load_predictor(ckpt_dir: Path, spec: FeatureSpec | None = None):
-    """(predictor in eval mode, metadata); refuses a checkpoint for other features."""
+    """(predictor in eval mode, metadata); refuses a checkpoint for other features
+    (CheckpointMismatch) and a damaged one (CheckpointDamaged), naming the file."""
     ckpt_dir = Path(ckpt_dir)
-    meta = json.loads((ckpt_dir / META).read_text())
+    meta = read_checkpoint(ckpt_dir)
     saved = meta["feature_spec"]
     if spec is not None:
         check_spec(saved, spec, ckpt_dir)
     spec = FeatureSpec(saved["model_name"], saved["hidden_size"], list(saved["tap_layers"]),
                        tuple(saved["signal_names"]))
     predictor = build_predictor(OmegaConf.create(meta["predictor"]), spec)
-    predictor.load_state_dict(load_file(str(ckpt_dir / WEIGHTS)))
+    try:
+        predictor.load_state_dict(load_weights(ckpt_dir))
+    except RuntimeError as e:  # other tensor names or shapes than its own config builds
+        raise CheckpointDamaged(f"predictor checkpoint {ckpt_dir / WEIGHTS} does not fit its "
+                                f"{META} ({str(e)[:160]}); " + REBUILD.format(dir=ckpt_dir)) from e
     return predictor.eval(), meta

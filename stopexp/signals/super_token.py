@@ -15,19 +15,17 @@ The batch gives the prefixes either as the live decode state ("lm_state", online
 """
 from __future__ import annotations
 
-import json
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from peft import LoraConfig, inject_adapter_in_model
 from peft.tuners.tuners_utils import BaseTunerLayer
-from safetensors.torch import load_file
 from torch import nn
 from transformers import DynamicCache
 
 from stopexp.search.sample import prompt_ids
-from stopexp.signals.checkpoint import META, WEIGHTS, CheckpointMismatch, check_spec
+from stopexp.signals.checkpoint import CheckpointMismatch, check_spec, load_weights, read_checkpoint
 from stopexp.signals.features import FeatureSpec
 
 ADAPTER = "stop"
@@ -129,8 +127,9 @@ def build_super_token(cfg) -> SuperTokenPredictor:
 
 
 def checkpoint_meta(ckpt_dir: Path, spec: FeatureSpec) -> dict:
-    """The checkpoint's metadata, refused for another model (no LM needed)."""
-    meta = json.loads((Path(ckpt_dir) / META).read_text())
+    """The checkpoint's metadata, its files checked and refused for another model (no LM
+    needed); CheckpointDamaged / CheckpointMismatch name the file or field."""
+    meta = read_checkpoint(ckpt_dir)
     check_spec(meta["feature_spec"], spec, ckpt_dir)
     return meta
 
@@ -145,7 +144,7 @@ def load_super_token(ckpt_dir: Path, lm, tokenizer, spec: FeatureSpec, max_rows:
         raise CheckpointMismatch(f"super-token checkpoint {ckpt_dir} was trained for hidden_size="
                                  f"{meta['feature_spec']['hidden_size']}, but the LM has hidden_size={hidden}")
     predictor = SuperTokenPredictor(OmegaConf.create(meta["predictor"]), lm, tokenizer, max_rows)
-    state = load_file(str(Path(ckpt_dir) / WEIGHTS), device=str(predictor.stop.device))
+    state = load_weights(ckpt_dir, device=str(predictor.stop.device))
     differ = set(predictor.state_dict()) ^ set(state)
     if differ:
         raise CheckpointMismatch(f"super-token checkpoint {ckpt_dir} has other adapter layers than "

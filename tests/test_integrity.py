@@ -1,0 +1,324 @@
+"""A damaged or stale artifact is never used silently: the trace bank, predictor checkpoints
+and the toy LM are checked against what they recorded when written; consumers name the
+damaged shard or file and the command that repairs it, and the stage that owns an artifact
+rebuilds it."""
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, compose
+from stopexp import bank, integrity
+from stopexp.collect import collect
+from stopexp.config import validate
+from stopexp.signals.checkpoint import CheckpointDamaged, CheckpointMismatch, load_predictor
+from stopexp.train import predictor_dir, train
+
+GSM8K = ROOT / "tests" / "data" / "gsm8k_sample.jsonl"
+COLUMNS = ("split", "prompt_id", "path_id", "text", "answer", "correct", "length", "tokens",
+           "token_logprob", "alive", "mc", "signals", "hidden")
+
+
+@pytest.fixture
+def copied(small_bank, tmp_path):
+    """(collect config, bank dir) of a private copy of the session's small bank, safe to damage."""
+    original = bank.bank_dir(validate(compose("collect", small_bank)))
+    cfg = validate(compose("collect", [*small_bank, f"paths.output_dir={tmp_path / 'out'}"]))
+    root = bank.bank_dir(cfg)
+    shutil.copytree(original, root, copy_function=shutil.copy2)
+    return cfg, root
+
+
+def shard_of(root, split):
+    meta = bank.read_meta(root)
+    return next(n for n, r in sorted(meta["shards"].items()) if r["splits"].get(split))
+
+
+def arrow_of(root, name):
+    return next((root / name).glob("*.arrow"))
+
+
+def snapshot(root):
+    return {p.name: (p.stat().st_mtime_ns, bank.read_record(p)) for p in root.glob("shard-*")}
+
+
+def assert_same_rows(root, reference):
+    a, b = bank.load_bank(root), bank.load_bank(reference)
+    assert len(a) == len(b) == 24 * 8
+    for col in COLUMNS:
+        x, y = a[col][:], b[col][:]
+        if x.dtype == object:
+            assert all(np.array_equal(u, v) for u, v in zip(x, y)), col
+        else:
+            assert np.array_equal(x, y), col
+
+
+def test_bank_records_its_plan_rows_and_files(copied):
+    cfg, root = copied
+    meta = bank.read_meta(root)
+    assert [(p["split"], p["prompts"]) for p in meta["plan"]] == [
+        ("train", 6), ("train", 6), ("val", 6), ("test", 6)]
+    assert sorted(meta["shards"]) == [f"shard-{i:05d}-r000" for i in range(4)]
+    assert sum(r["rows"] for r in meta["shards"].values()) == 24 * 8
+    for name, rec in meta["shards"].items():
+        assert rec == bank.read_record(root / name)
+        assert set(rec["files"]) == {"data-00000-of-00001.arrow", "dataset_info.json", "state.json"}
+        for f, frec in rec["files"].items():
+            assert frec["size"] == (root / name / f).stat().st_size
+    assert bank.split_rows(meta, "test") == 6 * 8 and bank.planned_prompts(meta, "val") == 6
+    assert bank.main([str(root), "--full"]) == 0
+
+
+def test_missing_shard_is_named_and_collect_recomputes_only_it(copied, small_bank):
+    cfg, root = copied
+    reference = bank.bank_dir(validate(compose("collect", small_bank)))
+    lost = shard_of(root, "test")
+    before = snapshot(root)
+    shutil.rmtree(root / lost)
+    # every consumer: the shard is named with the exact repair command, nothing is trained
+    with pytest.raises(bank.BankDamaged, match=rf"{lost}: missing.\nRepair:  python -m stopexp.collect "
+                                                r"search.n_paths=8\n"):
+        bank.require_bank(cfg, ["search.n_paths=8"])
+    with pytest.raises(bank.BankDamaged, match=f"{lost}: missing"):
+        train(validate(compose("train", [*small_bank, f"paths.output_dir={root.parents[2]}"])),
+              progress=False)
+    with pytest.raises(bank.BankDamaged, match=f"{lost}: missing"):
+        bank.load_bank(root, "train")
+    assert bank.main([str(root)]) == 1
+    result = collect(cfg)
+    assert result["complete"] and result["paths"] == 24 * 8
+    after = snapshot(root)
+    assert {n: v for n, v in after.items() if n != lost} == {n: v for n, v in before.items() if n != lost}
+    assert after[lost][1]["rows"] == before[lost][1]["rows"]
+    assert_same_rows(root, reference)
+
+
+@pytest.mark.parametrize("damage, named", [
+    ("truncate_arrow", r"data-00000-of-00001.arrow has \d+ bytes, \d+ recorded"),
+    ("garble_arrow", "data-00000-of-00001.arrow differs from its recorded SHA-256"),
+    ("drop_dataset_info", "dataset_info.json is missing"),
+    ("garble_record", "shard.json is missing or unreadable"),
+])
+def test_damaged_shard_is_named_and_collect_repairs_it(copied, small_bank, damage, named):
+    cfg, root = copied
+    reference = bank.bank_dir(validate(compose("collect", small_bank)))
+    bad = shard_of(root, "val")
+    arrow = arrow_of(root, bad)
+    size = arrow.stat().st_size
+    if damage == "truncate_arrow":
+        os.truncate(arrow, size // 2)
+    elif damage == "garble_arrow":  # same size: only a checksum sees it
+        with open(arrow, "r+b") as f:
+            f.seek(size // 2)
+            f.write(os.urandom(64))
+    elif damage == "drop_dataset_info":
+        (root / bad / "dataset_info.json").unlink()
+    else:
+        (root / bad / "shard.json").write_text("{\"rows\": ")
+    with pytest.raises(bank.BankDamaged, match=rf"damaged: {bad}: {named}"):
+        bank.load_bank(root, "val")
+    result = collect(cfg)  # before: an endless "recomputed, then discarded" for dataset_info
+    assert result["complete"]
+    assert bank.verify_bank(root, full=True)["complete"]
+    assert not [p for p in root.iterdir() if p.name.startswith(".")]  # nothing half left
+    assert_same_rows(root, reference)
+
+
+def test_spot_checks_catch_large_file_damage_and_full_checks_every_byte(tmp_path):
+    path = tmp_path / "big.bin"
+    path.write_bytes(os.urandom(integrity.SMALL_FILE + 10_000))
+    rec = integrity.file_record(path)
+    assert "spot" in rec and integrity.file_problem(path, rec) is None
+    with open(path, "r+b") as f:  # inside the middle sampled block
+        f.seek(rec["size"] // 2)
+        f.write(b"\0" * 16)
+    assert "differs from its recorded SHA-256" in integrity.file_problem(path, rec)
+    path.write_bytes(os.urandom(integrity.SMALL_FILE + 10_000))
+    rec = integrity.file_record(path)
+    with open(path, "r+b") as f:  # between two sampled blocks: only the full check sees it
+        f.seek(integrity.SPOT_BLOCK + 100)
+        f.write(b"\0" * 16)
+    assert integrity.file_problem(path, rec) is None
+    assert "differs" in integrity.file_problem(path, rec, full=True)
+
+
+def test_truncated_meta_is_named_and_collect_rewrites_it(copied):
+    cfg, root = copied
+    original = bank.read_meta(root)
+    before = snapshot(root)
+    text = (root / "meta.json").read_text()
+    (root / "meta.json").write_text(text[: len(text) // 3])
+    with pytest.raises(bank.BankDamaged, match=r"meta.json is unreadable \(JSONDecodeError.*\)"
+                                                r".\nRepair:  python -m stopexp.collect"):
+        bank.require_bank(cfg)
+    assert collect(cfg)["complete"]
+    assert bank.read_meta(root) == original and snapshot(root) == before  # nothing recomputed
+
+
+def test_a_single_collect_never_ends_with_an_incomplete_bank(copied, monkeypatch):
+    import stopexp.collect as C
+
+    cfg, root = copied
+    shutil.rmtree(root / shard_of(root, "test"))
+    monkeypatch.setattr(C, "_fill", lambda *a, **k: set())  # the shard never arrives
+    with pytest.raises(bank.BankDamaged, match=r"still incomplete after collect: 1 of 4 shards "
+                                                r"missing \(indices 3\)"):
+        collect(cfg)
+    assert not bank.read_meta(root)["complete"] and bank.read_meta(root)["missing"] == [3]
+    with pytest.raises(bank.BankMissing, match=r"incomplete \(1 of 4 shards missing: indices 3\)"):
+        bank.load_bank(root)
+
+
+def test_editing_the_task_file_changes_the_bank(tmp_path, monkeypatch):
+    task = tmp_path / "qa.jsonl"
+    shutil.copy(GSM8K, task)
+
+    def key(path):
+        return bank.bank_dir(compose("collect", ["task=gsm8k", f"task.path={path}"])).name
+
+    first = key(task)
+    rows = task.read_text().splitlines()
+    row = json.loads(rows[0])
+    row["answer"] = row["answer"].rsplit("####", 1)[0] + "#### 123456"
+    task.write_text("\n".join([json.dumps(row), *rows[1:]]) + "\n")
+    assert key(task) != first
+    shutil.copy(GSM8K, task)
+    assert key(task) == first  # the content, not the time of the edit
+    # a hub id: its cached revision when the local cache has one
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    plain = key("openai/gsm8k")
+    refs = tmp_path / "hub" / "datasets--openai--gsm8k" / "refs"
+    refs.mkdir(parents=True)
+    (refs / "main").write_text("0123abcd\n")
+    assert bank.task_content(compose("collect", ["task=gsm8k"]).task) == "hub:openai/gsm8k@0123abcd"
+    assert key("openai/gsm8k") != plain
+
+
+def test_empty_split_messages_say_which_setting_to_change():
+    from stopexp.train import _empty_split
+
+    cfg = compose("train", ["collect.keep_correct=[2,6]"])
+    meta = {"plan": [{"index": 0, "split": "train", "prompts": 5},
+                     {"index": 1, "split": "val", "prompts": 3}],
+            "shards": {"shard-00000-r000": {"rows": 40, "splits": {"train": 40}},
+                       "shard-00001-r000": {"rows": 0, "splits": {}}}}
+    assert _empty_split(meta, "test", 5, cfg).startswith(
+        "collect.prompts.test: the trace bank holds no test prompts (0 were collected)")
+    assert _empty_split(meta, "val", 5, cfg).startswith(
+        "collect.keep_correct: all 3 val prompts of the trace bank were dropped by the "
+        "difficulty filter [2, 6]")
+    assert _empty_split(meta, "train", 5, cfg).startswith(
+        "train.checkpoint: none of the 40 train paths of the trace bank is still generating "
+        "at checkpoint 5 tokens")
+
+
+def test_damaged_predictor_is_named_and_train_rebuilds_it(copied, small_bank):
+    from stopexp.evaluate import build_scorers
+    from stopexp.train import feature_spec
+
+    _, root = copied
+    cfg = validate(compose("train", [*small_bank, f"paths.output_dir={root.parents[2]}",
+                                     "predictor=linear", "train.epochs=2"]))
+    first = train(cfg, progress=False)
+    ckpt = predictor_dir(cfg)
+    weights = (ckpt / "predictor.safetensors").read_bytes()
+    spec = feature_spec(bank.read_meta(root))
+    os.truncate(ckpt / "predictor.safetensors", 100)
+    with pytest.raises(CheckpointDamaged, match=rf"{ckpt}: predictor.safetensors has 100 bytes, "
+                                                rf"{len(weights)} recorded.*python -m stopexp.train"):
+        load_predictor(ckpt, spec)
+    with pytest.raises(CheckpointDamaged, match=r"Rebuild it with:  python -m stopexp.train"):
+        build_scorers(cfg, ["linear"], spec)
+    assert train(cfg, progress=False)["val"] == first["val"]  # rebuilt, not refused
+    assert (ckpt / "predictor.safetensors").read_bytes() == weights
+    for damage in ("truncate_json", "drop_json", "other_features"):
+        meta_path = ckpt / "predictor.json"
+        meta = json.loads(meta_path.read_text())
+        if damage == "truncate_json":
+            meta_path.write_text(meta_path.read_text()[:50])
+            with pytest.raises(CheckpointDamaged, match=f"file {meta_path} is missing or unreadable"):
+                load_predictor(ckpt, spec)
+        elif damage == "drop_json":  # before: retrained, then dropped beside the old dir, forever
+            meta_path.unlink()
+        else:  # before: "retrain it", and train refused the same checkpoint again
+            meta["feature_spec"]["hidden_size"] = 64
+            meta_path.write_text(json.dumps(meta))
+            with pytest.raises(CheckpointMismatch, match="hidden_size=64.*python -m stopexp.train"):
+                load_predictor(ckpt, spec)
+        assert train(cfg, progress=False)["val"] == first["val"]
+        predictor, saved = load_predictor(ckpt, spec)
+        assert saved["weights"]["size"] == len(weights)
+        assert (ckpt / "predictor.safetensors").read_bytes() == weights
+
+
+def test_super_token_checkpoint_damage_is_named(tmp_path):
+    from stopexp.signals.checkpoint import load_weights
+    from stopexp.signals.features import FeatureSpec
+    from stopexp.signals.super_token import checkpoint_meta
+
+    (tmp_path / "predictor.json").write_text('{"predictor": {"name": "super_token"}, "feat')
+    spec = FeatureSpec("toy", 96, [2], ("a",))
+    with pytest.raises(CheckpointDamaged, match=f"{tmp_path / 'predictor.json'} is missing or unreadable"):
+        checkpoint_meta(tmp_path, spec)
+    (tmp_path / "predictor.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{\"a\"")
+    with pytest.raises(CheckpointDamaged, match=f"file {tmp_path / 'predictor.safetensors'} cannot be read"):
+        load_weights(tmp_path)
+
+
+def test_damaged_toy_lm_is_named_and_never_loaded(tmp_path, caplog):
+    from stopexp.models.toy_lm import COMMITTED, ensure_toy_lm, toy_key, toy_lm_problem
+
+    cfg = compose("collect", [f"paths.output_dir={tmp_path}"])
+    key = toy_key(cfg.model.toy, cfg.task)
+    committed = COMMITTED / f"toy-{key}"
+    assert toy_lm_problem(committed) is None
+    cached = tmp_path / "cache" / "toy_lm" / key
+    shutil.copytree(committed, cached)
+    assert ensure_toy_lm(cfg) == cached
+    size = (cached / "model.safetensors").stat().st_size
+    os.truncate(cached / "model.safetensors", 1000)
+    assert toy_lm_problem(cached) == (f"model.safetensors has 1000 bytes, {size} recorded "
+                                      "(truncated or replaced)")
+    with caplog.at_level("WARNING"):
+        assert ensure_toy_lm(cfg) == committed  # the damaged copy is deleted, the committed one used
+    assert "cached toy LM" in caplog.text and "model.safetensors has 1000 bytes" in caplog.text
+    assert not cached.exists() and not list(cached.parent.iterdir())
+    # a directory saved before the record: its weights' header must cover the file
+    shutil.copytree(committed, cached)
+    info = json.loads((cached / "toy_lm.json").read_text())
+    del info["files"]
+    (cached / "toy_lm.json").write_text(json.dumps(info))
+    assert toy_lm_problem(cached) is None
+    os.truncate(cached / "model.safetensors", 1000)
+    assert toy_lm_problem(cached).startswith(
+        "model.safetensors cannot be read (Error while deserializing header")
+
+
+def test_a_damaged_job_file_of_a_sweep_is_named(tmp_path):
+    from omegaconf import OmegaConf
+
+    from stopexp import sweeps
+
+    job = tmp_path / "sweep" / "0"
+    (job / ".hydra").mkdir(parents=True)
+    OmegaConf.save(compose("pipeline"), job / ".hydra" / "config.yaml")
+    (job / "metrics.json").write_text('{"methods": {"no_pr')
+    with pytest.raises(ValueError, match=rf"job {job}: metrics.json or .hydra/config.yaml is "
+                                         r"unreadable \(JSONDecodeError.*or delete"):
+        sweeps.dir_runs(job.parent)
+
+
+def test_an_array_job_may_end_incomplete_and_says_which_ranks_owe_shards(copied, caplog):
+    cfg, root = copied
+    shutil.rmtree(root / shard_of(root, "test"))  # shard 3: rank 1's of 2
+    with caplog.at_level("INFO"):
+        assert collect(cfg, 0, 2) == {"bank": str(root), "complete": False}
+    assert "1 of 4 shards missing (indices 3), of ranks 1" in caplog.text
+    meta = bank.read_meta(root)
+    assert not meta["complete"] and meta["missing"] == [3] and len(meta["shards"]) == 3
+    with pytest.raises(bank.BankMissing, match="incomplete"):
+        bank.require_bank(cfg)

@@ -64,7 +64,7 @@ def split_data(root: Path, meta: dict, cfg, prefixes: bool = False) -> dict[str,
         out[split] = bank.select_rows(t, t["alive"])
     for needed in ("train", "val"):
         if needed not in out or not len(out[needed]["correct"]):
-            raise ValueError(_empty_split(meta, needed, ckpt, cfg))
+            raise NothingToLearn(_empty_split(meta, needed, ckpt, cfg))
         check_usable(needed, out.get(needed), ckpt, cfg.search.n_paths)
     return out
 

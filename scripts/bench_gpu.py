@@ -46,6 +46,7 @@ def measure(fn, device, repeats: int):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tiny", action="store_true", help="tiny model on CPU (a dry run)")
+    ap.add_argument("--prompts", type=int, default=1, help="distinct prompts, N paths each")
     ap.add_argument("--paths", type=int, default=64)
     ap.add_argument("--keep", type=int, default=8)
     ap.add_argument("--prompt-tokens", type=int, default=256)
@@ -58,6 +59,7 @@ def main() -> None:
         cfg = LlamaConfig(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                           num_key_value_heads=2, intermediate_size=128, max_position_embeddings=1024)
         dtype, a.paths, a.keep, a.prompt_tokens, a.new_tokens, a.check = torch.float32, 8, 2, 16, 24, 6
+        a.prompts = min(a.prompts, 2)
     else:  # Llama-3.2-1B-like shapes
         cfg = LlamaConfig(vocab_size=128256, hidden_size=2048, num_hidden_layers=16,
                           num_attention_heads=32, num_key_value_heads=8, intermediate_size=8192,
@@ -68,12 +70,14 @@ def main() -> None:
     model = LlamaForCausalLM(cfg).to(device=device, dtype=dtype).eval().requires_grad_(False)
     model.generation_config.eos_token_id, model.generation_config.pad_token_id = 0, 0
     n_params = sum(p.numel() for p in model.parameters())
-    prompt = torch.randint(1, cfg.vocab_size, (a.prompt_tokens,)).tolist()
+    prompts = torch.randint(1, cfg.vocab_size, (a.prompts, a.prompt_tokens)).tolist()
+    launched = [p for p in prompts for _ in range(a.paths)]  # N paths per prompt, in order
     params = SamplingParams(max_new_tokens=a.new_tokens, temperature=1.0)
-    seeds = list(range(a.paths))
+    seeds = list(range(len(launched)))
+    kept = torch.tensor([i * a.paths + j for i in range(a.prompts) for j in range(a.keep)])
 
     def hf():
-        enc = torch.tensor([prompt], device=device)
+        enc = torch.tensor(prompts, device=device)
         out = model.generate(enc, attention_mask=torch.ones_like(enc), do_sample=True,
                              temperature=1.0, top_k=None, max_new_tokens=a.new_tokens,
                              min_new_tokens=a.new_tokens, num_return_sequences=a.paths,
@@ -82,13 +86,13 @@ def main() -> None:
 
     def engine(taps=None):
         eng = Engine(model, 0, 0, params, taps, (a.check,) if taps else ())
-        state = eng.run(eng.launch([prompt] * a.paths, seeds))
+        state = eng.run(eng.launch(launched, seeds))
         return int(state.lengths.sum())
 
-    def lcr():  # Launch-Check-Resume: N paths to the check, K of them (any K) to the end
+    def lcr():  # Launch-Check-Resume: N paths to the check, K of each prompt's to the end
         eng = Engine(model, 0, 0, params)
-        state = eng.run(eng.launch([prompt] * a.paths, seeds), until=a.check)
-        state.keep_paths(torch.arange(a.keep))
+        state = eng.run(eng.launch(launched, seeds), until=a.check)
+        state.keep_paths(kept)
         return int(eng.run(state).lengths.sum())
 
     rows = [("HF generate", *measure(hf, device, a.repeats)),
@@ -97,7 +101,7 @@ def main() -> None:
         rows.append(("engine + taps", *measure(lambda: engine(taps), device, a.repeats)))
     rows.append((f"LCR {a.paths}->{a.keep}", *measure(lcr, device, a.repeats)))
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
-    print(f"Llama {n_params / 1e9:.2f}B random init, {dtype}, {name}; N={a.paths} paths, "
+    print(f"Llama {n_params / 1e9:.2f}B random init, {dtype}, {name}; {a.prompts} prompts x N={a.paths} paths, "
           f"prompt {a.prompt_tokens} + {a.new_tokens} new tokens, check at {a.check}, keep {a.keep}")
     print(f"{'':<16}{'tokens':>9}{'seconds':>10}{'tokens/s':>11}{'peak GiB':>10}")
     for label, t, n, peak in rows:

@@ -97,6 +97,7 @@ def collect(cfg, rank: int = 0, world: int = 1, run=None) -> dict:
     done = {bank.shard_index(n) for n in bank.finished_shards(root)}
     pending = [i for i in todo if i not in done]
     checkpoints = bank.checkpoints_of(cfg)
+    paths = 0
     if pending:
         model, tokenizer = load_lm(cfg)
         params = SamplingParams.from_config(cfg.search)
@@ -104,7 +105,7 @@ def collect(cfg, rank: int = 0, world: int = 1, run=None) -> dict:
         n_prompts = sum(len(shards[i]) for i in pending)
         log.info("collecting %d shards (%d prompts x %d paths) into %s; %d already there",
                  len(pending), n_prompts, cfg.search.n_paths, root, len(todo) - len(pending))
-        start, paths, tokens = time.time(), 0, 0
+        start, tokens = time.time(), 0
         with Taps(model, list(cfg.tap.layers), cfg.tap.pooling) as taps, \
                 tqdm(total=n_prompts, unit="prompt", desc="collect") as bar:
             engine = Engine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, params,
@@ -126,10 +127,13 @@ def collect(cfg, rank: int = 0, world: int = 1, run=None) -> dict:
                     "hidden_size": hidden, "tap_layers": taps.layers}
     else:
         measured = {}
+    # what this process did, for its log line (a rank that is not last sees no summary)
+    mine = {"rank": rank, "world": world, "shards_written": len(pending), "paths_written": paths,
+            "shards_total": len(shards)}
     if in_group():
         barrier()  # every rank's shards exist before rank 0 writes the final meta
         if rank:
-            return {"bank": str(root), "complete": True}
+            return {"bank": str(root), "complete": True, **mine}
     complete = is_complete(root, len(shards))
     if rank == 0 or complete:
         _write_meta(cfg, root, task, checkpoints, complete, measured)
@@ -143,7 +147,8 @@ def collect(cfg, rank: int = 0, world: int = 1, run=None) -> dict:
         run.log_artifact(root, name=f"traces-{root.name}", type="trace_bank",
                          metadata={**bank.read_meta(root), **summary})
         run.log({"collect/sample_paths": _sample_table(run, root)})
-    return {"bank": str(root), "complete": complete, **summary}
+    mine["shards_done"] = len(bank.finished_shards(root))
+    return {"bank": str(root), "complete": complete, **mine, **summary}
 
 
 def _write_meta(cfg, root: Path, task, checkpoints, complete: bool, measured: dict) -> None:
@@ -191,13 +196,27 @@ def main(cfg: DictConfig) -> dict:
         leave_group()
     result["wall_s"] = round(time.time() - start, 1)
     if grouped and rank:  # the ranks of one launch share a run dir: rank 0 reports
+        log.info(log_line(result))
         return result
     write_json(run_dir / "metrics.json", {"collect": result})
-    log.info("bank %s: %d paths, per-path accuracy %.3f, vote accuracy %.3f, %d tokens, %.0fs",
-             result["bank"], result.get("paths", 0), result.get("path_accuracy", float("nan")),
-             result.get("vote_accuracy", float("nan")), result.get("tokens_total", 0),
-             result["wall_s"])
+    log.info(log_line(result))
     return result
+
+
+def log_line(result: dict) -> str:
+    """What this process wrote and where the bank stands (a rank that did not finish the
+    bank has no bank-wide summary to report)."""
+    mine = (f"rank {result['rank']}/{result['world']} wrote {result['shards_written']} shards "
+            f"({result['paths_written']} paths) in {result['wall_s']:.0f}s")
+    if not result["complete"]:
+        return (f"bank {result['bank']}: {mine}; the bank is incomplete "
+                f"({result.get('shards_done', '?')} of {result['shards_total']} shards finished): "
+                "the other ranks' shards are missing, or rerun the same command to make them")
+    if "paths" not in result:  # a non-zero rank of a launcher group: rank 0 summarizes
+        return f"bank {result['bank']}: {mine}; rank 0 reports the bank's summary"
+    return (f"bank {result['bank']} complete: {result['paths']} paths, per-path accuracy "
+            f"{result['path_accuracy']:.3f}, vote accuracy {result['vote_accuracy']:.3f}, "
+            f"{result['tokens_total']} tokens; {mine}")
 
 
 if __name__ == "__main__":

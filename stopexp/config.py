@@ -29,6 +29,7 @@ def project_root() -> Path:
 
 if not OmegaConf.has_resolver("stopexp_root"):
     OmegaConf.register_new_resolver("stopexp_root", lambda: str(project_root()))
+import stopexp.run_id  # noqa: E402,F401  (registers ${stopexp_run_id:} for the run dirs)
 
 
 @dataclass

@@ -194,6 +194,7 @@ def train(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
         run.log_artifact(out, name=f"predictor-{out.name}", type="predictor",
                          metadata={"bank": root.name, **{k: v for k, v in metrics.items()
                                                          if not isinstance(v, dict)}})
+    log.info("metrics.json and plots (loss curve, score histogram, reliability) in %s", run_dir)
     return metrics
 
 
@@ -204,9 +205,9 @@ def main(cfg: DictConfig) -> dict:
 
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
-    with tracked_run(cfg, "train") as run:
+    with tracked_run(cfg, "train") as run:  # tracking fails safe: the outputs never depend on it
         metrics = train(cfg, run, list(hc.overrides.task), run_dir)
-    write_json(run_dir / "metrics.json", {"train": metrics})
+        write_json(run_dir / "metrics.json", {"train": metrics})
     for split in ("train", "val", "test"):
         if split in metrics:
             m = metrics[split]

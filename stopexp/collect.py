@@ -210,8 +210,8 @@ def log_line(result: dict) -> str:
             f"({result['paths_written']} paths) in {result['wall_s']:.0f}s")
     if not result["complete"]:
         return (f"bank {result['bank']}: {mine}; the bank is incomplete "
-                f"({result.get('shards_done', '?')} of {result['shards_total']} shards finished): "
-                "the other ranks' shards are missing, or rerun the same command to make them")
+                f"({result.get('shards_done', '?')} of {result['shards_total']} shards finished; "
+                "the other ranks write the rest, and rerunning this command makes any missing)")
     if "paths" not in result:  # a non-zero rank of a launcher group: rank 0 summarizes
         return f"bank {result['bank']}: {mine}; rank 0 reports the bank's summary"
     return (f"bank {result['bank']} complete: {result['paths']} paths, per-path accuracy "

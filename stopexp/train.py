@@ -194,7 +194,6 @@ def train(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
         run.log_artifact(out, name=f"predictor-{out.name}", type="predictor",
                          metadata={"bank": root.name, **{k: v for k, v in metrics.items()
                                                          if not isinstance(v, dict)}})
-    log.info("metrics.json and plots (loss curve, score histogram, reliability) in %s", run_dir)
     return metrics
 
 
@@ -214,6 +213,8 @@ def main(cfg: DictConfig) -> dict:
             log.info("%-5s AUROC within-prompt %.3f  pooled %.3f  AUPRC %.3f  ECE %.3f  "
                      "Brier %.3f  length corr %+.3f", split, m["auroc"], m["auroc_pooled"],
                      m["auprc"], m["ece"], m["brier"], m["length_corr"])
+    plotted = sorted(p.name for p in run_dir.glob("*.png"))  # none when already trained
+    log.info("metrics.json%s in %s", f" and {', '.join(plotted)}" if plotted else "", run_dir)
     return metrics
 
 

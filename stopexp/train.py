@@ -29,6 +29,7 @@ from stopexp.losses import build_loss
 from stopexp.metrics import auprc, brier, ece, length_correlation, pooled_auroc, within_prompt_auroc
 from stopexp.signals import FeatureSpec, build_predictor
 from stopexp.signals.checkpoint import load_predictor, save_predictor
+from stopexp.threads import one_thread
 from stopexp.tracking import tracked_run
 
 log = logging.getLogger(__name__)
@@ -161,14 +162,16 @@ def train(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
     log.info("training %s (%d parameters) with %s on %d paths of %d prompts", cfg.predictor.name,
              n_params, cfg.loss.name, len(data["train"]["correct"]),
              len(set(data["train"]["group"].tolist())))
-    best, history = fit(cfg, predictor, data, progress)
+    with one_thread(predictor):  # the same weights whatever the machine's thread count
+        best, history = fit(cfg, predictor, data, progress)
     predictor.load_state_dict(best["state"])
     metrics = {"predictor": cfg.predictor.name, "loss": cfg.loss.name, "parameters": n_params,
                "best_epoch": best["epoch"], "epochs": len(history),
                "wall_s": round(time.time() - start, 2)}
     scores = {}
     for split, d in data.items():
-        scores[split] = score(predictor, d)
+        with one_thread(predictor):
+            scores[split] = score(predictor, d)
         metrics[split] = evaluate_scores(scores[split], d)
     save_predictor(out, predictor, cfg.predictor, spec, root.name, metrics,
                    {"history": history, "checkpoint_tokens": checkpoint_tokens(

@@ -95,6 +95,20 @@ def publish_dir(tmp_dir: Path, final_dir: Path) -> None:
         shutil.rmtree(tmp_dir, ignore_errors=True)
 
 
+def replace_dir(tmp_dir: Path, final_dir: Path) -> None:
+    """Publish a fully written directory over an existing one (a retrained artifact). The
+    old copy is renamed aside, the new one renamed in, then the old one removed: a crash
+    never leaves a half-written `final_dir`, nor loses the old copy before the new one is
+    complete (between the two renames it is at `.<name>.old-*`)."""
+    if not final_dir.exists():
+        publish_dir(tmp_dir, final_dir)
+        return
+    old = Path(tempfile.mkdtemp(dir=final_dir.parent, prefix=f".{final_dir.name}.old-"))
+    os.rename(final_dir, old / final_dir.name)
+    publish_dir(tmp_dir, final_dir)
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def staging_dir(final_dir: Path) -> Path:
     """A fresh temporary directory beside `final_dir` (same file system, so rename works)."""
     final_dir.parent.mkdir(parents=True, exist_ok=True)

@@ -170,3 +170,16 @@ def test_runs_and_sweeps_started_in_the_same_second_get_their_own_dirs():
                            cwd=os.path.dirname(__file__), check=True,
                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}).stdout
     assert other.strip() != runs[0] and name.search(other.strip())
+
+
+def test_replace_dir_swaps_a_whole_directory_and_leaves_nothing_behind(tmp_path, umask_022):
+    from stopexp.artifacts import replace_dir
+
+    final = tmp_path / "toy_lm"
+    for version in ("old", "new"):
+        stage = staging_dir(final)
+        (stage / "weights").write_text(version)
+        replace_dir(stage, final)
+    assert (final / "weights").read_text() == "new"
+    assert os.listdir(tmp_path) == ["toy_lm"]
+    assert oct(final.stat().st_mode & 0o777) == "0o755"

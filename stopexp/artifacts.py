@@ -36,7 +36,11 @@ _UMASK_LOCK = threading.Lock()
 
 
 def current_umask() -> int:
-    """The process's umask (reading it means setting it, so briefly and under a lock)."""
+    """The process's umask: from /proc/self/status on Linux, else by setting it (the only
+    portable way to read it) briefly, under a lock, to a stricter value."""
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        with open("/proc/self/status") as f:
+            return int(next(line for line in f if line.startswith("Umask:")).split()[1], 8)
     with _UMASK_LOCK:
         mask = os.umask(0o077)
         os.umask(mask)

@@ -183,3 +183,12 @@ def test_replace_dir_swaps_a_whole_directory_and_leaves_nothing_behind(tmp_path,
     assert (final / "weights").read_text() == "new"
     assert os.listdir(tmp_path) == ["toy_lm"]
     assert oct(final.stat().st_mode & 0o777) == "0o755"
+
+
+def test_umask_is_read_without_changing_it(umask_022, monkeypatch):
+    from stopexp import artifacts
+
+    assert artifacts.current_umask() == 0o022
+    monkeypatch.setattr("builtins.open", lambda *a, **k: (_ for _ in ()).throw(OSError))
+    assert artifacts.current_umask() == 0o022  # the portable fallback
+    assert os.umask(0o022) == 0o022

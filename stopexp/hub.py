@@ -12,6 +12,7 @@ import functools
 import os
 import socket
 import urllib.request
+from pathlib import Path
 from typing import Iterator
 from urllib.parse import urlparse
 
@@ -47,11 +48,12 @@ def endpoint() -> str:
 
 
 @contextlib.contextmanager
-def offline_unless_reachable() -> Iterator[bool]:
+def offline_unless_reachable(source: str | None = None) -> Iterator[None]:
     """Within the block, huggingface_hub, transformers and datasets work from the local
-    cache only when the hub cannot be reached; yields whether it can."""
-    if reachable():
-        yield True
+    cache only when the hub cannot be reached. A `source` that is a local path needs no
+    hub: then nothing is probed (the embedded toy LM never touches the network)."""
+    if (source is not None and Path(source).expanduser().exists()) or reachable():
+        yield
         return
     import huggingface_hub.constants as hub_constants
 
@@ -62,7 +64,7 @@ def offline_unless_reachable() -> Iterator[bool]:
     for mod, name in flags:
         setattr(mod, name, True)
     try:
-        yield False
+        yield
     finally:
         for (mod, name), value in zip(flags, saved):
             setattr(mod, name, value)

@@ -63,3 +63,11 @@ def test_probe_sees_a_listening_endpoint_and_honours_hf_hub_offline(no_hub, monk
         monkeypatch.setenv("HF_HUB_OFFLINE", "1")
         hub.reachable.cache_clear()
         assert not hub.reachable()
+
+
+def test_a_local_model_dir_is_loaded_without_probing_the_hub(no_hub, monkeypatch, tmp_path):
+    probes = []
+    monkeypatch.setattr(hub.socket, "create_connection", lambda *a, **k: probes.append(a))
+    cfg = compose("collect", [f"paths.output_dir={tmp_path}", "logger=none"])  # the toy LM
+    load_lm(cfg)
+    assert probes == []

@@ -47,7 +47,7 @@ def load_lm(cfg, progress: bool = True):
     if m.attn_implementation:
         kwargs["attn_implementation"] = m.attn_implementation
     try:
-        with offline_unless_reachable():  # no hub: the cache only, failing at once
+        with offline_unless_reachable(source):  # no hub: the cache only, failing at once
             tokenizer = AutoTokenizer.from_pretrained(source, revision=m.revision)
             model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
     except (OSError, ValueError) as e:

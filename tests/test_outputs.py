@@ -82,7 +82,8 @@ def test_every_stage_writes_its_outputs_when_wandb_dies_mid_stage(small_bank, tm
         run_stage(stage, [*args, f"hydra.run.dir={tmp_path / stage}"])
         metrics = json.loads((tmp_path / stage / "metrics.json").read_text())
         assert metrics, stage
-        warnings = [w for w in stage_log(tmp_path / stage).splitlines() if "WARNING" in w]
+        warnings = [w for w in stage_log(tmp_path / stage).splitlines()
+                    if "[stopexp.tracking][WARNING]" in w]
         assert len(warnings) == 1 and "Connection lost" in warnings[0], (stage, warnings)
         assert "tracking is off for the rest of this run" in warnings[0]
     assert json.loads((tmp_path / "collect/metrics.json").read_text())["collect"]["complete"]

@@ -19,6 +19,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from stopexp.plots import save_figure  # noqa: E402
 from stopexp.retention import fit, guideline_points, predict_inverse_gamma  # noqa: E402
 from stopexp.sweeps import dir_runs  # noqa: E402
 
@@ -35,10 +36,7 @@ def plot(points: list[dict], coef: dict, path: Path) -> Path:
            ylabel="chosen 1/gamma (Pareto front)",
            title=f"a={coef['a']:.3g} b={coef['b']:.3f} c={coef['c']:.3f} d={coef['d']:.3f}")
     fig.colorbar(sc, ax=ax, label="log C (tokens per prompt)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> dict:

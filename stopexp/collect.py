@@ -113,7 +113,10 @@ def collect(cfg, rank: int = 0, world: int = 1, run=None) -> dict:
     done = verified_shards(root, todo)
     pending = [i for i in todo if i not in done]
     checkpoints = bank.checkpoints_of(cfg)
-    written = _fill(cfg, root, task, shards, pending, rank, checkpoints) if pending else set()
+    written, paths = _fill(cfg, root, task, shards, pending, rank, checkpoints) if pending else (set(), 0)
+    # what this process did, for its log line (a rank that is not last sees no summary)
+    mine = {"rank": rank, "world": world, "shards_written": len(pending), "paths_written": paths,
+            "shards_total": len(shards)}
     grouped = in_group()
     if grouped:
         barrier()  # every rank's shards exist before rank 0 verifies them and writes meta
@@ -135,9 +138,10 @@ def collect(cfg, rank: int = 0, world: int = 1, run=None) -> dict:
                  "of ranks %s): those ranks' jobs complete it (one that already ended: rerun "
                  "it, or one collect without collect.rank/world)", rank, world, root, lost,
                  bank.brief(owners))
-        return {"bank": str(root), "complete": False}
+        return {"bank": str(root), "complete": False, **mine,
+                "shards_done": len(shards) - len(missing)}
     if grouped and rank:
-        return {"bank": str(root), "complete": True}
+        return {"bank": str(root), "complete": True, **mine}
     summary = summarize(root)
     if run is not None:
         meta = bank.read_meta(root)
@@ -146,7 +150,7 @@ def collect(cfg, rank: int = 0, world: int = 1, run=None) -> dict:
                          metadata={**{k: v for k, v in meta.items() if k not in ("shards", "plan")},
                                    **summary})
         run.log({"collect/sample_paths": _sample_table(run, root)})
-    return {"bank": str(root), "complete": True, **summary}
+    return {"bank": str(root), "complete": True, **mine, **summary}
 
 
 def _settle(cfg, root: Path, task, shards: list, trusted: set[str], rank: int) -> list[int]:
@@ -166,7 +170,7 @@ def _settle(cfg, root: Path, task, shards: list, trusted: set[str], rank: int) -
 
 def _fill(cfg, root: Path, task, shards: list, pending: list[int], rank: int,
           checkpoints: list[int]) -> set[str]:
-    """Generate the `pending` shards; returns the names written."""
+    """Generate the `pending` shards; returns the names written and the paths they hold."""
     from stopexp.models import load_lm
     from stopexp.search.decode import SamplingParams, make_engine
     from stopexp.search.sample import fit_prompts, prompt_limit, row_cap
@@ -207,7 +211,7 @@ def _fill(cfg, root: Path, task, shards: list, pending: list[int], rank: int,
             bar.update(len(shards[i]))
             rate = time.time() - start
             bar.set_postfix(paths_s=f"{paths / rate:.0f}", tok_s=f"{tokens / rate:.0f}")
-    return written
+    return written, paths
 
 
 def _write_meta(cfg, root: Path, task, shards: list, good: dict[int, str],
@@ -267,13 +271,27 @@ def main(cfg: DictConfig) -> dict:
         leave_group()
     result["wall_s"] = round(time.time() - start, 1)
     if grouped and rank:  # the ranks of one launch share a run dir: rank 0 reports
+        log.info(log_line(result))
         return result
     write_json(run_dir / "metrics.json", {"collect": result})
-    log.info("bank %s: %d paths, per-path accuracy %.3f, vote accuracy %.3f, %d tokens, %.0fs",
-             result["bank"], result.get("paths", 0), result.get("path_accuracy", float("nan")),
-             result.get("vote_accuracy", float("nan")), result.get("tokens_total", 0),
-             result["wall_s"])
+    log.info(log_line(result))
     return result
+
+
+def log_line(result: dict) -> str:
+    """What this process wrote and where the bank stands (a rank that did not finish the
+    bank has no bank-wide summary to report)."""
+    mine = (f"rank {result['rank']}/{result['world']} wrote {result['shards_written']} shards "
+            f"({result['paths_written']} paths) in {result['wall_s']:.0f}s")
+    if not result["complete"]:
+        return (f"bank {result['bank']}: {mine}; the bank is incomplete "
+                f"({result.get('shards_done', '?')} of {result['shards_total']} shards finished; "
+                "the other ranks write the rest, and rerunning this command makes any missing)")
+    if "paths" not in result:  # a non-zero rank of a launcher group: rank 0 summarizes
+        return f"bank {result['bank']}: {mine}; rank 0 reports the bank's summary"
+    return (f"bank {result['bank']} complete: {result['paths']} paths, per-path accuracy "
+            f"{result['path_accuracy']:.3f}, vote accuracy {result['vote_accuracy']:.3f}, "
+            f"{result['tokens_total']} tokens; {mine}")
 
 
 if __name__ == "__main__":

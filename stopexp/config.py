@@ -38,6 +38,7 @@ if not OmegaConf.has_resolver("stopexp_root"):
     OmegaConf.register_new_resolver("stopexp_root", lambda: str(project_root()))
 if not OmegaConf.has_resolver("model_name_of"):
     OmegaConf.register_new_resolver("model_name_of", model_name_of)
+import stopexp.run_id  # noqa: E402,F401  (registers ${stopexp_run_id:} for the run dirs)
 
 
 @dataclass

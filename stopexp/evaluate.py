@@ -477,9 +477,9 @@ def main(cfg: DictConfig) -> dict:
     from hydra.core.hydra_config import HydraConfig
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    with tracked_run(cfg, "evaluate") as run:
+    with tracked_run(cfg, "evaluate") as run:  # tracking fails safe: the outputs never depend on it
         metrics = evaluate(cfg, run, run_dir)
-    write_json(run_dir / "metrics.json", metrics)
+        write_json(run_dir / "metrics.json", metrics)
     print(print_table(metrics))
     log.info("plots and metrics.json in %s", run_dir)
     return metrics

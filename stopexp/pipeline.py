@@ -34,13 +34,23 @@ def run_pipeline(cfg, run_dir: Path) -> dict:
         evaluated = evaluate(cfg, run=run, run_dir=run_dir / "evaluate")
         timings["evaluate_s"] = round(time.time() - start - sum(timings.values()), 1)
         timings["wall_s"] = round(time.time() - start, 1)
+        metrics = {"collect": collected, "train": trained, **evaluated, "pipeline": timings}
+        write_json(run_dir / "metrics.json", metrics)  # before tracking's last calls
         run.summary_update({f"pipeline/{k}": v for k, v in timings.items()})
-    metrics = {"collect": collected, "train": trained, **evaluated, "pipeline": timings}
-    write_json(run_dir / "metrics.json", metrics)
     print(print_table(evaluated))
     for warning in trained.get("warnings", []):  # under the table, where it is read
         print(f"WARNING: predictor {trained.get('predictor')}: {warning}")
     return metrics
+
+
+def where_outputs(run_dir: Path) -> str:
+    """Where this run's files are: metrics.json in the run dir, each stage's plots in its
+    subdir (train makes none when it found the predictor already trained)."""
+    parts = [f"metrics.json in {run_dir}"]
+    for stage in ("evaluate", "train"):
+        if any((run_dir / stage).glob("*.png")):
+            parts.append(f"{stage}'s plots in {run_dir / stage}")
+    return ", ".join(parts)
 
 
 @hydra.main(config_path="../conf", config_name="pipeline", version_base="1.3")
@@ -58,7 +68,7 @@ def main(cfg: DictConfig) -> float | None:
         # a sweeper's trial: one crash must not end the whole sweep
         log.exception("trial failed; the sweeper gets the worst value and goes on")
         return worst_value()
-    log.info("done in %.0f s; metrics.json and plots in %s", metrics["pipeline"]["wall_s"], run_dir)
+    log.info("done in %.0f s; %s", metrics["pipeline"]["wall_s"], where_outputs(run_dir))
     if cfg.optimized_metric:  # for Hydra sweepers; NaN counts as the worst value
         return objective(metrics, cfg.optimized_metric)
     return None

@@ -10,16 +10,23 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from stopexp.artifacts import atomic_path  # noqa: E402
 from stopexp.metrics import reliability  # noqa: E402
 
 
-def _save(fig, path: Path) -> Path:
+def save_figure(fig, path: Path) -> Path:
+    """Write `fig` to `path` atomically (temporary name, then rename; the format from the
+    suffix) and close it. A crash mid-write leaves the previous file, never half of one."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        fig.tight_layout()
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=110, format=path.suffix.lstrip(".") or "png")
+    finally:
+        plt.close(fig)
     return path
+
+
 
 
 def loss_curve(history: list[dict], path: Path) -> Path:
@@ -34,7 +41,7 @@ def loss_curve(history: list[dict], path: Path) -> Path:
              label="val AUROC (within-prompt)")
     ax2.set_ylabel("AUROC")
     fig.legend(loc="upper right", fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def score_histogram(scores, correct, path: Path, title: str = "") -> Path:
@@ -48,7 +55,7 @@ def score_histogram(scores, correct, path: Path, title: str = "") -> Path:
     ax.set_ylabel("density")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def reliability_diagram(probs, correct, path: Path, title: str = "") -> Path:
@@ -60,7 +67,7 @@ def reliability_diagram(probs, correct, path: Path, title: str = "") -> Path:
     ax.set_xlabel("predicted probability")
     ax.set_ylabel("observed success rate")
     ax.set_title(title, fontsize=9)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def pareto(points: list[dict], path: Path) -> Path:
@@ -76,7 +83,7 @@ def pareto(points: list[dict], path: Path) -> Path:
     ax.set_xlabel("total generated tokens")
     ax.set_ylabel("vote accuracy")
     ax.legend(fontsize=7, ncol=2)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def survival(curves: dict[str, list], path: Path) -> Path:
@@ -87,7 +94,7 @@ def survival(curves: dict[str, list], path: Path) -> Path:
     ax.set_xlabel("generation step")
     ax.set_ylabel("share of paths alive")
     ax.legend(fontsize=7, ncol=2)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def prune_steps(pruned_at: dict[str, np.ndarray], path: Path) -> Path:
@@ -99,7 +106,7 @@ def prune_steps(pruned_at: dict[str, np.ndarray], path: Path) -> Path:
         ax.legend(fontsize=7, ncol=2)
     ax.set_xlabel("prune step")
     ax.set_ylabel("paths")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def signal_histograms(scores: dict[str, np.ndarray], correct, path: Path) -> Path:
@@ -119,4 +126,4 @@ def signal_histograms(scores: dict[str, np.ndarray], correct, path: Path) -> Pat
     for ax in list(axes.flat)[n:]:
         ax.axis("off")
     axes.flat[0].legend(fontsize=7)
-    return _save(fig, path)
+    return save_figure(fig, path)

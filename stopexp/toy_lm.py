@@ -6,14 +6,13 @@
 from __future__ import annotations
 
 import logging
-import shutil
 import time
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
-from stopexp.artifacts import publish_dir, staging_dir, write_json
+from stopexp.artifacts import replace_dir, staging_dir, write_json
 from stopexp.config import check_output_dirs, validate
 from stopexp.search.decode import SamplingParams, make_engine
 from stopexp.search.sample import sample_paths, vote
@@ -61,9 +60,7 @@ def main(cfg: DictConfig) -> dict:
     final = Path(cfg.paths.cache_dir) / "toy_lm" / toy_key(cfg.model.toy, cfg.task)
     tmp = staging_dir(final)
     info = train_toy_lm(cfg.model.toy, build_task(cfg.task), tmp)
-    if final.exists():
-        shutil.rmtree(final)
-    publish_dir(tmp, final)
+    replace_dir(tmp, final)  # the old model stays whole until the new one is in place
     log.info("toy LM saved to %s (%d parameters, %d steps, %.0f s)", final,
              info["parameters"], info["steps"], info["train_seconds"])
     model, tokenizer = load_lm(cfg)

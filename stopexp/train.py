@@ -32,6 +32,7 @@ from stopexp.metrics import (auprc, brier, ece, length_correlation, nonfinite, p
 from stopexp.signals import FeatureSpec, build_predictor
 from stopexp.signals.checkpoint import (CheckpointDamaged, CheckpointMismatch, load_predictor,
                                        save_predictor)
+from stopexp.threads import one_thread
 from stopexp.tracking import tracked_run
 
 log = logging.getLogger(__name__)
@@ -233,7 +234,8 @@ def train(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
     log.info("training %s (%d parameters) with %s on %d paths of %d prompts", cfg.predictor.name,
              n_params, cfg.loss.name, len(data["train"]["correct"]),
              len(set(data["train"]["group"].tolist())))
-    best, history = fit(cfg, predictor, data, progress)
+    with one_thread(predictor):  # the same weights whatever the machine's thread count
+        best, history = fit(cfg, predictor, data, progress)
     warnings = learning_warnings(best, [p for p in predictor.parameters() if p.requires_grad])
     for w in warnings:
         log.warning("%s: %s", cfg.predictor.name, w)
@@ -244,7 +246,8 @@ def train(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
                "wall_s": round(time.time() - start, 2)}
     scores = {}
     for split, d in data.items():
-        scores[split] = score(predictor, d)
+        with one_thread(predictor):
+            scores[split] = score(predictor, d)
         metrics[split] = evaluate_scores(scores[split], d)
     save_predictor(out, predictor, cfg.predictor, spec, root.name, metrics,
                    {"history": history, "checkpoint_tokens": checkpoint_tokens(
@@ -281,9 +284,9 @@ def main(cfg: DictConfig) -> dict:
 
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
-    with tracked_run(cfg, "train") as run:
+    with tracked_run(cfg, "train") as run:  # tracking fails safe: the outputs never depend on it
         metrics = train(cfg, run, list(hc.overrides.task), run_dir)
-    write_json(run_dir / "metrics.json", {"train": metrics})
+        write_json(run_dir / "metrics.json", {"train": metrics})
     for split in ("train", "val", "test"):
         if split in metrics:
             m = metrics[split]
@@ -292,6 +295,8 @@ def main(cfg: DictConfig) -> dict:
                      m["auprc"], m["ece"], m["brier"], m["length_corr"])
     for warning in metrics.get("warnings", []):
         log.warning("%s", warning)
+    plotted = sorted(p.name for p in run_dir.glob("*.png"))  # none when already trained
+    log.info("metrics.json%s in %s", f" and {', '.join(plotted)}" if plotted else "", run_dir)
     return metrics
 
 

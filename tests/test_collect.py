@@ -112,3 +112,19 @@ def test_sigkill_then_rerun_loses_and_duplicates_nothing(tmp_path):
     assert len(keys) == 40 * 4 and len(set(keys)) == 40 * 4
     assert not [p for p in root.iterdir() if p.name.startswith(".")]  # no half shard left
     assert bank.read_meta(root)["complete"]
+
+
+def test_log_line_says_what_a_rank_wrote_and_whether_the_bank_is_complete():
+    from stopexp.collect import log_line
+
+    mine = {"bank": "B", "rank": 1, "world": 4, "shards_written": 3, "paths_written": 192,
+            "shards_total": 12, "wall_s": 7.2}
+    assert log_line({**mine, "complete": False, "shards_done": 6}) == (
+        "bank B: rank 1/4 wrote 3 shards (192 paths) in 7s; the bank is incomplete (6 of 12 "
+        "shards finished; the other ranks write the rest, and rerunning this command makes "
+        "any missing)")
+    done = {**mine, "complete": True, "shards_done": 12, "paths": 768, "path_accuracy": 0.5,
+            "vote_accuracy": 0.75, "tokens_total": 9000}
+    assert log_line(done) == ("bank B complete: 768 paths, per-path accuracy 0.500, vote "
+                              "accuracy 0.750, 9000 tokens; rank 1/4 wrote 3 shards (192 paths) in 7s")
+    assert log_line({**mine, "complete": True}).endswith("rank 0 reports the bank's summary")

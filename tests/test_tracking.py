@@ -40,3 +40,38 @@ def test_run_is_finished_and_marked_failed_on_error(tmp_path, monkeypatch):
     with tracked_run(cfg, "collect"):
         pass
     assert len(list((out / "wandb" / "wandb").glob("offline-run-*"))) == 2
+
+
+class _DeadRun:
+    """A W&B run object whose service has died: every call raises."""
+    name, dir = "dead", None
+    finished = []
+
+    def log(self, *a, **k):
+        raise ConnectionResetError("Connection lost")
+
+    log_artifact = use_artifact = log
+
+    def finish(self, exit_code=0):
+        self.finished.append(exit_code)
+        raise ConnectionResetError("Connection lost")
+
+
+def test_wandb_run_fails_safe_warns_once_and_still_tries_finish(caplog, tmp_path):
+    from stopexp.tracking import WandbRun
+
+    class W:  # the wandb module: its constructors fail too
+        def Artifact(*a, **k):
+            raise RuntimeError("no artifact")
+
+    run = WandbRun(_DeadRun(), W)
+    with caplog.at_level("WARNING", logger="stopexp.tracking"):
+        assert run.log({"a": 1}) is None
+        run.summary_update({"b": 2})
+        run.log_artifact(tmp_path, "x", "y")
+        assert run.table(["a"], [[1]]) is None and run.image(tmp_path) is None
+        run.finish(exit_code=1)
+    assert run.broken and _DeadRun.finished == [1]
+    assert [r.getMessage() for r in caplog.records] == [
+        "W&B log failed (ConnectionResetError: Connection lost); tracking is off for the rest "
+        "of this run, the stage's outputs are written as usual"]

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import torch
 
+from stopexp.hub import endpoint, offline_by_choice, offline_unless_reachable, reachable
+
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -63,17 +65,11 @@ def load_lm(cfg, progress: bool = True):
     if m.attn_implementation:
         kwargs["attn_implementation"] = m.attn_implementation
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, revision=m.revision)
-        model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+        with offline_unless_reachable(source):  # no hub: the cache only, failing at once
+            tokenizer = AutoTokenizer.from_pretrained(source, revision=m.revision)
+            model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
     except (OSError, ValueError) as e:
-        local = Path(source).exists()
-        raise ModelNotAvailable(
-            f"model.path: cannot load {source!r} "
-            + ("from that directory" if local else
-               "- it is not in the local Hugging Face cache and the hub cannot be reached")
-            + f" ({e.__class__.__name__}). Download it where you have internet "
-            f"(`huggingface-cli download {source}`) or point model.path at a local copy: "
-            f"model.path=/path/to/{source.split('/')[-1]}") from e
+        raise ModelNotAvailable(not_available_message(source, e)) from e
     if not m.chat_template:  # plain prompts even where the tokenizer ships a template
         tokenizer.chat_template = None
     if tokenizer.pad_token_id is None:
@@ -82,6 +78,23 @@ def load_lm(cfg, progress: bool = True):
     model.to(device).eval().requires_grad_(False)
     check_sizes(cfg, model)
     return model, tokenizer
+
+
+def not_available_message(source: str, error: Exception) -> str:
+    """Why `source` could not be loaded, and the two ways to fix it (the pinned hub client
+    installs the `hf` command)."""
+    if Path(source).exists():
+        where = "from that directory"
+    elif offline_by_choice():
+        where = "- it is not in the local Hugging Face cache and HF_HUB_OFFLINE=1 is set"
+    else:
+        where = (f"- it is not in the local Hugging Face cache and the hub ({endpoint()}) "
+                 "cannot be reached" if not reachable() else "from the hub")
+    detail = (str(error).splitlines() or [""])[0][:160]
+    return (f"model.path: cannot load {source!r} {where} ({error.__class__.__name__}: "
+            f"{detail}). Download it where you have internet (`hf download {source}`, "
+            f"then copy ~/.cache/huggingface/hub) or point model.path at a local copy: "
+            f"model.path=/path/to/{source.rstrip('/').split('/')[-1]}")
 
 
 def check_sizes(cfg, model) -> None:

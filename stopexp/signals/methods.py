@@ -22,6 +22,7 @@ import torch
 from stopexp.config import BASELINE_METHODS
 from stopexp.signals.features import SIGNAL_NAMES
 from stopexp.search.decode import stream_seed
+from stopexp.threads import one_thread
 
 Scorer = Callable[[dict], torch.Tensor]
 NON_LEARNABLE = BASELINE_METHODS  # the names config.validate accepts
@@ -59,7 +60,8 @@ def oracle(batch) -> torch.Tensor:
 def learned(predictor) -> Scorer:
     @torch.no_grad()
     def score(batch):
-        return predictor(batch).float()
+        with one_thread(predictor):  # the same scores whatever the thread count
+            return predictor(batch).float()
     return score
 
 

@@ -147,8 +147,11 @@ def read_rows(path: str, subset: str | None = None,
                                 f"{'/'.join(FILE_SUFFIXES)} file")
     from datasets import load_dataset
 
+    from stopexp.hub import offline_unless_reachable
+
     try:
-        return [(f"row {i}", r) for i, r in enumerate(load_dataset(path, subset, split=source_split))]
+        with offline_unless_reachable():  # no hub: the cache only, failing at once
+            return [(f"row {i}", r) for i, r in enumerate(load_dataset(path, subset, split=source_split))]
     except Exception as e:  # offline, unknown id, missing split: all mean "not available here"
         raise FileNotFoundError(
             f"task.path: {path!r} is neither a local {'/'.join(FILE_SUFFIXES)} file nor a hub "

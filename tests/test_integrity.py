@@ -162,7 +162,7 @@ def test_a_single_collect_never_ends_with_an_incomplete_bank(copied, monkeypatch
 
     cfg, root = copied
     shutil.rmtree(root / shard_of(root, "test"))
-    monkeypatch.setattr(C, "_fill", lambda *a, **k: set())  # the shard never arrives
+    monkeypatch.setattr(C, "_fill", lambda *a, **k: (set(), 0))  # the shard never arrives
     with pytest.raises(bank.BankDamaged, match=r"still incomplete after collect: 1 of 4 shards "
                                                 r"missing \(indices 3\)"):
         collect(cfg)
@@ -316,7 +316,9 @@ def test_an_array_job_may_end_incomplete_and_says_which_ranks_owe_shards(copied,
     cfg, root = copied
     shutil.rmtree(root / shard_of(root, "test"))  # shard 3: rank 1's of 2
     with caplog.at_level("INFO"):
-        assert collect(cfg, 0, 2) == {"bank": str(root), "complete": False}
+        result = collect(cfg, 0, 2)
+    assert result == {"bank": str(root), "complete": False, "rank": 0, "world": 2,
+                      "shards_written": 0, "paths_written": 0, "shards_total": 4, "shards_done": 3}
     assert "1 of 4 shards missing (indices 3), of ranks 1" in caplog.text
     meta = bank.read_meta(root)
     assert not meta["complete"] and meta["missing"] == [3] and len(meta["shards"]) == 3

@@ -211,7 +211,7 @@ class EvaluateConfig:
     split: str = "test"
     methods: List[str] = field(default_factory=lambda: [
         "no_prune", "random", "confidence", "min_logprob", "entropy", "deepconf", "hidden_norm",
-        "conf_features", "learned", "oracle"])
+        "st_bon", "conf_features", "learned", "oracle"])
     retention: List[int] = field(default_factory=lambda: [4, 8, 16])
     n_points: List[int] = field(default_factory=lambda: [8, 32, 64])
     bootstrap: int = 1000
@@ -287,7 +287,7 @@ MIN_TEMPERATURE = 1e-4
 # (stopexp.signals.methods.NON_LEARNABLE), kept here so that checking a method name needs
 # no torch import
 ALWAYS_METHODS = ("no_prune", "random", "confidence", "oracle")
-BASELINE_METHODS = ("confidence", "min_logprob", "entropy", "deepconf", "hidden_norm")
+BASELINE_METHODS = ("confidence", "min_logprob", "entropy", "deepconf", "hidden_norm", "st_bon")
 
 
 def _get(cfg: Any, key: str) -> Any:

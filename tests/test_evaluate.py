@@ -26,7 +26,7 @@ def test_replay_metrics_follow_the_contract(trained, tmp_path):
     m = evaluate(cfg_for(trained, "evaluate.text_metrics=false"), run_dir=tmp_path)
     methods = m["methods"]
     for name in ("no_prune", "random", "confidence", "oracle", "entropy", "deepconf",
-                 "hidden_norm", "conf_features", "mlp"):
+                 "hidden_norm", "st_bon", "conf_features", "mlp"):
         r = methods[name]
         assert {"accuracy", "tokens_total", "wall_s", "avg_at_k", "accuracy_ci"} <= set(r)
         if name != "no_prune":

@@ -30,6 +30,7 @@ from stopexp.metrics import (auprc, bootstrap_ci, nonfinite, per_group_auroc, po
 from stopexp.policies import build_policy
 from stopexp.search.sample import vote
 from stopexp.signals import methods as M
+from stopexp.stopping import STOPPING_METHODS, stopping_outcomes
 from stopexp.tracking import tracked_run
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,7 @@ def build_scorers(cfg, names: list[str], spec) -> dict:
 
     scorers = {}
     for name in names:
-        if name == "no_prune":
+        if name == "no_prune" or name in STOPPING_METHODS:  # no scorer: their own protocol
             continue
         if name == "random":
             scorers[name] = M.random_scorer(cfg.evaluate.seed)
@@ -147,6 +148,15 @@ def replay_paths(root: Path, meta: dict, split: str, checkpoint: int) -> Paths:
                  answer=np.asarray(ds["answer"][:], dtype=object),
                  text=np.asarray(ds["text"][:], dtype=object), alive=t["alive"].numpy(),
                  batch=t, prompt_ids=prompt_ids)
+
+
+def bank_paths_and_confs(root: Path, meta: dict, split: str, checkpoint: int, paths: Paths,
+                         views) -> tuple[Paths, list]:
+    """The bank's paths (`paths` itself in replay) and their per-token confidences, for the
+    methods replayed from the bank in either mode."""
+    if views is not None:
+        paths = replay_paths(root, meta, split, checkpoint)
+    return paths, list(bank.load_bank(root, split)["token_conf"][:])
 
 
 def outcome(paths: Paths, kept: np.ndarray, checkpoint: int, n: int) -> dict:
@@ -235,6 +245,9 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
             omitted["oracle"] = oracle_refusal(cfg.task.name)
             log.warning("oracle: %s", omitted["oracle"])
             names = [n for n in names if n != "oracle"]
+        for n in (n for n in names if n in STOPPING_METHODS):
+            omitted[n] = "a stopping protocol over parallel paths; beam search has none"
+        names = [n for n in names if n not in STOPPING_METHODS]
         results, texts, prompt_ids = evaluate_beam(cfg, names, scorers, n_prompts)
         not_reported = dict(NOT_REPORTED)
         if cfg.evaluate.text_metrics:
@@ -265,7 +278,19 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
     n_boot, seed = cfg.evaluate.bootstrap, cfg.evaluate.seed
     results, outcomes, scores, points = {}, {}, {}, []
     all_rows = np.ones(len(paths.length), bool)
+    stops = {}
+    if set(names) & set(STOPPING_METHODS):
+        stops = stopping_outcomes(*bank_paths_and_confs(root, meta, cfg.evaluate.split, checkpoint,
+                                                        paths, views),
+                                  names, N, cfg.evaluate, cfg.search.group_window)
     for name in names:
+        if name in stops:  # replayed from the bank in either mode (exact)
+            outcomes[name] = stops[name]
+            results[name] = summarize(stops[name], sec_tok, flops_tok, n_boot, seed) | {
+                "replayed": True, "check_s": 0.0}
+            points.append({"method": name, "n": N, "k": N, "accuracy": results[name]["accuracy"],
+                           "tokens_total": results[name]["tokens_total"]})
+            continue
         t0 = time.perf_counter()
         if name != "no_prune":  # scores for AUROC (online too); replay also decides by them
             scores[name] = scorers[name](paths.batch).numpy().astype(float)
@@ -362,7 +387,7 @@ def online_paths(cfg, names, scorers, checkpoint, n_prompts: int):
                            prompt_limit(cfg, model), cfg.model.long_prompts)
     N, K = cfg.search.n_paths, cfg.policy.keep
     methods = {m: (scorers[m], lambda: build_policy(cfg.policy, keep=K))
-               for m in names if m != "no_prune"}
+               for m in names if m in scorers}
     with Taps(model, list(cfg.tap.layers), cfg.tap.pooling) as taps:
         engine = make_engine(model, tokenizer, SamplingParams.from_config(cfg.search), taps,
                              (checkpoint,))

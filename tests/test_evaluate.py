@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from conftest import compose
-from stopexp.config import validate
+from stopexp.config import STOPPING_METHODS, validate
 from stopexp.evaluate import Paths, evaluate, keep_by_policy, outcome
 from stopexp.signals.methods import random_scorer, register_external
 from stopexp.train import train
@@ -36,7 +36,13 @@ def test_replay_metrics_follow_the_contract(trained, tmp_path):
     assert all(r["tokens_total"] <= methods["no_prune"]["tokens_total"] for r in methods.values())
     for fig in ("pareto", "survival", "prune_steps", "signal_histograms"):
         assert (tmp_path / f"{fig}.png").exists()
-    assert {p["method"] for p in m["points"]} >= {"no_prune", "mlp", "random"}
+    assert {p["method"] for p in m["points"]} >= {"no_prune", "mlp", "random", "st_bon",
+                                                  *STOPPING_METHODS}
+    for name in STOPPING_METHODS:  # their own stopping protocols, replayed from the bank
+        assert methods[name]["replayed"] and "auroc" not in methods[name]
+    assert methods["deepconf_weighted"]["tokens_total"] == methods["no_prune"]["tokens_total"]
+    for key in ("tokens_total", "accuracy"):  # one window of all N = 8 paths: no early stop
+        assert methods["esc"][key] == methods["no_prune"][key]
 
 
 def test_replay_equals_online(trained):
@@ -47,6 +53,9 @@ def test_replay_equals_online(trained):
             continue
         assert online[name]["accuracy"] == replay[name]["accuracy"], name
         assert online[name]["tokens_total"] == replay[name]["tokens_total"], name
+        if online[name].get("replayed"):  # stopping protocols replay the bank in both modes
+            assert name in STOPPING_METHODS and online[name]["wall_estimated"]
+            continue
         assert online[name]["wall_s"] > 0 and 0 <= online[name]["check_share"] < 1
 
 

@@ -20,13 +20,13 @@ from typing import Callable
 
 import torch
 
-from stopexp.config import BASELINE_METHODS
+from stopexp.config import BASELINE_METHODS, STOPPING_METHODS
 from stopexp.signals.features import SIGNAL_NAMES
 from stopexp.signals.st_bon import st_bon
 from stopexp.search.decode import stream_seed
 
 Scorer = Callable[[dict], torch.Tensor]
-NON_LEARNABLE = BASELINE_METHODS  # the names config.validate accepts
+NON_LEARNABLE = (*BASELINE_METHODS, *STOPPING_METHODS)  # the names config.validate accepts
 _EXTERNAL: dict[str, Scorer] = {}
 
 

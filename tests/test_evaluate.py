@@ -139,3 +139,12 @@ def test_beam_search_evaluation(trained):
         assert 0 <= r["text_vs_reference"]["bleu"] <= 100 + 1e-9  # beam outputs get text metrics too
     assert m["methods"]["no_prune"]["text_vs_no_prune"]["bleu"] == pytest.approx(100.0)
     assert set(m["not_reported"]) == {"auroc", "avg_at_k"} and m["omitted_methods"] == {}
+
+
+def test_beam_search_omits_stopping_protocols_and_runs_st_bon(trained):
+    cfg = cfg_for(trained, "+exp=toy_beam", "search.beam_width=2", "search.max_new_tokens=64",
+                  "evaluate.methods=[st_bon,esc,deepconf_online]", "evaluate.text_metrics=false")
+    m = evaluate(cfg)
+    assert set(m["omitted_methods"]) == {"esc", "deepconf_online"}
+    assert "beam search has none" in m["omitted_methods"]["esc"]
+    assert "st_bon" in m["methods"] and "esc" not in m["methods"]

@@ -22,6 +22,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from stopexp import bank, plots
+from stopexp.analyses import add_analyses
 from stopexp.artifacts import write_json
 from stopexp.config import (ALWAYS_METHODS, check_method_names, check_output_dirs, checkpoint_tokens,
                             validate)
@@ -181,9 +182,10 @@ def outcome(paths: Paths, kept: np.ndarray, checkpoint: int, n: int) -> dict:
     np.maximum.at(seq, paths.group, spent)
     steps = np.arange(1, int(paths.length.max()) + 1)
     survival = ((spent[use][:, None] >= steps[None, :]).mean(0)).tolist()
-    pruned_at = np.full(int((use & paths.alive & ~kept).sum()), checkpoint)
+    stopped = use & paths.alive & ~kept
+    pruned_at = np.full(int(stopped.sum()), checkpoint)
     return {"correct": correct, "chosen": chosen, "avg": avg, "tokens": per_prompt_tokens,
-            "seq_tokens": seq, "survival": survival, "pruned_at": pruned_at,
+            "seq_tokens": seq, "survival": survival, "pruned_at": pruned_at, "stopped": stopped,
             "alive_at_check": float((use & paths.alive).sum() / use.sum())}
 
 
@@ -318,6 +320,7 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
         r["pass_at_1"] = base["avg_at_k"]
         r["n"], r["k"] = N, K
     results["no_prune"]["k"] = N
+    add_analyses(results, outcomes, scores, paths, N)
     # the Pareto points: no_prune at several N, every method at several K, and 32 -> 8
     for n in cfg.evaluate.n_points:
         o = outcome(paths, all_rows, checkpoint, n)

@@ -41,6 +41,13 @@ def test_replay_metrics_follow_the_contract(trained, tmp_path):
     for name in STOPPING_METHODS:  # their own stopping protocols, replayed from the bank
         assert methods[name]["replayed"] and "auroc" not in methods[name]
     assert methods["deepconf_weighted"]["tokens_total"] == methods["no_prune"]["tokens_total"]
+    for name, r in methods.items():  # the analyses
+        assert {"wrongly_pruned", "pruned_paths", "vs_no_prune"} <= set(r)
+        v = r["vs_no_prune"]
+        assert v["improved"] + v["worsened"] + v["unchanged"] == m["protocol"]["prompts"]
+    assert methods["no_prune"]["wrongly_pruned"] is None and methods["no_prune"]["pruned_paths"] == 0
+    assert methods["oracle"]["wrongly_pruned"] < methods["random"]["wrongly_pruned"]
+    assert 0 <= methods["mlp"]["auroc_length_matched"] <= 1 and methods["mlp"]["length_matched_pairs"] > 0
     for key in ("tokens_total", "accuracy"):  # one window of all N = 8 paths: no early stop
         assert methods["esc"][key] == methods["no_prune"][key]
 

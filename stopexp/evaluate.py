@@ -466,26 +466,27 @@ def sample_table(run, paths: Paths, scores: dict, cfg, k: int, n: int, rows: int
 
 def print_table(metrics: dict) -> str:
     p = metrics["protocol"]
+    w = max(14, 2 + max(map(len, metrics["methods"])))  # the method column
     if metrics.get("search") == "beam":
         lines = [f"Beam search B={p['beam_width']}, patience {p['patience']}, policy {p['policy']}, "
                  f"{p['prompts']} {p['split']} prompts",
-                 f"{'method':<14}{'accuracy':>9}{'95% CI':>16}{'tokens':>10}{'ratio':>7}"
+                 f"{'method':<{w}}{'accuracy':>9}{'95% CI':>16}{'tokens':>10}{'ratio':>7}"
                  f"{'pruned':>8}{'wall s':>8}{'check %':>9}"]
         for name, r in metrics["methods"].items():
             ci = f"[{r['accuracy_ci'][0]:.3f},{r['accuracy_ci'][1]:.3f}]"
-            lines.append(f"{name:<14}{r['accuracy']:>9.3f}{ci:>16}{r['tokens_total']:>10.0f}"
+            lines.append(f"{name:<{w}}{r['accuracy']:>9.3f}{ci:>16}{r['tokens_total']:>10.0f}"
                          f"{r['tokens_ratio']:>7.2f}{r['pruned']:>8}{r['wall_s']:>8.1f}"
                          f"{100 * r['check_share']:>9.2f}")
         return "\n".join(lines)
     lines = [f"Launch-Check-Resume {p['n']} -> {p['k']} at {p['check_tokens']} tokens, "
              f"{p['prompts']} {p['split']} prompts ({metrics['mode']})",
-             f"{'method':<14}{'accuracy':>9}{'95% CI':>16}{'avg@K':>8}{'tokens':>10}{'ratio':>7}"
+             f"{'method':<{w}}{'accuracy':>9}{'95% CI':>16}{'avg@K':>8}{'tokens':>10}{'ratio':>7}"
              f"{'AUROC':>7}{'pooled':>8}{'wall s':>8}"]
     for name, r in metrics["methods"].items():
         ci = f"[{r['accuracy_ci'][0]:.3f},{r['accuracy_ci'][1]:.3f}]"
         au = f"{r['auroc']:.3f}" if "auroc" in r else "-"
         pooled = f"{r['auroc_pooled']:.3f}" if "auroc_pooled" in r else "-"
-        lines.append(f"{name:<14}{r['accuracy']:>9.3f}{ci:>16}{r['avg_at_k']:>8.3f}"
+        lines.append(f"{name:<{w}}{r['accuracy']:>9.3f}{ci:>16}{r['avg_at_k']:>8.3f}"
                      f"{r['tokens_total']:>10.0f}{r['tokens_ratio']:>7.2f}{au:>7}{pooled:>8}"
                      f"{r['wall_s']:>8.1f}")
     learned = [m for m in metrics["methods"] if m not in M.NON_LEARNABLE

@@ -4,7 +4,7 @@ import torch
 
 from conftest import compose
 from stopexp.config import STOPPING_METHODS, validate
-from stopexp.evaluate import Paths, evaluate, keep_by_policy, outcome
+from stopexp.evaluate import Paths, evaluate, keep_by_policy, outcome, print_table
 from stopexp.signals.methods import random_scorer, register_external
 from stopexp.train import train
 
@@ -48,6 +48,9 @@ def test_replay_metrics_follow_the_contract(trained, tmp_path):
     assert methods["no_prune"]["wrongly_pruned"] is None and methods["no_prune"]["pruned_paths"] == 0
     assert methods["oracle"]["wrongly_pruned"] < methods["random"]["wrongly_pruned"]
     assert 0 <= methods["mlp"]["auroc_length_matched"] <= 1 and methods["mlp"]["length_matched_pairs"] > 0
+    header, *rows = print_table(m).splitlines()[1:1 + len(methods) + 1]
+    assert {len(r) for r in rows} == {len(header)}  # long names keep the columns aligned
+    assert any(r.startswith("adaptive_consistency  ") for r in rows)
     for key in ("tokens_total", "accuracy"):  # one window of all N = 8 paths: no early stop
         assert methods["esc"][key] == methods["no_prune"][key]
 

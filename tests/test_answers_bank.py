@@ -129,3 +129,29 @@ def test_cli_prints_the_table_and_writes_metrics(tmp_path, capsys):
 def test_cli_refuses_bad_settings(argv, message):
     with pytest.raises(SystemExit, match=message):
         main(argv)
+
+
+def test_export_a_trace_bank_as_an_answers_only_bank(small_bank, tmp_path, capsys):
+    import importlib.util
+
+    from stopexp import bank as trace_bank
+    from stopexp.config import validate
+    from conftest import compose
+
+    spec = importlib.util.spec_from_file_location("export", ROOT / "scripts" / "export_answers_bank.py")
+    export = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(export)
+    out = tmp_path / "answers.json"
+    export.main([str(out), "--probe-freq", "4", "--", *small_bank])
+    assert "wrote 6 prompts x 8 branches" in capsys.readouterr().out
+    exported = load_answers_bank(out, "numeric")
+    ds = trace_bank.load_bank(trace_bank.require_bank(validate(compose("collect", small_bank))), "test")
+    assert [q.n_branches for q in exported.prompts] == [8] * 6
+    first = exported.prompts[0]
+    assert first.tokens.tolist() == ds["length"][:8].tolist()
+    assert [first.answers[c] for c in first.final] == ds["answer"][:8].tolist()
+    # a probe every 4 tokens before the end: ceil(length / 4) - 1 of them
+    raw = json.loads(out.read_text())[0]["each_branch"]
+    assert [len(b[0]) for b in raw] == [-(-n // 4) - 1 for n in ds["length"][:8].tolist()]
+    # every prompt's correct branches are those the trace bank marks correct
+    assert first.correct[first.final].tolist() == ds["correct"][:8].tolist()

@@ -82,9 +82,10 @@ def draws(bank: AnswersBank, n: int, shuffles: int, seed: int) -> list[list[np.n
 
 def replay(bank: AnswersBank, methods: dict[str, Method], orders: list[list[np.ndarray]]) -> dict:
     """Per method: accuracy, tokens per prompt and launched branches (mean and std over the
-    shuffles), the share of stopped branches that would have ended correct
-    (`wrongly_stopped`), and the prompts per shuffle whose vote the method flipped against
-    no_prune on the same draw (`flips`: to_right, to_wrong)."""
+    shuffles), the branches stopped before their end per shuffle (`pruned_paths`) and the
+    share of them that would have ended correct (`wrongly_pruned`), and the prompts per
+    shuffle whose vote the method turned right or wrong against no_prune on the same draw
+    (`vs_no_prune`: improved, worsened)."""
     per = {m: {"acc": [], "tok": [], "launched": [], "stopped": 0, "stopped_right": 0,
                "to_right": 0, "to_wrong": 0} for m in methods}
     for draw in orders:
@@ -114,8 +115,9 @@ def replay(bank: AnswersBank, methods: dict[str, Method], orders: list[list[np.n
                      "tokens_per_prompt_std": float(np.std(r["tok"])),
                      "tokens_total": float(np.mean(r["tok"])) * len(bank.prompts),
                      "branches_launched": float(np.mean(r["launched"])),
-                     "wrongly_stopped": r["stopped_right"] / r["stopped"] if r["stopped"] else None,
-                     "flips": {"to_right": r["to_right"] / S, "to_wrong": r["to_wrong"] / S}}
+                     "pruned_paths": r["stopped"] / S,
+                     "wrongly_pruned": r["stopped_right"] / r["stopped"] if r["stopped"] else None,
+                     "vs_no_prune": {"improved": r["to_right"] / S, "worsened": r["to_wrong"] / S}}
     if "no_prune" in out:
         for r in out.values():
             r["tokens_ratio"] = r["tokens_total"] / out["no_prune"]["tokens_total"]
@@ -137,13 +139,13 @@ def print_table(metrics: dict) -> str:
     lines = [f"Answers-only replay of {p['source']}: {p['prompts']} prompts, n={p['n']} of the stored "
              f"branches, mean (std) over {p['shuffles']} shuffles",
              f"{'method':<22}{'accuracy':>9}{'(std)':>8}{'tokens/prompt':>15}{'(std)':>10}"
-             f"{'ratio':>7}{'launched':>9}{'wrongly stopped':>16}"]
+             f"{'ratio':>7}{'launched':>9}{'wrongly pruned':>15}"]
     for name, r in metrics["methods"].items():
-        ws = f"{r['wrongly_stopped']:.3f}" if r["wrongly_stopped"] is not None else "-"
+        ws = f"{r['wrongly_pruned']:.3f}" if r["wrongly_pruned"] is not None else "-"
         ratio = f"{r['tokens_ratio']:.2f}" if "tokens_ratio" in r else "-"
         lines.append(f"{name:<22}{r['accuracy']:>9.3f}{r['accuracy_std']:>8.3f}"
                      f"{r['tokens_per_prompt']:>15.0f}{r['tokens_per_prompt_std']:>10.0f}{ratio:>7}"
-                     f"{r['branches_launched']:>9.1f}{ws:>16}")
+                     f"{r['branches_launched']:>9.1f}{ws:>15}")
     return "\n".join(lines)
 
 

@@ -7,7 +7,9 @@ Standard protocol (Launch-Check-Resume): N = search.n_paths paths per test promp
 at search.check_at, keep K = policy.keep by each method's signal, finish the kept paths,
 majority vote; paths that end before the check vote directly. `replay` re-scores the
 trace bank without the LM (exact, since every path has its own random stream);
-`online` really runs the LM and measures wall time.
+`online` really runs the LM and measures wall time. Methods with a stopping protocol of
+their own (ESC, Adaptive-Consistency, DeepConf online and its votes: stopexp/stopping.py)
+replay the bank in both modes; stopexp/analyses.py adds the per-method analyses.
 """
 from __future__ import annotations
 

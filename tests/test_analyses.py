@@ -58,3 +58,9 @@ def test_add_analyses_fills_every_method():
     assert results["score"]["vs_no_prune"]["worsened"] == 1
     assert results["score"]["auroc_length_matched"] == 0.0  # (10 right, 10 wrong): wrong above
     assert results["no_prune"]["wrongly_pruned"] is None and "auroc_length_matched" not in results["no_prune"]
+
+
+def test_pareto_colours_stay_distinct_for_twenty_methods():
+    from stopexp.plots import _colour
+
+    assert len({_colour(i) for i in range(20)}) == 20

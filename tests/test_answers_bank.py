@@ -91,7 +91,7 @@ def test_no_prune_over_all_branches_is_the_same_in_every_shuffle(bank):
     full = replay(bank, {"no_prune": no_prune}, [[np.arange(8), np.arange(6), np.arange(6)]])["no_prune"]
     assert full["accuracy"] == pytest.approx(2 / 3) and full["accuracy_std"] == 0
     assert full["tokens_per_prompt"] == pytest.approx((355 + 88 + 113) / 3)
-    assert full["tokens_ratio"] == 1 and full["wrongly_stopped"] is None
+    assert full["tokens_ratio"] == 1 and full["wrongly_pruned"] is None
     assert r["accuracy"] == pytest.approx(2 / 3) and r["accuracy_std"] == 0
     assert r["tokens_per_prompt_std"] > 0  # prompt 0 drops two of its eight branches
 
@@ -155,3 +155,20 @@ def test_export_a_trace_bank_as_an_answers_only_bank(small_bank, tmp_path, capsy
     assert [len(b[0]) for b in raw] == [-(-n // 4) - 1 for n in ds["length"][:8].tolist()]
     # every prompt's correct branches are those the trace bank marks correct
     assert first.correct[first.final].tolist() == ds["correct"][:8].tolist()
+
+
+def test_replay_counts_pruned_branches_and_flips(bank):
+    from functools import partial
+
+    from stopexp.answers_bank import AnswersBank
+    from stopexp.search.esc import esc
+    from stopexp.search.parallel_probe import parallel_probe
+
+    one = AnswersBank(prompts=bank.prompts[:1], fmt="boxed", source="prompt 0")
+    pp = partial(parallel_probe, stable=3, deviate=2, warmup=1)  # hand-traced in test_consensus
+    r = replay(one, {"pp": pp}, [[np.arange(8)]])["pp"]
+    assert r["tokens_per_prompt"] == 270 and r["pruned_paths"] == 4
+    assert r["wrongly_pruned"] == 0.5  # branches 1 and 3 would have ended with 42
+    # ESC stopping on two 13s turns no_prune's right vote wrong
+    r = replay(one, {"esc": partial(esc, window=2)}, [[np.array([2, 4, 0, 1, 3, 5, 6, 7])]])["esc"]
+    assert r["vs_no_prune"] == {"improved": 0, "worsened": 1} and r["accuracy"] == 0

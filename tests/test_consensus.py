@@ -76,8 +76,11 @@ def test_parallel_probe_by_hand(prompts):
     # never stable: only the pruning acts, and the pruned branches leave the vote
     d = parallel_probe(p0, np.arange(8), stable=99, deviate=2, warmup=1)
     assert d.spent.tolist() == [35, 45, 30, 60, 30, 25, 30, 40] and d.answer == 1
-    # stop after one probe of the same leader: leader 7 at 10 tokens (a wrong answer)
+    # stop on the first leader after the warm-up: 42 at 20 tokens; without a warm-up the
+    # first probe's leader, 7 (a wrong answer), at 10 tokens
     d = parallel_probe(p0, np.arange(8), stable=1, deviate=2, warmup=1)
+    assert d.answer == 1 and d.spent.tolist() == [20] * 8
+    d = parallel_probe(p0, np.arange(8), stable=1, deviate=2, warmup=0)
     assert d.answer == 2 and d.spent.tolist() == [10] * 8
     with pytest.raises(ValueError, match="parallel_probe needs stable >= 1"):
         parallel_probe(p0, np.arange(8), stable=0)

@@ -3,10 +3,12 @@ tokens, stop on a stable consensus and prune the branches that deviate from it.
 
 All n branches run in parallel. At probe t (after t * probe_freq tokens) each branch that
 is not pruned gives its current answer (its final one once it has ended). The leader is the
-majority of these answers. When the same leader has held for `stable` probes in a row, every
-branch still running stops and the leader is the answer. After `warmup` probes, a running
-branch whose answer differs from the leader for `deviate` probes in a row is pruned (a probe
-without a readable answer neither counts nor resets). If every branch ends first, the vote
+majority of these answers. Nothing is stopped during the first `warmup` probes (early
+probes read answers that are mostly guesses). After them, when the same leader has held for
+`stable` probes in a row (the warm-up probes count toward the streak), every branch still
+running stops and the leader is the answer; and a running branch whose answer differs from
+the leader for `deviate` probes in a row is pruned (a probe without a readable answer
+neither counts nor resets). If every branch ends first, the vote
 of the final answers of the branches not pruned decides. The published method's defaults
 are not stated here; these are this project's.
 """
@@ -43,10 +45,12 @@ def parallel_probe(prompt: AnswersPrompt, order: np.ndarray, stable: int = 3, de
         lead = vote_codes(answer[~pruned])
         streak = streak + 1 if lead and lead == leader else int(lead > 0)
         leader = lead
+        if t <= warmup:
+            continue
         if streak >= stable:
             spent[running] = now
             return Decision(answer=lead, spent=spent, launched=n)
-        if t > warmup and lead:
+        if lead:
             off = running & (answer > 0) & (answer != lead)
             streak_of = np.where(off, streak_of + 1, np.where(running & (answer == lead), 0, streak_of))
             cut = off & (streak_of >= deviate)

@@ -39,6 +39,7 @@ from stopexp.config import Config, project_root, validate
 from stopexp.evaluate import (build_scorers, keep_by_policy, make_plots, outcome, print_table,
                               replay_paths)
 from stopexp.signals.checkpoint import read_checkpoint
+from stopexp.stopping import STOPPING_METHODS, stopping_outcomes
 from stopexp.train import feature_spec, predictor_dir
 
 run = Path(run_dir) if run_dir else max((project_root() / "outputs/runs/pipeline").iterdir())
@@ -61,13 +62,17 @@ p = metrics["protocol"]
 root = bank.require_bank(cfg)
 meta = bank.read_meta(root)
 paths = replay_paths(root, meta, p["split"], p["check_tokens"])
-names = [m for m in metrics["methods"] if m != "no_prune"]
+names = [m for m in metrics["methods"] if m != "no_prune" and m not in STOPPING_METHODS]
 scorers = build_scorers(cfg, names, feature_spec(meta))
 scores = {m: scorers[m](paths.batch).numpy().astype(float) for m in names}
 outcomes = {"no_prune": outcome(paths, np.ones(len(paths.length), bool), p["check_tokens"], p["n"])}
 for m, s in scores.items():
     kept = keep_by_policy(paths, s, cfg, p["k"], p["n"])
     outcomes[m] = outcome(paths, kept, p["check_tokens"], p["n"])
+# the stopping protocols (ESC, Adaptive-Consistency, DeepConf online, ...) replay the bank
+stopping = [m for m in metrics["methods"] if m in STOPPING_METHODS]
+confs = list(bank.load_bank(root, p["split"])["token_conf"][:])
+outcomes.update(stopping_outcomes(paths, confs, stopping, p["n"], cfg.evaluate, cfg.search.group_window))
 for m, o in outcomes.items():
     # an online run's oracle ranked by outcome, the replayed one by Monte Carlo labels
     if metrics["mode"] == "replay" or m != "oracle":

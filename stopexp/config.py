@@ -212,13 +212,18 @@ class EvaluateConfig:
     split: str = "test"
     methods: List[str] = field(default_factory=lambda: [
         "no_prune", "random", "confidence", "min_logprob", "entropy", "deepconf", "hidden_norm",
-        "conf_features", "learned", "oracle"])
+        "st_bon", "conf_features", "learned", "oracle", "esc", "adaptive_consistency",
+        "deepconf_online", "deepconf_weighted", "deepconf_top"])
     retention: List[int] = field(default_factory=lambda: [4, 8, 16])
     n_points: List[int] = field(default_factory=lambda: [8, 32, 64])
     bootstrap: int = 1000
     text_metrics: bool = True
     bertscore_model: Optional[str] = None  # None = the offline MiniLM encoder
     seed: int = 0
+    esc_window: int = 8             # ESC: paths sampled per window
+    asc_threshold: float = 0.95     # Adaptive-Consistency: posterior the leader is the majority
+    deepconf_warmup: float = 0.25   # DeepConf online: warm-up paths per prompt (below 1: share of N)
+    deepconf_keep_percent: float = 10.0  # DeepConf: threshold percentile 100 - this; top-share vote
 
 
 @dataclass
@@ -288,11 +293,19 @@ MIN_TEMPERATURE = 1e-4
 # (stopexp.signals.methods.NON_LEARNABLE), kept here so that checking a method name needs
 # no torch import
 ALWAYS_METHODS = ("no_prune", "random", "confidence", "oracle")
-BASELINE_METHODS = ("confidence", "min_logprob", "entropy", "deepconf", "hidden_norm")
+BASELINE_METHODS = ("confidence", "min_logprob", "entropy", "deepconf", "hidden_norm", "st_bon")
+# methods with their own stopping protocol (stopexp/stopping.py), not a score at the check
+STOPPING_METHODS = ("esc", "adaptive_consistency", "deepconf_online", "deepconf_weighted",
+                    "deepconf_top")
 
 
 def _get(cfg: Any, key: str) -> Any:
     return OmegaConf.select(cfg, key) if isinstance(cfg, DictConfig) else None
+
+
+def warmup_paths(value: float, n_paths: int) -> int:
+    """DeepConf's warm-up paths per prompt: a count, or below 1 a share of n_paths (rounded)."""
+    return int(round(value * n_paths)) if value < 1 else int(value)
 
 
 def checkpoint_tokens(value: float, max_new_tokens: int) -> int:
@@ -585,7 +598,8 @@ def check_method_names(names) -> None:
     scorer registered with stopexp.signals.methods.register_external; ConfigError otherwise."""
     from stopexp.signals.methods import external
 
-    builtin = {*ALWAYS_METHODS, *BASELINE_METHODS, *ALLOWED["predictor.name"], "learned"}
+    builtin = {*ALWAYS_METHODS, *BASELINE_METHODS, *STOPPING_METHODS, *ALLOWED["predictor.name"],
+               "learned"}
     for name in names:
         if name not in builtin and external(name) is None:
             _fail("evaluate.methods", f"{name!r} unknown; allowed: {', '.join(sorted(builtin))} or "
@@ -609,6 +623,13 @@ def _check_evaluate(cfg) -> None:
     for n in ev.n_points:
         if not 1 <= n <= s.n_paths:
             _fail("evaluate.n_points", f"N={n} must lie in 1..{s.n_paths} (search.n_paths)")
+    _at_least("evaluate.esc_window", ev.esc_window, 1)
+    _within("evaluate.asc_threshold", ev.asc_threshold, 0, 1, low_open=True)
+    _within("evaluate.deepconf_keep_percent", ev.deepconf_keep_percent, 0, 100, low_open=True)
+    if "deepconf_online" in ev.methods and not 1 <= warmup_paths(ev.deepconf_warmup, s.n_paths) < s.n_paths:
+        _fail("evaluate.deepconf_warmup", f"{ev.deepconf_warmup} gives "
+                                          f"{warmup_paths(ev.deepconf_warmup, s.n_paths)} warm-up paths; "
+                                          f"they must lie in 1..{s.n_paths - 1} (below search.n_paths)")
     _within("policy.quantile", pol.quantile, 0, 1, low_open=True, high_open=True)
     _within("policy.target_prune_rate", pol.target_prune_rate, 0, 1, high_open=True)
     _at_least("policy.gain", pol.gain, 0)

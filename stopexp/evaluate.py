@@ -7,7 +7,9 @@ Standard protocol (Launch-Check-Resume): N = search.n_paths paths per test promp
 at search.check_at, keep K = policy.keep by each method's signal, finish the kept paths,
 majority vote; paths that end before the check vote directly. `replay` re-scores the
 trace bank without the LM (exact, since every path has its own random stream);
-`online` really runs the LM and measures wall time.
+`online` really runs the LM and measures wall time. Methods with a stopping protocol of
+their own (ESC, Adaptive-Consistency, DeepConf online and its votes: stopexp/stopping.py)
+replay the bank in both modes; stopexp/analyses.py adds the per-method analyses.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from stopexp import bank, plots
+from stopexp.analyses import add_analyses
 from stopexp.artifacts import write_json
 from stopexp.config import (ALWAYS_METHODS, check_method_names, check_output_dirs, checkpoint_tokens,
                             validate)
@@ -30,6 +33,8 @@ from stopexp.metrics import (auprc, bootstrap_ci, nonfinite, per_group_auroc, po
 from stopexp.policies import build_policy
 from stopexp.search.sample import vote
 from stopexp.signals import methods as M
+from stopexp.stopping import STOPPING_METHODS, stopping_outcomes
+from stopexp.table import print_table  # pipeline and notebooks import it from here
 from stopexp.tracking import tracked_run
 
 log = logging.getLogger(__name__)
@@ -73,7 +78,7 @@ def build_scorers(cfg, names: list[str], spec) -> dict:
 
     scorers = {}
     for name in names:
-        if name == "no_prune":
+        if name == "no_prune" or name in STOPPING_METHODS:  # no scorer: their own protocol
             continue
         if name == "random":
             scorers[name] = M.random_scorer(cfg.evaluate.seed)
@@ -149,6 +154,15 @@ def replay_paths(root: Path, meta: dict, split: str, checkpoint: int) -> Paths:
                  batch=t, prompt_ids=prompt_ids)
 
 
+def bank_paths_and_confs(root: Path, meta: dict, split: str, checkpoint: int, paths: Paths,
+                         views) -> tuple[Paths, list]:
+    """The bank's paths (`paths` itself in replay) and their per-token confidences, for the
+    methods replayed from the bank in either mode."""
+    if views is not None:
+        paths = replay_paths(root, meta, split, checkpoint)
+    return paths, list(bank.load_bank(root, split)["token_conf"][:])
+
+
 def outcome(paths: Paths, kept: np.ndarray, checkpoint: int, n: int) -> dict:
     """Vote, accounting and survival for one pruning decision over the first n paths of
     every prompt. `kept` marks the live paths that continue after the check."""
@@ -171,9 +185,10 @@ def outcome(paths: Paths, kept: np.ndarray, checkpoint: int, n: int) -> dict:
     np.maximum.at(seq, paths.group, spent)
     steps = np.arange(1, int(paths.length.max()) + 1)
     survival = ((spent[use][:, None] >= steps[None, :]).mean(0)).tolist()
-    pruned_at = np.full(int((use & paths.alive & ~kept).sum()), checkpoint)
+    stopped = use & paths.alive & ~kept
+    pruned_at = np.full(int(stopped.sum()), checkpoint)
     return {"correct": correct, "chosen": chosen, "avg": avg, "tokens": per_prompt_tokens,
-            "seq_tokens": seq, "survival": survival, "pruned_at": pruned_at,
+            "seq_tokens": seq, "survival": survival, "pruned_at": pruned_at, "stopped": stopped,
             "alive_at_check": float((use & paths.alive).sum() / use.sum())}
 
 
@@ -235,6 +250,9 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
             omitted["oracle"] = oracle_refusal(cfg.task.name)
             log.warning("oracle: %s", omitted["oracle"])
             names = [n for n in names if n != "oracle"]
+        for n in (n for n in names if n in STOPPING_METHODS):
+            omitted[n] = "a stopping protocol over parallel paths; beam search has none"
+        names = [n for n in names if n not in STOPPING_METHODS]
         results, texts, prompt_ids = evaluate_beam(cfg, names, scorers, n_prompts)
         not_reported = dict(NOT_REPORTED)
         if cfg.evaluate.text_metrics:
@@ -265,7 +283,19 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
     n_boot, seed = cfg.evaluate.bootstrap, cfg.evaluate.seed
     results, outcomes, scores, points = {}, {}, {}, []
     all_rows = np.ones(len(paths.length), bool)
+    stops = {}
+    if set(names) & set(STOPPING_METHODS):
+        stops = stopping_outcomes(*bank_paths_and_confs(root, meta, cfg.evaluate.split, checkpoint,
+                                                        paths, views),
+                                  names, N, cfg.evaluate, cfg.search.group_window)
     for name in names:
+        if name in stops:  # replayed from the bank in either mode (exact)
+            outcomes[name] = stops[name]
+            results[name] = summarize(stops[name], sec_tok, flops_tok, n_boot, seed) | {
+                "replayed": True, "check_s": 0.0}
+            points.append({"method": name, "n": N, "k": N, "accuracy": results[name]["accuracy"],
+                           "tokens_total": results[name]["tokens_total"]})
+            continue
         t0 = time.perf_counter()
         if name != "no_prune":  # scores for AUROC (online too); replay also decides by them
             scores[name] = scorers[name](paths.batch).numpy().astype(float)
@@ -293,6 +323,7 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
         r["pass_at_1"] = base["avg_at_k"]
         r["n"], r["k"] = N, K
     results["no_prune"]["k"] = N
+    add_analyses(results, outcomes, scores, paths, N)
     # the Pareto points: no_prune at several N, every method at several K, and 32 -> 8
     for n in cfg.evaluate.n_points:
         o = outcome(paths, all_rows, checkpoint, n)
@@ -362,7 +393,7 @@ def online_paths(cfg, names, scorers, checkpoint, n_prompts: int):
                            prompt_limit(cfg, model), cfg.model.long_prompts)
     N, K = cfg.search.n_paths, cfg.policy.keep
     methods = {m: (scorers[m], lambda: build_policy(cfg.policy, keep=K))
-               for m in names if m != "no_prune"}
+               for m in names if m in scorers}
     with Taps(model, list(cfg.tap.layers), cfg.tap.pooling) as taps:
         engine = make_engine(model, tokenizer, SamplingParams.from_config(cfg.search), taps,
                              (checkpoint,))
@@ -434,40 +465,6 @@ def sample_table(run, paths: Paths, scores: dict, cfg, k: int, n: int, rows: int
     idx = np.nonzero(paths.alive)[0][:rows]
     return run.table(["text", f"score ({method})", "kept", "correct"],
                      [[paths.text[i], float(s[i]), bool(kept[i]), bool(paths.correct[i])] for i in idx])
-
-
-def print_table(metrics: dict) -> str:
-    p = metrics["protocol"]
-    if metrics.get("search") == "beam":
-        lines = [f"Beam search B={p['beam_width']}, patience {p['patience']}, policy {p['policy']}, "
-                 f"{p['prompts']} {p['split']} prompts",
-                 f"{'method':<14}{'accuracy':>9}{'95% CI':>16}{'tokens':>10}{'ratio':>7}"
-                 f"{'pruned':>8}{'wall s':>8}{'check %':>9}"]
-        for name, r in metrics["methods"].items():
-            ci = f"[{r['accuracy_ci'][0]:.3f},{r['accuracy_ci'][1]:.3f}]"
-            lines.append(f"{name:<14}{r['accuracy']:>9.3f}{ci:>16}{r['tokens_total']:>10.0f}"
-                         f"{r['tokens_ratio']:>7.2f}{r['pruned']:>8}{r['wall_s']:>8.1f}"
-                         f"{100 * r['check_share']:>9.2f}")
-        return "\n".join(lines)
-    lines = [f"Launch-Check-Resume {p['n']} -> {p['k']} at {p['check_tokens']} tokens, "
-             f"{p['prompts']} {p['split']} prompts ({metrics['mode']})",
-             f"{'method':<14}{'accuracy':>9}{'95% CI':>16}{'avg@K':>8}{'tokens':>10}{'ratio':>7}"
-             f"{'AUROC':>7}{'pooled':>8}{'wall s':>8}"]
-    for name, r in metrics["methods"].items():
-        ci = f"[{r['accuracy_ci'][0]:.3f},{r['accuracy_ci'][1]:.3f}]"
-        au = f"{r['auroc']:.3f}" if "auroc" in r else "-"
-        pooled = f"{r['auroc_pooled']:.3f}" if "auroc_pooled" in r else "-"
-        lines.append(f"{name:<14}{r['accuracy']:>9.3f}{ci:>16}{r['avg_at_k']:>8.3f}"
-                     f"{r['tokens_total']:>10.0f}{r['tokens_ratio']:>7.2f}{au:>7}{pooled:>8}"
-                     f"{r['wall_s']:>8.1f}")
-    learned = [m for m in metrics["methods"] if m not in M.NON_LEARNABLE
-               and m not in ("no_prune", "random", "oracle", "conf_features")]
-    pts = [q for q in metrics.get("points", []) if q["method"] in ("no_prune", *learned[:1])]
-    if pts:
-        lines.append("points (N -> K: accuracy / tokens): " + "   ".join(
-            f"{q['method']} {q['n']}->{q['k']}: {q['accuracy']:.3f} / {q['tokens_total']:.0f}"
-            for q in sorted(pts, key=lambda q: (q["method"] != "no_prune", q["n"], q["k"]))))
-    return "\n".join(lines)
 
 
 @hydra.main(config_path="../conf", config_name="evaluate", version_base="1.3")

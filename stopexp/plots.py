@@ -70,13 +70,18 @@ def reliability_diagram(probs, correct, path: Path, title: str = "") -> Path:
     return save_figure(fig, path)
 
 
+def _colour(i: int):
+    """Twenty distinct colours (tab20: pairs of shades), enough for every method at once."""
+    return plt.get_cmap("tab20")((2 * i) % 20 + (2 * i) // 20 % 2)
+
+
 def pareto(points: list[dict], path: Path) -> Path:
     """Accuracy vs total tokens: no_prune at several N, each method at several K."""
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     for i, method in enumerate(dict.fromkeys(p["method"] for p in points)):
         pts = sorted((p for p in points if p["method"] == method), key=lambda p: p["tokens_total"])
         ax.plot([p["tokens_total"] for p in pts], [p["accuracy"] for p in pts],
-                "o-" if method == "no_prune" else "s:", color=f"C{i % 10}", label=method, ms=4)
+                "o-" if method == "no_prune" else "s:", color=_colour(i), label=method, ms=4)
         for p in pts:
             ax.annotate(f"{p['n']}>{p['k']}" if p["n"] != p["k"] else f"N={p['n']}",
                         (p["tokens_total"], p["accuracy"]), fontsize=6, alpha=0.7)

@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from conftest import compose
-from stopexp.config import validate
-from stopexp.evaluate import Paths, evaluate, keep_by_policy, outcome
+from stopexp.config import STOPPING_METHODS, validate
+from stopexp.evaluate import Paths, evaluate, keep_by_policy, outcome, print_table
 from stopexp.signals.methods import random_scorer, register_external
 from stopexp.train import train
 
@@ -26,7 +26,7 @@ def test_replay_metrics_follow_the_contract(trained, tmp_path):
     m = evaluate(cfg_for(trained, "evaluate.text_metrics=false"), run_dir=tmp_path)
     methods = m["methods"]
     for name in ("no_prune", "random", "confidence", "oracle", "entropy", "deepconf",
-                 "hidden_norm", "conf_features", "mlp"):
+                 "hidden_norm", "st_bon", "conf_features", "mlp"):
         r = methods[name]
         assert {"accuracy", "tokens_total", "wall_s", "avg_at_k", "accuracy_ci"} <= set(r)
         if name != "no_prune":
@@ -36,7 +36,23 @@ def test_replay_metrics_follow_the_contract(trained, tmp_path):
     assert all(r["tokens_total"] <= methods["no_prune"]["tokens_total"] for r in methods.values())
     for fig in ("pareto", "survival", "prune_steps", "signal_histograms"):
         assert (tmp_path / f"{fig}.png").exists()
-    assert {p["method"] for p in m["points"]} >= {"no_prune", "mlp", "random"}
+    assert {p["method"] for p in m["points"]} >= {"no_prune", "mlp", "random", "st_bon",
+                                                  *STOPPING_METHODS}
+    for name in STOPPING_METHODS:  # their own stopping protocols, replayed from the bank
+        assert methods[name]["replayed"] and "auroc" not in methods[name]
+    assert methods["deepconf_weighted"]["tokens_total"] == methods["no_prune"]["tokens_total"]
+    for name, r in methods.items():  # the analyses
+        assert {"wrongly_pruned", "pruned_paths", "vs_no_prune"} <= set(r)
+        v = r["vs_no_prune"]
+        assert v["improved"] + v["worsened"] + v["unchanged"] == m["protocol"]["prompts"]
+    assert methods["no_prune"]["wrongly_pruned"] is None and methods["no_prune"]["pruned_paths"] == 0
+    assert methods["oracle"]["wrongly_pruned"] < methods["random"]["wrongly_pruned"]
+    assert 0 <= methods["mlp"]["auroc_length_matched"] <= 1 and methods["mlp"]["length_matched_pairs"] > 0
+    header, *rows = print_table(m).splitlines()[1:1 + len(methods) + 1]
+    assert {len(r) for r in rows} == {len(header)}  # long names keep the columns aligned
+    assert any(r.startswith("adaptive_consistency  ") for r in rows)
+    for key in ("tokens_total", "accuracy"):  # one window of all N = 8 paths: no early stop
+        assert methods["esc"][key] == methods["no_prune"][key]
 
 
 def test_replay_equals_online(trained):
@@ -47,6 +63,9 @@ def test_replay_equals_online(trained):
             continue
         assert online[name]["accuracy"] == replay[name]["accuracy"], name
         assert online[name]["tokens_total"] == replay[name]["tokens_total"], name
+        if online[name].get("replayed"):  # stopping protocols replay the bank in both modes
+            assert name in STOPPING_METHODS and online[name]["wall_estimated"]
+            continue
         assert online[name]["wall_s"] > 0 and 0 <= online[name]["check_share"] < 1
 
 
@@ -130,3 +149,12 @@ def test_beam_search_evaluation(trained):
         assert 0 <= r["text_vs_reference"]["bleu"] <= 100 + 1e-9  # beam outputs get text metrics too
     assert m["methods"]["no_prune"]["text_vs_no_prune"]["bleu"] == pytest.approx(100.0)
     assert set(m["not_reported"]) == {"auroc", "avg_at_k"} and m["omitted_methods"] == {}
+
+
+def test_beam_search_omits_stopping_protocols_and_runs_st_bon(trained):
+    cfg = cfg_for(trained, "+exp=toy_beam", "search.beam_width=2", "search.max_new_tokens=64",
+                  "evaluate.methods=[st_bon,esc,deepconf_online]", "evaluate.text_metrics=false")
+    m = evaluate(cfg)
+    assert set(m["omitted_methods"]) == {"esc", "deepconf_online"}
+    assert "beam search has none" in m["omitted_methods"]["esc"]
+    assert "st_bon" in m["methods"] and "esc" not in m["methods"]

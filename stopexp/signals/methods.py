@@ -7,7 +7,8 @@ string per path, naming its random stream) and, for the oracle, "correct"/"mc".
   (lowest windowed group confidence), hidden_norm (the L2 norm of the current token's
   hidden state at the *deepest tapped layer*, i.e. the highest index among the resolved
   tap.layers, whatever order they are listed in; with tap=last it is the model's last
-  decoder layer's output, before the final norm);
+  decoder layer's output, before the final norm), st_bon (consistency of a path's
+  hidden states with its prompt's other live paths, `stopexp.signals.st_bon`);
 - controls: random (a per-path seeded draw, the same in replay and online), oracle (the
   Monte Carlo label where collected, else the outcome: the upper bound);
 - learned: any trained predictor;
@@ -19,13 +20,14 @@ from typing import Callable
 
 import torch
 
-from stopexp.config import BASELINE_METHODS
+from stopexp.config import BASELINE_METHODS, STOPPING_METHODS
 from stopexp.signals.features import SIGNAL_NAMES
+from stopexp.signals.st_bon import st_bon
 from stopexp.search.decode import stream_seed
 from stopexp.threads import one_thread
 
 Scorer = Callable[[dict], torch.Tensor]
-NON_LEARNABLE = BASELINE_METHODS  # the names config.validate accepts
+NON_LEARNABLE = (*BASELINE_METHODS, *STOPPING_METHODS)  # the names config.validate accepts
 _EXTERNAL: dict[str, Scorer] = {}
 
 
@@ -40,6 +42,7 @@ BASELINES: dict[str, Scorer] = {
     "entropy": _signal("mean_entropy", -1.0),
     "deepconf": _signal("group_conf"),
     "hidden_norm": _signal("hidden_norm"),
+    "st_bon": st_bon,
 }
 
 

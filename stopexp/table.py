@@ -1,0 +1,43 @@
+"""Evaluate's console table: one row per method (accuracy with its bootstrap CI, avg@K,
+tokens and their ratio to no_prune, within-prompt and pooled AUROC, wall seconds), then
+the Pareto points of no_prune and the first learned method; beam-search runs get their own
+columns."""
+from __future__ import annotations
+
+from stopexp.signals import methods as M
+
+
+def print_table(metrics: dict) -> str:
+    """The table of evaluate's `metrics` (the dict written to metrics.json) as text."""
+    p = metrics["protocol"]
+    w = max(14, 2 + max(map(len, metrics["methods"])))  # the method column
+    if metrics.get("search") == "beam":
+        lines = [f"Beam search B={p['beam_width']}, patience {p['patience']}, policy {p['policy']}, "
+                 f"{p['prompts']} {p['split']} prompts",
+                 f"{'method':<{w}}{'accuracy':>9}{'95% CI':>16}{'tokens':>10}{'ratio':>7}"
+                 f"{'pruned':>8}{'wall s':>8}{'check %':>9}"]
+        for name, r in metrics["methods"].items():
+            ci = f"[{r['accuracy_ci'][0]:.3f},{r['accuracy_ci'][1]:.3f}]"
+            lines.append(f"{name:<{w}}{r['accuracy']:>9.3f}{ci:>16}{r['tokens_total']:>10.0f}"
+                         f"{r['tokens_ratio']:>7.2f}{r['pruned']:>8}{r['wall_s']:>8.1f}"
+                         f"{100 * r['check_share']:>9.2f}")
+        return "\n".join(lines)
+    lines = [f"Launch-Check-Resume {p['n']} -> {p['k']} at {p['check_tokens']} tokens, "
+             f"{p['prompts']} {p['split']} prompts ({metrics['mode']})",
+             f"{'method':<{w}}{'accuracy':>9}{'95% CI':>16}{'avg@K':>8}{'tokens':>10}{'ratio':>7}"
+             f"{'AUROC':>7}{'pooled':>8}{'wall s':>8}"]
+    for name, r in metrics["methods"].items():
+        ci = f"[{r['accuracy_ci'][0]:.3f},{r['accuracy_ci'][1]:.3f}]"
+        au = f"{r['auroc']:.3f}" if "auroc" in r else "-"
+        pooled = f"{r['auroc_pooled']:.3f}" if "auroc_pooled" in r else "-"
+        lines.append(f"{name:<{w}}{r['accuracy']:>9.3f}{ci:>16}{r['avg_at_k']:>8.3f}"
+                     f"{r['tokens_total']:>10.0f}{r['tokens_ratio']:>7.2f}{au:>7}{pooled:>8}"
+                     f"{r['wall_s']:>8.1f}")
+    learned = [m for m in metrics["methods"] if m not in M.NON_LEARNABLE
+               and m not in ("no_prune", "random", "oracle", "conf_features")]
+    pts = [q for q in metrics.get("points", []) if q["method"] in ("no_prune", *learned[:1])]
+    if pts:
+        lines.append("points (N -> K: accuracy / tokens): " + "   ".join(
+            f"{q['method']} {q['n']}->{q['k']}: {q['accuracy']:.3f} / {q['tokens_total']:.0f}"
+            for q in sorted(pts, key=lambda q: (q["method"] != "no_prune", q["n"], q["k"]))))
+    return "\n".join(lines)

@@ -1,0 +1,174 @@
+"""The answers-only bank importer and its replay, on the hand-made fixture
+tests/data/answers_bank.json (3 prompts; 8, 6 and 6 branches; probe every 10 tokens)."""
+import json
+import re
+
+import numpy as np
+import pytest
+
+from stopexp.answers_bank import AnswersBankError, load_answers_bank, vote_codes
+from stopexp.answers_replay import draws, main, no_prune, random_keep, replay
+
+from conftest import ROOT
+
+FIXTURE = ROOT / "tests" / "data" / "answers_bank.json"
+
+
+@pytest.fixture(scope="module")
+def bank():
+    return load_answers_bank(FIXTURE)
+
+
+def test_answers_are_canonical_codes(bank):
+    p0, p1, p2 = bank.prompts
+    assert p0.answers == ["", "42", "7", "13", "9"]     # \frac{84}{2} and 42.0 are 42
+    assert p0.final.tolist() == [1, 1, 3, 1, 3, 1, 4, 1]
+    assert p0.tokens.tolist() == [35, 45, 30, 60, 50, 25, 70, 40]
+    assert p0.correct.tolist() == [False, True, False, False, False]
+    assert p1.gold == "1/2" and p1.final.tolist() == [1, 1, 1, 1, 2, 1]  # 0.5, .5, \frac{1}{2}
+    assert p2.final.tolist() == [1, 1, 2, 1, 2, 0]  # a null final answer is none
+    assert p0.probes.shape == (8, 6) and p0.probes[1].tolist() == [2, 1, 1, 1, 0, 0]
+
+
+def test_answer_at_reads_the_probe_then_the_final_answer(bank):
+    p0 = bank.prompts[0]
+    assert p0.answer_at(1).tolist() == [0, 2, 0, 1, 3, 0, 4, 0]
+    # after 30 tokens: branch 2 (30 tokens) and 5 (25) have ended with their final answers
+    assert p0.answer_at(3).tolist() == [1, 1, 3, 1, 3, 1, 4, 1]
+    assert p0.answer_at(7).tolist() == p0.final.tolist()
+
+
+def test_vote_ties_go_to_the_answer_seen_first():
+    assert vote_codes(np.array([0, 3, 2, 2, 3])) == 3
+    assert vote_codes(np.array([0, 0])) == 0
+    assert vote_codes(np.array([2, 1, 1])) == 1
+
+
+@pytest.mark.parametrize("data, message", [
+    ({}, "must hold a non-empty list of prompts"),
+    ([{"question": "q", "gold_answer": "1", "each_branch": []}], "prompt 0: missing key(s) probe_freq"),
+    ([{"question": "q", "gold_answer": "1", "probe_freq": 0, "each_branch": [[[], 1, "1"]]}],
+     "prompt 0.probe_freq: must be a positive integer, got 0"),
+    ([{"question": "q", "gold_answer": "1", "probe_freq": 5, "each_branch": [[[], -3, "1"]]}],
+     "each_branch[0][1]: total_tokens must be an integer >= 0, got -3"),
+    ([{"question": "q", "gold_answer": "1", "probe_freq": 5, "each_branch": [[[], 3]]}],
+     "each_branch[0]: a branch must be [intermediate_answers, total_tokens, final_answer]"),
+    ([{"question": "q", "gold_answer": " ", "probe_freq": 5, "each_branch": [[[], 3, "1"]]}],
+     "prompt 0.gold_answer: no readable answer"),
+    ([{"question": "q", "gold_answer": "1", "probe_freq": 5, "each_branch": [[[["x"]], 3, "1"]]}],
+     "each_branch[0][0][0]: an answer must be a string"),
+])
+def test_bad_files_fail_naming_the_place(tmp_path, data, message):
+    path = tmp_path / "bank.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(AnswersBankError, match=re.escape(message)):
+        load_answers_bank(path)
+
+
+def test_broken_json_and_missing_files(tmp_path):
+    path = tmp_path / "bank.json"
+    path.write_text('[\n{"question": "q",\n')
+    with pytest.raises(AnswersBankError, match=r"bank.json: not JSON \(line 3"):
+        load_answers_bank(path)
+    with pytest.raises(FileNotFoundError, match="nothing.json does not exist"):
+        load_answers_bank(tmp_path / "nothing.json")
+    with pytest.raises(AnswersBankError, match="format 'latex' unknown; allowed: numeric, boxed"):
+        load_answers_bank(FIXTURE, "latex")
+
+
+def test_draws_are_seeded_permutations_shared_by_methods(bank):
+    a, b = draws(bank, 6, 3, seed=0), draws(bank, 6, 3, seed=0)
+    assert all((x == y).all() for d, e in zip(a, b) for x, y in zip(d, e))
+    assert sorted(a[0][1].tolist()) == list(range(6)) and len(a[0][0]) == 6
+    assert not (a[0][0] == a[1][0]).all()
+    with pytest.raises(ValueError, match=r"n=7 branches per prompt: must be in 1..6 \(prompt 1"):
+        draws(bank, 7, 3, seed=0)
+
+
+def test_no_prune_over_all_branches_is_the_same_in_every_shuffle(bank):
+    r = replay(bank, {"no_prune": no_prune}, draws(bank, 6, 4, seed=1))["no_prune"]
+    # any 6 of prompt 0's 8 branches hold at least three 42s against at most two 13s
+    full = replay(bank, {"no_prune": no_prune}, [[np.arange(8), np.arange(6), np.arange(6)]])["no_prune"]
+    assert full["accuracy"] == pytest.approx(2 / 3) and full["accuracy_std"] == 0
+    assert full["tokens_per_prompt"] == pytest.approx((355 + 88 + 113) / 3)
+    assert full["tokens_ratio"] == 1 and full["wrongly_pruned"] is None
+    assert r["accuracy"] == pytest.approx(2 / 3) and r["accuracy_std"] == 0
+    assert r["tokens_per_prompt_std"] > 0  # prompt 0 drops two of its eight branches
+
+
+def test_random_keeps_k_of_the_running_branches(bank):
+    p0 = bank.prompts[0]
+    d = random_keep(p0, np.arange(8), k=2, check_tokens=30)
+    # running after 30 tokens: every branch but 2 (30) and 5 (25); keep 0 and 1
+    assert d.spent.tolist() == [35, 45, 30, 30, 30, 25, 30, 30]
+    assert d.answer == 1  # votes: 42, 42, 13 (ended), 42 (ended)
+    assert d.stopped(p0.tokens).tolist() == [False, False, False, True, True, False, True, True]
+
+
+def test_cli_prints_the_table_and_writes_metrics(tmp_path, capsys):
+    out = tmp_path / "replay"
+    metrics = main([str(FIXTURE), "n=6", "k=2", "check_tokens=10", "shuffles=5", "esc_window=2",
+                    "pp_warmup=1", f"out={out}"])
+    text = capsys.readouterr().out
+    assert "3 prompts, n=6 of the stored branches, mean (std) over 5 shuffles" in text
+    for m in ("no_prune", "random", "esc", "adaptive_consistency", "parallel_probe"):
+        assert m in metrics["methods"] and m in text
+    assert metrics["methods"]["no_prune"]["accuracy"] == pytest.approx(2 / 3)
+    assert (out / "pareto.png").exists()
+    saved = json.loads((out / "metrics.json").read_text())
+    assert {p["n"] for p in saved["points"] if p["method"] == "no_prune"} == {1, 2, 4, 6}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["n=6"], "give exactly one answers-only bank"),
+    ([str(FIXTURE), "windw=3"], "windw: unknown setting; allowed: methods, n, k"),
+    ([str(FIXTURE), "n=six"], "n='six': must be a int"),
+    ([str(FIXTURE), "methods=no_prune,esc2"], "methods: esc2 unknown; allowed: no_prune"),
+    ([str(FIXTURE), "n=6", "k=7"], "k=7: must be in 1..n=6"),
+])
+def test_cli_refuses_bad_settings(argv, message):
+    with pytest.raises(SystemExit, match=message):
+        main(argv)
+
+
+def test_export_a_trace_bank_as_an_answers_only_bank(small_bank, tmp_path, capsys):
+    import importlib.util
+
+    from stopexp import bank as trace_bank
+    from stopexp.config import validate
+    from conftest import compose
+
+    spec = importlib.util.spec_from_file_location("export", ROOT / "scripts" / "export_answers_bank.py")
+    export = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(export)
+    out = tmp_path / "answers.json"
+    export.main([str(out), "--probe-freq", "4", "--", *small_bank])
+    assert "wrote 6 prompts x 8 branches" in capsys.readouterr().out
+    exported = load_answers_bank(out, "numeric")
+    ds = trace_bank.load_bank(trace_bank.require_bank(validate(compose("collect", small_bank))), "test")
+    assert [q.n_branches for q in exported.prompts] == [8] * 6
+    first = exported.prompts[0]
+    assert first.tokens.tolist() == ds["length"][:8].tolist()
+    assert [first.answers[c] for c in first.final] == ds["answer"][:8].tolist()
+    # a probe every 4 tokens before the end: ceil(length / 4) - 1 of them
+    raw = json.loads(out.read_text())[0]["each_branch"]
+    assert [len(b[0]) for b in raw] == [-(-n // 4) - 1 for n in ds["length"][:8].tolist()]
+    # every prompt's correct branches are those the trace bank marks correct
+    assert first.correct[first.final].tolist() == ds["correct"][:8].tolist()
+
+
+def test_replay_counts_pruned_branches_and_flips(bank):
+    from functools import partial
+
+    from stopexp.answers_bank import AnswersBank
+    from stopexp.search.esc import esc
+    from stopexp.search.parallel_probe import parallel_probe
+
+    one = AnswersBank(prompts=bank.prompts[:1], fmt="boxed", source="prompt 0")
+    pp = partial(parallel_probe, stable=3, deviate=2, warmup=1)  # hand-traced in test_consensus
+    r = replay(one, {"pp": pp}, [[np.arange(8)]])["pp"]
+    assert r["tokens_per_prompt"] == 270 and r["pruned_paths"] == 4
+    assert r["wrongly_pruned"] == 0.5  # branches 1 and 3 would have ended with 42
+    # ESC stopping on two 13s turns no_prune's right vote wrong
+    r = replay(one, {"esc": partial(esc, window=2)}, [[np.array([2, 4, 0, 1, 3, 5, 6, 7])]])["esc"]
+    assert r["vs_no_prune"] == {"improved": 0, "worsened": 1} and r["accuracy"] == 0

@@ -1,0 +1,91 @@
+"""DeepConf online (early termination), its votes, and evaluate's stopping protocols on
+hand-made paths (window 2)."""
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from stopexp.evaluate import Paths
+from stopexp.search import deepconf_online as dc
+from stopexp.stopping import stopping_outcomes
+
+# prompt 0: two warm-up paths (lowest group confidence 2 and 4 -> threshold at the 50th
+# percentile: 3), then a path that falls below at token 4, one that stays at 3, one
+# shorter than a window; gold 8. Prompt 1: four paths, answers 5 5 6 5, gold 5.
+CONFS = [[3, 3, 1, 3], [4, 4, 4], [5, 5, 2, 2, 5], [3, 3, 3], [1]] + [[1.0] * 10] * 4
+ANSWERS = ["7", "8", "8", "7", "9", "5", "5", "6", "5"]
+EV = SimpleNamespace(esc_window=2, asc_threshold=0.85, deepconf_warmup=2, deepconf_keep_percent=50)
+
+
+@pytest.fixture
+def paths():
+    lengths = np.array([len(c) for c in CONFS])
+    return Paths(group=np.array([0] * 5 + [1] * 4), path_id=np.array([0, 1, 2, 3, 4, 0, 1, 2, 3]),
+                 length=lengths, correct=np.array([a in ("8", "5") for a in ANSWERS]),
+                 answer=np.array(ANSWERS, dtype=object), text=np.array(ANSWERS, dtype=object),
+                 alive=lengths > 1, batch={})
+
+
+def test_group_confidence_and_stop_point():
+    assert dc.window_means([3, 3, 1, 3], 2).tolist() == [3, 2, 2]
+    assert dc.lowest_group_conf([3, 3, 1, 3], 2) == 2
+    assert dc.lowest_group_conf([1, 2], 3) == 1.5  # shorter than a window: the mean
+    assert dc.stop_point([5, 5, 2, 2, 5], 2, 3.0) == 4  # window (2, 2) ends at token 4
+    assert dc.stop_point([3, 3, 3], 2, 3.0) == 3  # never below: runs to the end
+
+
+def test_online_threshold_and_stops():
+    spent, voter, lowest, threshold = dc.online([np.array(c, float) for c in CONFS[:5]], 2, 50, 2)
+    assert threshold == 3.0
+    assert lowest.tolist() == [2, 4, 2, 3, 1]
+    assert spent.tolist() == [4, 3, 4, 3, 1]
+    assert voter.tolist() == [True, True, False, True, True]  # the short path cannot be stopped
+    with pytest.raises(ValueError, match=r"warm-up: 5 paths must lie in 1..4"):
+        dc.online([np.ones(3)] * 5, 5, 50, 2)
+
+
+def test_votes():
+    assert dc.weighted_vote(["7", "8", "", "7"], [1, 3, 9, 1]) == "8"
+    assert dc.weighted_vote(["7", "8"], [2, 2]) == "7"  # a tie: the first seen
+    assert dc.weighted_vote(["", None], [1, 1]) is None
+    assert dc.top_share(np.array([2, 4, 2, 3, 1]), 40).tolist() == [False, True, False, True, False]
+    assert dc.top_share(np.array([2, 4]), 1).tolist() == [False, True]  # at least one
+
+
+def test_stopping_outcomes_by_hand(paths):
+    confs = [np.array(c, float) for c in CONFS]
+    o = stopping_outcomes(paths, confs, ["esc", "adaptive_consistency", "deepconf_online",
+                                         "deepconf_weighted", "deepconf_top"], 5, EV, 2)
+    # DeepConf online, prompt 0: voters 7 (2 + 3), 8 (4), 9 (1) -> 7, wrong; prompt 1: no stop
+    assert o["deepconf_online"]["correct"].tolist() == [False, True]
+    assert o["deepconf_online"]["tokens"].tolist() == [15, 40]
+    assert o["deepconf_online"]["pruned_at"].tolist() == [4]
+    # weighted over all: 8 has 4 + 2 against 7's 2 + 3; the top 50% (3 paths: confidence 4,
+    # 3, and of the two 2s the first) give 7 (3 + 2) against 8 (4)
+    assert o["deepconf_weighted"]["correct"].tolist() == [True, True]
+    assert o["deepconf_top"]["correct"].tolist() == [False, True]
+    assert o["deepconf_top"]["tokens"].tolist() == [16, 40]  # every path still runs
+    # ESC (window 2): prompt 0's first window 7, 8 is split, the second 8, 7 too, the third
+    # (9) has one path: all sampled; prompt 1's first window 5, 5 is unanimous
+    assert o["esc"]["tokens"].tolist() == [16, 20] and o["esc"]["correct"].tolist() == [False, True]
+    # Adaptive-Consistency (0.85): prompt 1 stops at 2 alike (7/8), prompt 0 never passes
+    assert o["adaptive_consistency"]["tokens"].tolist() == [16, 20]
+    assert o["adaptive_consistency"]["alive_at_check"] == pytest.approx(7 / 9)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("evaluate.esc_window=0", "evaluate.esc_window: must be >= 1, got 0"),
+    ("evaluate.asc_threshold=1.5", r"evaluate.asc_threshold: must lie in \(0, 1\], got 1.5"),
+    ("evaluate.deepconf_keep_percent=0", r"evaluate.deepconf_keep_percent: must lie in \(0, 100\]"),
+    ("evaluate.deepconf_warmup=8", "evaluate.deepconf_warmup: 8.0 gives 8 warm-up paths; they must "
+                                   r"lie in 1..7 \(below search.n_paths\)"),
+])
+def test_stopping_settings_fail_before_compute(override, message):
+    from conftest import compose
+    from stopexp.config import ConfigError, validate
+
+    with pytest.raises(ConfigError, match=message):
+        validate(compose("evaluate", ["search.n_paths=8", "policy.keep=4", "evaluate.n_points=[8]",
+                                      "evaluate.retention=[4]", override]))
+    assert validate(compose("evaluate", ["search.n_paths=8", "policy.keep=4", "evaluate.n_points=[8]",
+                                         "evaluate.retention=[4]", "evaluate.deepconf_warmup=0.25"]))

@@ -85,6 +85,16 @@ class TaskConfig:
     answer_key: str = "answer"           # a bare answer or a solution ending in one
     answer_format: str = "numeric"       # numeric (#### 42, or \boxed{}) | boxed (\boxed{})
     prompt_template: str = "{question}"
+    # wordprob (stopexp/tasks/wordprob.py): generated word problems with numeric answers
+    steps: List[int] = field(default_factory=lambda: [1])   # steps per problem, drawn from this list
+    number_range: List[int] = field(default_factory=lambda: [2, 9])  # [low, high] of the numbers
+    operations: Dict[str, float] = field(default_factory=lambda: {
+        "add": 1.0, "sub": 1.0, "compare": 1.0, "count": 1.0})  # first step's operation mix
+    shots: int = 3                       # solved examples before the question
+    format: str = "fewshot"              # fewshot (plain text) | chat (one user turn)
+    extraction: str = "strict"           # strict ("The answer is N" / ####) | flexible (last number)
+    instruction: str = ""                # chat format: text before the examples
+    stop: List[str] = field(default_factory=list)  # the task's natural stop strings
 
 
 @dataclass
@@ -237,7 +247,9 @@ register()
 
 ALLOWED = {
     "model.dtype": ("float32", "bfloat16", "float16"),
-    "task.name": ("arith", "qa"),
+    "task.name": ("arith", "qa", "wordprob"),
+    "task.format": ("fewshot", "chat"),
+    "task.extraction": ("strict", "flexible"),
     "task.answer_format": ("numeric", "boxed"),
     "tap.pooling": ("last", "mean"),
     "predictor.name": ("statistic", "linear", "mlp", "fusion", "conf_features", "super_token"),

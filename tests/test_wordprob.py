@@ -78,6 +78,8 @@ def test_number_range_and_operations_knobs():
 
 @pytest.mark.parametrize("kwargs, key", [({"steps": (0,)}, "task.steps"),
                                          ({"number_range": (9, 2)}, "task.number_range"),
+                                         ({"number_range": (9,)}, "task.number_range"),
+                                         ({"operations": {}}, "task.operations"),
                                          ({"operations": {"mul": 1}}, "task.operations"),
                                          ({"operations": {"add": 0}}, "task.operations"),
                                          ({"format": "markdown"}, "task.format"),
@@ -99,7 +101,7 @@ def test_checker_on_right_wrong_and_malformed(task):
     assert flexible.check(p, f" she has {p.answer} now")
     assert not flexible.check(p, f" The answer is {p.answer}. Then 3 more")
     for text in ("", "The answer is", "The answer is .", "####", "\x00\xff", "1 = = 2",
-                 "The answer is 99999999999999999999999.", "- - -", "The answer is -"):
+                 "The answer is 99999999999999999999999.", "The answer is " + "9" * 5000, "- - -", "The answer is -"):
         assert task.check(p, text) is False
         assert flexible.check(p, text) in (True, False)
         task.diagnose(p, text)  # never raises
@@ -112,7 +114,8 @@ def test_answers_are_canonical():
     assert answer_of("the answer is -3") == "-3"
     assert answer_of("The answer is 5. The answer is 6.") == "6"  # the last one counts
     assert answer_of("no marker 5 and 6") == "" and answer_of("no marker 5 and 6", "flexible") == "6"
-    assert canonical_number("abc") == ""
+    assert canonical_number("abc") == "" and canonical_number("2.50") == "2.5"
+    assert canonical_number("nan") == "" and canonical_number("9" * 5000) == ""
 
 
 def test_first_wrong_equation_offset():
@@ -120,6 +123,7 @@ def test_first_wrong_equation_offset():
     assert first_wrong_equation(text) == text.index("7 - 2")
     assert first_wrong_equation("5 + 2 + 1 = 8") is None
     assert first_wrong_equation("no equations") is None
+    assert first_wrong_equation("9" * 5000 + " + 1 = 2") is None
     assert WordProblemTask().diagnose(None, text) == {"style": "marked", "first_error": 29}
     assert WordProblemTask().diagnose(None, "8")["style"] == "unmarked"
 

@@ -26,6 +26,7 @@ import hashlib
 import random
 import re
 from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
 
 OPERATIONS = ("add", "sub", "compare", "count")
 FOLLOW_UPS = ("add", "sub")      # steps after the first change the person's amount
@@ -62,13 +63,18 @@ class WordProblem:
 
 
 def canonical_number(text: str) -> str:
-    """A number as written (``1,000``, ``12.0``, ``-3``) in one form (``1000``, ``12``, ``-3``)."""
+    """A number as written (``1,000``, ``12.0``, ``-3``) in one form (``1000``, ``12``,
+    ``-3``); "" when `text` is no number (or absurdly long)."""
     s = text.replace(",", "").rstrip(".")
-    try:
-        value = float(s)
-    except ValueError:
+    if not s or len(s) > 100:
         return ""
-    return str(int(value)) if value == int(value) else repr(value)
+    try:
+        value = Decimal(s)
+    except InvalidOperation:
+        return ""
+    if not value.is_finite():
+        return ""
+    return str(int(value)) if value == value.to_integral_value() else format(value.normalize(), "f")
 
 
 def answer_of(completion: str, extraction: str = "strict") -> str:
@@ -89,6 +95,8 @@ def first_wrong_equation(completion: str) -> int | None:
     operations) whose arithmetic is wrong; None when all written equations are right."""
     for m in _EQUATION.finditer(completion):
         a, op1, b, op2, c, result = m.groups()
+        if max(len(x or "") for x in (a, b, c, result)) > 100:
+            continue  # no story has such numbers; int() refuses over 4300 digits
         value = int(a) + (int(b) if op1 == "+" else -int(b))
         if op2:
             value += int(c) if op2 == "+" else -int(c)
@@ -99,17 +107,21 @@ def first_wrong_equation(completion: str) -> int | None:
 
 class WordProblemTask:
     """Prompts, references and the checker of the word-problem task (the interface of
-    `ArithTask`)."""
+    `ArithTask`), plus `stop_sequences`: the strings where a path's answer is over.
+
+    Raises ValueError naming the ``task.*`` key when a knob is out of range."""
 
     name = "wordprob"
 
-    def __init__(self, steps=(1, 2), number_range=(2, 20), operations: dict | None = None,
-                 shots: int = 2, format: str = "fewshot", extraction: str = "strict",
+    def __init__(self, steps=(1,), number_range=(2, 9), operations: dict | None = None,
+                 shots: int = 3, format: str = "fewshot", extraction: str = "strict",
                  instruction: str = "", stop=STOP_SEQUENCES, seed: int = 0,
                  split_fractions: dict | None = None):
+        if len(number_range) != 2:
+            raise ValueError(f"task.number_range: needs [low, high], got {list(number_range)}")
         self.steps = tuple(int(s) for s in steps)
         self.number_range = (int(number_range[0]), int(number_range[1]))
-        self.operations = dict(operations or {op: 1.0 for op in OPERATIONS})
+        self.operations = dict({op: 1.0 for op in OPERATIONS} if operations is None else operations)
         self.shots, self.format, self.extraction = int(shots), format, extraction
         self.instruction = instruction
         self.stop_sequences = tuple(stop)

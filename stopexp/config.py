@@ -89,7 +89,7 @@ class TaskConfig:
     steps: List[int] = field(default_factory=lambda: [1])   # steps per problem, drawn from this list
     number_range: List[int] = field(default_factory=lambda: [2, 9])  # [low, high] of the numbers
     operations: Dict[str, float] = field(default_factory=lambda: {
-        "add": 1.0, "sub": 1.0, "compare": 1.0, "count": 1.0})  # first step's operation mix
+        "add": 1.0, "sub": 1.0, "compare": 1.0, "count": 0.0})  # first step's operation mix
     shots: int = 3                       # solved examples before the question
     format: str = "fewshot"              # fewshot (plain text) | chat (one user turn)
     extraction: str = "strict"           # strict ("The answer is N" / ####) | flexible (last number)

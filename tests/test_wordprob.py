@@ -5,13 +5,16 @@ import pytest
 from conftest import compose
 from stopexp.config import validate
 from stopexp.tasks import build_task
-from stopexp.tasks.wordprob import (MARKER, WordProblemTask, answer_of, canonical_number,
+from stopexp.tasks.wordprob import (DEFAULT_OPERATIONS, MARKER, WordProblemTask, answer_of, canonical_number,
                                     first_wrong_equation)
+
+
+ALL_OPS = {"add": 1, "sub": 1, "compare": 1, "count": 1}
 
 
 @pytest.fixture
 def task():
-    return WordProblemTask(steps=(1, 2), number_range=(2, 9), shots=3, seed=0)
+    return WordProblemTask(steps=(1, 2), number_range=(2, 9), operations=ALL_OPS, shots=3, seed=0)
 
 
 def numbers(text: str) -> list[int]:
@@ -19,8 +22,8 @@ def numbers(text: str) -> list[int]:
 
 
 def test_same_seed_same_problems_other_seed_other_problems(task):
-    again = WordProblemTask(steps=(1, 2), number_range=(2, 9), shots=3, seed=0)
-    other = WordProblemTask(steps=(1, 2), number_range=(2, 9), shots=3, seed=1)
+    again = WordProblemTask(steps=(1, 2), number_range=(2, 9), operations=ALL_OPS, shots=3, seed=0)
+    other = WordProblemTask(steps=(1, 2), number_range=(2, 9), operations=ALL_OPS, shots=3, seed=1)
     assert task.problems("test", 20) == again.problems("test", 20)
     assert [p.question for p in task.problems("test", 20)] != [p.question for p in other.problems("test", 20)]
     first = task.problems("test", 5)
@@ -48,6 +51,7 @@ def test_splits_are_disjoint_and_follow_the_hash(task):
 
 
 def test_worked_solutions_are_right(task):
+    assert {p.kind.split("+")[0] for p in task.problems("val", 60)} == set(ALL_OPS)
     for p in task.problems("val", 60):
         assert task.check(p, p.solution) and first_wrong_equation(p.solution) is None
         assert p.solution.endswith(f"{MARKER} {p.answer}.") and p.answer >= 0
@@ -97,7 +101,8 @@ def test_checker_on_right_wrong_and_malformed(task):
     assert task.check(p, f" #### {p.answer}")
     assert not task.check(p, f" The answer is {p.answer + 1}.")
     assert not task.check(p, f" {p.answer}")  # strict: no marker, no answer
-    flexible = WordProblemTask(steps=(1, 2), number_range=(2, 9), shots=3, extraction="flexible")
+    flexible = WordProblemTask(steps=(1, 2), number_range=(2, 9), operations=ALL_OPS, shots=3,
+                               extraction="flexible")
     assert flexible.check(p, f" she has {p.answer} now")
     assert not flexible.check(p, f" The answer is {p.answer}. Then 3 more")
     for text in ("", "The answer is", "The answer is .", "####", "\x00\xff", "1 = = 2",
@@ -159,6 +164,8 @@ def test_config_composes_validates_and_builds():
     cfg = validate(compose("pipeline", ["task=wordprob"]))
     task = build_task(cfg.task)
     assert isinstance(task, WordProblemTask)
+    assert task.operations == DEFAULT_OPERATIONS and task.steps == (1,) and task.shots == 3
+    assert {p.kind for p in task.problems("val", 30)} == {"add", "sub", "compare"}
     assert task.stop_sequences == ("\n\n", "\nQuestion:") and list(cfg.task.stop) == list(task.stop_sequences)
     assert task.shots == cfg.task.shots and task.number_range == tuple(cfg.task.number_range)
     p = task.problems("test", 1)[0]

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
 OPERATIONS = ("add", "sub", "compare", "count")
+DEFAULT_OPERATIONS = {"add": 1.0, "sub": 1.0, "compare": 1.0, "count": 0.0}  # count: SmolLM2 ~0.1
 FOLLOW_UPS = ("add", "sub")      # steps after the first change the person's amount
 FORMATS = ("fewshot", "chat")
 EXTRACTIONS = ("strict", "flexible")
@@ -121,7 +122,7 @@ class WordProblemTask:
             raise ValueError(f"task.number_range: needs [low, high], got {list(number_range)}")
         self.steps = tuple(int(s) for s in steps)
         self.number_range = (int(number_range[0]), int(number_range[1]))
-        self.operations = dict({op: 1.0 for op in OPERATIONS} if operations is None else operations)
+        self.operations = dict(DEFAULT_OPERATIONS if operations is None else operations)
         self.shots, self.format, self.extraction = int(shots), format, extraction
         self.instruction = instruction
         self.stop_sequences = tuple(stop)

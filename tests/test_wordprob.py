@@ -6,7 +6,7 @@ from conftest import compose
 from stopexp.config import validate
 from stopexp.tasks import build_task
 from stopexp.tasks.wordprob import (DEFAULT_OPERATIONS, MARKER, WordProblemTask, answer_of, canonical_number,
-                                    first_wrong_equation)
+                                    first_wrong_equation, things)
 
 
 ALL_OPS = {"add": 1, "sub": 1, "compare": 1, "count": 1}
@@ -34,11 +34,11 @@ def test_pinned_example():
     t = WordProblemTask(steps=(2,), number_range=(2, 9), operations={"add": 1, "sub": 1}, shots=0)
     p = t.problems("test", 1)[0]
     assert p.prompt == f"Question: {p.question}\nAnswer:"
-    assert p.question == ("Leo has 8 stickers. He finds 7 more. Then he gives 3 to Ruby. "
-                          "How many stickers does Leo have now?")
-    assert p.solution == ("Leo has 8 stickers and finds 7 more, so 8 + 7 = 15. "
-                          "Then he gives 3 to Ruby, so 15 - 3 = 12. The answer is 12.")
-    assert p.answer == 12 and p.kind == "add+sub"
+    assert p.question == ("Ben has 7 books. He gives 6 to Max. Then he finds 4 more. "
+                          "How many books does Ben have now?")
+    assert p.solution == ("Ben has 7 books and gives 6 to Max, so 7 - 6 = 1. "
+                          "Then he finds 4 more, so 1 + 4 = 5. The answer is 5.")
+    assert p.answer == 5 and p.kind == "sub+add"
 
 
 def test_splits_are_disjoint_and_follow_the_hash(task):
@@ -78,6 +78,11 @@ def test_number_range_and_operations_knobs():
     assert all("How many more" in p.question for p in problems)
     counts = WordProblemTask(steps=(1,), operations={"count": 1}, shots=0).problems("train", 10)
     assert all(len(numbers(p.question)) == 3 and "in total" in p.question for p in counts)
+    # whoever gets a gift is not the person compared with
+    gifts = WordProblemTask(steps=(3,), operations={"compare": 1, "sub": 1}, shots=0).problems("train", 40)
+    for p in gifts:
+        if "than" in p.question and " to " in p.question:
+            assert p.question.split(" than ")[1].rstrip("?") not in p.question.split(" to ")[1].split(".")[0]
 
 
 @pytest.mark.parametrize("kwargs, key", [({"steps": (0,)}, "task.steps"),
@@ -119,6 +124,7 @@ def test_answers_are_canonical():
     assert answer_of("the answer is -3") == "-3"
     assert answer_of("The answer is 5. The answer is 6.") == "6"  # the last one counts
     assert answer_of("no marker 5 and 6") == "" and answer_of("no marker 5 and 6", "flexible") == "6"
+    assert things(1, "candies") == "1 candy" and things(1, "pens") == "1 pen" and things(2, "pens") == "2 pens"
     assert canonical_number("abc") == "" and canonical_number("2.50") == "2.5"
     assert canonical_number("nan") == "" and canonical_number("9" * 5000) == ""
 

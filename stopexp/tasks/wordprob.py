@@ -3,7 +3,7 @@
 A problem tells a short story about one person's objects and asks for a number::
 
     Question: Mia has 7 pens. She buys 5 more. Then she gives 3 to Sam. How many pens does Mia have now?
-    Answer: Mia has 7 pens and buys 5 more, so 7 + 5 = 12. Then she gives 3 away, so 12 - 3 = 9. The answer is 9.
+    Answer: Mia has 7 pens and buys 5 more, so 7 + 5 = 12. Then she gives 3 to Sam, so 12 - 3 = 9. The answer is 9.
 
 The first step is one of four operations (``add``, ``sub``, ``compare``: how many more
 than someone else, ``count``: the total of three groups); every further step is a gain or
@@ -46,6 +46,7 @@ OBJECTS = ("apples", "pens", "books", "marbles", "stickers", "cookies", "shells"
 COLOURS = ("red", "blue", "green", "yellow", "white", "black")
 _GAIN = ("buys {n} more", "finds {n} more", "gets {n} more")
 _LOSS = ("gives {n} to {other}", "loses {n}", "eats {n}")
+_SINGULAR = {"candies": "candy", "toy cars": "toy car"}
 _EATABLE = {"apples", "cookies", "candies", "eggs"}
 _STRICT = re.compile(r"(?:The answer is|####)\s*\$?\s*(-?\d[\d,]*(?:\.\d+)?)", re.IGNORECASE)
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
@@ -61,6 +62,11 @@ class WordProblem:
     answer: int
     solution: str      # the worked solution, ending in "The answer is N."
     kind: str          # the operations, e.g. "add+sub"
+
+
+def things(n: int, obj: str) -> str:
+    """``n`` objects in words: "3 pens", "1 pen"."""
+    return f"{n} {_SINGULAR.get(obj, obj[:-1]) if n == 1 else obj}"
 
 
 def canonical_number(text: str) -> str:
@@ -171,7 +177,7 @@ class WordProblemTask:
     def _draw(self, rng: random.Random) -> tuple[str, str, int, str]:
         """One random problem: (question, worked solution, answer, kind)."""
         lo, hi = self.number_range
-        (name, pron), (other, _) = rng.sample(NAMES, 2)
+        (name, pron), (other, _), (friend, _) = rng.sample(NAMES, 3)  # friend: gifts go there
         obj = rng.choice(OBJECTS)
         kinds, weights = zip(*self.operations.items())
         first = rng.choices(kinds, weights)[0]
@@ -183,11 +189,11 @@ class WordProblemTask:
             a, b, c = (rng.randint(lo, hi) for _ in range(3))
             col = rng.sample(COLOURS, 3)
             value = a + b + c
-            story.append(f"{name} has {a} {col[0]} {obj}, {b} {col[1]} {obj} and {c} {col[2]} {obj}.")
-            work.append(f"{name} has {a} + {b} + {c} = {value} {obj}.")
+            story.append(f"{name} has {things(a, col[0] + ' ' + obj)}, {things(b, col[1] + ' ' + obj)} and {things(c, col[2] + ' ' + obj)}.")
+            work.append(f"{name} has {a} + {b} + {c} = {things(value, obj)}.")
         else:
             value = max(rng.randint(lo, hi), 2)
-            story.append(f"{name} has {value} {obj}.")
+            story.append(f"{name} has {things(value, obj)}.")
         steps = [first] if first in FOLLOW_UPS else []
         steps += [rng.choice(follow) for _ in range(n_steps - 1)]
         for op in steps:
@@ -197,16 +203,16 @@ class WordProblemTask:
             b = rng.randint(lo, hi) if op == "add" else self._below(rng, value)
             new = value + b if op == "add" else value - b
             then = "Then " if len(story) > 1 else ""
-            said = rng.choice(_GAIN).format(n=b) if op == "add" else self._loss(rng, obj, other, b)
+            said = rng.choice(_GAIN).format(n=b) if op == "add" else self._loss(rng, obj, friend, b)
             story.append(f"{then}{pron if then else pron.capitalize()} {said}.")
-            lead = f"{name} has {value} {obj} and " if not work else f"Then {pron} "
+            lead = f"{name} has {things(value, obj)} and " if not work else f"Then {pron} "
             work.append(f"{lead}{said}, so {value} {'+' if op == 'add' else '-'} {b} = {new}.")
             value = new
         if first == "compare":
             c = self._below(rng, value) if value >= 2 else 0
-            story.append(f"{other} has {c} {obj}.")
+            story.append(f"{other} has {things(c, obj)}.")
             question = f"How many more {obj} does {name} have than {other}?"
-            lead = f"{name} has {value} {obj} and " if not work else ""
+            lead = f"{name} has {things(value, obj)} and " if not work else ""
             work.append(f"{lead}{other} has {c}, so {value} - {c} = {value - c}.")
             value -= c
         elif first == "count" and n_steps == 1:

@@ -71,7 +71,7 @@ def main(argv: list[str]) -> None:
     model, tok = load_lm(cfg)
     rss_model = peak_rss_gib()
     device = next(model.parameters()).device
-    p = SamplingParams.from_config(cfg.search)
+    p = SamplingParams.from_config(cfg)
     N, K = cfg.search.n_paths, args.keep or max(1, cfg.search.n_paths // 4)
     check = checkpoint_tokens(cfg.search.check_at, p.max_new_tokens)
     problems = build_task(cfg.task).problems("test", args.prompts)

@@ -46,7 +46,7 @@ def worker(rank: int, world: int, threads: int | None, overrides: list[str], rep
     checkpoints = bank.checkpoints_of(cfg)
     hidden = model.config.get_text_config().hidden_size
     with Taps(model, list(cfg.tap.layers), cfg.tap.pooling) as taps:
-        engine = make_engine(model, tok, SamplingParams.from_config(cfg.search), taps,
+        engine = make_engine(model, tok, SamplingParams.from_config(cfg), taps,
                              checkpoints)
 
         def trace(problems):

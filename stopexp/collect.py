@@ -178,7 +178,7 @@ def _fill(cfg, root: Path, task, shards: list, pending: list[int], rank: int,
     from stopexp.taps import Taps
 
     model, tokenizer = load_lm(cfg)
-    params = SamplingParams.from_config(cfg.search)
+    params = SamplingParams.from_config(cfg)
     hidden = model.config.get_text_config().hidden_size
     n_prompts = sum(len(shards[i]) for i in pending)
     log.info("collecting %d shards (%d prompts x %d paths) into %s", len(pending), n_prompts,

@@ -102,8 +102,18 @@ class TaskConfig:
     question_key: str = "question"
     answer_key: str = "answer"           # a bare answer or a solution ending in one
     answer_format: str = "numeric"       # numeric (#### 42, or \boxed{}) | boxed (\boxed{})
-    extraction: str = "strict"           # strict (#### / \boxed{} only) | flexible (else the last number)
+    # strict (#### / "The answer is" / \boxed{}) | flexible (else the last number); every task
+    extraction: str = "strict"
     prompt_template: str = "{question}"
+    # wordprob (stopexp/tasks/wordprob.py): generated word problems with numeric answers
+    steps: List[int] = field(default_factory=lambda: [1])   # steps per problem, drawn from this list
+    number_range: List[int] = field(default_factory=lambda: [2, 9])  # [low, high] of the numbers
+    operations: Dict[str, float] = field(default_factory=lambda: {
+        "add": 1.0, "sub": 1.0, "compare": 1.0, "count": 0.0})  # first step's operation mix
+    shots: int = 3                       # solved examples before the question
+    format: str = "fewshot"              # fewshot (plain text) | chat (one user turn)
+    instruction: str = ""                # chat format: text before the examples
+    stop: List[str] = field(default_factory=list)  # the task's natural stop strings
 
 
 @dataclass
@@ -267,7 +277,8 @@ register()
 ALLOWED = {
     "model.dtype": ("auto", "float32", "bfloat16", "float16"),
     "model.long_prompts": ("error", "skip"),
-    "task.name": ("arith", "qa"),
+    "task.name": ("arith", "qa", "wordprob"),
+    "task.format": ("fewshot", "chat"),
     "task.answer_format": ("numeric", "boxed"),
     "task.extraction": ("strict", "flexible"),
     "tap.pooling": ("last", "mean"),
@@ -462,6 +473,8 @@ def _check_model(cfg) -> None:
 
 
 def _check_task(t) -> None:
+    if any(not x for x in t.stop):
+        _fail("task.stop", "every stop string must be non-empty")
     if t.name == "qa" and not t.path:
         _fail("task.path", "task qa needs a .jsonl / .json / .parquet file or a hub dataset id")
     if "{question}" not in t.prompt_template:
@@ -490,6 +503,10 @@ def _check_search_and_taps(cfg) -> None:
     _at_least("search.max_new_tokens", s.max_new_tokens, 2)
     if any(not x for x in s.stop):
         _fail("search.stop", "every stop string must be non-empty")
+    if cfg.task.name == "wordprob" and cfg.task.format == "fewshot" and m.chat_template \
+            and m.name != "toy":
+        _fail("model.chat_template", "task.format=fewshot is plain text after solved examples; "
+                                     "set model.chat_template=false (or task.format=chat)")
     n_layers = m.toy.num_layers if m.toy is not None else m.num_layers
     if not tap.layers:
         _fail("tap.layers", "give at least one layer")

@@ -395,7 +395,7 @@ def online_paths(cfg, names, scorers, checkpoint, n_prompts: int):
     methods = {m: (scorers[m], lambda: build_policy(cfg.policy, keep=K))
                for m in names if m in scorers}
     with Taps(model, list(cfg.tap.layers), cfg.tap.pooling) as taps:
-        engine = make_engine(model, tokenizer, SamplingParams.from_config(cfg.search), taps,
+        engine = make_engine(model, tokenizer, SamplingParams.from_config(cfg), taps,
                              (checkpoint,))
         runs, batch = launch_check_resume(engine, tokenizer, task, problems, N, cfg.seed,
                                           checkpoint, methods, cfg.search.group_window,

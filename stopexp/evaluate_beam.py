@@ -39,7 +39,7 @@ def evaluate_beam(cfg, names: list[str], scorers: dict, n_prompts: int) -> tuple
     output text of every prompt, and the prompts' ids."""
     from stopexp.models import load_lm
     from stopexp.search.beam import beam_search
-    from stopexp.search.decode import eos_ids
+    from stopexp.search.decode import SamplingParams, eos_ids
     from stopexp.search.sample import fit_prompts, prompt_ids, prompt_limit
     from stopexp.taps import Taps
     from stopexp.tasks import build_task
@@ -68,7 +68,7 @@ def evaluate_beam(cfg, names: list[str], scorers: dict, n_prompts: int) -> tuple
                                 scorer=scorer, policy=policy, patience=s.patience,
                                 taps=taps if scorer else None, group_window=s.group_window,
                                 conf_topk=s.conf_topk, check_steps=checks,
-                                stop=tuple(s.stop), tokenizer=tokenizer)
+                                stop=SamplingParams.from_config(cfg).stop, tokenizer=tokenizer)
                 texts[name].append(tokenizer.decode(r.tokens, skip_special_tokens=True))
                 correct.append(task.check(problem, texts[name][-1]))
                 tokens += r.n_forward_tokens - len(ids)

@@ -26,7 +26,7 @@ def solve_report(cfg, model, tokenizer, n_prompts: int = 100, n_paths: int = 32)
     """Per-path and majority-vote accuracy on test prompts at the search's sampling."""
     task = build_task(cfg.task)
     problems = task.problems("test", n_prompts)
-    params = SamplingParams.from_config(cfg.search)
+    params = SamplingParams.from_config(cfg)
     engine = make_engine(model, tokenizer, params)
     start = time.time()
     paths = sample_paths(engine, tokenizer, task, problems, n_paths, seed=cfg.seed,

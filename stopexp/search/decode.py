@@ -34,10 +34,14 @@ class SamplingParams:
     stop: tuple[str, ...] = ()  # stop strings (stopexp.search.stops): a path ends at one
 
     @classmethod
-    def from_config(cls, search) -> "SamplingParams":
+    def from_config(cls, cfg) -> "SamplingParams":
+        """From a composed config: its `search` section, and as stop strings the task's own
+        (`task.stop`, where a new example would start) followed by `search.stop`."""
+        search = cfg.search
         return cls(max_new_tokens=search.max_new_tokens, temperature=search.temperature,
                    top_p=search.top_p, top_k=search.top_k, do_sample=search.do_sample,
-                   conf_topk=search.conf_topk, stop=tuple(search.stop))
+                   conf_topk=search.conf_topk,
+                   stop=tuple(dict.fromkeys([*cfg.task.stop, *search.stop])))
 
 
 def eos_ids(model, tokenizer) -> tuple[int, ...]:

@@ -1,8 +1,9 @@
 """Tasks: prompts, references and a checker. `build_task(cfg.task)` picks one by name."""
 from stopexp.tasks.arith import ArithTask, Problem
 from stopexp.tasks.qa import QAProblem, QATask
+from stopexp.tasks.wordprob import WordProblem, WordProblemTask
 
-TASKS = {"arith": ArithTask, "qa": QATask}
+TASKS = {"arith": ArithTask, "qa": QATask, "wordprob": WordProblemTask}
 
 
 def build_task(task_cfg):
@@ -15,8 +16,14 @@ def build_task(task_cfg):
                       answer_key=task_cfg.answer_key, subset=task_cfg.subset,
                       source_split=task_cfg.source_split,
                       extraction=task_cfg.extraction, **common)
+    if task_cfg.name == "wordprob":
+        return WordProblemTask(steps=list(task_cfg.steps), number_range=list(task_cfg.number_range),
+                               operations=dict(task_cfg.operations), shots=task_cfg.shots,
+                               format=task_cfg.format, extraction=task_cfg.extraction,
+                               instruction=task_cfg.instruction, stop=list(task_cfg.stop), **common)
     return ArithTask(n_steps=task_cfg.n_steps, operators=list(task_cfg.operators),
                      multipliers=list(task_cfg.multipliers), styles=dict(task_cfg.styles), **common)
 
 
-__all__ = ["ArithTask", "Problem", "QATask", "QAProblem", "build_task", "TASKS"]
+__all__ = ["ArithTask", "Problem", "QATask", "QAProblem", "WordProblemTask", "WordProblem",
+           "build_task", "TASKS"]

@@ -1,0 +1,276 @@
+"""Natural-language word problems with numeric answers, generated offline and seeded.
+
+A problem tells a short story about one person's objects and asks for a number::
+
+    Question: Mia has 7 pens. She buys 5 more. Then she gives 3 to Sam. How many pens does Mia have now?
+    Answer: Mia has 7 pens and buys 5 more, so 7 + 5 = 12. Then she gives 3 to Sam, so 12 - 3 = 9. The answer is 9.
+
+The first step is one of four operations (``add``, ``sub``, ``compare``: how many more
+than someone else, ``count``: the total of three groups); every further step is a gain or
+a loss (``add`` / ``sub``) applied before the question. The worked solution writes its
+reasoning before ``The answer is N.``, so an early prefix of a path shows the start of the
+reasoning, not the answer. Difficulty knobs: the number of steps (``steps``, drawn per
+problem), the number range and the operations mix.
+
+Two renderings: ``fewshot`` (plain text, ``shots`` solved training examples before the
+question, then ``Answer:`` for the model to continue; use it with
+``model.chat_template=false``) and ``chat`` (an instruction, the solved examples and the
+question as one user turn, which the stage wraps in the tokenizer's chat template).
+
+A problem's split is a hash of its question text, so splits are disjoint whatever the seed;
+solved examples come from the training split and never repeat the question they precede.
+"""
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from dataclasses import dataclass
+
+from stopexp.tasks import answers
+
+OPERATIONS = ("add", "sub", "compare", "count")
+DEFAULT_OPERATIONS = {"add": 1.0, "sub": 1.0, "compare": 1.0, "count": 0.0}  # count: SmolLM2 ~0.1
+FOLLOW_UPS = ("add", "sub")      # steps after the first change the person's amount
+FORMATS = ("fewshot", "chat")
+EXTRACTIONS = ("strict", "flexible")
+MARKER = "The answer is"
+SHOT_POOL = 64                   # solved training examples the shots are drawn from
+STOP_SEQUENCES = ("\n\n", "\nQuestion:")  # the few-shot format: a new example starts there
+
+NAMES = (("Tom", "he"), ("Mia", "she"), ("Sam", "he"), ("Ann", "she"), ("Ben", "he"),
+         ("Lily", "she"), ("Jack", "he"), ("Emma", "she"), ("Leo", "he"), ("Zoe", "she"),
+         ("Max", "he"), ("Ella", "she"), ("Noah", "he"), ("Lucy", "she"), ("Owen", "he"),
+         ("Ruby", "she"))
+OBJECTS = ("apples", "pens", "books", "marbles", "stickers", "cookies", "shells", "cards",
+           "coins", "stamps", "toy cars", "pencils", "balloons", "candies", "eggs", "rocks")
+COLOURS = ("red", "blue", "green", "yellow", "white", "black")
+_GAIN = ("buys {n} more", "finds {n} more", "gets {n} more")
+_LOSS = ("gives {n} to {other}", "loses {n}", "eats {n}")
+_SINGULAR = {"candies": "candy", "toy cars": "toy car"}
+_EATABLE = {"apples", "cookies", "candies", "eggs"}
+_STRICT = re.compile(r"(?:The answer is|####)\s*\$?\s*(-?\d[\d,]*(?:\.\d+)?)", re.IGNORECASE)
+_EQUATION = re.compile(r"(-?\d+)\s*([-+])\s*(-?\d+)(?:\s*([-+])\s*(-?\d+))?\s*=\s*(-?\d+)")
+
+
+@dataclass(frozen=True)
+class WordProblem:
+    prompt_id: int     # index within its split
+    split: str
+    question: str      # the problem alone (its split and few-shot choice hang on it)
+    prompt: str        # what the model sees: the question rendered with its solved examples
+    answer: int
+    solution: str      # the worked solution, ending in "The answer is N."
+    kind: str          # the operations, e.g. "add+sub"
+
+
+def things(n: int, obj: str) -> str:
+    """``n`` objects in words: "3 pens", "1 pen"."""
+    return f"{n} {_SINGULAR.get(obj, obj[:-1]) if n == 1 else obj}"
+
+
+def answer_of(completion: str, extraction: str = "strict") -> str:
+    """The final answer of a completion, canonical ("" when none is written), by the
+    shared rules of `stopexp.tasks.answers`: strict reads ``The answer is N`` (or
+    ``#### N``); flexible also takes the last number of a completion without one."""
+    return answers.answer_of(completion, "numeric", extraction)
+
+
+def first_wrong_equation(completion: str) -> int | None:
+    """Character offset of the first written ``a + b = c`` (or ``a - b = c``, up to two
+    operations) whose arithmetic is wrong; None when all written equations are right."""
+    for m in _EQUATION.finditer(completion):
+        a, op1, b, op2, c, result = m.groups()
+        if max(len(x or "") for x in (a, b, c, result)) > 100:
+            continue  # no story has such numbers; int() refuses over 4300 digits
+        value = int(a) + (int(b) if op1 == "+" else -int(b))
+        if op2:
+            value += int(c) if op2 == "+" else -int(c)
+        if value != int(result):
+            return m.start()
+    return None
+
+
+class WordProblemTask:
+    """Prompts, references and the checker of the word-problem task (the interface of
+    `ArithTask`), plus `stop_sequences`: the strings where a path's answer is over.
+
+    Raises ValueError naming the ``task.*`` key when a knob is out of range."""
+
+    name = "wordprob"
+
+    def __init__(self, steps=(1,), number_range=(2, 9), operations: dict | None = None,
+                 shots: int = 3, format: str = "fewshot", extraction: str = "strict",
+                 instruction: str = "", stop=STOP_SEQUENCES, seed: int = 0,
+                 split_fractions: dict | None = None):
+        if len(number_range) != 2:
+            raise ValueError(f"task.number_range: needs [low, high], got {list(number_range)}")
+        self.steps = tuple(int(s) for s in steps)
+        self.number_range = (int(number_range[0]), int(number_range[1]))
+        self.operations = dict(DEFAULT_OPERATIONS if operations is None else operations)
+        self.shots, self.format, self.extraction = int(shots), format, extraction
+        self.instruction = instruction
+        self.stop_sequences = tuple(stop)
+        self.seed = seed
+        self.split_fractions = dict(split_fractions or {"train": 0.8, "val": 0.1, "test": 0.1})
+        self._check_knobs()
+        self._shot_pool: list[WordProblem] | None = None
+
+    def _check_knobs(self) -> None:
+        lo, hi = self.number_range
+        problems = []
+        if not self.steps or min(self.steps) < 1 or max(self.steps) > 4:
+            problems.append(f"task.steps: {list(self.steps)}: each must lie in 1..4")
+        if not 1 <= lo < hi:
+            problems.append(f"task.number_range: {[lo, hi]}: needs 1 <= low < high")
+        unknown = [k for k in self.operations if k not in OPERATIONS]
+        if unknown or not self.operations or min(self.operations.values()) < 0 \
+                or sum(self.operations.values()) <= 0:
+            problems.append(f"task.operations: weights >= 0 over {', '.join(OPERATIONS)}, not "
+                            f"all zero" + (f"; unknown: {unknown}" if unknown else ""))
+        if self.format not in FORMATS:
+            problems.append(f"task.format: {self.format!r}; allowed: {', '.join(FORMATS)}")
+        if self.extraction not in EXTRACTIONS:
+            problems.append(f"task.extraction: {self.extraction!r}; allowed: {', '.join(EXTRACTIONS)}")
+        if self.shots < 0:
+            problems.append(f"task.shots: must be >= 0, got {self.shots}")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    # --- generation -------------------------------------------------------------------
+    def split_of(self, question: str) -> str:
+        h = int.from_bytes(hashlib.sha256(question.encode()).digest()[:8], "big") / 2**64
+        edge = 0.0
+        for split, frac in self.split_fractions.items():
+            edge += frac
+            if h < edge:
+                return split
+        return list(self.split_fractions)[-1]
+
+    def _below(self, rng: random.Random, value: int) -> int:
+        """A number in the range that is smaller than `value` (>= 1; `value` >= 2)."""
+        lo, hi = self.number_range
+        top = min(hi, value - 1)
+        return rng.randint(lo, top) if lo <= top else rng.randint(1, value - 1)
+
+    def _draw(self, rng: random.Random) -> tuple[str, str, int, str]:
+        """One random problem: (question, worked solution, answer, kind)."""
+        lo, hi = self.number_range
+        (name, pron), (other, _), (friend, _) = rng.sample(NAMES, 3)  # friend: gifts go there
+        obj = rng.choice(OBJECTS)
+        kinds, weights = zip(*self.operations.items())
+        first = rng.choices(kinds, weights)[0]
+        follow = [k for k in FOLLOW_UPS if self.operations.get(k, 0) > 0] or list(FOLLOW_UPS)
+        n_steps = rng.choice(self.steps)
+        done = [] if first in FOLLOW_UPS else [first]  # the operations as applied
+        story, work = [], []
+        if first == "count":
+            a, b, c = (rng.randint(lo, hi) for _ in range(3))
+            col = rng.sample(COLOURS, 3)
+            value = a + b + c
+            story.append(f"{name} has {things(a, col[0] + ' ' + obj)}, {things(b, col[1] + ' ' + obj)} and {things(c, col[2] + ' ' + obj)}.")
+            work.append(f"{name} has {a} + {b} + {c} = {things(value, obj)}.")
+        else:
+            value = max(rng.randint(lo, hi), 2)
+            story.append(f"{name} has {things(value, obj)}.")
+        steps = [first] if first in FOLLOW_UPS else []
+        steps += [rng.choice(follow) for _ in range(n_steps - 1)]
+        for op in steps:
+            if op == "sub" and value < 2:
+                op = "add"
+            done.append(op)
+            b = rng.randint(lo, hi) if op == "add" else self._below(rng, value)
+            new = value + b if op == "add" else value - b
+            then = "Then " if len(story) > 1 else ""
+            said = rng.choice(_GAIN).format(n=b) if op == "add" else self._loss(rng, obj, friend, b)
+            story.append(f"{then}{pron if then else pron.capitalize()} {said}.")
+            lead = f"{name} has {things(value, obj)} and " if not work else f"Then {pron} "
+            work.append(f"{lead}{said}, so {value} {'+' if op == 'add' else '-'} {b} = {new}.")
+            value = new
+        if first == "compare":
+            c = self._below(rng, value) if value >= 2 else 0
+            story.append(f"{other} has {things(c, obj)}.")
+            question = f"How many more {obj} does {name} have than {other}?"
+            lead = f"{name} has {things(value, obj)} and " if not work else ""
+            work.append(f"{lead}{other} has {c}, so {value} - {c} = {value - c}.")
+            value -= c
+        elif first == "count" and n_steps == 1:
+            question = f"How many {obj} does {name} have in total?"
+        else:
+            question = f"How many {obj} does {name} have now?"
+        work.append(f"{MARKER} {value}.")
+        return " ".join(story + [question]), " ".join(work), value, "+".join(done)
+
+    @staticmethod
+    def _loss(rng: random.Random, obj: str, other: str, n: int) -> str:
+        choices = [s for s in _LOSS if "eats" not in s or obj in _EATABLE]
+        return rng.choice(choices).format(n=n, other=other)
+
+    def _problems(self, split: str, n: int, stream: str) -> list[tuple]:
+        if split not in self.split_fractions:
+            raise ValueError(f"split {split!r} unknown; allowed: {', '.join(self.split_fractions)}")
+        rng = random.Random(f"{self.seed}:{stream}:{split}")
+        out, seen, tries = [], set(), 0
+        while len(out) < n:
+            tries += 1
+            if tries > 1000 * (n + 10):
+                raise ValueError(f"task: cannot draw {n} distinct {split} word problems with "
+                                 f"number_range={list(self.number_range)}, steps={list(self.steps)}; "
+                                 f"lower the count or widen the range")
+            drawn = self._draw(rng)
+            if drawn[0] in seen or self.split_of(drawn[0]) != split:
+                continue
+            seen.add(drawn[0])
+            out.append(drawn)
+        return out
+
+    def shot_pool(self) -> list[WordProblem]:
+        """The solved training examples that precede questions (fixed by the seed)."""
+        if self._shot_pool is None:
+            drawn = self._problems("train", SHOT_POOL if self.shots else 0, "shots")
+            self._shot_pool = [WordProblem(i, "train", q, q, a, s, k) for i, (q, s, a, k) in enumerate(drawn)]
+        return self._shot_pool
+
+    def render(self, question: str, kind: str = "") -> str:
+        """The prompt for `question`: `shots` solved examples and the question, in this
+        task's format. The examples are drawn by a hash of the question (never the question
+        itself); the last one shares the question's first operation when the pool has one,
+        so a small model sees how that kind of problem is worked."""
+        rng = random.Random(f"{self.seed}:shots:{question}")
+        pool = [p for p in self.shot_pool() if p.question != question]
+        shots = rng.sample(pool, min(self.shots, len(pool)))
+        same = [p for p in pool if p.kind.split("+")[0] == kind.split("+")[0]]
+        if shots and same and not any(p in same for p in shots):
+            shots[-1] = rng.choice(same)
+        elif shots and same:  # move one that matches to the end, next to the question
+            match = next(p for p in reversed(shots) if p in same)
+            shots.remove(match)
+            shots.append(match)
+        blocks = [f"Question: {p.question}\nAnswer: {p.solution}" for p in shots]
+        if self.format == "fewshot":
+            return "\n\n".join(blocks + [f"Question: {question}\nAnswer:"])
+        head = [self.instruction] if self.instruction else []
+        return "\n\n".join(head + blocks + [f"Question: {question}"])
+
+    def problems(self, split: str, n: int) -> list[WordProblem]:
+        """The first `n` distinct problems of `split` for this task's seed (deterministic)."""
+        return [WordProblem(i, split, q, self.render(q, k), a, s, k)
+                for i, (q, s, a, k) in enumerate(self._problems(split, n, "problems"))]
+
+    # --- checking ---------------------------------------------------------------------
+    def answer_of(self, completion: str) -> str:
+        return answer_of(completion, self.extraction)
+
+    def check(self, problem: WordProblem, completion: str) -> bool:
+        return self.answer_of(completion) == str(problem.answer)
+
+    def reference(self, problem: WordProblem) -> str:
+        """The worked solution: the reference for text metrics."""
+        return problem.solution
+
+    def diagnose(self, problem: WordProblem, completion: str) -> dict:
+        """Per-path diagnostics: whether the answer sentence is written (style ``marked`` /
+        ``unmarked``) and the offset of the first wrong equation (-1: none)."""
+        err = first_wrong_equation(completion)
+        marked = bool(_STRICT.search(completion))
+        return {"style": "marked" if marked else "unmarked", "first_error": -1 if err is None else err}

@@ -159,6 +159,8 @@ def run_stream(predictor, paths: Paths, order: np.ndarray, heldout: Paths | None
     rng = np.random.default_rng(a.seed)  # the same exploration draws in every run of a config
     torch.manual_seed(a.seed)
     memory, records = [], []
+    before = _auroc(heldout, _scores(predictor, heldout.batch), N) \
+        if heldout is not None and predictor is not None else None
     for b, start in enumerate(range(0, len(order), a.batch_prompts)):
         view = take(paths, order[start:start + a.batch_prompts])
         use = view.path_id < N
@@ -194,6 +196,8 @@ def run_stream(predictor, paths: Paths, order: np.ndarray, heldout: Paths | None
                        feedback_paths=int(len(data["weight"])))
         if heldout is not None and predictor is not None:
             rec["heldout_auroc"] = _auroc(heldout, _scores(predictor, heldout.batch), N)
+        if before is not None and b == 0:
+            rec["heldout_auroc_before"] = before  # the curve's start, before any feedback
         rec["wall_s"] = rec["tokens"] * seconds_per_token + rec["check_s"] + rec["update_s"]
         records.append(rec)
     return records
@@ -267,7 +271,8 @@ def adapt(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
 def summarize(curves: dict, batch_prompts: int, last: int = 5) -> dict:
     """Per variant: accuracy and tokens over the stream, the tokens' share of no_prune's,
     the mean AUROC of the last `last` batches, the final held-out AUROC, and (for the
-    online variants) the share of the frozen -> retrained held-out AUROC gap closed."""
+    online variants) the share of the frozen -> retrained held-out AUROC gap closed at the
+    end and the prompts seen when half of it first was."""
     out = {}
     for v, recs in curves.items():
         w = np.asarray([r["prompts_seen"] - (recs[i - 1]["prompts_seen"] if i else 0)
@@ -286,8 +291,11 @@ def summarize(curves: dict, batch_prompts: int, last: int = 5) -> dict:
     if "frozen" in out and "retrained" in out:
         lo, hi = out["frozen"]["heldout_auroc"], out["retrained"]["heldout_auroc"]
         for v in ONLINE:
-            if v in out:
-                out[v]["gap_closed"] = (out[v]["heldout_auroc"] - lo) / (hi - lo) if hi != lo else math.nan
+            if v in out and hi != lo:
+                out[v]["gap_closed"] = (out[v]["heldout_auroc"] - lo) / (hi - lo)
+                half = [r["prompts_seen"] for r in curves[v]
+                        if (r["heldout_auroc"] - lo) / (hi - lo) >= 0.5]
+                out[v]["prompts_to_half_gap"] = half[0] if half else None
     return out
 
 

@@ -132,8 +132,9 @@ def learning_curves(curves: dict, path: Path) -> Path:
         if any(np.isfinite(r["auroc"]) for r in recs):
             ax.plot(x, [r["auroc"] for r in recs], "-", color=f"C{i}", alpha=0.35, lw=0.8)
         if any("heldout_auroc" in r for r in recs):
-            ax.plot(x, [r.get("heldout_auroc", np.nan) for r in recs], "o-", color=f"C{i}",
-                    ms=3, label=name)
+            start = [(0, recs[0]["heldout_auroc_before"])] if "heldout_auroc_before" in recs[0] else []
+            hx, hy = zip(*start, *((xi, r.get("heldout_auroc", np.nan)) for xi, r in zip(x, recs)))
+            ax.plot(hx, hy, "o-", color=f"C{i}", ms=3, label=name)
         ax2.plot(x, [r["accuracy"] for r in recs], "o-", color=f"C{i}", ms=3, label=name)
     ax.set_xlabel("prompts seen")
     ax.set_ylabel("within-prompt AUROC")

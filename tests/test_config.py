@@ -9,7 +9,7 @@ from stopexp.config import ConfigError, validate
 
 EXPERIMENTS = sorted(p.relative_to(CONF / "exp").with_suffix("").as_posix()
                      for p in (CONF / "exp").rglob("*.yaml"))
-STAGES = ["collect", "train", "evaluate", "pipeline", "toy_lm", "adapt"]
+STAGES = ["collect", "train", "evaluate", "pipeline", "toy_lm"]
 
 
 @pytest.mark.parametrize("exp", EXPERIMENTS)

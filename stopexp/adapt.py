@@ -304,12 +304,13 @@ def print_table(metrics: dict) -> str:
     lines = [f"Online adaptation to {metrics['target']}: {p['stream_prompts']} prompts in batches of "
              f"{p['batch_prompts']}, {p['n']} -> {p['k']} at {p['check_tokens']} tokens",
              f"{'variant':<11}{'accuracy':>9}{'tokens':>10}{'ratio':>7}{'explore':>9}"
-             f"{'AUROC last':>11}{'held-out':>9}{'gap closed':>11}{'update s':>9}"]
+             f"{'AUROC last':>11}{'held-out':>9}{'gap closed':>11}{'update s':>9}{'wall s':>8}"]
     for v, s in metrics["variants"].items():
         gap = f"{s['gap_closed']:.2f}" if "gap_closed" in s else "-"
         lines.append(f"{v:<11}{s['accuracy']:>9.3f}{s['tokens_total']:>10.0f}"
                      f"{s.get('tokens_ratio', math.nan):>7.2f}{s['explore_tokens']:>9.0f}"
-                     f"{s['auroc_last']:>11.3f}{s['heldout_auroc']:>9.3f}{gap:>11}{s['update_s']:>9.2f}")
+                     f"{s['auroc_last']:>11.3f}{s['heldout_auroc']:>9.3f}{gap:>11}{s['update_s']:>9.2f}"
+                     f"{s['wall_s']:>8.1f}")
     return "\n".join(lines)
 
 

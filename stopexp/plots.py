@@ -142,4 +142,5 @@ def learning_curves(curves: dict, path: Path) -> Path:
     ax.legend(fontsize=8)
     ax2.set_xlabel("prompts seen")
     ax2.set_ylabel("vote accuracy per batch")
+    ax2.legend(fontsize=8)
     return _save(fig, path)

@@ -146,3 +146,25 @@ def test_experiments_validate_for_adapt(exp):
 def test_beam_search_is_refused_by_adapt():
     with pytest.raises(ConfigError, match=r"search.name: adapt prunes with Launch-Check-Resume"):
         validate(compose("adapt", ["+exp=toy_beam"]))
+
+
+def test_a_missing_target_bank_names_the_collect_command(small_bank):
+    from stopexp.adapt import adapt
+
+    cfg = validate(compose("adapt", [*small_bank, *ADAPT, "++adapt.target={task.n_steps:5}"]))
+    with pytest.raises(bank.BankMissing, match=r"python -m stopexp.collect .*\"task.n_steps=5\" "
+                                              r"\"\+model.toy.train_task.n_steps=6\""):
+        adapt(cfg, overrides=[*small_bank, "++adapt.target={task.n_steps:5}"])
+
+
+def test_the_stage_writes_curves_plots_and_a_summary(small_bank, tmp_path):
+    from stopexp.adapt import adapt, print_table
+
+    cfg = validate(compose("adapt", [*small_bank, *ADAPT]))
+    m = adapt(cfg, overrides=small_bank, run_dir=tmp_path)
+    assert list(m["variants"]) == ["no_prune", "frozen", "kept_only", "explore", "retrained"]
+    assert all(len(c) == 2 for c in m["curves"].values())
+    assert m["variants"]["no_prune"]["tokens_ratio"] == 1.0
+    assert m["variants"]["frozen"]["tokens_ratio"] < 1.0
+    assert (tmp_path / "learning_curves.png").stat().st_size > 0
+    assert "explore" in print_table(m)

@@ -11,8 +11,10 @@ prompts of the target bank's `adapt.split` in a seeded order, cut into batches o
 Resume (N = search.n_paths, top K = policy.keep at search.check_at); the kept paths finish
 and are graded, and the predictor takes `adapt.steps` AdamW steps with the training loss
 (stopexp/losses.py) on that feedback, plus `adapt.buffer` earlier batches of it, before the
-next batch arrives. Everything is replayed from the trace bank: a finished path's outcome
-is looked up, not generated, so a run costs seconds.
+next batch arrives. By default everything is replayed from the trace bank: a finished
+path's outcome is looked up, not generated, so a run costs seconds; `evaluate.mode=online`
+runs the target LM instead (stopexp/adapt_online.py) and gives the same curves, since
+every path has its own random stream.
 
 Only kept paths reveal their outcome, so kept-only feedback is a sample the predictor's
 own decisions biased. With `adapt.explore` = epsilon each would-be-pruned live path is
@@ -51,6 +53,8 @@ from stopexp.tracking import tracked_run
 
 log = logging.getLogger(__name__)
 ONLINE = ("kept_only", "explore")
+# what the predictors and the losses read (stopexp/signals/features.py, stopexp/losses.py)
+FEEDBACK_KEYS = ("hidden", "signals", "prefix_len", "group", "correct", "mc", "remaining")
 
 
 # ---- the shift ---------------------------------------------------------------------------
@@ -125,7 +129,7 @@ def feedback(view: Paths, finished: np.ndarray, weight: np.ndarray, offset: int)
     """The training batch of the paths that finished (live at the check), groups shifted
     by `offset` so that prompts of different batches never pair."""
     rows = torch.as_tensor(np.nonzero(finished)[0])
-    out = {k: v[rows] for k, v in view.batch.items() if torch.is_tensor(v)}
+    out = {k: view.batch[k][rows] for k in FEEDBACK_KEYS}
     out["group"] = out["group"] + offset
     out["weight"] = torch.as_tensor(weight[finished], dtype=torch.float32)
     return out
@@ -146,11 +150,42 @@ def _auroc(view: Paths, scores: np.ndarray, n: int) -> float:
     return within_prompt_auroc(scores[live], view.correct[live].astype(float), view.group[live])
 
 
-def run_stream(predictor, paths: Paths, order: np.ndarray, heldout: Paths | None, cfg, *,
+def explore_draws(view: Paths, kept: np.ndarray, epsilon: float, rng, n: int) -> np.ndarray:
+    """The would-be-pruned live paths finished anyway: one uniform draw per live path,
+    prompt by prompt in path order (the order the online policy sees them in), below
+    `epsilon`."""
+    explored = np.zeros(len(kept), bool)
+    if not epsilon:
+        return explored
+    live = view.alive & (view.path_id < n)
+    for g in range(int(view.group.max()) + 1):
+        rows = np.nonzero((view.group == g) & live)[0]
+        explored[rows] = ~kept[rows] & (rng.random(len(rows)) < epsilon)
+    return explored
+
+
+def replay_decider(paths: Paths, cfg):
+    """Prune a batch from the trace bank: (view, scores, kept, explored, measured seconds
+    or None)."""
+    N, K = cfg.search.n_paths, cfg.policy.keep
+
+    def decide(groups, predictor, epsilon: float, rng):
+        view = take(paths, groups)
+        if predictor is None:
+            return view, None, view.alive & (view.path_id < N), np.zeros(len(view.alive), bool), None
+        scores = _scores(predictor, view.batch)
+        kept = keep_by_policy(view, scores, cfg, K, N)
+        return view, scores, kept, explore_draws(view, kept, epsilon, rng, N), None
+
+    return decide
+
+
+def run_stream(predictor, decide, order: np.ndarray, heldout: Paths | None, cfg, *,
                variant: str, checkpoint: int, seconds_per_token: float) -> list[dict]:
-    """One variant over the stream; returns one record per batch. `predictor` (None for
-    no_prune) is updated in place for the online variants."""
-    a, N, K = cfg.adapt, cfg.search.n_paths, cfg.policy.keep
+    """One variant over the stream; returns one record per batch. `decide` prunes a batch
+    (replay_decider, or stopexp.adapt_online for the LM in the loop); `predictor` (None
+    for no_prune) is updated in place for the online variants."""
+    a, N = cfg.adapt, cfg.search.n_paths
     online = variant in ONLINE
     epsilon = a.explore if variant == "explore" else 0.0
     loss_fn = build_loss(cfg.loss)
@@ -162,14 +197,10 @@ def run_stream(predictor, paths: Paths, order: np.ndarray, heldout: Paths | None
     before = _auroc(heldout, _scores(predictor, heldout.batch), N) \
         if heldout is not None and predictor is not None else None
     for b, start in enumerate(range(0, len(order), a.batch_prompts)):
-        view = take(paths, order[start:start + a.batch_prompts])
-        use = view.path_id < N
         t0 = time.perf_counter()
-        scores = _scores(predictor, view.batch) if predictor is not None else None
-        kept = (view.alive & use if scores is None else keep_by_policy(view, scores, cfg, K, N))
-        check_s = time.perf_counter() - t0
-        pruned = view.alive & use & ~kept
-        explored = pruned & (rng.random(len(kept)) < epsilon)
+        view, scores, kept, explored, gen_s = decide(order[start:start + a.batch_prompts],
+                                                     predictor, epsilon, rng)
+        check_s = time.perf_counter() - t0 if gen_s is None else 0.0
         o = outcome(view, kept | explored, checkpoint, N)
         extra = np.where(explored, view.length - np.minimum(view.length, checkpoint), 0).sum()
         rec = {"batch": b, "prompts_seen": start + len(o["correct"]),
@@ -196,9 +227,11 @@ def run_stream(predictor, paths: Paths, order: np.ndarray, heldout: Paths | None
                        feedback_paths=int(len(data["weight"])))
         if heldout is not None and predictor is not None:
             rec["heldout_auroc"] = _auroc(heldout, _scores(predictor, heldout.batch), N)
-        if before is not None and b == 0:
-            rec["heldout_auroc_before"] = before  # the curve's start, before any feedback
-        rec["wall_s"] = rec["tokens"] * seconds_per_token + rec["check_s"] + rec["update_s"]
+            if b == 0:
+                rec["heldout_auroc_before"] = before  # the curve's start, before any feedback
+        # replay estimates generation from the bank's seconds per token; online measures it
+        gen = rec["tokens"] * seconds_per_token if gen_s is None else gen_s
+        rec.update(wall_s=gen + rec["check_s"] + rec["update_s"], wall_estimated=gen_s is None)
         records.append(rec)
     return records
 
@@ -240,15 +273,21 @@ def adapt(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
                                cfg.adapt.seed)
     heldout = take(paths, held) if len(held) else None
     sec_tok = meta.get("seconds_per_token", 0.0)
+    if cfg.evaluate.mode == "online":  # the target LM in the loop, on the same prompts
+        from stopexp.adapt_online import online_decider
+        decide = online_decider(tgt, paths, checkpoint)
+    else:
+        decide = replay_decider(paths, cfg)
     curves = {}
     for variant in cfg.adapt.variants:
         source = {"no_prune": None, "retrained": predictors.get("retrained")}.get(
             variant, predictors["frozen"])
         predictor = copy.deepcopy(source) if source is not None else None
-        curves[variant] = run_stream(predictor, paths, order, heldout, cfg, variant=variant,
+        curves[variant] = run_stream(predictor, decide, order, heldout, cfg, variant=variant,
                                      checkpoint=checkpoint, seconds_per_token=sec_tok)
     summary = summarize(curves, cfg.adapt.batch_prompts)
-    metrics = {"variants": summary, "curves": curves, "target": dict(cfg.adapt.target),
+    metrics = {"variants": summary, "curves": curves, "mode": cfg.evaluate.mode,
+               "target": OmegaConf.to_container(cfg.adapt.target, resolve=True),
                "protocol": {"n": cfg.search.n_paths, "k": cfg.policy.keep, "check_tokens": checkpoint,
                             "stream_prompts": len(order), "heldout_prompts": len(held),
                             "batch_prompts": cfg.adapt.batch_prompts, "split": cfg.adapt.split},

@@ -9,7 +9,8 @@ from conftest import compose
 from omegaconf import OmegaConf
 
 from stopexp import bank
-from stopexp.adapt import run_stream, stream_order, take, target_config, target_overrides
+from stopexp.adapt import (replay_decider, run_stream, stream_order, take, target_config,
+                            target_overrides)
 from stopexp.config import ConfigError, checkpoint_tokens, validate
 from stopexp.evaluate import replay_paths
 from stopexp.losses import build_loss
@@ -34,10 +35,10 @@ def _setup(small_bank, *extra):
     return cfg, predictor, paths, order, take(paths, held), ckpt
 
 
-def _run(cfg, predictor, paths, order, heldout, ckpt, variant):
+def _run(cfg, predictor, paths, order, heldout, ckpt, variant, decide=None):
     p = copy.deepcopy(predictor) if predictor is not None else None
-    return run_stream(p, paths, order, heldout, cfg, variant=variant, checkpoint=ckpt,
-                      seconds_per_token=1e-3), p
+    return run_stream(p, decide or replay_decider(paths, cfg), order, heldout, cfg, variant=variant,
+                      checkpoint=ckpt, seconds_per_token=1e-3), p
 
 
 def test_a_seeded_stream_pins_its_first_updates(small_bank):
@@ -168,3 +169,24 @@ def test_the_stage_writes_curves_plots_and_a_summary(small_bank, tmp_path):
     assert m["variants"]["frozen"]["tokens_ratio"] < 1.0
     assert (tmp_path / "learning_curves.png").stat().st_size > 0
     assert "explore" in print_table(m)
+
+
+def test_replay_equals_online(small_bank):
+    from stopexp.adapt_online import online_decider
+
+    cfg, predictor, paths, order, heldout, ckpt = _setup(small_bank)
+    online = online_decider(cfg, paths, ckpt)
+    same = ("prompts_seen", "accuracy", "avg_at_k", "tokens", "explore_tokens", "explored_paths",
+            "kept_paths", "auroc", "loss_first", "loss_last", "feedback_paths", "heldout_auroc")
+    for variant in ("no_prune", "explore"):
+        replay, p_replay = _run(cfg, predictor, paths, order, heldout, ckpt, variant)
+        live, p_live = _run(cfg, predictor, paths, order, heldout, ckpt, variant, online)
+        for r, o in zip(replay, live):
+            for key in same:
+                if key in r:
+                    assert o[key] == pytest.approx(r[key], abs=1e-5, nan_ok=True), (variant, key)
+            assert not o["wall_estimated"] and o["wall_s"] > 0
+        if p_replay is not None:
+            for a, b in zip(p_replay.state_dict().values(), p_live.state_dict().values()):
+                assert torch.allclose(a, b, atol=1e-5)
+    assert sum(r["explored_paths"] for r in replay) > 0

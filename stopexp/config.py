@@ -532,6 +532,16 @@ def _check_model(cfg) -> None:
         _within("model.toy.lr", t.lr, 0, math.inf, low_open=True, high_open=True)
         _within("model.toy.target_accuracy", t.target_accuracy, 0, 1)
         _at_least("model.toy.screen_temperature", t.screen_temperature, MIN_TEMPERATURE)
+        pinned = t.get("train_task") or {}
+        allowed = ("n_steps", "operators", "multipliers", "styles", "split_fractions", "seed")
+        if [k for k in pinned if k not in allowed]:
+            _fail("model.toy.train_task", f"{[k for k in pinned if k not in allowed]} are not arith "
+                                          f"task keys the toy LM learns; allowed: {', '.join(allowed)}")
+        if pinned:  # the task the LM learns must be one the arith task can make
+            try:
+                _check_task(OmegaConf.merge(cfg.task, dict(pinned)))
+            except ConfigError as e:
+                raise ConfigError(f"model.toy.train_task: {e}") from None
         if t.hidden_size % t.num_heads:
             _fail("model.toy.num_heads", f"hidden_size {t.hidden_size} is not divisible by "
                                          f"{t.num_heads} heads")

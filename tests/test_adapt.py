@@ -144,6 +144,15 @@ def test_experiments_validate_for_adapt(exp):
     assert validate(compose("adapt", [f"+exp={exp}"])).stage == "adapt"
 
 
+@pytest.mark.parametrize("override,match", [
+    ("+model.toy.train_task.n_step=6", r"model.toy.train_task: \['n_step'\] are not arith task keys"),
+    ("+model.toy.train_task.multipliers=[2]", r"model.toy.train_task: task.multipliers: \[2\]"),
+])
+def test_a_bad_pinned_lm_task_fails_before_training_an_lm(override, match):
+    with pytest.raises(ConfigError, match=match):
+        validate(compose("collect", [override]))
+
+
 def test_beam_search_is_refused_by_adapt():
     with pytest.raises(ConfigError, match=r"search.name: adapt prunes with Launch-Check-Resume"):
         validate(compose("adapt", ["+exp=toy_beam"]))

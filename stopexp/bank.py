@@ -90,6 +90,8 @@ def bank_key(cfg) -> str:
     """What the bank's content depends on (not batch sizes, the rank that wrote a shard,
     loggers or later stages); a file-based task counts by its content, not its path alone."""
     model = {k: v for k, v in plain(cfg.model).items() if k != "max_batch_tokens"}
+    if isinstance(model.get("toy"), dict) and not model["toy"].get("train_task", True):
+        model["toy"] = {k: v for k, v in model["toy"].items() if k != "train_task"}  # unpinned: keys as before
     if model.get("long_prompts", "error") == "error":  # refusing changes no bank's content
         model.pop("long_prompts", None)
         model.pop("max_prompt_tokens", None)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
 
 
 class ConfigError(ValueError):
@@ -58,6 +58,9 @@ class ToyLMConfig:
     screen_temperature: float = 1.0
     screen_max_new_tokens: int = 64
     seed: int = 0
+    # arith task keys the LM learns where they differ from `task` (a distribution shift:
+    # prompts from `task`, the LM trained on these); empty = the studied task
+    train_task: Dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -237,6 +240,30 @@ class EvaluateConfig:
 
 
 @dataclass
+class AdaptConfig:
+    """Online fine-tuning from pruning feedback under a distribution shift (stopexp/adapt.py)."""
+    # the shift: dotted config keys (under task, model or search) and the values the
+    # stream's config takes, e.g. {task.operators: [+, -]}; empty = no shift
+    target: Dict[str, Any] = field(default_factory=dict)
+    # toy LM: the target bank is made by the source task's LM (true), or by the LM trained
+    # on the target task (false: the LM shifts too, e.g. for another task.styles mix)
+    pin_lm: bool = True
+    split: str = "test"             # the target bank's split the stream and held-out prompts come from
+    stream_prompts: int = 150       # prompts in the stream, in a seeded order
+    heldout_prompts: int = 50       # further prompts of that split, scored after every update
+    batch_prompts: int = 10         # prompts pruned between two updates
+    steps: int = 5                  # gradient steps per update (the train losses)
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    buffer: int = 4                 # earlier batches of feedback replayed at each update
+    explore: float = 0.1            # chance a would-be-pruned live path is finished anyway
+    importance_weight: bool = True  # weight explored feedback by 1 / explore
+    variants: List[str] = field(default_factory=lambda: [
+        "no_prune", "frozen", "kept_only", "explore", "retrained"])
+    seed: int = 0
+
+
+@dataclass
 class PathsConfig:
     root: str = "${stopexp_root:}"
     output_dir: str = "${paths.root}/outputs"
@@ -258,6 +285,7 @@ class Config:
     collect: CollectConfig = field(default_factory=CollectConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    adapt: AdaptConfig = field(default_factory=AdaptConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
     optimized_metric: Optional[str] = None
 
@@ -292,7 +320,9 @@ ALLOWED = {
     "evaluate.mode": ("replay", "online"),
 }
 SYMBOLIC_LAYERS = ("first", "mid", "last")
-SEED_KEYS = ("seed", "task.seed", "collect.seed", "train.seed", "evaluate.seed", "model.toy.seed")
+SEED_KEYS = ("seed", "task.seed", "collect.seed", "train.seed", "evaluate.seed", "model.toy.seed",
+             "adapt.seed")
+ADAPT_VARIANTS = ("no_prune", "frozen", "kept_only", "explore", "retrained")
 DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 SPLITS = ("train", "val", "test")
 # The smallest sampling temperature. Logits are divided by it in float32: at 1e-38 a logit
@@ -422,7 +452,7 @@ def validate(cfg: DictConfig) -> DictConfig:
     _check_search_and_taps(cfg)
     _check_collect(cfg)
     _check_predictor_loss_train(cfg)
-    if cfg.stage in ("train", "pipeline"):
+    if cfg.stage in ("train", "pipeline", "adapt"):  # adapt trains the source and target predictors
         band, n = cfg.collect.keep_correct, cfg.search.n_paths
         for split in ("train", "val"):  # training fits on train and selects the epoch on val
             if not cfg.collect.prompts.get(split, 0) > 0:
@@ -436,7 +466,67 @@ def validate(cfg: DictConfig) -> DictConfig:
                                               f"[1, {max(n - 1, 1)}]")
     if cfg.stage in ("evaluate", "pipeline"):
         _check_evaluate(cfg)
+    if cfg.stage == "adapt":
+        _check_adapt(cfg)
     return cfg
+
+
+SHIFTABLE = ("task.", "model.", "search.")  # what adapt.target may change
+
+
+def shifted_config(cfg) -> DictConfig:
+    """A copy of `cfg` with every `adapt.target` key set to its value and the target
+    emptied (the config of the stream's bank)."""
+    import copy
+
+    out = copy.deepcopy(cfg)
+    with open_dict(out):
+        for key, value in cfg.adapt.target.items():
+            OmegaConf.update(out, str(key), value, merge=False, force_add=False)
+        out.adapt.target = {}
+    return out
+
+
+def _check_adapt(cfg) -> None:
+    a, s = cfg.adapt, cfg.search
+    missing = object()
+    bad = [k for k in a.target if not str(k).startswith(SHIFTABLE)
+           or OmegaConf.select(cfg, str(k), default=missing) is missing]
+    if bad:
+        _fail("adapt.target", f"{bad} are not config keys under {', '.join(SHIFTABLE)} "
+                              "(give dotted keys, e.g. {task.n_steps: 8})")
+    try:
+        if a.target:  # the stream's config passes every check too (its target is empty)
+            validate(shifted_config(cfg))
+    except (ConfigError, ValueError) as e:
+        raise ConfigError(f"adapt.target: {e}") from None
+    if a.split not in SPLITS:
+        _fail("adapt.split", f"{a.split!r} unknown; allowed: {', '.join(SPLITS)}")
+    for key in ("stream_prompts", "batch_prompts"):
+        _at_least(f"adapt.{key}", a[key], 1)
+    for key in ("heldout_prompts", "steps", "buffer"):
+        _at_least(f"adapt.{key}", a[key], 0)
+    have = cfg.collect.prompts.get(a.split, 0)
+    if a.stream_prompts + a.heldout_prompts > have:
+        _fail("adapt.stream_prompts", f"{a.stream_prompts} streamed + {a.heldout_prompts} held out "
+                                      f"(adapt.heldout_prompts) exceed the {have} {a.split} prompts "
+                                      f"of the bank (collect.prompts.{a.split})")
+    _within("adapt.lr", a.lr, 0, math.inf, low_open=True, high_open=True)
+    _at_least("adapt.weight_decay", a.weight_decay, 0)
+    _within("adapt.explore", a.explore, 0, 1)
+    bad = [v for v in a.variants if v not in ADAPT_VARIANTS]
+    if bad or not a.variants:
+        _fail("adapt.variants", f"{bad or 'empty'}: allowed: {', '.join(ADAPT_VARIANTS)}")
+    if "explore" in a.variants and not a.explore > 0:
+        _fail("adapt.explore", "the explore variant needs a share in (0, 1], got 0 (or drop it "
+                               "from adapt.variants)")
+    if not 1 <= cfg.policy.keep <= s.n_paths:
+        _fail("policy.keep", f"retention K={cfg.policy.keep} must lie in 1..N={s.n_paths} (search.n_paths)")
+    if s.name != "parallel":
+        _fail("search.name", f"adapt prunes with Launch-Check-Resume (search=parallel), not {s.name!r}")
+    if cfg.predictor.name == "super_token":
+        _fail("predictor.name", "adapt updates feature predictors (statistic, linear, mlp, fusion, "
+                                "conf_features); super_token would need the LM in the loop")
 
 
 def _check_model(cfg) -> None:
@@ -467,6 +557,16 @@ def _check_model(cfg) -> None:
         _within("model.toy.lr", t.lr, 0, math.inf, low_open=True, high_open=True)
         _within("model.toy.target_accuracy", t.target_accuracy, 0, 1)
         _at_least("model.toy.screen_temperature", t.screen_temperature, MIN_TEMPERATURE)
+        pinned = t.get("train_task") or {}
+        allowed = ("n_steps", "operators", "multipliers", "styles", "split_fractions", "seed")
+        if [k for k in pinned if k not in allowed]:
+            _fail("model.toy.train_task", f"{[k for k in pinned if k not in allowed]} are not arith "
+                                          f"task keys the toy LM learns; allowed: {', '.join(allowed)}")
+        if pinned:  # the task the LM learns must be one the arith task can make
+            try:
+                _check_task(OmegaConf.merge(cfg.task, dict(pinned)))
+            except ConfigError as e:
+                raise ConfigError(f"model.toy.train_task: {e}") from None
         if t.hidden_size % t.num_heads:
             _fail("model.toy.num_heads", f"hidden_size {t.hidden_size} is not divisible by "
                                          f"{t.num_heads} heads")
@@ -581,7 +681,7 @@ def _check_predictor_loss_train(cfg) -> None:
                            f"n_tokens={pred.n_tokens}, lora_rank={pred.lora_rank}, "
                            f"lora_targets={list(pred.lora_targets)}")
     _within("predictor.lora_alpha", pred.lora_alpha, 0, math.inf, low_open=True, high_open=True)
-    if cfg.stage in ("train", "evaluate", "pipeline") and pred.name in ("statistic", "linear", "mlp"):
+    if cfg.stage in ("train", "evaluate", "pipeline", "adapt") and pred.name in ("statistic", "linear", "mlp"):
         _check_predictor_layer(cfg)
     _at_least("loss.margin", loss.margin, 0)
     _within("loss.discount", loss.discount, 0, 1, low_open=True)

@@ -1,5 +1,6 @@
 """Training losses for signal predictors: `build_loss(loss_cfg)` returns a callable
-(scores (B,), batch) -> scalar tensor. Batch keys are described in stopexp/signals/features.py.
+(scores (B,), batch) -> scalar tensor. Batch keys are described in stopexp/signals/features.py;
+an optional `weight` (B,) weights paths (pairs by the product of their paths' weights).
 
 Pairwise losses compare paths of the same prompt only: pruning chooses among the paths
 of one prompt, so knowing which prompts are hard is of no use to it."""
@@ -16,30 +17,43 @@ def _pair_mask(batch: dict) -> torch.Tensor:
     return same & good[:, None] & ~good[None, :]
 
 
-def _mean_over_pairs(per_pair: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def _mean_over_pairs(per_pair: torch.Tensor, mask: torch.Tensor, batch: dict) -> torch.Tensor:
     # a batch without a good/bad pair gives 0, still attached to the graph
-    return (per_pair * mask).sum() / mask.sum().clamp(min=1)
+    if "weight" not in batch:
+        return (per_pair * mask).sum() / mask.sum().clamp(min=1)
+    w = mask * batch["weight"][:, None] * batch["weight"][None, :]  # a pair counts w_i * w_j
+    return (per_pair * w).sum() / w.sum().clamp(min=1e-12)
+
+
+def _mean(per_path: torch.Tensor, batch: dict) -> torch.Tensor:
+    """The mean over paths, weighted by batch["weight"] where given (importance weights of
+    online feedback: stopexp/adapt.py)."""
+    if "weight" not in batch:
+        return per_path.mean()
+    return (per_path * batch["weight"]).sum() / batch["weight"].sum().clamp(min=1e-12)
 
 
 def contrastive(scores, batch, cfg):
     diff = scores[:, None] - scores[None, :]
-    return _mean_over_pairs(F.relu(cfg.margin - diff), _pair_mask(batch))
+    return _mean_over_pairs(F.relu(cfg.margin - diff), _pair_mask(batch), batch)
 
 
 def pairwise(scores, batch, cfg):
     diff = scores[:, None] - scores[None, :]
-    return _mean_over_pairs(F.softplus(-diff), _pair_mask(batch))
+    return _mean_over_pairs(F.softplus(-diff), _pair_mask(batch), batch)
 
 
 def reward_regression(scores, batch, cfg):
     mc, correct = batch["mc"], batch["correct"]
     target = torch.where(torch.isnan(mc), correct, mc)
-    return F.binary_cross_entropy_with_logits(scores, target)
+    if "weight" not in batch:
+        return F.binary_cross_entropy_with_logits(scores, target)
+    return _mean(F.binary_cross_entropy_with_logits(scores, target, reduction="none"), batch)
 
 
 def mse(scores, batch, cfg):
     target = batch["correct"] * cfg.discount ** batch["remaining"]
-    return ((torch.sigmoid(scores) - target) ** 2).mean()
+    return _mean((torch.sigmoid(scores) - target) ** 2, batch)
 
 
 LOSSES = {"contrastive": contrastive, "pairwise": pairwise,

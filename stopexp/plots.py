@@ -132,3 +132,27 @@ def signal_histograms(scores: dict[str, np.ndarray], correct, path: Path) -> Pat
         ax.axis("off")
     axes.flat[0].legend(fontsize=7)
     return save_figure(fig, path)
+
+
+def learning_curves(curves: dict, path: Path) -> Path:
+    """Online adaptation (stopexp/adapt.py): per variant, the within-prompt AUROC of each
+    stream batch (thin) and on the held-out prompts after each update (thick), and the
+    vote accuracy per batch, against the prompts seen."""
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
+    for i, (name, recs) in enumerate(curves.items()):
+        x = [r["prompts_seen"] for r in recs]
+        if any(np.isfinite(r["auroc"]) for r in recs):
+            ax.plot(x, [r["auroc"] for r in recs], "-", color=f"C{i}", alpha=0.35, lw=0.8)
+        if any("heldout_auroc" in r for r in recs):
+            start = [(0, recs[0]["heldout_auroc_before"])] if "heldout_auroc_before" in recs[0] else []
+            hx, hy = zip(*start, *((xi, r.get("heldout_auroc", np.nan)) for xi, r in zip(x, recs)))
+            ax.plot(hx, hy, "o-", color=f"C{i}", ms=3, label=name)
+        ax2.plot(x, [r["accuracy"] for r in recs], "o-", color=f"C{i}", ms=3, label=name)
+    ax.set_xlabel("prompts seen")
+    ax.set_ylabel("within-prompt AUROC")
+    ax.set_title("held-out (dots) and stream batch (thin)", fontsize=9)
+    ax.legend(fontsize=8)
+    ax2.set_xlabel("prompts seen")
+    ax2.set_ylabel("vote accuracy per batch")
+    ax2.legend(fontsize=8)
+    return save_figure(fig, path)

@@ -53,13 +53,15 @@ def main(cfg: DictConfig) -> dict:
     validate(cfg)
     check_output_dirs(cfg)
     from stopexp.models import load_lm
-    from stopexp.models.toy_lm import toy_key, train_toy_lm
+    from omegaconf import OmegaConf
+
+    from stopexp.models.toy_lm import lm_task, toy_key, train_toy_lm
 
     if cfg.model.name != "toy":
         raise SystemExit(f"model={cfg.model.name}: stopexp.toy_lm trains only model=toy")
     final = Path(cfg.paths.cache_dir) / "toy_lm" / toy_key(cfg.model.toy, cfg.task)
     tmp = staging_dir(final)
-    info = train_toy_lm(cfg.model.toy, build_task(cfg.task), tmp)
+    info = train_toy_lm(cfg.model.toy, build_task(OmegaConf.create(lm_task(cfg.model.toy, cfg.task))), tmp)
     replace_dir(tmp, final)  # the old model stays whole until the new one is in place
     log.info("toy LM saved to %s (%d parameters, %d steps, %.0f s)", final,
              info["parameters"], info["steps"], info["train_seconds"])

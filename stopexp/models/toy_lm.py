@@ -40,8 +40,20 @@ def toy_key(toy_cfg, task_cfg) -> str:
     if task_cfg.name != "arith":
         raise ConfigError(f"task.name: the toy LM learns only task=arith, not {task_cfg.name!r}; "
                           "use a real model (model=llama, model=qwen or model.path=DIR)")
+    toy = OmegaConf.to_container(toy_cfg, resolve=True)
+    toy.pop("train_task", None)  # folded into the task below: a pinned LM keeps its key
+    return config_hash(toy, lm_task(toy_cfg, task_cfg))
+
+
+def lm_task(toy_cfg, task_cfg) -> dict:
+    """The arith task settings the toy LM learns: the studied task's, with
+    `model.toy.train_task` in place where set (a distribution shift: the LM learned one
+    task, the prompts come from another)."""
     task = OmegaConf.to_container(task_cfg, resolve=True)
-    return config_hash(toy_cfg, {k: task[k] for k in ARITH_KEYS})
+    pinned = toy_cfg.get("train_task") if hasattr(toy_cfg, "get") else None
+    if OmegaConf.is_config(pinned):
+        pinned = OmegaConf.to_container(pinned, resolve=True)
+    return {k: task[k] for k in ARITH_KEYS} | dict(pinned or {})
 
 
 def screening_params(toy_cfg) -> SamplingParams:
@@ -171,6 +183,7 @@ def ensure_toy_lm(cfg, progress=True) -> Path:
                     "training one into the cache instead", committed, problem, committed)
     log.info("training the toy LM (%s) into %s", key, final)
     tmp = staging_dir(final)
-    train_toy_lm(cfg.model.toy, build_task(cfg.task), tmp, progress)
+    train_toy_lm(cfg.model.toy, build_task(OmegaConf.create(lm_task(cfg.model.toy, cfg.task))), tmp,
+                 progress)
     publish_dir(tmp, final)
     return final

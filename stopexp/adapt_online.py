@@ -56,7 +56,7 @@ def online_decider(cfg, paths: Paths, checkpoint: int):
             methods["adapt"] = (lambda b: _score(predictor, b),
                                 lambda: Exploring(build_policy(cfg.policy, keep=K), epsilon, rng))
         with Taps(model, list(cfg.tap.layers), cfg.tap.pooling) as taps:
-            engine = make_engine(model, tokenizer, SamplingParams.from_config(cfg.search), taps,
+            engine = make_engine(model, tokenizer, SamplingParams.from_config(cfg), taps,
                                  (checkpoint,))
             runs, batch = launch_check_resume(engine, tokenizer, task, batch_problems, N, cfg.seed,
                                               checkpoint, methods, cfg.search.group_window,

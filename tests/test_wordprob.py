@@ -188,3 +188,22 @@ def test_gsm8k_config_still_builds_a_qa_task(tmp_path):
     cfg = validate(compose("pipeline", ["task=gsm8k", f"task.path={data}"]))
     t = build_task(cfg.task)
     assert t.name == "qa"
+
+
+def test_both_extraction_modes_on_saved_smollm2_paths():
+    """48 completions SmolLM2-135M-Instruct wrote for this task (few-shot and chat format,
+    temperature 0.7 and 1.0), saved by scripts/tune_wordprob.py."""
+    import json
+    from pathlib import Path
+
+    paths = json.loads((Path(__file__).parent / "data" / "smollm2_wordprob_paths.json").read_text())
+    strict = [answer_of(p["text"], "strict") for p in paths]
+    flexible = [answer_of(p["text"], "flexible") for p in paths]
+    assert len(paths) == 48 and sum(a != "" for a in strict) == 36
+    assert sum(a == str(p["answer"]) for a, p in zip(strict, paths)) == 19
+    assert sum(a == str(p["answer"]) for a, p in zip(flexible, paths)) == 23
+    ends_marked = [re.search(r"The answer is \d+\.?$", p["text"]) is not None for p in paths]
+    assert sum(ends_marked) == 33  # the usual ending: then both modes read the same number
+    assert all(s == f for s, f, e in zip(strict, flexible, ends_marked) if e)
+    text = next(p["text"] for p in paths if "the answer is not a number" in p["text"])
+    assert answer_of(text, "strict") == "" and answer_of(text, "flexible") == "6"

@@ -8,10 +8,11 @@ to 10), so a wrong intermediate value can never heal: an early mistake dooms the
 """
 from __future__ import annotations
 
-import hashlib
 import random
 import re
 from dataclasses import dataclass
+
+from stopexp.tasks.splits import hash_split
 
 MOD = 10
 STYLES = ("careful", "shortcut")
@@ -116,13 +117,7 @@ class ArithTask:
         self.split_fractions = dict(split_fractions or {"train": 0.8, "val": 0.1, "test": 0.1})
 
     def split_of(self, prompt: str) -> str:
-        h = int.from_bytes(hashlib.sha256(prompt.encode()).digest()[:8], "big") / 2**64
-        edge = 0.0
-        for split, frac in self.split_fractions.items():
-            edge += frac
-            if h < edge:
-                return split
-        return list(self.split_fractions)[-1]
+        return hash_split(prompt, self.split_fractions)
 
     def _random_problem(self, rng: random.Random) -> tuple[int, tuple]:
         ops = []

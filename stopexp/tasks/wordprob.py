@@ -22,10 +22,11 @@ solved examples come from the training split and never repeat the question they 
 """
 from __future__ import annotations
 
-import hashlib
 import random
 import re
 from dataclasses import dataclass
+
+from stopexp.tasks.splits import hash_split
 
 from stopexp.tasks import answers
 
@@ -139,13 +140,7 @@ class WordProblemTask:
 
     # --- generation -------------------------------------------------------------------
     def split_of(self, question: str) -> str:
-        h = int.from_bytes(hashlib.sha256(question.encode()).digest()[:8], "big") / 2**64
-        edge = 0.0
-        for split, frac in self.split_fractions.items():
-            edge += frac
-            if h < edge:
-                return split
-        return list(self.split_fractions)[-1]
+        return hash_split(question, self.split_fractions)
 
     def _below(self, rng: random.Random, value: int) -> int:
         """A number in the range that is smaller than `value` (>= 1; `value` >= 2)."""

@@ -62,7 +62,11 @@ def test_bank_stores_the_statistics_of_its_hidden_states(small_bank):
     for name, want in (("hidden_norm", np.linalg.norm(deepest, axis=-1)),
                        ("hidden_mean", deepest.mean(-1)), ("hidden_var", deepest.var(-1))):
         assert np.allclose(signals[..., SIGNAL_NAMES.index(name)], want, rtol=1e-5, atol=1e-6), name
-    assert (np.asarray(ds["prompt_len"][:]) > 0).all()
+    first = dict(zip(SIGNAL_NAMES, signals[0, 0]))  # the first test path at the first check
+    assert [first[n] for n in ("hidden_norm", "hidden_mean", "hidden_var", "attn_entropy")] == \
+        pytest.approx([101.54023, 1.3266039, 105.640305, 0.0], rel=1e-5)
+    assert (np.asarray(ds["prompt_len"][:8]) == 15).all()  # prompt tokens, for the KV estimate
+    assert bank.read_meta(root)["kv_bytes_per_token"] == 2 * 3 * 4 * 24 * 4  # the toy LM, float32
 
 
 def test_a_bank_of_the_old_layout_is_refused_by_name(tmp_path):

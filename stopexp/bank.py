@@ -34,7 +34,9 @@ from stopexp.signals.features import SIGNAL_NAMES
 
 disable_progress_bar()  # one bar per shard save would drown the collect progress bar
 
-BANK_VERSION = 2  # 2: shard records in meta.json and shard.json; task content in the key
+# 2: shard records in meta.json and shard.json; task content in the key
+# 3: signal columns hidden_mean and hidden_var; per-path prompt_len; kv_bytes_per_token
+BANK_VERSION = 3
 MANIFEST = "shard.json"
 REPAIR = ("rerun the collect command that made it (python -m stopexp.collect with the same "
           "overrides); it recomputes damaged or missing shards and rewrites meta.json")
@@ -100,9 +102,12 @@ def bank_key(cfg) -> str:
     content = task_content(cfg.task)
     if content is not None:
         task = {**task, "content": content}
-    return config_hash({"version": BANK_VERSION, "model": model, "task": task,
-                        "tap": {"layers": list(cfg.tap.layers), "pooling": cfg.tap.pooling,
-                                "checkpoints": checkpoints_of(cfg)},
+    tap = {"layers": list(cfg.tap.layers), "pooling": cfg.tap.pooling,
+           "checkpoints": checkpoints_of(cfg)}
+    if cfg.tap.get("attention_heads") is not None:  # off: keys as before
+        heads = cfg.tap.attention_heads
+        tap["attention_heads"] = heads if isinstance(heads, str) else list(heads)
+    return config_hash({"version": BANK_VERSION, "model": model, "task": task, "tap": tap,
                         "search": sampling_section(cfg.search), "collect": collect,
                         "seed": cfg.seed})
 
@@ -115,7 +120,7 @@ def features(n_checkpoints: int, n_layers: int, hidden: int) -> Features:
     f32 = Value("float32")
     return Features({
         "split": Value("string"), "prompt_id": Value("int32"), "prompt": Value("string"),
-        "path_id": Value("int32"), "tokens": List(Value("int32")), "text": Value("string"),
+        "prompt_len": Value("int32"), "path_id": Value("int32"), "tokens": List(Value("int32")), "text": Value("string"),
         "answer": Value("string"), "correct": Value("bool"), "length": Value("int32"),
         "finished": Value("bool"), "style": Value("string"), "first_error": Value("int32"),
         "token_logprob": List(f32), "token_entropy": List(f32), "token_conf": List(f32),

@@ -171,6 +171,7 @@ def _settle(cfg, root: Path, task, shards: list, trusted: set[str], rank: int) -
 def _fill(cfg, root: Path, task, shards: list, pending: list[int], rank: int,
           checkpoints: list[int]) -> set[str]:
     """Generate the `pending` shards; returns the names written and the paths they hold."""
+    from stopexp.memory import kv_bytes_per_token
     from stopexp.models import load_lm
     from stopexp.search.decode import SamplingParams, make_engine
     from stopexp.search.sample import fit_prompts, prompt_limit, row_cap
@@ -184,13 +185,14 @@ def _fill(cfg, root: Path, task, shards: list, pending: list[int], rank: int,
     log.info("collecting %d shards (%d prompts x %d paths) into %s", len(pending), n_prompts,
              cfg.search.n_paths, root)
     start, paths, tokens, written = time.time(), 0, 0, set()
-    with Taps(model, list(cfg.tap.layers), cfg.tap.pooling) as taps, \
+    with Taps.from_config(model, cfg.tap) as taps, \
             tqdm(total=n_prompts, unit="prompt", desc="collect") as bar:
         engine = make_engine(model, tokenizer, params, taps, checkpoints)
         feats = bank.features(len(checkpoints), len(taps.layers), hidden)
         measured = {"lm_parameters": sum(p.numel() for p in model.parameters()),
                     "hidden_size": hidden, "tap_layers": list(taps.layers),
-                    "dtype": str(next(model.parameters()).dtype).removeprefix("torch.")}
+                    "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+                    "kv_bytes_per_token": kv_bytes_per_token(model)}
         limit = prompt_limit(cfg, model)
         for i in pending:
             shard_start = time.time()
@@ -231,7 +233,8 @@ def _write_meta(cfg, root: Path, task, shards: list, good: dict[int, str],
     with_data = [r for r in records.values() if "hidden_size" in r]
     if with_data:
         tokens = sum(r["tokens"] for r in with_data)
-        known = {k: with_data[0][k] for k in ("lm_parameters", "hidden_size", "tap_layers", "dtype")}
+        known = {k: with_data[0][k] for k in ("lm_parameters", "hidden_size", "tap_layers", "dtype",
+                                              "kv_bytes_per_token")}
         known["seconds_per_token"] = sum(r["seconds"] for r in with_data) / max(tokens, 1)
     bank.write_meta(root, {
         "key": root.name, "complete": not missing, "model_name": cfg.model.name,

@@ -127,6 +127,9 @@ class TapConfig:
     pooling: str = "last"  # last | mean
     # prefix lengths in generated tokens; values below 1 are fractions of max_new_tokens
     checkpoints: List[float] = field(default_factory=lambda: [0.08, 0.25])
+    # attention entropy (signal attn_entropy): None = off; "all" = every head of the tapped
+    # layers; or a list of "layer:head" (layer as in tap.layers). Forces eager attention.
+    attention_heads: Any = None
 
 
 @dataclass
@@ -142,6 +145,8 @@ class PredictorConfig:
     lora_alpha: float = 16.0
     lora_targets: List[str] = field(default_factory=lambda: [
         "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    # conf_features: signal columns read besides the confidence ones (e.g. [attn_entropy])
+    signals: List[str] = field(default_factory=list)
 
 
 @dataclass
@@ -225,7 +230,7 @@ class EvaluateConfig:
     split: str = "test"
     methods: List[str] = field(default_factory=lambda: [
         "no_prune", "random", "confidence", "min_logprob", "entropy", "deepconf", "hidden_norm",
-        "st_bon", "conf_features", "learned", "oracle", "esc", "adaptive_consistency",
+        "hidden_mean", "hidden_var", "st_bon", "conf_features", "learned", "oracle", "esc", "adaptive_consistency",
         "deepconf_online", "deepconf_weighted", "deepconf_top"])
     retention: List[int] = field(default_factory=lambda: [4, 8, 16])
     n_points: List[int] = field(default_factory=lambda: [8, 32, 64])
@@ -334,7 +339,8 @@ MIN_TEMPERATURE = 1e-4
 # (stopexp.signals.methods.NON_LEARNABLE), kept here so that checking a method name needs
 # no torch import
 ALWAYS_METHODS = ("no_prune", "random", "confidence", "oracle")
-BASELINE_METHODS = ("confidence", "min_logprob", "entropy", "deepconf", "hidden_norm", "st_bon")
+BASELINE_METHODS = ("confidence", "min_logprob", "entropy", "deepconf", "hidden_norm",
+                    "hidden_mean", "hidden_var", "attn_entropy", "st_bon")
 # methods with their own stopping protocol (stopexp/stopping.py), not a score at the check
 STOPPING_METHODS = ("esc", "adaptive_consistency", "deepconf_online", "deepconf_weighted",
                     "deepconf_top")
@@ -366,6 +372,44 @@ def layer_index(entry: int | str, n_layers: int) -> int:
         raise ValueError(f"tap.layers: layer {entry} is outside the model's {n_layers} layers "
                          f"(allowed {-n_layers}..{n_layers - 1}, or {', '.join(SYMBOLIC_LAYERS)})")
     return entry % n_layers
+
+
+def attention_heads(entries, tap_layers, n_layers: int | None,
+                    n_heads: int | None) -> list[tuple[int, int]]:
+    """tap.attention_heads as distinct (layer, head) pairs, sorted: "all" is every head of
+    the `tap_layers`; a list holds "layer:head" strings (layer: an index, negative from the
+    end, or first | mid | last). [] when off (None). ConfigError names tap.attention_heads
+    and what is allowed; layers and heads are checked (and resolved) only when `n_layers`
+    and `n_heads` are known: before that, only the format."""
+    entries = list(entries) if OmegaConf.is_list(entries) else entries
+    if entries is None:
+        return []
+    if entries == "all":
+        if n_layers is None or n_heads is None:
+            return []
+        return [(layer, h) for layer in resolve_layers(tap_layers, n_layers) for h in range(n_heads)]
+    if isinstance(entries, str) or not entries:
+        _fail("tap.attention_heads", f"{entries!r}: give all or a non-empty list of layer:head "
+                                     "(e.g. [0:1,last:0])")
+    pairs = set()
+    for e in entries:
+        layer, _, head = str(e).partition(":")
+        layer = layer.strip()
+        if not head.strip().isdigit() or not (layer in SYMBOLIC_LAYERS or re.fullmatch(r"-?\d+", layer)):
+            _fail("tap.attention_heads", f"{e!r} is not layer:head; allowed: all, or entries like "
+                                         f"0:1, -1:3, last:0 (layer: an index or {', '.join(SYMBOLIC_LAYERS)}; "
+                                         "quote them in YAML, where 0:1 reads as a number)")
+        if n_layers is None:
+            continue
+        try:
+            index = layer_index(layer if layer in SYMBOLIC_LAYERS else int(layer), n_layers)
+        except ValueError as err:
+            _fail("tap.attention_heads", f"{e!r}: {str(err).removeprefix('tap.layers: ')}")
+        if n_heads is not None and not int(head) < n_heads:
+            _fail("tap.attention_heads", f"{e!r}: head {int(head)} is outside the model's "
+                                         f"{n_heads} heads (allowed 0..{n_heads - 1})")
+        pairs.add((index, int(head)))
+    return sorted(pairs)
 
 
 def resolve_layers(layers, n_layers: int) -> list[int]:
@@ -620,6 +664,9 @@ def _check_search_and_taps(cfg) -> None:
                 layer_index(entry, n_layers)
             except ValueError as e:
                 raise ConfigError(str(e)) from None
+    # the format (and layers, heads where the config knows them) now; the rest at model load
+    attention_heads(tap.attention_heads, list(tap.layers), n_layers,
+                    m.toy.num_heads if m.toy is not None else None)
     if not s.temperature >= MIN_TEMPERATURE:
         _fail("search.temperature", f"must be >= {MIN_TEMPERATURE}, got {s.temperature} (smaller "
                                     "temperatures overflow float32 logits; use "
@@ -681,6 +728,7 @@ def _check_predictor_loss_train(cfg) -> None:
                            f"n_tokens={pred.n_tokens}, lora_rank={pred.lora_rank}, "
                            f"lora_targets={list(pred.lora_targets)}")
     _within("predictor.lora_alpha", pred.lora_alpha, 0, math.inf, low_open=True, high_open=True)
+    _check_predictor_signals(cfg)
     if cfg.stage in ("train", "evaluate", "pipeline", "adapt") and pred.name in ("statistic", "linear", "mlp"):
         _check_predictor_layer(cfg)
     _at_least("loss.margin", loss.margin, 0)
@@ -690,6 +738,22 @@ def _check_predictor_loss_train(cfg) -> None:
         _at_least(f"train.{key}", tr[key], 1)
     _within("train.lr", tr.lr, 0, math.inf, low_open=True, high_open=True)
     _at_least("train.weight_decay", tr.weight_decay, 0)
+
+
+def _check_predictor_signals(cfg) -> None:
+    """predictor.signals: signal column names (stopexp.signals.features.SIGNAL_NAMES), read
+    by conf_features only; attn_entropy needs tap.attention_heads."""
+    from stopexp.signals.features import SIGNAL_NAMES
+
+    names = list(cfg.predictor.signals)
+    if names and cfg.predictor.name != "conf_features":
+        _fail("predictor.signals", f"only predictor=conf_features reads signal columns, not "
+                                   f"{cfg.predictor.name}; leave it empty")
+    for name in names:
+        if name not in SIGNAL_NAMES:
+            _fail("predictor.signals", f"{name!r} unknown; allowed: {', '.join(SIGNAL_NAMES)}")
+    if "attn_entropy" in names and cfg.tap.attention_heads is None:
+        _fail("predictor.signals", "attn_entropy needs the attention tap: set tap.attention_heads")
 
 
 def _check_predictor_layer(cfg) -> None:
@@ -726,6 +790,9 @@ def check_method_names(names) -> None:
 def _check_evaluate(cfg) -> None:
     ev, s, pol = cfg.evaluate, cfg.search, cfg.policy
     check_method_names(ev.methods)
+    if "attn_entropy" in ev.methods and cfg.tap.attention_heads is None:
+        _fail("evaluate.methods", "attn_entropy needs the attention tap: set tap.attention_heads "
+                                  "(all, or a list of layer:head)")
     if ev.split not in SPLITS:
         _fail("evaluate.split", f"{ev.split!r} unknown; allowed: {', '.join(SPLITS)}")
     if not cfg.collect.prompts.get(ev.split, 0) > 0:

@@ -33,7 +33,8 @@ from stopexp.metrics import (auprc, bootstrap_ci, nonfinite, per_group_auroc, po
 from stopexp.policies import build_policy
 from stopexp.search.sample import vote
 from stopexp.signals import methods as M
-from stopexp.stopping import STOPPING_METHODS, stopping_outcomes
+from stopexp.memory import add_memory
+from stopexp.stopping import STOPPING_METHODS, kv_peaks, stopping_outcomes
 from stopexp.table import print_table  # pipeline and notebooks import it from here
 from stopexp.tracking import tracked_run
 
@@ -54,6 +55,7 @@ class Paths:
     alive: np.ndarray    # still generating at the check
     batch: dict          # predictor batch at the check, for every row
     prompt_ids: np.ndarray | None = None  # the task's prompt id of each group (None: 0..G-1)
+    prompt_len: np.ndarray | None = None  # prompt tokens (for the KV-memory estimate; None online)
 
 
 def method_names(cfg) -> list[str]:
@@ -151,7 +153,7 @@ def replay_paths(root: Path, meta: dict, split: str, checkpoint: int) -> Paths:
                  length=np.asarray(ds["length"][:]), correct=np.asarray(ds["correct"][:]),
                  answer=np.asarray(ds["answer"][:], dtype=object),
                  text=np.asarray(ds["text"][:], dtype=object), alive=t["alive"].numpy(),
-                 batch=t, prompt_ids=prompt_ids)
+                 batch=t, prompt_ids=prompt_ids, prompt_len=np.asarray(ds["prompt_len"][:]))
 
 
 def bank_paths_and_confs(root: Path, meta: dict, split: str, checkpoint: int, paths: Paths,
@@ -189,7 +191,8 @@ def outcome(paths: Paths, kept: np.ndarray, checkpoint: int, n: int) -> dict:
     pruned_at = np.full(int(stopped.sum()), checkpoint)
     return {"correct": correct, "chosen": chosen, "avg": avg, "tokens": per_prompt_tokens,
             "seq_tokens": seq, "survival": survival, "pruned_at": pruned_at, "stopped": stopped,
-            "alive_at_check": float((use & paths.alive).sum() / use.sum())}
+            "alive_at_check": float((use & paths.alive).sum() / use.sum()), "spent": spent,
+            "kv_peaks": kv_peaks(paths, spent)}
 
 
 def keep_by_policy(paths: Paths, scores: np.ndarray, cfg, k: int, n: int) -> np.ndarray:
@@ -324,6 +327,7 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
         r["n"], r["k"] = N, K
     results["no_prune"]["k"] = N
     add_analyses(results, outcomes, scores, paths, N)
+    add_memory(results, outcomes, meta.get("kv_bytes_per_token"))
     # the Pareto points: no_prune at several N, every method at several K, and 32 -> 8
     for n in cfg.evaluate.n_points:
         o = outcome(paths, all_rows, checkpoint, n)
@@ -380,6 +384,7 @@ def online_paths(cfg, names, scorers, checkpoint, n_prompts: int):
     """Run Launch-Check-Resume with the LM. Returns the paths as the no_prune run saw
     them, per method the paths as that method's run saw them with its kept set, and per
     method the measured time."""
+    from stopexp.memory import kv_bytes_per_token, memory_summary
     from stopexp.models import load_lm
     from stopexp.search.decode import SamplingParams, make_engine
     from stopexp.search.parallel import launch_check_resume
@@ -394,7 +399,7 @@ def online_paths(cfg, names, scorers, checkpoint, n_prompts: int):
     N, K = cfg.search.n_paths, cfg.policy.keep
     methods = {m: (scorers[m], lambda: build_policy(cfg.policy, keep=K))
                for m in names if m in scorers}
-    with Taps(model, list(cfg.tap.layers), cfg.tap.pooling) as taps:
+    with Taps.from_config(model, cfg.tap) as taps:
         engine = make_engine(model, tokenizer, SamplingParams.from_config(cfg), taps,
                              (checkpoint,))
         runs, batch = launch_check_resume(engine, tokenizer, task, problems, N, cfg.seed,
@@ -415,7 +420,9 @@ def online_paths(cfg, names, scorers, checkpoint, n_prompts: int):
         gen = run.prefix_s + run.resume_s
         timing[name] = {"wall_s": run.wall_s, "wall_estimated": False, "check_s": run.check_s, "prefix_s": run.prefix_s,
                         "resume_s": run.resume_s,
-                        "check_share": run.check_s / gen if gen else 0.0}
+                        "check_share": run.check_s / gen if gen else 0.0,
+                        **memory_summary([run.kv.peak[i] for i in range(len(problems))],
+                                         kv_bytes_per_token(model), estimated=False)}
     paths = views["no_prune"][0]
     rows = [batch["row"][k] for k in keys if k in batch["row"]]
     paths.batch = _scatter(batch, rows, len(keys), paths)

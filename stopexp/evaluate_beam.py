@@ -52,7 +52,7 @@ def evaluate_beam(cfg, names: list[str], scorers: dict, n_prompts: int) -> tuple
     checks = None if s.beam_checks is None else {
         checkpoint_tokens(c, s.max_new_tokens) for c in s.beam_checks}
     results, texts, eos = {}, {}, eos_ids(model, tokenizer)
-    with Taps(model, list(cfg.tap.layers), cfg.tap.pooling) as taps:
+    with Taps.from_config(model, cfg.tap) as taps:
         for name in names:
             correct, tokens, steps, alive = [], 0, [], np.zeros(s.max_new_tokens)
             texts[name] = []

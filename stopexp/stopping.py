@@ -4,10 +4,12 @@ score: each decides, per prompt, how many tokens every path spends and which pat
 - esc (arXiv 2401.10480) and adaptive_consistency (arXiv 2305.11860): sample the N paths
   of a prompt in path-id order (every path has its own random stream, so the order is a
   random draw) and stop sampling on consensus (`stopexp.search.esc`,
-  `stopexp.search.adaptive_consistency`);
+  `stopexp.search.adaptive_consistency`); ESC runs each window of paths together,
+  Adaptive-Consistency one path at a time;
 - deepconf_online: DeepConf's early termination from the stored per-token confidences,
-  confidence-weighted vote; deepconf_weighted and deepconf_top: DeepConf's offline votes
-  over all N finished paths (`stopexp.search.deepconf_online`).
+  confidence-weighted vote (the warm-up paths run first, then the others together);
+  deepconf_weighted and deepconf_top: DeepConf's offline votes over all N finished paths
+  (`stopexp.search.deepconf_online`).
 All are replayed from the trace bank (exact, and the same in evaluate.mode=online).
 """
 from __future__ import annotations
@@ -16,6 +18,7 @@ import numpy as np
 
 from stopexp.answers_bank import AnswersPrompt
 from stopexp.config import STOPPING_METHODS, warmup_paths
+from stopexp.memory import schedule_peaks
 from stopexp.search import deepconf_online as dc
 from stopexp.search.adaptive_consistency import adaptive_consistency
 from stopexp.search.esc import esc
@@ -23,10 +26,13 @@ from stopexp.search.esc import esc
 __all__ = ["STOPPING_METHODS", "stopping_outcomes", "spent_outcome"]
 
 
-def spent_outcome(paths, spent: np.ndarray, voter: np.ndarray, weight: np.ndarray, n: int) -> dict:
+def spent_outcome(paths, spent: np.ndarray, voter: np.ndarray, weight: np.ndarray, n: int,
+                  wave: np.ndarray | None = None) -> dict:
     """The outcome dict of `stopexp.evaluate.outcome` for a decision given per path (rows of
     `paths`): tokens spent, whether it votes, and its vote weight; only the first n paths
-    of each prompt count. A path stopped before its end counts as pruned at `spent`."""
+    of each prompt count. A path stopped before its end counts as pruned at `spent`.
+    `wave` (per path; None: all at once) says which paths run together, for the KV-memory
+    estimate ("kv_peaks", stopexp.memory; only when `paths` knows its prompt lengths)."""
     use = paths.path_id < n
     spent, voter = np.where(use, spent, 0), voter & use
     G = int(paths.group.max()) + 1
@@ -47,7 +53,16 @@ def spent_outcome(paths, spent: np.ndarray, voter: np.ndarray, weight: np.ndarra
             "tokens": np.bincount(paths.group, weights=spent, minlength=G), "seq_tokens": seq,
             "survival": ((spent[use][:, None] >= steps[None, :]).mean(0)).tolist(),
             "pruned_at": spent[stopped], "alive_at_check": float((spent[use] > 0).mean()),
-            "stopped": stopped, "voter": voter}
+            "stopped": stopped, "voter": voter, "spent": spent,
+            "kv_peaks": kv_peaks(paths, spent, wave)}
+
+
+def kv_peaks(paths, spent: np.ndarray, wave: np.ndarray | None = None) -> np.ndarray | None:
+    """Per prompt, the peak of cached tokens under the schedule (stopexp.memory), or None
+    when `paths` has no prompt lengths (a view of an online run)."""
+    if getattr(paths, "prompt_len", None) is None:
+        return None
+    return schedule_peaks(paths.group, paths.prompt_len, paths.length, spent, wave)
 
 
 def _answers_prompt(paths, rows: np.ndarray) -> AnswersPrompt:
@@ -61,15 +76,19 @@ def _answers_prompt(paths, rows: np.ndarray) -> AnswersPrompt:
                          probes=np.zeros((len(rows), 0), np.int64), correct=np.asarray(right))
 
 
-def _sequential(paths, n: int, method) -> tuple[np.ndarray, np.ndarray]:
+def _sequential(paths, n: int, method, window: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(spent, voter, wave) of a method that samples a prompt's paths in path-id order,
+    `window` at a time (the wave of the k-th path is k // window)."""
     spent, voter = np.zeros(len(paths.length), np.int64), np.zeros(len(paths.length), bool)
+    wave = np.zeros(len(paths.length), np.int64)
     for g in range(int(paths.group.max()) + 1):
         rows = np.nonzero((paths.group == g) & (paths.path_id < n))[0]
         rows = rows[np.argsort(paths.path_id[rows], kind="stable")]
         d = method(_answers_prompt(paths, rows), np.arange(len(rows)))
         spent[rows] = d.spent
         voter[rows] = np.arange(len(rows)) < d.launched
-    return spent, voter
+        wave[rows] = np.arange(len(rows)) // window
+    return spent, voter, wave
 
 
 def stopping_outcomes(paths, confs: list, names: list[str], n: int, ev, group_window: int) -> dict:
@@ -81,23 +100,27 @@ def stopping_outcomes(paths, confs: list, names: list[str], n: int, ev, group_wi
     lowest = np.asarray([dc.lowest_group_conf(c, group_window) for c in confs])
     for name in names:
         if name == "esc":
-            spent, voter = _sequential(paths, n, lambda q, o: esc(q, o, ev.esc_window))
-            out[name] = spent_outcome(paths, spent, voter, ones, n)
+            spent, voter, wave = _sequential(paths, n, lambda q, o: esc(q, o, ev.esc_window),
+                                             ev.esc_window)
+            out[name] = spent_outcome(paths, spent, voter, ones, n, wave)
         elif name == "adaptive_consistency":
-            spent, voter = _sequential(paths, n, lambda q, o: adaptive_consistency(q, o, ev.asc_threshold))
-            out[name] = spent_outcome(paths, spent, voter, ones, n)
+            spent, voter, wave = _sequential(
+                paths, n, lambda q, o: adaptive_consistency(q, o, ev.asc_threshold), 1)
+            out[name] = spent_outcome(paths, spent, voter, ones, n, wave)
         elif name == "deepconf_weighted":
             out[name] = spent_outcome(paths, paths.length, np.ones(len(ones), bool), lowest, n)
         elif name in ("deepconf_top", "deepconf_online"):
             spent, voter = np.asarray(paths.length).copy(), np.zeros(len(ones), bool)
+            wave = np.zeros(len(ones), np.int64)  # DeepConf online: warm-up paths, then the rest
             for g in range(int(paths.group.max()) + 1):
                 rows = np.nonzero((paths.group == g) & (paths.path_id < n))[0]
                 rows = rows[np.argsort(paths.path_id[rows], kind="stable")]
                 if name == "deepconf_top":
                     voter[rows] = dc.top_share(lowest[rows], ev.deepconf_keep_percent)
                 else:
+                    warm = warmup_paths(ev.deepconf_warmup, n)
                     spent[rows], voter[rows], _, _ = dc.online(
-                        [confs[r] for r in rows], warmup_paths(ev.deepconf_warmup, n),
-                        ev.deepconf_keep_percent, group_window)
-            out[name] = spent_outcome(paths, spent, voter, lowest, n)
+                        [confs[r] for r in rows], warm, ev.deepconf_keep_percent, group_window)
+                    wave[rows] = np.arange(len(rows)) >= warm
+            out[name] = spent_outcome(paths, spent, voter, lowest, n, wave)
     return out

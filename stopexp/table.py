@@ -1,5 +1,6 @@
 """Evaluate's console table: one row per method (accuracy with its bootstrap CI, avg@K,
-tokens and their ratio to no_prune, within-prompt and pooled AUROC, wall seconds), then
+tokens and their ratio to no_prune, within-prompt and pooled AUROC, wall seconds, peak
+KV-cache MiB of one prompt's run: `peak_kv_bytes`, stopexp.memory), then
 the Pareto points of no_prune and the first learned method; beam-search runs get their own
 columns."""
 from __future__ import annotations
@@ -25,14 +26,15 @@ def print_table(metrics: dict) -> str:
     lines = [f"Launch-Check-Resume {p['n']} -> {p['k']} at {p['check_tokens']} tokens, "
              f"{p['prompts']} {p['split']} prompts ({metrics['mode']})",
              f"{'method':<{w}}{'accuracy':>9}{'95% CI':>16}{'avg@K':>8}{'tokens':>10}{'ratio':>7}"
-             f"{'AUROC':>7}{'pooled':>8}{'wall s':>8}"]
+             f"{'AUROC':>7}{'pooled':>8}{'wall s':>8}{'KV MiB':>8}"]
     for name, r in metrics["methods"].items():
         ci = f"[{r['accuracy_ci'][0]:.3f},{r['accuracy_ci'][1]:.3f}]"
         au = f"{r['auroc']:.3f}" if "auroc" in r else "-"
         pooled = f"{r['auroc_pooled']:.3f}" if "auroc_pooled" in r else "-"
+        kv = f"{r['peak_kv_bytes'] / 2**20:.2f}" if "peak_kv_bytes" in r else "-"
         lines.append(f"{name:<{w}}{r['accuracy']:>9.3f}{ci:>16}{r['avg_at_k']:>8.3f}"
                      f"{r['tokens_total']:>10.0f}{r['tokens_ratio']:>7.2f}{au:>7}{pooled:>8}"
-                     f"{r['wall_s']:>8.1f}")
+                     f"{r['wall_s']:>8.1f}{kv:>8}")
     learned = [m for m in metrics["methods"] if m not in M.NON_LEARNABLE
                and m not in ("no_prune", "random", "oracle", "conf_features")]
     pts = [q for q in metrics.get("points", []) if q["method"] in ("no_prune", *learned[:1])]

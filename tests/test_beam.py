@@ -92,6 +92,9 @@ def test_neutral_scorer_prunes_nothing_and_sees_true_features(tiny_lm):
         assert torch.allclose(batch["hidden"][:, 0], out.hidden_states[1][:, -1], atol=1e-5)
         norm = batch["hidden"][:, 1].norm(dim=-1)
         assert torch.allclose(sig[:, names.index("hidden_norm")], norm)
+        assert torch.allclose(sig[:, names.index("hidden_mean")], batch["hidden"][:, 1].mean(-1))
+        assert torch.allclose(sig[:, names.index("hidden_var")],
+                              batch["hidden"][:, 1].var(-1, correction=0))
 
 
 @pytest.mark.parametrize("patience", [1, 2, 3])

@@ -51,8 +51,13 @@ def test_replay_metrics_follow_the_contract(trained, tmp_path):
     header, *rows = print_table(m).splitlines()[1:1 + len(methods) + 1]
     assert {len(r) for r in rows} == {len(header)}  # long names keep the columns aligned
     assert any(r.startswith("adaptive_consistency  ") for r in rows)
-    for key in ("tokens_total", "accuracy"):  # one window of all N = 8 paths: no early stop
+    for key in ("tokens_total", "accuracy", "peak_kv_bytes"):  # one window of all N = 8 paths
         assert methods["esc"][key] == methods["no_prune"][key]
+    peak = {name: r["peak_kv_bytes"] for name, r in methods.items()}
+    assert peak["adaptive_consistency"] < peak["random"] < peak["no_prune"]  # one path at a time
+    assert peak["deepconf_weighted"] == peak["no_prune"]
+    assert all(0 < r["mean_peak_kv_bytes"] <= r["peak_kv_bytes"] for r in methods.values())
+    assert {"hidden_mean", "hidden_var"} <= set(methods)  # in the default list
 
 
 def test_replay_equals_online(trained):
@@ -63,10 +68,14 @@ def test_replay_equals_online(trained):
             continue
         assert online[name]["accuracy"] == replay[name]["accuracy"], name
         assert online[name]["tokens_total"] == replay[name]["tokens_total"], name
+        for key in ("peak_kv_bytes", "mean_peak_kv_bytes"):  # the schedule's estimate is exact
+            assert online[name][key] == replay[name][key], (name, key)
+        assert replay[name]["kv_estimated"]
         if online[name].get("replayed"):  # stopping protocols replay the bank in both modes
             assert name in STOPPING_METHODS and online[name]["wall_estimated"]
             continue
         assert online[name]["wall_s"] > 0 and 0 <= online[name]["check_share"] < 1
+        assert not online[name]["kv_estimated"]  # measured from the engine's live rows
 
 
 def test_text_metrics_are_reported(trained):

@@ -46,6 +46,7 @@ def synthetic_batch(n_groups, seed, separation=2.0, length_leak=False):
         1.5 - 0.3 * sign + 0.3 * torch.randn(b, generator=g),    # mean_entropy
         0.6 + 0.1 * sign + 0.1 * torch.randn(b, generator=g),    # group_conf
         50 + 5 * torch.randn(b, generator=g),                    # hidden_norm (unused noise)
+        torch.zeros(b), torch.zeros(b), torch.zeros(b),          # hidden_mean, _var, attn_entropy
         prefix_len,
     ], dim=1)
     return {"hidden": hidden, "signals": signals, "group": group, "correct": correct,

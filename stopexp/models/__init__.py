@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
 
 from stopexp.hub import endpoint, offline_by_choice, offline_unless_reachable, reachable
 
@@ -64,6 +65,10 @@ def load_lm(cfg, progress: bool = True):
         kwargs["revision"] = m.revision
     if m.attn_implementation:
         kwargs["attn_implementation"] = m.attn_implementation
+    if OmegaConf.select(cfg, "tap.attention_heads") is not None and m.attn_implementation != "eager":
+        log.info("tap.attention_heads is set: loading with eager attention (model.attn_implementation "
+                 "%s -> eager), the only one that returns attention weights", m.attn_implementation)
+        kwargs["attn_implementation"] = "eager"
     try:
         with offline_unless_reachable(source):  # no hub: the cache only, failing at once
             tokenizer = AutoTokenizer.from_pretrained(source, revision=m.revision)

@@ -28,8 +28,7 @@ from transformers import DynamicCache
 
 from stopexp.search.decode import check_finite
 from stopexp.search.stops import StopStrings
-from stopexp.signals.confidence import confidence_signals
-from stopexp.signals.features import SIGNAL_NAMES
+from stopexp.signals.columns import signal_matrix
 
 
 @dataclass
@@ -62,14 +61,13 @@ def _token_stats(logprobs: torch.Tensor, conf_topk: int) -> torch.Tensor:
 
 
 def _features(tokens: torch.Tensor, stats: torch.Tensor, hidden: torch.Tensor,
-              window: int) -> dict:
+              window: int, attn: torch.Tensor | None = None) -> dict:
     """The predictor batch (stopexp.signals.features) for the live beams, plus their tokens
-    for rule-based scorers; on the model's device, tokens on the CPU."""
+    for rule-based scorers; on the model's device, tokens on the CPU. `attn`: (R,)
+    attention entropy, None when not tapped."""
     R, t = tokens.shape
     prefix = torch.full((R,), t)
-    sig = confidence_signals(stats[:, 0], stats[:, 1], stats[:, 2], prefix, window)
-    sig["hidden_norm"] = hidden[:, -1].float().norm(dim=-1).cpu()
-    signals = torch.stack([sig[name] for name in SIGNAL_NAMES], -1).float()
+    signals = signal_matrix(stats[:, 0], stats[:, 1], stats[:, 2], prefix, window, hidden, attn)
     return {"hidden": hidden.float(), "signals": signals.to(hidden.device),
             "prefix_len": prefix.float().to(hidden.device), "tokens": tokens}
 
@@ -114,7 +112,8 @@ def beam_search(model, prompt_ids: list[int], *, beam_width: int, max_new_tokens
         pruned = torch.zeros(len(seqs), dtype=torch.bool)
         if scorer is not None and t > 0 and (check_steps is None or t in check_steps):
             start = time.perf_counter()
-            batch = _features(seqs, stats, taps.read(), group_window)
+            batch = _features(seqs, stats, taps.read(), group_window,
+                              taps.attention_entropy() if taps.attention else None)
             keep = policy.keep(scorer(batch).float().cpu())
             res.check_seconds += time.perf_counter() - start
             res.check_calls += 1

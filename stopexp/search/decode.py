@@ -149,6 +149,7 @@ class Decode:
     pool_sum: torch.Tensor | None = None  # (B, layers, H) for mean pooling
     steps: list[StepRecord] = field(default_factory=list)
     features: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    attn: dict[int, torch.Tensor] = field(default_factory=dict)  # checkpoint -> (rows,) entropy
     lengths: torch.Tensor | None = None    # (P,) tokens generated per path so far
     finished: torch.Tensor | None = None   # (P,) ended by EOS or a stop string
     record_taps: bool = True               # forks (Monte Carlo rollouts) keep no features
@@ -308,6 +309,8 @@ class Engine:
         if n in self.checkpoints:
             feats = last if self.taps.pooling == "last" else state.pool_sum / n
             state.features[n] = (state.paths.clone(), feats.float().cpu())
+            if self.taps.attention:  # the current token's, whatever the pooling
+                state.attn[n] = self.taps.attention_entropy().float().cpu()
 
     def run(self, state: Decode, until: int | None = None) -> Decode:
         """Advance until every live path has `until` tokens (default: until all end)."""

@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from stopexp.memory import KVMeter
 from stopexp.search.decode import Decode, Engine
 from stopexp.search.sample import launch_lists, path_labels, prompt_chunks
-from stopexp.signals.confidence import confidence_signals
+from stopexp.signals.columns import signal_matrix
 from stopexp.signals.features import SIGNAL_NAMES
 
 
@@ -27,6 +28,7 @@ class OnlineRun:
     kept: dict = field(default_factory=dict)     # (prompt index, path id) -> kept?
     length: dict = field(default_factory=dict)   # (prompt index, path id) -> tokens generated
     text: dict = field(default_factory=dict)
+    kv: KVMeter = field(default_factory=KVMeter)  # cached tokens per prompt (stopexp.memory)
     prefix_s: float = 0.0
     check_s: float = 0.0
     resume_s: float = 0.0
@@ -36,17 +38,32 @@ class OnlineRun:
         return self.prefix_s + self.check_s + self.resume_s
 
 
+def run_metered(engine: Engine, state: Decode, meter: KVMeter, prompt_of_path: list,
+                until: int | None = None) -> Decode:
+    """`engine.run(state, until)`, with the cached tokens of every prompt's live rows
+    observed by `meter` before the first step and after every step (`prompt_of_path[p]`:
+    the prompt of path p of the state)."""
+    limit = engine.params.max_new_tokens if until is None else until
+    meter.observe(state.attention_mask, [prompt_of_path[p] for p in state.paths.tolist()])
+    while state.size and state.n_generated < limit:
+        engine.step(state)
+        if state.size:
+            meter.observe(state.attention_mask, [prompt_of_path[p] for p in state.paths.tolist()])
+    return state
+
+
 def check_batch(state: Decode, engine: Engine, checkpoint: int, keys: list[str],
                 group_window: int) -> tuple[torch.Tensor, dict]:
     """(live path indices, predictor batch) at the check, from the live state."""
     paths, hidden = state.features[checkpoint]
     tok, lp, ent, conf, lengths = state.tensors(engine.pad_id)
-    sig = confidence_signals(lp[paths], ent[paths], conf[paths],
-                             torch.clamp(lengths[paths], max=checkpoint), group_window)
-    sig["hidden_norm"] = hidden[:, -1].norm(dim=-1)
-    batch = {"hidden": hidden, "signals": torch.stack([sig[n] for n in SIGNAL_NAMES], -1),
+    signals = signal_matrix(lp[paths], ent[paths], conf[paths],
+                            torch.clamp(lengths[paths], max=checkpoint), group_window, hidden,
+                            state.attn.get(checkpoint))
+    batch = {"hidden": hidden, "signals": signals,
              "seed_key": [keys[p] for p in paths.tolist()],
-             "prefix_len": sig["prefix_len"], "mc": torch.full((len(paths),), float("nan"))}
+             "prefix_len": signals[:, SIGNAL_NAMES.index("prefix_len")],
+             "mc": torch.full((len(paths),), float("nan"))}
     return paths, batch
 
 
@@ -76,7 +93,8 @@ class _Pending:
     def flush(self, engine, tokenizer, checkpoint, run: OnlineRun) -> None:
         if self.rows:
             start = time.perf_counter()
-            child = engine.run(engine.merge(self.states))
+            child = run_metered(engine, engine.merge(self.states), run.kv,
+                                [key[0] for key, _ in self.origin])
             run.resume_s += time.perf_counter() - start
             _finish(engine, tokenizer, child, self.origin, checkpoint, run)
         self.states, self.origin = [], []
@@ -97,13 +115,15 @@ def launch_check_resume(engine: Engine, tokenizer, task, problems, n_paths: int,
         prompts, seeds, owners = launch_lists(tokenizer, problems, chunk, n_paths, seed)
         keys = [f"{problems[i].prompt}/{j}" for i, j in owners]
         start = time.perf_counter()
-        state = engine.run(engine.launch(prompts, seeds, path_labels(problems, owners)),
-                           until=checkpoint)
+        prefix_kv = KVMeter()
+        state = run_metered(engine, engine.launch(prompts, seeds, path_labels(problems, owners)),
+                            prefix_kv, [i for i, _ in owners], until=checkpoint)
         prefix_s = time.perf_counter() - start
         prefix_tok, *_, prefix_len = state.tensors(engine.pad_id)
         live_set = set(state.paths.tolist())
         for run in runs.values():
             run.prefix_s += prefix_s
+            run.kv.merge(prefix_kv)  # the prefix phase is every method's
             for p in range(len(prompts)):
                 if p not in live_set:  # ended before the check: votes directly
                     run.kept[owners[p]] = False

@@ -9,7 +9,7 @@ import torch
 from stopexp.signals.features import SIGNAL_NAMES
 from stopexp.search.decode import Decode, Engine, stream_seed
 from stopexp.search.sample import launch_lists, path_labels, prompt_chunks
-from stopexp.signals.confidence import confidence_signals
+from stopexp.signals.columns import signal_matrix
 
 
 def _decode_texts(tokenizer, tokens: torch.Tensor, lengths: torch.Tensor) -> list[str]:
@@ -50,7 +50,7 @@ def trace_problems(engine: Engine, tokenizer, task, problems, n_paths: int, seed
     and the number of tokens the Monte Carlo rollouts generated."""
     mc_tokens = 0
     cols: dict[str, list] = {k: [] for k in (
-        "split", "prompt_id", "prompt", "path_id", "tokens", "text", "answer", "correct",
+        "split", "prompt_id", "prompt", "prompt_len", "path_id", "tokens", "text", "answer", "correct",
         "length", "finished", "style", "first_error", "token_logprob", "token_entropy",
         "token_conf", "alive", "mc", "signals", "hidden")}
     C = len(checkpoints)
@@ -73,14 +73,17 @@ def trace_problems(engine: Engine, tokenizer, task, problems, n_paths: int, seed
         alive = np.zeros((P, C), dtype=bool)
         hid = np.zeros((P, C, n_layers, hidden), dtype=np.float32)
         sig = np.zeros((P, C, len(SIGNAL_NAMES)), dtype=np.float32)
+        attn = np.zeros((P, C), dtype=np.float32)  # attention entropy; 0 where not tapped
         for c_idx, c in enumerate(checkpoints):
             if c in state.features:
                 rows, feats = state.features[c]
                 alive[rows.numpy(), c_idx] = True
                 hid[rows.numpy(), c_idx] = feats.numpy()
-            s = confidence_signals(lp, ent, conf, torch.clamp(lengths, max=c), group_window)
-            s["hidden_norm"] = torch.from_numpy(np.linalg.norm(hid[:, c_idx, -1], axis=-1))
-            sig[:, c_idx] = torch.stack([s[name] for name in SIGNAL_NAMES], -1).numpy()
+                if c in state.attn:
+                    attn[rows.numpy(), c_idx] = state.attn[c].numpy()
+            sig[:, c_idx] = signal_matrix(lp, ent, conf, torch.clamp(lengths, max=c), group_window,
+                                          torch.from_numpy(hid[:, c_idx]),
+                                          torch.from_numpy(attn[:, c_idx])).numpy()
         for p, (i, j) in enumerate(owners):
             problem, text, n = problems[i], texts[p], int(lengths[p])
             correct = task.check(problem, text)
@@ -89,6 +92,7 @@ def trace_problems(engine: Engine, tokenizer, task, problems, n_paths: int, seed
             cols["split"].append(problem.split)
             cols["prompt_id"].append(problem.prompt_id)
             cols["prompt"].append(problem.prompt)
+            cols["prompt_len"].append(len(prompts[p]))  # tokens, for the KV-memory estimate
             cols["path_id"].append(j)
             cols["tokens"].append(tok[p, :n].tolist())
             cols["text"].append(text)

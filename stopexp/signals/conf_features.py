@@ -5,7 +5,10 @@ the hidden state adds nothing beyond confidence.
 The signals have unrelated units (log-probs, nats, tokens), so each column is
 standardised on its own by a BatchNorm without affine parameters (batch statistics in
 training, their running average in eval) instead of a LayerNorm across columns, which
-would let prefix_len (hundreds of tokens) swamp the rest."""
+would let prefix_len (hundreds of tokens) swamp the rest.
+
+`predictor.signals` adds columns to its inputs (e.g. [attn_entropy]: confidence plus the
+attention entropy); empty, it is the confidence-only control."""
 from __future__ import annotations
 
 import torch
@@ -23,11 +26,13 @@ class ConfFeaturesPredictor(Predictor):
 
     def __init__(self, cfg, spec: FeatureSpec):
         super().__init__(spec)
-        self.register_buffer("columns", torch.tensor(signal_columns(CONF_SIGNALS, spec)),
+        extra = getattr(cfg, "signals", None) or []  # a checkpoint saved without the key: none
+        names = (*CONF_SIGNALS, *[n for n in extra if n not in CONF_SIGNALS])
+        self.register_buffer("columns", torch.tensor(signal_columns(names, spec)),
                              persistent=False)
         # momentum=None: the running stats are the plain average over all training batches
-        self.norm = nn.BatchNorm1d(len(CONF_SIGNALS), affine=False, momentum=None)
-        self.head = mlp_head(len(CONF_SIGNALS), cfg.hidden, cfg.depth, cfg.dropout)
+        self.norm = nn.BatchNorm1d(len(names), affine=False, momentum=None)
+        self.head = mlp_head(len(names), cfg.hidden, cfg.depth, cfg.dropout)
 
     def forward(self, batch: dict) -> torch.Tensor:
         return self.head(self.norm(batch["signals"][:, self.columns])).squeeze(-1)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 SIGNAL_NAMES = ("mean_logprob", "min_logprob", "mean_entropy", "group_conf", "hidden_norm",
-                "prefix_len")
+                "hidden_mean", "hidden_var", "attn_entropy", "prefix_len")  # signals.columns
 
 
 @dataclass

@@ -7,7 +7,10 @@ string per path, naming its random stream) and, for the oracle, "correct"/"mc".
   (lowest windowed group confidence), hidden_norm (the L2 norm of the current token's
   hidden state at the *deepest tapped layer*, i.e. the highest index among the resolved
   tap.layers, whatever order they are listed in; with tap=last it is the model's last
-  decoder layer's output, before the final norm), st_bon (consistency of a path's
+  decoder layer's output, before the final norm), hidden_mean and hidden_var (the mean
+  and population variance of the same state's components; `stopexp.signals.columns`
+  computes all three), attn_entropy (minus the mean entropy of the tap.attention_heads'
+  attention at the current token: focused attention is kept; needs the tap), st_bon (consistency of a path's
   hidden states with its prompt's other live paths, `stopexp.signals.st_bon`);
 - controls: random (a per-path seeded draw, the same in replay and online), oracle (the
   Monte Carlo label where collected, else the outcome: the upper bound);
@@ -42,6 +45,9 @@ BASELINES: dict[str, Scorer] = {
     "entropy": _signal("mean_entropy", -1.0),
     "deepconf": _signal("group_conf"),
     "hidden_norm": _signal("hidden_norm"),
+    "hidden_mean": _signal("hidden_mean"),
+    "hidden_var": _signal("hidden_var"),
+    "attn_entropy": _signal("attn_entropy", -1.0),
     "st_bon": st_bon,
 }
 

@@ -96,7 +96,7 @@ def _value(v) -> str:
 def target_overrides(cfg, overrides: list[str]) -> list[str]:
     """The command-line overrides that compose the target bank's config (for the collect
     and train commands printed when it or its predictor is missing)."""
-    out = [o for o in overrides if not o.startswith(("adapt.", "+adapt."))]
+    out = [o for o in overrides if not o.lstrip("+~").startswith("adapt.")]  # also ++adapt.target=...
     tgt = target_config(cfg)
     out += [f'"{k}={_value(OmegaConf.to_container(cfg.adapt.target, resolve=True)[k])}"'
             for k in cfg.adapt.target]

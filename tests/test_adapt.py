@@ -103,8 +103,10 @@ def test_the_target_config_shifts_the_lm_or_pins_it():
     assert toy_key(cfg.model.toy, cfg.task) == "27c2bc494cd4" != toy_key(tgt.model.toy, tgt.task)
     assert OmegaConf.to_container(tgt.task.styles) == {"careful": 0.8, "shortcut": 0.2}
     assert tgt.model.toy.seed == 1 and cfg.model.toy.seed == 0 and not tgt.adapt.target
+    assert tgt.collect.mc_rollouts == 4 and cfg.collect.mc_rollouts == 0  # MC labels: target only
     assert target_overrides(cfg, ["+exp=toy_shift", "adapt.lr=0.1"]) == [
-        "+exp=toy_shift", '"task.styles={careful:0.8,shortcut:0.2}"', '"model.toy.seed=1"']
+        "+exp=toy_shift", '"task.styles={careful:0.8,shortcut:0.2}"', '"model.toy.seed=1"',
+        '"collect.mc_rollouts=4"']
     # a prompt shift with the LM pinned: the same LM, another bank
     pinned = compose("adapt", ["++adapt.target={task.n_steps:8}"])
     tgt = target_config(validate(pinned))
@@ -280,7 +282,10 @@ def test_mc_feedback_validates_with_monte_carlo_labels_in_the_target_only():
     cfg = validate(compose("adapt", ["+exp=toy_shift", "adapt.variants=[frozen,mc_feedback]",
                                      "++adapt.target={model.toy.seed:1,collect.mc_rollouts:4}"]))
     assert cfg.collect.mc_rollouts == 0 and target_config(cfg).collect.mc_rollouts == 4
-    assert '"collect.mc_rollouts=4"' in target_overrides(cfg, [])
+    assert target_overrides(cfg, ["+exp=toy_shift", "++adapt.target={collect.mc_rollouts:4}",
+                                  "~adapt.seed"]) == [
+        "+exp=toy_shift", '"task.styles={careful:0.8,shortcut:0.2}"', '"model.toy.seed=1"',
+        '"collect.mc_rollouts=4"']
     online = validate(compose("adapt", ["adapt.variants=[mc_feedback]", "evaluate.mode=online"]))
     assert online.adapt.mc_rollouts == 4  # online forks the LM: no bank labels needed
 

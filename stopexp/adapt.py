@@ -20,10 +20,18 @@ Only kept paths reveal their outcome, so kept-only feedback is a sample the pred
 own decisions biased. With `adapt.explore` = epsilon each would-be-pruned live path is
 finished anyway with probability epsilon; it votes like a kept path, its tokens are
 counted, and its feedback is weighted by 1 / epsilon (inverse propensity; kept paths are
-kept with probability 1) when `adapt.importance_weight`.
+kept with probability 1) when `adapt.importance_weight`. The costlier second option,
+Monte Carlo feedback (variant mc_feedback): after each check, `adapt.mc_prefixes` pruned
+prefixes of the batch, drawn at random, are continued `adapt.mc_rollouts` times from the
+check; their success rate is the prefix's soft label (the target of reward_regression and
+mse; contrastive and pairwise order pairs by it), weighted by 1 / its chance of being drawn.
+The rollouts' tokens are a cost (`mc_tokens`, in `tokens`); they do not vote. Replay reads
+the rates from the target bank's Monte Carlo labels (`collect.mc_rollouts` in
+`adapt.target`) and estimates their tokens as K x the path's own remaining length;
+online forks the check's prefix (stopexp/adapt_online.py) and counts them.
 
 Variants (`adapt.variants`): no_prune (every path finishes), frozen (the source
-predictor), kept_only and explore (online updates from the source predictor), retrained
+predictor), kept_only, explore and mc_feedback (online updates from the source predictor), retrained
 (a predictor trained offline on the target bank's train split: the ceiling). Per batch:
 within-prompt AUROC of the scores that pruned it, vote accuracy, tokens (exploration
 included), estimated wall seconds (tokens x the bank's seconds per token, plus the measured
@@ -52,7 +60,7 @@ from stopexp.metrics import within_prompt_auroc
 from stopexp.tracking import tracked_run
 
 log = logging.getLogger(__name__)
-ONLINE = ("kept_only", "explore")
+ONLINE = ("kept_only", "explore", "mc_feedback")
 # what the predictors and the losses read (stopexp/signals/features.py, stopexp/losses.py)
 FEEDBACK_KEYS = ("hidden", "signals", "prefix_len", "group", "correct", "mc", "remaining")
 
@@ -88,7 +96,7 @@ def _value(v) -> str:
 def target_overrides(cfg, overrides: list[str]) -> list[str]:
     """The command-line overrides that compose the target bank's config (for the collect
     and train commands printed when it or its predictor is missing)."""
-    out = [o for o in overrides if not o.startswith(("adapt.", "+adapt."))]
+    out = [o for o in overrides if not o.lstrip("+~").startswith("adapt.")]  # also ++adapt.target=...
     tgt = target_config(cfg)
     out += [f'"{k}={_value(OmegaConf.to_container(cfg.adapt.target, resolve=True)[k])}"'
             for k in cfg.adapt.target]
@@ -125,13 +133,29 @@ def stream_order(n_groups: int, stream: int, heldout: int, seed: int) -> tuple[n
     return perm[:stream], perm[stream:stream + heldout]
 
 
-def feedback(view: Paths, finished: np.ndarray, weight: np.ndarray, offset: int) -> dict:
-    """The training batch of the paths that finished (live at the check), groups shifted
-    by `offset` so that prompts of different batches never pair."""
-    rows = torch.as_tensor(np.nonzero(finished)[0])
+def feedback(view: Paths, finished: np.ndarray, weight: np.ndarray, offset: int,
+             mc: dict | None = None) -> dict:
+    """The training batch of what the loop revealed: the paths that finished (live at the
+    check) with their outcomes, and the Monte Carlo prefixes `mc` = {"rows", "rate",
+    "tokens", "rollouts"} with their success rate as a soft label (`correct` and `mc`) and
+    the rollouts' mean length as `remaining`. A finished path's `mc` is NaN (the bank's
+    Monte Carlo label is not feedback). Groups are shifted by `offset` so that prompts of
+    different batches never pair."""
+    use = finished.copy()
+    labels = np.full(len(use), np.nan)
+    remaining = view.batch["remaining"].numpy().astype(float).copy()
+    if mc is not None and len(mc["rows"]):
+        use[mc["rows"]] = True
+        labels[mc["rows"]] = mc["rate"]
+        remaining[mc["rows"]] = mc["tokens"] / mc["rollouts"]
+    rows = torch.as_tensor(np.nonzero(use)[0])
     out = {k: view.batch[k][rows] for k in FEEDBACK_KEYS}
+    soft = torch.as_tensor(labels[use], dtype=torch.float32)
+    out["mc"] = soft
+    out["correct"] = torch.where(torch.isnan(soft), out["correct"].float(), soft)
+    out["remaining"] = torch.as_tensor(remaining[use], dtype=torch.float32)
     out["group"] = out["group"] + offset
-    out["weight"] = torch.as_tensor(weight[finished], dtype=torch.float32)
+    out["weight"] = torch.as_tensor(weight[use], dtype=torch.float32)
     return out
 
 
@@ -164,6 +188,37 @@ def explore_draws(view: Paths, kept: np.ndarray, epsilon: float, rng, n: int) ->
     return explored
 
 
+def mc_draws(view: Paths, kept: np.ndarray, explored: np.ndarray, count: int, rng,
+             n: int) -> tuple[np.ndarray, float]:
+    """The pruned live prefixes (among the first n paths of each prompt) continued for Monte
+    Carlo feedback: `count` of them uniformly without replacement from `rng` (all when
+    fewer), in row order, and the chance each pruned prefix had of being drawn."""
+    pruned = np.nonzero(view.alive & (view.path_id < n) & ~kept & ~explored)[0]
+    if not len(pruned):
+        return pruned, 1.0
+    take_n = min(count, len(pruned))
+    return np.sort(rng.choice(pruned, size=take_n, replace=False)), take_n / len(pruned)
+
+
+def replay_continuations(cfg):
+    """Monte Carlo continuations from the trace bank: `continue_(view, rows)` -> (success
+    rate per row, tokens per row, None). The rates are the bank's `mc` at the check (K =
+    collect.mc_rollouts rollouts); the bank keeps no rollout lengths, so each row's tokens
+    are estimated as K x its own remaining length. Raises ValueError naming
+    collect.mc_rollouts when the bank has no label there."""
+    K = cfg.adapt.mc_rollouts
+
+    def continue_(view: Paths, rows: np.ndarray):
+        rate = view.batch["mc"][torch.as_tensor(rows)].numpy().astype(float)
+        if np.isnan(rate).any():
+            raise ValueError("adapt.mc_rollouts: the target bank has no Monte Carlo label at the "
+                             "check for some pruned prefixes; collect the target with "
+                             f"collect.mc_rollouts={K} (in adapt.target) or use evaluate.mode=online")
+        return rate, K * view.batch["remaining"][torch.as_tensor(rows)].numpy().astype(float), None
+
+    return continue_
+
+
 def replay_decider(paths: Paths, cfg):
     """Prune a batch from the trace bank: (view, scores, kept, explored, measured seconds
     or None)."""
@@ -181,13 +236,17 @@ def replay_decider(paths: Paths, cfg):
 
 
 def run_stream(predictor, decide, order: np.ndarray, heldout: Paths | None, cfg, *,
-               variant: str, checkpoint: int, seconds_per_token: float) -> list[dict]:
+               variant: str, checkpoint: int, seconds_per_token: float,
+               continue_=None) -> list[dict]:
     """One variant over the stream; returns one record per batch. `decide` prunes a batch
-    (replay_decider, or stopexp.adapt_online for the LM in the loop); `predictor` (None
-    for no_prune) is updated in place for the online variants."""
+    (replay_decider, or stopexp.adapt_online for the LM in the loop); `continue_` runs the
+    Monte Carlo continuations of mc_feedback (replay_continuations, or the LM's);
+    `predictor` (None for no_prune) is updated in place for the online variants."""
     a, N = cfg.adapt, cfg.search.n_paths
     online = variant in ONLINE
     epsilon = a.explore if variant == "explore" else 0.0
+    if variant == "mc_feedback" and continue_ is None:
+        raise ValueError("run_stream: the mc_feedback variant needs `continue_`")
     loss_fn = build_loss(cfg.loss)
     opt = torch.optim.AdamW([p for p in predictor.parameters() if p.requires_grad], lr=a.lr,
                             weight_decay=a.weight_decay) if online and a.steps else None
@@ -201,18 +260,29 @@ def run_stream(predictor, decide, order: np.ndarray, heldout: Paths | None, cfg,
         view, scores, kept, explored, gen_s = decide(order[start:start + a.batch_prompts],
                                                      predictor, epsilon, rng)
         check_s = time.perf_counter() - t0 if gen_s is None else 0.0
+        mc = None
+        if variant == "mc_feedback":
+            rows, chance = mc_draws(view, kept, explored, a.mc_prefixes, rng, N)
+            rate, mc_tok, mc_s = continue_(view, rows) if len(rows) else (np.zeros(0), np.zeros(0), 0.0)
+            mc = {"rows": rows, "rate": rate, "tokens": mc_tok, "rollouts": a.mc_rollouts,
+                  "weight": 1.0 / chance if a.importance_weight else 1.0, "seconds": mc_s}
         o = outcome(view, kept | explored, checkpoint, N)
         extra = np.where(explored, view.length - np.minimum(view.length, checkpoint), 0).sum()
+        mc_tokens = float(mc["tokens"].sum()) if mc is not None else 0.0
         rec = {"batch": b, "prompts_seen": start + len(o["correct"]),
                "accuracy": float(o["correct"].mean()), "avg_at_k": float(o["avg"].mean()),
-               "tokens": float(o["tokens"].sum()), "explore_tokens": float(extra),
+               "tokens": float(o["tokens"].sum()) + mc_tokens, "explore_tokens": float(extra),
+               "mc_tokens": mc_tokens, "mc_paths": len(mc["rows"]) if mc is not None else 0,
+               "mc_rate": float(mc["rate"].mean()) if mc is not None and len(mc["rows"]) else math.nan,
                "explored_paths": int(explored.sum()), "kept_paths": int(kept.sum()),
                "auroc": _auroc(view, scores, N) if scores is not None else math.nan,
                "check_s": check_s, "update_s": 0.0, "loss_first": math.nan, "loss_last": math.nan}
         if opt is not None:
             weight = np.where(explored, 1.0 / epsilon if a.importance_weight else 1.0, 1.0) \
                 if epsilon else np.ones(len(kept))
-            memory = (memory + [feedback(view, kept | explored, weight, start)])[-(a.buffer + 1):]
+            if mc is not None:
+                weight[mc["rows"]] = mc["weight"]
+            memory = (memory + [feedback(view, kept | explored, weight, start, mc)])[-(a.buffer + 1):]
             data = concat(memory)
             t1 = time.perf_counter()
             predictor.train()
@@ -231,6 +301,8 @@ def run_stream(predictor, decide, order: np.ndarray, heldout: Paths | None, cfg,
                 rec["heldout_auroc_before"] = before  # the curve's start, before any feedback
         # replay estimates generation from the bank's seconds per token; online measures it
         gen = rec["tokens"] * seconds_per_token if gen_s is None else gen_s
+        if mc is not None and gen_s is not None:  # online: the rollouts' measured seconds
+            gen += mc["seconds"] or 0.0
         rec.update(wall_s=gen + rec["check_s"] + rec["update_s"], wall_estimated=gen_s is None)
         records.append(rec)
     return records
@@ -275,16 +347,17 @@ def adapt(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
     sec_tok = meta.get("seconds_per_token", 0.0)
     if cfg.evaluate.mode == "online":  # the target LM in the loop, on the same prompts
         from stopexp.adapt_online import online_decider
-        decide = online_decider(tgt, paths, checkpoint)
+        decide, continue_ = online_decider(tgt, paths, checkpoint)
     else:
-        decide = replay_decider(paths, cfg)
+        decide, continue_ = replay_decider(paths, cfg), replay_continuations(cfg)
     curves = {}
     for variant in cfg.adapt.variants:
         source = {"no_prune": None, "retrained": predictors.get("retrained")}.get(
             variant, predictors["frozen"])
         predictor = copy.deepcopy(source) if source is not None else None
         curves[variant] = run_stream(predictor, decide, order, heldout, cfg, variant=variant,
-                                     checkpoint=checkpoint, seconds_per_token=sec_tok)
+                                     checkpoint=checkpoint, seconds_per_token=sec_tok,
+                                     continue_=continue_)
     summary = summarize(curves, cfg.adapt.batch_prompts)
     metrics = {"variants": summary, "curves": curves, "mode": cfg.evaluate.mode,
                "target": OmegaConf.to_container(cfg.adapt.target, resolve=True),
@@ -319,6 +392,7 @@ def summarize(curves: dict, batch_prompts: int, last: int = 5) -> dict:
         out[v] = {"accuracy": float(np.average([r["accuracy"] for r in recs], weights=w)),
                   "tokens_total": float(sum(r["tokens"] for r in recs)),
                   "explore_tokens": float(sum(r["explore_tokens"] for r in recs)),
+                  "mc_tokens": float(sum(r.get("mc_tokens", 0.0) for r in recs)),
                   "wall_s": float(sum(r["wall_s"] for r in recs)),
                   "update_s": float(sum(r["update_s"] for r in recs)),
                   "auroc_last": float(np.nanmean([r["auroc"] for r in recs[-last:]]))
@@ -342,12 +416,13 @@ def print_table(metrics: dict) -> str:
     p = metrics["protocol"]
     lines = [f"Online adaptation to {metrics['target']}: {p['stream_prompts']} prompts in batches of "
              f"{p['batch_prompts']}, {p['n']} -> {p['k']} at {p['check_tokens']} tokens",
-             f"{'variant':<11}{'accuracy':>9}{'tokens':>10}{'ratio':>7}{'explore':>9}"
+             f"{'variant':<12}{'accuracy':>9}{'tokens':>10}{'ratio':>7}{'explore':>9}{'MC tok':>8}"
              f"{'AUROC last':>11}{'held-out':>9}{'gap closed':>11}{'update s':>9}{'wall s':>8}"]
     for v, s in metrics["variants"].items():
         gap = f"{s['gap_closed']:.2f}" if "gap_closed" in s else "-"
-        lines.append(f"{v:<11}{s['accuracy']:>9.3f}{s['tokens_total']:>10.0f}"
+        lines.append(f"{v:<12}{s['accuracy']:>9.3f}{s['tokens_total']:>10.0f}"
                      f"{s.get('tokens_ratio', math.nan):>7.2f}{s['explore_tokens']:>9.0f}"
+                     f"{s.get('mc_tokens', 0.0):>8.0f}"
                      f"{s['auroc_last']:>11.3f}{s['heldout_auroc']:>9.3f}{gap:>11}{s['update_s']:>9.2f}"
                      f"{s['wall_s']:>8.1f}")
     return "\n".join(lines)

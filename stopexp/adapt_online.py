@@ -7,8 +7,16 @@ what the LM generated. Every path has its own random stream, so the paths, and w
 the curves, equal the replay's (tests/test_adapt.py); the seconds are measured, not
 estimated. The LM also runs the unpruned continuation of every path (as evaluate's online
 mode does), whose outcomes give the batch's AUROC; its time is not charged to the variant.
+
+Monte Carlo feedback forks the chosen pruned prefixes at the check into K rollouts with the
+seeds collect gives its Monte Carlo labels (stopexp/search/trace.py mc_success), so the
+rates equal the bank's; their tokens are counted, not estimated. The loop's check state
+is gone by then, so the chosen paths are relaunched up to the check first (their own
+streams give the same prefixes); only the rollouts are timed and charged.
 """
 from __future__ import annotations
+
+import time
 
 import numpy as np
 import torch
@@ -32,12 +40,15 @@ class Exploring:
 
 
 def online_decider(cfg, paths: Paths, checkpoint: int):
-    """A `decide(groups, predictor, epsilon, rng)` for stopexp.adapt.run_stream that runs the
-    LM of `cfg` (the target config) on the prompts of `paths` (the target bank's split)."""
+    """(`decide(groups, predictor, epsilon, rng)`, `continue_(view, rows)`) for
+    stopexp.adapt.run_stream that run the LM of `cfg` (the target config) on the prompts of
+    `paths` (the target bank's split): the pruning step, and the Monte Carlo continuations
+    of pruned prefixes (success rate, tokens per row and measured seconds)."""
     from stopexp.models import load_lm
-    from stopexp.search.decode import SamplingParams, make_engine
+    from stopexp.search.decode import SamplingParams, make_engine, stream_seed
     from stopexp.search.parallel import launch_check_resume
-    from stopexp.search.sample import fit_prompts, prompt_limit, row_cap
+    from stopexp.search.sample import fit_prompts, path_labels, prompt_ids, prompt_limit, row_cap
+    from stopexp.search.trace import mc_success
     from stopexp.taps import Taps
     from stopexp.tasks import build_task
 
@@ -71,7 +82,27 @@ def online_decider(cfg, paths: Paths, checkpoint: int):
         top = keep_by_policy(view, scores, cfg, K, N)
         return view, scores, kept & top, kept & ~top, run.wall_s
 
-    return decide
+    def continue_(view: Paths, rows: np.ndarray):
+        problems = [by_id[int(view.prompt_ids[view.group[r]])] for r in rows]
+        owners = [(k, int(view.path_id[r])) for k, r in enumerate(rows)]
+        with Taps(model, list(cfg.tap.layers), cfg.tap.pooling) as taps:
+            engine = make_engine(model, tokenizer, SamplingParams.from_config(cfg), taps,
+                                 (checkpoint,))
+            state = engine.run(engine.launch([prompt_ids(tokenizer, p.prompt) for p in problems],
+                                             [stream_seed(cfg.seed, p.prompt, j) for p, (_, j)
+                                              in zip(problems, owners)],
+                                             path_labels(problems, owners)), until=checkpoint)
+            if state.size != len(rows):
+                raise RuntimeError("Monte Carlo feedback: a relaunched prefix ended before the "
+                                   "check although the loop saw it live")
+            start, tokens = time.perf_counter(), {}
+            rates, _ = mc_success(engine, tokenizer, task, state, problems, owners, cfg.seed,
+                                  cfg.adapt.mc_rollouts, row_cap(cfg, tokenizer, problems), tokens)
+            seconds = time.perf_counter() - start
+        return (np.asarray([rates[k] for k in range(len(rows))]),
+                np.asarray([tokens[k] for k in range(len(rows))], float), seconds)
+
+    return decide, continue_
 
 
 @torch.no_grad()

@@ -262,7 +262,11 @@ class AdaptConfig:
     weight_decay: float = 0.01
     buffer: int = 4                 # earlier batches of feedback replayed at each update
     explore: float = 0.1            # chance a would-be-pruned live path is finished anyway
-    importance_weight: bool = True  # weight explored feedback by 1 / explore
+    importance_weight: bool = True  # weight explored (and Monte Carlo) feedback by 1 / its chance
+    # mc_feedback: pruned prefixes per batch (drawn at random) continued mc_rollouts times
+    # from the check; their success rate is their soft label (replay: the bank's `mc`)
+    mc_prefixes: int = 20
+    mc_rollouts: int = 4
     variants: List[str] = field(default_factory=lambda: [
         "no_prune", "frozen", "kept_only", "explore", "retrained"])
     seed: int = 0
@@ -327,7 +331,7 @@ ALLOWED = {
 SYMBOLIC_LAYERS = ("first", "mid", "last")
 SEED_KEYS = ("seed", "task.seed", "collect.seed", "train.seed", "evaluate.seed", "model.toy.seed",
              "adapt.seed")
-ADAPT_VARIANTS = ("no_prune", "frozen", "kept_only", "explore", "retrained")
+ADAPT_VARIANTS = ("no_prune", "frozen", "kept_only", "explore", "mc_feedback", "retrained")
 DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 SPLITS = ("train", "val", "test")
 # The smallest sampling temperature. Logits are divided by it in float32: at 1e-38 a logit
@@ -515,7 +519,8 @@ def validate(cfg: DictConfig) -> DictConfig:
     return cfg
 
 
-SHIFTABLE = ("task.", "model.", "search.")  # what adapt.target may change
+# what adapt.target may change (collect.mc_rollouts: Monte Carlo labels in the target bank only)
+SHIFTABLE = ("task.", "model.", "search.", "collect.mc_rollouts")
 
 
 def shifted_config(cfg) -> DictConfig:
@@ -539,6 +544,7 @@ def _check_adapt(cfg) -> None:
     if bad:
         _fail("adapt.target", f"{bad} are not config keys under {', '.join(SHIFTABLE)} "
                               "(give dotted keys, e.g. {task.n_steps: 8})")
+    _check_mc_feedback(cfg)
     try:
         if a.target:  # the stream's config passes every check too (its target is empty)
             validate(shifted_config(cfg))
@@ -571,6 +577,23 @@ def _check_adapt(cfg) -> None:
     if cfg.predictor.name == "super_token":
         _fail("predictor.name", "adapt updates feature predictors (statistic, linear, mlp, fusion, "
                                 "conf_features); super_token would need the LM in the loop")
+
+
+def _check_mc_feedback(cfg) -> None:
+    """adapt.mc_prefixes / mc_rollouts; in replay the continuations are the target bank's
+    Monte Carlo labels, so that bank must have them, from as many rollouts."""
+    a = cfg.adapt
+    for key in ("mc_prefixes", "mc_rollouts"):
+        _at_least(f"adapt.{key}", a[key], 1 if "mc_feedback" in a.variants else 0)
+    if "mc_feedback" not in a.variants or cfg.evaluate.mode != "replay":
+        return
+    have = shifted_config(cfg).collect.mc_rollouts if a.target else cfg.collect.mc_rollouts
+    if have != a.mc_rollouts:
+        _fail("adapt.mc_rollouts", f"mc_feedback replays {a.mc_rollouts} continuations per pruned "
+                                   f"prefix from the target bank's Monte Carlo labels, but that bank "
+                                   f"is collected with collect.mc_rollouts={have}; give the target "
+                                   f"collect.mc_rollouts: {a.mc_rollouts} in adapt.target (or set "
+                                   f"adapt.mc_rollouts={have} if > 0, or evaluate.mode=online)")
 
 
 def _check_model(cfg) -> None:

@@ -11,10 +11,11 @@ import torch.nn.functional as F
 
 
 def _pair_mask(batch: dict) -> torch.Tensor:
-    """(B, B) bool: i and j share a prompt, path i ended correct and path j did not."""
-    good = batch["correct"] > 0.5
+    """(B, B) bool: i and j share a prompt and path i's label beats path j's (outcomes 1
+    over 0; a soft label, the Monte Carlo success rate of online feedback, orders by rate)."""
+    label = batch["correct"].float()
     same = batch["group"][:, None] == batch["group"][None, :]
-    return same & good[:, None] & ~good[None, :]
+    return same & (label[:, None] > label[None, :])
 
 
 def _mean_over_pairs(per_pair: torch.Tensor, mask: torch.Tensor, batch: dict) -> torch.Tensor:

@@ -9,8 +9,8 @@ from conftest import compose
 from omegaconf import OmegaConf
 
 from stopexp import bank
-from stopexp.adapt import (replay_decider, run_stream, stream_order, take, target_config,
-                            target_overrides)
+from stopexp.adapt import (feedback, mc_draws, replay_continuations, replay_decider, run_stream,
+                           stream_order, take, target_config, target_overrides)
 from stopexp.config import ConfigError, checkpoint_tokens, validate
 from stopexp.evaluate import replay_paths
 from stopexp.losses import build_loss
@@ -35,10 +35,11 @@ def _setup(small_bank, *extra):
     return cfg, predictor, paths, order, take(paths, held), ckpt
 
 
-def _run(cfg, predictor, paths, order, heldout, ckpt, variant, decide=None):
+def _run(cfg, predictor, paths, order, heldout, ckpt, variant, decide=None, continue_=None):
     p = copy.deepcopy(predictor) if predictor is not None else None
     return run_stream(p, decide or replay_decider(paths, cfg), order, heldout, cfg, variant=variant,
-                      checkpoint=ckpt, seconds_per_token=1e-3), p
+                      checkpoint=ckpt, seconds_per_token=1e-3,
+                      continue_=continue_ or replay_continuations(cfg)), p
 
 
 def test_a_seeded_stream_pins_its_first_updates(small_bank):
@@ -102,8 +103,10 @@ def test_the_target_config_shifts_the_lm_or_pins_it():
     assert toy_key(cfg.model.toy, cfg.task) == "27c2bc494cd4" != toy_key(tgt.model.toy, tgt.task)
     assert OmegaConf.to_container(tgt.task.styles) == {"careful": 0.8, "shortcut": 0.2}
     assert tgt.model.toy.seed == 1 and cfg.model.toy.seed == 0 and not tgt.adapt.target
+    assert tgt.collect.mc_rollouts == 4 and cfg.collect.mc_rollouts == 0  # MC labels: target only
     assert target_overrides(cfg, ["+exp=toy_shift", "adapt.lr=0.1"]) == [
-        "+exp=toy_shift", '"task.styles={careful:0.8,shortcut:0.2}"', '"model.toy.seed=1"']
+        "+exp=toy_shift", '"task.styles={careful:0.8,shortcut:0.2}"', '"model.toy.seed=1"',
+        '"collect.mc_rollouts=4"']
     # a prompt shift with the LM pinned: the same LM, another bank
     pinned = compose("adapt", ["++adapt.target={task.n_steps:8}"])
     tgt = target_config(validate(pinned))
@@ -168,34 +171,134 @@ def test_a_missing_target_bank_names_the_collect_command(small_bank):
 
 
 def test_the_stage_writes_curves_plots_and_a_summary(small_bank, tmp_path):
-    from stopexp.adapt import adapt, print_table
+    from stopexp.adapt import adapt, print_table, summarize
 
-    cfg = validate(compose("adapt", [*small_bank, *ADAPT]))
+    cfg = validate(compose("adapt", [*small_bank, *ADAPT, *MC]))
     m = adapt(cfg, overrides=small_bank, run_dir=tmp_path)
-    assert list(m["variants"]) == ["no_prune", "frozen", "kept_only", "explore", "retrained"]
+    assert list(m["variants"]) == ["no_prune", "frozen", "kept_only", "explore", "mc_feedback",
+                                   "retrained"]
     assert all(len(c) == 2 for c in m["curves"].values())
     assert m["variants"]["no_prune"]["tokens_ratio"] == 1.0
     assert m["variants"]["frozen"]["tokens_ratio"] < 1.0
+    mc = m["variants"]["mc_feedback"]
+    assert mc["mc_tokens"] == sum(r["mc_tokens"] for r in m["curves"]["mc_feedback"]) > 0
+    assert m["variants"]["kept_only"]["mc_tokens"] == 0
+    curves = copy.deepcopy(m["curves"])  # no shift here: give the ceiling a gap to close
+    curves["retrained"][-1]["heldout_auroc"] = m["variants"]["frozen"]["heldout_auroc"] + 0.1
+    assert set(summarize(curves, 2)["mc_feedback"]) >= {"gap_closed", "prompts_to_half_gap"}
     assert (tmp_path / "learning_curves.png").stat().st_size > 0
-    assert "explore" in print_table(m)
+    table = print_table(m)
+    assert "explore" in table and "mc_feedback" in table and "MC tok" in table
 
 
 def test_replay_equals_online(small_bank):
     from stopexp.adapt_online import online_decider
 
-    cfg, predictor, paths, order, heldout, ckpt = _setup(small_bank)
-    online = online_decider(cfg, paths, ckpt)
-    same = ("prompts_seen", "accuracy", "avg_at_k", "tokens", "explore_tokens", "explored_paths",
-            "kept_paths", "auroc", "loss_first", "loss_last", "feedback_paths", "heldout_auroc")
-    for variant in ("no_prune", "explore"):
+    cfg, predictor, paths, order, heldout, ckpt = _setup(small_bank, *MC)
+    online, continue_ = online_decider(cfg, paths, ckpt)
+    same = ("prompts_seen", "accuracy", "avg_at_k", "explore_tokens", "explored_paths",
+            "kept_paths", "auroc", "loss_first", "loss_last", "feedback_paths", "heldout_auroc",
+            "mc_paths", "mc_rate")
+    for variant in ("no_prune", "explore", "mc_feedback"):
         replay, p_replay = _run(cfg, predictor, paths, order, heldout, ckpt, variant)
-        live, p_live = _run(cfg, predictor, paths, order, heldout, ckpt, variant, online)
+        live, p_live = _run(cfg, predictor, paths, order, heldout, ckpt, variant, online, continue_)
         for r, o in zip(replay, live):
             for key in same:
                 if key in r:
                     assert o[key] == pytest.approx(r[key], abs=1e-5, nan_ok=True), (variant, key)
+            # Monte Carlo tokens: replay estimates them (K x the path's remaining), online counts
+            assert o["tokens"] - o["mc_tokens"] == pytest.approx(r["tokens"] - r["mc_tokens"])
+            assert (o["mc_tokens"] > 0) == (r["mc_tokens"] > 0) == (variant == "mc_feedback")
             assert not o["wall_estimated"] and o["wall_s"] > 0
         if p_replay is not None:
             for a, b in zip(p_replay.state_dict().values(), p_live.state_dict().values()):
                 assert torch.allclose(a, b, atol=1e-5)
-    assert sum(r["explored_paths"] for r in replay) > 0
+        if variant == "explore":
+            assert sum(r["explored_paths"] for r in replay) > 0
+        if variant == "mc_feedback":  # the same prefixes, rollouts and rates in both modes
+            assert sum(r["mc_paths"] for r in replay) == 6 and replay[1]["mc_rate"] == 0.5
+
+
+MC = ["adapt.variants=[no_prune,frozen,kept_only,explore,mc_feedback,retrained]",
+      "adapt.mc_rollouts=2", "adapt.mc_prefixes=3"]  # the small bank: collect.mc_rollouts=2
+
+
+def test_mc_feedback_labels_pruned_prefixes_by_the_banks_rate_and_counts_their_tokens(small_bank):
+    cfg, predictor, paths, order, heldout, ckpt = _setup(small_bank, *MC)
+    recs, _ = _run(cfg, predictor, paths, order, heldout, ckpt, "mc_feedback")
+    kept, _ = _run(cfg, predictor, paths, order, heldout, ckpt, "kept_only")
+    assert [r["mc_paths"] for r in recs] == [3, 3] and [r["explored_paths"] for r in recs] == [0, 0]
+    # the same source predictor prunes the first batch alike: the rollouts are the extra cost
+    assert recs[0]["tokens"] == kept[0]["tokens"] + recs[0]["mc_tokens"]
+    assert recs[0]["kept_paths"] == kept[0]["kept_paths"]
+    assert recs[0]["feedback_paths"] == kept[0]["feedback_paths"] + 3
+    got = [(r["loss_first"], r["loss_last"], r["mc_tokens"], r["mc_rate"]) for r in recs]
+    for g, want in zip(got, PINNED_MC):
+        assert g == pytest.approx(want, abs=1e-5)
+    # the draws and the feedback batch of the first batch, by hand
+    view, scores, kept_rows, explored, _ = replay_decider(paths, cfg)(order[:2], predictor, 0.0, None)
+    rows, chance = mc_draws(view, kept_rows, explored, 3, np.random.default_rng(cfg.adapt.seed), 8)
+    pruned = view.alive & (view.path_id < 8) & ~kept_rows
+    assert chance == pytest.approx(3 / pruned.sum()) and pruned[rows].all() and len(rows) == 3
+    rate, tokens, _ = replay_continuations(cfg)(view, rows)
+    assert rate.tolist() == view.batch["mc"][torch.as_tensor(rows)].tolist()
+    assert tokens.tolist() == (2 * (view.length[rows] - ckpt)).tolist()
+    weight = np.ones(len(kept_rows))
+    weight[rows] = 1 / chance
+    fb = feedback(view, kept_rows, weight, 0, {"rows": rows, "rate": rate, "tokens": tokens,
+                                               "rollouts": 2})
+    soft = ~torch.isnan(fb["mc"])
+    assert int(soft.sum()) == 3 and sorted(fb["mc"][soft].tolist()) == sorted(rate.tolist())
+    assert fb["correct"][soft].tolist() == fb["mc"][soft].tolist()  # the rate is the label
+    assert fb["weight"][soft].tolist() == pytest.approx([float(pruned.sum()) / 3] * 3)
+    assert fb["weight"][~soft].tolist() == [1.0] * int((~soft).sum())
+    assert set(fb["correct"][~soft].tolist()) <= {0.0, 1.0}  # kept paths: their outcome
+
+
+def test_mc_feedback_in_replay_refuses_a_bank_without_monte_carlo_labels(small_bank):
+    cfg, predictor, paths, order, heldout, ckpt = _setup(small_bank, *MC)
+    paths.batch["mc"] = torch.full_like(paths.batch["mc"], float("nan"))
+    with pytest.raises(ValueError, match=r"no Monte Carlo label at the check.*collect.mc_rollouts=2"):
+        _run(cfg, predictor, paths, order, heldout, ckpt, "mc_feedback")
+
+
+@pytest.mark.parametrize("overrides,match", [
+    (["adapt.variants=[frozen,mc_feedback]"],
+     r"adapt.mc_rollouts: mc_feedback replays 4 continuations .* collect.mc_rollouts=0"),
+    (["adapt.variants=[frozen,mc_feedback]", "++adapt.target={collect.mc_rollouts:2}"],
+     r"adapt.mc_rollouts: .* collect.mc_rollouts=2; give the target collect.mc_rollouts: 4"),
+    (["adapt.variants=[mc_feedback]", "adapt.mc_prefixes=0"], r"adapt.mc_prefixes: must be >= 1"),
+    (["adapt.variants=[mc_feedback]", "evaluate.mode=online", "adapt.mc_rollouts=0"],
+     r"adapt.mc_rollouts: must be >= 1"),
+    (["adapt.mc_prefixes=-1"], r"adapt.mc_prefixes: must be >= 0"),
+    (["++adapt.target={collect.seed:1}"], r"adapt.target: \['collect.seed'\] are not config keys"),
+])
+def test_bad_mc_feedback_values_fail_before_compute(overrides, match):
+    with pytest.raises(ConfigError, match=match):
+        validate(compose("adapt", overrides))
+
+
+def test_mc_feedback_validates_with_monte_carlo_labels_in_the_target_only():
+    cfg = validate(compose("adapt", ["+exp=toy_shift", "adapt.variants=[frozen,mc_feedback]",
+                                     "++adapt.target={model.toy.seed:1,collect.mc_rollouts:4}"]))
+    assert cfg.collect.mc_rollouts == 0 and target_config(cfg).collect.mc_rollouts == 4
+    assert target_overrides(cfg, ["+exp=toy_shift", "++adapt.target={collect.mc_rollouts:4}",
+                                  "~adapt.seed"]) == [
+        "+exp=toy_shift", '"task.styles={careful:0.8,shortcut:0.2}"', '"model.toy.seed=1"',
+        '"collect.mc_rollouts=4"']
+    online = validate(compose("adapt", ["adapt.variants=[mc_feedback]", "evaluate.mode=online"]))
+    assert online.adapt.mc_rollouts == 4  # online forks the LM: no bank labels needed
+
+
+def test_contrastive_pairs_follow_soft_labels():
+    scores = torch.tensor([0.0, 0.5, 2.0])
+    batch = {"correct": torch.tensor([0.75, 0.25, 1.0]), "group": torch.zeros(3, dtype=torch.long)}
+    loss = build_loss(OmegaConf.create({"name": "contrastive", "margin": 1.0, "discount": 0.95,
+                                        "length_reg": 0.0}))
+    # pairs (0 over 1): relu(1 + 0.5) = 1.5; (2 over 0): relu(1 - 2) = 0; (2 over 1): relu(1 - 1.5) = 0
+    assert float(loss(scores, batch)) == pytest.approx(1.5 / 3)
+
+
+# (first and last loss of the update, Monte Carlo tokens (2 x remaining), mean success rate)
+PINNED_MC = [(0.10000000149011612, 0.09999999403953552, 132.0, 0.0),
+             (0.18807339668273926, 0.18807339668273926, 156.0, 0.5)]

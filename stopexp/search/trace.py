@@ -18,10 +18,12 @@ def _decode_texts(tokenizer, tokens: torch.Tensor, lengths: torch.Tensor) -> lis
 
 
 def mc_success(engine: Engine, tokenizer, task, state: Decode, problems, owners, seed: int,
-               rollouts: int, max_rows: int) -> tuple[dict[int, float], int]:
+               rollouts: int, max_rows: int, tokens_of: dict | None = None
+               ) -> tuple[dict[int, float], int]:
     """Success rate of `rollouts` continuations from each live row's current prefix; the
     rollouts copy the prefix's cache rows (no re-encoding). Returns {path index: rate}
-    and the number of tokens generated."""
+    and the number of tokens generated; `tokens_of`, when given, receives
+    {path index: tokens its rollouts generated}."""
     prefix_tok, *_, prefix_len = state.tensors(engine.pad_id)
     t = state.n_generated
     out, generated = {}, 0
@@ -40,6 +42,8 @@ def mc_success(engine: Engine, tokenizer, task, state: Decode, problems, owners,
             problem = problems[owners[p][0]]
             wins = sum(task.check(problem, prefix + texts[k * rollouts + r]) for r in range(rollouts))
             out[p] = wins / rollouts
+            if tokens_of is not None:
+                tokens_of[p] = int((n - t)[k * rollouts:(k + 1) * rollouts].sum())
     return out, generated
 
 

@@ -109,7 +109,7 @@ def main(argv: list[str]) -> None:
 
     torch.manual_seed(0)
     rows = [measure("HF generate", hf_run), measure("engine", engine_run)]
-    with Taps(model, list(cfg.tap.layers), cfg.tap.pooling) as taps:
+    with Taps.from_config(model, cfg.tap) as taps:
         rows.append(measure("engine + taps", lambda: engine_run(taps)))
     rows.append(measure(f"LCR {N}->{K}", pruned_run))
 

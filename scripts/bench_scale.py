@@ -45,7 +45,7 @@ def worker(rank: int, world: int, threads: int | None, overrides: list[str], rep
     model, tok = load_lm(cfg, progress=False)
     checkpoints = bank.checkpoints_of(cfg)
     hidden = model.config.get_text_config().hidden_size
-    with Taps(model, list(cfg.tap.layers), cfg.tap.pooling) as taps:
+    with Taps.from_config(model, cfg.tap) as taps:
         engine = make_engine(model, tok, SamplingParams.from_config(cfg), taps,
                              checkpoints)
 

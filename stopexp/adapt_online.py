@@ -66,7 +66,7 @@ def online_decider(cfg, paths: Paths, checkpoint: int):
         if predictor is not None:
             methods["adapt"] = (lambda b: _score(predictor, b),
                                 lambda: Exploring(build_policy(cfg.policy, keep=K), epsilon, rng))
-        with Taps(model, list(cfg.tap.layers), cfg.tap.pooling) as taps:
+        with Taps.from_config(model, cfg.tap) as taps:
             engine = make_engine(model, tokenizer, SamplingParams.from_config(cfg), taps,
                                  (checkpoint,))
             runs, batch = launch_check_resume(engine, tokenizer, task, batch_problems, N, cfg.seed,
@@ -85,7 +85,7 @@ def online_decider(cfg, paths: Paths, checkpoint: int):
     def continue_(view: Paths, rows: np.ndarray):
         problems = [by_id[int(view.prompt_ids[view.group[r]])] for r in rows]
         owners = [(k, int(view.path_id[r])) for k, r in enumerate(rows)]
-        with Taps(model, list(cfg.tap.layers), cfg.tap.pooling) as taps:
+        with Taps.from_config(model, cfg.tap) as taps:
             engine = make_engine(model, tokenizer, SamplingParams.from_config(cfg), taps,
                                  (checkpoint,))
             state = engine.run(engine.launch([prompt_ids(tokenizer, p.prompt) for p in problems],

@@ -36,8 +36,10 @@ from omegaconf import OmegaConf
 
 from stopexp import bank, plots
 from stopexp.config import Config, project_root, validate
-from stopexp.evaluate import (build_scorers, keep_by_policy, make_plots, outcome, print_table,
-                              replay_paths)
+from stopexp.accounting import keep_by_policy, outcome, replay_paths
+from stopexp.evaluate import print_table
+from stopexp.evaluate_report import make_plots
+from stopexp.scorers import build_scorers
 from stopexp.signals.checkpoint import read_checkpoint
 from stopexp.stopping import STOPPING_METHODS, stopping_outcomes
 from stopexp.train import feature_spec, predictor_dir
@@ -83,7 +85,7 @@ print(f"replayed {len(outcomes)} methods on {p['prompts']} prompts: accuracies m
 # ## Figures
 
 # %%
-figs = make_plots(paths, outcomes, scores, metrics["points"], out)
+figs = make_plots(paths, outcomes, scores, metrics["points"], out, metrics["methods"])
 history = read_checkpoint(predictor_dir(cfg))["history"]  # names a damaged file
 figs["loss_curve"] = plots.loss_curve(history, out / "loss_curve.png")
 for name, path in figs.items():

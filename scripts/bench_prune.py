@@ -14,7 +14,8 @@ import numpy as np
 from hydra import compose, initialize_config_dir
 
 from stopexp.config import project_root, validate
-from stopexp.evaluate import Paths, evaluate, keep_by_policy, outcome
+from stopexp.accounting import Paths, keep_by_policy, outcome
+from stopexp.evaluate import evaluate
 
 
 def replay_seconds(cfg, prompts: int = 1000, n: int = 32, k: int = 8) -> float:

@@ -54,7 +54,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from stopexp import bank, plots
 from stopexp.artifacts import write_json
 from stopexp.config import check_output_dirs, checkpoint_tokens, shifted_config, validate
-from stopexp.evaluate import Paths, keep_by_policy, outcome, replay_paths
+from stopexp.accounting import Paths, keep_by_policy, outcome, replay_paths
 from stopexp.losses import build_loss
 from stopexp.metrics import within_prompt_auroc
 from stopexp.tracking import tracked_run

@@ -21,7 +21,8 @@ import time
 import numpy as np
 import torch
 
-from stopexp.evaluate import Paths, _scatter, keep_by_policy
+from stopexp.accounting import Paths, keep_by_policy
+from stopexp.evaluate_online import scatter_batch
 from stopexp.policies import build_policy
 
 
@@ -121,7 +122,7 @@ def _view(run, batch: dict, problems: list, task, n: int, checkpoint: int) -> Pa
                  answer=np.asarray([task.answer_of(t) for t in text], dtype=object), text=text,
                  alive=np.asarray([k in batch["row"] for k in keys]), batch={},
                  prompt_ids=np.asarray([p.prompt_id for p in problems]))
-    view.batch = _scatter(batch, [batch["row"][k] for k in keys if k in batch["row"]], len(keys), view)
+    view.batch = scatter_batch(batch, [batch["row"][k] for k in keys if k in batch["row"]], len(keys), view)
     view.batch["group"] = torch.as_tensor(view.group)
     view.batch["remaining"] = torch.as_tensor(np.maximum(view.length - checkpoint, 0).astype(np.float32))
     return view

@@ -2,14 +2,21 @@
 search on the same prompts, online (beams have no trace bank to replay)."""
 from __future__ import annotations
 
+import logging
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 
+from stopexp import plots
+from stopexp.accounting import add_text_metrics, prompts_in
 from stopexp.config import checkpoint_tokens
 from stopexp.metrics import bootstrap_ci
 from stopexp.policies import build_policy
+from stopexp.stopping import STOPPING_METHODS
+
+log = logging.getLogger(__name__)
 
 
 # tasks whose `diagnose` finds the first wrong written step, which the beam oracle needs
@@ -30,6 +37,42 @@ def oracle_refusal(task_name: str) -> str | None:
     return (f"task {task_name!r} has no process check (no first wrong step can be read from a "
             "prefix), so a beam oracle would score every live beam alike and never prune; the "
             "oracle is left out of beam search for it")
+
+
+def beam_metrics(cfg, names: list[str], scorers: dict, root: Path, start: float, run=None,
+                 run_dir: Path | None = None) -> dict:
+    """metrics.json of the evaluate stage for search=beam: every method but those it cannot
+    run (said in "omitted_methods") steers a beam search on the bank's test prompts (root:
+    the trace bank; start: time.time() when the stage began). Writes the survival plot into
+    run_dir and the summary to `run` when given."""
+    n_prompts = prompts_in(root, cfg.evaluate.split)
+    omitted = {}
+    if oracle_refusal(cfg.task.name):
+        omitted["oracle"] = oracle_refusal(cfg.task.name)
+        log.warning("oracle: %s", omitted["oracle"])
+        names = [n for n in names if n != "oracle"]
+    for n in (n for n in names if n in STOPPING_METHODS):
+        omitted[n] = "a stopping protocol over parallel paths; beam search has none"
+    names = [n for n in names if n not in STOPPING_METHODS]
+    results, texts, prompt_ids = evaluate_beam(cfg, names, scorers, n_prompts)
+    not_reported = dict(NOT_REPORTED)
+    if cfg.evaluate.text_metrics:
+        add_text_metrics(cfg, np.asarray(prompt_ids), texts, results)
+    else:
+        not_reported["text_metrics"] = "evaluate.text_metrics=false"
+    metrics = {"methods": results, "mode": "online", "search": "beam",
+               "protocol": {"beam_width": cfg.search.beam_width, "patience": cfg.search.patience,
+                            "policy": cfg.policy.name, "prompts": len(prompt_ids),
+                            "split": cfg.evaluate.split},
+               "omitted_methods": omitted, "not_reported": not_reported,
+               "bank": root.name, "eval_wall_s": round(time.time() - start, 2)}
+    if run_dir is not None:
+        metrics["plots"] = {"survival": str(plots.survival(
+            {m: r["survival"] for m, r in results.items()}, run_dir / "survival.png"))}
+    if run is not None:
+        run.summary_update({f"{m}/{k}": v for m, r in results.items() for k, v in r.items()
+                            if isinstance(v, (int, float))})
+    return metrics
 
 
 def evaluate_beam(cfg, names: list[str], scorers: dict, n_prompts: int) -> tuple[dict, dict, list]:

@@ -156,3 +156,32 @@ def learning_curves(curves: dict, path: Path) -> Path:
     ax2.set_ylabel("vote accuracy per batch")
     ax2.legend(fontsize=8)
     return save_figure(fig, path)
+
+
+def analyses(results: dict, path: Path) -> Path:
+    """The per-method analyses of stopexp/analyses.py (results: metrics.json's "methods"):
+    within-prompt vs length-matched AUROC (paired bars, scored methods only), the share of
+    pruned paths that would have ended right, and the prompts each method improves or
+    worsens against no_prune. A missing value (no scores, nothing pruned) draws no bar."""
+    names = [m for m in results if m != "no_prune"]
+    x = np.arange(len(names))
+    get = lambda m, k: np.nan if results[m].get(k) is None else float(results[m][k])  # noqa: E731
+    fig, axes = plt.subplots(3, 1, figsize=(max(6.0, 0.45 * len(names) + 2), 8.5), sharex=True)
+    ax = axes[0]
+    ax.bar(x - 0.2, [get(m, "auroc") for m in names], 0.4, label="within-prompt")
+    ax.bar(x + 0.2, [get(m, "auroc_length_matched") for m in names], 0.4, label="length-matched")
+    ax.axhline(0.5, ls=":", color="gray", lw=0.8)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("AUROC")
+    ax.legend(fontsize=7)
+    axes[1].bar(x, [get(m, "wrongly_pruned") for m in names], 0.6, color="C3")
+    axes[1].set_ylim(0, 1)
+    axes[1].set_ylabel("wrongly pruned share")
+    v = [results[m].get("vs_no_prune", {}) for m in names]
+    axes[2].bar(x - 0.2, [d.get("improved", 0) for d in v], 0.4, color="C2", label="improved")
+    axes[2].bar(x + 0.2, [-d.get("worsened", 0) for d in v], 0.4, color="C3", label="worsened")
+    axes[2].axhline(0, color="gray", lw=0.8)
+    axes[2].set_ylabel("prompts vs no_prune\n(+ improved, - worsened)")
+    axes[2].legend(fontsize=7)
+    axes[2].set_xticks(x, names, rotation=60, ha="right", fontsize=7)
+    return save_figure(fig, path)

@@ -28,7 +28,7 @@ __all__ = ["STOPPING_METHODS", "stopping_outcomes", "spent_outcome"]
 
 def spent_outcome(paths, spent: np.ndarray, voter: np.ndarray, weight: np.ndarray, n: int,
                   wave: np.ndarray | None = None) -> dict:
-    """The outcome dict of `stopexp.evaluate.outcome` for a decision given per path (rows of
+    """The outcome dict of `stopexp.accounting.outcome` for a decision given per path (rows of
     `paths`): tokens spent, whether it votes, and its vote weight; only the first n paths
     of each prompt count. A path stopped before its end counts as pruned at `spent`.
     `wave` (per path; None: all at once) says which paths run together, for the KV-memory

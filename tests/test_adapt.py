@@ -12,7 +12,7 @@ from stopexp import bank
 from stopexp.adapt import (feedback, mc_draws, replay_continuations, replay_decider, run_stream,
                            stream_order, take, target_config, target_overrides)
 from stopexp.config import ConfigError, checkpoint_tokens, validate
-from stopexp.evaluate import replay_paths
+from stopexp.accounting import replay_paths
 from stopexp.losses import build_loss
 
 ADAPT = ["adapt.stream_prompts=4", "adapt.heldout_prompts=2", "adapt.batch_prompts=2",

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from stopexp.evaluate import Paths
+from stopexp.accounting import Paths
 from stopexp.search import deepconf_online as dc
 from stopexp.stopping import stopping_outcomes
 

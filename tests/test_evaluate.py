@@ -4,7 +4,8 @@ import torch
 
 from conftest import compose
 from stopexp.config import STOPPING_METHODS, validate
-from stopexp.evaluate import Paths, evaluate, keep_by_policy, outcome, print_table
+from stopexp.accounting import Paths, keep_by_policy, outcome
+from stopexp.evaluate import evaluate, print_table
 from stopexp.signals.methods import random_scorer, register_external
 from stopexp.train import train
 
@@ -34,7 +35,7 @@ def test_replay_metrics_follow_the_contract(trained, tmp_path):
     assert methods["oracle"]["auroc_pooled"] > 0.95
     assert methods["no_prune"]["tokens_ratio"] == 1.0
     assert all(r["tokens_total"] <= methods["no_prune"]["tokens_total"] for r in methods.values())
-    for fig in ("pareto", "survival", "prune_steps", "signal_histograms"):
+    for fig in ("pareto", "survival", "prune_steps", "signal_histograms", "analyses"):
         assert (tmp_path / f"{fig}.png").exists()
     assert {p["method"] for p in m["points"]} >= {"no_prune", "mlp", "random", "st_bon",
                                                   *STOPPING_METHODS}

@@ -217,7 +217,7 @@ def test_empty_split_messages_say_which_setting_to_change():
 
 
 def test_damaged_predictor_is_named_and_train_rebuilds_it(copied, small_bank):
-    from stopexp.evaluate import build_scorers
+    from stopexp.scorers import build_scorers
     from stopexp.train import feature_spec
 
     _, root = copied

@@ -1,0 +1,234 @@
+"""One accounting for every method: the evaluated paths (`Paths`, from the trace bank in
+replay), the vote and token cost of a pruning decision (`outcome`), the threshold policy
+applied prompt by prompt, the summary and signal-quality metrics, the Pareto points and
+the text metrics of the chosen outputs."""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from stopexp import bank
+from stopexp.metrics import (auprc, bootstrap_ci, nonfinite, per_group_auroc, pooled_auroc,
+                             text_metrics, within_prompt_auroc)
+from stopexp.policies import build_policy
+from stopexp.search.sample import vote
+from stopexp.stopping import kv_peaks
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Paths:
+    """The evaluated paths, one row each, grouped by prompt (rows of a prompt contiguous,
+    ordered by path id)."""
+    group: np.ndarray    # prompt index 0..G-1
+    path_id: np.ndarray
+    length: np.ndarray   # tokens the path generates when not pruned
+    correct: np.ndarray
+    answer: np.ndarray   # extracted answers ("" = none)
+    text: np.ndarray
+    alive: np.ndarray    # still generating at the check
+    batch: dict          # predictor batch at the check, for every row
+    prompt_ids: np.ndarray | None = None  # the task's prompt id of each group (None: 0..G-1)
+    prompt_len: np.ndarray | None = None  # prompt tokens (for the KV-memory estimate; None online)
+
+
+def prompts_in(root: Path, split: str) -> int:
+    """How many prompts of `split` the bank holds (prompt ids run 0..n-1)."""
+    return int(bank.load_bank(root, split)["prompt_id"][:].max()) + 1
+
+
+def replay_paths(root: Path, meta: dict, split: str, checkpoint: int) -> Paths:
+    """The bank's `split` paths with the predictor batch at `checkpoint` (tokens; one of
+    the bank's checkpoints). ValueError when the bank holds no such paths."""
+    ds = bank.load_bank(root, split)
+    if not len(ds):
+        raise ValueError(f"evaluate.split: the trace bank has no {split!r} paths")
+    c_idx = meta["checkpoints"].index(checkpoint)
+    t = bank.tensors_at(ds, c_idx, checkpoint)
+    t["seed_key"] = [f"{p}/{j}" for p, j in zip(ds["prompt"][:], ds["path_id"][:])]
+    t.update(bank.prefix_columns(ds))  # the super token re-encodes the prefixes
+    # groups are dense even where collect left prompts out (model.long_prompts=skip)
+    prompt_ids, group = np.unique(np.asarray(ds["prompt_id"][:]).astype(np.int64), return_inverse=True)
+    t["group"] = torch.as_tensor(group.astype(np.int64))
+    return Paths(group=t["group"].numpy(), path_id=np.asarray(ds["path_id"][:]),
+                 length=np.asarray(ds["length"][:]), correct=np.asarray(ds["correct"][:]),
+                 answer=np.asarray(ds["answer"][:], dtype=object),
+                 text=np.asarray(ds["text"][:], dtype=object), alive=t["alive"].numpy(),
+                 batch=t, prompt_ids=prompt_ids, prompt_len=np.asarray(ds["prompt_len"][:]))
+
+
+def bank_paths_and_confs(root: Path, meta: dict, split: str, checkpoint: int, paths: Paths,
+                         views) -> tuple[Paths, list]:
+    """The bank's paths (`paths` itself in replay) and their per-token confidences, for the
+    methods replayed from the bank in either mode."""
+    if views is not None:
+        paths = replay_paths(root, meta, split, checkpoint)
+    return paths, list(bank.load_bank(root, split)["token_conf"][:])
+
+
+def outcome(paths: Paths, kept: np.ndarray, checkpoint: int, n: int) -> dict:
+    """Vote, accounting and survival for one pruning decision over the first n paths of
+    every prompt. `kept` marks the live paths that continue after the check."""
+    use = paths.path_id < n
+    voter = use & (~paths.alive | kept)
+    spent = np.where(voter, paths.length, np.minimum(paths.length, checkpoint)) * use
+    G = int(paths.group.max()) + 1
+    correct = np.zeros(G, bool)
+    chosen = np.full(G, "", dtype=object)
+    avg = np.zeros(G)
+    for g in range(G):
+        rows = np.nonzero((paths.group == g) & voter)[0]
+        winner = vote([a or None for a in paths.answer[rows]])
+        hit = rows[paths.answer[rows] == winner] if winner is not None else rows[:0]
+        correct[g] = bool(len(hit)) and bool(paths.correct[hit[0]])
+        chosen[g] = paths.text[hit[0]] if len(hit) else (paths.text[rows[0]] if len(rows) else "")
+        avg[g] = paths.correct[rows].mean() if len(rows) else 0.0
+    per_prompt_tokens = np.bincount(paths.group, weights=spent, minlength=G)
+    seq = np.zeros(G)
+    np.maximum.at(seq, paths.group, spent)
+    steps = np.arange(1, int(paths.length.max()) + 1)
+    survival = ((spent[use][:, None] >= steps[None, :]).mean(0)).tolist()
+    stopped = use & paths.alive & ~kept
+    pruned_at = np.full(int(stopped.sum()), checkpoint)
+    return {"correct": correct, "chosen": chosen, "avg": avg, "tokens": per_prompt_tokens,
+            "seq_tokens": seq, "survival": survival, "pruned_at": pruned_at, "stopped": stopped,
+            "alive_at_check": float((use & paths.alive).sum() / use.sum()), "spent": spent,
+            "kv_peaks": kv_peaks(paths, spent)}
+
+
+def keep_by_policy(paths: Paths, scores: np.ndarray, cfg, k: int, n: int) -> np.ndarray:
+    """Apply the threshold policy prompt by prompt to the live paths among the first n."""
+    policy = build_policy(cfg.policy, keep=k)
+    kept = np.zeros(len(scores), bool)
+    live = paths.alive & (paths.path_id < n)
+    for g in range(int(paths.group.max()) + 1):
+        rows = np.nonzero((paths.group == g) & live)[0]
+        if len(rows):
+            kept[rows] = policy.keep(torch.as_tensor(scores[rows])).numpy()
+    return kept
+
+
+def summarize(o: dict, seconds_per_token: float, flops_per_token: float, n_boot: int,
+              seed: int) -> dict:
+    """Accuracy (with its bootstrap CI), tokens, FLOPs and estimated wall time of an
+    `outcome` dict."""
+    lo, hi = bootstrap_ci(o["correct"].astype(float), n=n_boot, seed=seed)
+    tokens = float(o["tokens"].sum())
+    return {"accuracy": float(o["correct"].mean()), "accuracy_ci": [lo, hi],
+            "avg_at_k": float(o["avg"].mean()), "tokens_total": tokens,
+            "seq_tokens": float(o["seq_tokens"].mean()), "flops": tokens * flops_per_token,
+            "wall_s": tokens * seconds_per_token, "wall_estimated": True,
+            "mean_prune_step": float(o["pruned_at"].mean()) if len(o["pruned_at"]) else None,
+            "alive_at_check": o["alive_at_check"]}
+
+
+def signal_quality(paths: Paths, scores: np.ndarray, n: int, n_boot: int, seed: int) -> dict:
+    """AUROC (within-prompt, primary; pooled) and AUPRC of a method's scores against path
+    success, over the live paths at the check. NaN scores rank lowest and +-inf at the
+    extremes (`stopexp.metrics.ranking`); `nonfinite_scores` counts them."""
+    live = paths.alive & (paths.path_id < n)
+    s, y, g = scores[live], paths.correct[live].astype(float), paths.group[live]
+    _, per = per_group_auroc(s, y, g)
+    per = per[np.isfinite(per)]
+    lo, hi = bootstrap_ci(per, n=n_boot, seed=seed) if len(per) else (np.nan, np.nan)
+    return {"auroc": within_prompt_auroc(s, y, g), "auroc_ci": [lo, hi],
+            "auroc_pooled": pooled_auroc(s, y), "auprc": auprc(s, y),
+            "nonfinite_scores": nonfinite(s)}
+
+
+def account_methods(cfg, names: list[str], scorers: dict, paths: Paths, checkpoint: int,
+                    stops: dict, views: dict | None, timing: dict | None,
+                    meta: dict) -> tuple[dict, dict, dict, list]:
+    """Score, prune and account every method in `names` on `paths` (N = search.n_paths per
+    prompt, keep K = policy.keep). stops: name -> outcome of the stopping-protocol methods
+    (replayed from the bank); views/timing: per method the online run's own paths, kept
+    set and measured time (None in replay). Returns (results, outcomes, scores, points):
+    name -> metrics, name -> `outcome` dict, name -> (P,) scores at the check, and the
+    Pareto points of the stopping methods (the others' come from `pareto_points`)."""
+    N, K = cfg.search.n_paths, cfg.policy.keep
+    sec_tok = meta.get("seconds_per_token", 0.0)
+    flops_tok = 2.0 * meta.get("lm_parameters", 0)
+    n_boot, seed = cfg.evaluate.bootstrap, cfg.evaluate.seed
+    results, outcomes, scores, points = {}, {}, {}, []
+    all_rows = np.ones(len(paths.length), bool)
+    for name in names:
+        if name in stops:  # replayed from the bank in either mode (exact)
+            outcomes[name] = stops[name]
+            results[name] = summarize(stops[name], sec_tok, flops_tok, n_boot, seed) | {
+                "replayed": True, "check_s": 0.0}
+            points.append({"method": name, "n": N, "k": N, "accuracy": results[name]["accuracy"],
+                           "tokens_total": results[name]["tokens_total"]})
+            continue
+        t0 = time.perf_counter()
+        if name != "no_prune":  # scores for AUROC (online too); replay also decides by them
+            scores[name] = scorers[name](paths.batch).numpy().astype(float)
+        if views is not None:  # online: the vote of what the method's own run produced
+            view, kept = views[name]
+        else:
+            view, kept = paths, keep_by_policy(paths, scores[name], cfg, K, N) if name in scores else None
+        check_s = time.perf_counter() - t0
+        o = outcome(view, all_rows if name == "no_prune" else kept, checkpoint, N)
+        outcomes[name] = o
+        r = summarize(o, sec_tok, flops_tok, n_boot, seed)
+        r["check_s"] = check_s
+        if name in scores:
+            r.update(signal_quality(paths, scores[name], N, n_boot, seed))
+            if r["nonfinite_scores"]:
+                log.warning("%s: %d scores are NaN or infinite; NaN ranks lowest (pruned first), "
+                            "+-inf at the extremes", name, r["nonfinite_scores"])
+        if timing is not None:
+            r.update(timing[name])
+        results[name] = r
+    base = results["no_prune"]
+    for r in results.values():
+        r["tokens_ratio"] = r["tokens_total"] / base["tokens_total"]
+        r["tokens_per_s"] = r["tokens_total"] / r["wall_s"] if r["wall_s"] else None
+        r["pass_at_1"] = base["avg_at_k"]
+        r["n"], r["k"] = N, K
+    results["no_prune"]["k"] = N
+    return results, outcomes, scores, points
+
+
+def pareto_points(cfg, paths: Paths, scores: dict, checkpoint: int) -> list[dict]:
+    """The Pareto points: no_prune at every N of evaluate.n_points, every scored method at
+    every K of evaluate.retention (N = search.n_paths), and 32 -> 8."""
+    N = cfg.search.n_paths
+    points = []
+    for n in cfg.evaluate.n_points:
+        o = outcome(paths, np.ones(len(paths.length), bool), checkpoint, n)
+        points.append({"method": "no_prune", "n": n, "k": n, "accuracy": float(o["correct"].mean()),
+                       "tokens_total": float(o["tokens"].sum())})
+    for name, s in scores.items():
+        for n, k in {(N, k) for k in cfg.evaluate.retention} | {(min(32, N), min(8, N))}:
+            o = outcome(paths, keep_by_policy(paths, s, cfg, k, n), checkpoint, n)
+            points.append({"method": name, "n": n, "k": k, "accuracy": float(o["correct"].mean()),
+                           "tokens_total": float(o["tokens"].sum())})
+    return points
+
+
+def add_text_metrics(cfg, prompt_ids: np.ndarray, chosen: dict, results: dict) -> None:
+    """BLEU / ROUGE / BERTScore of each method's chosen output (`chosen[name][g]` for the
+    g-th prompt, whose task prompt id is `prompt_ids[g]`) against the reference solution
+    and against the no_prune output."""
+    from stopexp.metrics import BertScorer
+    from stopexp.tasks import build_task
+
+    task = build_task(cfg.task)
+    problems = task.problems(cfg.evaluate.split, int(prompt_ids.max()) + 1)
+    refs = [task.reference(problems[i]) for i in prompt_ids]
+    scorer = BertScorer(cfg.evaluate.bertscore_model) if cfg.evaluate.bertscore_model else BertScorer()
+    base = list(chosen["no_prune"])
+    level = getattr(task, "text_level", "word")  # characters for the arithmetic task only
+    for name, hyps in chosen.items():
+        hyps = list(hyps)
+        for key, against in (("text_vs_reference", refs), ("text_vs_no_prune", base)):
+            m = results[name][key] = text_metrics(hyps, against, level=level, scorer=scorer)
+            if m.get("truncated"):
+                log.warning("%s %s: BERTScore cut %d of %d outputs at the encoder's maximum "
+                            "length (their ends do not count)", name, key, m["truncated"], len(hyps))

@@ -1,0 +1,91 @@
+"""Every evaluated method as a scorer of the paths at the check: the baselines, the
+external signals and the learned predictors (each loaded from its checkpoint; the
+controls such as conf_features are trained here when missing, as they need no LM)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from stopexp.config import ALWAYS_METHODS as ALWAYS, check_method_names
+from stopexp.signals import methods as M
+from stopexp.stopping import STOPPING_METHODS
+
+
+def method_names(cfg) -> list[str]:
+    """The methods to evaluate, in order: the always-run ones first, `learned` as the
+    configured predictor's name, no duplicates."""
+    names = [cfg.predictor.name if m == "learned" else m for m in cfg.evaluate.methods]
+    for m in ALWAYS:
+        if m not in names:
+            names.insert(0, m)
+    return list(dict.fromkeys(names))
+
+
+def check_methods(cfg) -> None:
+    """Unknown method names fail before any compute (also checked by config.validate)."""
+    check_method_names(cfg.evaluate.methods)
+
+
+def build_scorers(cfg, names: list[str], spec) -> dict:
+    """name -> scorer for every method but no_prune; learned ones load their checkpoint
+    (the conf_features control is trained here if missing: it needs no LM)."""
+    from stopexp.signals import PREDICTORS
+    from stopexp.signals.checkpoint import CheckpointDamaged, CheckpointMismatch, load_predictor
+    from stopexp.train import predictor_dir, train
+
+    scorers = {}
+    for name in names:
+        if name == "no_prune" or name in STOPPING_METHODS:  # no scorer: their own protocol
+            continue
+        if name == "random":
+            scorers[name] = M.random_scorer(cfg.evaluate.seed)
+        elif name == "oracle":
+            scorers[name] = M.oracle
+        elif name in M.BASELINES:
+            scorers[name] = M.BASELINES[name]
+        elif name in PREDICTORS or name == "super_token":
+            sub = cfg if name == cfg.predictor.name else _with_predictor(cfg, name)
+            ckpt = predictor_dir(sub)
+            command = f"python -m stopexp.train {' '.join(cli_overrides())}".rstrip()
+            if name != cfg.predictor.name:  # a control: made here, a damaged one remade
+                train(sub, progress=False)
+            elif not (ckpt / "predictor.json").exists():
+                raise FileNotFoundError(
+                    f"no trained {name} predictor for this config at {ckpt}.\nMake it with:  "
+                    f"{command}\n(or run python -m stopexp.pipeline, which makes it for you)")
+            try:
+                if name == "super_token":  # on its own copy of the LM; online it reads the engine's cache
+                    from stopexp.models import load_lm
+                    from stopexp.signals.super_token import load_super_token
+                    predictor, _ = load_super_token(ckpt, *load_lm(sub, progress=False), spec,
+                                                    cfg.search.max_batch_rows)
+                else:
+                    predictor, _ = load_predictor(ckpt, spec)
+            except (CheckpointDamaged, CheckpointMismatch) as e:
+                raise type(e)(f"{e}\nRebuild it with:  {command}") from e
+            scorers[name] = M.learned(predictor)
+        else:
+            scorers[name] = M.external(name)
+    return scorers
+
+
+def _with_predictor(cfg, name: str):
+    """cfg with conf/predictor/<name>.yaml as its predictor (the controls' config)."""
+    from stopexp.config import PredictorConfig
+
+    node = OmegaConf.load(Path(__file__).resolve().parent.parent / "conf" / "predictor" / f"{name}.yaml")
+    node.pop("defaults", None)
+    sub = cfg.copy()
+    sub.predictor = OmegaConf.merge(OmegaConf.structured(PredictorConfig), node)
+    return sub
+
+
+def cli_overrides() -> list[str]:
+    """The command line's Hydra overrides ([] outside a Hydra run), to print the command
+    that rebuilds a missing or damaged artifact."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        return list(HydraConfig.get().overrides.task)
+    except ValueError:
+        return []

@@ -13,8 +13,8 @@ import time
 import numpy as np
 from hydra import compose, initialize_config_dir
 
-from stopexp.config import project_root, validate
 from stopexp.accounting import Paths, keep_by_policy, outcome
+from stopexp.config import project_root, validate
 from stopexp.evaluate import evaluate
 
 

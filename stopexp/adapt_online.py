@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from stopexp.accounting import Paths, keep_by_policy
-from stopexp.evaluate_online import scatter_batch
+from stopexp.evaluate_online import run_launch_check_resume, scatter_batch
 from stopexp.policies import build_policy
 
 
@@ -47,7 +47,6 @@ def online_decider(cfg, paths: Paths, checkpoint: int):
     of pruned prefixes (success rate, tokens per row and measured seconds)."""
     from stopexp.models import load_lm
     from stopexp.search.decode import SamplingParams, make_engine, stream_seed
-    from stopexp.search.parallel import launch_check_resume
     from stopexp.search.sample import fit_prompts, path_labels, prompt_ids, prompt_limit, row_cap
     from stopexp.search.trace import mc_success
     from stopexp.taps import Taps
@@ -67,12 +66,8 @@ def online_decider(cfg, paths: Paths, checkpoint: int):
         if predictor is not None:
             methods["adapt"] = (lambda b: _score(predictor, b),
                                 lambda: Exploring(build_policy(cfg.policy, keep=K), epsilon, rng))
-        with Taps.from_config(model, cfg.tap) as taps:
-            engine = make_engine(model, tokenizer, SamplingParams.from_config(cfg), taps,
-                                 (checkpoint,))
-            runs, batch = launch_check_resume(engine, tokenizer, task, batch_problems, N, cfg.seed,
-                                              checkpoint, methods, cfg.search.group_window,
-                                              row_cap(cfg, tokenizer, batch_problems))
+        runs, batch = run_launch_check_resume(cfg, model, tokenizer, task, batch_problems,
+                                              methods, checkpoint)
         view = _view(runs["no_prune"], batch, batch_problems, task, N, checkpoint)
         run = runs["adapt" if predictor is not None else "no_prune"]
         keys = [(i, j) for i in range(len(batch_problems)) for j in range(N)]

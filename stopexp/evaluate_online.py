@@ -9,16 +9,31 @@ from stopexp.accounting import Paths
 from stopexp.policies import build_policy
 
 
+def run_launch_check_resume(cfg, model, tokenizer, task, problems, methods: dict,
+                            checkpoint: int):
+    """Launch-Check-Resume of `problems` with the LM for `methods` (name -> (scorer,
+    policy factory)) plus no_prune, with the taps, sampling and row cap of `cfg`; returns
+    stopexp.search.parallel.launch_check_resume's runs and check batch."""
+    from stopexp.search.decode import SamplingParams, make_engine
+    from stopexp.search.parallel import launch_check_resume
+    from stopexp.search.sample import row_cap
+    from stopexp.taps import Taps
+
+    with Taps.from_config(model, cfg.tap) as taps:
+        engine = make_engine(model, tokenizer, SamplingParams.from_config(cfg), taps,
+                             (checkpoint,))
+        return launch_check_resume(engine, tokenizer, task, problems, cfg.search.n_paths,
+                                   cfg.seed, checkpoint, methods, cfg.search.group_window,
+                                   row_cap(cfg, tokenizer, problems))
+
+
 def online_paths(cfg, names, scorers, checkpoint, n_prompts: int):
     """Run Launch-Check-Resume with the LM. Returns the paths as the no_prune run saw
     them, per method the paths as that method's run saw them with its kept set, and per
     method the measured time."""
     from stopexp.memory import kv_bytes_per_token, memory_summary
     from stopexp.models import load_lm
-    from stopexp.search.decode import SamplingParams, make_engine
-    from stopexp.search.parallel import launch_check_resume
-    from stopexp.search.sample import fit_prompts, prompt_limit, row_cap
-    from stopexp.taps import Taps
+    from stopexp.search.sample import fit_prompts, prompt_limit
     from stopexp.tasks import build_task
 
     task = build_task(cfg.task)
@@ -28,12 +43,8 @@ def online_paths(cfg, names, scorers, checkpoint, n_prompts: int):
     N, K = cfg.search.n_paths, cfg.policy.keep
     methods = {m: (scorers[m], lambda: build_policy(cfg.policy, keep=K))
                for m in names if m in scorers}
-    with Taps.from_config(model, cfg.tap) as taps:
-        engine = make_engine(model, tokenizer, SamplingParams.from_config(cfg), taps,
-                             (checkpoint,))
-        runs, batch = launch_check_resume(engine, tokenizer, task, problems, N, cfg.seed,
-                                          checkpoint, methods, cfg.search.group_window,
-                                          row_cap(cfg, tokenizer, problems))
+    runs, batch = run_launch_check_resume(cfg, model, tokenizer, task, problems, methods,
+                                          checkpoint)
     keys = [(i, j) for i in range(len(problems)) for j in range(N)]
     views, timing = {}, {}
     for name, run in runs.items():

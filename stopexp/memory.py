@@ -41,17 +41,18 @@ def kv_bytes_per_token(model) -> int:
 
 class KVMeter:
     """Per-prompt peak of cached tokens, measured from live decode states. `observe` is
-    called after every forward with the state's attention mask (1 = a cached token) and
-    the prompt of each of its rows; a prompt's rows must all be in that one state."""
+    called after every forward with the number of cached (non-pad) tokens of each row and
+    the prompt of each row; a prompt's rows must all be in that one state."""
 
     def __init__(self):
         self.peak: dict = {}   # prompt -> largest number of cached tokens seen
 
-    def observe(self, attention_mask: torch.Tensor, prompt_of_row: list) -> None:
-        held = attention_mask.sum(-1).cpu().tolist()
+    def observe(self, cached: torch.Tensor, prompt_of_row: list) -> None:
+        """cached: (B,) cached tokens per row (a decode state's `positions`: its prompt
+        plus the tokens fed so far, left padding excluded)."""
         now: dict = {}
-        for prompt, n in zip(prompt_of_row, held):
-            now[prompt] = now.get(prompt, 0) + int(n)
+        for prompt, n in zip(prompt_of_row, cached.tolist()):
+            now[prompt] = now.get(prompt, 0) + n
         for prompt, n in now.items():
             self.peak[prompt] = max(self.peak.get(prompt, 0), n)
 

@@ -33,8 +33,8 @@ def test_schedule_peaks_by_hand():
 def test_meter_sums_the_cached_tokens_of_each_prompt():
     meter = KVMeter()
     mask = torch.tensor([[0, 1, 1], [1, 1, 1], [0, 0, 1]])  # left padding is not counted
-    meter.observe(mask, ["a", "a", "b"])
-    meter.observe(mask[:1], ["a"])
+    meter.observe(mask.sum(-1), ["a", "a", "b"])
+    meter.observe(mask[:1].sum(-1), ["a"])
     assert meter.peak == {"a": 5, "b": 1}
 
 

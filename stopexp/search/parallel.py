@@ -44,11 +44,11 @@ def run_metered(engine: Engine, state: Decode, meter: KVMeter, prompt_of_path: l
     observed by `meter` before the first step and after every step (`prompt_of_path[p]`:
     the prompt of path p of the state)."""
     limit = engine.params.max_new_tokens if until is None else until
-    meter.observe(state.attention_mask, [prompt_of_path[p] for p in state.paths.tolist()])
+    meter.observe(state.positions, [prompt_of_path[p] for p in state.paths.tolist()])
     while state.size and state.n_generated < limit:
         engine.step(state)
         if state.size:
-            meter.observe(state.attention_mask, [prompt_of_path[p] for p in state.paths.tolist()])
+            meter.observe(state.positions, [prompt_of_path[p] for p in state.paths.tolist()])
     return state
 
 

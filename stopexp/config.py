@@ -147,6 +147,9 @@ class PredictorConfig:
         "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
     # conf_features: signal columns read besides the confidence ones (e.g. [attn_entropy])
     signals: List[str] = field(default_factory=list)
+    # linear | mlp | fusion: the position (generated tokens) as one more input of the head,
+    # log-scaled (stopexp.signals.features.position_feature)
+    position_input: bool = False
 
 
 @dataclass
@@ -221,6 +224,9 @@ class TrainConfig:
     weight_decay: float = 0.01
     patience: int = 5
     checkpoint: float = 0.08  # which tap checkpoint the predictor is trained at
+    # checkpoint: at train.checkpoint only | all: at every stored position, pairs mined
+    # within (prompt, position), epochs selected on the mean over positions (stopexp/per_step.py)
+    positions: str = "checkpoint"
     seed: int = 0
 
 
@@ -322,6 +328,7 @@ ALLOWED = {
     "predictor.name": ("statistic", "linear", "mlp", "fusion", "conf_features", "super_token"),
     "predictor.statistic": ("l2", "mean", "var"),
     "loss.name": ("contrastive", "pairwise", "reward_regression", "mse"),
+    "train.positions": ("checkpoint", "all"),
     "policy.name": ("fixed", "quantile", "topk", "adaptive"),
     "search.name": ("parallel", "beam"),
     "logger.name": ("wandb", "none"),
@@ -761,6 +768,18 @@ def _check_predictor_loss_train(cfg) -> None:
         _at_least(f"train.{key}", tr[key], 1)
     _within("train.lr", tr.lr, 0, math.inf, low_open=True, high_open=True)
     _at_least("train.weight_decay", tr.weight_decay, 0)
+    if pred.position_input and pred.name not in POSITION_INPUT_PREDICTORS:
+        why = ("reads prefix_len among its signal columns already" if pred.name == "conf_features"
+               else "has no learned head to feed it")
+        _fail("predictor.position_input", f"predictor={pred.name} {why}; allowed with "
+                                          f"{', '.join(POSITION_INPUT_PREDICTORS)}")
+    if tr.positions == "all" and pred.name == "super_token":
+        _fail("train.positions", "all needs stored features at every position, but super_token "
+                                 "re-encodes each prefix with the LM; use train.positions=checkpoint")
+
+
+# the predictors whose head takes the position as an extra input (predictor.position_input)
+POSITION_INPUT_PREDICTORS = ("linear", "mlp", "fusion")
 
 
 def _check_predictor_signals(cfg) -> None:

@@ -10,6 +10,8 @@ trace bank without the LM (exact, since every path has its own random stream);
 `online` really runs the LM and measures wall time. Methods with a stopping protocol of
 their own (ESC, Adaptive-Consistency, DeepConf online and its votes: stopexp/stopping.py)
 replay the bank in both modes; stopexp/analyses.py adds the per-method analyses.
+Every scoring method is also scored at every stored position of the bank's paths
+(`auroc_by_prefix` in metrics.json and auroc_by_prefix.png: stopexp/per_step.py).
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from stopexp.artifacts import write_json
 from stopexp.config import check_output_dirs, checkpoint_tokens, validate
 from stopexp.evaluate_report import make_plots, sample_table
 from stopexp.memory import add_memory
+from stopexp.per_step import auroc_by_prefix
 from stopexp.scorers import build_scorers, check_methods, cli_overrides, method_names
 from stopexp.stopping import STOPPING_METHODS, stopping_outcomes
 from stopexp.table import print_table  # pipeline and notebooks import it from here
@@ -78,10 +81,12 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
     metrics = {"methods": results, "points": points, "mode": cfg.evaluate.mode,
                "protocol": {"n": N, "k": K, "check_tokens": checkpoint, "policy": cfg.policy.name,
                             "prompts": int(paths.group.max()) + 1, "split": split},
-               "bank": root.name, "eval_wall_s": round(time.time() - start, 2)}
+               "bank": root.name}
+    metrics["auroc_by_prefix"] = auroc_by_prefix(cfg, scorers, root, meta, split, feature_spec(meta))
+    metrics["eval_wall_s"] = round(time.time() - start, 2)
     # plot, log
     if run_dir is not None:
-        figs = make_plots(paths, outcomes, scores, points, run_dir, results)
+        figs = make_plots(paths, outcomes, scores, points, run_dir, results, metrics["auroc_by_prefix"])
         metrics["plots"] = {k: str(v) for k, v in figs.items()}
         if run is not None:
             run.log({f"plots/{k}": run.image(v) for k, v in figs.items()})

@@ -11,9 +11,10 @@ from stopexp.signals import methods as M
 
 
 def make_plots(paths: Paths, outcomes: dict, scores: dict, points: list, run_dir: Path,
-               results: dict | None = None) -> dict:
+               results: dict | None = None, prefix_curves: dict | None = None) -> dict:
     """Write the standard figures into run_dir; returns name -> PNG path. With `results`
-    (metrics.json's "methods", the analyses added) the analyses figure too."""
+    (metrics.json's "methods", the analyses added) the analyses figure too; with
+    `prefix_curves` (metrics.json's "auroc_by_prefix") the AUROC against prefix length."""
     figs = {"pareto": plots.pareto(points, run_dir / "pareto.png"),
             "survival": plots.survival({m: o["survival"] for m, o in outcomes.items()},
                                        run_dir / "survival.png"),
@@ -29,6 +30,9 @@ def make_plots(paths: Paths, outcomes: dict, scores: dict, points: list, run_dir
             1 / (1 + np.exp(-s)), paths.correct[paths.alive], run_dir / f"calibration_{m}.png", m)
     if results is not None:
         figs["analyses"] = plots.analyses(results, run_dir / "analyses.png")
+    if prefix_curves:
+        figs["auroc_by_prefix"] = plots.auroc_by_prefix(
+            prefix_curves, run_dir / "auroc_by_prefix.png", "every method at every stored prefix")
     return figs
 
 

@@ -91,6 +91,22 @@ def pareto(points: list[dict], path: Path) -> Path:
     return save_figure(fig, path)
 
 
+def auroc_by_prefix(curves: dict[str, dict], path: Path, title: str = "") -> Path:
+    """Within-prompt AUROC against prefix length, one line per method. `curves`: method ->
+    {"positions": [tokens], "auroc": [float]} (stopexp.per_step.auroc_by_position);
+    positions without a mixed prompt (NaN) leave a gap. Dashed: chance (0.5)."""
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for i, (method, c) in enumerate(curves.items()):
+        ax.plot(c["positions"], c["auroc"], "o-" if "@" not in method else "s--",
+                color=_colour(i), label=method, ms=3, lw=1.2)
+    ax.axhline(0.5, color="grey", lw=0.8, ls=":")
+    ax.set_xlabel("prefix (generated tokens)")
+    ax.set_ylabel("within-prompt AUROC")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, ncol=2)
+    return save_figure(fig, path)
+
+
 def survival(curves: dict[str, list], path: Path) -> Path:
     """Share of launched paths still generating at each step."""
     fig, ax = plt.subplots(figsize=(5.5, 3.5))

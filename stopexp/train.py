@@ -4,9 +4,11 @@ except by the super-token predictor, which runs it).
     python -m stopexp.train +exp=toy_contrastive
 
 Reads the bank made by collect for the same upstream config (found by hash), trains on
-the `train` split at checkpoint `train.checkpoint`, early-stops on the validation
-within-prompt AUROC, keeps the best epoch, reports train/val/test metrics and saves a
-checkpoint that evaluate finds by hash.
+the `train` split at checkpoint `train.checkpoint` (or, with `train.positions=all`, at
+every stored position: stopexp/per_step.py), early-stops on the validation within-prompt
+AUROC (averaged over positions), keeps the best epoch, reports train/val/test metrics with
+the AUROC at every stored position (`auroc_by_prefix`, plotted) and saves a checkpoint
+that evaluate finds by hash.
 """
 from __future__ import annotations
 
@@ -19,10 +21,10 @@ from pathlib import Path
 import hydra
 import numpy as np
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from stopexp import bank, plots
+from stopexp import bank, per_step, plots
 from stopexp.artifacts import config_hash, write_json
 from stopexp.config import check_output_dirs, checkpoint_tokens, validate
 from stopexp.integrity import set_aside
@@ -38,8 +40,19 @@ from stopexp.tracking import tracked_run
 log = logging.getLogger(__name__)
 
 
+# keys whose default leaves the hash as it was before they existed (earlier checkpoints stay found)
+HASH_NEUTRAL = {"predictor": {"position_input": False}, "train": {"positions": "checkpoint"}}
+
+
 def predictor_dir(cfg) -> Path:
-    key = config_hash(bank.bank_key(cfg), cfg.predictor, cfg.loss, cfg.train)
+    parts = []
+    for name in ("predictor", "train"):
+        section = OmegaConf.to_container(cfg[name], resolve=True)
+        for key, default in HASH_NEUTRAL[name].items():
+            if section.get(key) == default:
+                section.pop(key)
+        parts.append(section)
+    key = config_hash(bank.bank_key(cfg), parts[0], cfg.loss, parts[1])
     return Path(cfg.paths.cache_dir) / "predictors" / key
 
 
@@ -120,10 +133,18 @@ def score(predictor, data: dict, chunk: int = 8192) -> torch.Tensor:
 
 
 def evaluate_scores(scores: torch.Tensor, data: dict) -> dict:
+    """The ranking and calibration metrics of `scores` on `data`. On every-position data
+    (with "prompt_group": train.positions=all) "auroc" is the mean over positions of the
+    within-prompt AUROC at each position, and "auroc_by_prefix" the per-position curve
+    (stopexp.per_step.auroc_by_position)."""
     s, y = scores.numpy(), data["correct"].numpy()
     p = 1 / (1 + np.exp(-s))
+    by_prefix = {}
+    if "prompt_group" in data:
+        curve = per_step.auroc_by_position(s, y, data["prompt_group"].numpy(), data["position"].numpy())
+        by_prefix = {"auroc": per_step.mean_over_positions(curve), "auroc_by_prefix": curve}
     return {"auroc": within_prompt_auroc(s, y, data["group"].numpy()),
-            "auroc_pooled": pooled_auroc(s, y), "auprc": auprc(s, y),
+            **by_prefix, "auroc_pooled": pooled_auroc(s, y), "auprc": auprc(s, y),
             "ece": ece(p, y), "brier": brier(p, y),
             "length_corr": length_correlation(s, data["length"].numpy()),
             "paths": int(len(y)), "positive_rate": float(y.mean()) if len(y) else math.nan,
@@ -167,7 +188,8 @@ def fit(cfg, predictor, data: dict, progress: bool = True) -> tuple[dict, list[d
             losses.append(loss.item())
         val = evaluate_scores(score(predictor, data["val"]), data["val"])
         history.append({"epoch": epoch, "train_loss": float(np.mean(losses)),
-                        **{f"val_{k}": v for k, v in val.items() if k not in ("paths", "positive_rate")}})
+                        **{f"val_{k}": v for k, v in val.items()
+                           if k not in ("paths", "positive_rate", "auroc_by_prefix")}})
         bar.set_postfix(loss=f"{np.mean(losses):.4f}", val_auroc=f"{val['auroc']:.3f}")
         # NaN never wins; a tie goes to the later epoch: a flat validation AUROC (coarse with
         # few mixed prompts) is no reason to keep an earlier, less trained state. Keeping
@@ -222,7 +244,9 @@ def train(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
             log.warning("%s\nretraining it: the old checkpoint is deleted", e)
             set_aside(out)
     start = time.time()
-    data = split_data(root, meta, cfg, prefixes=lm_based)
+    every_position = cfg.train.positions == "all"
+    data = per_step.split_data_all(root, meta, cfg) if every_position else split_data(
+        root, meta, cfg, prefixes=lm_based)
     torch.manual_seed(cfg.train.seed)
     spec = feature_spec(meta)
     if lm_based:
@@ -249,6 +273,11 @@ def train(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
         with one_thread(predictor):
             scores[split] = score(predictor, d)
         metrics[split] = evaluate_scores(scores[split], d)
+        if not every_position and not lm_based:  # the checkpoint's predictor at every position
+            _, rows = per_step.position_data(root, meta, split)
+            with one_thread(predictor):
+                metrics[split]["auroc_by_prefix"] = per_step.auroc_by_position(
+                    score(predictor, rows), rows["correct"], rows["group"], rows["position"])
     save_predictor(out, predictor, cfg.predictor, spec, root.name, metrics,
                    {"history": history, "checkpoint_tokens": checkpoint_tokens(
                        cfg.train.checkpoint, cfg.search.max_new_tokens)})
@@ -261,6 +290,12 @@ def train(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
             s, y, run_dir / "score_hist.png", f"{cfg.predictor.name} ({split})")
         figs["reliability"] = plots.reliability_diagram(
             1 / (1 + np.exp(-s)), y, run_dir / "reliability.png", f"{cfg.predictor.name} ({split})")
+        curves = {f"{cfg.predictor.name} ({sp})": metrics[sp]["auroc_by_prefix"]
+                  for sp in ("val", "test") if "auroc_by_prefix" in metrics.get(sp, {})}
+        if curves:
+            figs["auroc_by_prefix"] = plots.auroc_by_prefix(
+                curves, run_dir / "auroc_by_prefix.png",
+                f"trained at {'every position' if every_position else 'one checkpoint'}")
         if run is not None:
             for h in history:
                 run.log({"train/loss": h["train_loss"],

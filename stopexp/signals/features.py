@@ -8,6 +8,7 @@ in `FeatureSpec.tap_layers` order, "signals" (B, S) with columns `signal_names`,
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -57,3 +58,17 @@ def signal_columns(names, spec: FeatureSpec) -> list[int]:
         raise ValueError(f"signals {missing} are not in the feature spec's signal_names "
                          f"{tuple(spec.signal_names)}")
     return [list(spec.signal_names).index(n) for n in names]
+
+
+# positions are log-scaled against this many tokens: 1 token -> 0.08, 64 -> 0.50, 4096 -> 1.0
+POSITION_SCALE = 4096
+
+
+def position_feature(batch: dict) -> torch.Tensor:
+    """(B, 1) float32: the prefix length in generated tokens, batch["prefix_len"] (every
+    batch has it: training rows, replay, online checks, beams), as log1p(t) /
+    log1p(POSITION_SCALE). Predictors with `predictor.position_input` concatenate it to their
+    head's input. The log keeps short prefixes apart, and a fixed scale means a checkpoint
+    carries no statistic of its training data."""
+    t = torch.as_tensor(batch["prefix_len"], dtype=torch.float32)
+    return (torch.log1p(t.clamp(min=0)) / math.log1p(POSITION_SCALE)).unsqueeze(-1)

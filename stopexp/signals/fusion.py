@@ -1,13 +1,17 @@
 """Multi-layer fusion: every tapped layer gets its own LayerNorm -> Linear(H, hidden)
 projection; the projections are concatenated and mixed by a small MLP to one logit.
-Concatenation (not a weighted sum) lets the mixer combine layers non-additively."""
+Concatenation (not a weighted sum) lets the mixer combine layers non-additively.
+
+With `predictor.position_input` the position_feature is concatenated to the projections
+(n_taps * hidden + 1 mixer inputs; the mixer's leading GELU keeps the positive feature
+monotone)."""
 from __future__ import annotations
 
 import torch
 from torch import nn
 
 from stopexp.signals.base import Predictor
-from stopexp.signals.features import FeatureSpec, hidden_of
+from stopexp.signals.features import FeatureSpec, hidden_of, position_feature
 from stopexp.signals.mlp import mlp_head
 
 
@@ -17,12 +21,18 @@ class FusionPredictor(Predictor):
     def __init__(self, cfg, spec: FeatureSpec):
         super().__init__(spec)
         n_taps, size = len(spec.tap_layers), spec.hidden_size
+        self.position_input = bool(getattr(cfg, "position_input", False))  # older checkpoints: off
+        if self.position_input:
+            self.inputs = ("hidden", "prefix_len")
         self.projections = nn.ModuleList(
             nn.Sequential(nn.LayerNorm(size), nn.Linear(size, cfg.hidden)) for _ in range(n_taps))
+        mixed = n_taps * cfg.hidden + self.position_input
         self.mixer = nn.Sequential(nn.GELU(), nn.Dropout(cfg.dropout),
-                                   mlp_head(n_taps * cfg.hidden, cfg.hidden, cfg.depth, cfg.dropout))
+                                   mlp_head(mixed, cfg.hidden, cfg.depth, cfg.dropout))
 
     def forward(self, batch: dict) -> torch.Tensor:
         hidden = hidden_of(batch, self.spec)
         parts = [proj(hidden[:, i]) for i, proj in enumerate(self.projections)]
+        if self.position_input:
+            parts.append(position_feature(batch))
         return self.mixer(torch.cat(parts, dim=-1)).squeeze(-1)

@@ -1,0 +1,176 @@
+"""Per-step predictors and AUROC against prefix length: one row per (path, position).
+
+A *position batch* holds one row per (path, stored position) where the path is still
+generating, with the keys of `bank.tensors_at` plus "position" (B,) int64 (the prefix in
+generated tokens) and "path" (B,) int64 (the path's row in the split's bank). Everything
+here consumes that dict; `position_data` is the one place that makes it.
+
+- Training on every position (`train.positions=all`): the losses mine pairs within
+  (prompt, position), never across positions (`pair_groups` becomes the batch's "group";
+  the prompt stays in "prompt_group"), and epochs are selected on the validation
+  within-prompt AUROC averaged over positions (`mean_over_positions`).
+- AUROC against prefix length (`auroc_by_position`): at every stored position, the
+  within-prompt AUROC of a scorer over the paths alive there (the mean over the prompts
+  with mixed outcomes at that position), and how many such prompts there were. It answers
+  "from which prefix on does a signal know?".
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from stopexp import bank
+from stopexp.metrics.ranking import per_group_auroc
+
+log = logging.getLogger(__name__)
+
+
+def checkpoint_rows(ds, meta: dict) -> dict:
+    """The position batch of today's bank: `bank.tensors_at` at every bank checkpoint
+    (meta["checkpoints"], tokens), concatenated checkpoint by checkpoint, only the rows
+    alive there, plus "position" (the checkpoint) and "path" (the row in `ds`)."""
+    parts = []
+    for c_idx, ckpt in enumerate(meta["checkpoints"]):
+        t = bank.tensors_at(ds, c_idx, ckpt)
+        n = len(t["correct"])
+        t["position"] = torch.full((n,), int(ckpt), dtype=torch.int64)
+        t["path"] = torch.arange(n, dtype=torch.int64)
+        parts.append(bank.select_rows(t, t["alive"]))
+    return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+
+
+def position_data(root: Path, meta: dict, split: str):
+    """(the split's bank rows, its position batch of alive rows), or (ds, None) when the
+    bank holds no path of `split`. The one source of position batches: every consumer
+    below reads what this returns."""
+    ds = bank.load_bank(root, split)
+    if not len(ds):
+        return ds, None
+    rows = checkpoint_rows(ds, meta)
+    return ds, bank.select_rows(rows, rows["alive"])  # a source may also return ended rows
+
+
+def pair_groups(group: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+    """(B,) int64 dense ids of the (prompt group, position) pairs: rows share an id iff
+    they share both, so pairs mined by the losses never cross positions."""
+    keys = torch.stack([torch.as_tensor(group), torch.as_tensor(position)], dim=1).numpy()
+    _, inverse = np.unique(keys, axis=0, return_inverse=True)
+    return torch.from_numpy(inverse.reshape(-1).astype(np.int64))
+
+
+def training_rows(rows: dict) -> dict:
+    """A position batch as training data: "group" the (prompt, position) pair id (what the
+    pairwise losses and the prompt batches group by), "prompt_group" the prompt's."""
+    return {**rows, "prompt_group": rows["group"], "group": pair_groups(rows["group"], rows["position"])}
+
+
+def auroc_by_position(scores, correct, group, position) -> dict:
+    """Per stored position (ascending): the within-prompt AUROC of `scores` against
+    `correct` over the rows at that position (mean over prompt `group`s with both outcomes
+    there; NaN where none has both) and the number of such prompts. All arguments (B,).
+    Returns {"positions": [int], "auroc": [float], "n_mixed_prompts": [int]}."""
+    s, y = np.asarray(scores, dtype=float), np.asarray(correct) > 0.5
+    g, pos = np.asarray(group), np.asarray(position)
+    out = {"positions": [], "auroc": [], "n_mixed_prompts": []}
+    for p in np.unique(pos):
+        at = pos == p
+        _, values = per_group_auroc(s[at], y[at], g[at])
+        mixed = values[~np.isnan(values)]
+        out["positions"].append(int(p))
+        out["auroc"].append(float(mixed.mean()) if len(mixed) else math.nan)
+        out["n_mixed_prompts"].append(int(len(mixed)))
+    return out
+
+
+def mean_over_positions(curve: dict) -> float:
+    """The mean of a curve's AUROCs over the positions with a mixed prompt (NaN if none)."""
+    values = [a for a in curve["auroc"] if math.isfinite(a)]
+    return float(np.mean(values)) if values else math.nan
+
+
+def split_data_all(root: Path, meta: dict, cfg) -> dict[str, dict]:
+    """train.positions=all: per split, the training rows of every stored position.
+    Raises NothingToLearn when train or val has no (prompt, position) with both a correct
+    and a wrong path."""
+    from stopexp.train import NothingToLearn
+
+    out = {}
+    for split in ("train", "val", "test"):
+        if bank.split_rows(meta, split):
+            _, rows = position_data(root, meta, split)
+            if rows is not None and len(rows["correct"]):
+                out[split] = training_rows(rows)
+    for split in ("train", "val"):
+        data = out.get(split)
+        n = len(data["correct"]) if data else 0
+        if n and sum(auroc_by_position(np.zeros(n), data["correct"], data["prompt_group"],
+                                       data["position"])["n_mixed_prompts"]):
+            continue
+        raise NothingToLearn(
+            f"train.positions: all: the {split} split has no usable pair at any of the bank's "
+            f"positions {list(meta['checkpoints'])} ({n} alive path positions): no prompt has both "
+            f"a correct and a wrong path alive at one position. Collect more prompts "
+            f"(collect.prompts.{split}), keep prompts with mixed outcomes (collect.keep_correct), "
+            f"or try another task.seed or seed.")
+    return out
+
+
+def curves_of(scorers: dict, rows: dict, seed_keys: np.ndarray | None = None) -> dict:
+    """method -> auroc_by_position of its scorer on the position batch `rows` (alive rows;
+    "group" the prompt). Each position is scored on its own, so a scorer that compares a
+    path with its prompt's peers (st_bon) sees only the peers at the same position.
+    `seed_keys`: the bank's per-path stream names, indexed by rows["path"] (the random
+    scorer's; a path keeps its draw at every position)."""
+    pos = rows["position"].numpy()
+    curves = {}
+    for name, scorer in scorers.items():
+        scores = np.zeros(len(pos))
+        for p in np.unique(pos):
+            at = np.nonzero(pos == p)[0]
+            batch = bank.select_rows(rows, torch.from_numpy(at))
+            if seed_keys is not None:
+                batch["seed_key"] = list(seed_keys[batch["path"].numpy()])
+            scores[at] = np.asarray(scorer(batch), dtype=float)
+        curves[name] = auroc_by_position(scores, rows["correct"], rows["group"], pos)
+    return curves
+
+
+def single_checkpoint_baseline(cfg, spec) -> tuple[str, object] | None:
+    """With train.positions=all: (label, predictor) of the same predictor trained the
+    standard way, at train.checkpoint only and without the position input (trained here
+    when missing, as the controls are), to be scored at every position. None otherwise."""
+    if cfg.train.positions != "all":
+        return None
+    from stopexp.config import checkpoint_tokens
+    from stopexp.signals.checkpoint import load_predictor
+    from stopexp.train import predictor_dir, train
+
+    sub = copy.deepcopy(cfg)
+    sub.train.positions, sub.predictor.position_input = "checkpoint", False
+    train(sub, progress=False)
+    predictor, _ = load_predictor(predictor_dir(sub), spec)
+    return f"{cfg.predictor.name}@{checkpoint_tokens(cfg.train.checkpoint, cfg.search.max_new_tokens)}", predictor
+
+
+def auroc_by_prefix(cfg, scorers: dict, root: Path, meta: dict, split: str, spec) -> dict:
+    """Evaluate's curves: method -> auroc_by_position over the `split` paths of the bank,
+    for every scorer (learned, confidence, entropy, hidden-state statistics, random,
+    oracle; not the super token, which would re-run the LM at every position) and, with
+    train.positions=all, the single-checkpoint predictor scored at every position
+    (labelled "<predictor>@<tokens>")."""
+    from stopexp.signals import methods as M
+
+    ds, rows = position_data(root, meta, split)
+    if rows is None:
+        return {}
+    use = {k: v for k, v in scorers.items() if v is not None and k != "super_token"}
+    base = single_checkpoint_baseline(cfg, spec)
+    if base is not None:
+        use[base[0]] = M.learned(base[1])
+    keys = np.asarray([f"{p}/{j}" for p, j in zip(ds["prompt"][:], ds["path_id"][:])], dtype=object)
+    return curves_of(use, rows, keys)

@@ -92,10 +92,11 @@ def pareto(points: list[dict], path: Path) -> Path:
 
 
 def auroc_by_prefix(curves: dict[str, dict], path: Path, title: str = "") -> Path:
-    """Within-prompt AUROC against prefix length, one line per method. `curves`: method ->
+    """Within-prompt AUROC against prefix length, one line per method (dashed: a predictor
+    trained at one checkpoint, "<name>@<tokens>"). `curves`: method ->
     {"positions": [tokens], "auroc": [float]} (stopexp.per_step.auroc_by_position);
     positions without a mixed prompt (NaN) leave a gap. Dashed: chance (0.5)."""
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    fig, ax = plt.subplots(figsize=(8, 4.2))
     for i, (method, c) in enumerate(curves.items()):
         ax.plot(c["positions"], c["auroc"], "o-" if "@" not in method else "s--",
                 color=_colour(i), label=method, ms=3, lw=1.2)
@@ -103,7 +104,7 @@ def auroc_by_prefix(curves: dict[str, dict], path: Path, title: str = "") -> Pat
     ax.set_xlabel("prefix (generated tokens)")
     ax.set_ylabel("within-prompt AUROC")
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))  # beside: lines cross everywhere
     return save_figure(fig, path)
 
 

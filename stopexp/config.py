@@ -225,7 +225,8 @@ class TrainConfig:
     patience: int = 5
     checkpoint: float = 0.08  # which tap checkpoint the predictor is trained at
     # checkpoint: at train.checkpoint only | all: at every stored position, pairs mined
-    # within (prompt, position), epochs selected on the mean over positions (stopexp/per_step.py)
+    # within (prompt, position), a batch holds batch_prompts such groups, epochs selected
+    # on the validation within-prompt AUROC averaged over positions (stopexp/per_step.py)
     positions: str = "checkpoint"
     seed: int = 0
 

@@ -95,7 +95,7 @@ def auroc_by_prefix(curves: dict[str, dict], path: Path, title: str = "") -> Pat
     """Within-prompt AUROC against prefix length, one line per method (dashed: a predictor
     trained at one checkpoint, "<name>@<tokens>"). `curves`: method ->
     {"positions": [tokens], "auroc": [float]} (stopexp.per_step.auroc_by_position);
-    positions without a mixed prompt (NaN) leave a gap. Dashed: chance (0.5)."""
+    positions without a mixed prompt (NaN) leave a gap. Dotted: chance (0.5)."""
     fig, ax = plt.subplots(figsize=(8, 4.2))
     for i, (method, c) in enumerate(curves.items()):
         ax.plot(c["positions"], c["auroc"], "o-" if "@" not in method else "s--",

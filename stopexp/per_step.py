@@ -17,7 +17,6 @@ here consumes that dict; `position_data` is the one place that makes it.
 from __future__ import annotations
 
 import copy
-import logging
 import math
 from pathlib import Path
 
@@ -26,8 +25,6 @@ import torch
 
 from stopexp import bank
 from stopexp.metrics.ranking import per_group_auroc
-
-log = logging.getLogger(__name__)
 
 
 def checkpoint_rows(ds, meta: dict) -> dict:
@@ -154,7 +151,8 @@ def single_checkpoint_baseline(cfg, spec) -> tuple[str, object] | None:
     sub.train.positions, sub.predictor.position_input = "checkpoint", False
     train(sub, progress=False)
     predictor, _ = load_predictor(predictor_dir(sub), spec)
-    return f"{cfg.predictor.name}@{checkpoint_tokens(cfg.train.checkpoint, cfg.search.max_new_tokens)}", predictor
+    tokens = checkpoint_tokens(cfg.train.checkpoint, cfg.search.max_new_tokens)
+    return f"{cfg.predictor.name}@{tokens}", predictor
 
 
 def auroc_by_prefix(cfg, scorers: dict, root: Path, meta: dict, split: str, spec) -> dict:

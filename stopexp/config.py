@@ -898,6 +898,12 @@ def _check_evaluate(cfg) -> None:
     _within("policy.quantile", pol.quantile, 0, 1, low_open=True, high_open=True)
     _within("policy.target_prune_rate", pol.target_prune_rate, 0, 1, high_open=True)
     _at_least("policy.gain", pol.gain, 0)
+    if s.name == "beam" and ev.vote != "majority":
+        _fail("evaluate.vote", f"{ev.vote!r}: beam search returns one hypothesis per prompt, "
+                               "there is no vote to weight or filter; leave it majority")
+    if s.name == "beam" and s.score_rule != "last":
+        _fail("search.score_rule", f"{s.score_rule!r} is for Launch-Check-Resume with several "
+                                   "checks; beam search acts on each step's score (search.patience)")
     if s.name == "beam" and pol.name == "topk" and pol.keep >= s.beam_width:
         _fail("policy.keep", f"policy=topk keeps K={pol.keep} of at most search.beam_width="
                              f"{s.beam_width} live beams, so beam search would never prune and "

@@ -143,6 +143,10 @@ def test_votes_and_what_unscored_paths_get():
     (["search.score_rule=median"], "search.score_rule", "allowed: last, running_mean"),
     (["evaluate.vote=borda"], "evaluate.vote", "allowed: majority, weighted, filtered"),
     (["evaluate.vote_top=0"], "evaluate.vote_top", "must lie in (0, 1]"),
+    (["search=beam", "policy=quantile", "evaluate.vote=weighted"], "evaluate.vote",
+     "beam search returns one hypothesis per prompt"),
+    (["search=beam", "policy=quantile", "search.score_rule=running_mean"], "search.score_rule",
+     "beam search acts on each step's score"),
 ])
 def test_bad_checks_and_votes_fail_naming_the_key(overrides, key, msg):
     with pytest.raises(ConfigError, match=key) as e:

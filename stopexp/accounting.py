@@ -1,7 +1,7 @@
 """One accounting for every method: the evaluated paths (`Paths`, from the trace bank in
 replay), the vote and token cost of a pruning decision (`outcome`), the threshold policy
-applied prompt by prompt, the summary and signal-quality metrics, the Pareto points and
-the text metrics of the chosen outputs."""
+applied prompt by prompt at one check or several (`decide_by_checks`), the summary and
+signal-quality metrics, the Pareto points and the text metrics of the chosen outputs."""
 from __future__ import annotations
 
 import logging
@@ -15,9 +15,10 @@ import torch
 from stopexp import bank
 from stopexp.metrics import (auprc, bootstrap_ci, nonfinite, per_group_auroc, pooled_auroc,
                              text_metrics, within_prompt_auroc)
+from stopexp.config import check_plan
 from stopexp.policies import build_policy
-from stopexp.search.sample import vote
 from stopexp.stopping import kv_peaks
+from stopexp.voting import elect, rule_score
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,15 @@ class Paths:
     batch: dict          # predictor batch at the check, for every row
     prompt_ids: np.ndarray | None = None  # the task's prompt id of each group (None: 0..G-1)
     prompt_len: np.ndarray | None = None  # prompt tokens (for the KV-memory estimate; None online)
+    checks: list | None = None  # replay: the predictor batch at every check (checks[0] is batch)
+
+
+@dataclass
+class Decision:
+    """What a method's checks did to every path (one row per path, as in `Paths`)."""
+    kept: np.ndarray       # alive at the first check and never pruned
+    pruned_at: np.ndarray  # prefix tokens of the check that pruned the path (0: not pruned)
+    signal: np.ndarray     # final signal: the score at the last check it passed (NaN: never scored)
 
 
 def prompts_in(root: Path, split: str) -> int:
@@ -43,24 +53,40 @@ def prompts_in(root: Path, split: str) -> int:
     return int(bank.load_bank(root, split)["prompt_id"][:].max()) + 1
 
 
-def replay_paths(root: Path, meta: dict, split: str, checkpoint: int) -> Paths:
+def batches_at(ds, meta: dict, checks: list[int]) -> list[dict]:
+    """The predictor batch of every path of `ds` (a bank split) at each check (tokens), in
+    order: the one place that reads features for pruning decisions from the bank.
+    ValueError naming the checks the bank lacks (its checkpoints come from tap.checkpoints)."""
+    missing = [c for c in checks if c not in meta["checkpoints"]]
+    if missing:
+        raise ValueError(f"search.check_at: the trace bank holds features at prefixes "
+                         f"{meta['checkpoints']} (tap.checkpoints), not at {missing}; collect "
+                         "a bank whose tap.checkpoints include every check")
+    return [bank.tensors_at(ds, meta["checkpoints"].index(c), c) for c in checks]
+
+
+def replay_paths(root: Path, meta: dict, split: str, checkpoint: int | list[int]) -> Paths:
     """The bank's `split` paths with the predictor batch at `checkpoint` (tokens; one of
-    the bank's checkpoints). ValueError when the bank holds no such paths."""
+    the bank's checkpoints), or at each of several checks (`Paths.checks`; `batch` is the
+    first). ValueError when the bank holds no such paths or features."""
     ds = bank.load_bank(root, split)
     if not len(ds):
         raise ValueError(f"evaluate.split: the trace bank has no {split!r} paths")
-    c_idx = meta["checkpoints"].index(checkpoint)
-    t = bank.tensors_at(ds, c_idx, checkpoint)
+    checks = batches_at(ds, meta, [checkpoint] if isinstance(checkpoint, int) else list(checkpoint))
+    t = checks[0]
     t["seed_key"] = [f"{p}/{j}" for p, j in zip(ds["prompt"][:], ds["path_id"][:])]
     t.update(bank.prefix_columns(ds))  # the super token re-encodes the prefixes
     # groups are dense even where collect left prompts out (model.long_prompts=skip)
     prompt_ids, group = np.unique(np.asarray(ds["prompt_id"][:]).astype(np.int64), return_inverse=True)
     t["group"] = torch.as_tensor(group.astype(np.int64))
+    for c in checks[1:]:
+        c.update({k: t[k] for k in ("seed_key", "prompt", "tokens", "group")})
     return Paths(group=t["group"].numpy(), path_id=np.asarray(ds["path_id"][:]),
                  length=np.asarray(ds["length"][:]), correct=np.asarray(ds["correct"][:]),
                  answer=np.asarray(ds["answer"][:], dtype=object),
                  text=np.asarray(ds["text"][:], dtype=object), alive=t["alive"].numpy(),
-                 batch=t, prompt_ids=prompt_ids, prompt_len=np.asarray(ds["prompt_len"][:]))
+                 batch=t, prompt_ids=prompt_ids, prompt_len=np.asarray(ds["prompt_len"][:]),
+                 checks=checks)
 
 
 def bank_paths_and_confs(root: Path, meta: dict, split: str, checkpoint: int, paths: Paths,
@@ -72,19 +98,25 @@ def bank_paths_and_confs(root: Path, meta: dict, split: str, checkpoint: int, pa
     return paths, list(bank.load_bank(root, split)["token_conf"][:])
 
 
-def outcome(paths: Paths, kept: np.ndarray, checkpoint: int, n: int) -> dict:
+def outcome(paths: Paths, kept: np.ndarray, checkpoint, n: int, vote: str = "majority",
+            signal: np.ndarray | None = None, vote_top: float = 0.5) -> dict:
     """Vote, accounting and survival for one pruning decision over the first n paths of
-    every prompt. `kept` marks the live paths that continue after the check."""
+    every prompt. `kept` marks the paths alive at the first check that were never pruned;
+    `checkpoint`: the prefix (tokens) where pruned paths stopped, one for all or (P,) per
+    path (several checks). `vote`, `signal` (P,) final signals (NaN: never scored) and
+    `vote_top`: the vote rule of stopexp.voting."""
     use = paths.path_id < n
     voter = use & (~paths.alive | kept)
-    spent = np.where(voter, paths.length, np.minimum(paths.length, checkpoint)) * use
+    stop_at = np.broadcast_to(np.asarray(checkpoint), paths.length.shape)
+    spent = np.where(voter, paths.length, np.minimum(paths.length, stop_at)) * use
     G = int(paths.group.max()) + 1
     correct = np.zeros(G, bool)
     chosen = np.full(G, "", dtype=object)
     avg = np.zeros(G)
     for g in range(G):
         rows = np.nonzero((paths.group == g) & voter)[0]
-        winner = vote([a or None for a in paths.answer[rows]])
+        winner = elect([a or None for a in paths.answer[rows]],
+                       None if signal is None else signal[rows], vote, vote_top)
         hit = rows[paths.answer[rows] == winner] if winner is not None else rows[:0]
         correct[g] = bool(len(hit)) and bool(paths.correct[hit[0]])
         chosen[g] = paths.text[hit[0]] if len(hit) else (paths.text[rows[0]] if len(rows) else "")
@@ -95,23 +127,51 @@ def outcome(paths: Paths, kept: np.ndarray, checkpoint: int, n: int) -> dict:
     steps = np.arange(1, int(paths.length.max()) + 1)
     survival = ((spent[use][:, None] >= steps[None, :]).mean(0)).tolist()
     stopped = use & paths.alive & ~kept
-    pruned_at = np.full(int(stopped.sum()), checkpoint)
+    pruned_at = np.array(stop_at[stopped])
     return {"correct": correct, "chosen": chosen, "avg": avg, "tokens": per_prompt_tokens,
             "seq_tokens": seq, "survival": survival, "pruned_at": pruned_at, "stopped": stopped,
             "alive_at_check": float((use & paths.alive).sum() / use.sum()), "spent": spent,
             "kv_peaks": kv_peaks(paths, spent)}
 
 
-def keep_by_policy(paths: Paths, scores: np.ndarray, cfg, k: int, n: int) -> np.ndarray:
-    """Apply the threshold policy prompt by prompt to the live paths among the first n."""
+def keep_by_policy(paths: Paths, scores: np.ndarray, cfg, k: int, n: int,
+                   live: np.ndarray | None = None) -> np.ndarray:
+    """Apply the threshold policy prompt by prompt to the live paths among the first n
+    (`live`: (P,) mask of the paths the check sees; default those alive at the first)."""
     policy = build_policy(cfg.policy, keep=k)
     kept = np.zeros(len(scores), bool)
-    live = paths.alive & (paths.path_id < n)
+    live = (paths.alive if live is None else live) & (paths.path_id < n)
     for g in range(int(paths.group.max()) + 1):
         rows = np.nonzero((paths.group == g) & live)[0]
         if len(rows):
             kept[rows] = policy.keep(torch.as_tensor(scores[rows])).numpy()
     return kept
+
+
+def decide_by_checks(paths: Paths, scores: list[np.ndarray], cfg, plan: list[tuple[int, int]],
+                     n: int, rule: str = "last") -> Decision:
+    """Launch-Check-Resume replayed with one check or several (progressive): at check i
+    (plan[i] = (prefix tokens, K)) the paths still generating and not yet pruned are
+    scored (scores[i]: (P,) raw scores of every path there) under `rule` (see
+    `rule_score`), and the policy keeps its share prompt by prompt (K for top-K). With one
+    check and rule `last` this is `keep_by_policy`."""
+    first = paths.alive & (paths.path_id < n)
+    live = first.copy()
+    history = [[] for _ in range(len(live))]
+    pruned_at = np.zeros(len(live), np.int64)
+    signal = np.full(len(live), np.nan)
+    for i, (tokens, k) in enumerate(plan):
+        if i:
+            live &= paths.checks[i]["alive"].numpy().astype(bool)
+        now = np.full(len(live), np.nan)
+        for r in np.nonzero(live)[0]:
+            history[r].append(float(scores[i][r]))
+            now[r] = rule_score(history[r], rule)
+        signal[live] = now[live]
+        kept = keep_by_policy(paths, now, cfg, k, n, live)
+        pruned_at[live & ~kept] = tokens
+        live &= kept
+    return Decision(kept=first & (pruned_at == 0), pruned_at=pruned_at, signal=signal)
 
 
 def summarize(o: dict, seconds_per_token: float, flops_per_token: float, n_boot: int,
@@ -150,8 +210,14 @@ def account_methods(cfg, names: list[str], scorers: dict, paths: Paths, checkpoi
     (replayed from the bank); views/timing: per method the online run's own paths, kept
     set and measured time (None in replay). Returns (results, outcomes, scores, points):
     name -> metrics, name -> `outcome` dict, name -> (P,) scores at the check, and the
-    Pareto points of the stopping methods (the others' come from `pareto_points`)."""
-    N, K = cfg.search.n_paths, cfg.policy.keep
+    Pareto points of the stopping methods and, with several checks, of the scored methods
+    (the others' come from `pareto_points`). Checks, score rule and vote: search.check_at,
+    policy.keep, search.score_rule, evaluate.vote (stopexp.config.check_plan,
+    `decide_by_checks`, stopexp.voting); online, views[name] = (the run's paths, its
+    `Decision`, None for no_prune)."""
+    plan = check_plan(cfg)
+    N, K = cfg.search.n_paths, plan[-1][1]
+    vote = dict(vote=cfg.evaluate.vote, vote_top=cfg.evaluate.vote_top)
     sec_tok = meta.get("seconds_per_token", 0.0)
     flops_tok = 2.0 * meta.get("lm_parameters", 0)
     n_boot, seed = cfg.evaluate.bootstrap, cfg.evaluate.seed
@@ -169,11 +235,18 @@ def account_methods(cfg, names: list[str], scorers: dict, paths: Paths, checkpoi
         if name != "no_prune":  # scores for AUROC (online too); replay also decides by them
             scores[name] = scorers[name](paths.batch).numpy().astype(float)
         if views is not None:  # online: the vote of what the method's own run produced
-            view, kept = views[name]
+            view, decision = views[name]
         else:
-            view, kept = paths, keep_by_policy(paths, scores[name], cfg, K, N) if name in scores else None
+            view, decision = paths, None
+            if name in scores:
+                at_checks = [scores[name]] + [scorers[name](b).numpy().astype(float)
+                                              for b in paths.checks[1:]]
+                decision = decide_by_checks(paths, at_checks, cfg, plan, N, cfg.search.score_rule)
         check_s = time.perf_counter() - t0
-        o = outcome(view, all_rows if name == "no_prune" else kept, checkpoint, N)
+        if decision is None:  # no_prune: every path runs to its end, majority vote
+            o = outcome(view, all_rows, plan[0][0], N)
+        else:
+            o = outcome(view, decision.kept, decision.pruned_at, N, signal=decision.signal, **vote)
         outcomes[name] = o
         r = summarize(o, sec_tok, flops_tok, n_boot, seed)
         r["check_s"] = check_s
@@ -182,6 +255,9 @@ def account_methods(cfg, names: list[str], scorers: dict, paths: Paths, checkpoi
             if r["nonfinite_scores"]:
                 log.warning("%s: %d scores are NaN or infinite; NaN ranks lowest (pruned first), "
                             "+-inf at the extremes", name, r["nonfinite_scores"])
+            if len(plan) > 1:  # the sweep of pareto_points is for one check; this run's point
+                points.append({"method": name, "n": N, "k": K, "accuracy": r["accuracy"],
+                               "tokens_total": r["tokens_total"]})
         if timing is not None:
             r.update(timing[name])
         results[name] = r
@@ -197,16 +273,22 @@ def account_methods(cfg, names: list[str], scorers: dict, paths: Paths, checkpoi
 
 def pareto_points(cfg, paths: Paths, scores: dict, checkpoint: int) -> list[dict]:
     """The Pareto points: no_prune at every N of evaluate.n_points, every scored method at
-    every K of evaluate.retention (N = search.n_paths), and 32 -> 8."""
+    every K of evaluate.retention (N = search.n_paths), and 32 -> 8, under evaluate.vote;
+    with several checks only no_prune's (the methods' own come from account_methods)."""
     N = cfg.search.n_paths
     points = []
     for n in cfg.evaluate.n_points:
         o = outcome(paths, np.ones(len(paths.length), bool), checkpoint, n)
         points.append({"method": "no_prune", "n": n, "k": n, "accuracy": float(o["correct"].mean()),
                        "tokens_total": float(o["tokens"].sum())})
+    if len(check_plan(cfg)) > 1:  # progressive: account_methods gives each method's point
+        return points
+    vote = dict(vote=cfg.evaluate.vote, vote_top=cfg.evaluate.vote_top)
     for name, s in scores.items():
         for n, k in {(N, k) for k in cfg.evaluate.retention} | {(min(32, N), min(8, N))}:
-            o = outcome(paths, keep_by_policy(paths, s, cfg, k, n), checkpoint, n)
+            kept = keep_by_policy(paths, s, cfg, k, n)
+            signal = np.where(paths.alive & (paths.path_id < n), s, np.nan)
+            o = outcome(paths, kept, checkpoint, n, signal=signal, **vote)
             points.append({"method": name, "n": n, "k": k, "accuracy": float(o["correct"].mean()),
                            "tokens_total": float(o["tokens"].sum())})
     return points

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf, open_dict
 
 
 class ConfigError(ValueError):
@@ -163,7 +163,7 @@ class LossConfig:
 @dataclass
 class PolicyConfig:
     name: str = "topk"             # fixed | quantile | topk | adaptive
-    keep: int = 8                  # topk: K paths kept out of N
+    keep: Any = 8                  # topk: K paths kept out of N (a list: one K per search.check_at)
     tau: float = 0.5               # fixed threshold (and the adaptive start)
     quantile: float = 0.5          # quantile: prune below this quantile of live signals
     target_prune_rate: float = 0.5
@@ -177,7 +177,11 @@ class SearchConfig:
     beam_width: int = 4
     patience: int = 2           # beam: consecutive marks before a beam is pruned
     beam_checks: Optional[List[float]] = None  # beam: prefixes checked (like tap.checkpoints); None = every step
-    check_at: float = 0.08      # prefix (one of tap.checkpoints) where parallel search checks
+    refill: bool = True         # beam: a pruned beam's slot goes to the next best candidate; false = the beam narrows
+    # parallel: the prefix where Launch-Check-Resume checks (one of tap.checkpoints), or a
+    # list of them (progressive: policy.keep then gives one K per check, or one K for all)
+    check_at: Any = 0.08
+    score_rule: str = "last"    # parallel, several checks: last | running_mean (STEP, arXiv 2601.09093)
     max_new_tokens: int = 64
     temperature: float = 1.0
     top_p: float = 1.0
@@ -249,6 +253,8 @@ class EvaluateConfig:
     asc_threshold: float = 0.95     # Adaptive-Consistency: posterior the leader is the majority
     deepconf_warmup: float = 0.25   # DeepConf online: warm-up paths per prompt (below 1: share of N)
     deepconf_keep_percent: float = 10.0  # DeepConf: threshold percentile 100 - this; top-share vote
+    vote: str = "majority"          # majority | weighted (by the final signal) | filtered (stopexp.voting)
+    vote_top: float = 0.5           # filtered: share of the scored kept paths that vote
 
 
 @dataclass
@@ -335,6 +341,8 @@ ALLOWED = {
     "logger.name": ("wandb", "none"),
     "logger.mode": ("offline", "online", "disabled"),
     "evaluate.mode": ("replay", "online"),
+    "evaluate.vote": ("majority", "weighted", "filtered"),
+    "search.score_rule": ("last", "running_mean"),
 }
 SYMBOLIC_LAYERS = ("first", "mid", "last")
 SEED_KEYS = ("seed", "task.seed", "collect.seed", "train.seed", "evaluate.seed", "model.toy.seed",
@@ -370,6 +378,26 @@ def warmup_paths(value: float, n_paths: int) -> int:
 def checkpoint_tokens(value: float, max_new_tokens: int) -> int:
     """A checkpoint as a prefix length in tokens (values below 1 are fractions)."""
     return int(round(value * max_new_tokens)) if value < 1 else int(value)
+
+
+def _is_list(value) -> bool:
+    return isinstance(value, (list, tuple, ListConfig))
+
+
+def check_values(value) -> list:
+    """search.check_at (or policy.keep) as a list: one value, or the list given."""
+    return list(value) if _is_list(value) else [value]
+
+
+def check_plan(cfg) -> list[tuple[int, int]]:
+    """Launch-Check-Resume's checks in order, as (prefix tokens, K kept): search.check_at
+    (one prefix, or a list of them: progressive) and policy.keep (one K for every check,
+    or a list of one K per check). `validate` has checked both."""
+    s = cfg.search
+    checks = check_values(s.check_at)
+    keeps = check_values(cfg.policy.keep)
+    keeps = keeps * len(checks) if len(keeps) == 1 else keeps
+    return [(checkpoint_tokens(c, s.max_new_tokens), int(k)) for c, k in zip(checks, keeps)]
 
 
 def layer_index(entry: int | str, n_layers: int) -> int:
@@ -722,9 +750,33 @@ def _check_search_and_taps(cfg) -> None:
         if not 1 <= t < s.max_new_tokens or (c >= 1 and c != int(c)):
             _fail("search.beam_checks", f"{c} is not a prefix in 1..{s.max_new_tokens - 1} "
                                         "tokens (or a fraction of search.max_new_tokens)")
-    for key, value in (("search.check_at", s.check_at), ("train.checkpoint", cfg.train.checkpoint)):
-        if not value > 0 or checkpoint_tokens(value, s.max_new_tokens) not in ckpts:
+    checks = check_values(s.check_at)
+    if not checks:
+        _fail("search.check_at", "give a prefix (one of tap.checkpoints) or a non-empty list of them")
+    for key, value in [*(("search.check_at", c) for c in checks),
+                       ("train.checkpoint", cfg.train.checkpoint)]:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 \
+                or checkpoint_tokens(value, s.max_new_tokens) not in ckpts:
             _fail(key, f"{value} is not one of tap.checkpoints {list(tap.checkpoints)}")
+    tokens = [checkpoint_tokens(c, s.max_new_tokens) for c in checks]
+    if any(b <= a for a, b in zip(tokens, tokens[1:])):
+        _fail("search.check_at", f"checks must be increasing prefixes, got {list(checks)} = "
+                                 f"{tokens} tokens")
+    keep = cfg.policy.keep
+    keeps = check_values(keep)
+    if any(isinstance(k, bool) or not isinstance(k, int) for k in keeps) or not keeps:
+        _fail("policy.keep", f"{keep} is not a whole number K or a list of them (one per check "
+                             "of search.check_at)")
+    if len(keeps) > 1 and len(keeps) != len(checks) or (len(keeps) == 1 and _is_list(keep)
+                                                           and len(checks) > 1):
+        _fail("policy.keep", f"{len(keeps)} values for the {len(checks)} checks of "
+                             f"search.check_at {list(checks)}; give one K per check or a single K")
+    if (len(checks) > 1 or _is_list(keep)) and (s.name != "parallel" or cfg.stage == "adapt"):
+        key = "search.check_at" if len(checks) > 1 else "policy.keep"
+        _fail(key, "several checks (a list in search.check_at or policy.keep) are a "
+                   "Launch-Check-Resume protocol of evaluate (search=parallel); "
+                   f"{'adapt' if cfg.stage == 'adapt' else 'search=' + s.name} takes one prefix "
+                   "and one K")
 
 
 def _check_collect(cfg) -> None:
@@ -846,8 +898,10 @@ def _check_evaluate(cfg) -> None:
         _fail("evaluate.split", f"the trace bank holds no {ev.split!r} prompts "
                                 f"(collect.prompts.{ev.split}={cfg.collect.prompts.get(ev.split, 0)})")
     _at_least("evaluate.bootstrap", ev.bootstrap, 1)
-    if not 1 <= pol.keep <= s.n_paths:
-        _fail("policy.keep", f"retention K={pol.keep} must lie in 1..N={s.n_paths} (search.n_paths)")
+    for k in check_values(pol.keep):
+        if not 1 <= k <= s.n_paths:
+            _fail("policy.keep", f"retention K={k} must lie in 1..N={s.n_paths} (search.n_paths)")
+    _within("evaluate.vote_top", ev.vote_top, 0, 1, low_open=True)
     for k in ev.retention:
         if not 1 <= k <= s.n_paths:
             _fail("evaluate.retention", f"K={k} must lie in 1..N={s.n_paths} (search.n_paths)")
@@ -864,6 +918,12 @@ def _check_evaluate(cfg) -> None:
     _within("policy.quantile", pol.quantile, 0, 1, low_open=True, high_open=True)
     _within("policy.target_prune_rate", pol.target_prune_rate, 0, 1, high_open=True)
     _at_least("policy.gain", pol.gain, 0)
+    if s.name == "beam" and ev.vote != "majority":
+        _fail("evaluate.vote", f"{ev.vote!r}: beam search returns one hypothesis per prompt, "
+                               "there is no vote to weight or filter; leave it majority")
+    if s.name == "beam" and s.score_rule != "last":
+        _fail("search.score_rule", f"{s.score_rule!r} is for Launch-Check-Resume with several "
+                                   "checks; beam search acts on each step's score (search.patience)")
     if s.name == "beam" and pol.name == "topk" and pol.keep >= s.beam_width:
         _fail("policy.keep", f"policy=topk keeps K={pol.keep} of at most search.beam_width="
                              f"{s.beam_width} live beams, so beam search would never prune and "

@@ -5,7 +5,8 @@
 
 Standard protocol (Launch-Check-Resume): N = search.n_paths paths per test prompt, check
 at search.check_at, keep K = policy.keep by each method's signal, finish the kept paths,
-majority vote; paths that end before the check vote directly. `replay` re-scores the
+majority vote (evaluate.vote); paths that end before the check vote directly. With a list
+of checks the live paths are checked at each (progressive), one K per check. `replay` re-scores the
 trace bank without the LM (exact, since every path has its own random stream);
 `online` really runs the LM and measures wall time. Methods with a stopping protocol of
 their own (ESC, Adaptive-Consistency, DeepConf online and its votes: stopexp/stopping.py)
@@ -28,7 +29,7 @@ from stopexp.accounting import (account_methods, add_text_metrics, bank_paths_an
                                 pareto_points, prompts_in, replay_paths)
 from stopexp.analyses import add_analyses
 from stopexp.artifacts import write_json
-from stopexp.config import check_output_dirs, checkpoint_tokens, validate
+from stopexp.config import check_output_dirs, check_plan, validate
 from stopexp.evaluate_report import make_plots, sample_table
 from stopexp.memory import add_memory
 from stopexp.per_step import auroc_by_prefix
@@ -50,8 +51,9 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
     meta = bank.read_meta(root)
     from stopexp.train import feature_spec
 
-    checkpoint = checkpoint_tokens(cfg.search.check_at, cfg.search.max_new_tokens)
-    N, K, split = cfg.search.n_paths, cfg.policy.keep, cfg.evaluate.split
+    plan = check_plan(cfg)  # (prefix tokens, K) per check; the first is where AUROC is read
+    checkpoint, K = plan[0][0], plan[-1][1]
+    N, split = cfg.search.n_paths, cfg.evaluate.split
     names = method_names(cfg)
     scorers = build_scorers(cfg, names, feature_spec(meta))
     start = time.time()
@@ -64,7 +66,7 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
         from stopexp.evaluate_online import online_paths
         paths, views, timing = online_paths(cfg, names, scorers, checkpoint, prompts_in(root, split))
     else:
-        paths = replay_paths(root, meta, split, checkpoint)
+        paths = replay_paths(root, meta, split, [c for c, _ in plan])
     stops = {}
     if set(names) & set(STOPPING_METHODS):
         stops = stopping_outcomes(*bank_paths_and_confs(root, meta, split, checkpoint, paths, views),
@@ -80,6 +82,8 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
         add_text_metrics(cfg, ids, {name: list(o["chosen"]) for name, o in outcomes.items()}, results)
     metrics = {"methods": results, "points": points, "mode": cfg.evaluate.mode,
                "protocol": {"n": N, "k": K, "check_tokens": checkpoint, "policy": cfg.policy.name,
+                            "checks": [list(c) for c in plan], "score_rule": cfg.search.score_rule,
+                            "vote": cfg.evaluate.vote,
                             "prompts": int(paths.group.max()) + 1, "split": split},
                "bank": root.name}
     metrics["auroc_by_prefix"] = auroc_by_prefix(cfg, scorers, root, meta, split, feature_spec(meta))

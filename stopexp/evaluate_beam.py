@@ -62,6 +62,7 @@ def beam_metrics(cfg, names: list[str], scorers: dict, root: Path, start: float,
         not_reported["text_metrics"] = "evaluate.text_metrics=false"
     metrics = {"methods": results, "mode": "online", "search": "beam",
                "protocol": {"beam_width": cfg.search.beam_width, "patience": cfg.search.patience,
+                            "refill": cfg.search.refill,
                             "policy": cfg.policy.name, "prompts": len(prompt_ids),
                             "split": cfg.evaluate.split},
                "omitted_methods": omitted, "not_reported": not_reported,
@@ -76,12 +77,14 @@ def beam_metrics(cfg, names: list[str], scorers: dict, root: Path, start: float,
 
 
 def evaluate_beam(cfg, names: list[str], scorers: dict, n_prompts: int) -> tuple[dict, dict, list]:
-    """Beam search with per-step pruning, online, per method. The oracle here is the
+    """Beam search with per-step pruning, online, per method, the beams of up to
+    search.max_batch_rows // search.beam_width prompts in one forward (search.refill: keep
+    the width or narrow it). The oracle here is the
     task's process check: a beam whose written steps already contain an error scores 0
     (only tasks in PROCESS_CHECKED_TASKS). Returns per method the metrics and the chosen
     output text of every prompt, and the prompts' ids."""
     from stopexp.models import load_lm
-    from stopexp.search.beam import beam_search
+    from stopexp.search.beam import beam_search_batch
     from stopexp.search.decode import SamplingParams, eos_ids
     from stopexp.search.sample import fit_prompts, prompt_ids, prompt_limit
     from stopexp.taps import Taps
@@ -95,29 +98,33 @@ def evaluate_beam(cfg, names: list[str], scorers: dict, n_prompts: int) -> tuple
     checks = None if s.beam_checks is None else {
         checkpoint_tokens(c, s.max_new_tokens) for c in s.beam_checks}
     results, texts, eos = {}, {}, eos_ids(model, tokenizer)
+    per_batch = max(1, s.max_batch_rows // B)  # rows of a forward: prompts x beam width
+    chunks = [problems[i: i + per_batch] for i in range(0, len(problems), per_batch)]
+    stop = SamplingParams.from_config(cfg).stop
     with Taps.from_config(model, cfg.tap) as taps:
         for name in names:
             correct, tokens, steps, alive = [], 0, [], np.zeros(s.max_new_tokens)
             texts[name] = []
             check_s, start = 0.0, time.perf_counter()
             policy = None if name == "no_prune" else build_policy(cfg.policy, keep=cfg.policy.keep)
-            for problem in problems:
+            for chunk in chunks:
                 scorer = None if name == "no_prune" else scorers[name]
                 if name == "oracle":
-                    scorer = _prefix_oracle(task, problem, tokenizer)
-                ids = prompt_ids(tokenizer, problem.prompt)
-                r = beam_search(model, ids, beam_width=B, max_new_tokens=s.max_new_tokens,
-                                eos_ids=eos, pad_id=tokenizer.pad_token_id,
-                                scorer=scorer, policy=policy, patience=s.patience,
-                                taps=taps if scorer else None, group_window=s.group_window,
-                                conf_topk=s.conf_topk, check_steps=checks,
-                                stop=SamplingParams.from_config(cfg).stop, tokenizer=tokenizer)
-                texts[name].append(tokenizer.decode(r.tokens, skip_special_tokens=True))
-                correct.append(task.check(problem, texts[name][-1]))
-                tokens += r.n_forward_tokens - len(ids)
-                steps += r.pruned_steps
-                alive[: len(r.alive_per_step)] += np.asarray(r.alive_per_step) / B
-                check_s += r.check_seconds
+                    scorer = _prefix_oracle(task, chunk, tokenizer)
+                ids = [prompt_ids(tokenizer, problem.prompt) for problem in chunk]
+                found = beam_search_batch(
+                    model, ids, beam_width=B, max_new_tokens=s.max_new_tokens, eos_ids=eos,
+                    pad_id=tokenizer.pad_token_id, scorer=scorer, policy=policy,
+                    patience=s.patience, taps=taps if scorer else None,
+                    group_window=s.group_window, conf_topk=s.conf_topk, check_steps=checks,
+                    stop=stop, tokenizer=tokenizer, refill=s.refill)
+                for problem, prompt, r in zip(chunk, ids, found):
+                    texts[name].append(tokenizer.decode(r.tokens, skip_special_tokens=True))
+                    correct.append(task.check(problem, texts[name][-1]))
+                    tokens += r.n_forward_tokens - len(prompt)
+                    steps += r.pruned_steps
+                    alive[: len(r.alive_per_step)] += np.asarray(r.alive_per_step) / B
+                    check_s += r.check_seconds
             wall = time.perf_counter() - start
             c = np.asarray(correct, float)
             lo, hi = bootstrap_ci(c, n=cfg.evaluate.bootstrap, seed=cfg.evaluate.seed)
@@ -132,11 +139,13 @@ def evaluate_beam(cfg, names: list[str], scorers: dict, n_prompts: int) -> tuple
     return results, texts, [p.prompt_id for p in problems]
 
 
-def _prefix_oracle(task, problem, tokenizer):
-    """1 while the written complete steps of a beam are all right, else 0."""
+def _prefix_oracle(task, problems, tokenizer):
+    """1 while the written complete steps of a beam are all right, else 0; `problems`: the
+    prompts of the batched search (a row's prompt is problems[batch["owner"][row]])."""
     def score(batch):
         out = []
-        for row in batch["tokens"].tolist():
+        for row, i in zip(batch["tokens"].tolist(), batch["owner"].tolist()):
+            problem = problems[i]
             text = tokenizer.decode(row, skip_special_tokens=True)
             done = text[: text.rfind(";") + 1]
             err = task.diagnose(problem, done)["first_error"]

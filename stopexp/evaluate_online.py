@@ -5,14 +5,16 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from stopexp.accounting import Paths
+from stopexp.accounting import Decision, Paths
+from stopexp.config import check_plan
 from stopexp.policies import build_policy
 
 
 def run_launch_check_resume(cfg, model, tokenizer, task, problems, methods: dict,
-                            checkpoint: int):
+                            checkpoint):
     """Launch-Check-Resume of `problems` with the LM for `methods` (name -> (scorer,
-    policy factory)) plus no_prune, with the taps, sampling and row cap of `cfg`; returns
+    policy factory)) plus no_prune, with the taps, sampling, row cap and score rule of
+    `cfg`, checked at `checkpoint` (tokens) or at each of a list of them; returns
     stopexp.search.parallel.launch_check_resume's runs and check batch."""
     from stopexp.search.decode import SamplingParams, make_engine
     from stopexp.search.parallel import launch_check_resume
@@ -20,17 +22,18 @@ def run_launch_check_resume(cfg, model, tokenizer, task, problems, methods: dict
     from stopexp.taps import Taps
 
     with Taps.from_config(model, cfg.tap) as taps:
-        engine = make_engine(model, tokenizer, SamplingParams.from_config(cfg), taps,
-                             (checkpoint,))
+        checks = (checkpoint,) if isinstance(checkpoint, int) else tuple(checkpoint)
+        engine = make_engine(model, tokenizer, SamplingParams.from_config(cfg), taps, checks)
         return launch_check_resume(engine, tokenizer, task, problems, cfg.search.n_paths,
                                    cfg.seed, checkpoint, methods, cfg.search.group_window,
-                                   row_cap(cfg, tokenizer, problems))
+                                   row_cap(cfg, tokenizer, problems), cfg.search.score_rule)
 
 
 def online_paths(cfg, names, scorers, checkpoint, n_prompts: int):
-    """Run Launch-Check-Resume with the LM. Returns the paths as the no_prune run saw
-    them, per method the paths as that method's run saw them with its kept set, and per
-    method the measured time."""
+    """Run Launch-Check-Resume with the LM, at every check of search.check_at (`checkpoint`,
+    the first, is where the AUROC batch is read). Returns the paths as the no_prune run saw
+    them, per method the paths as that method's run saw them with its `Decision` (None for
+    no_prune), and per method the measured time."""
     from stopexp.memory import kv_bytes_per_token, memory_summary
     from stopexp.models import load_lm
     from stopexp.search.sample import fit_prompts, prompt_limit
@@ -40,11 +43,12 @@ def online_paths(cfg, names, scorers, checkpoint, n_prompts: int):
     model, tokenizer = load_lm(cfg)
     problems = fit_prompts(tokenizer, task.problems(cfg.evaluate.split, n_prompts),
                            prompt_limit(cfg, model), cfg.model.long_prompts)
-    N, K = cfg.search.n_paths, cfg.policy.keep
-    methods = {m: (scorers[m], lambda: build_policy(cfg.policy, keep=K))
+    plan = check_plan(cfg)
+    N = cfg.search.n_paths
+    methods = {m: (scorers[m], lambda i=0: build_policy(cfg.policy, keep=plan[i][1]))
                for m in names if m in scorers}
-    runs, batch = run_launch_check_resume(cfg, model, tokenizer, task, problems, methods,
-                                          checkpoint)
+    checks = checkpoint if len(plan) == 1 else [c for c, _ in plan]
+    runs, batch = run_launch_check_resume(cfg, model, tokenizer, task, problems, methods, checks)
     keys = [(i, j) for i in range(len(problems)) for j in range(N)]
     views, timing = {}, {}
     for name, run in runs.items():
@@ -56,7 +60,10 @@ def online_paths(cfg, names, scorers, checkpoint, n_prompts: int):
             correct=np.asarray([task.check(problems[i], t) for (i, _), t in zip(keys, text)]),
             answer=answer, text=text, alive=np.asarray([k in batch["row"] for k in keys]),
             batch={}, prompt_ids=np.asarray([p.prompt_id for p in problems])),
-            np.asarray([run.kept[k] for k in keys]))
+            None if name == "no_prune" else Decision(
+                kept=np.asarray([run.kept[k] for k in keys]),
+                pruned_at=np.asarray([run.pruned_at.get(k, 0) for k in keys], np.int64),
+                signal=np.asarray([run.signal.get(k, np.nan) for k in keys], np.float64)))
         gen = run.prefix_s + run.resume_s
         timing[name] = {"wall_s": run.wall_s, "wall_estimated": False, "check_s": run.check_s, "prefix_s": run.prefix_s,
                         "resume_s": run.resume_s,

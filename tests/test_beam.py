@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from stopexp.policies import FixedThreshold, TopK
-from stopexp.search.beam import beam_search
+from stopexp.search.beam import beam_search, beam_search_batch
 from stopexp.signals.features import SIGNAL_NAMES
 from stopexp.taps import Taps
 
@@ -56,6 +56,44 @@ def test_equals_hf_generate(lm, B, request):
             stopped_early += len(res.alive_per_step) < T
     if lm == "eos_lm":  # finished hypotheses and the early-stop rule were exercised
         assert ended and (B == 1 or stopped_early)
+
+
+@pytest.fixture(scope="module")
+def multi_eos_lm(eos_lm):
+    """eos_lm whose generation_config also lists a second EOS id, one that HF's beams emit."""
+    model, tok = eos_lm
+    model = copy.deepcopy(model)
+    model.generation_config.eos_token_id = [tok.eos_token_id, tok.convert_tokens_to_ids("?")]
+    return model, tok
+
+
+@pytest.mark.parametrize("lm", ["tiny_lm", "eos_lm", "multi_eos_lm"])
+@pytest.mark.parametrize("B", [1, 2, 4])
+def test_batched_prompts_equal_hf_generate_one_by_one(lm, B, request):
+    """Prompts of different lengths, left-padded into one batch, give HF's hypotheses."""
+    from stopexp.search.decode import eos_ids
+
+    model, tok = request.getfixturevalue(lm)
+    prompts = PROMPTS + ["7*7=", "3"]
+    ids = [tok(p)["input_ids"] for p in prompts]
+    assert len({len(i) for i in ids}) == 4  # left padding of several widths
+    eos = eos_ids(model, tok)
+    for T in (5, 24):
+        res = beam_search_batch(model, ids, beam_width=B, max_new_tokens=T, eos_ids=eos,
+                                pad_id=tok.pad_token_id)
+        for prompt_ids, r in zip(ids, res):
+            x = torch.tensor([prompt_ids])
+            out = model.generate(x, attention_mask=torch.ones_like(x), num_beams=B,
+                                 do_sample=False, max_new_tokens=T, length_penalty=1.0,
+                                 early_stopping=False, pad_token_id=tok.pad_token_id,
+                                 return_dict_in_generate=True, output_scores=True)
+            assert r.tokens == out.sequences[0, len(prompt_ids):].tolist(), (prompt_ids, T)
+            if B > 1:
+                assert r.score == pytest.approx(float(out.sequences_scores[0]), abs=1e-5)
+            fed = r.n_forward_tokens - len(prompt_ids)  # padding is not counted
+            assert sum(r.alive_per_step[:-1]) <= fed <= sum(r.alive_per_step)
+    if lm == "multi_eos_lm":  # the second id really ended hypotheses
+        assert any(r.tokens and r.tokens[-1] == eos[1] for r in res)
 
 
 def _record(scorer):
@@ -198,3 +236,68 @@ def test_hidden_norm_reads_the_deepest_tapped_layer_whatever_the_order(tiny_lm, 
     assert torch.allclose(deepest, batch["hidden"][:, 1], atol=1e-5)
     assert torch.allclose(batch["signals"][:, SIGNAL_NAMES.index("hidden_norm")],
                           deepest.norm(dim=-1), atol=1e-4)
+
+
+def _last_token_scorer(batch):
+    """A stateless signal of each row alone: beams whose newest token is odd are refused."""
+    return 1.0 - (batch["tokens"][:, -1] % 2).float() * 2
+
+
+def test_batched_pruning_decides_prompt_by_prompt_like_one_at_a_time(tiny_lm):
+    model, tok = tiny_lm
+    ids = [tok(p)["input_ids"] for p in PROMPTS]
+    kw = dict(beam_width=4, max_new_tokens=12, eos_ids=tok.eos_token_id, pad_id=tok.pad_token_id,
+              scorer=_last_token_scorer, policy=FixedThreshold(0.0), patience=1)
+    for refill in (True, False):
+        with Taps(model, [-1]) as taps:
+            batched = beam_search_batch(model, ids, taps=taps, refill=refill, **kw)
+            single = [beam_search(model, i, taps=taps, refill=refill, **kw) for i in ids]
+        for b, s in zip(batched, single):
+            assert (b.tokens, b.pruned_steps, b.alive_per_step, b.n_forward_tokens) == (
+                s.tokens, s.pruned_steps, s.alive_per_step, s.n_forward_tokens)
+        assert sum(len(b.pruned_steps) for b in batched) > 0
+
+
+def test_without_refill_the_beam_narrows(tiny_lm):
+    model, tok = tiny_lm
+    ids, B, T = tok(PROMPTS[0])["input_ids"], 4, 12
+    kw = dict(scorer=_last_token_scorer, policy=FixedThreshold(0.0), patience=1)
+    with Taps(model, [-1]) as taps:
+        kept = _beam(model, tok, ids, B, T, taps=taps, refill=True, **kw)
+        narrow = _beam(model, tok, ids, B, T, taps=taps, refill=False, **kw)
+    assert kept.alive_per_step[1:-1] == [B] * (len(kept.alive_per_step) - 2)
+    # each pruned beam takes one slot away for good (the width is 1 at t=0: one prompt row)
+    width = B
+    for t, n in enumerate(narrow.pruned_per_step):
+        width -= n
+        assert narrow.alive_per_step[t] <= max(width, 1), t
+    assert narrow.pruned_steps and min(narrow.alive_per_step[1:]) < B
+    assert narrow.n_forward_tokens < kept.n_forward_tokens
+    assert narrow.tokens  # a hypothesis still comes out
+
+
+class _RefuseAll:
+    """A policy that refuses every beam (no threshold policy does: they keep the best)."""
+
+    def keep(self, scores):
+        return torch.zeros(len(scores), dtype=torch.bool)
+
+
+@pytest.mark.parametrize("refill", [True, False])
+def test_a_prompt_keeps_its_best_beam_when_all_would_be_pruned(tiny_lm, refill):
+    model, tok = tiny_lm
+    ids, B, T = tok(PROMPTS[0])["input_ids"], 4, 10
+    best_row = 2
+
+    def scorer(batch):
+        s = torch.zeros(len(batch["tokens"]))
+        s[min(best_row, len(s) - 1)] = 1.0
+        return s
+
+    with Taps(model, [-1]) as taps:
+        res = _beam(model, tok, ids, B, T, scorer=scorer, policy=_RefuseAll(), taps=taps,
+                    patience=1, refill=refill)
+    assert res.tokens and len(res.tokens) == T  # one beam always runs on to the end
+    assert res.pruned_per_step[1] == B - 1  # at the first check all but the best go
+    if not refill:
+        assert res.alive_per_step[1:-1] == [1] * (T - 2)

@@ -168,3 +168,22 @@ def test_beam_search_omits_stopping_protocols_and_runs_st_bon(trained):
     assert set(m["omitted_methods"]) == {"esc", "deepconf_online"}
     assert "beam search has none" in m["omitted_methods"]["esc"]
     assert "st_bon" in m["methods"] and "esc" not in m["methods"]
+
+
+def test_beam_search_batches_prompts_and_narrows_without_refill(trained):
+    """Beams of many prompts in one forward decide as one prompt at a time (the quantile
+    policy has no state); without refill the beam narrows and spends fewer tokens."""
+    runs = {}
+    for rows, refill in ((2, "true"), (1024, "true"), (1024, "false")):
+        cfg = cfg_for(trained, "+exp=toy_beam", "search.beam_width=2", "search.beam_checks=null",
+                      f"search.max_batch_rows={rows}", f"search.refill={refill}",
+                      "evaluate.methods=[confidence]", "evaluate.text_metrics=false")
+        runs[rows, refill] = evaluate(cfg)
+    one, batched, narrow = runs[2, "true"], runs[1024, "true"], runs[1024, "false"]
+    for name, r in one["methods"].items():
+        for key in ("accuracy", "tokens_total", "pruned", "survival"):
+            assert batched["methods"][name][key] == r[key], (name, key)
+    assert narrow["protocol"]["refill"] is False and batched["protocol"]["refill"] is True
+    c, base = narrow["methods"]["confidence"], narrow["methods"]["no_prune"]
+    assert c["pruned"] > 0 and c["tokens_total"] < batched["methods"]["confidence"]["tokens_total"]
+    assert c["tokens_total"] < base["tokens_total"] == batched["methods"]["no_prune"]["tokens_total"]

@@ -170,7 +170,7 @@ def test_sweep_runs_table_and_guideline_points(tmp_path):
     runs = sweeps.dir_runs(root)
     assert [r["job"] for r in runs] == ["0", "1"]
     rows = sweeps.table(runs)
-    assert rows[0]["label"] == "tap.layers=[-1] search.check_at=6.0"
+    assert rows[0]["label"] == "tap.layers=[-1] search.check_at=6"  # as given (a prefix or a list)
     assert rows[1]["accuracy"] == 0.8 and rows[1]["no_prune_tokens_total"] == 2400
     pts = sweeps.points(runs)
     assert {p["method"] for p in pts} == {rows[0]["label"], rows[1]["label"], "no_prune"}

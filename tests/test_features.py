@@ -22,16 +22,17 @@ def eager_lm(tiny_lm):
     return eager, tok
 
 
-@pytest.mark.parametrize("pooling", ["last", "mean"])
-def test_extracted_features_equal_decode_time_features(eager_lm, pooling):
+@pytest.mark.parametrize("pooling, layers", [("last", [0, -1]), ("mean", [0, -1]),
+                                             ("last", [0])])  # [0]: the forward stops early
+def test_extracted_features_equal_decode_time_features(eager_lm, pooling, layers):
     from stopexp.search.decode import SamplingParams, make_engine
 
     model, tok = eager_lm
     # prompts of different lengths (left padding in both passes), several paths each
     prompts = [tok("4+7*3-9?")["input_ids"], tok("1-2?")["input_ids"], tok("3*7+1-2*9?")["input_ids"]] * 3
     checkpoints = (1, 3, 6, 9)
-    layers = [0, -1]
-    with Taps(model, layers, pooling, attention_heads="all") as taps:
+    heads = "all" if len(layers) > 1 else ["0:1", "0:3"]
+    with Taps(model, layers, pooling, attention_heads=heads) as taps:
         engine = make_engine(model, tok, SamplingParams(max_new_tokens=12, temperature=1.5), taps,
                              checkpoints)
         state = engine.run(engine.launch(prompts, list(range(len(prompts)))))
@@ -39,7 +40,7 @@ def test_extracted_features_equal_decode_time_features(eager_lm, pooling):
     assert len(set(lengths.tolist())) > 1  # paths of several lengths: some end before a checkpoint
     seqs = [(prompts[p], tokens[p, :n].tolist(), [c for c in checkpoints if c < n])
             for p, n in enumerate(lengths.tolist())]
-    with Taps(model, layers, pooling, attention_heads="all", sequence=True) as taps:
+    with Taps(model, layers, pooling, attention_heads=heads, sequence=True) as taps:
         got = feature_bank.extract(model, taps, seqs, tok.pad_token_id, batch_tokens=40)
     compared = 0
     for c in checkpoints:
@@ -48,7 +49,7 @@ def test_extracted_features_equal_decode_time_features(eager_lm, pooling):
         for r, p in enumerate(rows.tolist()):
             k = seqs[p][2].index(c)
             hidden, attn = got[p]
-            assert hidden.shape == (len(seqs[p][2]), 2, 32)
+            assert hidden.shape == (len(seqs[p][2]), len(layers), 32)
             np.testing.assert_allclose(hidden[k], feats[r].numpy(), atol=2e-5, rtol=1e-5)
             assert attn[k] == pytest.approx(float(state.attn[c][r]), abs=2e-5)
             compared += 1
@@ -203,3 +204,10 @@ def test_keys_split_generation_from_taps(tmp_path):
     b = validate(compose("train", [*mc, "tap.checkpoints=[0.1,0.25]", "train.checkpoint=0.25",
                                    "search.check_at=0.25"]))
     assert bank.bank_key(a) != bank.bank_key(b)
+
+
+def test_a_shared_prefix_is_computed_once():
+    seqs = [([1, 2], [5, 6, 7, 8], [1, 3]), ([1, 2], [5, 6, 9], [2]), ([1, 2], [5, 6, 7, 8, 4], [4]),
+            ([3], [5, 6], [1]), ([1, 2], [5], [])]
+    wanted, owner = feature_bank.shared_prefixes(seqs)
+    assert owner == [2, 2, 2, 3, -1] and wanted == {2: [1, 2, 3, 4], 3: [1]}

@@ -330,7 +330,12 @@ def featurize(cfg, overrides: list[str] | None = None, run=None) -> dict:
     else:
         info = _model_info(cfg, bmeta)
     meta = _write_meta(cfg, out, root, bmeta, spec, good, info)
-    return summarize(out, meta, time.time() - start)
+    summary = summarize(out, meta, time.time() - start)
+    if run is not None:
+        run.summary_update({f"featurize/{k}": v for k, v in summary.items() if k != "tap_layers"})
+        run.log_artifact(out, name=f"features-{out.name}", type="features",
+                         metadata={"bank": root.name, **summary})
+    return summary
 
 
 def _model_info(cfg, bmeta: dict) -> dict:
@@ -388,7 +393,8 @@ def _fill(cfg, root: Path, out: Path, todo: list[str], bmeta: dict, spec: dict,
             cols["attn"] = [a if a is not None else np.zeros(0, np.float32) for _, a in got]
             rec = bank.write_shard(out, name, cols, feats, {
                 "bank_files": bmeta["shards"][name]["files"], "seconds": time.time() - shard_start,
-                "positions": int(sum(map(len, cols["positions"])))})
+                "positions": int(sum(map(len, cols["positions"]))),
+                "nonfinite": int(sum((~np.isfinite(h)).sum() for h in cols["hidden"]))})
             good[name] = rec
     return info
 
@@ -425,7 +431,8 @@ def summarize(out: Path, meta: dict, wall_s: float) -> dict:
     positions = sum(r.get("positions", 0) for r in meta["shards"].values())
     size = sum(f["size"] for r in meta["shards"].values() for f in r["files"].values())
     return {"features": str(out), "paths": rows, "positions": positions, "bytes": size,
-            "tap_layers": meta["tap_layers"], "wall_s": round(wall_s, 2)}
+            "tap_layers": meta["tap_layers"], "wall_s": round(wall_s, 2),
+            "nonfinite_features": sum(r.get("nonfinite", 0) for r in meta["shards"].values())}
 
 
 def require_features(cfg, overrides: list[str] | None = None, make: bool = True) -> Path:

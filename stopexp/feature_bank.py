@@ -535,7 +535,7 @@ def _check_join(ds, feats: PathFeatures) -> None:
                          "the features were made from")
 
 
-def _token_arrays(ds, rows: np.ndarray | None = None):
+def _token_arrays(ds):
     """(R, T) zero-padded per-token log-prob, entropy, confidence of the bank's rows."""
     cols = [ds[k][:] for k in ("token_logprob", "token_entropy", "token_conf")]
     length = np.asarray(ds["length"][:])
@@ -544,7 +544,7 @@ def _token_arrays(ds, rows: np.ndarray | None = None):
     for arr, col in zip(out, cols):
         for i, v in enumerate(col):
             arr[i, : len(v)] = v
-    return [torch.from_numpy(a if rows is None else a[rows]) for a in out]
+    return [torch.from_numpy(a) for a in out]
 
 
 def _groups(ds) -> np.ndarray:
@@ -637,18 +637,24 @@ def position_batch(ds, feats: PathFeatures, positions=None) -> dict:
 
 
 def _signals(ds, rows, prefix: np.ndarray, hidden: np.ndarray, attn: np.ndarray,
-             feats: PathFeatures) -> torch.Tensor:
+             feats: PathFeatures, chunk: int = 16384) -> torch.Tensor:
     """signal_matrix of the prefixes: confidence columns from the bank's per-token arrays
     (prefix = position), hidden statistics and attention entropy from the features."""
     from stopexp.signals.columns import signal_matrix
 
     if not len(prefix):
         return torch.zeros((0, len(SIGNAL_NAMES)))
-    lp, ent, conf = _token_arrays(ds, rows)
+    arrays = _token_arrays(ds)
+    rows = np.arange(len(prefix)) if rows is None else rows
     tapped = bool(feats.meta.get("attention_heads"))
-    return signal_matrix(lp, ent, conf, torch.from_numpy(prefix.astype(np.int64)),
-                         feats.meta["group_window"], torch.from_numpy(hidden),
-                         torch.from_numpy(attn) if tapped else None)
+    parts = []
+    for lo in range(0, len(prefix), chunk):  # (rows, T) token arrays a chunk at a time
+        at = slice(lo, lo + chunk)
+        lp, ent, conf = (a[torch.from_numpy(rows[at])] for a in arrays)
+        parts.append(signal_matrix(lp, ent, conf, torch.from_numpy(prefix[at].astype(np.int64)),
+                                   feats.meta["group_window"], torch.from_numpy(hidden[at]),
+                                   torch.from_numpy(attn[at]) if tapped else None))
+    return torch.cat(parts)
 
 
 def load_split(cfg, split: str, overrides: list[str] | None = None, make: bool = True):

@@ -34,7 +34,7 @@ import numpy as np
 from IPython.display import Image, display
 from omegaconf import OmegaConf
 
-from stopexp import bank, plots
+from stopexp import bank, feature_bank, plots
 from stopexp.config import Config, project_root, validate
 from stopexp.accounting import keep_by_policy, outcome, replay_paths
 from stopexp.evaluate import print_table
@@ -42,7 +42,7 @@ from stopexp.evaluate_report import make_plots
 from stopexp.scorers import build_scorers
 from stopexp.signals.checkpoint import read_checkpoint
 from stopexp.stopping import STOPPING_METHODS, stopping_outcomes
-from stopexp.train import feature_spec, predictor_dir
+from stopexp.train import predictor_dir
 
 run = Path(run_dir) if run_dir else max((project_root() / "outputs/runs/pipeline").iterdir())
 out = Path(out_dir) if out_dir else run / "report"
@@ -63,9 +63,9 @@ print(print_table(metrics))
 p = metrics["protocol"]
 root = bank.require_bank(cfg)
 meta = bank.read_meta(root)
-paths = replay_paths(root, meta, p["split"], p["check_tokens"])
+paths = replay_paths(root, feature_bank.require_features(cfg), p["split"], p["check_tokens"])
 names = [m for m in metrics["methods"] if m != "no_prune" and m not in STOPPING_METHODS]
-scorers = build_scorers(cfg, names, feature_spec(meta))
+scorers = build_scorers(cfg, names, feature_bank.spec_of(cfg, meta))
 scores = {m: scorers[m](paths.batch).numpy().astype(float) for m in names}
 outcomes = {"no_prune": outcome(paths, np.ones(len(paths.length), bool), p["check_tokens"], p["n"])}
 for m, s in scores.items():

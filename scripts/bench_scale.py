@@ -32,7 +32,6 @@ def worker(rank: int, world: int, threads: int | None, overrides: list[str], rep
     from stopexp.search.decode import SamplingParams, make_engine
     from stopexp.search.sample import row_cap
     from stopexp.search.trace import trace_problems
-    from stopexp.taps import Taps
     from stopexp.tasks import build_task
 
     if threads:
@@ -43,33 +42,30 @@ def worker(rank: int, world: int, threads: int | None, overrides: list[str], rep
     task = build_task(cfg.task)
     shards = plan(cfg, task)[rank::world]
     model, tok = load_lm(cfg, progress=False)
-    checkpoints = bank.checkpoints_of(cfg)
-    hidden = model.config.get_text_config().hidden_size
-    with Taps.from_config(model, cfg.tap) as taps:
-        engine = make_engine(model, tok, SamplingParams.from_config(cfg), taps,
-                             checkpoints)
+    checkpoints = bank.mc_checkpoints(cfg)
+    # collect runs without taps: features are extracted afterwards
+    engine = make_engine(model, tok, SamplingParams.from_config(cfg))
 
-        def trace(problems):
-            cols, _ = trace_problems(engine, tok, task, problems, cfg.search.n_paths, cfg.seed,
-                                     checkpoints, 0, cfg.search.group_window, len(taps.layers),
-                                     hidden, row_cap(cfg, tok, problems))
-            return len(cols["length"]), int(sum(cols["length"]))
+    def trace(problems):
+        cols, _ = trace_problems(engine, tok, task, problems, cfg.search.n_paths, cfg.seed,
+                                 checkpoints, 0, row_cap(cfg, tok, problems))
+        return len(cols["length"]), int(sum(cols["length"]))
 
-        trace(shards[0][:1])  # warm-up: lazy initialisation stays out of the timing
+    trace(shards[0][:1])  # warm-up: lazy initialisation stays out of the timing
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    walls = []
+    for _ in range(repeats):
+        start.wait()  # every process starts the clock together
+        t0, paths, tokens = time.perf_counter(), 0, 0
+        for shard in shards:
+            p, t = trace(shard)
+            paths, tokens = paths + p, tokens + t
         if torch.cuda.is_available():
             torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-        walls = []
-        for _ in range(repeats):
-            start.wait()  # every process starts the clock together
-            t0, paths, tokens = time.perf_counter(), 0, 0
-            for shard in shards:
-                p, t = trace(shard)
-                paths, tokens = paths + p, tokens + t
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-            walls.append(time.perf_counter() - t0)
-        peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
+        walls.append(time.perf_counter() - t0)
+    peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
     results.put((paths, tokens, walls, peak))
 
 

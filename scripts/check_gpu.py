@@ -37,9 +37,8 @@ def run_on(device: str, model_dir, problems, task) -> dict:
     params = SamplingParams(max_new_tokens=48, temperature=1.0)
     out, t = {}, time.perf_counter()
     with Taps(model, [-1], "last") as taps:
-        engine = make_engine(model, tok, params, taps, (CHECK, 12))
-        cols, _ = trace_problems(engine, tok, task, problems, N, 0, [CHECK, 12], 2, 8, 1,
-                                 model.config.hidden_size)
+        engine = make_engine(model, tok, params)  # collect runs without taps
+        cols, _ = trace_problems(engine, tok, task, problems, N, 0, [CHECK, 12], 2)
         out["collect"] = [tuple(x) for x in cols["tokens"]]
         out["mc"] = [tuple(round(float(v), 3) for v in m) for m in cols["mc"]]
         engine = make_engine(model, tok, params, taps, (CHECK,))

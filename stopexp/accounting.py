@@ -53,26 +53,35 @@ def prompts_in(root: Path, split: str) -> int:
     return int(bank.load_bank(root, split)["prompt_id"][:].max()) + 1
 
 
-def batches_at(ds, meta: dict, checks: list[int]) -> list[dict]:
+def batches_at(ds, feats, checks: list[int]) -> list[dict]:
     """The predictor batch of every path of `ds` (a bank split) at each check (tokens), in
-    order: the one place that reads features for pruning decisions from the bank.
-    ValueError naming the checks the bank lacks (its checkpoints come from tap.checkpoints)."""
-    missing = [c for c in checks if c not in meta["checkpoints"]]
-    if missing:
-        raise ValueError(f"search.check_at: the trace bank holds features at prefixes "
-                         f"{meta['checkpoints']} (tap.checkpoints), not at {missing}; collect "
-                         "a bank whose tap.checkpoints include every check")
-    return [bank.tensors_at(ds, meta["checkpoints"].index(c), c) for c in checks]
+    order, from its features `feats` (`stopexp.feature_bank.load_features` of the same
+    split): the one place that reads features for pruning decisions in replay. ValueError
+    naming the checks the features lack (add them to tap.checkpoints or tap.positions)."""
+    from stopexp import feature_bank
+
+    return [feature_bank.tensors_at(ds, feats, c) for c in checks]
 
 
-def replay_paths(root: Path, meta: dict, split: str, checkpoint: int | list[int]) -> Paths:
-    """The bank's `split` paths with the predictor batch at `checkpoint` (tokens; one of
-    the bank's checkpoints), or at each of several checks (`Paths.checks`; `batch` is the
-    first). ValueError when the bank holds no such paths or features."""
+def replay_paths(root: Path, features: Path | None, split: str, checkpoint: int | list[int]) -> Paths:
+    """The bank's `split` paths with the predictor batch at `checkpoint` (tokens), or at
+    each of several checks (`Paths.checks`; `batch` is the first), joined with their
+    `features` (a features directory, `stopexp.feature_bank`). Without features the batch
+    holds no hidden state or signals (enough for the stopping protocols). ValueError when
+    the bank holds no such paths or the features lack a check."""
+    from stopexp import feature_bank
+
     ds = bank.load_bank(root, split)
     if not len(ds):
         raise ValueError(f"evaluate.split: the trace bank has no {split!r} paths")
-    checks = batches_at(ds, meta, [checkpoint] if isinstance(checkpoint, int) else list(checkpoint))
+    at = [checkpoint] if isinstance(checkpoint, (int, np.integer)) else list(checkpoint)
+    if features is not None:
+        checks = batches_at(ds, feature_bank.load_features(features, split), at)
+    else:
+        length = np.asarray(ds["length"][:])
+        checks = [{"correct": torch.as_tensor(np.asarray(ds["correct"][:]).astype(np.float32)),
+                   "length": torch.as_tensor(length.astype(np.float32)),
+                   "alive": torch.as_tensor(length > c)} for c in at]
     t = checks[0]
     t["seed_key"] = [f"{p}/{j}" for p, j in zip(ds["prompt"][:], ds["path_id"][:])]
     t.update(bank.prefix_columns(ds))  # the super token re-encodes the prefixes
@@ -89,12 +98,12 @@ def replay_paths(root: Path, meta: dict, split: str, checkpoint: int | list[int]
                  checks=checks)
 
 
-def bank_paths_and_confs(root: Path, meta: dict, split: str, checkpoint: int, paths: Paths,
+def bank_paths_and_confs(root: Path, split: str, checkpoint: int, paths: Paths,
                          views) -> tuple[Paths, list]:
     """The bank's paths (`paths` itself in replay) and their per-token confidences, for the
     methods replayed from the bank in either mode."""
     if views is not None:
-        paths = replay_paths(root, meta, split, checkpoint)
+        paths = replay_paths(root, None, split, checkpoint)
     return paths, list(bank.load_bank(root, split)["token_conf"][:])
 
 

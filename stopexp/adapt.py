@@ -314,7 +314,8 @@ def load_predictors(cfg, tgt, overrides: list[str]) -> dict:
     """The source predictor (trained on the source bank) and the ceiling (trained on the
     target bank), each trained here when missing, like train would."""
     from stopexp.signals.checkpoint import load_predictor
-    from stopexp.train import feature_spec, train
+    from stopexp.feature_bank import spec_of
+    from stopexp.train import train
 
     out = {}
     for name, c, ov in (("frozen", cfg, overrides), ("retrained", tgt, target_overrides(cfg, overrides))):
@@ -322,7 +323,7 @@ def load_predictors(cfg, tgt, overrides: list[str]) -> dict:
             continue
         root = bank.require_bank(c, ov)
         metrics = train(c, overrides=ov, progress=False)
-        out[name], _ = load_predictor(Path(metrics["checkpoint"]), feature_spec(bank.read_meta(root)))
+        out[name], _ = load_predictor(Path(metrics["checkpoint"]), spec_of(c, bank.read_meta(root)))
     return out
 
 
@@ -339,7 +340,9 @@ def adapt(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
         log.warning("train.checkpoint differs from search.check_at: the predictor scores prefixes "
                     "of another length than it learned on")
     predictors = load_predictors(cfg, tgt, overrides)
-    paths = replay_paths(root, meta, cfg.adapt.split, checkpoint)
+    from stopexp.feature_bank import require_features
+
+    paths = replay_paths(root, require_features(tgt, t_ov), cfg.adapt.split, checkpoint)
     n_groups = int(paths.group.max()) + 1
     order, held = stream_order(n_groups, cfg.adapt.stream_prompts, cfg.adapt.heldout_prompts,
                                cfg.adapt.seed)

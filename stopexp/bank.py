@@ -1,4 +1,9 @@
-"""The trace bank: every collected path with its checkpoint features and labels.
+"""The trace bank: every collected path as generation produced it, with its labels.
+
+Per path: tokens, text, answer, outcome, per-token log-prob / entropy / confidence, the
+prompt's length in tokens and, when collect ran Monte Carlo rollouts, a success rate at each
+of `tap.checkpoints`. Hidden features are not here: they are a second artifact made from
+the stored tokens (`stopexp.feature_bank`), so a tap change never regenerates paths.
 
 An HF `datasets` Arrow store with explicit features (fixed-shape float32 arrays), written
 in shards. Each shard is saved under a temporary name and renamed into place, so a crash
@@ -23,20 +28,20 @@ import shutil
 from pathlib import Path
 
 import numpy as np
-from datasets import Array2D, Array3D, Dataset, Features, List, Value, concatenate_datasets
+from datasets import Dataset, Features, List, Value, concatenate_datasets
 from datasets import load_from_disk
 from datasets.utils.logging import disable_progress_bar
 
 from stopexp.artifacts import config_hash, plain, publish_dir, staging_dir, write_json
 from stopexp.config import checkpoint_tokens
 from stopexp.integrity import dir_problem, file_sha256, records
-from stopexp.signals.features import SIGNAL_NAMES
 
 disable_progress_bar()  # one bar per shard save would drown the collect progress bar
 
 # 2: shard records in meta.json and shard.json; task content in the key
 # 3: signal columns hidden_mean and hidden_var; per-path prompt_len; kv_bytes_per_token
-BANK_VERSION = 3
+# 4: paths only (no hidden, signals, alive): features live in <cache>/features
+BANK_VERSION = 4
 MANIFEST = "shard.json"
 REPAIR = ("rerun the collect command that made it (python -m stopexp.collect with the same "
           "overrides); it recomputes damaged or missing shards and rewrites meta.json")
@@ -52,7 +57,14 @@ class BankDamaged(BankMissing):
 
 
 def checkpoints_of(cfg) -> list[int]:
+    """tap.checkpoints in generated tokens, sorted and distinct."""
     return sorted({checkpoint_tokens(c, cfg.search.max_new_tokens) for c in cfg.tap.checkpoints})
+
+
+def mc_checkpoints(cfg) -> list[int]:
+    """Where the bank holds Monte Carlo labels: tap.checkpoints when collect runs rollouts,
+    else none (the bank then does not depend on the checkpoints at all)."""
+    return checkpoints_of(cfg) if cfg.collect.mc_rollouts > 0 else []
 
 
 def sampling_section(search) -> dict:
@@ -102,11 +114,11 @@ def bank_key(cfg) -> str:
     content = task_content(cfg.task)
     if content is not None:
         task = {**task, "content": content}
-    tap = {"layers": list(cfg.tap.layers), "pooling": cfg.tap.pooling,
-           "checkpoints": checkpoints_of(cfg)}
-    if cfg.tap.get("attention_heads") is not None:  # off: keys as before
-        heads = cfg.tap.attention_heads
-        tap["attention_heads"] = heads if isinstance(heads, str) else list(heads)
+    # Tap layers, pooling, attention heads and feature positions are not generation: they
+    # key the features (stopexp.feature_bank). The checkpoints count only when collect runs
+    # Monte Carlo rollouts there (the labels are generated); without rollouts the same
+    # paths serve any checkpoints.
+    tap = {"mc_checkpoints": mc_checkpoints(cfg)} if cfg.collect.mc_rollouts > 0 else {}
     return config_hash({"version": BANK_VERSION, "model": model, "task": task, "tap": tap,
                         "search": sampling_section(cfg.search), "collect": collect,
                         "seed": cfg.seed})
@@ -116,7 +128,9 @@ def bank_dir(cfg) -> Path:
     return Path(cfg.paths.cache_dir) / "traces" / bank_key(cfg)
 
 
-def features(n_checkpoints: int, n_layers: int, hidden: int) -> Features:
+def features(n_checkpoints: int) -> Features:
+    """The bank's columns; `mc` holds one rate per Monte Carlo checkpoint (none without
+    rollouts)."""
     f32 = Value("float32")
     return Features({
         "split": Value("string"), "prompt_id": Value("int32"), "prompt": Value("string"),
@@ -124,10 +138,7 @@ def features(n_checkpoints: int, n_layers: int, hidden: int) -> Features:
         "answer": Value("string"), "correct": Value("bool"), "length": Value("int32"),
         "finished": Value("bool"), "style": Value("string"), "first_error": Value("int32"),
         "token_logprob": List(f32), "token_entropy": List(f32), "token_conf": List(f32),
-        "alive": List(Value("bool"), length=n_checkpoints),
-        "mc": List(f32, length=n_checkpoints),
-        "signals": Array2D(shape=(n_checkpoints, len(SIGNAL_NAMES)), dtype="float32"),
-        "hidden": Array3D(shape=(n_checkpoints, n_layers, hidden), dtype="float32"),
+        "mc": List(f32, length=n_checkpoints) if n_checkpoints else List(f32),  # arrow: no 0-length lists
     })
 
 
@@ -206,38 +217,42 @@ def write_meta(root: Path, meta: dict) -> None:
     write_json(root / "meta.json", meta)
 
 
-def read_meta(root: Path, repair: str = REPAIR) -> dict:
-    """The bank's meta.json; BankMissing when there is none, BankDamaged when unreadable
-    (both messages end with `repair`)."""
+def read_meta(root: Path, repair: str = REPAIR, kind: str = "trace bank") -> dict:
+    """The artifact's meta.json; BankMissing when there is none, BankDamaged when unreadable
+    (both messages name the `kind` of artifact and end with `repair`)."""
     path = Path(root) / "meta.json"
     try:
         meta = json.loads(path.read_text())
     except FileNotFoundError:
-        raise BankMissing(f"trace bank {root} has no meta.json.\nRepair:  {repair}") from None
+        raise BankMissing(f"{kind} {root} has no meta.json.\nRepair:  {repair}") from None
     except (ValueError, OSError) as e:
-        raise BankDamaged(f"trace bank {root}: meta.json is unreadable ({e.__class__.__name__}: "
+        raise BankDamaged(f"{kind} {root}: meta.json is unreadable ({e.__class__.__name__}: "
                           f"{e}).\nRepair:  {repair}") from e
     if not isinstance(meta, dict):
-        raise BankDamaged(f"trace bank {root}: meta.json is not a JSON object.\nRepair:  {repair}")
+        raise BankDamaged(f"{kind} {root}: meta.json is not a JSON object.\nRepair:  {repair}")
     return meta
 
 
-def verify_bank(root: Path, full: bool = False, repair: str = REPAIR) -> dict:
-    """Check a bank against its own record: complete, every recorded shard present and
-    its files of the recorded sizes and checksums (cheap: small files whole, sampled
-    blocks of large ones; `full`: every byte). Returns meta.json's content.
+def verify_bank(root: Path, full: bool = False, repair: str = REPAIR, kind: str = "trace bank",
+                version: int = BANK_VERSION) -> dict:
+    """Check a sharded artifact (a trace bank, or with `kind`/`version` the features)
+    against its own record: complete, every recorded shard present and its files of the
+    recorded sizes and checksums (cheap: small files whole, sampled blocks of large ones;
+    `full`: every byte). Returns meta.json's content.
 
     Raises BankMissing (not complete: which shards are missing) or BankDamaged (which
     shards or files differ, and why); both say how to repair (`repair`)."""
     root = Path(root)
-    meta = read_meta(root, repair)
-    if meta.get("version") != BANK_VERSION or "shards" not in meta:
-        raise BankDamaged(f"trace bank {root} was written by another version of stopexp "
-                          f"(bank version {meta.get('version')}, {BANK_VERSION} expected)."
-                          f"\nRepair:  {repair}")
+    meta = read_meta(root, repair, kind)
+    if meta.get("version") != version or "shards" not in meta:
+        raise BankDamaged(f"{kind} {root} was written by another version of stopexp "
+                          f"({kind} version {meta.get('version')}, {version} expected"
+                          + ("; since version 4 a bank holds the paths only and the hidden "
+                             "features are a separate artifact" if kind == "trace bank" else "")
+                          + f").\nRepair:  {repair}")
     if not meta.get("complete"):
         missing = meta.get("missing", [])
-        raise BankMissing(f"trace bank {root} is incomplete ({len(missing)} of "
+        raise BankMissing(f"{kind} {root} is incomplete ({len(missing)} of "
                           f"{len(meta.get('plan', []))} shards missing: indices "
                           f"{brief(missing)}).\nRepair:  {repair}")
     damaged = {}
@@ -246,7 +261,7 @@ def verify_bank(root: Path, full: bool = False, repair: str = REPAIR) -> dict:
         if problem:
             damaged[name] = problem
     if damaged:
-        raise BankDamaged(f"trace bank {root} is damaged: "
+        raise BankDamaged(f"{kind} {root} is damaged: "
                           + "; ".join(f"{n}: {p}" for n, p in sorted(damaged.items()))
                           + f".\nRepair:  {repair}")
     return meta
@@ -257,18 +272,24 @@ def brief(items: list, n: int = 10) -> str:
     return ", ".join(map(str, items[:n])) + (f" and {len(items) - n} more" if len(items) > n else "")
 
 
+def shards_holding(meta: dict, split: str | None) -> list[str]:
+    """The shards (in load order) whose rows `load_bank(root, split)` reads: those holding
+    paths of `split` (all with paths for None); when none does, the first with paths, so
+    an empty split still has the bank's columns. The features use the same order."""
+    names = sorted(n for n, rec in meta["shards"].items()
+                   if rec["rows"] and (split is None or rec["splits"].get(split)))
+    return names or sorted(n for n, rec in meta["shards"].items() if rec["rows"])[:1]
+
+
 def load_bank(root: Path, split: str | None = None) -> Dataset:
     """The paths of a complete, verified bank (shards in name order), optionally of one
     split, numpy-formatted. Raises BankMissing / BankDamaged naming the shard at fault."""
     root = Path(root)
     meta = verify_bank(root)
-    names = sorted(n for n, rec in meta["shards"].items()
-                   if rec["rows"] and (split is None or rec["splits"].get(split)))
+    names = shards_holding(meta, split)
     if not names:
-        names = sorted(n for n, rec in meta["shards"].items() if rec["rows"])[:1]
-        if not names:
-            raise BankMissing(f"trace bank {root} holds no paths (every prompt was filtered "
-                              "out by collect.keep_correct?)")
+        raise BankMissing(f"trace bank {root} holds no paths (every prompt was filtered "
+                          "out by collect.keep_correct?)")
     parts = []
     for name in names:
         try:
@@ -309,30 +330,6 @@ def require_bank(cfg, overrides: list[str] | None = None) -> Path:
     verify_bank(root, repair=f"{command}\n(collect recomputes only the damaged or missing "
                              "shards; python -m stopexp.pipeline does too)")
     return root
-
-
-def tensors_at(ds: Dataset, c_idx: int, checkpoint: int) -> dict:
-    """Everything a predictor or a pruning decision needs at checkpoint `c_idx`, for every
-    path of `ds` (numpy-formatted bank), as float32/int64 torch tensors."""
-    import torch
-
-    splits, prompt_ids = np.asarray(ds["split"][:]), np.asarray(ds["prompt_id"][:])
-    keys = np.char.add(np.char.add(splits.astype(str), "/"), prompt_ids.astype(str))
-    _, group = np.unique(keys, return_inverse=True)
-    length = np.asarray(ds["length"][:]).astype(np.float32)
-    signals = ds["signals"][:][:, c_idx]
-    prefix = signals[:, SIGNAL_NAMES.index("prefix_len")]
-    return {
-        "hidden": torch.from_numpy(np.ascontiguousarray(ds["hidden"][:][:, c_idx])),
-        "signals": torch.from_numpy(np.ascontiguousarray(signals)),
-        "group": torch.from_numpy(group.astype(np.int64)),
-        "correct": torch.from_numpy(np.asarray(ds["correct"][:]).astype(np.float32)),
-        "mc": torch.from_numpy(ds["mc"][:][:, c_idx].astype(np.float32)),
-        "alive": torch.from_numpy(ds["alive"][:][:, c_idx].astype(bool)),
-        "prefix_len": torch.from_numpy(prefix.astype(np.float32)),
-        "remaining": torch.from_numpy(np.maximum(length - checkpoint, 0)),
-        "length": torch.from_numpy(length),
-    }
 
 
 def prefix_columns(ds: Dataset) -> dict:

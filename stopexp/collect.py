@@ -3,9 +3,11 @@
     python -m stopexp.collect +exp=toy_contrastive
 
 For every prompt of the configured splits, N paths are sampled; per path the tokens,
-text, answer, outcome and per-token confidences are kept, per checkpoint the tap
-features, the non-learnable signals and optionally a Monte Carlo success rate. Shards
-are written atomically; rerunning the same command resumes after the last finished one.
+text, answer, outcome and per-token confidences are kept, and with collect.mc_rollouts a
+Monte Carlo success rate at each of tap.checkpoints. No taps run: hidden features are
+extracted from the stored tokens by `python -m stopexp.featurize` (train and evaluate make
+them when missing). Shards are written atomically; rerunning the same command resumes
+after the last finished one.
 
 Sharded over processes, each rank takes the shards whose index % world == rank:
 
@@ -14,6 +16,7 @@ Sharded over processes, each rank takes the shards whose index % world == rank:
 """
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from contextlib import nullcontext
@@ -26,7 +29,7 @@ from tqdm import tqdm
 
 from stopexp import bank
 from stopexp.artifacts import write_json
-from stopexp.config import check_output_dirs, resolve_layers, validate
+from stopexp.config import check_output_dirs, validate
 from stopexp.integrity import set_aside
 from stopexp.ranks import barrier, in_group, join_group, leave_group, shard_of
 from stopexp.tracking import tracked_run
@@ -69,13 +72,9 @@ def summarize(root: Path) -> dict:
         sel = keys == key
         winner = vote([a or None for a in answers[sel]])
         votes.append(winner is not None and correct[sel][answers[sel] == winner].any())
-    hidden = ds["hidden"][:]
-    signals = ds["signals"][:]
     return {"paths": int(len(correct)), "prompts": int(len(votes)),
             "path_accuracy": float(correct.mean()), "vote_accuracy": float(np.mean(votes)),
-            "tokens_total": int(np.asarray(ds["length"][:]).sum()),
-            "nonfinite_features": int((~np.isfinite(hidden)).sum()),
-            "nonfinite_signals": int((~np.isfinite(signals)).sum())}
+            "tokens_total": int(np.asarray(ds["length"][:]).sum())}
 
 
 def verified_shards(root: Path, indices, trusted: set[str] = frozenset()) -> dict[int, str]:
@@ -112,7 +111,7 @@ def collect(cfg, rank: int = 0, world: int = 1, run=None) -> dict:
     todo = [i for i in range(len(shards)) if i % world == rank]
     done = verified_shards(root, todo)
     pending = [i for i in todo if i not in done]
-    checkpoints = bank.checkpoints_of(cfg)
+    checkpoints = bank.mc_checkpoints(cfg)
     written, paths = _fill(cfg, root, task, shards, pending, rank, checkpoints) if pending else (set(), 0)
     # what this process did, for its log line (a rank that is not last sees no summary)
     mine = {"rank": rank, "world": world, "shards_written": len(pending), "paths_written": paths,
@@ -170,27 +169,26 @@ def _settle(cfg, root: Path, task, shards: list, trusted: set[str], rank: int) -
 
 def _fill(cfg, root: Path, task, shards: list, pending: list[int], rank: int,
           checkpoints: list[int]) -> set[str]:
-    """Generate the `pending` shards; returns the names written and the paths they hold."""
+    """Generate the `pending` shards (Monte Carlo labels at `checkpoints`); returns the
+    names written and the paths they hold."""
     from stopexp.memory import kv_bytes_per_token
     from stopexp.models import load_lm
     from stopexp.search.decode import SamplingParams, make_engine
     from stopexp.search.sample import fit_prompts, prompt_limit, row_cap
     from stopexp.search.trace import trace_problems
-    from stopexp.taps import Taps
 
-    model, tokenizer = load_lm(cfg)
+    model, tokenizer = load_lm(generation_config(cfg))
     params = SamplingParams.from_config(cfg)
-    hidden = model.config.get_text_config().hidden_size
+    text_cfg = model.config.get_text_config()
     n_prompts = sum(len(shards[i]) for i in pending)
     log.info("collecting %d shards (%d prompts x %d paths) into %s", len(pending), n_prompts,
              cfg.search.n_paths, root)
     start, paths, tokens, written = time.time(), 0, 0, set()
-    with Taps.from_config(model, cfg.tap) as taps, \
-            tqdm(total=n_prompts, unit="prompt", desc="collect") as bar:
-        engine = make_engine(model, tokenizer, params, taps, checkpoints)
-        feats = bank.features(len(checkpoints), len(taps.layers), hidden)
+    with tqdm(total=n_prompts, unit="prompt", desc="collect") as bar:
+        engine = make_engine(model, tokenizer, params)
+        feats = bank.features(len(checkpoints))
         measured = {"lm_parameters": sum(p.numel() for p in model.parameters()),
-                    "hidden_size": hidden, "tap_layers": list(taps.layers),
+                    "hidden_size": text_cfg.hidden_size, "num_layers": text_cfg.num_hidden_layers,
                     "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
                     "kv_bytes_per_token": kv_bytes_per_token(model)}
         limit = prompt_limit(cfg, model)
@@ -199,7 +197,6 @@ def _fill(cfg, root: Path, task, shards: list, pending: list[int], rank: int,
             problems = fit_prompts(tokenizer, shards[i], limit, cfg.model.long_prompts)
             cols, mc_tokens = trace_problems(engine, tokenizer, task, problems, cfg.search.n_paths,
                                              cfg.seed, checkpoints, cfg.collect.mc_rollouts,
-                                             cfg.search.group_window, len(taps.layers), hidden,
                                              row_cap(cfg, tokenizer, problems))
             shard_tokens = int(sum(cols["length"])) + mc_tokens
             paths += len(cols["length"])
@@ -216,6 +213,16 @@ def _fill(cfg, root: Path, task, shards: list, pending: list[int], rank: int,
     return written, paths
 
 
+def generation_config(cfg):
+    """`cfg` without the attention tap: generation must not depend on the tap, and the
+    tap would load the LM with eager attention (`stopexp.models.load_lm`)."""
+    if cfg.tap.get("attention_heads") is None:
+        return cfg
+    out = copy.deepcopy(cfg)
+    out.tap.attention_heads = None
+    return out
+
+
 def _write_meta(cfg, root: Path, task, shards: list, good: dict[int, str],
                 missing: list[int]) -> list[int]:
     """Write the bank's metadata and its record: the plan, and per shard present its own
@@ -227,19 +234,16 @@ def _write_meta(cfg, root: Path, task, shards: list, good: dict[int, str],
     missing = sorted({*missing, *(i for i in good if records[good[i]] is None)})
     records = {name: rec for name, rec in records.items() if rec is not None}
     size = cfg.model.toy if cfg.model.toy is not None else cfg.model
-    n_layers = getattr(size, "num_layers", None)
-    known = {"hidden_size": size.hidden_size,
-             "tap_layers": resolve_layers(cfg.tap.layers, n_layers) if n_layers else None}
+    known = {"hidden_size": size.hidden_size, "num_layers": getattr(size, "num_layers", None)}
     with_data = [r for r in records.values() if "hidden_size" in r]
     if with_data:
         tokens = sum(r["tokens"] for r in with_data)
-        known = {k: with_data[0][k] for k in ("lm_parameters", "hidden_size", "tap_layers", "dtype",
+        known = {k: with_data[0][k] for k in ("lm_parameters", "hidden_size", "num_layers", "dtype",
                                               "kv_bytes_per_token")}
         known["seconds_per_token"] = sum(r["seconds"] for r in with_data) / max(tokens, 1)
     bank.write_meta(root, {
         "key": root.name, "complete": not missing, "model_name": cfg.model.name,
-        "pooling": cfg.tap.pooling,
-        "checkpoints": bank.checkpoints_of(cfg), "signal_names": list(bank.SIGNAL_NAMES),
+        "checkpoints": bank.mc_checkpoints(cfg),  # where the Monte Carlo labels are
         "n_paths": cfg.search.n_paths, "task": OmegaConf.to_container(cfg.task),
         "seed": cfg.seed, "mc_rollouts": cfg.collect.mc_rollouts,
         "version": bank.BANK_VERSION, **known,

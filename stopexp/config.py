@@ -120,6 +120,18 @@ class TaskConfig:
 
 
 @dataclass
+class TapPositionsConfig:
+    # Where features are extracted (stopexp.feature_bank), in generated tokens: always
+    # tap.checkpoints, plus these checkpoints (fractions of max_new_tokens or token counts),
+    # every `stride` tokens, and with `step_ends` every token that ends a reasoning step
+    # (the task's step separator: ";" in arith, a newline in text tasks).
+    checkpoints: List[float] = field(default_factory=list)
+    stride: Optional[int] = None
+    step_ends: bool = False
+    dtype: str = "float32"  # float32 | float16 (half the bytes)
+
+
+@dataclass
 class TapConfig:
     # decoder layer indices (negative count from the end) or "first" | "mid" | "last",
     # resolved against the loaded model (mid = num_layers // 2)
@@ -130,6 +142,7 @@ class TapConfig:
     # attention entropy (signal attn_entropy): None = off; "all" = every head of the tapped
     # layers; or a list of "layer:head" (layer as in tap.layers). Forces eager attention.
     attention_heads: Any = None
+    positions: TapPositionsConfig = field(default_factory=TapPositionsConfig)
 
 
 @dataclass
@@ -332,6 +345,7 @@ ALLOWED = {
     "task.answer_format": ("numeric", "boxed"),
     "task.extraction": ("strict", "flexible"),
     "tap.pooling": ("last", "mean"),
+    "tap.positions.dtype": ("float32", "float16"),
     "predictor.name": ("statistic", "linear", "mlp", "fusion", "conf_features", "super_token"),
     "predictor.statistic": ("l2", "mean", "var"),
     "loss.name": ("contrastive", "pairwise", "reward_regression", "mse"),
@@ -745,6 +759,15 @@ def _check_search_and_taps(cfg) -> None:
             _fail("tap.checkpoints", f"{c} is prefix {t}, beyond max length "
                                      f"{s.max_new_tokens} (search.max_new_tokens)")
         ckpts.append(t)
+    pos = tap.positions
+    for c in pos.checkpoints:
+        t = checkpoint_tokens(c, s.max_new_tokens) if c > 0 else 0
+        if not 1 <= t < s.max_new_tokens or (c >= 1 and c != int(c)):
+            _fail("tap.positions.checkpoints", f"{c} is not a prefix in 1..{s.max_new_tokens - 1} "
+                                               "tokens (or a fraction in (0, 1) of search.max_new_tokens)")
+    if pos.stride is not None and not 1 <= pos.stride < s.max_new_tokens:
+        _fail("tap.positions.stride", f"{pos.stride}: give a token count in 1.."
+                                      f"{s.max_new_tokens - 1} (search.max_new_tokens), or null for none")
     for c in s.beam_checks or []:
         t = checkpoint_tokens(c, s.max_new_tokens) if c > 0 else 0
         if not 1 <= t < s.max_new_tokens or (c >= 1 and c != int(c)):

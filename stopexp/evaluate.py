@@ -8,7 +8,8 @@ at search.check_at, keep K = policy.keep by each method's signal, finish the kep
 majority vote (evaluate.vote); paths that end before the check vote directly. With a list
 of checks the live paths are checked at each (progressive), one K per check. `replay` re-scores the
 trace bank without the LM (exact, since every path has its own random stream);
-`online` really runs the LM and measures wall time. Methods with a stopping protocol of
+`online` really runs the LM and measures wall time. Replay joins the bank with its features
+(`stopexp.feature_bank`), which it makes from the bank when they are missing. Methods with a stopping protocol of
 their own (ESC, Adaptive-Consistency, DeepConf online and its votes: stopexp/stopping.py)
 replay the bank in both modes; stopexp/analyses.py adds the per-method analyses.
 Every scoring method is also scored at every stored position of the bank's paths
@@ -24,7 +25,7 @@ import hydra
 import numpy as np
 from omegaconf import DictConfig
 
-from stopexp import bank
+from stopexp import bank, feature_bank
 from stopexp.accounting import (account_methods, add_text_metrics, bank_paths_and_confs,
                                 pareto_points, prompts_in, replay_paths)
 from stopexp.analyses import add_analyses
@@ -49,13 +50,11 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
     check_methods(cfg)
     root = bank.require_bank(cfg, cli_overrides())
     meta = bank.read_meta(root)
-    from stopexp.train import feature_spec
-
     plan = check_plan(cfg)  # (prefix tokens, K) per check; the first is where AUROC is read
     checkpoint, K = plan[0][0], plan[-1][1]
     N, split = cfg.search.n_paths, cfg.evaluate.split
     names = method_names(cfg)
-    scorers = build_scorers(cfg, names, feature_spec(meta))
+    scorers = build_scorers(cfg, names, feature_bank.spec_of(cfg, meta))
     start = time.time()
     if cfg.search.name == "beam":
         from stopexp.evaluate_beam import beam_metrics
@@ -65,11 +64,12 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
     if cfg.evaluate.mode == "online":  # the same test prompts as the bank
         from stopexp.evaluate_online import online_paths
         paths, views, timing = online_paths(cfg, names, scorers, checkpoint, prompts_in(root, split))
-    else:
-        paths = replay_paths(root, meta, split, [c for c, _ in plan])
+    else:  # replay reads the features of the bank's paths, made here when missing
+        features = feature_bank.require_features(cfg, cli_overrides())
+        paths = replay_paths(root, features, split, [c for c, _ in plan])
     stops = {}
     if set(names) & set(STOPPING_METHODS):
-        stops = stopping_outcomes(*bank_paths_and_confs(root, meta, split, checkpoint, paths, views),
+        stops = stopping_outcomes(*bank_paths_and_confs(root, split, checkpoint, paths, views),
                                   names, N, cfg.evaluate, cfg.search.group_window)
     # account, analyse
     results, outcomes, scores, points = account_methods(cfg, names, scorers, paths, checkpoint,
@@ -86,7 +86,7 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
                             "vote": cfg.evaluate.vote,
                             "prompts": int(paths.group.max()) + 1, "split": split},
                "bank": root.name}
-    metrics["auroc_by_prefix"] = auroc_by_prefix(cfg, scorers, root, meta, split, feature_spec(meta))
+    metrics["auroc_by_prefix"] = auroc_by_prefix(cfg, scorers, split, feature_bank.spec_of(cfg, meta))
     metrics["eval_wall_s"] = round(time.time() - start, 2)
     # plot, log
     if run_dir is not None:

@@ -1,7 +1,7 @@
 """Per-step predictors and AUROC against prefix length: one row per (path, position).
 
 A *position batch* holds one row per (path, stored position) where the path is still
-generating, with the keys of `bank.tensors_at` plus "position" (B,) int64 (the prefix in
+generating, with the keys of `feature_bank.tensors_at` plus "position" (B,) int64 (the prefix in
 generated tokens) and "path" (B,) int64 (the path's row in the split's bank). Everything
 here consumes that dict; `position_data` is the one place that makes it.
 
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import copy
 import math
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -27,29 +26,18 @@ from stopexp import bank
 from stopexp.metrics.ranking import per_group_auroc
 
 
-def checkpoint_rows(ds, meta: dict) -> dict:
-    """The position batch of today's bank: `bank.tensors_at` at every bank checkpoint
-    (meta["checkpoints"], tokens), concatenated checkpoint by checkpoint, only the rows
-    alive there, plus "position" (the checkpoint) and "path" (the row in `ds`)."""
-    parts = []
-    for c_idx, ckpt in enumerate(meta["checkpoints"]):
-        t = bank.tensors_at(ds, c_idx, ckpt)
-        n = len(t["correct"])
-        t["position"] = torch.full((n,), int(ckpt), dtype=torch.int64)
-        t["path"] = torch.arange(n, dtype=torch.int64)
-        parts.append(bank.select_rows(t, t["alive"]))
-    return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+def position_data(cfg, split: str, overrides: list[str] | None = None):
+    """(the split's bank rows, its position batch: `feature_bank.position_batch` at every
+    stored position), or (ds, None) when the bank holds no path of `split`. The features
+    are made when missing. The one source of position batches: every consumer below reads
+    what this returns."""
+    from stopexp import feature_bank
 
-
-def position_data(root: Path, meta: dict, split: str):
-    """(the split's bank rows, its position batch of alive rows), or (ds, None) when the
-    bank holds no path of `split`. The one source of position batches: every consumer
-    below reads what this returns."""
-    ds = bank.load_bank(root, split)
+    ds, feats = feature_bank.load_split(cfg, split, overrides)
     if not len(ds):
         return ds, None
-    rows = checkpoint_rows(ds, meta)
-    return ds, bank.select_rows(rows, rows["alive"])  # a source may also return ended rows
+    rows = feature_bank.position_batch(ds, feats)
+    return ds, bank.select_rows(rows, rows["alive"])
 
 
 def pair_groups(group: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
@@ -90,7 +78,7 @@ def mean_over_positions(curve: dict) -> float:
     return float(np.mean(values)) if values else math.nan
 
 
-def split_data_all(root: Path, meta: dict, cfg) -> dict[str, dict]:
+def split_data_all(meta: dict, cfg, overrides: list[str] | None = None) -> dict[str, dict]:
     """train.positions=all: per split, the training rows of every stored position.
     Raises NothingToLearn when train or val has no (prompt, position) with both a correct
     and a wrong path."""
@@ -99,7 +87,7 @@ def split_data_all(root: Path, meta: dict, cfg) -> dict[str, dict]:
     out = {}
     for split in ("train", "val", "test"):
         if bank.split_rows(meta, split):
-            _, rows = position_data(root, meta, split)
+            _, rows = position_data(cfg, split, overrides)
             if rows is not None and len(rows["correct"]):
                 out[split] = training_rows(rows)
     for split in ("train", "val"):
@@ -110,7 +98,7 @@ def split_data_all(root: Path, meta: dict, cfg) -> dict[str, dict]:
             continue
         raise NothingToLearn(
             f"train.positions: all: the {split} split has no usable pair at any of the bank's "
-            f"positions {list(meta['checkpoints'])} ({n} alive path positions): no prompt has both "
+            f"stored positions ({n} alive path positions): no prompt has both "
             f"a correct and a wrong path alive at one position. Collect more prompts "
             f"(collect.prompts.{split}), keep prompts with mixed outcomes (collect.keep_correct), "
             f"or try another task.seed or seed.")
@@ -155,7 +143,7 @@ def single_checkpoint_baseline(cfg, spec) -> tuple[str, object] | None:
     return f"{cfg.predictor.name}@{tokens}", predictor
 
 
-def auroc_by_prefix(cfg, scorers: dict, root: Path, meta: dict, split: str, spec) -> dict:
+def auroc_by_prefix(cfg, scorers: dict, split: str, spec) -> dict:
     """Evaluate's curves: method -> auroc_by_position over the `split` paths of the bank,
     for every scorer (learned, confidence, entropy, hidden-state statistics, random,
     oracle; not the super token, which would re-run the LM at every position) and, with
@@ -163,7 +151,7 @@ def auroc_by_prefix(cfg, scorers: dict, root: Path, meta: dict, split: str, spec
     (labelled "<predictor>@<tokens>")."""
     from stopexp.signals import methods as M
 
-    ds, rows = position_data(root, meta, split)
+    ds, rows = position_data(cfg, split)
     if rows is None:
         return {}
     use = {k: v for k, v in scorers.items() if v is not None and k != "super_token"}

@@ -1,4 +1,4 @@
-"""The whole study on one config: collect -> train -> evaluate, each stage reusing what
+"""The whole study on one config: collect -> featurize -> train -> evaluate, each stage reusing what
 an earlier run already made for the same upstream config (found by hash).
 
     python -m stopexp.pipeline +exp=toy_contrastive
@@ -23,18 +23,22 @@ log = logging.getLogger(__name__)
 def run_pipeline(cfg, run_dir: Path) -> dict:
     from stopexp.collect import collect
     from stopexp.evaluate import evaluate, print_table
+    from stopexp.feature_bank import featurize
     from stopexp.train import train
 
     timings, start = {}, time.time()
     with tracked_run(cfg, "pipeline") as run:
         collected = collect(cfg, run=run)
         timings["collect_s"] = round(time.time() - start, 1)
+        featurized = featurize(cfg, run=run)
+        timings["featurize_s"] = round(time.time() - start - sum(timings.values()), 1)
         trained = train(cfg, run=run, run_dir=run_dir / "train")
-        timings["train_s"] = round(time.time() - start - timings["collect_s"], 1)
+        timings["train_s"] = round(time.time() - start - sum(timings.values()), 1)
         evaluated = evaluate(cfg, run=run, run_dir=run_dir / "evaluate")
         timings["evaluate_s"] = round(time.time() - start - sum(timings.values()), 1)
         timings["wall_s"] = round(time.time() - start, 1)
-        metrics = {"collect": collected, "train": trained, **evaluated, "pipeline": timings}
+        metrics = {"collect": collected, "featurize": featurized, "train": trained, **evaluated,
+                   "pipeline": timings}
         write_json(run_dir / "metrics.json", metrics)  # before tracking's last calls
         run.summary_update({f"pipeline/{k}": v for k, v in timings.items()})
     print(print_table(evaluated))

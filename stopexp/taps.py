@@ -3,7 +3,9 @@
 Only the last position of each forward is kept (B, layers, H), never the hidden sequence.
 The layers are resolved against the loaded model and ordered shallowest first, so
 `read()[:, -1]` is the deepest tapped layer whatever order tap.layers lists them in.
-Use as a context manager so the hooks are removed on exit, also on error.
+Use as a context manager so the hooks are removed on exit, also on error. With
+`sequence=True` (teacher-forced feature extraction, `stopexp.feature_bank`) every position
+of the forward is kept instead: `read()` is (B, T, layers, H), `attention_entropy()` (B, T).
 
 With `attention_heads` ((layer, head) pairs, `stopexp.config.attention_heads`), hooks on
 those layers' attention modules also keep, per row, the entropy (nats) of each chosen
@@ -37,12 +39,14 @@ def resolve_layers(layers, n_layers: int) -> list[int]:
 
 
 class Taps:
-    def __init__(self, model, layers, pooling: str = "last", attention_heads=None):
+    def __init__(self, model, layers, pooling: str = "last", attention_heads=None,
+                 sequence: bool = False):
         if pooling not in ("last", "mean"):
             raise ValueError(f"tap.pooling: {pooling!r} unknown; allowed: last, mean")
         self.modules = decoder_layers(model)
         self.layers = resolve_layers(layers, len(self.modules))
         self.pooling = pooling
+        self.sequence = sequence
         text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self.heads = config.attention_heads(attention_heads, layers, len(self.modules),
                                             text.num_attention_heads)
@@ -79,7 +83,7 @@ class Taps:
     def _hook(self, i: int):
         def hook(module, args, output):
             hidden = output[0] if isinstance(output, tuple) else output  # 4.x: tuple, 5.x: tensor
-            self._captured[i] = hidden[:, -1, :].detach()
+            self._captured[i] = (hidden if self.sequence else hidden[:, -1, :]).detach()
         return hook
 
     def _attention_hook(self, i: int, heads: list[int]):
@@ -90,7 +94,8 @@ class Taps:
                     f"tap.attention_heads: layer {i}'s attention returned no weights; it needs "
                     "eager attention (model.attn_implementation=eager, which load_lm sets "
                     "when tap.attention_heads is given)")
-            p = weights[:, heads, -1, :].detach().float()          # (B, heads, keys)
+            query = slice(None) if self.sequence else -1
+            p = weights[:, heads, query, :].detach().float()       # (B, heads, [T,] keys)
             self._entropy[i] = -torch.special.xlogy(p, p).sum(-1)   # masked keys: p = 0
         return hook
 
@@ -100,7 +105,8 @@ class Taps:
 
     def attention_entropy(self) -> torch.Tensor:
         """(B,) mean entropy (nats) of the chosen heads' attention at the last position of
-        the last forward. RuntimeError when attention is not tapped or saw no forward."""
+        the last forward ((B, T), every position, with `sequence`). RuntimeError when
+        attention is not tapped or saw no forward."""
         if not self.heads:
             raise RuntimeError("attention entropy is not tapped: set tap.attention_heads")
         layers = sorted({layer for layer, _ in self.heads})
@@ -110,8 +116,9 @@ class Taps:
         return torch.cat([self._entropy[i] for i in layers], dim=1).mean(1)
 
     def read(self) -> torch.Tensor:
-        """(B, layers, H) hidden state of the last position at each tapped layer."""
+        """(B, layers, H) hidden state of the last position at each tapped layer ((B, T,
+        layers, H), every position, with `sequence`)."""
         missing = [i for i in self.layers if i not in self._captured]
         if missing:
             raise RuntimeError(f"taps on layers {missing} saw no forward; are the hooks active?")
-        return torch.stack([self._captured[i] for i in self.layers], dim=1)
+        return torch.stack([self._captured[i] for i in self.layers], dim=-2)

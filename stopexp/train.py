@@ -3,12 +3,13 @@ except by the super-token predictor, which runs it).
 
     python -m stopexp.train +exp=toy_contrastive
 
-Reads the bank made by collect for the same upstream config (found by hash), trains on
-the `train` split at checkpoint `train.checkpoint` (or, with `train.positions=all`, at
-every stored position: stopexp/per_step.py), early-stops on the validation within-prompt
-AUROC (averaged over positions), keeps the best epoch, reports train/val/test metrics with
-the AUROC at every stored position (`auroc_by_prefix`, plotted) and saves a checkpoint
-that evaluate finds by hash.
+Reads the bank made by collect for the same upstream config (found by hash) joined with
+its features (`stopexp.feature_bank`, extracted here from the bank when missing: the LM is
+loaded only then), trains on the `train` split at checkpoint `train.checkpoint` (or, with
+`train.positions=all`, at every stored position: stopexp/per_step.py), early-stops on the
+validation within-prompt AUROC (averaged over positions), keeps the best epoch, reports
+train/val/test metrics with the AUROC at every stored position (`auroc_by_prefix`,
+plotted) and saves a checkpoint that evaluate finds by hash.
 """
 from __future__ import annotations
 
@@ -21,10 +22,10 @@ from pathlib import Path
 import hydra
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from tqdm import tqdm
 
-from stopexp import bank, per_step, plots
+from stopexp import bank, feature_bank, per_step, plots
 from stopexp.artifacts import config_hash, write_json
 from stopexp.config import check_output_dirs, checkpoint_tokens, validate
 from stopexp.integrity import set_aside
@@ -40,39 +41,30 @@ from stopexp.tracking import tracked_run
 log = logging.getLogger(__name__)
 
 
-# keys whose default leaves the hash as it was before they existed (earlier checkpoints stay found)
-HASH_NEUTRAL = {"predictor": {"position_input": False}, "train": {"positions": "checkpoint"}}
-
-
 def predictor_dir(cfg) -> Path:
-    parts = []
-    for name in ("predictor", "train"):
-        section = OmegaConf.to_container(cfg[name], resolve=True)
-        for key, default in HASH_NEUTRAL[name].items():
-            if section.get(key) == default:
-                section.pop(key)
-        parts.append(section)
-    key = config_hash(bank.bank_key(cfg), parts[0], cfg.loss, parts[1])
+    key = config_hash(feature_bank.feature_key(cfg), cfg.predictor, cfg.loss, cfg.train)
     return Path(cfg.paths.cache_dir) / "predictors" / key
 
 
 def feature_spec(meta: dict) -> FeatureSpec:
-    return FeatureSpec(meta["model_name"], meta["hidden_size"], list(meta["tap_layers"]),
-                       tuple(meta["signal_names"]))
+    """The spec recorded in a features meta.json (`stopexp.feature_bank.feature_spec`)."""
+    return feature_bank.feature_spec(meta)
 
 
-def split_data(root: Path, meta: dict, cfg, prefixes: bool = False) -> dict[str, dict]:
+def split_data(root: Path, meta: dict, cfg, prefixes: bool = False,
+               overrides: list[str] | None = None) -> dict[str, dict]:
     """Per split, the tensors of the paths still alive at the training checkpoint (with
-    `prefixes`, also their prompts and tokens). The splits are the task's, which are
+    `prefixes`, also their prompts and tokens), from the bank at `root` (`meta` its
+    meta.json) and its features (made when missing). The splits are the task's, which are
     disjoint by prompt, so no prompt is in two parts."""
     ckpt = checkpoint_tokens(cfg.train.checkpoint, cfg.search.max_new_tokens)
-    c_idx = meta["checkpoints"].index(ckpt)
+    features = feature_bank.require_features(cfg, overrides)
     out = {}
     for split in ("train", "val", "test"):
         if not bank.split_rows(meta, split):
             continue
         ds = bank.load_bank(root, split)
-        t = bank.tensors_at(ds, c_idx, ckpt)
+        t = feature_bank.tensors_at(ds, feature_bank.load_features(features, split), ckpt)
         if prefixes:
             t.update(bank.prefix_columns(ds))
         out[split] = bank.select_rows(t, t["alive"])
@@ -229,15 +221,16 @@ def train(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
     """Train (or find) the predictor of `cfg`; returns its metrics and checkpoint path."""
     root = bank.require_bank(cfg, overrides)
     meta = bank.read_meta(root)
+    spec = feature_bank.spec_of(cfg, meta)
     out = predictor_dir(cfg)
     lm_based = cfg.predictor.name == "super_token"  # the one predictor that runs the LM
     if out.exists():
         try:
             if lm_based:
                 from stopexp.signals.super_token import checkpoint_meta
-                saved = checkpoint_meta(out, feature_spec(meta))
+                saved = checkpoint_meta(out, spec)
             else:
-                _, saved = load_predictor(out, feature_spec(meta))
+                _, saved = load_predictor(out, spec)
             log.info("predictor already trained for this config: %s", out)
             return {"checkpoint": str(out), **saved["metrics"]}
         except (CheckpointDamaged, CheckpointMismatch) as e:  # ours to rebuild: never loop
@@ -245,10 +238,11 @@ def train(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
             set_aside(out)
     start = time.time()
     every_position = cfg.train.positions == "all"
-    data = per_step.split_data_all(root, meta, cfg) if every_position else split_data(
-        root, meta, cfg, prefixes=lm_based)
+    if every_position:
+        data = per_step.split_data_all(meta, cfg, overrides)
+    else:
+        data = split_data(root, meta, cfg, prefixes=lm_based, overrides=overrides)
     torch.manual_seed(cfg.train.seed)
-    spec = feature_spec(meta)
     if lm_based:
         from stopexp.signals.super_token import build_super_token
         predictor = build_super_token(cfg)
@@ -274,7 +268,7 @@ def train(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
             scores[split] = score(predictor, d)
         metrics[split] = evaluate_scores(scores[split], d)
         if not every_position and not lm_based:  # the checkpoint's predictor at every position
-            _, rows = per_step.position_data(root, meta, split)
+            _, rows = per_step.position_data(cfg, split, overrides)
             with one_thread(predictor):
                 metrics[split]["auroc_by_prefix"] = per_step.auroc_by_position(
                     score(predictor, rows), rows["correct"], rows["group"], rows["position"])

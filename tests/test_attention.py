@@ -71,10 +71,12 @@ def test_attention_needs_eager(tiny_lm):
             engine.launch([tok("1-2?")["input_ids"]], [0])
 
 
-def test_collect_and_online_see_the_same_entropy_and_off_changes_nothing(eager_lm):
+def test_features_and_online_see_the_same_entropy_and_off_changes_nothing(eager_lm):
+    from stopexp.feature_bank import extract
     from stopexp.policies import TopK
     from stopexp.search.decode import SamplingParams, make_engine
     from stopexp.search.parallel import launch_check_resume
+    from stopexp.search.sample import prompt_ids
     from stopexp.search.trace import trace_problems
     from stopexp.tasks import ArithTask
 
@@ -82,33 +84,35 @@ def test_collect_and_online_see_the_same_entropy_and_off_changes_nothing(eager_l
     task = ArithTask(n_steps=2)
     problems = task.problems("test", 2)
     params, c = SamplingParams(max_new_tokens=10), 3
+    cols, _ = trace_problems(make_engine(model, tok, params), tok, task, problems, 4, 0, [], 0, 32)
 
-    def traced(heads):
+    def online(heads):
         with Taps(model, [-1], attention_heads=heads) as taps:
             engine = make_engine(model, tok, params, taps, (c,))
-            cols, _ = trace_problems(engine, tok, task, problems, 4, 0, [c], 0, 4, 1, 32)
-            runs, batch = launch_check_resume(engine, tok, task, problems, 4, 0, c,
-                                              {"a": (lambda b: -b["signals"][:, ATTN], lambda: TopK(2))}, 4)
-        return cols, batch
+            _, batch = launch_check_resume(engine, tok, task, problems, 4, 0, c,
+                                           {"a": (lambda b: -b["signals"][:, ATTN], lambda: TopK(2))}, 4)
+        return batch
 
-    cols, batch = traced("all")
-    stored = np.stack(cols["signals"])[:, 0]                 # (paths, S) at the one checkpoint
+    batch = online("all")
     keys = [(i, j) for i in range(2) for j in range(4)]
-    online = np.zeros_like(stored)
+    alive = np.asarray(cols["length"]) > c
+    seqs = [(prompt_ids(tok, problems[i].prompt), cols["tokens"][k], [c] if alive[k] else [])
+            for k, (i, _) in enumerate(keys)]
+    with Taps(model, [-1], attention_heads="all", sequence=True) as taps:
+        got = extract(model, taps, seqs, tok.pad_token_id)
+    assert alive.any() and sorted(batch["row"]) == [k for k, a in zip(keys, alive) if a]
     for k, r in batch["row"].items():
-        online[keys.index(k)] = batch["signals"][r].numpy()
-    alive = np.asarray(cols["alive"])[:, 0]
-    assert alive.any() and (stored[alive, ATTN] > 0).all() and (stored[~alive, ATTN] == 0).all()
-    assert np.allclose(online[alive], stored[alive], atol=1e-6)
-    off, _ = traced(None)
-    off_sig = np.stack(off["signals"])[:, 0]
-    assert (off_sig[:, ATTN] == 0).all()
+        entropy = got[keys.index(k)][1][0]
+        assert entropy > 0 and entropy == pytest.approx(float(batch["signals"][r, ATTN]), abs=1e-5)
+    off = online(None)
+    assert (off["signals"][:, ATTN] == 0).all()
     others = [i for i in range(len(SIGNAL_NAMES)) if i != ATTN]
-    assert np.array_equal(off_sig[:, others], stored[:, others]) and off["tokens"] == cols["tokens"]
+    assert torch.allclose(off["signals"][:, others], batch["signals"][:, others], atol=1e-6)
 
 
 def test_config_asks_for_the_tap_and_loads_eager(tmp_path, caplog):
     from stopexp.bank import bank_key
+    from stopexp.feature_bank import feature_key
     from stopexp.models import load_lm
 
     base = ["logger=none", f"paths.output_dir={tmp_path}"]
@@ -123,7 +127,7 @@ def test_config_asks_for_the_tap_and_loads_eager(tmp_path, caplog):
     on = validate(compose("evaluate", [*base, "tap.attention_heads=[0:1,last:2]",
                                        "evaluate.methods=[attn_entropy]"]))
     off = validate(compose("evaluate", base))
-    assert bank_key(on) != bank_key(off)
+    assert bank_key(on) == bank_key(off) and feature_key(on) != feature_key(off)  # a tap, not generation
     with caplog.at_level(logging.INFO, logger="stopexp.models"):
         model, _ = load_lm(on, progress=False)
     assert model.config._attn_implementation == "eager"

@@ -49,20 +49,23 @@ def test_conf_features_reads_the_signals_it_is_given():
     assert more.norm.num_features == 6
 
 
-def test_bank_stores_the_statistics_of_its_hidden_states(small_bank):
+def test_features_give_the_statistics_of_their_hidden_states(small_bank):
     from conftest import compose
-    from stopexp import bank
+    from stopexp import bank, feature_bank
     from stopexp.config import validate
 
-    root = bank.bank_dir(validate(compose("collect", small_bank)))
-    assert bank.read_meta(root)["version"] == bank.BANK_VERSION == 3
-    ds = bank.load_bank(root, "test")
-    hidden, signals = ds["hidden"][:], ds["signals"][:]          # (P, C, L, H), (P, C, S)
-    deepest = hidden[:, :, -1].astype(np.float64)
+    cfg = validate(compose("train", small_bank))
+    root = bank.bank_dir(cfg)
+    assert bank.read_meta(root)["version"] == bank.BANK_VERSION == 4
+    ds, feats = feature_bank.load_split(cfg, "test")
+    batch = feature_bank.tensors_at(ds, feats, 5)
+    hidden, signals = batch["hidden"].numpy(), batch["signals"].numpy()   # (P, L, H), (P, S)
+    deepest = hidden[:, -1].astype(np.float64)
     for name, want in (("hidden_norm", np.linalg.norm(deepest, axis=-1)),
                        ("hidden_mean", deepest.mean(-1)), ("hidden_var", deepest.var(-1))):
         assert np.allclose(signals[..., SIGNAL_NAMES.index(name)], want, rtol=1e-5, atol=1e-6), name
-    first = dict(zip(SIGNAL_NAMES, signals[0, 0]))  # the first test path at the first check
+    first = dict(zip(SIGNAL_NAMES, signals[0]))  # the first test path at the first check
+    # the values the decode-time taps gave (bank version 3), to float tolerance
     assert [first[n] for n in ("hidden_norm", "hidden_mean", "hidden_var", "attn_entropy")] == \
         pytest.approx([101.54023, 1.3266039, 105.640305, 0.0], rel=1e-5)
     assert (np.asarray(ds["prompt_len"][:8]) == 15).all()  # prompt tokens, for the KV estimate
@@ -74,6 +77,6 @@ def test_a_bank_of_the_old_layout_is_refused_by_name(tmp_path):
 
     from stopexp import bank
 
-    (tmp_path / "meta.json").write_text(json.dumps({"version": 2, "shards": {}, "complete": True}))
-    with pytest.raises(bank.BankDamaged, match=r"bank version 2, 3 expected"):
+    (tmp_path / "meta.json").write_text(json.dumps({"version": 3, "shards": {}, "complete": True}))
+    with pytest.raises(bank.BankDamaged, match=r"bank version 3, 4 expected.*(?s:.*)rerun the collect"):
         bank.verify_bank(tmp_path)

@@ -18,7 +18,7 @@ from stopexp.train import predictor_dir, train
 
 GSM8K = ROOT / "tests" / "data" / "gsm8k_sample.jsonl"
 COLUMNS = ("split", "prompt_id", "path_id", "text", "answer", "correct", "length", "tokens",
-           "token_logprob", "alive", "mc", "signals", "hidden")
+           "token_logprob", "mc")
 
 
 @pytest.fixture
@@ -218,7 +218,7 @@ def test_empty_split_messages_say_which_setting_to_change():
 
 def test_damaged_predictor_is_named_and_train_rebuilds_it(copied, small_bank):
     from stopexp.scorers import build_scorers
-    from stopexp.train import feature_spec
+    from stopexp.feature_bank import spec_of
 
     _, root = copied
     cfg = validate(compose("train", [*small_bank, f"paths.output_dir={root.parents[2]}",
@@ -226,7 +226,7 @@ def test_damaged_predictor_is_named_and_train_rebuilds_it(copied, small_bank):
     first = train(cfg, progress=False)
     ckpt = predictor_dir(cfg)
     weights = (ckpt / "predictor.safetensors").read_bytes()
-    spec = feature_spec(bank.read_meta(root))
+    spec = spec_of(cfg, bank.read_meta(root))
     os.truncate(ckpt / "predictor.safetensors", 100)
     with pytest.raises(CheckpointDamaged, match=rf"{ckpt}: predictor.safetensors has 100 bytes, "
                                                 rf"{len(weights)} recorded.*python -m stopexp.train"):

@@ -6,14 +6,12 @@ import math
 import numpy as np
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from conftest import compose
 from stopexp import bank
-from stopexp.artifacts import config_hash
 from stopexp.config import ConfigError, validate
 from stopexp.losses import _pair_mask
-from stopexp.per_step import (auroc_by_position, checkpoint_rows, mean_over_positions,
+from stopexp.per_step import (auroc_by_position, mean_over_positions,
                               pair_groups, position_data, training_rows)
 from stopexp.signals import FeatureSpec, build_predictor
 from stopexp.train import fit, predictor_dir, train
@@ -127,28 +125,19 @@ def test_fit_on_every_position_is_pinned():
     assert abs(best["auroc"] - within_prompt_auroc(s.numpy(), v["correct"].numpy(), v["group"].numpy())) > 1e-3
 
 
-def test_checkpoint_rows_are_every_checkpoint_alive_rows(small_bank):
+def test_position_data_holds_every_alive_row_at_each_checkpoint(small_bank):
+    from stopexp import feature_bank
+
     cfg = validate(compose("train", small_bank))
-    root = bank.require_bank(cfg)
-    meta = bank.read_meta(root)
-    ds, rows = position_data(root, meta, "val")
-    assert meta["checkpoints"] == [5, 16]
-    for c_idx, ckpt in enumerate(meta["checkpoints"]):
-        t = bank.tensors_at(ds, c_idx, ckpt)
+    ds, rows = position_data(cfg, "val")
+    feats = feature_bank.load_features(feature_bank.require_features(cfg), "val")
+    for ckpt in (5, 16):
+        t = feature_bank.tensors_at(ds, feats, ckpt)
         at = rows["position"] == ckpt
         assert torch.equal(rows["path"][at], t["alive"].nonzero().squeeze(-1))
         assert torch.equal(rows["hidden"][at], t["hidden"][t["alive"]])
         assert bool((rows["prefix_len"][at] == ckpt).all())
-    assert set(checkpoint_rows(ds, meta)) == {*bank.tensors_at(ds, 0, 5), "position", "path"}
-
-
-def test_default_keys_leave_the_predictor_hash_as_before(small_bank):
-    cfg = validate(compose("train", small_bank))
-    pred, tr = OmegaConf.to_container(cfg.predictor), OmegaConf.to_container(cfg.train)
-    pred.pop("position_input"), tr.pop("positions")
-    before = config_hash(bank.bank_key(cfg), pred, cfg.loss, tr)  # the hash before the keys existed
-    assert predictor_dir(cfg).name == before
-    assert predictor_dir(validate(compose("train", [*small_bank, "train.positions=all"]))).name != before
+    assert set(rows) == {*t, "position", "path"}
 
 
 def test_train_on_every_position_reports_and_plots_the_curve(small_bank, tmp_path):

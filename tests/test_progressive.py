@@ -155,9 +155,10 @@ def test_bad_checks_and_votes_fail_naming_the_key(overrides, key, msg):
     assert msg in str(e.value)
 
 
-def test_replay_refuses_checks_the_bank_lacks(small_bank):
-    from stopexp.accounting import batches_at
+def test_replay_refuses_checks_the_features_lack(small_bank):
+    from stopexp import bank, feature_bank
+    from stopexp.accounting import replay_paths
 
-    with pytest.raises(ValueError, match=r"search.check_at: the trace bank holds features at "
-                                         r"prefixes \[5, 16\] \(tap.checkpoints\), not at \[10\]"):
-        batches_at(None, {"checkpoints": [5, 16]}, [5, 10])
+    cfg = compose("evaluate", small_bank)  # the bank alone: no evaluate settings needed
+    with pytest.raises(ValueError, match=r"no position 10 .*add it to tap.checkpoints or tap.positions"):
+        replay_paths(bank.require_bank(cfg), feature_bank.require_features(cfg), "test", [5, 10])

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from stopexp import bank
+from stopexp.feature_bank import features_dir
 from stopexp.config import validate
 from tests.conftest import compose
 
@@ -24,7 +25,8 @@ def test_smollm2_experiment_end_to_end(tmp_path):
     root = bank.bank_dir(cfg)
     meta = bank.read_meta(root)
     assert meta["complete"] and meta["model_name"] == "smollm2-135m-instruct"
-    assert meta["tap_layers"] == [15, 29] and meta["hidden_size"] == 576
+    assert meta["num_layers"] == 30 and meta["hidden_size"] == 576
+    assert bank.read_meta(features_dir(cfg), kind="features")["tap_layers"] == [15, 29]
     assert meta["task"]["extraction"] == "strict" and meta["task"]["name"] == "wordprob"
 
     ds = bank.load_bank(root)

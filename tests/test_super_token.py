@@ -144,7 +144,8 @@ def test_train_and_evaluate_through_the_harness(small_bank):
     from stopexp import bank
     from stopexp.evaluate import evaluate
     from stopexp.models import load_lm
-    from stopexp.train import evaluate_scores, feature_spec, predictor_dir, score, split_data, train
+    from stopexp.feature_bank import spec_of
+    from stopexp.train import evaluate_scores, predictor_dir, score, split_data, train
 
     extra = ["predictor=super_token", "loss=reward_regression", "train.epochs=2"]
     cfg = validate(compose("train", [*small_bank, *extra]))
@@ -152,7 +153,7 @@ def test_train_and_evaluate_through_the_harness(small_bank):
     assert metrics["parameters"] < 60_000 and np.isfinite(metrics["val"]["auroc_pooled"])
     root = bank.require_bank(cfg)
     meta = bank.read_meta(root)
-    st, _ = load_super_token(predictor_dir(cfg), *load_lm(cfg, progress=False), feature_spec(meta))
+    st, _ = load_super_token(predictor_dir(cfg), *load_lm(cfg, progress=False), spec_of(cfg, meta))
     test = split_data(root, meta, cfg, prefixes=True)["test"]
     assert evaluate_scores(score(st, test), test)["auroc_pooled"] == metrics["test"]["auroc_pooled"]
     ev = validate(compose("evaluate", [*small_bank, *extra, "evaluate.methods=[learned]",

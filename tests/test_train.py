@@ -7,7 +7,8 @@ from conftest import compose
 from stopexp import bank
 from stopexp.config import ConfigError, validate
 from stopexp.signals.checkpoint import CheckpointMismatch, load_predictor
-from stopexp.train import feature_spec, predictor_dir, score, split_data, train
+from stopexp.feature_bank import spec_of
+from stopexp.train import predictor_dir, score, split_data, train
 
 
 def cfg_for(small_bank, *extra, stage="train"):
@@ -28,7 +29,7 @@ def test_train_writes_a_checkpoint_that_reloads_with_identical_scores(small_bank
     assert (tmp_path / "loss_curve.png").exists() and (tmp_path / "reliability.png").exists()
     root = bank.require_bank(cfg)
     meta = bank.read_meta(root)
-    predictor, saved = load_predictor(predictor_dir(cfg), feature_spec(meta))
+    predictor, saved = load_predictor(predictor_dir(cfg), spec_of(cfg, meta))
     assert saved["bank_key"] == root.name and saved["feature_spec"]["hidden_size"] == 96
     data = split_data(root, meta, cfg)
     again = score(predictor, data["test"])
@@ -44,7 +45,7 @@ def test_checkpoint_for_other_features_is_refused(small_bank):
     cfg = cfg_for(small_bank, "predictor=linear")
     train(cfg, progress=False)
     meta = bank.read_meta(bank.require_bank(cfg))
-    spec = feature_spec(meta)
+    spec = spec_of(cfg, meta)
     for field, value in (("hidden_size", 64), ("tap_layers", [0]), ("model_name", "llama")):
         other = type(spec)(**{**spec.__dict__, field: value})
         with pytest.raises(CheckpointMismatch, match=field):
@@ -66,13 +67,10 @@ def test_splits_share_no_prompt(small_bank):
 
 def test_statistic_and_controls_run_through_the_same_path(small_bank):
     for pred in ("statistic", "conf_features", "fusion"):
-        extra = ["tap=multi"] if pred == "fusion" else []
-        if extra:
-            with pytest.raises(bank.BankMissing, match="python -m stopexp.collect"):
-                train(cfg_for(small_bank, f"predictor={pred}", *extra), progress=False)
-            continue
-        m = train(cfg_for(small_bank, f"predictor={pred}"), progress=False)
-        assert np.isfinite(m["val"]["auroc_pooled"])
+        extra = ["tap=multi"] if pred == "fusion" else []  # another tap: new features, same bank
+        cfg = cfg_for(small_bank, f"predictor={pred}", *extra)
+        m = train(cfg, progress=False)
+        assert np.isfinite(m["val"]["auroc_pooled"]) and bank.bank_dir(cfg) == bank.bank_dir(cfg_for(small_bank))
 
 
 def test_training_is_seeded(small_bank):
@@ -102,7 +100,7 @@ def test_two_losses_train_different_weights_and_scores(small_bank):
         cfg = cfg_for(small_bank, "predictor=linear", f"loss={loss}")
         metrics[loss] = train(cfg, progress=False)
         weights[loss] = load_file(str(predictor_dir(cfg) / "predictor.safetensors"))["head.weight"]
-        predictor, _ = load_predictor(predictor_dir(cfg), feature_spec(meta))
+        predictor, _ = load_predictor(predictor_dir(cfg), spec_of(cfg, meta))
         scores[loss] = score(predictor, split_data(root, meta, cfg)["test"]).numpy()
     for other in ("pairwise", "reward_regression"):
         assert (weights[other] - weights["contrastive"]).abs().max() > 1e-6, other
@@ -135,7 +133,7 @@ def test_nan_validation_never_selects_the_untrained_state(small_bank, monkeypatc
     data = split_data(root, meta, cfg)
     real = T.evaluate_scores
     monkeypatch.setattr(T, "evaluate_scores", lambda s, d: {**real(s, d), "auroc": float("nan")})
-    predictor = build_predictor(cfg.predictor, feature_spec(meta))
+    predictor = build_predictor(cfg.predictor, spec_of(cfg, meta))
     with pytest.raises(ValueError, match=r"^train: the validation within-prompt AUROC was not "
                                          r"finite after any of 3 epochs"):
         T.fit(cfg, predictor, data, progress=False)

@@ -1,15 +1,14 @@
 """Tracing: sample N unpruned paths per prompt and record, per path, its tokens, outcome
-and per-token confidences, and per checkpoint its tap features, non-learnable signals and
-(optionally) a Monte Carlo success rate estimated by K rollouts from the prefix."""
+and per-token confidences, and (optionally) per checkpoint a Monte Carlo success rate
+estimated by K rollouts from the prefix. Hidden features are not traced here: they are
+extracted from the stored tokens by `stopexp.feature_bank`."""
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from stopexp.signals.features import SIGNAL_NAMES
 from stopexp.search.decode import Decode, Engine, stream_seed
 from stopexp.search.sample import launch_lists, path_labels, prompt_chunks
-from stopexp.signals.columns import signal_matrix
 
 
 def _decode_texts(tokenizer, tokens: torch.Tensor, lengths: torch.Tensor) -> list[str]:
@@ -48,24 +47,27 @@ def mc_success(engine: Engine, tokenizer, task, state: Decode, problems, owners,
 
 
 def trace_problems(engine: Engine, tokenizer, task, problems, n_paths: int, seed: int,
-                   checkpoints: list[int], mc_rollouts: int, group_window: int,
-                   n_layers: int, hidden: int, max_rows: int = 1024) -> tuple[dict[str, list], int]:
+                   checkpoints: list[int], mc_rollouts: int, max_rows: int = 1024
+                   ) -> tuple[dict[str, list], int]:
     """Columns of the trace bank for `problems` (N paths each), in (prompt, path) order,
-    and the number of tokens the Monte Carlo rollouts generated."""
+    and the number of tokens the Monte Carlo rollouts generated. With `mc_rollouts`, "mc"
+    holds per path the success rate of that many rollouts from each of `checkpoints` (a
+    path that ended by then: its own outcome); without, it is empty. The engine needs no
+    taps: hidden features are extracted later from the stored tokens."""
     mc_tokens = 0
     cols: dict[str, list] = {k: [] for k in (
         "split", "prompt_id", "prompt", "prompt_len", "path_id", "tokens", "text", "answer", "correct",
         "length", "finished", "style", "first_error", "token_logprob", "token_entropy",
-        "token_conf", "alive", "mc", "signals", "hidden")}
-    C = len(checkpoints)
+        "token_conf", "mc")}
+    C = len(checkpoints) if mc_rollouts else 0
     for chunk in prompt_chunks(len(problems), n_paths, max_rows):
         prompts, seeds, owners = launch_lists(tokenizer, problems, chunk, n_paths, seed)
         P = len(prompts)
         state = engine.launch(prompts, seeds, path_labels(problems, owners))
         mc = np.full((P, C), np.nan, dtype=np.float32)
-        for c_idx, c in enumerate(checkpoints):
+        for c_idx, c in enumerate(checkpoints[:C]):
             engine.run(state, until=c)
-            if mc_rollouts and state.size:
+            if state.size:
                 rates, n_tok = mc_success(engine, tokenizer, task, state, problems, owners,
                                           seed, mc_rollouts, max_rows)
                 mc_tokens += n_tok
@@ -74,24 +76,11 @@ def trace_problems(engine: Engine, tokenizer, task, problems, n_paths: int, seed
         engine.run(state)
         tok, lp, ent, conf, lengths = state.tensors(engine.pad_id)
         texts = _decode_texts(tokenizer, tok, lengths)
-        alive = np.zeros((P, C), dtype=bool)
-        hid = np.zeros((P, C, n_layers, hidden), dtype=np.float32)
-        sig = np.zeros((P, C, len(SIGNAL_NAMES)), dtype=np.float32)
-        attn = np.zeros((P, C), dtype=np.float32)  # attention entropy; 0 where not tapped
-        for c_idx, c in enumerate(checkpoints):
-            if c in state.features:
-                rows, feats = state.features[c]
-                alive[rows.numpy(), c_idx] = True
-                hid[rows.numpy(), c_idx] = feats.numpy()
-                if c in state.attn:
-                    attn[rows.numpy(), c_idx] = state.attn[c].numpy()
-            sig[:, c_idx] = signal_matrix(lp, ent, conf, torch.clamp(lengths, max=c), group_window,
-                                          torch.from_numpy(hid[:, c_idx]),
-                                          torch.from_numpy(attn[:, c_idx])).numpy()
         for p, (i, j) in enumerate(owners):
             problem, text, n = problems[i], texts[p], int(lengths[p])
             correct = task.check(problem, text)
-            mc[p, ~alive[p]] = float(correct)  # a path already ended knows its outcome
+            ended = np.asarray(checkpoints[:C]) >= n  # alive at c <=> length > c
+            mc[p, ended] = float(correct)  # a path already ended knows its outcome
             diag = task.diagnose(problem, text)
             cols["split"].append(problem.split)
             cols["prompt_id"].append(problem.prompt_id)
@@ -109,8 +98,5 @@ def trace_problems(engine: Engine, tokenizer, task, problems, n_paths: int, seed
             cols["token_logprob"].append(lp[p, :n].numpy())
             cols["token_entropy"].append(ent[p, :n].numpy())
             cols["token_conf"].append(conf[p, :n].numpy())
-            cols["alive"].append(alive[p].tolist())
             cols["mc"].append(mc[p])
-            cols["signals"].append(sig[p])
-            cols["hidden"].append(hid[p])
     return cols, mc_tokens

@@ -105,6 +105,7 @@ class ArithTask:
 
     name = "arith"
     text_level = "char"  # outputs without spaces: text metrics compare characters
+    step_separator = ";"  # ends a written step (tap.positions.step_ends)
 
     def __init__(self, n_steps: int = 6, operators=("+", "-", "*"), multipliers=(3, 7, 9),
                  styles: dict | None = None, seed: int = 0,

@@ -190,6 +190,7 @@ class QATask:
 
     name = "qa"
     text_level = "word"  # text metrics compare words (natural language)
+    step_separator = "\n"  # ends a reasoning step (tap.positions.step_ends)
 
     def __init__(self, path: str, answer_format: str = "numeric", prompt_template: str = "{question}",
                  question_key: str = "question", answer_key: str = "answer", subset: str | None = None,

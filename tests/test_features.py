@@ -1,0 +1,213 @@
+"""Features as a second artifact: teacher-forced extraction equals the decode-time taps, a
+tap change re-extracts without regenerating, damaged features are named, positions are
+validated, and the two batch views agree."""
+import copy
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import compose
+from stopexp import bank, feature_bank
+from stopexp.config import ConfigError, validate
+from stopexp.taps import Taps
+
+
+@pytest.fixture(scope="module")
+def eager_lm(tiny_lm):
+    model, tok = tiny_lm
+    eager = copy.deepcopy(model)
+    eager.set_attn_implementation("eager")  # attention weights, for the entropy tap
+    return eager, tok
+
+
+@pytest.mark.parametrize("pooling, layers", [("last", [0, -1]), ("mean", [0, -1]),
+                                             ("last", [0])])  # [0]: the forward stops early
+def test_extracted_features_equal_decode_time_features(eager_lm, pooling, layers):
+    from stopexp.search.decode import SamplingParams, make_engine
+
+    model, tok = eager_lm
+    # prompts of different lengths (left padding in both passes), several paths each
+    prompts = [tok("4+7*3-9?")["input_ids"], tok("1-2?")["input_ids"], tok("3*7+1-2*9?")["input_ids"]] * 3
+    checkpoints = (1, 3, 6, 9)
+    heads = "all" if len(layers) > 1 else ["0:1", "0:3"]
+    with Taps(model, layers, pooling, attention_heads=heads) as taps:
+        engine = make_engine(model, tok, SamplingParams(max_new_tokens=12, temperature=1.5), taps,
+                             checkpoints)
+        state = engine.run(engine.launch(prompts, list(range(len(prompts)))))
+    tokens, *_, lengths = state.tensors(tok.pad_token_id)
+    assert len(set(lengths.tolist())) > 1  # paths of several lengths: some end before a checkpoint
+    seqs = [(prompts[p], tokens[p, :n].tolist(), [c for c in checkpoints if c < n])
+            for p, n in enumerate(lengths.tolist())]
+    with Taps(model, layers, pooling, attention_heads=heads, sequence=True) as taps:
+        got = feature_bank.extract(model, taps, seqs, tok.pad_token_id, batch_tokens=40)
+    compared = 0
+    for c in checkpoints:
+        rows, feats = state.features[c]
+        assert sorted(rows.tolist()) == [p for p, n in enumerate(lengths.tolist()) if n > c]
+        for r, p in enumerate(rows.tolist()):
+            k = seqs[p][2].index(c)
+            hidden, attn = got[p]
+            assert hidden.shape == (len(seqs[p][2]), len(layers), 32)
+            np.testing.assert_allclose(hidden[k], feats[r].numpy(), atol=2e-5, rtol=1e-5)
+            assert attn[k] == pytest.approx(float(state.attn[c][r]), abs=2e-5)
+            compared += 1
+    assert compared >= 20
+
+
+def _snapshot(root):
+    return {str(p): p.stat().st_mtime_ns for p in sorted(root.rglob("*"))}
+
+
+def test_tap_change_reextracts_without_regenerating(small_bank, monkeypatch, caplog):
+    import stopexp.collect
+
+    cfg = validate(compose("train", small_bank))
+    first = feature_bank.require_features(cfg)
+    root = bank.bank_dir(cfg)
+    before = _snapshot(root)
+    monkeypatch.setattr(stopexp.collect, "collect", lambda *a, **k: pytest.fail("regenerated"))
+    other = validate(compose("train", [*small_bank, "tap.layers=[0,1]", "tap.pooling=mean",
+                                       "tap.positions.stride=4", "tap.positions.step_ends=true"]))
+    assert bank.bank_dir(other) == root and feature_bank.features_dir(other) != first
+    with caplog.at_level("INFO", logger="stopexp.feature_bank"):
+        second = feature_bank.require_features(other)
+    assert "no features for this config" in caplog.text and _snapshot(root) == before
+    meta = bank.read_meta(second)
+    assert meta["tap_layers"] == [0, 1] and meta["bank"] == root.name and meta["pooling"] == "mean"
+    ds, feats = feature_bank.load_split(other, "train")
+    for i in range(len(ds)):  # every stride multiple and checkpoint below the length
+        n = int(ds["length"][i])
+        pos = set(feats.positions[feats.offsets[i]:feats.offsets[i + 1]].tolist())
+        assert {c for c in (4, 5, 8, 12, 16, 20) if c < n} <= pos and max(pos) < n
+    # the Monte Carlo labels stay at tap.checkpoints; elsewhere NaN while alive
+    batch = feature_bank.position_batch(ds, feats)
+    at5 = batch["position"] == 5
+    assert not torch.isnan(batch["mc"][at5]).any() and torch.isnan(batch["mc"][batch["position"] == 4]).all()
+
+
+def test_step_ends_are_the_separator_tokens(small_bank):
+    cfg = validate(compose("train", [*small_bank, "tap.positions.step_ends=true"]))
+    ds, feats = feature_bank.load_split(cfg, "val")
+    from stopexp.models import load_lm
+
+    _, tok = load_lm(cfg, progress=False)
+    semi = tok.convert_tokens_to_ids(";")
+    for i in range(len(ds)):
+        toks, n = ds["tokens"][i], int(ds["length"][i])
+        want = {c for c in range(1, n) if toks[c - 1] == semi} | {c for c in (5, 16) if c < n}
+        assert feats.positions[feats.offsets[i]:feats.offsets[i + 1]].tolist() == sorted(want)
+
+
+def test_views_agree_and_signals_match_the_bank(small_bank):
+    from stopexp.signals.features import SIGNAL_NAMES
+
+    cfg = validate(compose("train", small_bank))
+    ds, feats = feature_bank.load_split(cfg, "test")
+    at = feature_bank.tensors_at(ds, feats, 5)
+    pb = feature_bank.position_batch(ds, feats, positions=[5])
+    alive = at["alive"]
+    assert torch.equal(pb["path"], torch.nonzero(alive).squeeze(-1))
+    for key in ("hidden", "signals", "group", "correct", "mc", "prefix_len", "remaining", "length"):
+        assert torch.equal(at[key][alive], pb[key]), key
+    assert not at["hidden"][~alive].any() and (pb["position"] == 5).all()
+    lp = ds["token_logprob"][0]
+    assert at["signals"][0, SIGNAL_NAMES.index("mean_logprob")] == pytest.approx(lp[:5].mean(), abs=1e-6)
+    assert at["signals"][0, SIGNAL_NAMES.index("prefix_len")] == 5
+    norm = at["signals"][:, SIGNAL_NAMES.index("hidden_norm")]
+    assert torch.allclose(norm, at["hidden"][:, -1].norm(dim=-1))
+    with pytest.raises(ValueError, match="hold no position 7 .* add it to tap.checkpoints or tap.positions"):
+        feature_bank.tensors_at(ds, feats, 7)
+    other_ds = bank.load_bank(bank.bank_dir(cfg), "val")
+    with pytest.raises(ValueError, match="not those of this bank split"):
+        feature_bank.tensors_at(other_ds, feats, 5)
+
+
+def test_float16_features_halve_the_bytes(small_bank):
+    base = validate(compose("train", [*small_bank, "tap.positions.stride=2"]))
+    half = validate(compose("train", [*small_bank, "tap.positions.stride=2", "tap.positions.dtype=float16"]))
+    sizes = {}
+    for name, cfg in (("f32", base), ("f16", half)):
+        meta = bank.read_meta(feature_bank.require_features(cfg))
+        sizes[name] = sum(f["size"] for r in meta["shards"].values() for f in r["files"].values())
+        ds, feats = feature_bank.load_split(cfg, "val")
+        sizes[name + "_hidden"] = feats.hidden
+    assert sizes["f16_hidden"].dtype == np.float16 and sizes["f32_hidden"].dtype == np.float32
+    np.testing.assert_allclose(sizes["f16_hidden"].astype(np.float32), sizes["f32_hidden"], rtol=2e-3, atol=2e-3)
+    assert sizes["f16"] < 0.6 * sizes["f32"]
+
+
+def test_damaged_features_name_the_file_and_the_command(small_bank, tmp_path):
+    import shutil
+
+    cfg = validate(compose("train", small_bank))
+    out = feature_bank.require_features(cfg)
+    shard = sorted(p for p in out.glob("shard-*") if (p / "dataset_info.json").exists())[0]
+    arrow = sorted(shard.glob("*.arrow"))[0]
+    keep = tmp_path / "keep.arrow"
+    shutil.copy(arrow, keep)
+    with open(arrow, "r+b") as f:
+        f.truncate(arrow.stat().st_size - 100)
+    try:
+        with pytest.raises(bank.BankDamaged) as err:
+            feature_bank.require_features(cfg, ["+exp=toy_contrastive"])
+        msg = str(err.value)
+        assert f"features {out} is damaged: {shard.name}: {arrow.name} has" in msg
+        assert "python -m stopexp.featurize +exp=toy_contrastive" in msg
+        with pytest.raises(bank.BankDamaged, match=f"(?s){arrow.name}.*python -m stopexp.featurize"):
+            feature_bank.load_split(cfg, "train", make=False)
+        feature_bank.featurize(cfg)  # repairs: recomputes the damaged shard only
+        assert bank.verify_bank(out, full=True, kind="features", version=feature_bank.FEATURES_VERSION)
+    finally:
+        if not arrow.exists() or arrow.stat().st_size != keep.stat().st_size:
+            shutil.copy(keep, arrow)
+
+
+def test_old_bank_says_rerun_collect(small_bank, tmp_path):
+    import shutil
+
+    root = bank.bank_dir(validate(compose("collect", small_bank)))
+    old = tmp_path / "old"
+    shutil.copytree(root, old)
+    meta = json.loads((old / "meta.json").read_text())
+    meta["version"] = 3
+    (old / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(bank.BankDamaged, match=r"(?s)trace bank version 3, 4 expected.*features are a "
+                                               r"separate artifact.*\nRepair:  rerun the collect command"):
+        bank.load_bank(old)
+
+
+@pytest.mark.parametrize("override, key", [
+    ("tap.positions.stride=0", "tap.positions.stride"),
+    ("tap.positions.stride=64", "tap.positions.stride"),
+    ("tap.positions.checkpoints=[2.5]", "tap.positions.checkpoints"),
+    ("tap.positions.checkpoints=[64]", "tap.positions.checkpoints"),
+    ("tap.positions.dtype=float64", "tap.positions.dtype"),
+])
+def test_bad_positions_fail_at_validate(tmp_path, override, key):
+    with pytest.raises(ConfigError, match=f"^{key}: "):
+        validate(compose("train", ["logger=none", f"paths.output_dir={tmp_path}", override]))
+
+
+def test_keys_split_generation_from_taps(tmp_path):
+    base = ["logger=none", f"paths.output_dir={tmp_path}"]
+    plain = validate(compose("train", base))
+    for change in ("tap.layers=[0]", "tap.pooling=mean", "tap.attention_heads=all",
+                   "tap.positions.stride=8", "tap.positions.dtype=float16", "tap.checkpoints=[0.1,0.25]"):
+        other = validate(compose("train", [*base, change, "train.checkpoint=0.25", "search.check_at=0.25"]))
+        assert bank.bank_key(other) == bank.bank_key(plain), change
+        assert feature_bank.feature_key(other) != feature_bank.feature_key(plain), change
+    # Monte Carlo labels are generated at the checkpoints: then they key the bank
+    mc = [*base, "collect.mc_rollouts=2"]
+    a = validate(compose("train", mc))
+    b = validate(compose("train", [*mc, "tap.checkpoints=[0.1,0.25]", "train.checkpoint=0.25",
+                                   "search.check_at=0.25"]))
+    assert bank.bank_key(a) != bank.bank_key(b)
+
+
+def test_a_shared_prefix_is_computed_once():
+    seqs = [([1, 2], [5, 6, 7, 8], [1, 3]), ([1, 2], [5, 6, 9], [2]), ([1, 2], [5, 6, 7, 8, 4], [4]),
+            ([3], [5, 6], [1]), ([1, 2], [5], [])]
+    wanted, owner = feature_bank.shared_prefixes(seqs)
+    assert owner == [2, 2, 2, 3, -1] and wanted == {2: [1, 2, 3, 4], 3: [1]}

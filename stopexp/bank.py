@@ -107,9 +107,12 @@ def bank_key(cfg) -> str:
     if cfg.tap.get("attention_heads") is not None:  # off: keys as before
         heads = cfg.tap.attention_heads
         tap["attention_heads"] = heads if isinstance(heads, str) else list(heads)
-    return config_hash({"version": BANK_VERSION, "model": model, "task": task, "tap": tap,
-                        "search": sampling_section(cfg.search), "collect": collect,
-                        "seed": cfg.seed})
+    key = {"version": BANK_VERSION, "model": model, "task": task, "tap": tap,
+           "search": sampling_section(cfg.search), "collect": collect, "seed": cfg.seed}
+    reward = cfg.get("reward")
+    if reward is not None and reward.name != "correct":  # the default: keys as before
+        key["reward"] = plain(reward)
+    return config_hash(key)
 
 
 def bank_dir(cfg) -> Path:
@@ -121,7 +124,8 @@ def features(n_checkpoints: int, n_layers: int, hidden: int) -> Features:
     return Features({
         "split": Value("string"), "prompt_id": Value("int32"), "prompt": Value("string"),
         "prompt_len": Value("int32"), "path_id": Value("int32"), "tokens": List(Value("int32")), "text": Value("string"),
-        "answer": Value("string"), "correct": Value("bool"), "length": Value("int32"),
+        "answer": Value("string"), "correct": Value("bool"), "reward": Value("float32"),
+        "length": Value("int32"),
         "finished": Value("bool"), "style": Value("string"), "first_error": Value("int32"),
         "token_logprob": List(f32), "token_entropy": List(f32), "token_conf": List(f32),
         "alive": List(Value("bool"), length=n_checkpoints),
@@ -327,12 +331,21 @@ def tensors_at(ds: Dataset, c_idx: int, checkpoint: int) -> dict:
         "signals": torch.from_numpy(np.ascontiguousarray(signals)),
         "group": torch.from_numpy(group.astype(np.int64)),
         "correct": torch.from_numpy(np.asarray(ds["correct"][:]).astype(np.float32)),
+        "reward": torch.from_numpy(rewards_of(ds)),
         "mc": torch.from_numpy(ds["mc"][:][:, c_idx].astype(np.float32)),
         "alive": torch.from_numpy(ds["alive"][:][:, c_idx].astype(bool)),
         "prefix_len": torch.from_numpy(prefix.astype(np.float32)),
         "remaining": torch.from_numpy(np.maximum(length - checkpoint, 0)),
         "length": torch.from_numpy(length),
     }
+
+
+def rewards_of(ds: Dataset) -> np.ndarray:
+    """(P,) float32 reward of every path; a bank written before the reward column holds
+    outcomes only, whose reward is the outcome (0/1)."""
+    if "reward" in ds.column_names:
+        return np.asarray(ds["reward"][:], dtype=np.float32)
+    return np.asarray(ds["correct"][:]).astype(np.float32)
 
 
 def prefix_columns(ds: Dataset) -> dict:

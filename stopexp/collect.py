@@ -73,6 +73,7 @@ def summarize(root: Path) -> dict:
     signals = ds["signals"][:]
     return {"paths": int(len(correct)), "prompts": int(len(votes)),
             "path_accuracy": float(correct.mean()), "vote_accuracy": float(np.mean(votes)),
+            "mean_reward": float(bank.rewards_of(ds).mean()),
             "tokens_total": int(np.asarray(ds["length"][:]).sum()),
             "nonfinite_features": int((~np.isfinite(hidden)).sum()),
             "nonfinite_signals": int((~np.isfinite(signals)).sum())}
@@ -178,6 +179,9 @@ def _fill(cfg, root: Path, task, shards: list, pending: list[int], rank: int,
     from stopexp.search.trace import trace_problems
     from stopexp.taps import Taps
 
+    from stopexp.rewards import build_reward
+
+    reward = build_reward(cfg.reward) if cfg.reward.name != "correct" else None  # None: outcome
     model, tokenizer = load_lm(cfg)
     params = SamplingParams.from_config(cfg)
     hidden = model.config.get_text_config().hidden_size
@@ -200,7 +204,7 @@ def _fill(cfg, root: Path, task, shards: list, pending: list[int], rank: int,
             cols, mc_tokens = trace_problems(engine, tokenizer, task, problems, cfg.search.n_paths,
                                              cfg.seed, checkpoints, cfg.collect.mc_rollouts,
                                              cfg.search.group_window, len(taps.layers), hidden,
-                                             row_cap(cfg, tokenizer, problems))
+                                             row_cap(cfg, tokenizer, problems), reward)
             shard_tokens = int(sum(cols["length"])) + mc_tokens
             paths += len(cols["length"])
             tokens += shard_tokens

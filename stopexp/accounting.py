@@ -13,10 +13,11 @@ import numpy as np
 import torch
 
 from stopexp import bank
-from stopexp.metrics import (auprc, bootstrap_ci, nonfinite, per_group_auroc, pooled_auroc,
-                             text_metrics, within_prompt_auroc)
+from stopexp.metrics import (auprc, bootstrap_ci, is_binary, nonfinite, per_group_auroc,
+                             pooled_auroc, reward_ranking, text_metrics, within_prompt_auroc)
 from stopexp.policies import build_policy
 from stopexp.search.sample import vote
+from stopexp.selection import lm_scores, pick
 from stopexp.stopping import kv_peaks
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,8 @@ class Paths:
     batch: dict          # predictor batch at the check, for every row
     prompt_ids: np.ndarray | None = None  # the task's prompt id of each group (None: 0..G-1)
     prompt_len: np.ndarray | None = None  # prompt tokens (for the KV-memory estimate; None online)
+    reward: np.ndarray | None = None      # each path's reward (stopexp/rewards.py)
+    lm_score: np.ndarray | None = None    # mean log-prob of its generated tokens (selection)
 
 
 def prompts_in(root: Path, split: str) -> int:
@@ -60,7 +63,8 @@ def replay_paths(root: Path, meta: dict, split: str, checkpoint: int) -> Paths:
                  length=np.asarray(ds["length"][:]), correct=np.asarray(ds["correct"][:]),
                  answer=np.asarray(ds["answer"][:], dtype=object),
                  text=np.asarray(ds["text"][:], dtype=object), alive=t["alive"].numpy(),
-                 batch=t, prompt_ids=prompt_ids, prompt_len=np.asarray(ds["prompt_len"][:]))
+                 batch=t, prompt_ids=prompt_ids, prompt_len=np.asarray(ds["prompt_len"][:]),
+                 reward=bank.rewards_of(ds).astype(float), lm_score=lm_scores(ds["token_logprob"][:]))
 
 
 def bank_paths_and_confs(root: Path, meta: dict, split: str, checkpoint: int, paths: Paths,
@@ -72,9 +76,12 @@ def bank_paths_and_confs(root: Path, meta: dict, split: str, checkpoint: int, pa
     return paths, list(bank.load_bank(root, split)["token_conf"][:])
 
 
-def outcome(paths: Paths, kept: np.ndarray, checkpoint: int, n: int) -> dict:
+def outcome(paths: Paths, kept: np.ndarray, checkpoint: int, n: int, select: str = "vote",
+            scores: np.ndarray | None = None) -> dict:
     """Vote, accounting and survival for one pruning decision over the first n paths of
-    every prompt. `kept` marks the live paths that continue after the check."""
+    every prompt. `kept` marks the live paths that continue after the check. `select`
+    other than vote picks one finishing path per prompt instead (stopexp/selection.py; by
+    the method's `scores` at the check for signal); `reward` is the chosen output's reward."""
     use = paths.path_id < n
     voter = use & (~paths.alive | kept)
     spent = np.where(voter, paths.length, np.minimum(paths.length, checkpoint)) * use
@@ -82,12 +89,20 @@ def outcome(paths: Paths, kept: np.ndarray, checkpoint: int, n: int) -> dict:
     correct = np.zeros(G, bool)
     chosen = np.full(G, "", dtype=object)
     avg = np.zeros(G)
+    reward, avg_reward = np.full(G, np.nan), np.full(G, np.nan)
     for g in range(G):
         rows = np.nonzero((paths.group == g) & voter)[0]
         winner = vote([a or None for a in paths.answer[rows]])
         hit = rows[paths.answer[rows] == winner] if winner is not None else rows[:0]
         correct[g] = bool(len(hit)) and bool(paths.correct[hit[0]])
         chosen[g] = paths.text[hit[0]] if len(hit) else (paths.text[rows[0]] if len(rows) else "")
+        if select != "vote" and len(rows):
+            choice = pick(rows, select, rows[paths.alive[rows]], scores, paths.lm_score, paths.reward)
+            hit = np.asarray([choice])
+            correct[g], chosen[g] = bool(paths.correct[choice]), paths.text[choice]
+        if paths.reward is not None:
+            reward[g] = paths.reward[hit[0]] if len(hit) else (paths.reward[rows[0]] if len(rows) else np.nan)
+            avg_reward[g] = np.nanmean(paths.reward[rows]) if len(rows) else np.nan
         avg[g] = paths.correct[rows].mean() if len(rows) else 0.0
     per_prompt_tokens = np.bincount(paths.group, weights=spent, minlength=G)
     seq = np.zeros(G)
@@ -99,7 +114,8 @@ def outcome(paths: Paths, kept: np.ndarray, checkpoint: int, n: int) -> dict:
     return {"correct": correct, "chosen": chosen, "avg": avg, "tokens": per_prompt_tokens,
             "seq_tokens": seq, "survival": survival, "pruned_at": pruned_at, "stopped": stopped,
             "alive_at_check": float((use & paths.alive).sum() / use.sum()), "spent": spent,
-            "kv_peaks": kv_peaks(paths, spent)}
+            "kv_peaks": kv_peaks(paths, spent),
+            **({"reward": reward, "avg_reward": avg_reward} if paths.reward is not None else {})}
 
 
 def keep_by_policy(paths: Paths, scores: np.ndarray, cfg, k: int, n: int) -> np.ndarray:
@@ -125,7 +141,10 @@ def summarize(o: dict, seconds_per_token: float, flops_per_token: float, n_boot:
             "seq_tokens": float(o["seq_tokens"].mean()), "flops": tokens * flops_per_token,
             "wall_s": tokens * seconds_per_token, "wall_estimated": True,
             "mean_prune_step": float(o["pruned_at"].mean()) if len(o["pruned_at"]) else None,
-            "alive_at_check": o["alive_at_check"]}
+            "alive_at_check": o["alive_at_check"],
+            # the chosen output's reward, and the mean reward of the paths that finish
+            **({"mean_reward": float(np.nanmean(o["reward"])),
+                "avg_reward_at_k": float(np.nanmean(o["avg_reward"]))} if "reward" in o else {})}
 
 
 def signal_quality(paths: Paths, scores: np.ndarray, n: int, n_boot: int, seed: int) -> dict:
@@ -137,9 +156,12 @@ def signal_quality(paths: Paths, scores: np.ndarray, n: int, n_boot: int, seed: 
     _, per = per_group_auroc(s, y, g)
     per = per[np.isfinite(per)]
     lo, hi = bootstrap_ci(per, n=n_boot, seed=seed) if len(per) else (np.nan, np.nan)
+    ranks = {}
+    if paths.reward is not None and not is_binary(paths.reward[live]):  # a continuous reward
+        ranks = reward_ranking(s, paths.reward[live], g)
     return {"auroc": within_prompt_auroc(s, y, g), "auroc_ci": [lo, hi],
             "auroc_pooled": pooled_auroc(s, y), "auprc": auprc(s, y),
-            "nonfinite_scores": nonfinite(s)}
+            "nonfinite_scores": nonfinite(s), **ranks}
 
 
 def account_methods(cfg, names: list[str], scorers: dict, paths: Paths, checkpoint: int,
@@ -173,7 +195,8 @@ def account_methods(cfg, names: list[str], scorers: dict, paths: Paths, checkpoi
         else:
             view, kept = paths, keep_by_policy(paths, scores[name], cfg, K, N) if name in scores else None
         check_s = time.perf_counter() - t0
-        o = outcome(view, all_rows if name == "no_prune" else kept, checkpoint, N)
+        o = outcome(view, all_rows if name == "no_prune" else kept, checkpoint, N,
+                    cfg.evaluate.select, scores.get(name))
         outcomes[name] = o
         r = summarize(o, sec_tok, flops_tok, n_boot, seed)
         r["check_s"] = check_s
@@ -201,12 +224,13 @@ def pareto_points(cfg, paths: Paths, scores: dict, checkpoint: int) -> list[dict
     N = cfg.search.n_paths
     points = []
     for n in cfg.evaluate.n_points:
-        o = outcome(paths, np.ones(len(paths.length), bool), checkpoint, n)
+        o = outcome(paths, np.ones(len(paths.length), bool), checkpoint, n, cfg.evaluate.select)
         points.append({"method": "no_prune", "n": n, "k": n, "accuracy": float(o["correct"].mean()),
                        "tokens_total": float(o["tokens"].sum())})
     for name, s in scores.items():
         for n, k in {(N, k) for k in cfg.evaluate.retention} | {(min(32, N), min(8, N))}:
-            o = outcome(paths, keep_by_policy(paths, s, cfg, k, n), checkpoint, n)
+            o = outcome(paths, keep_by_policy(paths, s, cfg, k, n), checkpoint, n,
+                        cfg.evaluate.select, s)
             points.append({"method": name, "n": n, "k": k, "accuracy": float(o["correct"].mean()),
                            "tokens_total": float(o["tokens"].sum())})
     return points

@@ -874,6 +874,10 @@ def _check_evaluate(cfg) -> None:
         _fail("evaluate.split", f"the trace bank holds no {ev.split!r} prompts "
                                 f"(collect.prompts.{ev.split}={cfg.collect.prompts.get(ev.split, 0)})")
     _at_least("evaluate.bootstrap", ev.bootstrap, 1)
+    if s.name == "beam" and (ev.select != "vote" or ev.compare_beam):
+        key = "evaluate.select" if ev.select != "vote" else "evaluate.compare_beam"
+        _fail(key, "search=beam outputs one hypothesis per prompt: nothing to select among, and it "
+                   "is the beam search to compare with; use search=parallel")
     if not 1 <= pol.keep <= s.n_paths:
         _fail("policy.keep", f"retention K={pol.keep} must lie in 1..N={s.n_paths} (search.n_paths)")
     for k in ev.retention:

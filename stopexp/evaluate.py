@@ -29,6 +29,7 @@ from stopexp.artifacts import write_json
 from stopexp.config import check_output_dirs, checkpoint_tokens, validate
 from stopexp.evaluate_report import make_plots, sample_table
 from stopexp.memory import add_memory
+from stopexp.selection import attach_bank_columns, compare_with_beam
 from stopexp.scorers import build_scorers, check_methods, cli_overrides, method_names
 from stopexp.stopping import STOPPING_METHODS, stopping_outcomes
 from stopexp.table import print_table  # pipeline and notebooks import it from here
@@ -60,6 +61,7 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
     if cfg.evaluate.mode == "online":  # the same test prompts as the bank
         from stopexp.evaluate_online import online_paths
         paths, views, timing = online_paths(cfg, names, scorers, checkpoint, prompts_in(root, split))
+        attach_bank_columns(views, root, split)  # rewards and LM scores, checked text by text
     else:
         paths = replay_paths(root, meta, split, checkpoint)
     stops = {}
@@ -75,7 +77,13 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
     if cfg.evaluate.text_metrics:
         ids = paths.prompt_ids if paths.prompt_ids is not None else np.arange(int(paths.group.max()) + 1)
         add_text_metrics(cfg, ids, {name: list(o["chosen"]) for name, o in outcomes.items()}, results)
+    beam = None
+    if cfg.evaluate.compare_beam:  # plain beam search on the same prompts: the seed's comparison
+        ids = paths.prompt_ids if paths.prompt_ids is not None else np.arange(int(paths.group.max()) + 1)
+        beam = compare_with_beam(cfg, ids, {name: list(o["chosen"]) for name, o in outcomes.items()},
+                                 results)
     metrics = {"methods": results, "points": points, "mode": cfg.evaluate.mode,
+               "select": cfg.evaluate.select, **({"beam_search": beam} if beam else {}),
                "protocol": {"n": N, "k": K, "check_tokens": checkpoint, "policy": cfg.policy.name,
                             "prompts": int(paths.group.max()) + 1, "split": split},
                "bank": root.name, "eval_wall_s": round(time.time() - start, 2)}

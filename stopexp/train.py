@@ -27,8 +27,8 @@ from stopexp.artifacts import config_hash, write_json
 from stopexp.config import check_output_dirs, checkpoint_tokens, validate
 from stopexp.integrity import set_aside
 from stopexp.losses import build_loss
-from stopexp.metrics import (auprc, brier, ece, length_correlation, nonfinite, pooled_auroc,
-                             within_prompt_auroc)
+from stopexp.metrics import (auprc, brier, ece, is_binary, length_correlation, nonfinite,
+                             pooled_auroc, reward_ranking, within_prompt_auroc)
 from stopexp.signals import FeatureSpec, build_predictor
 from stopexp.signals.checkpoint import (CheckpointDamaged, CheckpointMismatch, load_predictor,
                                        save_predictor)
@@ -120,9 +120,15 @@ def score(predictor, data: dict, chunk: int = 8192) -> torch.Tensor:
 
 
 def evaluate_scores(scores: torch.Tensor, data: dict) -> dict:
+    """Ranking and calibration of `scores` against the outcome; where the reward is
+    continuous, also its within-prompt rank correlations (stopexp.metrics.reward_ranking)."""
     s, y = scores.numpy(), data["correct"].numpy()
     p = 1 / (1 + np.exp(-s))
-    return {"auroc": within_prompt_auroc(s, y, data["group"].numpy()),
+    reward = data["reward"].numpy() if "reward" in data else y
+    ranks = {} if is_binary(reward) else {
+        **reward_ranking(s, reward, data["group"].numpy()),
+        "mean_reward": float(reward.mean()) if len(reward) else math.nan}
+    return {**ranks, "auroc": within_prompt_auroc(s, y, data["group"].numpy()),
             "auroc_pooled": pooled_auroc(s, y), "auprc": auprc(s, y),
             "ece": ece(p, y), "brier": brier(p, y),
             "length_corr": length_correlation(s, data["length"].numpy()),
@@ -138,14 +144,21 @@ def prompt_batches(groups: torch.Tensor, batch_prompts: int, rng: random.Random)
         yield torch.isin(groups, torch.tensor(ids[i : i + batch_prompts])).nonzero().squeeze(-1)
 
 
+def selection_value(metrics: dict) -> float:
+    """What epochs are selected by: the within-prompt Spearman correlation with the reward
+    where the reward is continuous, else the within-prompt AUROC of the outcome."""
+    return metrics.get("spearman_within", metrics["auroc"])
+
+
 def fit(cfg, predictor, data: dict, progress: bool = True) -> tuple[dict, list[dict]]:
-    """AdamW with early stopping on validation within-prompt AUROC; returns the best
-    state and the per-epoch history. Only a trained epoch with a finite validation AUROC
+    """AdamW with early stopping on validation within-prompt AUROC (Spearman's rho with the
+    reward where it is continuous: `selection_value`); returns the best state and the
+    per-epoch history. Only a trained epoch with a finite validation AUROC
     is ever selected; `best["init_auroc"]` is the untrained initialisation's, for
     comparison. Raises ValueError when no epoch has a finite validation AUROC."""
     loss_fn = build_loss(cfg.loss)
     params = [p for p in predictor.parameters() if p.requires_grad]
-    init_auroc = evaluate_scores(score(predictor, data["val"]), data["val"])["auroc"]
+    init_auroc = selection_value(evaluate_scores(score(predictor, data["val"]), data["val"]))
     best = {"state": {k: v.clone() for k, v in predictor.state_dict().items()},
             "auroc": init_auroc, "epoch": 0, "init_auroc": init_auroc}
     history = []
@@ -173,9 +186,9 @@ def fit(cfg, predictor, data: dict, progress: bool = True) -> tuple[dict, list[d
         # few mixed prompts) is no reason to keep an earlier, less trained state. Keeping
         # the first of tied epochs kept epoch 1, a single Adam step of lr * sign(gradient),
         # which is the same for every loss whose gradient has the same signs.
-        if math.isfinite(val["auroc"]) and val["auroc"] >= best["auroc"]:
+        if math.isfinite(selection_value(val)) and selection_value(val) >= best["auroc"]:
             best.update(state={k: v.clone() for k, v in predictor.state_dict().items()},
-                        auroc=val["auroc"], epoch=epoch)
+                        auroc=selection_value(val), epoch=epoch)
             stale = 0
         else:
             stale += 1

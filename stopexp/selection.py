@@ -63,7 +63,7 @@ def attach_bank_columns(views: dict, root, split: str) -> None:
 
     ds = bank.load_bank(root, split)
     index = {(int(p), int(j)): i for i, (p, j) in enumerate(zip(ds["prompt_id"][:], ds["path_id"][:]))}
-    texts, rewards = ds["text"][:], bank.rewards_of(ds)
+    texts, rewards = ds["text"][:], bank.rewards_of(ds).astype(float)  # as replay_paths
     scores = lm_scores(ds["token_logprob"][:])
     for name, (paths, kept) in views.items():
         ids = paths.prompt_ids[paths.group]

@@ -77,13 +77,17 @@ class NothingToLearn(ValueError):
 
 def check_usable(split: str, data: dict | None, ckpt: int, n_paths: int) -> int:
     """The number of prompts of `split` with both a correct and a wrong path alive at the
-    checkpoint (the pairs the losses and the within-prompt AUROC are made of); raises
+    checkpoint (the pairs the losses and the within-prompt AUROC are made of; with a
+    continuous reward, paths of different rewards); raises
     NothingToLearn naming the split, its counts and the fixes when there is none."""
     n = len(data["correct"]) if data is not None else 0
     groups = data["group"].numpy() if n else np.zeros(0, int)
     correct = data["correct"].numpy() > 0.5 if n else np.zeros(0, bool)
     prompts = np.unique(groups)
     mixed = sum(bool(correct[groups == g].any() and (~correct[groups == g]).any()) for g in prompts)
+    reward = data["reward"].numpy() if n and "reward" in data else None
+    if reward is not None and not is_binary(reward):  # a continuous reward orders the pairs
+        mixed = sum(bool(np.ptp(reward[groups == g]) > 0) for g in prompts)
     if mixed:
         return mixed
     raise NothingToLearn(

@@ -239,13 +239,15 @@ def pareto_points(cfg, paths: Paths, scores: dict, checkpoint: int) -> list[dict
 def add_text_metrics(cfg, prompt_ids: np.ndarray, chosen: dict, results: dict) -> None:
     """BLEU / ROUGE / BERTScore of each method's chosen output (`chosen[name][g]` for the
     g-th prompt, whose task prompt id is `prompt_ids[g]`) against the reference solution
-    and against the no_prune output."""
+    (all of them, for a task with several) and against the no_prune output."""
     from stopexp.metrics import BertScorer
+    from stopexp.rewards import references
     from stopexp.tasks import build_task
 
     task = build_task(cfg.task)
     problems = task.problems(cfg.evaluate.split, int(prompt_ids.max()) + 1)
-    refs = [task.reference(problems[i]) for i in prompt_ids]
+    refs = [references(task, problems[i]) for i in prompt_ids]  # several where the task has them
+    refs = [r[0] if len(r) == 1 else r for r in refs]
     scorer = BertScorer(cfg.evaluate.bertscore_model) if cfg.evaluate.bertscore_model else BertScorer()
     base = list(chosen["no_prune"])
     level = getattr(task, "text_level", "word")  # characters for the arithmetic task only

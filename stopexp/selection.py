@@ -87,7 +87,7 @@ def compare_with_beam(cfg, prompt_ids: np.ndarray, chosen: dict, results: dict) 
 
     from stopexp.evaluate_beam import evaluate_beam
     from stopexp.metrics import BertScorer, text_metrics
-    from stopexp.rewards import build_reward
+    from stopexp.rewards import build_reward, references
     from stopexp.tasks import build_task
 
     beam_cfg = cfg.copy()
@@ -109,7 +109,7 @@ def compare_with_beam(cfg, prompt_ids: np.ndarray, chosen: dict, results: dict) 
     reward = build_reward(cfg.reward)
     out = {"beam_width": cfg.search.beam_width, "tokens_total": beam["no_prune"]["tokens_total"],
            "accuracy": beam["no_prune"]["accuracy"],
-           "text_vs_reference": text_metrics(beam_texts, [task.reference(p) for p in probs],
+           "text_vs_reference": text_metrics(beam_texts, [references(task, p) for p in probs],
                                              level=level, scorer=scorer)}
     if not reward.needs_logprobs:  # beam hypotheses carry no sampled log-probs
         out["mean_reward"] = float(reward.scores(task, probs, beam_texts).mean())

@@ -209,3 +209,20 @@ def test_reward_is_in_the_bank_key_only_when_not_the_outcome():
     assert bank_key(cfg) == before  # reward=correct: the keys of existing banks
     assert bank_key(compose("collect", ["reward=rouge_l"])) != before
     assert bank_key(compose("collect", ["reward=rouge_l"])) != bank_key(compose("collect", ["reward=bleu"]))
+
+
+def test_text_metrics_take_several_references_per_output():
+    from stopexp.metrics import text_metrics
+
+    hyps = [HYP, "Strada is cheap."]
+    refs = [REFS, ["Strada is a cheap place.", "Strada serves cheap food.", "Strada is cheap and Thai."]]
+    m = text_metrics(hyps, refs, bertscore=False)
+    # sacrebleu's multi-reference streams (the shorter list padded by its last reference)
+    streams = [[REFS[0], refs[1][0]], [REFS[1], refs[1][1]], [REFS[1], refs[1][2]]]
+    assert m["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, streams).score, abs=1e-9)
+    scorer = RougeScorer(["rougeL"])
+    best = [max(scorer.score(r, h)["rougeL"].fmeasure for r in rs) for h, rs in zip(hyps, refs)]
+    assert m["rougeL"] == pytest.approx(np.mean(best), abs=1e-12)
+    single = text_metrics(hyps, [REFS[1], refs[1][2]], bertscore=False)  # one each: as before
+    assert single["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [[REFS[1], refs[1][2]]]).score)
+    assert m["rougeL"] > single["rougeL"]

@@ -21,7 +21,7 @@ import hydra
 import numpy as np
 from omegaconf import DictConfig
 
-from stopexp import bank
+from stopexp import bank, plots
 from stopexp.accounting import (account_methods, add_text_metrics, bank_paths_and_confs,
                                 pareto_points, prompts_in, replay_paths)
 from stopexp.analyses import add_analyses
@@ -90,6 +90,9 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
     # plot, log
     if run_dir is not None:
         figs = make_plots(paths, outcomes, scores, points, run_dir, results)
+        if paths.reward is not None and (cfg.evaluate.select != "vote" or beam):
+            figs["reward_tokens"] = plots.reward_tokens(results, run_dir / "reward_tokens.png",
+                                                        beam, cfg.evaluate.select)
         metrics["plots"] = {k: str(v) for k, v in figs.items()}
         if run is not None:
             run.log({f"plots/{k}": run.image(v) for k, v in figs.items()})

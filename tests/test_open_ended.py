@@ -48,7 +48,9 @@ def test_bank_stores_rewards_and_mean_reward_mc_labels(trained):
 
 
 def test_selection_replay_equals_online_and_compares_with_beam(trained, tmp_path):
-    replay = evaluate(validate(compose("evaluate", [*trained, "evaluate.text_metrics=false"])))
+    replay = evaluate(validate(compose("evaluate", [*trained, "evaluate.text_metrics=false"])),
+                      run_dir=tmp_path)
+    assert (tmp_path / "reward_tokens.png").exists() and (tmp_path / "pareto.png").exists()
     online = evaluate(validate(compose("evaluate", [*trained, "evaluate.text_metrics=false",
                                                     "evaluate.compare_beam=false",
                                                     "evaluate.mode=online"])))

@@ -298,7 +298,8 @@ def log_line(result: dict) -> str:
         return f"bank {result['bank']}: {mine}; rank 0 reports the bank's summary"
     return (f"bank {result['bank']} complete: {result['paths']} paths, per-path accuracy "
             f"{result['path_accuracy']:.3f}, vote accuracy {result['vote_accuracy']:.3f}, "
-            f"{result['tokens_total']} tokens; {mine}")
+            + (f"mean reward {result['mean_reward']:.4f}, " if "mean_reward" in result else "")
+            + f"{result['tokens_total']} tokens; {mine}")
 
 
 if __name__ == "__main__":

@@ -310,6 +310,10 @@ def main(cfg: DictConfig) -> dict:
             log.info("%-5s AUROC within-prompt %.3f  pooled %.3f  AUPRC %.3f  ECE %.3f  "
                      "Brier %.3f  length corr %+.3f", split, m["auroc"], m["auroc_pooled"],
                      m["auprc"], m["ece"], m["brier"], m["length_corr"])
+            if "spearman_within" in m:  # a continuous reward
+                log.info("%-5s reward %.4f  within-prompt Spearman %+.3f  Kendall %+.3f  AUROC above "
+                         "median %.3f", split, m["mean_reward"], m["spearman_within"],
+                         m["kendall_within"], m["auroc_above_median"])
     for warning in metrics.get("warnings", []):
         log.warning("%s", warning)
     plotted = sorted(p.name for p in run_dir.glob("*.png"))  # none when already trained

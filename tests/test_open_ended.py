@@ -75,3 +75,16 @@ def test_selection_replay_equals_online_and_compares_with_beam(trained, tmp_path
                                                     "evaluate.select=oracle"])))["methods"]
     for name, r in oracle.items():  # the best reward among a method's finishing paths
         assert r["mean_reward"] >= m[name]["mean_reward"] - 1e-12, name
+
+
+def test_neg_perplexity_bank_reads_the_token_logprobs(tmp_path):
+    overrides = [f"paths.output_dir={tmp_path}", *TINY, "reward=neg_perplexity",
+                 "collect.prompts.train=2", "collect.prompts.val=0", "collect.prompts.test=0"]
+    cfg = validate(compose("collect", overrides))
+    collect(cfg)
+    ds = bank.load_bank(bank.bank_dir(cfg))
+    want = [-np.exp(-np.mean(lp)) for lp in ds["token_logprob"][:]]
+    assert np.asarray(ds["reward"][:]) == pytest.approx(want, rel=1e-6)
+    mc, alive = ds["mc"][:], ds["alive"][:]
+    # rollouts' mean -perplexity (prefix and continuation log-probs together): <= -1
+    assert np.isfinite(mc).all() and (mc <= -1 + 1e-6).all() and alive.any()

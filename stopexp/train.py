@@ -207,13 +207,14 @@ def fit(cfg, predictor, data: dict, progress: bool = True) -> tuple[dict, list[d
     return best, history
 
 
-def learning_warnings(best: dict, params: list) -> list[str]:
+def learning_warnings(best: dict, params: list, metric: str = "auroc") -> list[str]:
     """What says the fit learned nothing visible: the selected epoch ranks the validation
     paths no better than the untrained initialisation did."""
     if not params or not best["auroc"] <= best["init_auroc"]:
         return []
+    what = "within-prompt AUROC" if metric == "auroc" else "within-prompt Spearman rho with the reward"
     return [f"the selected epoch {best['epoch']} ranks validation paths no better than the "
-            f"untrained initialisation (within-prompt AUROC {best['auroc']:.4f} vs "
+            f"untrained initialisation ({what} {best['auroc']:.4f} vs "
             f"{best['init_auroc']:.4f} before training): its ranking comes from the random "
             "initial weights, not from the loss. Train longer or faster (train.epochs, train.lr) "
             "or on more prompts (collect.prompts.train)"]
@@ -253,7 +254,9 @@ def train(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
              len(set(data["train"]["group"].tolist())))
     with one_thread(predictor):  # the same weights whatever the machine's thread count
         best, history = fit(cfg, predictor, data, progress)
-    warnings = learning_warnings(best, [p for p in predictor.parameters() if p.requires_grad])
+    warnings = learning_warnings(best, [p for p in predictor.parameters() if p.requires_grad],
+                                 "auroc" if is_binary(data["val"].get("reward", data["val"]["correct"]).numpy())
+                                 else "spearman")
     for w in warnings:
         log.warning("%s: %s", cfg.predictor.name, w)
     predictor.load_state_dict(best["state"])

@@ -13,10 +13,11 @@ import numpy as np
 import torch
 
 from stopexp import bank
-from stopexp.metrics import (auprc, bootstrap_ci, nonfinite, per_group_auroc, pooled_auroc,
-                             text_metrics, within_prompt_auroc)
 from stopexp.config import check_plan
+from stopexp.metrics import (auprc, bootstrap_ci, is_binary, nonfinite, per_group_auroc,
+                             pooled_auroc, reward_ranking, text_metrics, within_prompt_auroc)
 from stopexp.policies import build_policy
+from stopexp.selection import lm_scores, pick
 from stopexp.stopping import kv_peaks
 from stopexp.voting import elect, rule_score
 
@@ -38,6 +39,8 @@ class Paths:
     prompt_ids: np.ndarray | None = None  # the task's prompt id of each group (None: 0..G-1)
     prompt_len: np.ndarray | None = None  # prompt tokens (for the KV-memory estimate; None online)
     checks: list | None = None  # replay: the predictor batch at every check (checks[0] is batch)
+    reward: np.ndarray | None = None      # each path's reward (stopexp/rewards.py)
+    lm_score: np.ndarray | None = None    # mean log-prob of its generated tokens (selection)
 
 
 @dataclass
@@ -95,7 +98,8 @@ def replay_paths(root: Path, features: Path | None, split: str, checkpoint: int 
                  answer=np.asarray(ds["answer"][:], dtype=object),
                  text=np.asarray(ds["text"][:], dtype=object), alive=t["alive"].numpy(),
                  batch=t, prompt_ids=prompt_ids, prompt_len=np.asarray(ds["prompt_len"][:]),
-                 checks=checks)
+                 checks=checks, reward=bank.rewards_of(ds).astype(float),
+                 lm_score=lm_scores(ds["token_logprob"][:]))
 
 
 def bank_paths_and_confs(root: Path, split: str, checkpoint: int, paths: Paths,
@@ -108,12 +112,14 @@ def bank_paths_and_confs(root: Path, split: str, checkpoint: int, paths: Paths,
 
 
 def outcome(paths: Paths, kept: np.ndarray, checkpoint, n: int, vote: str = "majority",
-            signal: np.ndarray | None = None, vote_top: float = 0.5) -> dict:
+            signal: np.ndarray | None = None, vote_top: float = 0.5, select: str = "vote") -> dict:
     """Vote, accounting and survival for one pruning decision over the first n paths of
     every prompt. `kept` marks the paths alive at the first check that were never pruned;
     `checkpoint`: the prefix (tokens) where pruned paths stopped, one for all or (P,) per
     path (several checks). `vote`, `signal` (P,) final signals (NaN: never scored) and
-    `vote_top`: the vote rule of stopexp.voting."""
+    `vote_top`: the vote rule of stopexp.voting. `select` other than vote picks one
+    finishing path per prompt instead (stopexp/selection.py; by the final `signal` for
+    select=signal); "reward" is the chosen output's reward."""
     use = paths.path_id < n
     voter = use & (~paths.alive | kept)
     stop_at = np.broadcast_to(np.asarray(checkpoint), paths.length.shape)
@@ -122,6 +128,7 @@ def outcome(paths: Paths, kept: np.ndarray, checkpoint, n: int, vote: str = "maj
     correct = np.zeros(G, bool)
     chosen = np.full(G, "", dtype=object)
     avg = np.zeros(G)
+    reward, avg_reward = np.full(G, np.nan), np.full(G, np.nan)
     for g in range(G):
         rows = np.nonzero((paths.group == g) & voter)[0]
         winner = elect([a or None for a in paths.answer[rows]],
@@ -129,6 +136,13 @@ def outcome(paths: Paths, kept: np.ndarray, checkpoint, n: int, vote: str = "maj
         hit = rows[paths.answer[rows] == winner] if winner is not None else rows[:0]
         correct[g] = bool(len(hit)) and bool(paths.correct[hit[0]])
         chosen[g] = paths.text[hit[0]] if len(hit) else (paths.text[rows[0]] if len(rows) else "")
+        if select != "vote" and len(rows):
+            choice = pick(rows, select, rows[paths.alive[rows]], signal, paths.lm_score, paths.reward)
+            hit = np.asarray([choice])
+            correct[g], chosen[g] = bool(paths.correct[choice]), paths.text[choice]
+        if paths.reward is not None:
+            reward[g] = paths.reward[hit[0]] if len(hit) else (paths.reward[rows[0]] if len(rows) else np.nan)
+            avg_reward[g] = np.nanmean(paths.reward[rows]) if len(rows) else np.nan
         avg[g] = paths.correct[rows].mean() if len(rows) else 0.0
     per_prompt_tokens = np.bincount(paths.group, weights=spent, minlength=G)
     seq = np.zeros(G)
@@ -140,7 +154,8 @@ def outcome(paths: Paths, kept: np.ndarray, checkpoint, n: int, vote: str = "maj
     return {"correct": correct, "chosen": chosen, "avg": avg, "tokens": per_prompt_tokens,
             "seq_tokens": seq, "survival": survival, "pruned_at": pruned_at, "stopped": stopped,
             "alive_at_check": float((use & paths.alive).sum() / use.sum()), "spent": spent,
-            "kv_peaks": kv_peaks(paths, spent)}
+            "kv_peaks": kv_peaks(paths, spent),
+            **({"reward": reward, "avg_reward": avg_reward} if paths.reward is not None else {})}
 
 
 def keep_by_policy(paths: Paths, scores: np.ndarray, cfg, k: int, n: int,
@@ -194,7 +209,10 @@ def summarize(o: dict, seconds_per_token: float, flops_per_token: float, n_boot:
             "seq_tokens": float(o["seq_tokens"].mean()), "flops": tokens * flops_per_token,
             "wall_s": tokens * seconds_per_token, "wall_estimated": True,
             "mean_prune_step": float(o["pruned_at"].mean()) if len(o["pruned_at"]) else None,
-            "alive_at_check": o["alive_at_check"]}
+            "alive_at_check": o["alive_at_check"],
+            # the chosen output's reward, and the mean reward of the paths that finish
+            **({"mean_reward": float(np.nanmean(o["reward"])),
+                "avg_reward_at_k": float(np.nanmean(o["avg_reward"]))} if "reward" in o else {})}
 
 
 def signal_quality(paths: Paths, scores: np.ndarray, n: int, n_boot: int, seed: int) -> dict:
@@ -206,9 +224,12 @@ def signal_quality(paths: Paths, scores: np.ndarray, n: int, n_boot: int, seed: 
     _, per = per_group_auroc(s, y, g)
     per = per[np.isfinite(per)]
     lo, hi = bootstrap_ci(per, n=n_boot, seed=seed) if len(per) else (np.nan, np.nan)
+    ranks = {}
+    if paths.reward is not None and not is_binary(paths.reward[live]):  # a continuous reward
+        ranks = reward_ranking(s, paths.reward[live], g)
     return {"auroc": within_prompt_auroc(s, y, g), "auroc_ci": [lo, hi],
             "auroc_pooled": pooled_auroc(s, y), "auprc": auprc(s, y),
-            "nonfinite_scores": nonfinite(s)}
+            "nonfinite_scores": nonfinite(s), **ranks}
 
 
 def account_methods(cfg, names: list[str], scorers: dict, paths: Paths, checkpoint: int,
@@ -253,9 +274,10 @@ def account_methods(cfg, names: list[str], scorers: dict, paths: Paths, checkpoi
                 decision = decide_by_checks(paths, at_checks, cfg, plan, N, cfg.search.score_rule)
         check_s = time.perf_counter() - t0
         if decision is None:  # no_prune: every path runs to its end, majority vote
-            o = outcome(view, all_rows, plan[0][0], N)
+            o = outcome(view, all_rows, plan[0][0], N, select=cfg.evaluate.select)
         else:
-            o = outcome(view, decision.kept, decision.pruned_at, N, signal=decision.signal, **vote)
+            o = outcome(view, decision.kept, decision.pruned_at, N, signal=decision.signal,
+                        select=cfg.evaluate.select, **vote)
         outcomes[name] = o
         r = summarize(o, sec_tok, flops_tok, n_boot, seed)
         r["check_s"] = check_s
@@ -287,7 +309,7 @@ def pareto_points(cfg, paths: Paths, scores: dict, checkpoint: int) -> list[dict
     N = cfg.search.n_paths
     points = []
     for n in cfg.evaluate.n_points:
-        o = outcome(paths, np.ones(len(paths.length), bool), checkpoint, n)
+        o = outcome(paths, np.ones(len(paths.length), bool), checkpoint, n, select=cfg.evaluate.select)
         points.append({"method": "no_prune", "n": n, "k": n, "accuracy": float(o["correct"].mean()),
                        "tokens_total": float(o["tokens"].sum())})
     if len(check_plan(cfg)) > 1:  # progressive: account_methods gives each method's point
@@ -297,7 +319,7 @@ def pareto_points(cfg, paths: Paths, scores: dict, checkpoint: int) -> list[dict
         for n, k in {(N, k) for k in cfg.evaluate.retention} | {(min(32, N), min(8, N))}:
             kept = keep_by_policy(paths, s, cfg, k, n)
             signal = np.where(paths.alive & (paths.path_id < n), s, np.nan)
-            o = outcome(paths, kept, checkpoint, n, signal=signal, **vote)
+            o = outcome(paths, kept, checkpoint, n, signal=signal, select=cfg.evaluate.select, **vote)
             points.append({"method": name, "n": n, "k": k, "accuracy": float(o["correct"].mean()),
                            "tokens_total": float(o["tokens"].sum())})
     return points
@@ -306,13 +328,15 @@ def pareto_points(cfg, paths: Paths, scores: dict, checkpoint: int) -> list[dict
 def add_text_metrics(cfg, prompt_ids: np.ndarray, chosen: dict, results: dict) -> None:
     """BLEU / ROUGE / BERTScore of each method's chosen output (`chosen[name][g]` for the
     g-th prompt, whose task prompt id is `prompt_ids[g]`) against the reference solution
-    and against the no_prune output."""
+    (all of them, for a task with several) and against the no_prune output."""
     from stopexp.metrics import BertScorer
+    from stopexp.rewards import references
     from stopexp.tasks import build_task
 
     task = build_task(cfg.task)
     problems = task.problems(cfg.evaluate.split, int(prompt_ids.max()) + 1)
-    refs = [task.reference(problems[i]) for i in prompt_ids]
+    refs = [references(task, problems[i]) for i in prompt_ids]  # several where the task has them
+    refs = [r[0] if len(r) == 1 else r for r in refs]
     scorer = BertScorer(cfg.evaluate.bertscore_model) if cfg.evaluate.bertscore_model else BertScorer()
     base = list(chosen["no_prune"])
     level = getattr(task, "text_level", "word")  # characters for the arithmetic task only

@@ -119,9 +119,12 @@ def bank_key(cfg) -> str:
     # Monte Carlo rollouts there (the labels are generated); without rollouts the same
     # paths serve any checkpoints.
     tap = {"mc_checkpoints": mc_checkpoints(cfg)} if cfg.collect.mc_rollouts > 0 else {}
-    return config_hash({"version": BANK_VERSION, "model": model, "task": task, "tap": tap,
-                        "search": sampling_section(cfg.search), "collect": collect,
-                        "seed": cfg.seed})
+    key = {"version": BANK_VERSION, "model": model, "task": task, "tap": tap,
+           "search": sampling_section(cfg.search), "collect": collect, "seed": cfg.seed}
+    reward = cfg.get("reward")
+    if reward is not None and reward.name != "correct":  # the default: keys as before
+        key["reward"] = plain(reward)
+    return config_hash(key)
 
 
 def bank_dir(cfg) -> Path:
@@ -135,7 +138,8 @@ def features(n_checkpoints: int) -> Features:
     return Features({
         "split": Value("string"), "prompt_id": Value("int32"), "prompt": Value("string"),
         "prompt_len": Value("int32"), "path_id": Value("int32"), "tokens": List(Value("int32")), "text": Value("string"),
-        "answer": Value("string"), "correct": Value("bool"), "length": Value("int32"),
+        "answer": Value("string"), "correct": Value("bool"), "reward": Value("float32"),
+        "length": Value("int32"),
         "finished": Value("bool"), "style": Value("string"), "first_error": Value("int32"),
         "token_logprob": List(f32), "token_entropy": List(f32), "token_conf": List(f32),
         "mc": List(f32, length=n_checkpoints) if n_checkpoints else List(f32),  # arrow: no 0-length lists
@@ -330,6 +334,14 @@ def require_bank(cfg, overrides: list[str] | None = None) -> Path:
     verify_bank(root, repair=f"{command}\n(collect recomputes only the damaged or missing "
                              "shards; python -m stopexp.pipeline does too)")
     return root
+
+
+def rewards_of(ds: Dataset) -> np.ndarray:
+    """(P,) float32 reward of every path; a bank without the reward column (answers-only
+    banks) holds outcomes only, whose reward is the outcome (0/1)."""
+    if "reward" in ds.column_names:
+        return np.asarray(ds["reward"][:], dtype=np.float32)
+    return np.asarray(ds["correct"][:]).astype(np.float32)
 
 
 def prefix_columns(ds: Dataset) -> dict:

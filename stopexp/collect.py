@@ -74,6 +74,7 @@ def summarize(root: Path) -> dict:
         votes.append(winner is not None and correct[sel][answers[sel] == winner].any())
     return {"paths": int(len(correct)), "prompts": int(len(votes)),
             "path_accuracy": float(correct.mean()), "vote_accuracy": float(np.mean(votes)),
+            "mean_reward": float(bank.rewards_of(ds).mean()),
             "tokens_total": int(np.asarray(ds["length"][:]).sum())}
 
 
@@ -177,6 +178,9 @@ def _fill(cfg, root: Path, task, shards: list, pending: list[int], rank: int,
     from stopexp.search.sample import fit_prompts, prompt_limit, row_cap
     from stopexp.search.trace import trace_problems
 
+    from stopexp.rewards import build_reward
+
+    reward = build_reward(cfg.reward) if cfg.reward.name != "correct" else None  # None: outcome
     model, tokenizer = load_lm(generation_config(cfg))
     params = SamplingParams.from_config(cfg)
     text_cfg = model.config.get_text_config()
@@ -197,7 +201,7 @@ def _fill(cfg, root: Path, task, shards: list, pending: list[int], rank: int,
             problems = fit_prompts(tokenizer, shards[i], limit, cfg.model.long_prompts)
             cols, mc_tokens = trace_problems(engine, tokenizer, task, problems, cfg.search.n_paths,
                                              cfg.seed, checkpoints, cfg.collect.mc_rollouts,
-                                             row_cap(cfg, tokenizer, problems))
+                                             row_cap(cfg, tokenizer, problems), reward)
             shard_tokens = int(sum(cols["length"])) + mc_tokens
             paths += len(cols["length"])
             tokens += shard_tokens
@@ -298,7 +302,8 @@ def log_line(result: dict) -> str:
         return f"bank {result['bank']}: {mine}; rank 0 reports the bank's summary"
     return (f"bank {result['bank']} complete: {result['paths']} paths, per-path accuracy "
             f"{result['path_accuracy']:.3f}, vote accuracy {result['vote_accuracy']:.3f}, "
-            f"{result['tokens_total']} tokens; {mine}")
+            + (f"mean reward {result['mean_reward']:.4f}, " if "mean_reward" in result else "")
+            + f"{result['tokens_total']} tokens; {mine}")
 
 
 if __name__ == "__main__":

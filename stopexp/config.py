@@ -168,7 +168,10 @@ class PredictorConfig:
 @dataclass
 class LossConfig:
     name: str = "contrastive"  # contrastive | pairwise | reward_regression | mse
+    # contrastive: relu(margin * reward gap - score gap) over pairs ordered by reward (a
+    # 0/1 outcome has gap 1: the plain margin)
     margin: float = 1.0
+    min_gap: float = 0.0       # contrastive / pairwise: pairs whose reward gap is <= this are skipped
     discount: float = 0.95     # mse: reward discounted by the tokens still to go
     length_reg: float = 0.0    # weight of the score<->prefix-length correlation penalty
 
@@ -206,6 +209,15 @@ class SearchConfig:
     # stop strings: a path ends at the token that completes one (kept, as in HF
     # generate(stop_strings=...)); nothing after it is generated or counted
     stop: List[str] = field(default_factory=list)
+
+
+@dataclass
+class RewardConfig:
+    """A path's reward (stopexp/rewards.py): stored in the bank beside its outcome, the
+    label of the losses and the target of Monte Carlo rollouts (their mean reward)."""
+    name: str = "correct"   # correct | rouge_l | bleu | bertscore | neg_perplexity | external
+    function: Optional[str] = None        # external: a registered name or "module:function"
+    bertscore_model: Optional[str] = None  # bertscore: None = the bundled offline MiniLM
 
 
 @dataclass
@@ -260,6 +272,11 @@ class EvaluateConfig:
     n_points: List[int] = field(default_factory=lambda: [8, 32, 64])
     bootstrap: int = 1000
     text_metrics: bool = True
+    # the final output of a prompt: vote (majority over the kept paths' answers), or for
+    # tasks without a single answer the kept path with the best signal (the method's score
+    # at the check), the best LM score (mean token log-prob) or, as an oracle, the best reward
+    select: str = "vote"            # vote | signal | lm_score | oracle
+    compare_beam: bool = False      # also run plain beam search (no pruning) and compare outputs
     bertscore_model: Optional[str] = None  # None = the offline MiniLM encoder
     seed: int = 0
     esc_window: int = 8             # ESC: paths sampled per window
@@ -317,6 +334,7 @@ class Config:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
     collect: CollectConfig = field(default_factory=CollectConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
@@ -331,7 +349,7 @@ def register() -> None:
     for group, node in [("model", ModelConfig), ("task", TaskConfig), ("tap", TapConfig),
                         ("predictor", PredictorConfig), ("loss", LossConfig),
                         ("policy", PolicyConfig), ("search", SearchConfig),
-                        ("logger", LoggerConfig)]:
+                        ("logger", LoggerConfig), ("reward", RewardConfig)]:
         cs.store(group=group, name=f"{group}_schema", node=node)
 
 
@@ -340,7 +358,7 @@ register()
 ALLOWED = {
     "model.dtype": ("auto", "float32", "bfloat16", "float16"),
     "model.long_prompts": ("error", "skip"),
-    "task.name": ("arith", "qa", "wordprob"),
+    "task.name": ("arith", "qa", "wordprob", "datatotext"),
     "task.format": ("fewshot", "chat"),
     "task.answer_format": ("numeric", "boxed"),
     "task.extraction": ("strict", "flexible"),
@@ -357,6 +375,8 @@ ALLOWED = {
     "evaluate.mode": ("replay", "online"),
     "evaluate.vote": ("majority", "weighted", "filtered"),
     "search.score_rule": ("last", "running_mean"),
+    "evaluate.select": ("vote", "signal", "lm_score", "oracle"),
+    "reward.name": ("correct", "rouge_l", "bleu", "bertscore", "neg_perplexity", "external"),
 }
 SYMBOLIC_LAYERS = ("first", "mid", "last")
 SEED_KEYS = ("seed", "task.seed", "collect.seed", "train.seed", "evaluate.seed", "model.toy.seed",
@@ -550,6 +570,7 @@ def validate(cfg: DictConfig) -> DictConfig:
     _check_search_and_taps(cfg)
     _check_collect(cfg)
     _check_predictor_loss_train(cfg)
+    _check_reward(cfg)
     if cfg.stage in ("train", "pipeline", "adapt"):  # adapt trains the source and target predictors
         band, n = cfg.collect.keep_correct, cfg.search.n_paths
         for split in ("train", "val"):  # training fits on train and selects the epoch on val
@@ -720,7 +741,7 @@ def _check_search_and_taps(cfg) -> None:
     _at_least("search.max_new_tokens", s.max_new_tokens, 2)
     if any(not x for x in s.stop):
         _fail("search.stop", "every stop string must be non-empty")
-    if cfg.task.name == "wordprob" and cfg.task.format == "fewshot" and m.chat_template \
+    if cfg.task.name in ("wordprob", "datatotext") and cfg.task.format == "fewshot" and m.chat_template \
             and m.name != "toy":
         _fail("model.chat_template", "task.format=fewshot is plain text after solved examples; "
                                      "set model.chat_template=false (or task.format=chat)")
@@ -858,6 +879,33 @@ def _check_predictor_loss_train(cfg) -> None:
 POSITION_INPUT_PREDICTORS = ("linear", "mlp", "fusion")
 
 
+def _check_reward(cfg) -> None:
+    """reward.*: an external reward names a registered or importable function; the
+    regression losses need a reward in [0, 1]; nothing else is read unused."""
+    from stopexp.rewards import BOUNDED, resolve_external
+
+    r = cfg.reward
+    if r.name == "external":
+        if not r.function:
+            _fail("reward.function", "reward=external needs a function: a name registered with "
+                                     "stopexp.rewards.register_reward, or module:function")
+        try:
+            resolve_external(r.function)
+        except ValueError as e:
+            _fail("reward.function", str(e))
+    elif r.function:
+        _fail("reward.function", f"only reward=external reads it, not reward={r.name}; leave it unset")
+    if r.bertscore_model and r.name != "bertscore":
+        _fail("reward.bertscore_model", f"only reward=bertscore reads it, not reward={r.name}")
+    if r.name not in BOUNDED and cfg.loss.name in ("reward_regression", "mse"):
+        _fail("loss.name", f"{cfg.loss.name} regresses a probability on the reward, which must lie "
+                           f"in [0, 1]; reward={r.name} is unbounded: use loss=contrastive or pairwise")
+    if r.name == "neg_perplexity" and cfg.evaluate.mode == "online" and cfg.stage in ("evaluate", "pipeline"):
+        _fail("evaluate.mode", "online paths carry text only; reward=neg_perplexity needs the per-token "
+                               "log-probs of the bank: use evaluate.mode=replay")
+    _at_least("loss.min_gap", cfg.loss.min_gap, 0)
+
+
 def _check_predictor_signals(cfg) -> None:
     """predictor.signals: signal column names (stopexp.signals.features.SIGNAL_NAMES), read
     by conf_features only; attn_entropy needs tap.attention_heads."""
@@ -921,6 +969,10 @@ def _check_evaluate(cfg) -> None:
         _fail("evaluate.split", f"the trace bank holds no {ev.split!r} prompts "
                                 f"(collect.prompts.{ev.split}={cfg.collect.prompts.get(ev.split, 0)})")
     _at_least("evaluate.bootstrap", ev.bootstrap, 1)
+    if s.name == "beam" and (ev.select != "vote" or ev.compare_beam):
+        key = "evaluate.select" if ev.select != "vote" else "evaluate.compare_beam"
+        _fail(key, "search=beam outputs one hypothesis per prompt: nothing to select among, and it "
+                   "is the beam search to compare with; use search=parallel")
     for k in check_values(pol.keep):
         if not 1 <= k <= s.n_paths:
             _fail("policy.keep", f"retention K={k} must lie in 1..N={s.n_paths} (search.n_paths)")

@@ -25,7 +25,7 @@ import hydra
 import numpy as np
 from omegaconf import DictConfig
 
-from stopexp import bank, feature_bank
+from stopexp import bank, feature_bank, plots
 from stopexp.accounting import (account_methods, add_text_metrics, bank_paths_and_confs,
                                 pareto_points, prompts_in, replay_paths)
 from stopexp.analyses import add_analyses
@@ -34,6 +34,7 @@ from stopexp.config import check_output_dirs, check_plan, validate
 from stopexp.evaluate_report import make_plots, sample_table
 from stopexp.memory import add_memory
 from stopexp.per_step import auroc_by_prefix
+from stopexp.selection import attach_bank_columns, compare_with_beam
 from stopexp.scorers import build_scorers, check_methods, cli_overrides, method_names
 from stopexp.stopping import STOPPING_METHODS, stopping_outcomes
 from stopexp.table import print_table  # pipeline and notebooks import it from here
@@ -64,6 +65,7 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
     if cfg.evaluate.mode == "online":  # the same test prompts as the bank
         from stopexp.evaluate_online import online_paths
         paths, views, timing = online_paths(cfg, names, scorers, checkpoint, prompts_in(root, split))
+        attach_bank_columns(views, root, split)  # rewards and LM scores, checked text by text
     else:  # replay reads the features of the bank's paths, made here when missing
         features = feature_bank.require_features(cfg, cli_overrides())
         paths = replay_paths(root, features, split, [c for c, _ in plan])
@@ -80,7 +82,13 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
     if cfg.evaluate.text_metrics:
         ids = paths.prompt_ids if paths.prompt_ids is not None else np.arange(int(paths.group.max()) + 1)
         add_text_metrics(cfg, ids, {name: list(o["chosen"]) for name, o in outcomes.items()}, results)
+    beam = None
+    if cfg.evaluate.compare_beam:  # plain beam search on the same prompts: the seed's comparison
+        ids = paths.prompt_ids if paths.prompt_ids is not None else np.arange(int(paths.group.max()) + 1)
+        beam = compare_with_beam(cfg, ids, {name: list(o["chosen"]) for name, o in outcomes.items()},
+                                 results)
     metrics = {"methods": results, "points": points, "mode": cfg.evaluate.mode,
+               "select": cfg.evaluate.select, **({"beam_search": beam} if beam else {}),
                "protocol": {"n": N, "k": K, "check_tokens": checkpoint, "policy": cfg.policy.name,
                             "checks": [list(c) for c in plan], "score_rule": cfg.search.score_rule,
                             "vote": cfg.evaluate.vote,
@@ -91,6 +99,9 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
     # plot, log
     if run_dir is not None:
         figs = make_plots(paths, outcomes, scores, points, run_dir, results, metrics["auroc_by_prefix"])
+        if paths.reward is not None and (cfg.evaluate.select != "vote" or beam):
+            figs["reward_tokens"] = plots.reward_tokens(results, run_dir / "reward_tokens.png",
+                                                        beam, cfg.evaluate.select)
         metrics["plots"] = {k: str(v) for k, v in figs.items()}
         if run is not None:
             run.log({f"plots/{k}": run.image(v) for k, v in figs.items()})

@@ -554,9 +554,10 @@ def _groups(ds) -> np.ndarray:
 
 
 def _mc(ds, feats: PathFeatures, rows: np.ndarray, positions: np.ndarray,
-        correct: np.ndarray, alive: np.ndarray) -> np.ndarray:
-    """The Monte Carlo label of each (row, position): the bank's rate at its Monte Carlo
-    checkpoints, NaN elsewhere while alive, the path's outcome once it ended."""
+        reward: np.ndarray, alive: np.ndarray) -> np.ndarray:
+    """The Monte Carlo label of each (row, position): the bank's mean rollout reward at its
+    Monte Carlo checkpoints, NaN elsewhere while alive, the path's own reward once it
+    ended (its outcome with reward=correct)."""
     mc = np.full(len(rows), np.nan, np.float32)
     where = list(feats.meta.get("mc_checkpoints", []))
     if where and len(rows):
@@ -564,7 +565,7 @@ def _mc(ds, feats: PathFeatures, rows: np.ndarray, positions: np.ndarray,
         for j, c in enumerate(where):
             at = positions == c
             mc[at] = rates[rows[at], j]
-    mc[~alive] = correct[rows][~alive]
+    mc[~alive] = reward[rows][~alive]
     return mc
 
 
@@ -595,13 +596,14 @@ def tensors_at(ds, feats: PathFeatures, checkpoint: int) -> dict:
     attn[rows] = feats.attn[at]
     prefix = np.minimum(length, checkpoint)
     correct = np.asarray(ds["correct"][:]).astype(np.float32)
+    reward = bank.rewards_of(ds)
     signals = _signals(ds, None, prefix, hidden, attn, feats)
-    mc = _mc(ds, feats, np.arange(R), np.full(R, checkpoint), correct, alive)
+    mc = _mc(ds, feats, np.arange(R), np.full(R, checkpoint), reward, alive)
     return {
         "hidden": torch.from_numpy(hidden), "signals": signals,
         "group": torch.from_numpy(_groups(ds)),
-        "correct": torch.from_numpy(correct), "mc": torch.from_numpy(mc),
-        "alive": torch.from_numpy(alive),
+        "correct": torch.from_numpy(correct), "reward": torch.from_numpy(reward),
+        "mc": torch.from_numpy(mc), "alive": torch.from_numpy(alive),
         "prefix_len": torch.from_numpy(prefix.astype(np.float32)),
         "remaining": torch.from_numpy(np.maximum(length - checkpoint, 0).astype(np.float32)),
         "length": torch.from_numpy(length.astype(np.float32)),
@@ -620,13 +622,15 @@ def position_batch(ds, feats: PathFeatures, positions=None) -> dict:
     rows, pos = feats.rows[sel], feats.positions[sel]
     length = np.asarray(ds["length"][:]).astype(np.int64)
     correct = np.asarray(ds["correct"][:]).astype(np.float32)
+    reward = bank.rewards_of(ds)
     hidden = np.ascontiguousarray(feats.hidden[sel], dtype=np.float32)
     signals = _signals(ds, rows, pos, hidden, feats.attn[sel], feats)
-    mc = _mc(ds, feats, rows, pos, correct, np.ones(len(sel), bool))
+    mc = _mc(ds, feats, rows, pos, reward, np.ones(len(sel), bool))
     return {
         "hidden": torch.from_numpy(hidden), "signals": signals,
         "group": torch.from_numpy(_groups(ds)[rows]),
-        "correct": torch.from_numpy(correct[rows]), "mc": torch.from_numpy(mc),
+        "correct": torch.from_numpy(correct[rows]), "reward": torch.from_numpy(reward[rows]),
+        "mc": torch.from_numpy(mc),
         "alive": torch.ones(len(sel), dtype=torch.bool),
         "prefix_len": torch.from_numpy(pos.astype(np.float32)),
         "remaining": torch.from_numpy((length[rows] - pos).astype(np.float32)),

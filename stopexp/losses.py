@@ -10,12 +10,24 @@ import torch
 import torch.nn.functional as F
 
 
-def _pair_mask(batch: dict) -> torch.Tensor:
-    """(B, B) bool: i and j share a prompt and path i's label beats path j's (outcomes 1
-    over 0; a soft label, the Monte Carlo success rate of online feedback, orders by rate)."""
-    label = batch["correct"].float()
+def _label(batch: dict) -> torch.Tensor:
+    """What pairs are ordered by and regressions aim at: the path's reward where the batch
+    has one (stopexp/rewards.py; the 0/1 outcome for reward=correct), else its outcome
+    (online feedback puts soft labels, Monte Carlo success rates, there)."""
+    return (batch["reward"] if "reward" in batch else batch["correct"]).float()
+
+
+def _gap(batch: dict) -> torch.Tensor:
+    """(B, B) label[i] - label[j]."""
+    label = _label(batch)
+    return label[:, None] - label[None, :]
+
+
+def _pair_mask(batch: dict, min_gap: float = 0.0) -> torch.Tensor:
+    """(B, B) bool: i and j share a prompt and path i's label beats path j's by more than
+    `min_gap` (outcomes 1 over 0; rewards and soft labels order by value)."""
     same = batch["group"][:, None] == batch["group"][None, :]
-    return same & (label[:, None] > label[None, :])
+    return same & (_gap(batch) > min_gap)
 
 
 def _mean_over_pairs(per_pair: torch.Tensor, mask: torch.Tensor, batch: dict) -> torch.Tensor:
@@ -35,25 +47,38 @@ def _mean(per_path: torch.Tensor, batch: dict) -> torch.Tensor:
 
 
 def contrastive(scores, batch, cfg):
+    """relu(margin * (r_i - r_j) - (s_i - s_j)) over pairs of one prompt with
+    r_i - r_j > loss.min_gap: the margin grows with the reward gap (a 0/1 outcome has gap 1,
+    the plain margin); with batch["reward"] absent, the plain margin over outcome pairs."""
     diff = scores[:, None] - scores[None, :]
-    return _mean_over_pairs(F.relu(cfg.margin - diff), _pair_mask(batch), batch)
+    margin = cfg.margin * _gap(batch) if "reward" in batch else cfg.margin
+    return _mean_over_pairs(F.relu(margin - diff), _pair_mask(batch, _min_gap(cfg)), batch)
 
 
 def pairwise(scores, batch, cfg):
+    """softplus(-(s_i - s_j)) over the pairs of `contrastive` (pairwise logistic)."""
     diff = scores[:, None] - scores[None, :]
-    return _mean_over_pairs(F.softplus(-diff), _pair_mask(batch), batch)
+    return _mean_over_pairs(F.softplus(-diff), _pair_mask(batch, _min_gap(cfg)), batch)
+
+
+def _min_gap(cfg) -> float:
+    return float(getattr(cfg, "min_gap", 0.0) or 0.0)
 
 
 def reward_regression(scores, batch, cfg):
-    mc, correct = batch["mc"], batch["correct"]
-    target = torch.where(torch.isnan(mc), correct, mc)
+    """Soft binary cross-entropy of sigmoid(score) on the Monte Carlo label (the mean reward
+    of rollouts from the prefix) where there is one, else the path's reward (in [0, 1])."""
+    mc, label = batch["mc"], _label(batch)
+    target = torch.where(torch.isnan(mc), label, mc)
     if "weight" not in batch:
         return F.binary_cross_entropy_with_logits(scores, target)
     return _mean(F.binary_cross_entropy_with_logits(scores, target, reduction="none"), batch)
 
 
 def mse(scores, batch, cfg):
-    target = batch["correct"] * cfg.discount ** batch["remaining"]
+    """Discounted future reward regression: (sigmoid(score) - reward * discount**remaining)^2,
+    remaining = the path's tokens still to go after the prefix (the reward lies in [0, 1])."""
+    target = _label(batch) * cfg.discount ** batch["remaining"]
     return _mean((torch.sigmoid(scores) - target) ** 2, batch)
 
 

@@ -202,3 +202,18 @@ def analyses(results: dict, path: Path) -> Path:
     axes[2].legend(fontsize=7)
     axes[2].set_xticks(x, names, rotation=60, ha="right", fontsize=7)
     return save_figure(fig, path)
+
+
+def reward_tokens(results: dict, path: Path, beam: dict | None = None, select: str = "vote") -> Path:
+    """Mean reward of each method's chosen output against its total tokens (one point per
+    method; plain beam search as a star when given): the open-ended tasks' Pareto view."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for i, (name, r) in enumerate(r for r in results.items() if "mean_reward" in r[1]):
+        ax.scatter(r["tokens_total"], r["mean_reward"], color=_colour(i), label=name)
+    if beam is not None and "mean_reward" in beam:
+        ax.scatter(beam["tokens_total"], beam["mean_reward"], marker="*", s=160, color="black",
+                   label="beam search")
+    ax.set_xlabel("tokens generated (all prompts)")
+    ax.set_ylabel(f"mean reward of the output ({select})")
+    ax.legend(fontsize=7)
+    return save_figure(fig, path)

@@ -35,6 +35,20 @@ def print_table(metrics: dict) -> str:
         lines.append(f"{name:<{w}}{r['accuracy']:>9.3f}{ci:>16}{r['avg_at_k']:>8.3f}"
                      f"{r['tokens_total']:>10.0f}{r['tokens_ratio']:>7.2f}{au:>7}{pooled:>8}"
                      f"{r['wall_s']:>8.1f}{kv:>8}")
+    rewarded = {m: r for m, r in metrics["methods"].items() if "mean_reward" in r}
+    if rewarded and metrics.get("select", "vote") != "vote" or any("spearman_within" in r for r in rewarded.values()):
+        lines.append(f"selection by {metrics.get('select', 'vote')}: reward of the chosen output "
+                     "(mean), ROUGE-L vs reference / vs no_prune / vs beam, within-prompt rank of the reward")
+        for name, r in rewarded.items():
+            rl = [f"{r[k]['rougeL']:.3f}" if k in r else "-"
+                  for k in ("text_vs_reference", "text_vs_no_prune", "text_vs_beam")]
+            rank = (f"spearman {r['spearman_within']:+.3f} kendall {r['kendall_within']:+.3f} "
+                    f"AUROC>median {r['auroc_above_median']:.3f}" if "spearman_within" in r else "")
+            lines.append(f"  {name:<{w}}reward {r['mean_reward']:.4f}  ROUGE-L {' / '.join(rl)}  {rank}")
+        if "beam_search" in metrics:
+            b = metrics["beam_search"]
+            lines.append(f"  {'beam search':<{w}}reward {b.get('mean_reward', float('nan')):.4f}  ROUGE-L "
+                         f"{b['text_vs_reference']['rougeL']:.3f} vs reference, {b['tokens_total']:.0f} tokens")
     learned = [m for m in metrics["methods"] if m not in M.NON_LEARNABLE
                and m not in ("no_prune", "random", "oracle", "conf_features")]
     pts = [q for q in metrics.get("points", []) if q["method"] in ("no_prune", *learned[:1])]

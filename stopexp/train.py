@@ -30,8 +30,8 @@ from stopexp.artifacts import config_hash, write_json
 from stopexp.config import check_output_dirs, checkpoint_tokens, validate
 from stopexp.integrity import set_aside
 from stopexp.losses import build_loss
-from stopexp.metrics import (auprc, brier, ece, length_correlation, nonfinite, pooled_auroc,
-                             within_prompt_auroc)
+from stopexp.metrics import (auprc, brier, ece, is_binary, length_correlation, nonfinite,
+                             pooled_auroc, reward_ranking, within_prompt_auroc)
 from stopexp.signals import FeatureSpec, build_predictor
 from stopexp.signals.checkpoint import (CheckpointDamaged, CheckpointMismatch, load_predictor,
                                        save_predictor)
@@ -82,13 +82,17 @@ class NothingToLearn(ValueError):
 
 def check_usable(split: str, data: dict | None, ckpt: int, n_paths: int) -> int:
     """The number of prompts of `split` with both a correct and a wrong path alive at the
-    checkpoint (the pairs the losses and the within-prompt AUROC are made of); raises
+    checkpoint (the pairs the losses and the within-prompt AUROC are made of; with a
+    continuous reward, paths of different rewards); raises
     NothingToLearn naming the split, its counts and the fixes when there is none."""
     n = len(data["correct"]) if data is not None else 0
     groups = data["group"].numpy() if n else np.zeros(0, int)
     correct = data["correct"].numpy() > 0.5 if n else np.zeros(0, bool)
     prompts = np.unique(groups)
     mixed = sum(bool(correct[groups == g].any() and (~correct[groups == g]).any()) for g in prompts)
+    reward = data["reward"].numpy() if n and "reward" in data else None
+    if reward is not None and not is_binary(reward):  # a continuous reward orders the pairs
+        mixed = sum(bool(np.ptp(reward[groups == g]) > 0) for g in prompts)
     if mixed:
         return mixed
     raise NothingToLearn(
@@ -125,17 +129,23 @@ def score(predictor, data: dict, chunk: int = 8192) -> torch.Tensor:
 
 
 def evaluate_scores(scores: torch.Tensor, data: dict) -> dict:
-    """The ranking and calibration metrics of `scores` on `data`. On every-position data
-    (with "prompt_group": train.positions=all) "auroc" is the mean over positions of the
-    within-prompt AUROC at each position, and "auroc_by_prefix" the per-position curve
+    """The ranking and calibration metrics of `scores` on `data` against the outcome; where
+    the reward is continuous, also its within-prompt rank correlations
+    (stopexp.metrics.reward_ranking). On every-position data (with "prompt_group":
+    train.positions=all) "auroc" is the mean over positions of the within-prompt AUROC at
+    each position, and "auroc_by_prefix" the per-position curve
     (stopexp.per_step.auroc_by_position)."""
     s, y = scores.numpy(), data["correct"].numpy()
     p = 1 / (1 + np.exp(-s))
+    reward = data["reward"].numpy() if "reward" in data else y
+    ranks = {} if is_binary(reward) else {
+        **reward_ranking(s, reward, data["group"].numpy()),
+        "mean_reward": float(reward.mean()) if len(reward) else math.nan}
     by_prefix = {}
     if "prompt_group" in data:
         curve = per_step.auroc_by_position(s, y, data["prompt_group"].numpy(), data["position"].numpy())
         by_prefix = {"auroc": per_step.mean_over_positions(curve), "auroc_by_prefix": curve}
-    return {"auroc": within_prompt_auroc(s, y, data["group"].numpy()),
+    return {**ranks, "auroc": within_prompt_auroc(s, y, data["group"].numpy()),
             **by_prefix, "auroc_pooled": pooled_auroc(s, y), "auprc": auprc(s, y),
             "ece": ece(p, y), "brier": brier(p, y),
             "length_corr": length_correlation(s, data["length"].numpy()),
@@ -151,14 +161,21 @@ def prompt_batches(groups: torch.Tensor, batch_prompts: int, rng: random.Random)
         yield torch.isin(groups, torch.tensor(ids[i : i + batch_prompts])).nonzero().squeeze(-1)
 
 
+def selection_value(metrics: dict) -> float:
+    """What epochs are selected by: the within-prompt Spearman correlation with the reward
+    where the reward is continuous, else the within-prompt AUROC of the outcome."""
+    return metrics.get("spearman_within", metrics["auroc"])
+
+
 def fit(cfg, predictor, data: dict, progress: bool = True) -> tuple[dict, list[dict]]:
-    """AdamW with early stopping on validation within-prompt AUROC; returns the best
-    state and the per-epoch history. Only a trained epoch with a finite validation AUROC
+    """AdamW with early stopping on validation within-prompt AUROC (Spearman's rho with the
+    reward where it is continuous: `selection_value`); returns the best state and the
+    per-epoch history. Only a trained epoch with a finite validation AUROC
     is ever selected; `best["init_auroc"]` is the untrained initialisation's, for
     comparison. Raises ValueError when no epoch has a finite validation AUROC."""
     loss_fn = build_loss(cfg.loss)
     params = [p for p in predictor.parameters() if p.requires_grad]
-    init_auroc = evaluate_scores(score(predictor, data["val"]), data["val"])["auroc"]
+    init_auroc = selection_value(evaluate_scores(score(predictor, data["val"]), data["val"]))
     best = {"state": {k: v.clone() for k, v in predictor.state_dict().items()},
             "auroc": init_auroc, "epoch": 0, "init_auroc": init_auroc}
     history = []
@@ -187,9 +204,9 @@ def fit(cfg, predictor, data: dict, progress: bool = True) -> tuple[dict, list[d
         # few mixed prompts) is no reason to keep an earlier, less trained state. Keeping
         # the first of tied epochs kept epoch 1, a single Adam step of lr * sign(gradient),
         # which is the same for every loss whose gradient has the same signs.
-        if math.isfinite(val["auroc"]) and val["auroc"] >= best["auroc"]:
+        if math.isfinite(selection_value(val)) and selection_value(val) >= best["auroc"]:
             best.update(state={k: v.clone() for k, v in predictor.state_dict().items()},
-                        auroc=val["auroc"], epoch=epoch)
+                        auroc=selection_value(val), epoch=epoch)
             stale = 0
         else:
             stale += 1
@@ -204,13 +221,14 @@ def fit(cfg, predictor, data: dict, progress: bool = True) -> tuple[dict, list[d
     return best, history
 
 
-def learning_warnings(best: dict, params: list) -> list[str]:
+def learning_warnings(best: dict, params: list, metric: str = "auroc") -> list[str]:
     """What says the fit learned nothing visible: the selected epoch ranks the validation
     paths no better than the untrained initialisation did."""
     if not params or not best["auroc"] <= best["init_auroc"]:
         return []
+    what = "within-prompt AUROC" if metric == "auroc" else "within-prompt Spearman rho with the reward"
     return [f"the selected epoch {best['epoch']} ranks validation paths no better than the "
-            f"untrained initialisation (within-prompt AUROC {best['auroc']:.4f} vs "
+            f"untrained initialisation ({what} {best['auroc']:.4f} vs "
             f"{best['init_auroc']:.4f} before training): its ranking comes from the random "
             "initial weights, not from the loss. Train longer or faster (train.epochs, train.lr) "
             "or on more prompts (collect.prompts.train)"]
@@ -254,7 +272,9 @@ def train(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
              len(set(data["train"]["group"].tolist())))
     with one_thread(predictor):  # the same weights whatever the machine's thread count
         best, history = fit(cfg, predictor, data, progress)
-    warnings = learning_warnings(best, [p for p in predictor.parameters() if p.requires_grad])
+    warnings = learning_warnings(best, [p for p in predictor.parameters() if p.requires_grad],
+                                 "auroc" if is_binary(data["val"].get("reward", data["val"]["correct"]).numpy())
+                                 else "spearman")
     for w in warnings:
         log.warning("%s: %s", cfg.predictor.name, w)
     predictor.load_state_dict(best["state"])
@@ -322,6 +342,10 @@ def main(cfg: DictConfig) -> dict:
             log.info("%-5s AUROC within-prompt %.3f  pooled %.3f  AUPRC %.3f  ECE %.3f  "
                      "Brier %.3f  length corr %+.3f", split, m["auroc"], m["auroc_pooled"],
                      m["auprc"], m["ece"], m["brier"], m["length_corr"])
+            if "spearman_within" in m:  # a continuous reward
+                log.info("%-5s reward %.4f  within-prompt Spearman %+.3f  Kendall %+.3f  AUROC above "
+                         "median %.3f", split, m["mean_reward"], m["spearman_within"],
+                         m["kendall_within"], m["auroc_above_median"])
     for warning in metrics.get("warnings", []):
         log.warning("%s", warning)
     plotted = sorted(p.name for p in run_dir.glob("*.png"))  # none when already trained

@@ -119,3 +119,50 @@ def length_correlation(scores, lengths) -> float:
     if len(s) < 2 or s.std() == 0 or n.std() == 0:
         return float("nan")
     return float(np.corrcoef(s, n)[0, 1])
+
+
+def reward_ranking(scores, rewards, groups) -> dict:
+    """How well a score orders paths by a continuous reward, within each prompt (group):
+
+    spearman_within     mean Spearman rho between score and reward over the prompts whose
+                        reward is not constant (scipy.stats.spearmanr)
+    kendall_within      the same with Kendall's tau-b (scipy.stats.kendalltau)
+    auroc_above_median  mean within-prompt AUROC of the score for "reward above the prompt's
+                        median reward" (prompts with paths on both sides)
+    prompts_ranked      how many prompts the two correlations average over
+
+    A score constant within such a prompt orders nothing: it counts as 0 there. Scores
+    rank as in the AUROC (NaN lowest, +-inf at the extremes). NaN where no prompt qualifies."""
+    from scipy.stats import kendalltau, spearmanr
+
+    s = np.asarray(scores, dtype=float)
+    r = np.asarray(rewards, dtype=float)
+    g = np.asarray(groups)
+    if not (s.shape == r.shape == g.shape) or s.ndim != 1:
+        raise ValueError(f"scores {s.shape}, rewards {r.shape} and groups {g.shape} must be "
+                         "equal-length 1-d")
+    if not np.isfinite(s).all():
+        s = rankdata(np.where(np.isnan(s), -np.inf, s))
+    rho, tau, above, labels = [], [], [], np.zeros(len(s), bool)
+    for key in np.unique(g):
+        rows = np.nonzero(g == key)[0]
+        rs, ss = r[rows], s[rows]
+        labels[rows] = rs > np.median(rs)
+        if len(rows) < 2 or np.ptp(rs) == 0:
+            continue
+        if np.ptp(ss) == 0:
+            rho.append(0.0)
+            tau.append(0.0)
+            continue
+        rho.append(float(spearmanr(ss, rs).statistic))
+        tau.append(float(kendalltau(ss, rs).statistic))
+    above = within_prompt_auroc(s, labels, g)
+    mean = (lambda v: float(np.mean(v)) if v else float("nan"))
+    return {"spearman_within": mean(rho), "kendall_within": mean(tau),
+            "auroc_above_median": above, "prompts_ranked": len(rho)}
+
+
+def is_binary(labels) -> bool:
+    """Every label is 0 or 1 (an outcome), so AUROC is the ranking metric to report."""
+    v = np.asarray(labels, dtype=float)
+    return bool(np.isin(v[np.isfinite(v)], (0.0, 1.0)).all())

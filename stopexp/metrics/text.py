@@ -14,12 +14,24 @@ import sacrebleu
 ROUGE_TYPES = ("rouge1", "rouge2", "rougeL")
 
 
+def _multi(refs) -> bool:
+    """Whether some hypothesis has several references (a list instead of a string)."""
+    return any(not isinstance(r, str) for r in refs)
+
+
 def bleu(hyps, refs) -> float:
-    """Corpus BLEU (0-100) with one reference string per hypothesis."""
+    """Corpus BLEU (0-100) with one reference string per hypothesis, or a list of them
+    (multi-reference BLEU: the lists are padded by repeating their last reference, which
+    changes neither the clipped n-gram counts nor the closest reference length)."""
     hyps, refs = list(hyps), list(refs)
     if len(hyps) != len(refs):
         raise ValueError(f"{len(hyps)} hypotheses but {len(refs)} references")
-    return float(sacrebleu.corpus_bleu(hyps, [refs]).score)
+    if not _multi(refs):
+        return float(sacrebleu.corpus_bleu(hyps, [refs]).score)
+    sets = [[r] if isinstance(r, str) else list(r) for r in refs]
+    width = max(map(len, sets))
+    streams = [[s[min(k, len(s) - 1)] for s in sets] for k in range(width)]
+    return float(sacrebleu.corpus_bleu(hyps, streams).score)
 
 
 class WhitespaceTokenizer:
@@ -31,11 +43,13 @@ class WhitespaceTokenizer:
 
 
 def rouge(hyps, refs, tokenizer=None) -> dict:
-    """Mean ROUGE-1/2/L F-measures; `tokenizer` is handed to rouge_score's RougeScorer."""
+    """Mean ROUGE-1/2/L F-measures; `tokenizer` is handed to rouge_score's RougeScorer. A
+    reference may be a list of references: the best of them counts (score_multi)."""
     from rouge_score.rouge_scorer import RougeScorer
 
     scorer = RougeScorer(list(ROUGE_TYPES), tokenizer=tokenizer)
-    scores = [scorer.score(r, h) for h, r in zip(hyps, refs, strict=True)]  # (target, pred)
+    scores = [scorer.score(r, h) if isinstance(r, str) else scorer.score_multi(list(r), h)
+              for h, r in zip(hyps, refs, strict=True)]  # (target, pred); several: the best
     return {t: float(np.mean([s[t].fmeasure for s in scores])) for t in ROUGE_TYPES}
 
 
@@ -137,6 +151,20 @@ class BertScorer:
                 "empty_references": int(empty_r.sum()), "truncated": int(truncated)}
 
 
+def _best_bertscore(scorer: BertScorer, hyps: list, refs: list) -> dict:
+    """BertScorer.scores, where a list of references counts by its best F1."""
+    if not _multi(refs):
+        return scorer.scores(hyps, refs)
+    sets = [[r] if isinstance(r, str) else list(r) for r in refs]
+    best, truncated = np.full(len(hyps), -np.inf), 0
+    for k in range(max(map(len, sets), default=0)):
+        rows = [i for i, s in enumerate(sets) if k < len(s)]
+        d = scorer.scores([hyps[i] for i in rows], [sets[i][k] for i in rows])
+        best[rows] = np.maximum(best[rows], d["f1"])
+        truncated += d["truncated"]
+    return {"f1": best, "truncated": truncated}
+
+
 LEVELS = ("char", "word")
 
 
@@ -145,6 +173,8 @@ def text_metrics(hyps, refs, level: str = "word", bertscore: bool = True,
     """{bleu, rouge1, rouge2, rougeL[, bertscore, truncated], empty_hypotheses,
     empty_references, level} of hypotheses against references.
 
+    A reference may be a list of references (a task with several): BLEU is multi-reference,
+    ROUGE and BERTScore count the best one.
     level: ``word`` for natural language (sacrebleu's and rouge_score's own tokenisers);
     ``char`` for outputs without spaces (the arithmetic task): every character is spaced
     out first and ROUGE tokenises on whitespace, so that operators count too. A character
@@ -156,13 +186,14 @@ def text_metrics(hyps, refs, level: str = "word", bertscore: bool = True,
     hyps, refs = list(hyps), list(refs)
     tokenizer = None
     if level == "char":
-        hyps, refs = [" ".join(h) for h in hyps], [" ".join(r) for r in refs]
+        hyps = [" ".join(h) for h in hyps]
+        refs = [" ".join(r) if isinstance(r, str) else [" ".join(x) for x in r] for r in refs]
         tokenizer = WhitespaceTokenizer()
     out = {"bleu": bleu(hyps, refs), **rouge(hyps, refs, tokenizer=tokenizer)}
     out["empty_hypotheses"] = sum(not h.strip() for h in hyps)
-    out["empty_references"] = sum(not r.strip() for r in refs)
+    out["empty_references"] = sum(not (r if isinstance(r, str) else "".join(r)).strip() for r in refs)
     if bertscore:
-        details = (scorer or BertScorer()).scores(hyps, refs)
+        details = _best_bertscore(scorer or BertScorer(), hyps, refs)
         out["bertscore"] = float(np.mean(details["f1"])) if len(hyps) else float("nan")
         out["truncated"] = details["truncated"]
     out["level"] = level

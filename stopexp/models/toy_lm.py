@@ -21,7 +21,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from stopexp.artifacts import config_hash, publish_dir, staging_dir, write_json
 from stopexp.config import ConfigError
 from stopexp.integrity import dir_problem, records, set_aside
-from stopexp.models.tokenizer import build_char_tokenizer
+from stopexp.models.tokenizer import CHARS, build_char_tokenizer
 from stopexp.search.decode import SamplingParams, make_engine
 from stopexp.search.sample import sample_paths
 
@@ -32,14 +32,20 @@ REQUIRED = ("config.json", "model.safetensors", "tokenizer.json", INFO)
 
 
 ARITH_KEYS = ("name", "n_steps", "operators", "multipliers", "styles", "split_fractions", "seed")
+# the task keys the toy LM learns from, per task it can learn (other keys keep its cache key)
+LM_TASK_KEYS = {"arith": ARITH_KEYS,
+                "datatotext": ("name", "shots", "format", "instruction", "stop", "split_fractions",
+                               "seed")}
 
 
 def toy_key(toy_cfg, task_cfg) -> str:
     """What determines the toy LM: its own settings (screening sampler included) and the
-    arith task's; fields of other tasks stay out, so they keep the committed checkpoint."""
-    if task_cfg.name != "arith":
-        raise ConfigError(f"task.name: the toy LM learns only task=arith, not {task_cfg.name!r}; "
-                          "use a real model (model=llama, model=qwen or model.path=DIR)")
+    task's keys it learns from (`LM_TASK_KEYS`); fields of other tasks stay out, so the
+    arith LM keeps the committed checkpoint."""
+    if task_cfg.name not in LM_TASK_KEYS:
+        raise ConfigError(f"task.name: the toy LM learns only task={' or '.join(LM_TASK_KEYS)}, not "
+                          f"{task_cfg.name!r}; use a real model (model=smollm2, model=llama or "
+                          "model.path=DIR)")
     toy = OmegaConf.to_container(toy_cfg, resolve=True)
     toy.pop("train_task", None)  # folded into the task below: a pinned LM keeps its key
     return config_hash(toy, lm_task(toy_cfg, task_cfg))
@@ -53,7 +59,7 @@ def lm_task(toy_cfg, task_cfg) -> dict:
     pinned = toy_cfg.get("train_task") if hasattr(toy_cfg, "get") else None
     if OmegaConf.is_config(pinned):
         pinned = OmegaConf.to_container(pinned, resolve=True)
-    return {k: task[k] for k in ARITH_KEYS} | dict(pinned or {})
+    return {k: task[k] for k in LM_TASK_KEYS[task["name"]]} | dict(pinned or {})
 
 
 def screening_params(toy_cfg) -> SamplingParams:
@@ -103,7 +109,7 @@ def screen(model, tokenizer, task, toy_cfg) -> float:
 
 def train_toy_lm(toy_cfg, task, out_dir: Path, progress=True) -> dict:
     """Train until screening accuracy reaches the target; save with `save_pretrained`."""
-    tokenizer = build_char_tokenizer()
+    tokenizer = build_char_tokenizer(getattr(task, "toy_chars", CHARS))  # the task's alphabet
     model = build_model(toy_cfg, tokenizer)
     opt = torch.optim.AdamW(model.parameters(), lr=toy_cfg.lr, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(

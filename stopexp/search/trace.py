@@ -17,13 +17,13 @@ def _decode_texts(tokenizer, tokens: torch.Tensor, lengths: torch.Tensor) -> lis
 
 
 def mc_success(engine: Engine, tokenizer, task, state: Decode, problems, owners, seed: int,
-               rollouts: int, max_rows: int, tokens_of: dict | None = None
+               rollouts: int, max_rows: int, tokens_of: dict | None = None, reward=None
                ) -> tuple[dict[int, float], int]:
-    """Success rate of `rollouts` continuations from each live row's current prefix; the
-    rollouts copy the prefix's cache rows (no re-encoding). Returns {path index: rate}
-    and the number of tokens generated; `tokens_of`, when given, receives
-    {path index: tokens its rollouts generated}."""
-    prefix_tok, *_, prefix_len = state.tensors(engine.pad_id)
+    """Mean reward of `rollouts` continuations from each live row's current prefix (with
+    `reward` None or `correct`: their success rate); the rollouts copy the prefix's cache
+    rows (no re-encoding). Returns {path index: mean reward} and the number of tokens
+    generated; `tokens_of`, when given, receives {path index: tokens its rollouts generated}."""
+    prefix_tok, prefix_lp, *_, prefix_len = state.tensors(engine.pad_id)
     t = state.n_generated
     out, generated = {}, 0
     per = max(1, max_rows // rollouts)
@@ -33,31 +33,37 @@ def mc_success(engine: Engine, tokenizer, task, state: Decode, problems, owners,
         seeds = [stream_seed(seed, problems[owners[p][0]].prompt, owners[p][1], "mc", t, r)
                  for p in paths for r in range(rollouts)]
         child = engine.run(engine.fork(state, rollouts, seeds, rows))
-        tok, *_, n = child.tensors(engine.pad_id)
+        tok, lp, *_, n = child.tensors(engine.pad_id)
         generated += int((n - t).sum())
         texts = _decode_texts(tokenizer, tok, n - t)
         for k, p in enumerate(paths):
             prefix = tokenizer.decode(prefix_tok[p, :t].tolist(), skip_special_tokens=True)
             problem = problems[owners[p][0]]
-            wins = sum(task.check(problem, prefix + texts[k * rollouts + r]) for r in range(rollouts))
-            out[p] = wins / rollouts
+            full = [prefix + texts[k * rollouts + r] for r in range(rollouts)]
+            if reward is None:
+                out[p] = sum(task.check(problem, f) for f in full) / rollouts
+            else:
+                rows_lp = [torch.cat([prefix_lp[p, :t], lp[k * rollouts + r, : n[k * rollouts + r] - t]]).numpy()
+                           for r in range(rollouts)] if reward.needs_logprobs else None
+                out[p] = float(reward.scores(task, [problem] * rollouts, full, rows_lp).mean())
             if tokens_of is not None:
                 tokens_of[p] = int((n - t)[k * rollouts:(k + 1) * rollouts].sum())
     return out, generated
 
 
 def trace_problems(engine: Engine, tokenizer, task, problems, n_paths: int, seed: int,
-                   checkpoints: list[int], mc_rollouts: int, max_rows: int = 1024
+                   checkpoints: list[int], mc_rollouts: int, max_rows: int = 1024, reward=None
                    ) -> tuple[dict[str, list], int]:
     """Columns of the trace bank for `problems` (N paths each), in (prompt, path) order,
-    and the number of tokens the Monte Carlo rollouts generated. With `mc_rollouts`, "mc"
-    holds per path the success rate of that many rollouts from each of `checkpoints` (a
-    path that ended by then: its own outcome); without, it is empty. The engine needs no
-    taps: hidden features are extracted later from the stored tokens."""
+    and the number of tokens the Monte Carlo rollouts generated. `reward`
+    (stopexp.rewards.Reward; None: the outcome) fills the `reward` column. With
+    `mc_rollouts`, "mc" holds per path the mean reward of that many rollouts from each of
+    `checkpoints` (a path that ended by then: its own reward); without, it is empty. The
+    engine needs no taps: hidden features are extracted later from the stored tokens."""
     mc_tokens = 0
     cols: dict[str, list] = {k: [] for k in (
         "split", "prompt_id", "prompt", "prompt_len", "path_id", "tokens", "text", "answer", "correct",
-        "length", "finished", "style", "first_error", "token_logprob", "token_entropy",
+        "reward", "length", "finished", "style", "first_error", "token_logprob", "token_entropy",
         "token_conf", "mc")}
     C = len(checkpoints) if mc_rollouts else 0
     for chunk in prompt_chunks(len(problems), n_paths, max_rows):
@@ -69,18 +75,22 @@ def trace_problems(engine: Engine, tokenizer, task, problems, n_paths: int, seed
             engine.run(state, until=c)
             if state.size:
                 rates, n_tok = mc_success(engine, tokenizer, task, state, problems, owners,
-                                          seed, mc_rollouts, max_rows)
+                                          seed, mc_rollouts, max_rows, reward=reward)
                 mc_tokens += n_tok
                 for p, rate in rates.items():
                     mc[p, c_idx] = rate
         engine.run(state)
         tok, lp, ent, conf, lengths = state.tensors(engine.pad_id)
         texts = _decode_texts(tokenizer, tok, lengths)
+        owned = [problems[i] for i, _ in owners]
+        rewards = [float(task.check(q, t)) for q, t in zip(owned, texts)] if reward is None else \
+            reward.scores(task, owned, texts, [lp[p, : int(lengths[p])].numpy() for p in range(P)]
+                          if reward.needs_logprobs else None)
         for p, (i, j) in enumerate(owners):
             problem, text, n = problems[i], texts[p], int(lengths[p])
             correct = task.check(problem, text)
             ended = np.asarray(checkpoints[:C]) >= n  # alive at c <=> length > c
-            mc[p, ended] = float(correct)  # a path already ended knows its outcome
+            mc[p, ended] = float(rewards[p])  # a path already ended knows its reward
             diag = task.diagnose(problem, text)
             cols["split"].append(problem.split)
             cols["prompt_id"].append(problem.prompt_id)
@@ -91,6 +101,7 @@ def trace_problems(engine: Engine, tokenizer, task, problems, n_paths: int, seed
             cols["text"].append(text)
             cols["answer"].append(task.answer_of(text))
             cols["correct"].append(correct)
+            cols["reward"].append(float(rewards[p]))
             cols["length"].append(n)
             cols["finished"].append(bool(state.finished[p]))
             cols["style"].append(diag["style"])

@@ -61,8 +61,10 @@ def random_scorer(seed: int) -> Scorer:
 
 
 def oracle(batch) -> torch.Tensor:
+    """The Monte Carlo label where there is one, else the path's reward (its outcome where
+    the batch has no reward)."""
     mc = batch["mc"]
-    label = torch.where(torch.isnan(mc), batch["correct"], mc)
+    label = torch.where(torch.isnan(mc), batch.get("reward", batch["correct"]), mc)
     return label + 1e-3 * batch["correct"]  # equal soft labels: the right path first
 
 

@@ -1,9 +1,11 @@
 """Tasks: prompts, references and a checker. `build_task(cfg.task)` picks one by name."""
 from stopexp.tasks.arith import ArithTask, Problem
+from stopexp.tasks.datatotext import DataToTextTask, Record
 from stopexp.tasks.qa import QAProblem, QATask
 from stopexp.tasks.wordprob import WordProblem, WordProblemTask
 
-TASKS = {"arith": ArithTask, "qa": QATask, "wordprob": WordProblemTask}
+TASKS = {"arith": ArithTask, "qa": QATask, "wordprob": WordProblemTask,
+         "datatotext": DataToTextTask}
 
 
 def build_task(task_cfg):
@@ -21,9 +23,12 @@ def build_task(task_cfg):
                                operations=dict(task_cfg.operations), shots=task_cfg.shots,
                                format=task_cfg.format, extraction=task_cfg.extraction,
                                instruction=task_cfg.instruction, stop=list(task_cfg.stop), **common)
+    if task_cfg.name == "datatotext":
+        return DataToTextTask(shots=task_cfg.shots, format=task_cfg.format,
+                              instruction=task_cfg.instruction, stop=list(task_cfg.stop), **common)
     return ArithTask(n_steps=task_cfg.n_steps, operators=list(task_cfg.operators),
                      multipliers=list(task_cfg.multipliers), styles=dict(task_cfg.styles), **common)
 
 
-__all__ = ["ArithTask", "Problem", "QATask", "QAProblem", "WordProblemTask", "WordProblem",
+__all__ = ["ArithTask", "Problem", "DataToTextTask", "Record", "QATask", "QAProblem", "WordProblemTask", "WordProblem",
            "build_task", "TASKS"]

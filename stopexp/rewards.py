@@ -1,0 +1,149 @@
+"""A path's reward: a float stored in the bank beside its 0/1 outcome (`correct`), the
+label that the losses order or regress and that Monte Carlo rollouts average.
+
+    correct         1.0 when task.check accepts the text, else 0.0
+    rouge_l         ROUGE-L F-measure (rouge-score) against the task's references, the best one
+    bleu            sentence BLEU (sacrebleu, all references at once) / 100
+    bertscore       BERTScore F1 (bert-score, offline MiniLM by default), the best reference
+    neg_perplexity  -exp(-mean log-prob of the generated tokens): the bank's token_logprob,
+                    i.e. under the sampling distribution (temperature, top-k, top-p applied)
+    external        fn(problem, text) -> float, registered with `register_reward` or given
+                    as module:function
+
+Text rewards compare words for natural language and characters for tasks whose outputs
+have no spaces (`task.text_level == "char"`, the arithmetic task), as stopexp.metrics.text
+does. References come from `task.references(problem)` when the task has several, else
+`[task.reference(problem)]`. All but neg_perplexity lie in [0, 1] (`BOUNDED`).
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+from typing import Callable
+
+import numpy as np
+
+from stopexp.metrics.text import BertScorer, WhitespaceTokenizer
+
+BOUNDED = ("correct", "rouge_l", "bleu", "bertscore", "external")
+_REGISTERED: dict[str, Callable] = {}
+
+
+def register_reward(name: str, fn: Callable) -> None:
+    """Plug a reward in: fn(problem, text) -> float (e.g. an evaluator model's score);
+    reward=external reward.function=NAME then uses it. It must lie in [0, 1] for the
+    regression losses."""
+    _REGISTERED[name] = fn
+
+
+def resolve_external(name: str) -> Callable:
+    """The registered reward `name`, or the function at `module:function`; ValueError
+    saying what is allowed otherwise."""
+    if name in _REGISTERED:
+        return _REGISTERED[name]
+    module, _, attr = name.partition(":")
+    if attr:
+        try:
+            fn = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as e:
+            raise ValueError(f"{name!r} cannot be imported ({e.__class__.__name__}: {e})") from None
+        if callable(fn):
+            return fn
+    raise ValueError(f"{name!r} is neither registered (registered: {sorted(_REGISTERED) or 'none'}) "
+                     "nor an importable module:function")
+
+
+def references(task, problem) -> list[str]:
+    """The task's references for `problem` (several where the task has them)."""
+    if hasattr(task, "references"):
+        return list(task.references(problem))
+    return [task.reference(problem)]
+
+
+def _spaced(texts, level: str) -> list[str]:
+    return [" ".join(t) for t in texts] if level == "char" else list(texts)
+
+
+@functools.lru_cache(maxsize=2)
+def _rouge_scorer(level: str):
+    from rouge_score.rouge_scorer import RougeScorer
+
+    return RougeScorer(["rougeL"], tokenizer=WhitespaceTokenizer() if level == "char" else None)
+
+
+def rouge_l(hyp: str, refs: list[str], level: str = "word") -> float:
+    """ROUGE-L F-measure of `hyp` against the best of `refs` (rouge-score's score_multi)."""
+    scorer = _rouge_scorer(level)
+    (hyp,), refs = _spaced([hyp], level), _spaced(refs, level)
+    return float(scorer.score_multi(refs, hyp)["rougeL"].fmeasure)
+
+
+def bleu(hyp: str, refs: list[str], level: str = "word") -> float:
+    """sacrebleu's sentence BLEU of `hyp` against all `refs`, in [0, 1] (score / 100)."""
+    import sacrebleu
+
+    (hyp,), refs = _spaced([hyp], level), _spaced(refs, level)
+    return float(sacrebleu.sentence_bleu(hyp, refs).score) / 100.0
+
+
+def neg_perplexity(logprobs) -> float:
+    """-exp(-mean(logprobs)) of one path's generated tokens (natural log-probs)."""
+    lp = np.asarray(logprobs, dtype=np.float64)
+    if not len(lp):
+        raise ValueError("neg_perplexity: a path without generated tokens has no perplexity")
+    return float(-np.exp(-lp.mean()))
+
+
+class Reward:
+    """reward.* as a function of paths: `scores(task, problems, texts, logprobs)` returns
+    a (P,) float64 array, one reward per path (problems[i] the prompt of texts[i];
+    logprobs[i] its generated tokens' log-probs, needed by neg_perplexity only)."""
+
+    def __init__(self, name: str = "correct", function: str | None = None,
+                 bertscore_model: str | None = None):
+        if name not in (*BOUNDED, "neg_perplexity"):
+            raise ValueError(f"reward.name: {name!r} unknown; allowed: "
+                             f"{', '.join((*BOUNDED, 'neg_perplexity'))}")
+        self.name, self.bertscore_model = name, bertscore_model
+        self.fn = resolve_external(function) if name == "external" else None
+        self.needs_logprobs = name == "neg_perplexity"
+
+    @classmethod
+    def from_config(cls, reward_cfg) -> "Reward":
+        return cls(reward_cfg.name, reward_cfg.get("function"), reward_cfg.get("bertscore_model"))
+
+    def scores(self, task, problems, texts, logprobs=None) -> np.ndarray:
+        texts = list(texts)
+        level = getattr(task, "text_level", "word")
+        if self.name == "correct":
+            out = [float(task.check(p, t)) for p, t in zip(problems, texts, strict=True)]
+        elif self.name == "rouge_l":
+            out = [rouge_l(t, references(task, p), level) for p, t in zip(problems, texts, strict=True)]
+        elif self.name == "bleu":
+            out = [bleu(t, references(task, p), level) for p, t in zip(problems, texts, strict=True)]
+        elif self.name == "bertscore":
+            out = self._bertscore(task, problems, texts, level)
+        elif self.name == "neg_perplexity":
+            if logprobs is None:
+                raise ValueError("reward neg_perplexity needs the paths' per-token log-probs")
+            out = [neg_perplexity(lp) for lp in logprobs]
+        else:
+            out = [float(self.fn(p, t)) for p, t in zip(problems, texts, strict=True)]
+        return np.asarray(out, dtype=np.float64)
+
+    def _bertscore(self, task, problems, texts, level: str) -> list[float]:
+        """The best F1 over each path's references, in one encoder call per reference slot."""
+        scorer = BertScorer(self.bertscore_model) if self.bertscore_model else BertScorer()
+        refs = [references(task, p) for p in problems]
+        hyps = _spaced(texts, level)
+        best = np.full(len(texts), -np.inf)
+        for k in range(max(map(len, refs), default=0)):
+            rows = [i for i, r in enumerate(refs) if k < len(r)]
+            f1 = scorer.scores([hyps[i] for i in rows], _spaced([refs[i][k] for i in rows], level))["f1"]
+            best[rows] = np.maximum(best[rows], f1)
+        return best.tolist()
+
+
+def build_reward(reward_cfg) -> Reward:
+    """The reward of `cfg.reward` (ValueError naming reward.* when it is not usable)."""
+    return Reward.from_config(reward_cfg)

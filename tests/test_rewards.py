@@ -1,0 +1,228 @@
+"""Rewards, the data-to-text task, reward-ordered losses, rank metrics on a continuous
+reward, selection instead of voting, and their config errors."""
+import math
+
+import numpy as np
+import pytest
+import sacrebleu
+import torch
+from rouge_score.rouge_scorer import RougeScorer
+from scipy.stats import kendalltau, spearmanr
+
+from conftest import compose
+from stopexp.accounting import Paths, outcome
+from stopexp.bank import bank_key
+from stopexp.config import ConfigError, LossConfig, validate
+from stopexp.losses import build_loss
+from stopexp.metrics import reward_ranking, within_prompt_auroc
+from stopexp.rewards import Reward, bleu, neg_perplexity, register_reward, rouge_l
+from stopexp.selection import pick
+from stopexp.tasks import build_task
+from stopexp.tasks.datatotext import DataToTextTask
+
+HYP = "The Eagle is a cheap French place in the riverside."
+REFS = ["The Eagle serves cheap French food in the riverside.",
+        "In the riverside, The Eagle offers French food at cheap prices."]
+
+
+# ---- rewards -------------------------------------------------------------------------------
+
+def test_text_rewards_equal_the_libraries_own_values():
+    scorer = RougeScorer(["rougeL"])
+    own = max(scorer.score(r, HYP)["rougeL"].fmeasure for r in REFS)
+    assert rouge_l(HYP, REFS) == pytest.approx(own, abs=1e-12)
+    assert rouge_l(HYP, REFS) == pytest.approx(2 * 0.7 * 7 / 9 / (0.7 + 7 / 9), abs=1e-12)  # LCS 7: P 7/10, R 7/9
+    assert bleu(HYP, REFS) == pytest.approx(sacrebleu.sentence_bleu(HYP, REFS).score / 100, abs=1e-12)
+    assert bleu(HYP, REFS) == pytest.approx(0.317023313852343, abs=1e-9)
+    assert bleu(REFS[0], REFS) == pytest.approx(1.0) and rouge_l(REFS[1], REFS) == pytest.approx(1.0)
+    # characters for the arithmetic task: operators count
+    assert rouge_l("1+2=3", ["1-2=9"], level="char") == pytest.approx(0.6)
+
+
+def test_neg_perplexity_is_minus_exp_of_the_mean_negative_logprob():
+    assert neg_perplexity([-1.0, -2.0, -3.0]) == pytest.approx(-math.exp(2.0))
+    assert neg_perplexity([0.0]) == -1.0
+    with pytest.raises(ValueError, match="without generated tokens"):
+        neg_perplexity([])
+
+
+def test_reward_scores_paths_of_a_task():
+    task = DataToTextTask(shots=0)
+    rec = task.problems("test", 1)[0]
+    good = " " + task.references(rec)[1] + "\n"
+    texts = [good, " Strada is nice."]
+    assert Reward("correct").scores(task, [rec, rec], texts).tolist() == [1.0, 0.0]
+    r = Reward("rouge_l").scores(task, [rec, rec], texts)
+    assert r[0] == 1.0 and 0 < r[1] < 0.3
+    lp = [np.array([-0.5, -0.5]), np.array([-2.0])]
+    assert Reward("neg_perplexity").scores(task, [rec, rec], texts, lp) == pytest.approx(
+        [-math.exp(0.5), -math.exp(2.0)])
+    register_reward("length_share", lambda problem, text: len(text) / 100)
+    assert Reward("external", "length_share").scores(task, [rec], ["x" * 30]).tolist() == [0.3]
+    bert = Reward("bertscore").scores(task, [rec, rec], texts)
+    assert bert[0] == pytest.approx(1.0, abs=1e-5) and bert[1] < bert[0]
+
+
+# ---- the task ------------------------------------------------------------------------------
+
+def test_datatotext_task_is_seeded_split_and_checked_by_its_slots():
+    task = DataToTextTask(shots=2)
+    a, b = task.problems("test", 20), DataToTextTask(shots=2).problems("test", 20)
+    assert [p.prompt for p in a] == [p.prompt for p in b]
+    train = {p.data for p in task.problems("train", 100)}
+    assert not train & {p.data for p in a} and all(task.split_of(p.data) == "test" for p in a)
+    rec = next(p for p in a if dict(p.values).get("rating"))
+    refs = task.references(rec)
+    assert len(refs) == 8 and len(set(refs)) == 8  # 4 templates x 2 rating clauses
+    assert all(task.check(rec, " " + r + "\nRecord:") for r in refs)
+    assert task.reference(rec) == refs[0]
+    values = dict(rec.values)
+    wrong = refs[0].replace(f"rated {values['rating']}", f"rated {int(values['rating']) % 5 + 1}")
+    assert not task.check(rec, wrong) and not task.check(rec, refs[0].split(".")[0] + ".")
+    assert task.answer_of(refs[0]) == task.answer_of(refs[3])  # the vote is on content
+    assert a[0].prompt.count("Record:") == 3 and a[0].prompt.endswith("Sentence:")
+    cfg = compose("collect", ["task=datatotext", "model.chat_template=false"])
+    assert isinstance(build_task(validate(cfg).task), DataToTextTask)
+
+
+# ---- losses on a continuous reward ---------------------------------------------------------
+
+BATCH = {"group": torch.tensor([0, 0, 0, 1, 1]),
+         "correct": torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0]),
+         "reward": torch.tensor([0.9, 0.5, 0.45, 0.8, 0.2]),
+         "mc": torch.full((5,), float("nan")),
+         "remaining": torch.tensor([10.0, 0.0, 5.0, 2.0, 1.0]),
+         "prefix_len": torch.tensor([4.0, 4.0, 4.0, 4.0, 4.0])}
+SCORES = torch.tensor([0.2, 0.4, -0.1, 1.0, 0.3])
+
+
+def test_contrastive_orders_pairs_by_reward_with_a_margin_on_the_gap():
+    # pairs (gap > 0.1): (0,1) gap .4, (0,2) gap .45, (3,4) gap .6; (1,2) gap .05 is skipped
+    expected = (max(0, 0.4 - (0.2 - 0.4)) + max(0, 0.45 - (0.2 + 0.1)) + max(0, 0.6 - (1.0 - 0.3))) / 3
+    loss = build_loss(LossConfig(name="contrastive", margin=1.0, min_gap=0.1))(SCORES, BATCH)
+    assert loss.item() == pytest.approx(expected, abs=1e-6)
+    assert loss.item() == pytest.approx(0.25, abs=1e-6)
+    # without a reward in the batch: outcome pairs and the plain margin, as before
+    old = {k: v for k, v in BATCH.items() if k != "reward"}
+    assert build_loss(LossConfig(name="contrastive"))(SCORES, old).item() == pytest.approx(
+        (max(0, 1 - (0.2 - 0.4)) + max(0, 1 - (0.2 + 0.1))) / 2, abs=1e-6)
+
+
+def test_reward_regression_losses_aim_at_the_reward():
+    sig = torch.sigmoid(SCORES)
+    target = BATCH["reward"] * 0.9 ** BATCH["remaining"]  # discounted future reward
+    mse = build_loss(LossConfig(name="mse", discount=0.9))(SCORES, BATCH)
+    assert mse.item() == pytest.approx(((sig - target) ** 2).mean().item(), abs=1e-7)
+    assert mse.item() == pytest.approx(0.0543473, abs=1e-6)
+    bce = build_loss(LossConfig(name="reward_regression"))(SCORES, BATCH)
+    assert bce.item() == pytest.approx(0.6656335, abs=1e-6)  # soft BCE on the reward (no MC label)
+    assert bce.item() == pytest.approx(torch.nn.functional.binary_cross_entropy_with_logits(
+        SCORES, BATCH["reward"]).item(), abs=1e-7)
+
+
+# ---- rank metrics --------------------------------------------------------------------------
+
+def test_reward_ranking_against_scipy_on_a_hand_example():
+    s = np.array([0.1, 0.4, 0.3, 0.9, 5.0, 5.0, 5.0, 1.0, 2.0])
+    r = np.array([0.2, 0.8, 0.5, 0.6, 0.1, 0.9, 0.3, 0.7, 0.7])
+    g = np.array([0, 0, 0, 0, 1, 1, 1, 2, 2])
+    m = reward_ranking(s, r, g)
+    rho0, tau0 = spearmanr(s[:4], r[:4]).statistic, kendalltau(s[:4], r[:4]).statistic
+    # prompt 1: constant scores order nothing (0); prompt 2: constant reward is left out
+    assert m["prompts_ranked"] == 2
+    assert m["spearman_within"] == pytest.approx((rho0 + 0) / 2) and rho0 == pytest.approx(0.8)
+    assert m["kendall_within"] == pytest.approx((tau0 + 0) / 2) and tau0 == pytest.approx(2 / 3)
+    above = np.array([0, 1, 0, 1, 0, 1, 0, 0, 0], bool)  # above each prompt's median
+    assert m["auroc_above_median"] == pytest.approx(within_prompt_auroc(s, above, g))
+    assert m["auroc_above_median"] == pytest.approx((1.0 + 0.5) / 2)
+
+
+# ---- selection -----------------------------------------------------------------------------
+
+def seeded_paths():
+    """Two prompts of four paths; path 3 of prompt 0 ended before the check."""
+    rng = np.random.default_rng(0)
+    reward = np.round(rng.uniform(size=8), 3)
+    return Paths(group=np.repeat([0, 1], 4), path_id=np.tile(np.arange(4), 2),
+                 length=np.array([20, 22, 18, 5, 20, 21, 19, 25]),
+                 correct=reward > 0.5, answer=np.array(list("abcdefgh"), dtype=object),
+                 text=np.array([f"t{i}" for i in range(8)], dtype=object),
+                 alive=np.array([1, 1, 1, 0, 1, 1, 1, 1], bool), batch={},
+                 reward=reward, lm_score=np.array([-1.0, -0.5, -0.7, -0.1, -0.9, -0.2, -0.2, -3.0]))
+
+
+def test_selection_picks_the_best_kept_path_by_each_rule():
+    p = seeded_paths()
+    assert p.reward.tolist() == [0.637, 0.27, 0.041, 0.017, 0.813, 0.913, 0.607, 0.729]
+    kept = np.array([1, 0, 1, 0, 0, 1, 1, 0], bool)   # kept live paths (path 3 ended: it finishes)
+    scores = np.array([0.3, 9.0, 0.8, 0.0, 5.0, 0.1, 0.2, 7.0])
+    chosen = lambda mode: list(outcome(p, kept, 10, 4, signal=scores, select=mode)["chosen"])
+    assert chosen("signal") == ["t2", "t6"]      # best score among kept live: 0.8 of t2; 0.2 of t6
+    assert chosen("lm_score") == ["t3", "t5"]    # t3 ended early (finishes), -0.1 the best
+    assert chosen("oracle") == ["t0", "t5"]      # best reward among finishing: 0.637, 0.913
+    o = outcome(p, kept, 10, 4, signal=scores, select="oracle")
+    assert o["reward"].tolist() == [0.637, 0.913]
+    assert o["avg_reward"] == pytest.approx([(0.637 + 0.041 + 0.017) / 3, (0.913 + 0.607) / 2])
+    assert o["correct"].tolist() == [True, True]
+    # no score of its own (no_prune): signal falls back to the LM score, ties to the first path
+    assert list(outcome(p, np.ones(8, bool), 10, 4, select="signal")["chosen"]) == ["t3", "t5"]
+    assert pick(np.array([5, 6]), "lm_score", np.array([5, 6]), None, p.lm_score, None) == 5
+    with pytest.raises(ValueError, match="evaluate.select"):
+        pick(np.array([0]), "best", np.array([0]), None, p.lm_score, p.reward)
+
+
+# ---- config --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("overrides,key", [
+    (["reward=external"], "reward.function"),
+    (["reward=external", "reward.function=no.such:thing"], "reward.function"),
+    (["reward=rouge_l", "reward.function=x:y"], "reward.function"),
+    (["reward=rouge_l", "reward.bertscore_model=/x"], "reward.bertscore_model"),
+    (["reward=neg_perplexity", "loss=mse"], "loss.name"),
+    (["reward=neg_perplexity", "loss=reward_regression"], "loss.name"),
+    (["reward=neg_perplexity", "evaluate.mode=online"], "evaluate.mode"),
+    (["reward.name=meteor"], "reward.name"),
+    (["evaluate.select=best"], "evaluate.select"),
+    (["loss.min_gap=-0.1"], "loss.min_gap"),
+    (["search=beam", "policy=quantile", "evaluate.select=signal"], "evaluate.select"),
+    (["search=beam", "policy=quantile", "evaluate.compare_beam=true"], "evaluate.compare_beam"),
+])
+def test_reward_and_selection_config_errors_name_the_key(overrides, key):
+    with pytest.raises(ConfigError, match=f"^{key}:"):
+        validate(compose("pipeline", overrides))
+
+
+def test_reward_is_in_the_bank_key_only_when_not_the_outcome():
+    from stopexp.artifacts import config_hash
+    from stopexp import bank
+
+    cfg = compose("collect")
+    plain = bank.plain
+    model = {k: v for k, v in plain(cfg.model).items() if k not in ("max_batch_tokens", "long_prompts",
+                                                                     "max_prompt_tokens")}
+    model["toy"] = {k: v for k, v in model["toy"].items() if k != "train_task"}
+    before = config_hash({"version": bank.BANK_VERSION, "model": model, "task": plain(cfg.task),
+                          "tap": {},  # no Monte Carlo rollouts: no checkpoints in the key
+                          "search": bank.sampling_section(cfg.search),
+                          "collect": {k: v for k, v in plain(cfg.collect).items() if k not in ("rank", "world")},
+                          "seed": 0})
+    assert bank_key(cfg) == before  # reward=correct: the keys of existing banks
+    assert bank_key(compose("collect", ["reward=rouge_l"])) != before
+    assert bank_key(compose("collect", ["reward=rouge_l"])) != bank_key(compose("collect", ["reward=bleu"]))
+
+
+def test_text_metrics_take_several_references_per_output():
+    from stopexp.metrics import text_metrics
+
+    hyps = [HYP, "Strada is cheap."]
+    refs = [REFS, ["Strada is a cheap place.", "Strada serves cheap food.", "Strada is cheap and Thai."]]
+    m = text_metrics(hyps, refs, bertscore=False)
+    # sacrebleu's multi-reference streams (the shorter list padded by its last reference)
+    streams = [[REFS[0], refs[1][0]], [REFS[1], refs[1][1]], [REFS[1], refs[1][2]]]
+    assert m["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, streams).score, abs=1e-9)
+    scorer = RougeScorer(["rougeL"])
+    best = [max(scorer.score(r, h)["rougeL"].fmeasure for r in rs) for h, rs in zip(hyps, refs)]
+    assert m["rougeL"] == pytest.approx(np.mean(best), abs=1e-12)
+    single = text_metrics(hyps, [REFS[1], refs[1][2]], bertscore=False)  # one each: as before
+    assert single["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [[REFS[1], refs[1][2]]]).score)
+    assert m["rougeL"] > single["rougeL"]

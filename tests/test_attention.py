@@ -72,7 +72,7 @@ def test_attention_needs_eager(tiny_lm):
 
 
 def test_features_and_online_see_the_same_entropy_and_off_changes_nothing(eager_lm):
-    from stopexp.feature_bank import extract
+    from stopexp.feature_extract import extract
     from stopexp.policies import TopK
     from stopexp.search.decode import SamplingParams, make_engine
     from stopexp.search.parallel import launch_check_resume

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import compose
-from stopexp import bank, feature_bank
+from stopexp import bank, feature_bank, feature_extract
 from stopexp.config import ConfigError, validate
 from stopexp.taps import Taps
 
@@ -41,7 +41,7 @@ def test_extracted_features_equal_decode_time_features(eager_lm, pooling, layers
     seqs = [(prompts[p], tokens[p, :n].tolist(), [c for c in checkpoints if c < n])
             for p, n in enumerate(lengths.tolist())]
     with Taps(model, layers, pooling, attention_heads=heads, sequence=True) as taps:
-        got = feature_bank.extract(model, taps, seqs, tok.pad_token_id, batch_tokens=40)
+        got = feature_extract.extract(model, taps, seqs, tok.pad_token_id, batch_tokens=40)
     compared = 0
     for c in checkpoints:
         rows, feats = state.features[c]
@@ -209,5 +209,5 @@ def test_keys_split_generation_from_taps(tmp_path):
 def test_a_shared_prefix_is_computed_once():
     seqs = [([1, 2], [5, 6, 7, 8], [1, 3]), ([1, 2], [5, 6, 9], [2]), ([1, 2], [5, 6, 7, 8, 4], [4]),
             ([3], [5, 6], [1]), ([1, 2], [5], [])]
-    wanted, owner = feature_bank.shared_prefixes(seqs)
+    wanted, owner = feature_extract.shared_prefixes(seqs)
     assert owner == [2, 2, 2, 3, -1] and wanted == {2: [1, 2, 3, 4], 3: [1]}

@@ -195,7 +195,7 @@ class SearchConfig:
     beam_checks: Optional[List[float]] = None  # beam: prefixes checked (like tap.checkpoints); None = every step
     refill: bool = True         # beam: a pruned beam's slot goes to the next best candidate; false = the beam narrows
     # parallel: the prefix where Launch-Check-Resume checks (one of tap.checkpoints), or a
-    # list of them (progressive: policy.keep then gives one K per check, or one K for all)
+    # list of them (progressive: policy=topk then takes one decreasing K per check in policy.keep)
     check_at: Any = 0.08
     score_rule: str = "last"    # parallel, several checks: last | running_mean (STEP, arXiv 2601.09093)
     max_new_tokens: int = 64
@@ -425,8 +425,9 @@ def check_values(value) -> list:
 
 def check_plan(cfg) -> list[tuple[int, int]]:
     """Launch-Check-Resume's checks in order, as (prefix tokens, K kept): search.check_at
-    (one prefix, or a list of them: progressive) and policy.keep (one K for every check,
-    or a list of one K per check). `validate` has checked both."""
+    (one prefix, or a list of them: progressive) and policy.keep (a list of one K per
+    check, decreasing, under policy=topk; a single K is repeated, which validate allows
+    only where K is not read: the threshold policies). `validate` has checked both."""
     s = cfg.search
     checks = check_values(s.check_at)
     keeps = check_values(cfg.policy.keep)
@@ -789,6 +790,8 @@ def _check_search_and_taps(cfg) -> None:
     if pos.stride is not None and not 1 <= pos.stride < s.max_new_tokens:
         _fail("tap.positions.stride", f"{pos.stride}: give a token count in 1.."
                                       f"{s.max_new_tokens - 1} (search.max_new_tokens), or null for none")
+    if pos.step_ends:
+        _check_step_ends(cfg)
     for c in s.beam_checks or []:
         t = checkpoint_tokens(c, s.max_new_tokens) if c > 0 else 0
         if not 1 <= t < s.max_new_tokens or (c >= 1 and c != int(c)):
@@ -814,13 +817,44 @@ def _check_search_and_taps(cfg) -> None:
     if len(keeps) > 1 and len(keeps) != len(checks) or (len(keeps) == 1 and _is_list(keep)
                                                            and len(checks) > 1):
         _fail("policy.keep", f"{len(keeps)} values for the {len(checks)} checks of "
-                             f"search.check_at {list(checks)}; give one K per check or a single K")
+                             f"search.check_at {list(checks)}; give one K per check")
+    if _is_list(keep) and cfg.policy.name != "topk":
+        _fail("policy.keep", f"{list(keep)}: only policy=topk reads K, not policy="
+                             f"{cfg.policy.name}; leave policy.keep unset (a single number)")
+    if cfg.policy.name == "topk" and len(checks) > 1:
+        plan = keeps * len(checks) if len(keeps) == 1 else keeps
+        if any(b >= a for a, b in zip(plan, plan[1:])):
+            _fail("policy.keep", f"{keep if len(keeps) == 1 else list(keep)} for the checks "
+                                 f"{list(checks)} of search.check_at: after keeping K paths a "
+                                 "check sees at most K, so a later check keeping as many or more "
+                                 "prunes nothing; give one decreasing K per check (e.g. [16, 8])")
     if (len(checks) > 1 or _is_list(keep)) and (s.name != "parallel" or cfg.stage == "adapt"):
         key = "search.check_at" if len(checks) > 1 else "policy.keep"
         _fail(key, "several checks (a list in search.check_at or policy.keep) are a "
                    "Launch-Check-Resume protocol of evaluate (search=parallel); "
                    f"{'adapt' if cfg.stage == 'adapt' else 'search=' + s.name} takes one prefix "
                    "and one K")
+
+
+def _check_step_ends(cfg) -> None:
+    """tap.positions.step_ends needs a task with a step separator (its `step_separator`)
+    that is not itself a stop string: a path ends at a stop string, so no step of it
+    would end before the path does."""
+    from stopexp.tasks import TASKS
+
+    name = cfg.task.name
+    with_steps = [n for n, t in TASKS.items() if getattr(t, "step_separator", None)]
+    sep = getattr(TASKS.get(name), "step_separator", None)
+    if not sep:
+        _fail("tap.positions.step_ends", f"task {name} has no step separator (a path is one "
+                                         f"sentence); allowed with tasks {', '.join(with_steps)}, "
+                                         "else use tap.positions.stride or tap.positions.checkpoints")
+    stops = [x for x in [*cfg.task.stop, *cfg.search.stop] if x in sep]
+    if stops:
+        _fail("tap.positions.step_ends", f"the step separator {sep!r} of task {name} completes "
+                                         f"the stop string {stops[0]!r} (task.stop / search.stop), "
+                                         "so a path ends at its first step end and none would be "
+                                         "stored; drop that stop string or use tap.positions.stride")
 
 
 def _check_collect(cfg) -> None:

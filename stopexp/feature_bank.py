@@ -55,7 +55,9 @@ def position_spec(cfg, task=None) -> dict:
         if task is None:
             from stopexp.tasks import build_task
             task = build_task(cfg.task)
-        separator = getattr(task, "step_separator", "\n")
+        separator = getattr(task, "step_separator", None)
+        if not separator:  # validate refuses it first (config._check_step_ends)
+            raise ValueError(f"tap.positions.step_ends: task {cfg.task.name} has no step separator")
     return {"checkpoints": checkpoints, "stride": pos.stride, "separator": separator}
 
 

@@ -135,7 +135,7 @@ def test_votes_and_what_unscored_paths_get():
     (["search.check_at=[0.08,0.5]"], "search.check_at", "0.5 is not one of tap.checkpoints"),
     (["search.check_at=[]"], "search.check_at", "give a prefix"),
     (["search.check_at=[0.08,0.25]", "policy.keep=[4,2,1]"], "policy.keep",
-     "3 values for the 2 checks of search.check_at [0.08, 0.25]; give one K per check or a single K"),
+     "3 values for the 2 checks of search.check_at [0.08, 0.25]; give one K per check"),
     (["policy.keep=[9]"], "policy.keep", "retention K=9 must lie in 1..N=8"),
     (["policy.keep=two"], "policy.keep", "is not a whole number K"),
     (["search=beam", "search.check_at=[0.08,0.25]"], "search.check_at",

@@ -818,6 +818,12 @@ def _check_search_and_taps(cfg) -> None:
                                                            and len(checks) > 1):
         _fail("policy.keep", f"{len(keeps)} values for the {len(checks)} checks of "
                              f"search.check_at {list(checks)}; give one K per check")
+    if (len(checks) > 1 or _is_list(keep)) and (s.name != "parallel" or cfg.stage == "adapt"):
+        key = "search.check_at" if len(checks) > 1 else "policy.keep"
+        _fail(key, "several checks (a list in search.check_at or policy.keep) are a "
+                   "Launch-Check-Resume protocol of evaluate (search=parallel); "
+                   f"{'adapt' if cfg.stage == 'adapt' else 'search=' + s.name} takes one prefix "
+                   "and one K")
     if _is_list(keep) and cfg.policy.name != "topk":
         _fail("policy.keep", f"{list(keep)}: only policy=topk reads K, not policy="
                              f"{cfg.policy.name}; leave policy.keep unset (a single number)")
@@ -828,12 +834,6 @@ def _check_search_and_taps(cfg) -> None:
                                  f"{list(checks)} of search.check_at: after keeping K paths a "
                                  "check sees at most K, so a later check keeping as many or more "
                                  "prunes nothing; give one decreasing K per check (e.g. [16, 8])")
-    if (len(checks) > 1 or _is_list(keep)) and (s.name != "parallel" or cfg.stage == "adapt"):
-        key = "search.check_at" if len(checks) > 1 else "policy.keep"
-        _fail(key, "several checks (a list in search.check_at or policy.keep) are a "
-                   "Launch-Check-Resume protocol of evaluate (search=parallel); "
-                   f"{'adapt' if cfg.stage == 'adapt' else 'search=' + s.name} takes one prefix "
-                   "and one K")
 
 
 def _check_step_ends(cfg) -> None:

@@ -938,6 +938,12 @@ def _check_reward(cfg) -> None:
         _fail("evaluate.mode", "online paths carry text only; reward=neg_perplexity needs the per-token "
                                "log-probs of the bank: use evaluate.mode=replay")
     _at_least("loss.min_gap", cfg.loss.min_gap, 0)
+    if cfg.loss.min_gap and cfg.loss.name not in ("contrastive", "pairwise"):
+        _fail("loss.min_gap", f"only loss=contrastive | pairwise skip pairs by it, not "
+                              f"loss={cfg.loss.name}; leave it 0")
+    if r.name in BOUNDED and cfg.loss.min_gap >= 1:
+        _fail("loss.min_gap", f"{cfg.loss.min_gap} skips every pair: reward={r.name} lies in "
+                              "[0, 1], so no reward gap exceeds it; allowed: [0, 1)")
 
 
 def _check_predictor_signals(cfg) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import math
 from typing import Callable
 
 import numpy as np
@@ -47,8 +48,10 @@ def resolve_external(name: str) -> Callable:
             fn = getattr(importlib.import_module(module), attr)
         except (ImportError, AttributeError) as e:
             raise ValueError(f"{name!r} cannot be imported ({e.__class__.__name__}: {e})") from None
-        if callable(fn):
-            return fn
+        if not callable(fn):
+            raise ValueError(f"{name!r} is a {type(fn).__name__}, not a function "
+                             "fn(problem, text) -> float")
+        return fn
     raise ValueError(f"{name!r} is neither registered (registered: {sorted(_REGISTERED) or 'none'}) "
                      "nor an importable module:function")
 
@@ -106,6 +109,7 @@ class Reward:
                              f"{', '.join((*BOUNDED, 'neg_perplexity'))}")
         self.name, self.bertscore_model = name, bertscore_model
         self.fn = resolve_external(function) if name == "external" else None
+        self.function = function
         self.needs_logprobs = name == "neg_perplexity"
 
     @classmethod
@@ -128,8 +132,21 @@ class Reward:
                 raise ValueError("reward neg_perplexity needs the paths' per-token log-probs")
             out = [neg_perplexity(lp) for lp in logprobs]
         else:
-            out = [float(self.fn(p, t)) for p, t in zip(problems, texts, strict=True)]
+            out = [self._external(p, t) for p, t in zip(problems, texts, strict=True)]
         return np.asarray(out, dtype=np.float64)
+
+    def _external(self, problem, text: str) -> float:
+        """The external function's reward of one path: a finite number, else ValueError
+        naming reward.function (a NaN would order no pair and poison every mean)."""
+        value = self.fn(problem, text)
+        try:
+            out = float(value)
+        except (TypeError, ValueError):
+            out = math.nan
+        if not math.isfinite(out):
+            raise ValueError(f"reward.function: {self.function!r} returned {value!r} for the path "
+                             f"{text[:60]!r}; a reward must be a finite number")
+        return out
 
     def _bertscore(self, task, problems, texts, level: str) -> list[float]:
         """The best F1 over each path's references, in one encoder call per reference slot."""

@@ -39,3 +39,36 @@ def test_edge_inputs_fail_naming_the_key(overrides, key, msg):
 ])
 def test_the_allowed_neighbours_pass(overrides):
     validate(compose("evaluate", [*SMALL, *overrides]))
+
+
+@pytest.mark.parametrize("overrides,key,msg", [
+    (["loss.min_gap=1"], "loss.min_gap",
+     "1.0 skips every pair: reward=correct lies in [0, 1], so no reward gap exceeds it; "
+     "allowed: [0, 1)"),
+    (["reward=rouge_l", "loss.min_gap=1.5"], "loss.min_gap", "reward=rouge_l lies in [0, 1]"),
+    (["loss=mse", "loss.min_gap=0.1"], "loss.min_gap",
+     "only loss=contrastive | pairwise skip pairs by it, not loss=mse"),
+    (["reward=external", "reward.function=os:sep"], "reward.function",
+     "'os:sep' is a str, not a function fn(problem, text) -> float"),
+])
+def test_reward_keys_fail_naming_the_key(overrides, key, msg):
+    with pytest.raises(ConfigError, match=key) as e:
+        validate(compose("evaluate", [*SMALL, *overrides]))
+    assert msg in str(e.value)
+
+
+def test_unbounded_rewards_take_any_min_gap():
+    validate(compose("evaluate", [*SMALL, "reward=neg_perplexity", "loss.min_gap=2.5"]))
+
+
+def test_an_external_reward_must_be_a_finite_number():
+    from stopexp.rewards import Reward, register_reward
+
+    register_reward("edge_nan", lambda problem, text: float("nan") if "x" in text else 0.25)
+    register_reward("edge_none", lambda problem, text: None)
+    assert Reward("external", "edge_nan").scores(None, [None], ["ab"]).tolist() == [0.25]
+    with pytest.raises(ValueError, match=r"reward.function: 'edge_nan' returned nan for the path "
+                                         r"'axe'; a reward must be a finite number"):
+        Reward("external", "edge_nan").scores(None, [None, None], ["ab", "axe"])
+    with pytest.raises(ValueError, match="'edge_none' returned None"):
+        Reward("external", "edge_none").scores(None, [None], ["ab"])

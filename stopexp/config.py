@@ -792,6 +792,11 @@ def _check_search_and_taps(cfg) -> None:
                                       f"{s.max_new_tokens - 1} (search.max_new_tokens), or null for none")
     if pos.step_ends:
         _check_step_ends(cfg)
+    if s.beam_checks is not None and (s.name != "beam" or not len(s.beam_checks)):
+        _fail("search.beam_checks", "[]: give the prefixes where beams are checked, or null for "
+                                    "every step" if s.name == "beam" else
+              f"only search=beam reads it, not search={s.name} (which checks at search.check_at); "
+              "leave it null")
     for c in s.beam_checks or []:
         t = checkpoint_tokens(c, s.max_new_tokens) if c > 0 else 0
         if not 1 <= t < s.max_new_tokens or (c >= 1 and c != int(c)):
@@ -1017,6 +1022,13 @@ def _check_evaluate(cfg) -> None:
         if not 1 <= k <= s.n_paths:
             _fail("policy.keep", f"retention K={k} must lie in 1..N={s.n_paths} (search.n_paths)")
     _within("evaluate.vote_top", ev.vote_top, 0, 1, low_open=True)
+    if ev.vote_top != EvaluateConfig.vote_top and ev.vote != "filtered":
+        _fail("evaluate.vote_top", f"{ev.vote_top}: only evaluate.vote=filtered reads it, not "
+                                   f"vote={ev.vote}")
+    if ev.select != "vote" and ev.vote != "majority":
+        _fail("evaluate.vote", f"{ev.vote!r} is not used: evaluate.select={ev.select} selects one "
+                               "path instead of voting; set evaluate.select=vote, or leave "
+                               "evaluate.vote majority")
     for k in ev.retention:
         if not 1 <= k <= s.n_paths:
             _fail("evaluate.retention", f"K={k} must lie in 1..N={s.n_paths} (search.n_paths)")

@@ -72,3 +72,19 @@ def test_an_external_reward_must_be_a_finite_number():
         Reward("external", "edge_nan").scores(None, [None, None], ["ab", "axe"])
     with pytest.raises(ValueError, match="'edge_none' returned None"):
         Reward("external", "edge_none").scores(None, [None], ["ab"])
+
+
+@pytest.mark.parametrize("overrides,key,msg", [
+    (["search=beam", "policy=quantile", "search.beam_checks=[]"], "search.beam_checks",
+     "[]: give the prefixes where beams are checked, or null for every step"),
+    (["search.beam_checks=[0.08]"], "search.beam_checks",
+     "only search=beam reads it, not search=parallel (which checks at search.check_at)"),
+    (["evaluate.vote_top=0.2"], "evaluate.vote_top",
+     "0.2: only evaluate.vote=filtered reads it, not vote=majority"),
+    (["evaluate.select=signal", "evaluate.vote=weighted"], "evaluate.vote",
+     "'weighted' is not used: evaluate.select=signal selects one path instead of voting"),
+])
+def test_keys_the_run_would_ignore_are_refused(overrides, key, msg):
+    with pytest.raises(ConfigError, match=key) as e:
+        validate(compose("evaluate", [*SMALL, *overrides]))
+    assert msg in str(e.value)

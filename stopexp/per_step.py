@@ -78,6 +78,24 @@ def mean_over_positions(curve: dict) -> float:
     return float(np.mean(values)) if values else math.nan
 
 
+def usable_groups(rows: dict) -> int:
+    """How many (prompt, position) groups of training rows (`training_rows`: "group" the
+    pair id) hold a pair the losses can learn from: a correct and a wrong path, or, where
+    the reward is continuous, two paths of different rewards (as `train.check_usable`)."""
+    from stopexp.metrics import is_binary
+
+    group = np.asarray(rows["group"])
+    label = np.asarray(rows["reward"] if "reward" in rows else rows["correct"], dtype=float)
+    if "reward" in rows and is_binary(label):
+        label = np.asarray(rows["correct"], dtype=float)
+    if not len(group):
+        return 0
+    order = np.argsort(group, kind="stable")
+    g, v = group[order], label[order]
+    starts = np.r_[0, np.nonzero(g[1:] != g[:-1])[0] + 1]
+    return int((np.maximum.reduceat(v, starts) > np.minimum.reduceat(v, starts)).sum())
+
+
 def split_data_all(meta: dict, cfg, overrides: list[str] | None = None) -> dict[str, dict]:
     """train.positions=all: per split, the training rows of every stored position.
     Raises NothingToLearn when train or val has no (prompt, position) with both a correct
@@ -93,13 +111,13 @@ def split_data_all(meta: dict, cfg, overrides: list[str] | None = None) -> dict[
     for split in ("train", "val"):
         data = out.get(split)
         n = len(data["correct"]) if data else 0
-        if n and sum(auroc_by_position(np.zeros(n), data["correct"], data["prompt_group"],
-                                       data["position"])["n_mixed_prompts"]):
+        if n and usable_groups(data):
             continue
         raise NothingToLearn(
             f"train.positions: all: the {split} split has no usable pair at any of the bank's "
             f"stored positions ({n} alive path positions): no prompt has both "
-            f"a correct and a wrong path alive at one position. Collect more prompts "
+            f"a correct and a wrong path (or, with a continuous reward, two paths of different "
+            f"rewards) alive at one position. Collect more prompts "
             f"(collect.prompts.{split}), keep prompts with mixed outcomes (collect.keep_correct), "
             f"or try another task.seed or seed.")
     return out

@@ -88,3 +88,19 @@ def test_keys_the_run_would_ignore_are_refused(overrides, key, msg):
     with pytest.raises(ConfigError, match=key) as e:
         validate(compose("evaluate", [*SMALL, *overrides]))
     assert msg in str(e.value)
+
+
+def test_per_step_usable_groups_count_reward_spreads_as_train_does():
+    """train.positions=all: a (prompt, position) group is usable with both outcomes, or,
+    with a continuous reward, with two different rewards (all paths failing the check)."""
+    import torch
+
+    from stopexp.per_step import usable_groups
+
+    group = torch.tensor([0, 0, 1, 1, 2, 2])
+    correct = torch.tensor([0.0, 0.0, 1.0, 0.0, 1.0, 1.0])
+    assert usable_groups({"group": group, "correct": correct}) == 1
+    reward = torch.tensor([0.2, 0.7, 0.5, 0.5, 0.9, 0.9])
+    assert usable_groups({"group": group, "correct": correct, "reward": reward}) == 1  # group 0
+    assert usable_groups({"group": group, "correct": correct, "reward": correct.clone()}) == 1
+    assert usable_groups({"group": group[:0], "correct": correct[:0]}) == 0

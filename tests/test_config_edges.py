@@ -104,3 +104,18 @@ def test_per_step_usable_groups_count_reward_spreads_as_train_does():
     assert usable_groups({"group": group, "correct": correct, "reward": reward}) == 1  # group 0
     assert usable_groups({"group": group, "correct": correct, "reward": correct.clone()}) == 1
     assert usable_groups({"group": group[:0], "correct": correct[:0]}) == 0
+
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(beam_width=0), "beam_width must be a whole number >= 1, got 0"),
+    (dict(max_new_tokens=0), "max_new_tokens must be a whole number >= 1, got 0"),
+    (dict(patience=0), "patience must be a whole number >= 1, got 0"),
+    (dict(check_steps=[]), "check_steps is empty"),
+])
+def test_beam_search_refuses_bad_arguments_as_its_docstring_says(tiny_lm, kw, msg):
+    from stopexp.search.beam import beam_search_batch
+
+    model, tok = tiny_lm
+    args = dict(beam_width=2, max_new_tokens=4, eos_ids=tok.eos_token_id, pad_id=tok.pad_token_id)
+    with pytest.raises(ValueError, match=f"beam_search: {msg}"):
+        beam_search_batch(model, [tok("1+2=")["input_ids"]], **{**args, **kw})

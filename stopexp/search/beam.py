@@ -125,6 +125,13 @@ def beam_search_batch(model, prompts: list[list[int]], *, beam_width: int, max_n
         raise ValueError("beam_search: a scorer needs taps (the hidden states it is fed)")
     if not prompts or any(not p for p in prompts):
         raise ValueError("beam_search: a prompt is empty (or none was given)")
+    for name, value in (("beam_width", beam_width), ("max_new_tokens", max_new_tokens),
+                        ("patience", patience)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"beam_search: {name} must be a whole number >= 1, got {value!r}")
+    if check_steps is not None and not len(check_steps):
+        raise ValueError("beam_search: check_steps is empty (no step would be checked); give "
+                         "the prefix lengths to check, or None for every step")
     B, device = beam_width, next(model.parameters()).device
     eos = torch.tensor([eos_ids] if isinstance(eos_ids, int) else list(eos_ids))
     stops = StopStrings(stop, tokenizer) if stop else None

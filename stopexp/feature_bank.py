@@ -389,8 +389,8 @@ def tensors_at(ds, feats: PathFeatures, checkpoint: int) -> dict:
     """Everything a predictor or a pruning decision needs at prefix `checkpoint` (tokens),
     for every path of `ds` (a numpy-formatted bank split) joined with its features `feats`
     (`load_features` of the same split), as float32/int64 torch tensors: "hidden" (R,
-    layers, H), "signals" (R, S), "group", "correct", "mc", "alive" (bool), "prefix_len",
-    "remaining", "length" (R,). Rows not alive at the checkpoint have zero hidden states
+    layers, H), "signals" (R, S), "group", "correct", "reward", "mc", "alive" (bool),
+    "prefix_len", "remaining", "length" (R,). Rows not alive at the checkpoint have zero hidden states
     (their confidence columns cover the whole path). ValueError when an alive path's
     features lack the position (it is not among tap.checkpoints / tap.positions)."""
     _check_join(ds, feats)

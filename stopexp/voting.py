@@ -52,12 +52,18 @@ def elect(answers, signal: np.ndarray | None = None, rule: str = "majority",
           top: float = 0.5) -> object:
     """The winning answer of one prompt's voters (None: no voter has an answer). `answers`:
     per voter its answer, None for none (None never wins); `signal`: (n,) final signals,
-    NaN for a voter never scored (needed unless rule is majority). ValueError on an
-    unknown rule."""
+    NaN for a voter never scored (needed unless rule is majority); `top`: the share in
+    (0, 1] that votes under `filtered`. ValueError on an unknown rule, a missing signal or
+    one of another length than `answers`, and a `top` outside (0, 1]."""
     if rule not in VOTES:
         raise ValueError(f"evaluate.vote: {rule!r} unknown; allowed: {', '.join(VOTES)}")
     answers = list(answers)
     n = len(answers)
+    if rule != "majority" and (signal is None or np.shape(signal) != (n,)):
+        raise ValueError(f"evaluate.vote={rule} needs one signal per voter: {n} voters, signal "
+                         f"{'None' if signal is None else np.shape(signal)}")
+    if rule == "filtered" and not 0 < top <= 1:
+        raise ValueError(f"evaluate.vote_top: must lie in (0, 1], got {top}")
     weight = np.ones(n)
     if rule != "majority" and n:
         signal = np.asarray(signal, dtype=np.float64)

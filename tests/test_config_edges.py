@@ -119,3 +119,19 @@ def test_beam_search_refuses_bad_arguments_as_its_docstring_says(tiny_lm, kw, ms
     args = dict(beam_width=2, max_new_tokens=4, eos_ids=tok.eos_token_id, pad_id=tok.pad_token_id)
     with pytest.raises(ValueError, match=f"beam_search: {msg}"):
         beam_search_batch(model, [tok("1+2=")["input_ids"]], **{**args, **kw})
+
+
+def test_elect_refuses_what_its_rule_cannot_use():
+    from stopexp.voting import elect
+
+    nan = float("nan")
+    with pytest.raises(ValueError, match=r"evaluate.vote=weighted needs one signal per voter: 3 "
+                                         r"voters, signal None"):
+        elect(["7", "2", "2"], None, "weighted")
+    with pytest.raises(ValueError, match=r"3 voters, signal \(2,\)"):
+        elect(["7", "2", "2"], [1.0, nan], "filtered")
+    for top in (0, 1.5, nan):
+        with pytest.raises(ValueError, match=r"evaluate.vote_top: must lie in \(0, 1\]"):
+            elect(["7", "2"], [1.0, 0.0], "filtered", top)
+    assert elect(["7", "2", "2"], [3.0, 1.0, 0.0], "filtered", 1 / 3) == "7"
+    assert elect(["7", "2", "2"]) == "2"

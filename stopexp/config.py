@@ -936,6 +936,10 @@ def _check_reward(cfg) -> None:
         _fail("reward.function", f"only reward=external reads it, not reward={r.name}; leave it unset")
     if r.bertscore_model and r.name != "bertscore":
         _fail("reward.bertscore_model", f"only reward=bertscore reads it, not reward={r.name}")
+    bert = r.bertscore_model
+    if bert and bert.startswith(("/", ".", "~")) and not Path(bert).expanduser().is_dir():
+        _fail("reward.bertscore_model", f"{bert!r} is no model directory; give a local "
+                                        "directory, a hub id, or leave it unset for the bundled MiniLM")
     if r.name not in BOUNDED and cfg.loss.name in ("reward_regression", "mse"):
         _fail("loss.name", f"{cfg.loss.name} regresses a probability on the reward, which must lie "
                            f"in [0, 1]; reward={r.name} is unbounded: use loss=contrastive or pairwise")

@@ -41,19 +41,37 @@ def resolve_external(name: str) -> Callable:
     """The registered reward `name`, or the function at `module:function`; ValueError
     saying what is allowed otherwise."""
     if name in _REGISTERED:
-        return _REGISTERED[name]
+        return _takes_problem_and_text(name, _REGISTERED[name])
     module, _, attr = name.partition(":")
     if attr:
         try:
             fn = getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError) as e:
-            raise ValueError(f"{name!r} cannot be imported ({e.__class__.__name__}: {e})") from None
+        except (ImportError, AttributeError, ValueError) as e:
+            raise ValueError(f"{name!r} cannot be imported ({e.__class__.__name__}: {e}); give "
+                             "module:function, e.g. mypkg.rewards:score") from None
         if not callable(fn):
             raise ValueError(f"{name!r} is a {type(fn).__name__}, not a function "
                              "fn(problem, text) -> float")
-        return fn
+        return _takes_problem_and_text(name, fn)
     raise ValueError(f"{name!r} is neither registered (registered: {sorted(_REGISTERED) or 'none'}) "
                      "nor an importable module:function")
+
+
+def _takes_problem_and_text(name: str, fn: Callable) -> Callable:
+    """`fn` if it can be called as fn(problem, text) (as far as its signature tells: some
+    builtins have none), else ValueError naming reward.function's value."""
+    import inspect
+
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return fn
+    try:
+        signature.bind(None, "")
+    except TypeError as e:
+        raise ValueError(f"{name!r} cannot be called as fn(problem, text) -> float: its "
+                         f"signature is {signature} ({e})") from None
+    return fn
 
 
 def references(task, problem) -> list[str]:

@@ -50,6 +50,12 @@ def test_the_allowed_neighbours_pass(overrides):
      "only loss=contrastive | pairwise skip pairs by it, not loss=mse"),
     (["reward=external", "reward.function=os:sep"], "reward.function",
      "'os:sep' is a str, not a function fn(problem, text) -> float"),
+    (["reward=external", "reward.function=os:getcwd"], "reward.function",
+     "'os:getcwd' cannot be called as fn(problem, text) -> float: its signature is ()"),
+    (["reward=external", "reward.function=:foo"], "reward.function",
+     "':foo' cannot be imported (ValueError: Empty module name); give module:function"),
+    (["reward=bertscore", "reward.bertscore_model=/no/such/model"], "reward.bertscore_model",
+     "'/no/such/model' is no model directory"),
 ])
 def test_reward_keys_fail_naming_the_key(overrides, key, msg):
     with pytest.raises(ConfigError, match=key) as e:

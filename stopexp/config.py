@@ -610,6 +610,13 @@ def shifted_config(cfg) -> DictConfig:
 
 def _check_adapt(cfg) -> None:
     a, s = cfg.adapt, cfg.search
+    ev = cfg.evaluate
+    for key, value, default in (("evaluate.vote", ev.vote, "majority"),
+                                ("evaluate.select", ev.select, "vote"),
+                                ("evaluate.compare_beam", ev.compare_beam, False)):
+        if value != default:
+            _fail(key, f"{value!r} is not used: adapt scores every variant by the majority vote "
+                       f"of its finishing paths; leave it {default}")
     missing = object()
     bad = [k for k in a.target if not str(k).startswith(SHIFTABLE)
            or OmegaConf.select(cfg, str(k), default=missing) is missing]

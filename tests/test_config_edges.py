@@ -141,3 +141,15 @@ def test_elect_refuses_what_its_rule_cannot_use():
             elect(["7", "2"], [1.0, 0.0], "filtered", top)
     assert elect(["7", "2", "2"], [3.0, 1.0, 0.0], "filtered", 1 / 3) == "7"
     assert elect(["7", "2", "2"]) == "2"
+
+
+@pytest.mark.parametrize("override,key,says", [
+    ("evaluate.vote=weighted", "evaluate.vote", "'weighted' is not used: adapt scores every "
+                                                "variant by the majority vote"),
+    ("evaluate.select=signal", "evaluate.select", "'signal' is not used"),
+    ("evaluate.compare_beam=true", "evaluate.compare_beam", "True is not used"),
+])
+def test_adapt_refuses_the_evaluate_keys_it_does_not_read(override, key, says):
+    with pytest.raises(ConfigError, match=f"^{key}: ") as e:
+        validate(compose("adapt", ["+exp=toy_shift", override]))
+    assert says in str(e.value)

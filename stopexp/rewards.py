@@ -13,7 +13,9 @@ label that the losses order or regress and that Monte Carlo rollouts average.
 Text rewards compare words for natural language and characters for tasks whose outputs
 have no spaces (`task.text_level == "char"`, the arithmetic task), as stopexp.metrics.text
 does. References come from `task.references(problem)` when the task has several, else
-`[task.reference(problem)]`. All but neg_perplexity lie in [0, 1] (`BOUNDED`).
+`[task.reference(problem)]`. `BOUNDED`: the rewards validate lets the regression losses
+(mse, reward_regression) use: the built-in ones in [0, 1], and external, whose range only
+its values tell (train checks them: stopexp.train.check_reward_range).
 """
 from __future__ import annotations
 

@@ -75,6 +75,25 @@ def split_data(root: Path, meta: dict, cfg, prefixes: bool = False,
     return out
 
 
+REGRESSION_LOSSES = ("reward_regression", "mse")
+
+
+def check_reward_range(cfg, data: dict) -> None:
+    """The regression losses aim sigmoid(score) at the reward, so it must lie in [0, 1];
+    validate refuses the unbounded built-in rewards, an external one is checked here, on
+    the loaded splits (`data`: split -> tensors with "reward"). ValueError naming
+    loss.name and the range found."""
+    if cfg.loss.name not in REGRESSION_LOSSES:
+        return
+    for split, d in data.items():
+        r = d["reward"] if "reward" in d else None
+        if r is not None and len(r) and not (float(r.min()) >= 0 and float(r.max()) <= 1):
+            raise ValueError(f"loss.name: {cfg.loss.name} regresses a probability on the reward, "
+                             f"but the {split} paths' rewards (reward={cfg.reward.name}) span "
+                             f"[{float(r.min()):.4g}, {float(r.max()):.4g}], outside [0, 1]; use "
+                             "loss=contrastive or pairwise, or a reward in [0, 1]")
+
+
 class NothingToLearn(ValueError):
     """A split that cannot train or select a predictor: no prompt has both a correct and a
     wrong path alive at the training checkpoint."""
@@ -260,6 +279,7 @@ def train(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
         data = per_step.split_data_all(meta, cfg, overrides)
     else:
         data = split_data(root, meta, cfg, prefixes=lm_based, overrides=overrides)
+    check_reward_range(cfg, data)
     torch.manual_seed(cfg.train.seed)
     if lm_based:
         from stopexp.signals.super_token import build_super_token

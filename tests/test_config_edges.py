@@ -153,3 +153,20 @@ def test_adapt_refuses_the_evaluate_keys_it_does_not_read(override, key, says):
     with pytest.raises(ConfigError, match=f"^{key}: ") as e:
         validate(compose("adapt", ["+exp=toy_shift", override]))
     assert says in str(e.value)
+
+
+def test_regression_losses_refuse_an_external_reward_outside_0_1():
+    import torch
+
+    from stopexp.train import check_reward_range
+
+    cfg = compose("train", ["loss=mse", "reward=external", "reward.function=os.path:join"])
+    data = {"train": {"reward": torch.tensor([0.0, 0.5, 1.0])},
+            "val": {"reward": torch.tensor([0.2, 3.5])}}
+    with pytest.raises(ValueError, match=r"loss.name: mse regresses a probability on the reward, "
+                                         r"but the val paths' rewards \(reward=external\) span "
+                                         r"\[0.2, 3.5\], outside \[0, 1\]"):
+        check_reward_range(cfg, data)
+    check_reward_range(cfg, {"train": data["train"]})
+    cfg.loss.name = "contrastive"
+    check_reward_range(cfg, data)  # orders pairs: any range

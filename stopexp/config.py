@@ -804,6 +804,9 @@ def _check_search_and_taps(cfg) -> None:
                                     "every step" if s.name == "beam" else
               f"only search=beam reads it, not search={s.name} (which checks at search.check_at); "
               "leave it null")
+    if not s.refill and s.name != "beam":
+        _fail("search.refill", f"false: only search=beam refills (or narrows), not search={s.name}; "
+                               "leave it true")
     for c in s.beam_checks or []:
         t = checkpoint_tokens(c, s.max_new_tokens) if c > 0 else 0
         if not 1 <= t < s.max_new_tokens or (c >= 1 and c != int(c)):

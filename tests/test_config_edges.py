@@ -85,6 +85,8 @@ def test_an_external_reward_must_be_a_finite_number():
      "[]: give the prefixes where beams are checked, or null for every step"),
     (["search.beam_checks=[0.08]"], "search.beam_checks",
      "only search=beam reads it, not search=parallel (which checks at search.check_at)"),
+    (["search.refill=false"], "search.refill",
+     "false: only search=beam refills (or narrows), not search=parallel"),
     (["evaluate.vote_top=0.2"], "evaluate.vote_top",
      "0.2: only evaluate.vote=filtered reads it, not vote=majority"),
     (["evaluate.select=signal", "evaluate.vote=weighted"], "evaluate.vote",

@@ -78,10 +78,11 @@ def mean_over_positions(curve: dict) -> float:
     return float(np.mean(values)) if values else math.nan
 
 
-def usable_groups(rows: dict) -> int:
+def usable_groups(rows: dict, min_gap: float = 0.0) -> int:
     """How many (prompt, position) groups of training rows (`training_rows`: "group" the
     pair id) hold a pair the losses can learn from: a correct and a wrong path, or, where
-    the reward is continuous, two paths of different rewards (as `train.check_usable`)."""
+    the reward is continuous, two paths whose rewards differ by more than `min_gap` (the
+    pair losses' loss.min_gap; as `train.check_usable`)."""
     from stopexp.metrics import is_binary
 
     group = np.asarray(rows["group"])
@@ -93,14 +94,15 @@ def usable_groups(rows: dict) -> int:
     order = np.argsort(group, kind="stable")
     g, v = group[order], label[order]
     starts = np.r_[0, np.nonzero(g[1:] != g[:-1])[0] + 1]
-    return int((np.maximum.reduceat(v, starts) > np.minimum.reduceat(v, starts)).sum())
+    gap = min_gap if "reward" in rows and not is_binary(label) else 0.0
+    return int((np.maximum.reduceat(v, starts) - np.minimum.reduceat(v, starts) > gap).sum())
 
 
 def split_data_all(meta: dict, cfg, overrides: list[str] | None = None) -> dict[str, dict]:
     """train.positions=all: per split, the training rows of every stored position.
     Raises NothingToLearn when train or val has no (prompt, position) with both a correct
     and a wrong path."""
-    from stopexp.train import NothingToLearn
+    from stopexp.train import NothingToLearn, pair_min_gap
 
     out = {}
     for split in ("train", "val", "test"):
@@ -111,7 +113,7 @@ def split_data_all(meta: dict, cfg, overrides: list[str] | None = None) -> dict[
     for split in ("train", "val"):
         data = out.get(split)
         n = len(data["correct"]) if data else 0
-        if n and usable_groups(data):
+        if n and usable_groups(data, pair_min_gap(cfg)):
             continue
         raise NothingToLearn(
             f"train.positions: all: the {split} split has no usable pair at any of the bank's "

@@ -71,11 +71,16 @@ def split_data(root: Path, meta: dict, cfg, prefixes: bool = False,
     for needed in ("train", "val"):
         if needed not in out or not len(out[needed]["correct"]):
             raise NothingToLearn(_empty_split(meta, needed, ckpt, cfg))
-        check_usable(needed, out.get(needed), ckpt, cfg.search.n_paths)
+        check_usable(needed, out.get(needed), ckpt, cfg.search.n_paths, pair_min_gap(cfg))
     return out
 
 
 REGRESSION_LOSSES = ("reward_regression", "mse")
+
+
+def pair_min_gap(cfg) -> float:
+    """loss.min_gap where the loss mines pairs by it (contrastive, pairwise), else 0."""
+    return float(cfg.loss.min_gap) if cfg.loss.name in ("contrastive", "pairwise") else 0.0
 
 
 def check_reward_range(cfg, data: dict) -> None:
@@ -99,11 +104,13 @@ class NothingToLearn(ValueError):
     wrong path alive at the training checkpoint."""
 
 
-def check_usable(split: str, data: dict | None, ckpt: int, n_paths: int) -> int:
+def check_usable(split: str, data: dict | None, ckpt: int, n_paths: int,
+                 min_gap: float = 0.0) -> int:
     """The number of prompts of `split` with both a correct and a wrong path alive at the
     checkpoint (the pairs the losses and the within-prompt AUROC are made of; with a
-    continuous reward, paths of different rewards); raises
-    NothingToLearn naming the split, its counts and the fixes when there is none."""
+    continuous reward, paths whose rewards differ by more than `min_gap`, the pair losses'
+    loss.min_gap); raises NothingToLearn naming the split, its counts and the fixes when
+    there is none."""
     n = len(data["correct"]) if data is not None else 0
     groups = data["group"].numpy() if n else np.zeros(0, int)
     correct = data["correct"].numpy() > 0.5 if n else np.zeros(0, bool)
@@ -111,7 +118,13 @@ def check_usable(split: str, data: dict | None, ckpt: int, n_paths: int) -> int:
     mixed = sum(bool(correct[groups == g].any() and (~correct[groups == g]).any()) for g in prompts)
     reward = data["reward"].numpy() if n and "reward" in data else None
     if reward is not None and not is_binary(reward):  # a continuous reward orders the pairs
-        mixed = sum(bool(np.ptp(reward[groups == g]) > 0) for g in prompts)
+        mixed = sum(bool(np.ptp(reward[groups == g]) > min_gap) for g in prompts)
+        if not mixed and min_gap > 0:
+            raise NothingToLearn(
+                f"train: the {split} split has no pair at checkpoint {ckpt} tokens whose rewards "
+                f"differ by more than loss.min_gap={min_gap} (the widest spread within a prompt "
+                f"is {max((float(np.ptp(reward[groups == g])) for g in prompts), default=0.0):.4g}), "
+                "so the pair losses skip every pair; lower loss.min_gap")
     if mixed:
         return mixed
     raise NothingToLearn(

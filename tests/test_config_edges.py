@@ -112,6 +112,25 @@ def test_per_step_usable_groups_count_reward_spreads_as_train_does():
     assert usable_groups({"group": group, "correct": correct, "reward": reward}) == 1  # group 0
     assert usable_groups({"group": group, "correct": correct, "reward": correct.clone()}) == 1
     assert usable_groups({"group": group[:0], "correct": correct[:0]}) == 0
+    # the pair losses skip pairs within loss.min_gap: group 0's gap of 0.5 is usable at 0.4 only
+    assert usable_groups({"group": group, "correct": correct, "reward": reward}, 0.4) == 1
+    assert usable_groups({"group": group, "correct": correct, "reward": reward}, 0.5) == 0
+
+
+def test_check_usable_says_when_loss_min_gap_leaves_no_pair():
+    import torch
+
+    from stopexp.train import NothingToLearn, check_usable
+
+    data = {"group": torch.tensor([0, 0, 1, 1]), "correct": torch.tensor([0.0, 0.0, 1.0, 1.0]),
+            "reward": torch.tensor([0.30, 0.32, 0.50, 0.55])}
+    assert check_usable("val", data, 5, 8) == 2
+    assert check_usable("val", data, 5, 8, min_gap=0.04) == 1
+    with pytest.raises(NothingToLearn, match=r"train: the val split has no pair at checkpoint 5 "
+                                             r"tokens whose rewards differ by more than "
+                                             r"loss.min_gap=0.1 \(the widest spread within a "
+                                             r"prompt is 0.05\)"):
+        check_usable("val", data, 5, 8, min_gap=0.1)
 
 
 @pytest.mark.parametrize("kw,msg", [

@@ -919,6 +919,10 @@ def _check_predictor_loss_train(cfg) -> None:
                else "has no learned head to feed it")
         _fail("predictor.position_input", f"predictor={pred.name} {why}; allowed with "
                                           f"{', '.join(POSITION_INPUT_PREDICTORS)}")
+    if pred.position_input and tr.positions != "all":
+        _fail("predictor.position_input", "trained at one checkpoint (train.positions=checkpoint) "
+                                          "the position is the same for every path, so the head "
+                                          "learns nothing from it; set train.positions=all")
     if tr.positions == "all" and pred.name == "super_token":
         _fail("train.positions", "all needs stored features at every position, but super_token "
                                  "re-encodes each prefix with the LM; use train.positions=checkpoint")

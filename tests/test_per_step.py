@@ -69,7 +69,8 @@ def test_position_input_feeds_the_log_scaled_position_to_the_head():
     spec = FeatureSpec("toy", 8, [0])
     batch = tiny_positions()
     for name, extra in (("mlp", 128), ("linear", 1), ("fusion", 32)):  # one more input: a row of W1
-        cfg = validate(compose("train", [f"predictor={name}", "predictor.position_input=true"])).predictor
+        cfg = validate(compose("train", [f"predictor={name}", "predictor.position_input=true",
+                                             "train.positions=all"])).predictor
         torch.manual_seed(0)
         with_pos = build_predictor(cfg, spec)
         cfg.position_input = False
@@ -79,7 +80,7 @@ def test_position_input_feeds_the_log_scaled_position_to_the_head():
         assert n_with - sum(p.numel() for p in without.parameters()) == extra, name
         assert with_pos.inputs == ("hidden", "prefix_len")
     torch.manual_seed(0)
-    mlp = build_predictor(validate(compose("train", ["predictor.position_input=true"])).predictor, spec)
+    mlp = build_predictor(validate(compose("train", ["predictor.position_input=true", "train.positions=all"])).predictor, spec)
     moved = {**batch, "prefix_len": batch["prefix_len"] + 100}
     assert not torch.allclose(mlp(batch), mlp(moved))
 
@@ -91,6 +92,8 @@ def test_position_input_feeds_the_log_scaled_position_to_the_head():
     ("predictor=conf_features predictor.position_input=true", "predictor.position_input",
      "reads prefix_len among its signal columns already"),
     ("predictor=super_token train.positions=all", "train.positions", "super_token re-encodes"),
+    ("predictor.position_input=true", "predictor.position_input",
+     "the position is the same for every path.*set train.positions=all"),
 ])
 def test_bad_per_step_config_fails_at_validate(override, key, says):
     with pytest.raises(ConfigError, match=f"^{key}: .*{says}"):

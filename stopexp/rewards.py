@@ -19,14 +19,13 @@ its values tell (train checks them: stopexp.train.check_reward_range).
 """
 from __future__ import annotations
 
-import functools
 import importlib
 import math
 from typing import Callable
 
 import numpy as np
 
-from stopexp.metrics.text import BertScorer, WhitespaceTokenizer
+from stopexp.metrics.text import BertScorer, rouge_scorer
 
 BOUNDED = ("correct", "rouge_l", "bleu", "bertscore", "external")
 _REGISTERED: dict[str, Callable] = {}
@@ -87,16 +86,9 @@ def _spaced(texts, level: str) -> list[str]:
     return [" ".join(t) for t in texts] if level == "char" else list(texts)
 
 
-@functools.lru_cache(maxsize=2)
-def _rouge_scorer(level: str):
-    from rouge_score.rouge_scorer import RougeScorer
-
-    return RougeScorer(["rougeL"], tokenizer=WhitespaceTokenizer() if level == "char" else None)
-
-
 def rouge_l(hyp: str, refs: list[str], level: str = "word") -> float:
     """ROUGE-L F-measure of `hyp` against the best of `refs` (rouge-score's score_multi)."""
-    scorer = _rouge_scorer(level)
+    scorer = rouge_scorer(("rougeL",), level == "char")
     (hyp,), refs = _spaced([hyp], level), _spaced(refs, level)
     return float(scorer.score_multi(refs, hyp)["rougeL"].fmeasure)
 

@@ -6,6 +6,7 @@ seconds to import and most callers of `stopexp.metrics` need neither.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 
 import numpy as np
@@ -42,12 +43,19 @@ class WhitespaceTokenizer:
         return text.split()
 
 
-def rouge(hyps, refs, tokenizer=None) -> dict:
-    """Mean ROUGE-1/2/L F-measures; `tokenizer` is handed to rouge_score's RougeScorer. A
-    reference may be a list of references: the best of them counts (score_multi)."""
+@functools.lru_cache(maxsize=8)
+def rouge_scorer(types: tuple[str, ...], whitespace: bool = False):
+    """rouge_score's RougeScorer for `types`, made once per process (each one logs its
+    tokenizer); `whitespace`: tokens are whitespace-separated, as for character level."""
     from rouge_score.rouge_scorer import RougeScorer
 
-    scorer = RougeScorer(list(ROUGE_TYPES), tokenizer=tokenizer)
+    return RougeScorer(list(types), tokenizer=WhitespaceTokenizer() if whitespace else None)
+
+
+def rouge(hyps, refs, whitespace: bool = False) -> dict:
+    """Mean ROUGE-1/2/L F-measures (`whitespace`: tokenise on whitespace only). A reference
+    may be a list of references: the best of them counts (score_multi)."""
+    scorer = rouge_scorer(ROUGE_TYPES, whitespace)
     scores = [scorer.score(r, h) if isinstance(r, str) else scorer.score_multi(list(r), h)
               for h, r in zip(hyps, refs, strict=True)]  # (target, pred); several: the best
     return {t: float(np.mean([s[t].fmeasure for s in scores])) for t in ROUGE_TYPES}
@@ -184,12 +192,10 @@ def text_metrics(hyps, refs, level: str = "word", bertscore: bool = True,
     if level not in LEVELS:
         raise ValueError(f"text level {level!r} unknown; allowed: {', '.join(LEVELS)}")
     hyps, refs = list(hyps), list(refs)
-    tokenizer = None
     if level == "char":
         hyps = [" ".join(h) for h in hyps]
         refs = [" ".join(r) if isinstance(r, str) else [" ".join(x) for x in r] for r in refs]
-        tokenizer = WhitespaceTokenizer()
-    out = {"bleu": bleu(hyps, refs), **rouge(hyps, refs, tokenizer=tokenizer)}
+    out = {"bleu": bleu(hyps, refs), **rouge(hyps, refs, whitespace=level == "char")}
     out["empty_hypotheses"] = sum(not h.strip() for h in hyps)
     out["empty_references"] = sum(not (r if isinstance(r, str) else "".join(r)).strip() for r in refs)
     if bertscore:

@@ -1,9 +1,10 @@
 """The trace bank: every collected path as generation produced it, with its labels.
 
-Per path: tokens, text, answer, outcome, per-token log-prob / entropy / confidence, the
-prompt's length in tokens and, when collect ran Monte Carlo rollouts, a success rate at each
-of `tap.checkpoints`. Hidden features are not here: they are a second artifact made from
-the stored tokens (`stopexp.feature_bank`), so a tap change never regenerates paths.
+Per path: tokens, text, answer, outcome, its reward (`reward=`), per-token log-prob /
+entropy / confidence, the prompt's length in tokens and, when collect ran Monte Carlo
+rollouts, the mean reward of the rollouts at each of `tap.checkpoints`. Hidden features are
+not here: they are a second artifact made from the stored tokens (`stopexp.feature_bank`),
+so a tap change never regenerates paths.
 
 An HF `datasets` Arrow store with explicit features (fixed-shape float32 arrays), written
 in shards. Each shard is saved under a temporary name and renamed into place, so a crash

@@ -86,10 +86,12 @@ def test_multirun_2x2_one_run_and_group_per_job_then_notebooks(tmp_path):
     jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
     assert [j.name for j in jobs] == ["0", "1", "2", "3"]
     assert all((j / "metrics.json").exists() and (j / "evaluate" / "pareto.png").exists() for j in jobs)
-    # shared upstream artifacts made once: a bank per tap layer; per (tap, loss) the
-    # predictor and its conf_features control
+    # shared upstream artifacts made once: one bank for both tap layers (taps are not
+    # generation), features per tap layer; per (tap, loss) the predictor and its
+    # conf_features control
     cache = tmp_path / "cache"
-    assert len(list((cache / "traces").iterdir())) == 2
+    assert len(list((cache / "traces").iterdir())) == 1
+    assert len(list((cache / "features").iterdir())) == 2
     assert len(list((cache / "predictors").iterdir())) == 4 + 4
     runs = sorted((tmp_path / "wandb" / "wandb").glob("offline-run-*/*.wandb"))
     assert len(runs) == 4

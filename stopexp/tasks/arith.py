@@ -12,7 +12,7 @@ import random
 import re
 from dataclasses import dataclass
 
-from stopexp.tasks.splits import hash_split
+from stopexp.tasks.splits import draw_distinct, hash_split
 
 MOD = 10
 STYLES = ("careful", "shortcut")
@@ -130,22 +130,10 @@ class ArithTask:
 
     def problems(self, split: str, n: int) -> list[Problem]:
         """The first `n` distinct problems of `split` for this task's seed (deterministic)."""
-        if split not in self.split_fractions:
-            raise ValueError(f"split {split!r} unknown; allowed: {', '.join(self.split_fractions)}")
-        rng = random.Random(f"{self.seed}:{split}")
-        out, seen, tries = [], set(), 0
-        while len(out) < n:
-            tries += 1
-            if tries > 1000 * (n + 10):
-                raise ValueError(f"task: cannot draw {n} distinct {split} prompts with "
-                                 f"n_steps={self.n_steps}; lower the count or raise n_steps")
-            start, ops = self._random_problem(rng)
-            p = Problem(len(out), split, start, ops)
-            if p.prompt in seen or self.split_of(p.prompt) != split:
-                continue
-            seen.add(p.prompt)
-            out.append(p)
-        return out
+        drawn = draw_distinct(f"{self.seed}:{split}", split, n, self.split_fractions,
+                              self._random_problem, lambda d: Problem(-1, split, *d).prompt,
+                              f"prompts with n_steps={self.n_steps}; lower the count or raise n_steps")
+        return [Problem(i, split, start, ops) for i, (start, ops) in enumerate(drawn)]
 
     def sample(self, split: str, rng: random.Random) -> Problem:
         """A random problem of `split` (for LM training data; may repeat)."""

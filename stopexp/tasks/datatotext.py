@@ -26,7 +26,7 @@ import re
 import string
 from dataclasses import dataclass
 
-from stopexp.tasks.splits import hash_split
+from stopexp.tasks.splits import draw_distinct, hash_split
 
 NAMES = ("Aromi", "Bibimbap House", "Blue Spice", "Clowns", "Cotto", "Fitzbillies", "Giraffe",
          "Loch Fyne", "Strada", "The Eagle", "The Mill", "The Phoenix", "Wildwood", "Zizzi")
@@ -114,23 +114,10 @@ class DataToTextTask:
         return ", ".join(f"{k}[{v}]" for k, v in values)
 
     def _records(self, split: str, n: int, stream: str) -> list[tuple]:
-        if split not in self.split_fractions:
-            raise ValueError(f"split {split!r} unknown; allowed: {', '.join(self.split_fractions)}")
-        rng = random.Random(f"{self.seed}:{stream}:{split}")
-        out, seen, tries = [], set(), 0
-        while len(out) < n:
-            tries += 1
-            if tries > 1000 * (n + 10):
-                raise ValueError(f"task: cannot draw {n} distinct {split} records (there are "
-                                 f"{len(NAMES) * len(FOODS) * len(AREAS) * len(PRICES) * 6} in all); "
-                                 "lower the count")
-            values = self._draw(rng)
-            data = self.data_of(values)
-            if data in seen or self.split_of(data) != split:
-                continue
-            seen.add(data)
-            out.append(values)
-        return out
+        return draw_distinct(f"{self.seed}:{stream}:{split}", split, n, self.split_fractions,
+                             self._draw, self.data_of,
+                             f"records (there are {len(NAMES) * len(FOODS) * len(AREAS) * len(PRICES) * 6} "
+                             "in all); lower the count")
 
     def _record(self, i: int, split: str, values, prompt: str | None = None) -> Record:
         data = self.data_of(values)

@@ -3,6 +3,8 @@ test prompts are disjoint by construction, whatever order they are drawn in."""
 from __future__ import annotations
 
 import hashlib
+import random
+from typing import Callable
 
 
 def hash_split(text: str, fractions: dict[str, float]) -> str:
@@ -15,3 +17,27 @@ def hash_split(text: str, fractions: dict[str, float]) -> str:
         if h < edge:
             return split
     return list(fractions)[-1]
+
+
+def draw_distinct(seed: str, split: str, n: int, fractions: dict[str, float],
+                  draw: Callable[[random.Random], object], key: Callable[[object], str],
+                  what: str) -> list:
+    """The first `n` draws of `draw` (from `random.Random(seed)`) whose `key` text is new and
+    hash-splits into `split`, in draw order: a generated task's problems of one split,
+    deterministic for the seed. ValueError for a split not in `fractions`, or when 1000 *
+    (n + 10) draws find fewer than n (`what` names what was drawn and how to get more)."""
+    if split not in fractions:
+        raise ValueError(f"split {split!r} unknown; allowed: {', '.join(fractions)}")
+    rng = random.Random(seed)
+    out, seen = [], set()
+    for _ in range(1000 * (n + 10)):
+        if len(out) >= n:
+            break
+        drawn = draw(rng)
+        text = key(drawn)
+        if text not in seen and hash_split(text, fractions) == split:
+            seen.add(text)
+            out.append(drawn)
+    if len(out) < n:
+        raise ValueError(f"task: cannot draw {n} distinct {split} {what}")
+    return out

@@ -26,7 +26,7 @@ import random
 import re
 from dataclasses import dataclass
 
-from stopexp.tasks.splits import hash_split
+from stopexp.tasks.splits import draw_distinct, hash_split
 
 from stopexp.tasks import answers
 
@@ -203,22 +203,10 @@ class WordProblemTask:
         return rng.choice(choices).format(n=n, other=other)
 
     def _problems(self, split: str, n: int, stream: str) -> list[tuple]:
-        if split not in self.split_fractions:
-            raise ValueError(f"split {split!r} unknown; allowed: {', '.join(self.split_fractions)}")
-        rng = random.Random(f"{self.seed}:{stream}:{split}")
-        out, seen, tries = [], set(), 0
-        while len(out) < n:
-            tries += 1
-            if tries > 1000 * (n + 10):
-                raise ValueError(f"task: cannot draw {n} distinct {split} word problems with "
-                                 f"number_range={list(self.number_range)}, steps={list(self.steps)}; "
-                                 f"lower the count or widen the range")
-            drawn = self._draw(rng)
-            if drawn[0] in seen or self.split_of(drawn[0]) != split:
-                continue
-            seen.add(drawn[0])
-            out.append(drawn)
-        return out
+        return draw_distinct(f"{self.seed}:{stream}:{split}", split, n, self.split_fractions,
+                             self._draw, lambda d: d[0],
+                             f"word problems with number_range={list(self.number_range)}, "
+                             f"steps={list(self.steps)}; lower the count or widen the range")
 
     def shot_pool(self) -> list[WordProblem]:
         """The solved training examples that precede questions (fixed by the seed)."""

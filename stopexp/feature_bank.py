@@ -20,6 +20,7 @@ batches; the confidence columns are computed from the bank's per-token arrays by
 """
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -298,10 +299,22 @@ class PathFeatures:
 
 def load_features(root: Path, split: str | None = None, repair: str | None = None) -> PathFeatures:
     """The features of the rows that `bank.load_bank(bank_root, split)` returns, in the
-    same order. Raises BankMissing / BankDamaged naming the shard and file at fault."""
+    same order, read-only. Raises BankMissing / BankDamaged naming the shard and file at
+    fault. The artifact is verified on every call; its arrays are read once per version
+    (meta.json) and split, since train and evaluate come back to a split for its curves."""
     root = Path(root)
     repair = repair or repair_text()
-    meta = bank.verify_bank(root, repair=repair, kind=KIND, version=FEATURES_VERSION)
+    bank.verify_bank(root, repair=repair, kind=KIND, version=FEATURES_VERSION)
+    stamp = (root / "meta.json").stat()
+    return _read_features(str(root.resolve()), split, repair, stamp.st_mtime_ns, stamp.st_size)
+
+
+@functools.lru_cache(maxsize=3)
+def _read_features(root: str, split: str | None, repair: str, _mtime_ns: int, _size: int
+                   ) -> PathFeatures:
+    """`load_features` after verification: the arrays of one version of the artifact."""
+    root = Path(root)
+    meta = bank.read_meta(root, repair, KIND)
     names = bank.shards_holding(meta, split)
     L, H = len(meta["tap_layers"]), meta["hidden_size"]
     counts, pos, hid, att, keys, splits = [], [], [], [], [], []
@@ -339,6 +352,8 @@ def load_features(root: Path, split: str | None = None, repair: str | None = Non
         positions, hidden, attn = positions[flat], hidden[flat], attn[flat]
         offsets = np.concatenate([[0], np.cumsum(counts[take])]).astype(np.int64)
         keys, splits = keys[take], splits[take]
+    for array in (offsets, positions, hidden, attn, keys, splits):
+        array.flags.writeable = False  # shared by every caller of this version and split
     return PathFeatures(meta, offsets, positions, hidden, attn, keys, splits)
 
 

@@ -14,11 +14,13 @@ import torch
 
 from stopexp import bank
 from stopexp.config import check_plan
+from stopexp.errors import ConfigError
 from stopexp.metrics import (auprc, bootstrap_ci, is_binary, nonfinite, per_group_auroc,
                              pooled_auroc, reward_ranking, text_metrics, within_prompt_auroc)
 from stopexp.policies import build_policy
 from stopexp.selection import lm_scores, pick
 from stopexp.stopping import kv_peaks
+from stopexp.tasks.answers import vote_clusters
 from stopexp.voting import elect, rule_score
 
 log = logging.getLogger(__name__)
@@ -41,6 +43,7 @@ class Paths:
     checks: list | None = None  # replay: the predictor batch at every check (checks[0] is batch)
     reward: np.ndarray | None = None      # each path's reward (stopexp/rewards.py)
     lm_score: np.ndarray | None = None    # mean log-prob of its generated tokens (selection)
+    answer_format: str | None = None      # equivalent answers vote as one (tasks.vote_format)
 
 
 @dataclass
@@ -66,17 +69,19 @@ def batches_at(ds, feats, checks: list[int]) -> list[dict]:
     return [feature_bank.tensors_at(ds, feats, c) for c in checks]
 
 
-def replay_paths(root: Path, features: Path | None, split: str, checkpoint: int | list[int]) -> Paths:
+def replay_paths(root: Path, features: Path | None, split: str, checkpoint: int | list[int],
+                 answer_format: str | None = None) -> Paths:
     """The bank's `split` paths with the predictor batch at `checkpoint` (tokens), or at
     each of several checks (`Paths.checks`; `batch` is the first), joined with their
     `features` (a features directory, `stopexp.feature_bank`). Without features the batch
-    holds no hidden state or signals (enough for the stopping protocols). ValueError when
-    the bank holds no such paths or the features lack a check."""
+    holds no hidden state or signals (enough for the stopping protocols); `answer_format`:
+    the task's `vote_format`. ValueError when the bank holds no such paths or the features
+    lack a check."""
     from stopexp import feature_bank
 
     ds = bank.load_bank(root, split)
     if not len(ds):
-        raise ValueError(f"evaluate.split: the trace bank has no {split!r} paths")
+        raise ConfigError(f"evaluate.split: the trace bank has no {split!r} paths")
     at = [checkpoint] if isinstance(checkpoint, (int, np.integer)) else list(checkpoint)
     if features is not None:
         checks = batches_at(ds, feature_bank.load_features(features, split), at)
@@ -99,7 +104,7 @@ def replay_paths(root: Path, features: Path | None, split: str, checkpoint: int 
                  text=np.asarray(ds["text"][:], dtype=object), alive=t["alive"].numpy(),
                  batch=t, prompt_ids=prompt_ids, prompt_len=np.asarray(ds["prompt_len"][:]),
                  checks=checks, reward=bank.rewards_of(ds).astype(float),
-                 lm_score=lm_scores(ds["token_logprob"][:]))
+                 lm_score=lm_scores(ds["token_logprob"][:]), answer_format=answer_format)
 
 
 def bank_paths_and_confs(root: Path, split: str, checkpoint: int, paths: Paths,
@@ -107,7 +112,7 @@ def bank_paths_and_confs(root: Path, split: str, checkpoint: int, paths: Paths,
     """The bank's paths (`paths` itself in replay) and their per-token confidences, for the
     methods replayed from the bank in either mode."""
     if views is not None:
-        paths = replay_paths(root, None, split, checkpoint)
+        paths = replay_paths(root, None, split, checkpoint, paths.answer_format)
     return paths, list(bank.load_bank(root, split)["token_conf"][:])
 
 
@@ -131,9 +136,10 @@ def outcome(paths: Paths, kept: np.ndarray, checkpoint, n: int, vote: str = "maj
     reward, avg_reward = np.full(G, np.nan), np.full(G, np.nan)
     for g in range(G):
         rows = np.nonzero((paths.group == g) & voter)[0]
-        winner = elect([a or None for a in paths.answer[rows]],
-                       None if signal is None else signal[rows], vote, vote_top)
-        hit = rows[paths.answer[rows] == winner] if winner is not None else rows[:0]
+        answers = np.asarray(vote_clusters(paths.answer[rows], paths.answer_format), dtype=object)
+        winner = elect([a or None for a in answers], None if signal is None else signal[rows],
+                       vote, vote_top)
+        hit = rows[answers == winner] if winner is not None else rows[:0]
         correct[g] = bool(len(hit)) and bool(paths.correct[hit[0]])
         chosen[g] = paths.text[hit[0]] if len(hit) else (paths.text[rows[0]] if len(rows) else "")
         if select != "vote" and len(rows):
@@ -343,7 +349,8 @@ def add_text_metrics(cfg, prompt_ids: np.ndarray, chosen: dict, results: dict) -
     for name, hyps in chosen.items():
         hyps = list(hyps)
         for key, against in (("text_vs_reference", refs), ("text_vs_no_prune", base)):
-            m = results[name][key] = text_metrics(hyps, against, level=level, scorer=scorer)
+            m = results[name][key] = text_metrics(hyps, against, level=level, scorer=scorer,
+                                                  tokenize=task.tokenize)
             if m.get("truncated"):
                 log.warning("%s %s: BERTScore cut %d of %d outputs at the encoder's maximum "
                             "length (their ends do not count)", name, key, m["truncated"], len(hyps))

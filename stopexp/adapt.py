@@ -53,9 +53,12 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from stopexp import bank, plots
 from stopexp.artifacts import write_json
+from stopexp.cli import user_errors
 from stopexp.config import check_output_dirs, checkpoint_tokens, shifted_config, validate
 from stopexp.accounting import Paths, keep_by_policy, outcome, replay_paths
+from stopexp.errors import ConfigError
 from stopexp.losses import build_loss
+from stopexp.tasks import vote_format
 from stopexp.metrics import within_prompt_auroc
 from stopexp.tracking import tracked_run
 
@@ -120,7 +123,8 @@ def take(paths: Paths, groups) -> Paths:
     return Paths(group=new_group, path_id=paths.path_id[rows], length=paths.length[rows],
                  correct=paths.correct[rows], answer=paths.answer[rows], text=paths.text[rows],
                  alive=paths.alive[rows], batch=batch,
-                 prompt_ids=paths.prompt_ids[list(groups)] if paths.prompt_ids is not None else None)
+                 prompt_ids=paths.prompt_ids[list(groups)] if paths.prompt_ids is not None else None,
+                 answer_format=paths.answer_format)
 
 
 def stream_order(n_groups: int, stream: int, heldout: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -128,8 +132,8 @@ def stream_order(n_groups: int, stream: int, heldout: int, seed: int) -> tuple[n
     split's prompts, the first `stream` streamed, the next `heldout` held out."""
     perm = np.random.default_rng(seed).permutation(n_groups)
     if stream + heldout > n_groups:
-        raise ValueError(f"adapt.stream_prompts: {stream} streamed + {heldout} held out exceed the "
-                         f"{n_groups} prompts of the bank's split")
+        raise ConfigError(f"adapt.stream_prompts: {stream} streamed + {heldout} held out exceed the "
+                          f"{n_groups} prompts of the bank's split")
     return perm[:stream], perm[stream:stream + heldout]
 
 
@@ -211,9 +215,9 @@ def replay_continuations(cfg):
     def continue_(view: Paths, rows: np.ndarray):
         rate = view.batch["mc"][torch.as_tensor(rows)].numpy().astype(float)
         if np.isnan(rate).any():
-            raise ValueError("adapt.mc_rollouts: the target bank has no Monte Carlo label at the "
-                             "check for some pruned prefixes; collect the target with "
-                             f"collect.mc_rollouts={K} (in adapt.target) or use evaluate.mode=online")
+            raise ConfigError("adapt.mc_rollouts: the target bank has no Monte Carlo label at the "
+                              "check for some pruned prefixes; collect the target with "
+                              f"collect.mc_rollouts={K} (in adapt.target) or use evaluate.mode=online")
         return rate, K * view.batch["remaining"][torch.as_tensor(rows)].numpy().astype(float), None
 
     return continue_
@@ -342,7 +346,8 @@ def adapt(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
     predictors = load_predictors(cfg, tgt, overrides)
     from stopexp.feature_bank import require_features
 
-    paths = replay_paths(root, require_features(tgt, t_ov), cfg.adapt.split, checkpoint)
+    paths = replay_paths(root, require_features(tgt, t_ov), cfg.adapt.split, checkpoint,
+                         vote_format(tgt.task))
     n_groups = int(paths.group.max()) + 1
     order, held = stream_order(n_groups, cfg.adapt.stream_prompts, cfg.adapt.heldout_prompts,
                                cfg.adapt.seed)
@@ -432,6 +437,7 @@ def print_table(metrics: dict) -> str:
 
 
 @hydra.main(config_path="../conf", config_name="adapt", version_base="1.3")
+@user_errors
 def main(cfg: DictConfig) -> dict:
     validate(cfg)
     check_output_dirs(cfg)

@@ -24,6 +24,7 @@ import torch
 from stopexp.accounting import Paths, keep_by_policy
 from stopexp.evaluate_online import run_launch_check_resume, scatter_batch
 from stopexp.policies import build_policy
+from stopexp.tasks import vote_format
 
 
 class Exploring:
@@ -116,7 +117,7 @@ def _view(run, batch: dict, problems: list, task, n: int, checkpoint: int) -> Pa
                  correct=np.asarray([task.check(problems[i], t) for (i, _), t in zip(keys, text)]),
                  answer=np.asarray([task.answer_of(t) for t in text], dtype=object), text=text,
                  alive=np.asarray([k in batch["row"] for k in keys]), batch={},
-                 prompt_ids=np.asarray([p.prompt_id for p in problems]))
+                 prompt_ids=np.asarray([p.prompt_id for p in problems]), answer_format=vote_format(task))
     view.batch = scatter_batch(batch, [batch["row"][k] for k in keys if k in batch["row"]], len(keys), view)
     view.batch["group"] = torch.as_tensor(view.group)
     view.batch["remaining"] = torch.as_tensor(np.maximum(view.length - checkpoint, 0).astype(np.float32))

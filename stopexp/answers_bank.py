@@ -11,22 +11,27 @@ prompts::
 where intermediate answer i of a branch was read after (i + 1) * probe_freq of its tokens.
 Answers are compared in the canonical form of `stopexp.tasks.answers` (``0.5``, ``1/2``
 and ``\\frac{1}{2}`` are one answer); the gold answer is matched with `equivalent`, so
-math-verify also accepts forms that canonicalise differently. Every distinct canonical
-answer of a prompt gets an integer code (0 = no readable answer) so that the replay of a
-method works on small integer arrays.
+math-verify also accepts forms that canonicalise differently. Every cluster of equivalent
+answers of a prompt (`vote_clusters` over its answers in stored order, each branch's
+probes then its final answer: ``\\sqrt{2}/2`` and ``\\frac{1}{\\sqrt{2}}`` are one) gets an
+integer code (0 = no readable answer), its representative in `answers`, so that every
+vote and consensus of a replayed method counts equivalent answers as one and works on
+small integer arrays.
 """
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from stopexp.tasks.answers import FORMATS, canonical, equivalent
+from stopexp.errors import NotFound, UserError
+from stopexp.tasks.answers import FORMATS, canonical, equivalent, vote_clusters
 
 
-class AnswersBankError(ValueError):
+class AnswersBankError(UserError, ValueError):
     """An answers-only bank file that does not have the documented shape."""
 
 
@@ -69,17 +74,32 @@ class AnswersBank:
         return min(p.n_branches for p in self.prompts)
 
 
+# Token counts above this are no real branch's (and sums over millions of branches stay
+# exact in int64 and float64); larger ones are corrupt data, refused before int64 overflows.
+MAX_TOKENS = 2**40
+
+
 def _fail(where: str, what: str) -> None:
     raise AnswersBankError(f"{where}: {what}. Expected a list of {{\"question\": str, "
                            "\"gold_answer\": str, \"probe_freq\": int > 0, \"each_branch\": "
-                           "[[intermediate_answers: list[str], total_tokens: int >= 0, "
-                           "final_answer: str], ...]}")
+                           "[[intermediate_answers: list[str], total_tokens: int >= probe_freq * "
+                           "len(intermediate_answers), final_answer: str], ...]}")
+
+
+def _count(value, where: str, low: int) -> int:
+    """`value` as a token count in low..MAX_TOKENS; AnswersBankError naming `where` else
+    (a bool, a float such as 4.0 or NaN, a negative or an overflowing number)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_TOKENS:
+        _fail(where, f"must be an integer in {low}..{MAX_TOKENS}, got {value!r}")
+    return value
 
 
 def _text(value, where: str) -> str:
     if value is None:
         return ""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if not math.isfinite(value):
+            _fail(where, f"an answer must be a string (or null) or a finite number, got {value!r}")
         return str(value)
     if not isinstance(value, str):
         _fail(where, f"an answer must be a string (or null), got {type(value).__name__}")
@@ -93,17 +113,13 @@ def parse_prompt(item, where: str, fmt: str) -> AnswersPrompt:
     missing = [k for k in ("question", "gold_answer", "probe_freq", "each_branch") if k not in item]
     if missing:
         _fail(where, f"missing key(s) {', '.join(missing)}")
-    freq = item["probe_freq"]
-    if isinstance(freq, bool) or not isinstance(freq, int) or freq <= 0:
-        _fail(f"{where}.probe_freq", f"must be a positive integer, got {freq!r}")
+    freq = _count(item["probe_freq"], f"{where}.probe_freq", 1)
     branches = item["each_branch"]
     if not isinstance(branches, list) or not branches:
         _fail(f"{where}.each_branch", "must be a non-empty list of branches")
     gold = canonical(_text(item["gold_answer"], f"{where}.gold_answer"), fmt)
     if not gold:
         _fail(f"{where}.gold_answer", f"no readable answer in {item['gold_answer']!r}")
-    codes = {"": 0}
-    code = lambda a: codes.setdefault(canonical(a, fmt), len(codes))  # noqa: E731
     final, tokens, probes = [], [], []
     for b, branch in enumerate(branches):
         w = f"{where}.each_branch[{b}]"
@@ -112,11 +128,23 @@ def parse_prompt(item, where: str, fmt: str) -> AnswersPrompt:
         inter, total, last = branch
         if not isinstance(inter, list):
             _fail(f"{w}[0]", f"intermediate_answers must be a list, got {type(inter).__name__}")
-        if isinstance(total, bool) or not isinstance(total, int) or total < 0:
-            _fail(f"{w}[1]", f"total_tokens must be an integer >= 0, got {total!r}")
-        probes.append([code(_text(a, f"{w}[0][{i}]")) for i, a in enumerate(inter)])
+        _count(total, f"{w}[1] (total_tokens)", 0)
+        probes.append([canonical(_text(a, f"{w}[0][{i}]"), fmt) for i, a in enumerate(inter)])
+        if len(inter) * freq > total:  # answer i is read after (i + 1) * probe_freq tokens
+            _fail(f"{w}[1] (total_tokens)", f"{total} tokens, but its {len(inter)} intermediate "
+                                            f"answers are read every probe_freq={freq} tokens, "
+                                            f"the last after {len(inter) * freq}")
         tokens.append(total)
-        final.append(code(_text(last, f"{w}[2]")))
+        final.append(canonical(_text(last, f"{w}[2]"), fmt))
+    # one code per cluster of equivalent answers, in the order read (each branch's probes, then
+    # its final answer)
+    seen = [a for row, last in zip(probes, final) for a in (*row, last)]
+    cluster = dict(zip(seen, vote_clusters(seen, fmt)))
+    codes = {"": 0}
+    for a in seen:
+        codes.setdefault(cluster[a], len(codes))
+    final = [codes[cluster[a]] for a in final]
+    probes = [[codes[cluster[a]] for a in row] for row in probes]
     grid = np.zeros((len(branches), max(map(len, probes))), np.int64)
     for b, row in enumerate(probes):
         grid[b, :len(row)] = row
@@ -132,13 +160,13 @@ def load_answers_bank(path: str | Path, fmt: str = "boxed") -> AnswersBank:
 
     fmt: the answer format of `stopexp.tasks.answers` used to canonicalise answers
     ("boxed": LaTeX or numbers, the default for competition math; "numeric").
-    Raises FileNotFoundError for a missing file and AnswersBankError naming the file, the
+    Raises NotFound (a FileNotFoundError) for a missing file and AnswersBankError naming the file, the
     line (for broken JSON) or the prompt / branch index and key that is wrong."""
     if fmt not in FORMATS:
         raise AnswersBankError(f"answers format {fmt!r} unknown; allowed: {', '.join(FORMATS)}")
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"answers-only bank {path} does not exist")
+        raise NotFound(f"answers-only bank {path} does not exist")
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as e:

@@ -10,7 +10,10 @@ seeded shuffles, and every number is reported as a mean and a standard deviation
 Methods (none needs a hidden state):
 - no_prune: all n branches to the end, majority vote (self-consistency, SC@n);
 - random: Launch-Check-Resume with a random choice: launch n, at `check_tokens` keep k of
-  the running branches at random, finish them, vote (branches ended before the check vote);
+  the running branches at random, finish them, vote (branches ended before the check vote).
+  Unset, k = round(sqrt(n)) (as policy.keep from search.n_paths: 8 of 64) and check_tokens
+  = 15% of the bank's median branch length (the standard check: 5 of a typical ~33-token
+  toy path), so that the check falls inside the paths of any bank;
 - esc (arXiv 2401.10480), adaptive_consistency (arXiv 2305.11860), parallel_probe
   (arXiv 2602.03845): see their modules under stopexp/search/.
 """
@@ -24,16 +27,33 @@ from typing import Callable
 import numpy as np
 
 from stopexp.answers_bank import AnswersBank, AnswersPrompt, Decision, load_answers_bank, vote_codes
+from stopexp.config import derived_keep
+from stopexp.errors import CannotWrite, ConfigError, reported
 from stopexp.search.adaptive_consistency import DEFAULT_THRESHOLD, adaptive_consistency
 from stopexp.search.esc import DEFAULT_WINDOW, esc
 from stopexp.search.parallel_probe import parallel_probe
 
 Method = Callable[[AnswersPrompt, np.ndarray], Decision]
 METHOD_NAMES = ("no_prune", "random", "esc", "adaptive_consistency", "parallel_probe")
-DEFAULTS = {"methods": ",".join(METHOD_NAMES), "n": 64, "k": 8, "check_tokens": 2048,
+# k and check_tokens: None = derived from n and from the bank (derived_k, derived_check_tokens)
+DEFAULTS = {"methods": ",".join(METHOD_NAMES), "n": 64, "k": None, "check_tokens": None,
             "shuffles": 100, "seed": 0, "format": "boxed", "esc_window": DEFAULT_WINDOW,
             "asc_threshold": DEFAULT_THRESHOLD, "pp_stable": 3, "pp_deviate": 3, "pp_warmup": 2,
             "out": ""}
+
+
+CHECK_SHARE = 0.15  # check_tokens' default: this share of the median stored branch length
+
+
+def derived_k(n: int) -> int:
+    """k's default: round(sqrt(n)), as policy.keep is derived from search.n_paths."""
+    return derived_keep(n)
+
+
+def derived_check_tokens(bank: AnswersBank) -> int:
+    """check_tokens' default: CHECK_SHARE of the median branch length in the bank (>= 1)."""
+    lengths = np.concatenate([q.tokens for q in bank.prompts])
+    return max(1, round(CHECK_SHARE * float(np.median(lengths))))
 
 
 def no_prune(prompt: AnswersPrompt, order: np.ndarray) -> Decision:
@@ -54,7 +74,8 @@ def random_keep(prompt: AnswersPrompt, order: np.ndarray, k: int, check_tokens: 
 
 def build_methods(names: list[str], k: int, check_tokens: int, esc_window: int,
                   asc_threshold: float, pp_stable: int, pp_deviate: int, pp_warmup: int) -> dict:
-    """name -> Method for the names in METHOD_NAMES; ValueError naming an unknown one."""
+    """name -> Method for the names in METHOD_NAMES; ConfigError naming an unknown one or
+    a method setting out of range."""
     table = {"no_prune": no_prune,
              "random": partial(random_keep, k=k, check_tokens=check_tokens),
              "esc": partial(esc, window=esc_window),
@@ -63,7 +84,14 @@ def build_methods(names: list[str], k: int, check_tokens: int, esc_window: int,
                                        warmup=pp_warmup)}
     unknown = [m for m in names if m not in table]
     if unknown:
-        raise ValueError(f"methods: {', '.join(unknown)} unknown; allowed: {', '.join(METHOD_NAMES)}")
+        raise ConfigError(f"methods: {', '.join(unknown)} unknown; allowed: {', '.join(METHOD_NAMES)}")
+    for key, value, ok, allowed in (("esc_window", esc_window, esc_window >= 1, ">= 1"),
+                                    ("asc_threshold", asc_threshold, 0 < asc_threshold <= 1, "in (0, 1]"),
+                                    ("pp_stable", pp_stable, pp_stable >= 1, ">= 1"),
+                                    ("pp_deviate", pp_deviate, pp_deviate >= 1, ">= 1"),
+                                    ("pp_warmup", pp_warmup, pp_warmup >= 0, ">= 0")):
+        if not ok:  # before the bank is read, not mid-replay
+            raise ConfigError(f"{key}={value}: must be {allowed}")
     return {m: table[m] for m in names}
 
 
@@ -72,10 +100,10 @@ def draws(bank: AnswersBank, n: int, shuffles: int, seed: int) -> list[list[np.n
     permutation of the stored branches, the same for every method)."""
     if not 1 <= n <= bank.min_branches:
         small = min(range(len(bank.prompts)), key=lambda i: bank.prompts[i].n_branches)
-        raise ValueError(f"n={n} branches per prompt: must be in 1..{bank.min_branches} (prompt "
-                         f"{small} of {bank.source} stores {bank.min_branches})")
+        raise ConfigError(f"n={n} branches per prompt: must be in 1..{bank.min_branches} (prompt "
+                          f"{small} of {bank.source} stores {bank.min_branches})")
     if shuffles < 1:
-        raise ValueError(f"shuffles must be >= 1, got {shuffles}")
+        raise ConfigError(f"shuffles must be >= 1, got {shuffles}")
     return [[np.random.default_rng([seed, s, p]).permutation(q.n_branches)[:n]
              for p, q in enumerate(bank.prompts)] for s in range(shuffles)]
 
@@ -137,7 +165,8 @@ def no_prune_points(bank: AnswersBank, n: int, orders: list[list[np.ndarray]]) -
 def print_table(metrics: dict) -> str:
     p = metrics["protocol"]
     lines = [f"Answers-only replay of {p['source']}: {p['prompts']} prompts, n={p['n']} of the stored "
-             f"branches, mean (std) over {p['shuffles']} shuffles",
+             f"branches, mean (std) over {p['shuffles']} shuffles; random keeps k={p['k']} at "
+             f"{p['check_tokens']} tokens",
              f"{'method':<22}{'accuracy':>9}{'(std)':>8}{'tokens/prompt':>15}{'(std)':>10}"
              f"{'ratio':>7}{'launched':>9}{'wrongly pruned':>15}"]
     for name, r in metrics["methods"].items():
@@ -153,32 +182,39 @@ def parse_args(argv: list[str]) -> dict:
     """`PATH key=value ...` -> settings (DEFAULTS filled in); ValueError naming a bad key."""
     paths = [a for a in argv if "=" not in a]
     if len(paths) != 1:
-        raise ValueError(f"give exactly one answers-only bank (a .json file), got {paths or 'none'}")
+        raise ConfigError(f"give exactly one answers-only bank (a .json file), got {paths or 'none'}")
     args = dict(DEFAULTS, path=paths[0])
     for a in argv:
         if "=" not in a:
             continue
         key, value = a.split("=", 1)
         if key not in DEFAULTS:
-            raise ValueError(f"{key}: unknown setting; allowed: {', '.join(DEFAULTS)}")
-        kind = type(DEFAULTS[key])
+            raise ConfigError(f"{key}: unknown setting; allowed: {', '.join(DEFAULTS)}")
+        kind = int if key in ("k", "check_tokens") else type(DEFAULTS[key])
         try:
             args[key] = kind(value)
         except ValueError:
-            raise ValueError(f"{key}={value!r}: must be a {kind.__name__}") from None
+            raise ConfigError(f"{key}={value!r}: must be a {kind.__name__}") from None
     args["methods"] = [m for m in args["methods"].strip("[]").split(",") if m]
     return args
 
 
 def run(args: dict) -> dict:
-    """Load, check every setting, replay, and (with `out`) write metrics.json and pareto.png."""
+    """Load, check every setting, replay, and (with `out`) write metrics.json and pareto.png.
+    The bank is read first: k and check_tokens default to values derived from n and it."""
+    bank = load_answers_bank(args["path"], args["format"])
+    args = {**args, "k": derived_k(args["n"]) if args["k"] is None else args["k"],
+            "check_tokens": (derived_check_tokens(bank) if args["check_tokens"] is None
+                             else args["check_tokens"])}
     methods = build_methods(args["methods"], args["k"], args["check_tokens"], args["esc_window"],
                             args["asc_threshold"], args["pp_stable"], args["pp_deviate"],
                             args["pp_warmup"])
-    if not 1 <= args["k"] <= args["n"]:
-        raise ValueError(f"k={args['k']}: must be in 1..n={args['n']}")
-    bank = load_answers_bank(args["path"], args["format"])
     orders = draws(bank, args["n"], args["shuffles"], args["seed"])
+    if not 1 <= args["k"] <= args["n"]:
+        raise ConfigError(f"k={args['k']}: must be in 1..n={args['n']} (or leave k unset: "
+                          f"round(sqrt(n)) = {derived_k(args['n'])})")
+    if args["check_tokens"] < 1:
+        raise ConfigError(f"check_tokens={args['check_tokens']}: must be >= 1")
     results = replay(bank, methods, orders)
     points = no_prune_points(bank, args["n"], orders) + [
         {"method": m, "n": args["n"], "k": round(r["branches_launched"], 1), "accuracy": r["accuracy"],
@@ -197,10 +233,14 @@ def run(args: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    try:
-        metrics = run(parse_args(sys.argv[1:] if argv is None else argv))
-    except (ValueError, FileNotFoundError) as e:
-        raise SystemExit(f"answers_replay: {e}") from None
+    """A bad setting, a missing or broken bank, an `out` that cannot be written: one
+    `error:` line and exit code 2 (stopexp.errors)."""
+    with reported():
+        try:
+            metrics = run(parse_args(sys.argv[1:] if argv is None else argv))
+        except CannotWrite as e:
+            e.setting = "out"
+            raise
     print(print_table(metrics))
     return metrics
 

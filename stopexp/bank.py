@@ -34,7 +34,8 @@ from datasets import load_from_disk
 from datasets.utils.logging import disable_progress_bar
 
 from stopexp.artifacts import config_hash, plain, publish_dir, staging_dir, write_json
-from stopexp.config import checkpoint_tokens
+from stopexp.config import checkpoint_tokens, decode_escapes, decoded_text
+from stopexp.errors import UserError, writing
 from stopexp.integrity import dir_problem, file_sha256, records
 
 disable_progress_bar()  # one bar per shard save would drown the collect progress bar
@@ -48,13 +49,35 @@ REPAIR = ("rerun the collect command that made it (python -m stopexp.collect wit
           "overrides); it recomputes damaged or missing shards and rewrites meta.json")
 
 
-class BankMissing(FileNotFoundError):
+class BankMissing(UserError, FileNotFoundError):
     """No trace bank for this config; the message gives the command that makes it."""
 
 
 class BankDamaged(BankMissing):
     """A bank whose files differ from what it records (a shard missing, truncated or
     altered, or meta.json unreadable); the message names them and the repair."""
+
+
+class ArtifactMismatch(BankDamaged):
+    """An artifact whose own record (meta.json) says it was made for something other than
+    the config at hand (another model, width, tap, bank, ...): another artifact put in its
+    place, or an edited record. The message names the field, both values and the repair."""
+
+
+def misfit(meta: dict, want: dict) -> str | None:
+    """The first field of `want` that `meta` records otherwise, as a phrase, or None."""
+    for field, value in want.items():
+        value = json.loads(json.dumps(value))  # tuples as lists, as meta.json holds them
+        if meta.get(field) != value:
+            return f"its meta.json records {field}={meta.get(field)!r}, this config expects {value!r}"
+    return None
+
+
+def check_fit(kind: str, root: Path, meta: dict, want: dict, repair: str) -> None:
+    """Refuse (ArtifactMismatch) an artifact whose record differs from `want` in a field."""
+    problem = misfit(meta, want)
+    if problem:
+        raise ArtifactMismatch(f"{kind} {root} does not fit this config: {problem}.\nRepair:  {repair}")
 
 
 def checkpoints_of(cfg) -> list[int]:
@@ -72,7 +95,8 @@ def sampling_section(search) -> dict:
     keys = ("n_paths", "max_new_tokens", "temperature", "top_p", "top_k", "do_sample",
             "conf_topk", "group_window", "stop")
     out = {k: search[k] for k in keys}
-    out["stop"] = list(out["stop"])  # stop strings change the paths' content
+    # stop strings change the paths' content: as they are used, escapes decoded
+    out["stop"] = [decode_escapes(x) for x in out["stop"]]
     return out
 
 
@@ -111,7 +135,9 @@ def bank_key(cfg) -> str:
         model.pop("long_prompts", None)
         model.pop("max_prompt_tokens", None)
     collect = {k: v for k, v in plain(cfg.collect).items() if k not in ("rank", "world")}
-    task = plain(cfg.task)
+    task = decoded_text(plain(cfg.task))  # text keys as the task reads them
+    if task.get("tokenize") == "13a":  # the default: keys as before
+        task.pop("tokenize")
     content = task_content(cfg.task)
     if content is not None:
         task = {**task, "content": content}
@@ -130,6 +156,39 @@ def bank_key(cfg) -> str:
 
 def bank_dir(cfg) -> Path:
     return Path(cfg.paths.cache_dir) / "traces" / bank_key(cfg)
+
+
+def expected_meta(cfg) -> dict:
+    """What the bank of `cfg` must record, from the config alone: the LM's name, its width
+    and depth where the config gives them (the toy LM's always), the sampling and the
+    labels the consumers rely on, and the key the bank sits under."""
+    size = cfg.model.toy if cfg.model.get("toy") is not None else cfg.model
+    want = {"model_name": cfg.model.name}
+    want.update({k: size[k] for k in ("hidden_size", "num_layers") if size.get(k) is not None})
+    return {**want, "n_paths": cfg.search.n_paths, "seed": cfg.seed,
+            "mc_rollouts": cfg.collect.mc_rollouts, "checkpoints": mc_checkpoints(cfg),
+            "key": bank_key(cfg)}
+
+
+# what collect measures on the loaded LM and no two shards of one bank differ in (the dtype
+# may: model.dtype=auto on the machines of an array job)
+MEASURED = ("hidden_size", "num_layers")
+
+
+def shard_misfit(root: Path, name: str, rec: dict, plan: dict[int, dict], want: dict) -> str | None:
+    """Why a bank shard's own record says it belongs elsewhere: written for another bank,
+    holding another part of the plan (`plan`: index -> its split and prompts), or measured
+    on an LM of another width or depth than `want` records; None when it fits."""
+    if rec.get("bank", root.name) != root.name:  # shards written before the field: by the plan
+        return f"shard {name} was written for the bank {rec['bank']}"
+    part = plan.get(shard_index(name))
+    if part is None or (rec.get("split"), rec.get("prompts")) != (part["split"], part["prompts"]):
+        return (f"shard {name} holds {rec.get('prompts')} {rec.get('split')} prompts, the plan "
+                + (f"{part['prompts']} {part['split']} ones" if part else "no such shard"))
+    for k in MEASURED:
+        if k in rec and k in want and rec[k] != want[k]:
+            return f"shard {name} records {k}={rec[k]!r}, {want[k]!r} expected"
+    return None
 
 
 def features(n_checkpoints: int) -> Features:
@@ -164,16 +223,17 @@ def write_shard(root: Path, name: str, rows: dict, feats: Features, info: dict |
     final = root / name
     tmp = staging_dir(final)
     try:
-        n = len(rows["length"])
-        if n:  # else every prompt was filtered out: the shard is done but holds nothing
-            Dataset.from_dict(rows, features=feats).save_to_disk(str(tmp))
-        splits = sorted(set(rows["split"]))
-        record = {"index": shard_index(name), "rows": n,
-                  "splits": {s: rows["split"].count(s) for s in splits},
-                  "files": records(tmp),
-                  **(info or {})}
-        write_json(tmp / MANIFEST, record)
-        publish_dir(tmp, final)
+        with writing(final):  # a full disk names the shard, not its temporary dir
+            n = len(rows["length"])
+            if n:  # else every prompt was filtered out: the shard is done but holds nothing
+                Dataset.from_dict(rows, features=feats).save_to_disk(str(tmp))
+            splits = sorted(set(rows["split"]))
+            record = {"index": shard_index(name), "rows": n,
+                      "splits": {s: rows["split"].count(s) for s in splits},
+                      "files": records(tmp),
+                      **(info or {})}
+            write_json(tmp / MANIFEST, record)
+            publish_dir(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -324,16 +384,27 @@ def planned_prompts(meta: dict, split: str) -> int:
 
 
 def require_bank(cfg, overrides: list[str] | None = None) -> Path:
-    """The bank for this config, verified (cheaply) against its record, or an error that
-    names what is missing or damaged and prints the exact collect command."""
+    """The bank for this config, verified (cheaply) against its record, and its record
+    against the config (`expected_meta`) and its shards' records (`shard_misfit`), or an
+    error that names what is missing, damaged or misfitting and prints the collect command."""
     root = bank_dir(cfg)
     command = f"python -m stopexp.collect {' '.join(overrides or [])}".rstrip()
     if not (root / "meta.json").exists():
         raise BankMissing(f"no complete trace bank for this config at {root}.\n"
                           f"Make it with:  {command}"
                           + "\n(or run python -m stopexp.pipeline, which makes it for you)")
-    verify_bank(root, repair=f"{command}\n(collect recomputes only the damaged or missing "
-                             "shards; python -m stopexp.pipeline does too)")
+    repair = (f"{command}\n(collect recomputes only the damaged, missing or misfitting shards "
+              "and rewrites meta.json; python -m stopexp.pipeline does too)")
+    meta = verify_bank(root, repair=repair)
+    want = expected_meta(cfg)
+    check_fit("trace bank", root, meta, want, repair)
+    plan = {p["index"]: p for p in meta.get("plan", [])}
+    measured = {k: meta.get(k) for k in MEASURED}  # the bank's record and its shards' agree
+    for name, rec in sorted(meta["shards"].items()):
+        problem = shard_misfit(root, name, rec, plan, measured)
+        if problem:
+            raise ArtifactMismatch(f"trace bank {root} does not fit its own record: {problem}."
+                                   f"\nRepair:  {repair}")
     return root
 
 

@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 from stopexp import bank
 from stopexp.artifacts import write_json
+from stopexp.cli import user_errors
 from stopexp.config import check_output_dirs, validate
 from stopexp.integrity import set_aside
 from stopexp.ranks import barrier, in_group, join_group, leave_group, shard_of
@@ -59,9 +60,11 @@ def difficulty_filter(cfg, cols: dict) -> dict:
     return {k: [v for v, m in zip(vals, mask) if m] for k, vals in cols.items()}
 
 
-def summarize(root: Path) -> dict:
-    """Per-path and vote accuracy, tokens and sanity counts over the whole bank."""
+def summarize(root: Path, answer_format: str | None = None) -> dict:
+    """Per-path and vote accuracy, tokens and sanity counts over the whole bank; equivalent
+    answers of `answer_format` (the task's `vote_format`) vote as one."""
     from stopexp.search.sample import vote
+    from stopexp.tasks.answers import vote_clusters
 
     ds = bank.load_bank(root)
     correct = np.asarray(ds["correct"][:])
@@ -70,28 +73,39 @@ def summarize(root: Path) -> dict:
     votes = []
     for key in np.unique(keys):
         sel = keys == key
-        winner = vote([a or None for a in answers[sel]])
-        votes.append(winner is not None and correct[sel][answers[sel] == winner].any())
+        clustered = np.asarray(vote_clusters(answers[sel], answer_format), dtype=object)
+        winner = vote([a or None for a in clustered])
+        votes.append(winner is not None and correct[sel][clustered == winner].any())
     return {"paths": int(len(correct)), "prompts": int(len(votes)),
             "path_accuracy": float(correct.mean()), "vote_accuracy": float(np.mean(votes)),
             "mean_reward": float(bank.rewards_of(ds).mean()),
             "tokens_total": int(np.asarray(ds["length"][:]).sum())}
 
 
-def verified_shards(root: Path, indices, trusted: set[str] = frozenset()) -> dict[int, str]:
+def plan_parts(shards: list) -> dict[int, dict]:
+    """index -> the split and number of prompts of each shard of the plan (as recorded)."""
+    return {i: {"split": s[0].split, "prompts": len(s)} for i, s in enumerate(shards)}
+
+
+def verified_shards(root: Path, indices, plan: dict[int, dict], want: dict,
+                    trusted: set[str] = frozenset()) -> dict[int, str]:
     """index -> name of a shard that matches its record byte for byte, for each of
     `indices` that has one. Damaged shards (unreadable record, a file missing, truncated or
-    garbled) are set aside, so that they are recomputed; `trusted` shards were just written
-    by this process and are not read again."""
+    garbled) and shards whose record says they belong elsewhere (another bank, another part
+    of the `plan`, an LM of another size than `want`, the bank's expected record:
+    `bank.shard_misfit`) are set aside, so that they are recomputed; `trusted` shards were
+    just written by this process and are not read again."""
     found, good = bank.shard_dirs(root), {}
     for i in indices:
         for name in found.get(i, []):
             problem = None if name in trusted else bank.shard_problem(root / name, full=True)
+            if problem is None and name not in trusted:
+                problem = bank.shard_misfit(root, name, bank.read_record(root / name), plan, want)
             if problem is None:
                 good.setdefault(i, name)  # a duplicate from another world size is ignored
             else:
-                log.warning("trace bank %s: shard %s is damaged (%s); set aside, it is recomputed "
-                            "by the collect that owns it", root, name, problem)
+                log.warning("trace bank %s: shard %s is damaged or misfits (%s); set aside, it is "
+                            "recomputed by the collect that owns it", root, name, problem)
                 set_aside(root / name)
     return good
 
@@ -104,13 +118,13 @@ def collect(cfg, rank: int = 0, world: int = 1, run=None) -> dict:
     its record byte for byte. A single process (world 1) or a launcher group that cannot
     complete it raises BankDamaged; one job of an array (collect.rank/world) may end with
     it incomplete (the other jobs finish it), which it logs with the ranks still owing."""
-    from stopexp.tasks import build_task
+    from stopexp.tasks import build_task, vote_format
 
     root = bank.bank_dir(cfg)
     task = build_task(cfg.task)
     shards = plan(cfg, task)
     todo = [i for i in range(len(shards)) if i % world == rank]
-    done = verified_shards(root, todo)
+    done = verified_shards(root, todo, plan_parts(shards), bank.expected_meta(cfg))
     pending = [i for i in todo if i not in done]
     checkpoints = bank.mc_checkpoints(cfg)
     written, paths = _fill(cfg, root, task, shards, pending, rank, checkpoints) if pending else (set(), 0)
@@ -142,7 +156,7 @@ def collect(cfg, rank: int = 0, world: int = 1, run=None) -> dict:
                 "shards_done": len(shards) - len(missing)}
     if grouped and rank:
         return {"bank": str(root), "complete": True, **mine}
-    summary = summarize(root)
+    summary = summarize(root, vote_format(cfg.task))
     if run is not None:
         meta = bank.read_meta(root)
         run.summary_update({f"collect/{k}": v for k, v in summary.items()})
@@ -157,12 +171,13 @@ def _settle(cfg, root: Path, task, shards: list, trusted: set[str], rank: int) -
     """Verify every shard of the plan (byte for byte, except the `trusted` ones this
     process has just checked or written) and write meta.json if this process may: rank 0,
     or any process that finds the bank complete. Returns the indices still missing."""
-    good = verified_shards(root, range(len(shards)), trusted)
+    parts, want = plan_parts(shards), bank.expected_meta(cfg)
+    good = verified_shards(root, range(len(shards)), parts, want, trusted)
     missing = [i for i in range(len(shards)) if i not in good]
     if rank == 0 or not missing:
         missing = _write_meta(cfg, root, task, shards, good, missing)
         if missing:  # another job of an array may have finished meanwhile: never leave
-            good = verified_shards(root, range(len(shards)), set(good.values()))
+            good = verified_shards(root, range(len(shards)), parts, want, set(good.values()))
             if len(good) == len(shards):  # a stale "incomplete" behind
                 missing = _write_meta(cfg, root, task, shards, good, [])
     return missing
@@ -199,6 +214,7 @@ def _fill(cfg, root: Path, task, shards: list, pending: list[int], rank: int,
         for i in pending:
             shard_start = time.time()
             problems = fit_prompts(tokenizer, shards[i], limit, cfg.model.long_prompts)
+            clipped_before = reward.clipped if reward is not None else 0
             cols, mc_tokens = trace_problems(engine, tokenizer, task, problems, cfg.search.n_paths,
                                              cfg.seed, checkpoints, cfg.collect.mc_rollouts,
                                              row_cap(cfg, tokenizer, problems), reward)
@@ -206,10 +222,15 @@ def _fill(cfg, root: Path, task, shards: list, pending: list[int], rank: int,
             paths += len(cols["length"])
             tokens += shard_tokens
             name = bank.shard_name(i, rank)
+            # bounded rewards clipped into [0, 1] (rounding only: stopexp.rewards.BOUND_SLACK)
+            clipped = {} if reward is None else {"rewards_clipped": reward.clipped - clipped_before}
+            if clipped.get("rewards_clipped"):
+                log.info("shard %s: %d rewards clipped into [0, 1] (rounding)", name,
+                         clipped["rewards_clipped"])
             bank.write_shard(root, name, difficulty_filter(cfg, cols), feats,
-                             {"split": shards[i][0].split, "prompts": len(shards[i]),
+                             {"bank": root.name, "split": shards[i][0].split, "prompts": len(shards[i]),
                               "tokens": shard_tokens, "seconds": time.time() - shard_start,
-                              **measured})
+                              **measured, **clipped})
             written.add(name)
             bar.update(len(shards[i]))
             rate = time.time() - start
@@ -251,7 +272,7 @@ def _write_meta(cfg, root: Path, task, shards: list, good: dict[int, str],
         "n_paths": cfg.search.n_paths, "task": OmegaConf.to_container(cfg.task),
         "seed": cfg.seed, "mc_rollouts": cfg.collect.mc_rollouts,
         "version": bank.BANK_VERSION, **known,
-        "plan": [{"index": i, "split": s[0].split, "prompts": len(s)} for i, s in enumerate(shards)],
+        "plan": [{"index": i, **part} for i, part in plan_parts(shards).items()],
         "shards": records, **({"missing": missing} if missing else {}),
         # which source rows form each split (file-based tasks), fixed by task.seed
         **({"split_rows": task.split_rows} if hasattr(task, "split_rows") else {})})
@@ -266,6 +287,7 @@ def _sample_table(run, root: Path, n: int = 20):
 
 
 @hydra.main(config_path="../conf", config_name="collect", version_base="1.3")
+@user_errors
 def main(cfg: DictConfig) -> dict:
     validate(cfg)
     check_output_dirs(cfg)

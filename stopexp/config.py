@@ -6,6 +6,7 @@ a YAML file or on the command line fails at composition with a message naming th
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -16,9 +17,34 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf, open_dict
 
+from stopexp.errors import ConfigError
 
-class ConfigError(ValueError):
-    """A config value outside what is allowed; the message names the key."""
+
+# Hydra's override grammar unescapes only quotes and backslashes before quotes, so
+# `search.stop='["\n\nQuestion:"]'` arrives as a literal backslash-n. The text keys below
+# decode `\n`, `\t`, `\r` and `\\` once, where the config is read (never in place, so
+# reading a config twice cannot decode twice); any other backslash stays, as in `\boxed`.
+TEXT_KEYS = ("stop", "prompt_template", "instruction")  # of the task; search.stop too
+# sacrebleu's tokenizers that need no download (flores, spm) or extra package (mecab)
+TEXT_TOKENIZERS = ("13a", "intl", "zh", "char")
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
+_ESCAPE = re.compile(r"\\([ntr\\])")
+
+
+def decode_escapes(text: str) -> str:
+    r"""`text` with `\n`, `\t`, `\r` and `\\` (two characters each) decoded, left to right."""
+    return _ESCAPE.sub(lambda m: _ESCAPES[m[1]], text)
+
+
+def decoded_text(section: dict) -> dict:
+    """A plain config section with its TEXT_KEYS decoded (`decode_escapes`)."""
+    out = dict(section)
+    for key in TEXT_KEYS:
+        if isinstance(out.get(key), str):
+            out[key] = decode_escapes(out[key])
+        elif out.get(key) is not None:
+            out[key] = [decode_escapes(x) if isinstance(x, str) else x for x in out[key]]
+    return out
 
 
 def project_root() -> Path:
@@ -38,6 +64,36 @@ if not OmegaConf.has_resolver("stopexp_root"):
     OmegaConf.register_new_resolver("stopexp_root", lambda: str(project_root()))
 if not OmegaConf.has_resolver("model_name_of"):
     OmegaConf.register_new_resolver("model_name_of", model_name_of)
+
+
+# Defaults that only make sense relative to N = search.n_paths are derived from it, so a
+# run shrunk to search.n_paths=8 needs no other edit: K = round(sqrt(N)) (8 of 64, 4 of 16,
+# 3 of 8), the retentions K/2, K, 2K and the Pareto Ns K, N/2, N (within 1..N).
+def derived_keep(n_paths: int, check_at: Any = None, policy: str = "topk") -> Any:
+    """policy.keep's default: K = round(sqrt(N)); with several checks under policy=topk one
+    K per check, doubling backwards from the last (64 paths, 2 checks: [16, 8])."""
+    k = max(1, round(math.sqrt(n_paths)))
+    checks = check_values(check_at) if check_at is not None else [None]
+    if policy != "topk" or len(checks) == 1:
+        return k
+    return [min(n_paths, k * 2 ** (len(checks) - 1 - i)) for i in range(len(checks))]
+
+
+def derived_retention(n_paths: int) -> list[int]:
+    """evaluate.retention's default: K/2, K, 2K for K = round(sqrt(N)), within 1..N."""
+    k = derived_keep(n_paths)
+    return sorted({max(1, k // 2), k, min(n_paths, 2 * k)})
+
+
+def derived_n_points(n_paths: int) -> list[int]:
+    """evaluate.n_points's default: K = round(sqrt(N)), N // 2 and N, within 1..N."""
+    return sorted({derived_keep(n_paths), max(1, n_paths // 2), n_paths})
+
+
+for _name, _fn in (("stopexp_keep", derived_keep), ("stopexp_retention", derived_retention),
+                   ("stopexp_n_points", derived_n_points)):
+    if not OmegaConf.has_resolver(_name):
+        OmegaConf.register_new_resolver(_name, _fn)
 import stopexp.run_id  # noqa: E402,F401  (registers ${stopexp_run_id:} for the run dirs)
 
 
@@ -117,6 +173,9 @@ class TaskConfig:
     format: str = "fewshot"              # fewshot (plain text) | chat (one user turn)
     instruction: str = ""                # chat format: text before the examples
     stop: List[str] = field(default_factory=list)  # the task's natural stop strings
+    # how BLEU / ROUGE (metrics and rewards) split a word-level task's text into words:
+    # 13a (scripts with spaces: Latin, Cyrillic, ...) | intl | zh (Chinese) | char
+    tokenize: str = "13a"
 
 
 @dataclass
@@ -179,7 +238,9 @@ class LossConfig:
 @dataclass
 class PolicyConfig:
     name: str = "topk"             # fixed | quantile | topk | adaptive
-    keep: Any = 8                  # topk: K paths kept out of N (a list: one K per search.check_at)
+    # topk: K paths kept out of N (a list: one K per search.check_at); default derived from
+    # search.n_paths: round(sqrt(N)), and with several checks one K per check (derived_keep)
+    keep: Any = "${stopexp_keep:${search.n_paths},${search.check_at},${policy.name}}"
     tau: float = 0.5               # fixed threshold (and the adaptive start)
     quantile: float = 0.5          # quantile: prune below this quantile of live signals
     target_prune_rate: float = 0.5
@@ -264,12 +325,16 @@ class TrainConfig:
 class EvaluateConfig:
     mode: str = "replay"    # replay (from the trace bank) | online (runs the LM)
     split: str = "test"
+    # what runs, plus no_prune, random, confidence and oracle, which always do (ALWAYS_METHODS:
+    # [] runs just those four); `learned` = the configured predictor (predictor.name)
     methods: List[str] = field(default_factory=lambda: [
         "no_prune", "random", "confidence", "min_logprob", "entropy", "deepconf", "hidden_norm",
         "hidden_mean", "hidden_var", "st_bon", "conf_features", "learned", "oracle", "esc", "adaptive_consistency",
         "deepconf_online", "deepconf_weighted", "deepconf_top"])
-    retention: List[int] = field(default_factory=lambda: [4, 8, 16])
-    n_points: List[int] = field(default_factory=lambda: [8, 32, 64])
+    # the Pareto points: every K of `retention` at N = search.n_paths, no_prune at every N
+    # of `n_points`; derived from search.n_paths (derived_retention, derived_n_points)
+    retention: List[int] = "${stopexp_retention:${search.n_paths}}"  # type: ignore[assignment]
+    n_points: List[int] = "${stopexp_n_points:${search.n_paths}}"  # type: ignore[assignment]
     bootstrap: int = 1000
     text_metrics: bool = True
     # the final output of a prompt: vote (majority over the kept paths' answers), or for
@@ -362,6 +427,7 @@ ALLOWED = {
     "task.format": ("fewshot", "chat"),
     "task.answer_format": ("numeric", "boxed"),
     "task.extraction": ("strict", "flexible"),
+    "task.tokenize": TEXT_TOKENIZERS,
     "tap.pooling": ("last", "mean"),
     "tap.positions.dtype": ("float32", "float16"),
     "predictor.name": ("statistic", "linear", "mlp", "fusion", "conf_features", "super_token"),
@@ -378,6 +444,85 @@ ALLOWED = {
     "evaluate.select": ("vote", "signal", "lm_score", "oracle"),
     "reward.name": ("correct", "rouge_l", "bleu", "bertscore", "neg_perplexity", "external"),
 }
+# Keys that only some options read: key -> (the key naming the option, the options that
+# read it; for evaluate.methods, the methods). Under another option the run would ignore
+# the key, so validate refuses any value but the schema default (`_check_unread`). An exp
+# sets such a key as ${stopexp_where_read:KEY,VALUE}: VALUE where it is read, else the
+# default, so that replacing the exp's option (+exp=toy_datatotext loss=mse) just works.
+# Not here: the policy knobs (a policy sweep sets every policy's budget at once, as
+# conf/hparams_search/optuna_toy.yaml does) and search.beam_width (evaluate.compare_beam
+# reads it under search=parallel).
+_ARITH, _QA, _WORDPROB = ("arith",), ("qa",), ("wordprob",)
+READ_ONLY_BY = {
+    "loss.margin": ("loss.name", ("contrastive",)),
+    "loss.min_gap": ("loss.name", ("contrastive", "pairwise")),
+    "loss.discount": ("loss.name", ("mse",)),
+    "search.patience": ("search.name", ("beam",)),
+    "predictor.statistic": ("predictor.name", ("statistic",)),
+    **{f"predictor.{k}": ("predictor.name", ("super_token",))
+       for k in ("n_tokens", "lora_rank", "lora_alpha", "lora_targets")},
+    # what stopexp.tasks.build_task passes to each task
+    **{f"task.{k}": ("task.name", _ARITH) for k in ("n_steps", "operators", "multipliers", "styles")},
+    **{f"task.{k}": ("task.name", _QA) for k in ("path", "subset", "source_split", "question_key",
+                                                "answer_key", "answer_format", "prompt_template")},
+    **{f"task.{k}": ("task.name", _WORDPROB) for k in ("steps", "number_range", "operations")},
+    **{f"task.{k}": ("task.name", ("wordprob", "datatotext")) for k in ("shots", "format",
+                                                                        "instruction")},
+    "task.extraction": ("task.name", ("qa", "wordprob")),
+    "task.tokenize": ("task.name", ("qa", "wordprob", "datatotext")),  # arith compares characters
+    "evaluate.esc_window": ("evaluate.methods", ("esc",)),
+    "evaluate.asc_threshold": ("evaluate.methods", ("adaptive_consistency",)),
+    "evaluate.deepconf_warmup": ("evaluate.methods", ("deepconf_online",)),
+    "evaluate.deepconf_keep_percent": ("evaluate.methods", ("deepconf_online", "deepconf_top")),
+}
+# model.* keys the embedded toy LM (model=toy) never reads: it loads from its own
+# directory, sized by model.toy
+TOY_UNREAD = ("path", "gguf_file", "revision", "num_layers", "hidden_size")
+
+
+@functools.lru_cache(maxsize=1)
+def _schema() -> DictConfig:
+    """The schema's defaults, built once (building them takes ~50 ms); read-only."""
+    schema = OmegaConf.structured(Config)
+    OmegaConf.set_readonly(schema, True)
+    return schema
+
+
+def _schema_default(key: str) -> Any:
+    return OmegaConf.select(_schema(), key)
+
+
+def _reads(cfg, key: str) -> bool:
+    option_key, readers = READ_ONLY_BY[key]
+    option = OmegaConf.select(cfg, option_key)
+    return bool(set(option) & set(readers)) if _is_list(option) else option in readers
+
+
+def where_read(key: str, value: Any, *, _root_) -> Any:
+    """${stopexp_where_read:KEY,VALUE} in an exp: VALUE where the chosen option reads KEY
+    (READ_ONLY_BY), else the schema default."""
+    return value if _reads(_root_, key) else _schema_default(key)
+
+
+if not OmegaConf.has_resolver("stopexp_where_read"):
+    OmegaConf.register_new_resolver("stopexp_where_read", where_read)
+
+
+def _check_unread(cfg) -> None:
+    """Every READ_ONLY_BY key that the chosen option does not read is at its default."""
+    for key, (option_key, readers) in READ_ONLY_BY.items():
+        value, default = OmegaConf.select(cfg, key), _schema_default(key)
+        if value != default and not _reads(cfg, key):
+            group = option_key.split(".")[-1] if option_key == "evaluate.methods" else option_key.split(".")[0]
+            chosen = (f"evaluate.methods without {' or '.join(readers)}" if option_key == "evaluate.methods"
+                      else f"{group}={OmegaConf.select(cfg, option_key)}")
+            readers_text = (f"the method {' or '.join(readers)}" if option_key == "evaluate.methods"
+                            else f"{group}={'|'.join(readers)}")
+            shown = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+            _fail(key, f"{shown!r} is read only by {readers_text}, not under {chosen}; leave it "
+                       f"unset (default {default!r})")
+
+
 SYMBOLIC_LAYERS = ("first", "mid", "last")
 SEED_KEYS = ("seed", "task.seed", "collect.seed", "train.seed", "evaluate.seed", "model.toy.seed",
              "adapt.seed")
@@ -398,6 +543,11 @@ BASELINE_METHODS = ("confidence", "min_logprob", "entropy", "deepconf", "hidden_
 # methods with their own stopping protocol (stopexp/stopping.py), not a score at the check
 STOPPING_METHODS = ("esc", "adaptive_consistency", "deepconf_online", "deepconf_weighted",
                     "deepconf_top")
+
+
+# the end of a message about a value relative to N that the user set
+_TOGETHER = ("; change it with search.n_paths, or leave {key} unset: it is derived from "
+             "search.n_paths (stopexp.config.derived_*)")
 
 
 def _get(cfg: Any, key: str) -> Any:
@@ -572,18 +722,12 @@ def validate(cfg: DictConfig) -> DictConfig:
     _check_collect(cfg)
     _check_predictor_loss_train(cfg)
     _check_reward(cfg)
+    _check_unread(cfg)  # after the range checks: a bad value is named as such first
     if cfg.stage in ("train", "pipeline", "adapt"):  # adapt trains the source and target predictors
-        band, n = cfg.collect.keep_correct, cfg.search.n_paths
         for split in ("train", "val"):  # training fits on train and selects the epoch on val
             if not cfg.collect.prompts.get(split, 0) > 0:
                 _fail(f"collect.prompts.{split}", f"train needs {split} prompts in the trace bank, "
                                                   f"got {cfg.collect.prompts.get(split, 0)}")
-            if band is not None and split in cfg.collect.keep_correct_splits and (
-                    band[1] < 1 or band[0] > n - 1):
-                _fail("collect.keep_correct", f"{list(band)} keeps only {split} prompts whose N={n} "
-                                              "paths all fail or all succeed, which leaves train "
-                                              "no pair to learn from; use a band within "
-                                              f"[1, {max(n - 1, 1)}]")
     if cfg.stage in ("evaluate", "pipeline"):
         _check_evaluate(cfg)
     if cfg.stage == "adapt":
@@ -624,11 +768,6 @@ def _check_adapt(cfg) -> None:
         _fail("adapt.target", f"{bad} are not config keys under {', '.join(SHIFTABLE)} "
                               "(give dotted keys, e.g. {task.n_steps: 8})")
     _check_mc_feedback(cfg)
-    try:
-        if a.target:  # the stream's config passes every check too (its target is empty)
-            validate(shifted_config(cfg))
-    except (ConfigError, ValueError) as e:
-        raise ConfigError(f"adapt.target: {e}") from None
     if a.split not in SPLITS:
         _fail("adapt.split", f"{a.split!r} unknown; allowed: {', '.join(SPLITS)}")
     for key in ("stream_prompts", "batch_prompts"):
@@ -650,12 +789,19 @@ def _check_adapt(cfg) -> None:
         _fail("adapt.explore", "the explore variant needs a share in (0, 1], got 0 (or drop it "
                                "from adapt.variants)")
     if not 1 <= cfg.policy.keep <= s.n_paths:
-        _fail("policy.keep", f"retention K={cfg.policy.keep} must lie in 1..N={s.n_paths} (search.n_paths)")
+        _fail("policy.keep", f"retention K={cfg.policy.keep} must lie in 1..N={s.n_paths} "
+                             f"(search.n_paths){_TOGETHER.format(key='policy.keep')}")
     if s.name != "parallel":
         _fail("search.name", f"adapt prunes with Launch-Check-Resume (search=parallel), not {s.name!r}")
     if cfg.predictor.name == "super_token":
         _fail("predictor.name", "adapt updates feature predictors (statistic, linear, mlp, fusion, "
                                 "conf_features); super_token would need the LM in the loop")
+    # last, once the source config has passed: an error now comes from the target's values
+    try:
+        if a.target:  # the stream's config passes every check too (its target is empty)
+            validate(shifted_config(cfg))
+    except (ConfigError, ValueError) as e:
+        raise ConfigError(f"adapt.target: {e}") from None
 
 
 def _check_mc_feedback(cfg) -> None:
@@ -679,6 +825,18 @@ def _check_model(cfg) -> None:
     m = cfg.model
     if m.name == "toy" and m.toy is None:
         _fail("model.toy", "the toy model needs its `toy:` section (see conf/model/toy.yaml)")
+    if m.name == "toy":
+        for key in TOY_UNREAD:
+            if m[key] is not None:
+                _fail(f"model.{key}", f"{m[key]!r} is read only by a hub or GGUF model (model=llama|"
+                                      "qwen|smollm2); model=toy loads the embedded LM, sized by "
+                                      "model.toy: leave it unset")
+    elif m.toy is not None:
+        _fail("model.toy", f"is read only by model=toy, not by model {m.name!r} (loaded from "
+                           "model.path or model.gguf_file); drop the toy: section")
+    if m.revision and not m.path:
+        _fail("model.revision", f"{m.revision!r} is a hub revision, read only with model.path "
+                                "(a hub id); leave it unset")
     if m.name != "toy" and not m.path and not m.gguf_file:
         _fail("model.path", f"model {m.name!r} needs a hub id or local directory (or model.gguf_file)")
     if m.path and m.gguf_file:
@@ -864,7 +1022,7 @@ def _check_step_ends(cfg) -> None:
         _fail("tap.positions.step_ends", f"task {name} has no step separator (a path is one "
                                          f"sentence); allowed with tasks {', '.join(with_steps)}, "
                                          "else use tap.positions.stride or tap.positions.checkpoints")
-    stops = [x for x in [*cfg.task.stop, *cfg.search.stop] if x in sep]
+    stops = [x for x in map(decode_escapes, [*cfg.task.stop, *cfg.search.stop]) if x in sep]
     if stops:
         _fail("tap.positions.step_ends", f"the step separator {sep!r} of task {name} completes "
                                          f"the stop string {stops[0]!r} (task.stop / search.stop), "
@@ -887,6 +1045,15 @@ def _check_collect(cfg) -> None:
     bad = [x for x in c.keep_correct_splits if x not in SPLITS]
     if bad:
         _fail("collect.keep_correct_splits", f"{bad} unknown; allowed: {', '.join(SPLITS)}")
+    # the band exists for training: at every stage, so that no such bank is ever collected
+    if band is not None and (band[1] < 1 or band[0] > s.n_paths - 1):
+        _fail("collect.keep_correct", f"{list(band)} keeps only {'/'.join(c.keep_correct_splits)} "
+                                      f"prompts whose N={s.n_paths} paths all fail or all succeed, "
+                                      "which leaves train no pair to learn from; use a band within "
+                                      f"[1, {max(s.n_paths - 1, 1)}]")
+    if band is not None and not c.keep_correct_splits:
+        _fail("collect.keep_correct", f"{list(band)} filters no split: collect.keep_correct_splits "
+                                      "is empty; name the splits it filters, or leave the band unset")
     _at_least("collect.shard_prompts", c.shard_prompts, 1)
     if c.world is not None:
         _at_least("collect.world", c.world, 1)
@@ -1038,7 +1205,8 @@ def _check_evaluate(cfg) -> None:
                    "is the beam search to compare with; use search=parallel")
     for k in check_values(pol.keep):
         if not 1 <= k <= s.n_paths:
-            _fail("policy.keep", f"retention K={k} must lie in 1..N={s.n_paths} (search.n_paths)")
+            _fail("policy.keep", f"retention K={k} must lie in 1..N={s.n_paths} (search.n_paths)"
+                                 f"{_TOGETHER.format(key='policy.keep')}")
     _within("evaluate.vote_top", ev.vote_top, 0, 1, low_open=True)
     if ev.vote_top != EvaluateConfig.vote_top and ev.vote != "filtered":
         _fail("evaluate.vote_top", f"{ev.vote_top}: only evaluate.vote=filtered reads it, not "
@@ -1049,10 +1217,12 @@ def _check_evaluate(cfg) -> None:
                                "evaluate.vote majority")
     for k in ev.retention:
         if not 1 <= k <= s.n_paths:
-            _fail("evaluate.retention", f"K={k} must lie in 1..N={s.n_paths} (search.n_paths)")
+            _fail("evaluate.retention", f"K={k} must lie in 1..N={s.n_paths} (search.n_paths)"
+                                        f"{_TOGETHER.format(key='evaluate.retention')}")
     for n in ev.n_points:
         if not 1 <= n <= s.n_paths:
-            _fail("evaluate.n_points", f"N={n} must lie in 1..{s.n_paths} (search.n_paths)")
+            _fail("evaluate.n_points", f"N={n} must lie in 1..{s.n_paths} (search.n_paths)"
+                                       f"{_TOGETHER.format(key='evaluate.n_points')}")
     _at_least("evaluate.esc_window", ev.esc_window, 1)
     _within("evaluate.asc_threshold", ev.asc_threshold, 0, 1, low_open=True)
     _within("evaluate.deepconf_keep_percent", ev.deepconf_keep_percent, 0, 100, low_open=True)

@@ -30,13 +30,16 @@ from stopexp.accounting import (account_methods, add_text_metrics, bank_paths_an
                                 pareto_points, prompts_in, replay_paths)
 from stopexp.analyses import add_analyses
 from stopexp.artifacts import write_json
+from stopexp.cli import user_errors
 from stopexp.config import check_output_dirs, check_plan, validate
 from stopexp.evaluate_report import make_plots, sample_table
 from stopexp.memory import add_memory
 from stopexp.per_step import auroc_by_prefix
 from stopexp.selection import attach_bank_columns, compare_with_beam
-from stopexp.scorers import build_scorers, check_methods, cli_overrides, method_names
+from stopexp.scorers import (build_scorers, check_methods, cli_overrides, method_names,
+                             warn_off_checkpoint)
 from stopexp.stopping import STOPPING_METHODS, stopping_outcomes
+from stopexp.tasks import vote_format
 from stopexp.table import print_table  # pipeline and notebooks import it from here
 from stopexp.tracking import tracked_run
 
@@ -55,6 +58,8 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
     checkpoint, K = plan[0][0], plan[-1][1]
     N, split = cfg.search.n_paths, cfg.evaluate.split
     names = method_names(cfg)
+    if cfg.search.name == "parallel":
+        warn_off_checkpoint(cfg, names, plan)
     scorers = build_scorers(cfg, names, feature_bank.spec_of(cfg, meta))
     start = time.time()
     if cfg.search.name == "beam":
@@ -68,7 +73,7 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
         attach_bank_columns(views, root, split)  # rewards and LM scores, checked text by text
     else:  # replay reads the features of the bank's paths, made here when missing
         features = feature_bank.require_features(cfg, cli_overrides())
-        paths = replay_paths(root, features, split, [c for c, _ in plan])
+        paths = replay_paths(root, features, split, [c for c, _ in plan], vote_format(cfg.task))
     stops = {}
     if set(names) & set(STOPPING_METHODS):
         stops = stopping_outcomes(*bank_paths_and_confs(root, split, checkpoint, paths, views),
@@ -114,6 +119,7 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
 
 
 @hydra.main(config_path="../conf", config_name="evaluate", version_base="1.3")
+@user_errors
 def main(cfg: DictConfig) -> dict:
     validate(cfg)
     check_output_dirs(cfg)

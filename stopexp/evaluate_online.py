@@ -37,7 +37,7 @@ def online_paths(cfg, names, scorers, checkpoint, n_prompts: int):
     from stopexp.memory import kv_bytes_per_token, memory_summary
     from stopexp.models import load_lm
     from stopexp.search.sample import fit_prompts, prompt_limit
-    from stopexp.tasks import build_task
+    from stopexp.tasks import build_task, vote_format
 
     task = build_task(cfg.task)
     model, tokenizer = load_lm(cfg)
@@ -59,7 +59,8 @@ def online_paths(cfg, names, scorers, checkpoint, n_prompts: int):
             length=np.asarray([run.length[k] for k in keys]),
             correct=np.asarray([task.check(problems[i], t) for (i, _), t in zip(keys, text)]),
             answer=answer, text=text, alive=np.asarray([k in batch["row"] for k in keys]),
-            batch={}, prompt_ids=np.asarray([p.prompt_id for p in problems])),
+            batch={}, prompt_ids=np.asarray([p.prompt_id for p in problems]),
+            answer_format=vote_format(task)),
             None if name == "no_prune" else Decision(
                 kept=np.asarray([run.kept[k] for k in keys]),
                 pruned_at=np.asarray([run.pruned_at.get(k, 0) for k in keys], np.int64),

@@ -33,6 +33,7 @@ from datasets import Array3D, Features, List, Value, load_from_disk
 from stopexp import bank
 from stopexp.artifacts import config_hash, plain
 from stopexp.config import checkpoint_tokens
+from stopexp.errors import ConfigError
 from stopexp.feature_extract import DEFAULT_BATCH_TOKENS, StepEnds, extract, path_positions
 from stopexp.integrity import set_aside
 from stopexp.signals.features import SIGNAL_NAMES, FeatureSpec
@@ -58,7 +59,7 @@ def position_spec(cfg, task=None) -> dict:
             task = build_task(cfg.task)
         separator = getattr(task, "step_separator", None)
         if not separator:  # validate refuses it first (config._check_step_ends)
-            raise ValueError(f"tap.positions.step_ends: task {cfg.task.name} has no step separator")
+            raise ConfigError(f"tap.positions.step_ends: task {cfg.task.name} has no step separator")
     return {"checkpoints": checkpoints, "stride": pos.stride, "separator": separator}
 
 
@@ -90,6 +91,29 @@ def spec_of(cfg, bank_meta: dict) -> FeatureSpec:
                        resolve_layers(list(cfg.tap.layers), bank_meta["num_layers"]), SIGNAL_NAMES)
 
 
+def expected_meta(cfg, bank_meta: dict, out: Path, positions: dict | None = None) -> dict:
+    """What the features of `cfg` at `out` must record, from the config and the bank's
+    record of the LM (its name, width, depth and Monte Carlo checkpoints); `positions`:
+    `position_spec(cfg)`. Attention heads are checked when listed: "all" is every head of
+    the LM, which only the loaded model knows (the key covers it)."""
+    from stopexp.config import attention_heads, resolve_layers
+
+    layers = list(cfg.tap.layers)
+    want = {"tap_layers": resolve_layers(layers, bank_meta["num_layers"]),
+            "hidden_size": bank_meta["hidden_size"], "pooling": cfg.tap.pooling}
+    heads = cfg.tap.get("attention_heads")
+    if heads != "all":
+        want["attention_heads"] = [list(h) for h in attention_heads(heads, layers, bank_meta["num_layers"], None)]
+    return {**want, "positions": positions or position_spec(cfg), "dtype": cfg.tap.positions.dtype,
+            "model_name": bank_meta["model_name"], "signal_names": list(SIGNAL_NAMES),
+            "group_window": cfg.search.group_window,
+            "mc_checkpoints": list(bank_meta.get("checkpoints", [])),
+            "bank": bank.bank_key(cfg), "key": out.name}
+
+
+TAP_INFO = ("tap_layers", "hidden_size", "attention_heads")  # measured on the loaded LM
+
+
 def columns(n_layers: int, hidden: int, dtype: str) -> Features:
     return Features({
         "split": Value("string"), "prompt_id": Value("int32"), "path_id": Value("int32"),
@@ -106,53 +130,79 @@ def featurize_command(overrides: list[str] | None = None) -> str:
 
 
 def repair_text(overrides: list[str] | None = None) -> str:
-    return (f"{featurize_command(overrides)}\n(it recomputes only the damaged or missing shards, "
-            "from the trace bank; python -m stopexp.pipeline does too)")
+    return (f"{featurize_command(overrides)}\n(it recomputes only the damaged, missing or "
+            "misfitting shards, from the trace bank, and rewrites meta.json; python -m "
+            "stopexp.pipeline does too)")
 
 
 def featurize(cfg, overrides: list[str] | None = None, run=None) -> dict:
     """Make (or complete, or repair) the features of `cfg` from its trace bank; returns a
     summary. Shards already there and matching their record byte for byte, made from the
-    current bank shard, are kept; damaged or stale ones are set aside and recomputed. The
-    LM is loaded only when a shard must be computed. BankMissing when there is no bank."""
+    current bank shard for these features, are kept; damaged, stale or misfitting ones
+    (made for other features: their record names them) are set aside and recomputed, and a
+    meta.json that does not fit the config is rewritten. The LM is loaded only when a shard
+    must be computed. BankMissing when there is no bank; ArtifactMismatch when what the LM
+    gave differs from the bank's record of it."""
     from stopexp.tasks import build_task
 
     root = bank.require_bank(cfg, overrides)
     bmeta = bank.read_meta(root)
     out = features_dir(cfg)
     spec = position_spec(cfg, build_task(cfg.task))
-    names = sorted(bmeta["shards"])
+    want = expected_meta(cfg, bmeta, out, spec)
+    old = _old_meta(out)
+    problem = bank.misfit(old, want) if old is not None else None
+    # shards written before they recorded their features are trusted by a meta.json that fits
+    legacy = out.name if old is not None and problem is None else None
     good, todo = {}, []
-    for name in names:
+    for name in sorted(bmeta["shards"]):
         rec = bank.read_record(out / name) if (out / name).is_dir() else None
-        fresh = rec is not None and rec.get("bank_files") == bmeta["shards"][name]["files"]
+        fresh = rec is not None and rec.get("bank_files") == bmeta["shards"][name]["files"] \
+            and rec.get("features", legacy) == out.name
         if fresh and bank.shard_problem(out / name, full=True) is None:
             good[name] = rec
             continue
         if (out / name).exists():
-            log.warning("features %s: shard %s is damaged or was made from another bank shard; "
-                        "set aside, it is recomputed", out, name)
+            log.warning("features %s: shard %s is damaged, was made from another bank shard or for "
+                        "other features; set aside, it is recomputed", out, name)
             set_aside(out / name)
         todo.append(name)
-    start, info = time.time(), {}
-    if todo:
-        info = _fill(cfg, root, out, todo, bmeta, spec, good)
-    elif (out / "meta.json").exists():
+    start = time.time()
+    if not todo and old is not None and problem is None:
         try:
-            meta = bank.verify_bank(out, kind=KIND, version=FEATURES_VERSION)
-            if meta.get("bank") == root.name:
-                return summarize(out, meta, 0.0)
+            return summarize(out, bank.verify_bank(out, kind=KIND, version=FEATURES_VERSION), 0.0)
         except bank.BankMissing:
             pass
-    else:
-        info = _model_info(cfg, bmeta)
+    if problem:
+        log.warning("features %s: %s; meta.json is rewritten", out, problem)
+    info = _fill(cfg, root, out, todo, bmeta, spec, good) if todo else \
+        _tap_info(good, old if legacy else None, cfg, bmeta)
     meta = _write_meta(cfg, out, root, bmeta, spec, good, info)
+    bank.check_fit(KIND, out, meta, want, repair_text(overrides))  # the LM is the bank's
     summary = summarize(out, meta, time.time() - start)
     if run is not None:
         run.summary_update({f"featurize/{k}": v for k, v in summary.items() if k != "tap_layers"})
         run.log_artifact(out, name=f"features-{out.name}", type="features",
                          metadata={"bank": root.name, **summary})
     return summary
+
+
+def _old_meta(out: Path) -> dict | None:
+    """The features' meta.json as it is, or None when missing or unreadable."""
+    try:
+        return bank.read_meta(out, kind=KIND)
+    except bank.BankMissing:
+        return None
+
+
+def _tap_info(good: dict, old: dict | None, cfg, bmeta: dict) -> dict:
+    """The tap as measured on the LM, when no shard is computed now: from a kept shard's
+    record, else from the old meta.json (`old`, when it fits), else from the config and the
+    bank's record (a bank of empty shards)."""
+    for rec in good.values():
+        if all(k in rec for k in TAP_INFO):
+            return {k: rec[k] for k in TAP_INFO}
+    return {k: old[k] for k in TAP_INFO} if old is not None else _model_info(cfg, bmeta)
 
 
 def _model_info(cfg, bmeta: dict) -> dict:
@@ -209,6 +259,7 @@ def _fill(cfg, root: Path, out: Path, todo: list[str], bmeta: dict, spec: dict,
                               for (h, _), (_, _, pos) in zip(got, seqs)]
             cols["attn"] = [a if a is not None else np.zeros(0, np.float32) for _, a in got]
             rec = bank.write_shard(out, name, cols, feats, {
+                "features": out.name, **info,
                 "bank_files": bmeta["shards"][name]["files"], "seconds": time.time() - shard_start,
                 "positions": int(sum(map(len, cols["positions"]))),
                 "nonfinite": int(sum((~np.isfinite(h)).sum() for h in cols["hidden"]))})
@@ -227,9 +278,6 @@ def _bank_shard(root: Path, name: str) -> dict:
 
 def _write_meta(cfg, out: Path, root: Path, bmeta: dict, spec: dict, good: dict,
                 info: dict) -> dict:
-    if not info:  # every shard was there: the tap is recorded in the old meta
-        info = {k: bank.read_meta(out, kind=KIND)[k] for k in ("tap_layers", "hidden_size",
-                                                               "attention_heads")}
     missing = [n for n in sorted(bmeta["shards"]) if n not in good]
     seconds = sum(r.get("seconds", 0.0) for r in good.values())
     meta = {"key": out.name, "bank": root.name, "version": FEATURES_VERSION,
@@ -253,12 +301,15 @@ def summarize(out: Path, meta: dict, wall_s: float) -> dict:
 
 
 def require_features(cfg, overrides: list[str] | None = None, make: bool = True) -> Path:
-    """The features of `cfg`, verified (cheaply) against their record. Missing ones are
-    made from the trace bank when `make` (a log line says so; the LM loads only then),
-    else BankMissing gives the featurize command; damaged ones raise BankDamaged naming
-    the shard and file and the command that repairs them."""
+    """The features of `cfg`, verified (cheaply) against their record, and their record
+    against the config and the trace bank's (`expected_meta`). Missing ones are made from
+    the trace bank when `make` (a log line says so; the LM loads only then), else
+    BankMissing gives the featurize command; damaged ones raise BankDamaged naming the
+    shard and file, misfitting ones ArtifactMismatch naming the field, each with the
+    command that repairs them."""
     out = features_dir(cfg)
     repair = repair_text(overrides)
+    broot = bank.require_bank(cfg, overrides)
     if not (out / "meta.json").exists() or not bank.read_meta(out, repair, KIND).get("complete"):
         if not make:
             raise bank.BankMissing(f"no features for this config at {out}.\nMake them with:  "
@@ -267,11 +318,11 @@ def require_features(cfg, overrides: list[str] | None = None, make: bool = True)
                  "(python -m stopexp.featurize)", out)
         featurize(cfg, overrides)
     meta = bank.verify_bank(out, repair=repair, kind=KIND, version=FEATURES_VERSION)
-    broot = bank.bank_dir(cfg)
     bmeta = bank.read_meta(broot)
+    bank.check_fit(KIND, out, meta, expected_meta(cfg, bmeta, out), repair)
     stale = [n for n, rec in meta["shards"].items()
              if rec.get("bank_files") != bmeta["shards"].get(n, {}).get("files")]
-    if meta.get("bank") != broot.name or stale or set(meta["shards"]) != set(bmeta["shards"]):
+    if stale or set(meta["shards"]) != set(bmeta["shards"]):
         raise bank.BankDamaged(f"features {out} were made from another copy of the trace bank "
                                f"{broot} (shards {bank.brief(sorted(stale))} differ).\nRepair:  {repair}")
     return out

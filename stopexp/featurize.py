@@ -17,6 +17,7 @@ import hydra
 from omegaconf import DictConfig
 
 from stopexp.artifacts import write_json
+from stopexp.cli import user_errors
 from stopexp.config import check_output_dirs, validate
 from stopexp.feature_bank import featurize
 
@@ -24,6 +25,7 @@ log = logging.getLogger(__name__)
 
 
 @hydra.main(config_path="../conf", config_name="featurize", version_base="1.3")
+@user_errors
 def main(cfg: DictConfig) -> dict:
     validate(cfg)
     check_output_dirs(cfg)

@@ -7,6 +7,8 @@ import shutil
 
 from hydra.experimental.callback import Callback
 
+from stopexp.errors import ConfigError, reported
+
 SLURM_COMMANDS = ("sbatch", "srun")  # submitit submits with sbatch and probes for srun
 
 
@@ -16,7 +18,8 @@ class LauncherCheck(Callback):
     def on_multirun_start(self, config, **kwargs) -> None:
         message = slurm_problem(config.hydra.launcher.get("_target_", ""))
         if message:
-            raise SystemExit(message)
+            with reported():
+                raise ConfigError(message)
 
 
 def slurm_problem(launcher_target: str) -> str | None:

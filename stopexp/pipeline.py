@@ -14,6 +14,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from stopexp.artifacts import write_json
+from stopexp.cli import user_errors
 from stopexp.config import check_output_dirs, validate
 from stopexp.tracking import tracked_run
 
@@ -58,6 +59,7 @@ def where_outputs(run_dir: Path) -> str:
 
 
 @hydra.main(config_path="../conf", config_name="pipeline", version_base="1.3")
+@user_errors
 def main(cfg: DictConfig) -> float | None:
     validate(cfg)
     check_output_dirs(cfg)

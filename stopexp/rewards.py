@@ -15,7 +15,10 @@ have no spaces (`task.text_level == "char"`, the arithmetic task), as stopexp.me
 does. References come from `task.references(problem)` when the task has several, else
 `[task.reference(problem)]`. `BOUNDED`: the rewards validate lets the regression losses
 (mse, reward_regression) use: the built-in ones in [0, 1], and external, whose range only
-its values tell (train checks them: stopexp.train.check_reward_range).
+its values tell (train checks them: stopexp.train.check_reward_range). A built-in bounded
+reward that leaves [0, 1] by floating-point rounding only (within `BOUND_SLACK`) is clipped
+into it and counted (`Reward.clipped`, each shard's record in the bank); further out it is
+refused.
 """
 from __future__ import annotations
 
@@ -25,9 +28,17 @@ from typing import Callable
 
 import numpy as np
 
-from stopexp.metrics.text import BertScorer, rouge_scorer
+from stopexp.errors import ConfigError
+from stopexp.metrics.text import BertScorer, check_script, check_tokenize, rouge_scorer
 
 BOUNDED = ("correct", "rouge_l", "bleu", "bertscore", "external")
+# How far outside [0, 1] rounding alone takes a bounded reward. BERTScore's F1 combines
+# float32 cosine similarities of unit vectors: identical texts give 1 + a few float32 ulps
+# (1.0000001 and 1.0000002 seen; an ulp above 1 is 2**-23 = 1.2e-7), and a dot product of
+# d = 384..1024 terms rounds by about sqrt(d) * 2**-24 <= 2e-6; sacrebleu's BLEU of an
+# identical pair is 100.00000000000004. 1e-5 covers these; a real violation (a score on
+# another scale, BLEU in 0-100) is orders of magnitude further.
+BOUND_SLACK = 1e-5
 _REGISTERED: dict[str, Callable] = {}
 
 
@@ -82,23 +93,48 @@ def references(task, problem) -> list[str]:
     return [task.reference(problem)]
 
 
+def digits(x) -> str:
+    """`x` with the fewest digits that tell it apart in its own dtype (a float32 1.0000001
+    is not 1), so a value outside [0, 1] never prints as a bound."""
+    return np.format_float_positional(x, unique=True, trim="-")
+
+
+def clip_to_unit(values, what: str) -> tuple[np.ndarray, int]:
+    """`values` with those within BOUND_SLACK outside [0, 1] clipped into it, and their
+    count; ValueError naming `what` and the first value further out, in full digits."""
+    v = np.asarray(values, dtype=np.float64)
+    far = np.nonzero(~((v >= -BOUND_SLACK) & (v <= 1 + BOUND_SLACK)))[0]
+    if len(far):
+        raise ValueError(f"{what}: {len(far)} of {len(v)} rewards lie outside [0, 1] by more than "
+                         f"rounding ({BOUND_SLACK:g}), e.g. {digits(v[far[0]])} (position {far[0]})")
+    outside = int(((v < 0) | (v > 1)).sum())
+    return np.clip(v, 0.0, 1.0), outside
+
+
 def _spaced(texts, level: str) -> list[str]:
     return [" ".join(t) for t in texts] if level == "char" else list(texts)
 
 
-def rouge_l(hyp: str, refs: list[str], level: str = "word") -> float:
-    """ROUGE-L F-measure of `hyp` against the best of `refs` (rouge-score's score_multi)."""
-    scorer = rouge_scorer(("rougeL",), level == "char")
+def rouge_l(hyp: str, refs: list[str], level: str = "word", tokenize: str = "13a") -> float:
+    """ROUGE-L F-measure of `hyp` against the best of `refs` (rouge-score's score_multi;
+    words split as stopexp.metrics.text.UnicodeTokenizer(tokenize) does)."""
+    if level != "char":
+        check_script(refs, tokenize)
+    scorer = rouge_scorer(("rougeL",), level == "char", tokenize)
     (hyp,), refs = _spaced([hyp], level), _spaced(refs, level)
     return float(scorer.score_multi(refs, hyp)["rougeL"].fmeasure)
 
 
-def bleu(hyp: str, refs: list[str], level: str = "word") -> float:
-    """sacrebleu's sentence BLEU of `hyp` against all `refs`, in [0, 1] (score / 100)."""
+def bleu(hyp: str, refs: list[str], level: str = "word", tokenize: str = "13a") -> float:
+    """sacrebleu's sentence BLEU of `hyp` against all `refs` with its `tokenize`, in [0, 1]
+    (score / 100)."""
     import sacrebleu
 
+    check_tokenize(tokenize)
+    if level != "char":
+        check_script(refs, tokenize)
     (hyp,), refs = _spaced([hyp], level), _spaced(refs, level)
-    return float(sacrebleu.sentence_bleu(hyp, refs).score) / 100.0
+    return float(sacrebleu.sentence_bleu(hyp, refs, tokenize=tokenize).score) / 100.0
 
 
 def neg_perplexity(logprobs) -> float:
@@ -117,12 +153,13 @@ class Reward:
     def __init__(self, name: str = "correct", function: str | None = None,
                  bertscore_model: str | None = None):
         if name not in (*BOUNDED, "neg_perplexity"):
-            raise ValueError(f"reward.name: {name!r} unknown; allowed: "
-                             f"{', '.join((*BOUNDED, 'neg_perplexity'))}")
+            raise ConfigError(f"reward.name: {name!r} unknown; allowed: "
+                              f"{', '.join((*BOUNDED, 'neg_perplexity'))}")
         self.name, self.bertscore_model = name, bertscore_model
         self.fn = resolve_external(function) if name == "external" else None
         self.function = function
         self.needs_logprobs = name == "neg_perplexity"
+        self.clipped = 0  # rewards clipped into [0, 1] so far (rounding, see BOUND_SLACK)
 
     @classmethod
     def from_config(cls, reward_cfg) -> "Reward":
@@ -130,13 +167,15 @@ class Reward:
 
     def scores(self, task, problems, texts, logprobs=None) -> np.ndarray:
         texts = list(texts)
-        level = getattr(task, "text_level", "word")
+        level, tokenize = getattr(task, "text_level", "word"), getattr(task, "tokenize", "13a")
         if self.name == "correct":
             out = [float(task.check(p, t)) for p, t in zip(problems, texts, strict=True)]
         elif self.name == "rouge_l":
-            out = [rouge_l(t, references(task, p), level) for p, t in zip(problems, texts, strict=True)]
+            out = [rouge_l(t, references(task, p), level, tokenize)
+                   for p, t in zip(problems, texts, strict=True)]
         elif self.name == "bleu":
-            out = [bleu(t, references(task, p), level) for p, t in zip(problems, texts, strict=True)]
+            out = [bleu(t, references(task, p), level, tokenize)
+                   for p, t in zip(problems, texts, strict=True)]
         elif self.name == "bertscore":
             out = self._bertscore(task, problems, texts, level)
         elif self.name == "neg_perplexity":
@@ -145,19 +184,29 @@ class Reward:
             out = [neg_perplexity(lp) for lp in logprobs]
         else:
             out = [self._external(p, t) for p, t in zip(problems, texts, strict=True)]
+        if self.name in ("rouge_l", "bleu", "bertscore"):  # in [0, 1] up to rounding
+            out, clipped = clip_to_unit(out, f"reward={self.name}")
+            self.clipped += clipped
         return np.asarray(out, dtype=np.float64)
 
     def _external(self, problem, text: str) -> float:
-        """The external function's reward of one path: a finite number, else ValueError
-        naming reward.function (a NaN would order no pair and poison every mean)."""
-        value = self.fn(problem, text)
+        """The external function's reward of one path: a finite number, else ConfigError
+        naming reward.function, the path and its problem (a NaN would order no pair and
+        poison every mean; an exception inside it is the function's, not stopexp's)."""
+        where = f"the path {text[:60]!r} of the problem {str(problem)[:80]!r}"
+        try:
+            value = self.fn(problem, text)
+        except Exception as e:  # noqa: BLE001  (any error of the user's function)
+            raise ConfigError(f"reward.function: {self.function!r} raised {type(e).__name__}: {e} "
+                              f"on {where}; fix the function (STOPEXP_DEBUG=1 shows its "
+                              "traceback) or choose another reward") from e
         try:
             out = float(value)
         except (TypeError, ValueError):
             out = math.nan
         if not math.isfinite(out):
-            raise ValueError(f"reward.function: {self.function!r} returned {value!r} for the path "
-                             f"{text[:60]!r}; a reward must be a finite number")
+            raise ConfigError(f"reward.function: {self.function!r} returned {value!r} for {where}; "
+                              "a reward must be a finite number")
         return out
 
     def _bertscore(self, task, problems, texts, level: str) -> list[float]:

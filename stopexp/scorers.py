@@ -5,21 +5,46 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import logging
+
 from omegaconf import OmegaConf
 
 from stopexp.config import ALWAYS_METHODS as ALWAYS, check_method_names
+from stopexp.errors import NotFound
 from stopexp.signals import methods as M
 from stopexp.stopping import STOPPING_METHODS
 
+log = logging.getLogger(__name__)
+
 
 def method_names(cfg) -> list[str]:
-    """The methods to evaluate, in order: the always-run ones first, `learned` as the
-    configured predictor's name, no duplicates."""
+    """The methods to evaluate, in order: the always-run ones (ALWAYS_METHODS: no_prune,
+    random, confidence, oracle) missing from evaluate.methods first, then evaluate.methods
+    with `learned` as the configured predictor's name, no duplicates. So
+    evaluate.methods=[] runs exactly the four always-run methods."""
     names = [cfg.predictor.name if m == "learned" else m for m in cfg.evaluate.methods]
-    for m in ALWAYS:
-        if m not in names:
-            names.insert(0, m)
-    return list(dict.fromkeys(names))
+    added = [m for m in ALWAYS if m not in names]
+    if added:  # the contract of metrics.json: these four are always among the methods
+        log.info("evaluate.methods: %s run too (%s always run)", ", ".join(added), ", ".join(ALWAYS))
+    return list(dict.fromkeys([*added, *names]))
+
+
+def warn_off_checkpoint(cfg, names: list[str], plan: list[tuple[int, int]]) -> str | None:
+    """One log line (returned) when a learned method trained at train.checkpoint alone
+    scores paths at a check of another prefix (a later progressive check, say): there it
+    reads features from outside its training distribution."""
+    from stopexp.config import ALLOWED, checkpoint_tokens
+
+    learned = [m for m in names if m in ALLOWED["predictor.name"]]
+    trained = checkpoint_tokens(cfg.train.checkpoint, cfg.search.max_new_tokens)
+    other = [t for t, _ in plan if t != trained]
+    if not learned or not other or cfg.train.positions == "all":
+        return None
+    message = (f"{', '.join(learned)} trained at {trained} tokens (train.checkpoint) score the "
+               f"check(s) at {other} tokens too, outside their training distribution; "
+               "train.positions=all trains them at every stored position")
+    log.warning(message)
+    return message
 
 
 def check_methods(cfg) -> None:
@@ -51,7 +76,7 @@ def build_scorers(cfg, names: list[str], spec) -> dict:
             if name != cfg.predictor.name:  # a control: made here, a damaged one remade
                 train(sub, progress=False)
             elif not (ckpt / "predictor.json").exists():
-                raise FileNotFoundError(
+                raise NotFound(
                     f"no trained {name} predictor for this config at {ckpt}.\nMake it with:  "
                     f"{command}\n(or run python -m stopexp.pipeline, which makes it for you)")
             try:

@@ -22,6 +22,8 @@ import logging
 
 import numpy as np
 
+from stopexp.errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 SELECT_MODES = ("vote", "signal", "lm_score", "oracle")
@@ -41,15 +43,15 @@ def pick(rows: np.ndarray, mode: str, kept_rows: np.ndarray, scores: np.ndarray 
         rows, values = kept_rows, scores[kept_rows]
     elif mode in ("signal", "lm_score"):
         if lm_score is None:
-            raise ValueError(f"evaluate.select={mode}: the paths carry no LM score")
+            raise ConfigError(f"evaluate.select={mode}: the paths carry no LM score")
         values = lm_score[rows]
     elif mode == "oracle":
         if reward is None:
-            raise ValueError("evaluate.select=oracle: the paths carry no reward")
+            raise ConfigError("evaluate.select=oracle: the paths carry no reward")
         values = reward[rows]
     else:
-        raise ValueError(f"evaluate.select: {mode!r} is not a selection; allowed: "
-                         f"{', '.join(SELECT_MODES[1:])}")
+        raise ConfigError(f"evaluate.select: {mode!r} is not a selection; allowed: "
+                          f"{', '.join(SELECT_MODES[1:])}")
     values = np.where(np.isnan(values), -np.inf, np.asarray(values, dtype=float))
     return int(rows[int(np.argmax(values))])  # argmax: the first of ties, rows are in path order
 
@@ -104,14 +106,15 @@ def compare_with_beam(cfg, prompt_ids: np.ndarray, chosen: dict, results: dict) 
     level = getattr(task, "text_level", "word")
     scorer = BertScorer(cfg.evaluate.bertscore_model) if cfg.evaluate.bertscore_model else BertScorer()
     for name, hyps in chosen.items():
-        results[name]["text_vs_beam"] = text_metrics(list(hyps), beam_texts, level=level, scorer=scorer)
+        results[name]["text_vs_beam"] = text_metrics(list(hyps), beam_texts, level=level, scorer=scorer,
+                                                     tokenize=task.tokenize)
     problems = task.problems(cfg.evaluate.split, int(np.max(prompt_ids)) + 1)
     probs = [problems[int(p)] for p in prompt_ids]
     reward = build_reward(cfg.reward)
     out = {"beam_width": cfg.search.beam_width, "tokens_total": beam["no_prune"]["tokens_total"],
            "accuracy": beam["no_prune"]["accuracy"],
            "text_vs_reference": text_metrics(beam_texts, [references(task, p) for p in probs],
-                                             level=level, scorer=scorer)}
+                                             level=level, scorer=scorer, tokenize=task.tokenize)}
     if not reward.needs_logprobs:  # beam hypotheses carry no sampled log-probs
         out["mean_reward"] = float(reward.scores(task, probs, beam_texts).mean())
     return out

@@ -22,6 +22,7 @@ from stopexp.memory import schedule_peaks
 from stopexp.search import deepconf_online as dc
 from stopexp.search.adaptive_consistency import adaptive_consistency
 from stopexp.search.esc import esc
+from stopexp.tasks.answers import vote_clusters
 
 __all__ = ["STOPPING_METHODS", "stopping_outcomes", "spent_outcome"]
 
@@ -40,8 +41,9 @@ def spent_outcome(paths, spent: np.ndarray, voter: np.ndarray, weight: np.ndarra
     chosen = np.full(G, "", dtype=object)
     for g in range(G):
         rows = np.nonzero((paths.group == g) & voter)[0]
-        winner = dc.weighted_vote(paths.answer[rows], weight[rows])
-        hit = rows[paths.answer[rows] == winner] if winner is not None else rows[:0]
+        answers = np.asarray(vote_clusters(paths.answer[rows], paths.answer_format), dtype=object)
+        winner = dc.weighted_vote(answers, weight[rows])
+        hit = rows[answers == winner] if winner is not None else rows[:0]
         correct[g] = bool(len(hit)) and bool(paths.correct[hit[0]])
         chosen[g] = paths.text[hit[0]] if len(hit) else (paths.text[rows[0]] if len(rows) else "")
         avg[g] = paths.correct[rows].mean() if len(rows) else 0.0
@@ -66,10 +68,12 @@ def kv_peaks(paths, spent: np.ndarray, wave: np.ndarray | None = None) -> np.nda
 
 
 def _answers_prompt(paths, rows: np.ndarray) -> AnswersPrompt:
-    """The rows of one prompt as an answers-only prompt (final answers and lengths)."""
-    answers = ["", *dict.fromkeys(a for a in paths.answer[rows] if a)]
+    """The rows of one prompt as an answers-only prompt (final answers and lengths; one code
+    per cluster of equivalent answers)."""
+    clustered = vote_clusters(paths.answer[rows], paths.answer_format)
+    answers = ["", *dict.fromkeys(a for a in clustered if a)]
     code = {a: i for i, a in enumerate(answers)}
-    final = np.asarray([code[a or ""] for a in paths.answer[rows]], np.int64)
+    final = np.asarray([code[a or ""] for a in clustered], np.int64)
     right = [bool(paths.correct[rows][final == c].any()) if c else False for c in range(len(answers))]
     return AnswersPrompt(question="", gold="", probe_freq=1, answers=answers, final=final,
                          tokens=np.asarray(paths.length[rows], np.int64),

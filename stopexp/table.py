@@ -23,7 +23,9 @@ def print_table(metrics: dict) -> str:
                          f"{r['tokens_ratio']:>7.2f}{r['pruned']:>8}{r['wall_s']:>8.1f}"
                          f"{100 * r['check_share']:>9.2f}")
         return "\n".join(lines)
-    lines = [f"Launch-Check-Resume {p['n']} -> {p['k']} at {p['check_tokens']} tokens, "
+    checks = p.get("checks") or [[p["check_tokens"], p["k"]]]  # progressive: every check
+    at = " -> ".join(f"{k} at {tokens} tokens" for tokens, k in checks)
+    lines = [f"Launch-Check-Resume {p['n']} -> {at}, "
              f"{p['prompts']} {p['split']} prompts ({metrics['mode']})",
              f"{'method':<{w}}{'accuracy':>9}{'95% CI':>16}{'avg@K':>8}{'tokens':>10}{'ratio':>7}"
              f"{'AUROC':>7}{'pooled':>8}{'wall s':>8}{'KV MiB':>8}"]

@@ -13,7 +13,9 @@ import hydra
 from omegaconf import DictConfig
 
 from stopexp.artifacts import replace_dir, staging_dir, write_json
-from stopexp.config import check_output_dirs, validate
+from stopexp.cli import user_errors
+from stopexp.config import ConfigError, check_output_dirs, validate
+from stopexp.errors import writing
 from stopexp.search.decode import SamplingParams, make_engine
 from stopexp.search.sample import sample_paths, vote
 from stopexp.tasks import build_task
@@ -49,6 +51,7 @@ def solve_report(cfg, model, tokenizer, n_prompts: int = 100, n_paths: int = 32)
 
 
 @hydra.main(config_path="../conf", config_name="toy_lm", version_base="1.3")
+@user_errors
 def main(cfg: DictConfig) -> dict:
     validate(cfg)
     check_output_dirs(cfg)
@@ -58,11 +61,12 @@ def main(cfg: DictConfig) -> dict:
     from stopexp.models.toy_lm import lm_task, toy_key, train_toy_lm
 
     if cfg.model.name != "toy":
-        raise SystemExit(f"model={cfg.model.name}: stopexp.toy_lm trains only model=toy")
+        raise ConfigError(f"model={cfg.model.name}: stopexp.toy_lm trains only model=toy")
     final = Path(cfg.paths.cache_dir) / "toy_lm" / toy_key(cfg.model.toy, cfg.task)
     tmp = staging_dir(final)
-    info = train_toy_lm(cfg.model.toy, build_task(OmegaConf.create(lm_task(cfg.model.toy, cfg.task))), tmp)
-    replace_dir(tmp, final)  # the old model stays whole until the new one is in place
+    with writing(final):  # a full disk names the model, not its temporary dir
+        info = train_toy_lm(cfg.model.toy, build_task(OmegaConf.create(lm_task(cfg.model.toy, cfg.task))), tmp)
+        replace_dir(tmp, final)  # the old model stays whole until the new one is in place
     log.info("toy LM saved to %s (%d parameters, %d steps, %.0f s)", final,
              info["parameters"], info["steps"], info["train_seconds"])
     model, tokenizer = load_lm(cfg)

@@ -5,7 +5,7 @@ directory. `tracked_run` always finishes the run, marking it failed on error, so
 multirun jobs never log into one another's run; the jobs of one sweep share a W&B group.
 
 Tracking never costs a stage its outputs: a W&B failure (the service refuses to start,
-wandb-core dies, a call raises) is logged once as a warning and the run goes on as a
+wandb-core dies, a call raises, its directories cannot be made) is logged once as a warning and the run goes on as a
 null run; the stage's exit code reflects only its own work.
 """
 from __future__ import annotations
@@ -149,19 +149,19 @@ def start_run(cfg, job_type: str, name: str | None = None) -> NullRun:
     lg = cfg.logger
     if lg.name == "none" or lg.mode == "disabled":
         return NullRun()
-    root = wandb_dirs(cfg.paths.output_dir)
-    try:
+    try:  # the W&B dirs too: one that is a file or read-only costs tracking, not outputs
+        root = wandb_dirs(cfg.paths.output_dir)
         import wandb
 
         run = wandb.init(project=lg.project, entity=lg.entity, mode=lg.mode, group=run_group(cfg),
                          tags=list(lg.tags), job_type=job_type, name=name, dir=str(root),
                          config=OmegaConf.to_container(cfg, resolve=True), reinit="create_new",
                          settings=wandb.Settings(silent=True, x_disable_stats=True))
+        return WandbRun(run, wandb)
     except Exception as e:  # noqa: BLE001  (no tracking is better than no results)
         log.warning("W&B could not start a run (%s: %s); going on without tracking "
                     "(logger=none silences this)", type(e).__name__, e)
         return NullRun()
-    return WandbRun(run, wandb)
 
 
 @contextlib.contextmanager

@@ -27,11 +27,14 @@ from tqdm import tqdm
 
 from stopexp import bank, feature_bank, per_step, plots
 from stopexp.artifacts import config_hash, write_json
+from stopexp.cli import user_errors
 from stopexp.config import check_output_dirs, checkpoint_tokens, validate
+from stopexp.errors import ConfigError, UserError
 from stopexp.integrity import set_aside
 from stopexp.losses import build_loss
 from stopexp.metrics import (auprc, brier, ece, is_binary, length_correlation, nonfinite,
                              pooled_auroc, reward_ranking, within_prompt_auroc)
+from stopexp.rewards import BOUND_SLACK, digits
 from stopexp.signals import FeatureSpec, build_predictor
 from stopexp.signals.checkpoint import (CheckpointDamaged, CheckpointMismatch, load_predictor,
                                        save_predictor)
@@ -83,23 +86,40 @@ def pair_min_gap(cfg) -> float:
     return float(cfg.loss.min_gap) if cfg.loss.name in ("contrastive", "pairwise") else 0.0
 
 
-def check_reward_range(cfg, data: dict) -> None:
+def check_reward_range(cfg, data: dict) -> int:
     """The regression losses aim sigmoid(score) at the reward, so it must lie in [0, 1];
     validate refuses the unbounded built-in rewards, an external one is checked here, on
-    the loaded splits (`data`: split -> tensors with "reward"). ValueError naming
-    loss.name and the range found."""
+    the loaded splits (`data`: split -> tensors with "reward" and "mc", the Monte Carlo
+    labels: mean rewards, NaN where none). Values within rounding of [0, 1]
+    (stopexp.rewards.BOUND_SLACK, as BERTScore's 1.0000001) are clipped into it, in place;
+    returns how many. ValueError naming loss.name and the range found, in full digits."""
     if cfg.loss.name not in REGRESSION_LOSSES:
-        return
+        return 0
+    clipped = 0
     for split, d in data.items():
-        r = d["reward"] if "reward" in d else None
-        if r is not None and len(r) and not (float(r.min()) >= 0 and float(r.max()) <= 1):
-            raise ValueError(f"loss.name: {cfg.loss.name} regresses a probability on the reward, "
-                             f"but the {split} paths' rewards (reward={cfg.reward.name}) span "
-                             f"[{float(r.min()):.4g}, {float(r.max()):.4g}], outside [0, 1]; use "
-                             "loss=contrastive or pairwise, or a reward in [0, 1]")
+        for key in ("reward", "mc"):
+            r = d.get(key)
+            v = r.numpy() if r is not None else np.zeros(0)
+            v = v[~np.isnan(v)]
+            if not len(v):
+                continue
+            lo, hi = v.min(), v.max()
+            if not (lo >= -BOUND_SLACK and hi <= 1 + BOUND_SLACK):
+                what = "rewards" if key == "reward" else "Monte Carlo labels (mean rewards)"
+                raise ConfigError(f"loss.name: {cfg.loss.name} regresses a probability on the reward, "
+                                  f"but the {split} paths' {what} (reward={cfg.reward.name}) span "
+                                  f"[{digits(lo)}, {digits(hi)}], outside [0, 1] by more than rounding "
+                                  f"({BOUND_SLACK:g}); use loss=contrastive or pairwise, or a reward "
+                                  "in [0, 1]")
+            clipped += int(((v < 0) | (v > 1)).sum())
+            d[key] = r.clamp(0, 1)  # NaN (no label) stays NaN
+    if clipped:
+        log.info("clipped %d rewards / Monte Carlo labels within %g of [0, 1] into it (rounding)",
+                 clipped, BOUND_SLACK)
+    return clipped
 
 
-class NothingToLearn(ValueError):
+class NothingToLearn(UserError, ValueError):
     """A split that cannot train or select a predictor: no prompt has both a correct and a
     wrong path alive at the training checkpoint."""
 
@@ -199,6 +219,11 @@ def selection_value(metrics: dict) -> float:
     return metrics.get("spearman_within", metrics["auroc"])
 
 
+def selection_name(metrics: dict) -> str:
+    """The name `selection_value` is shown under: val_spearman or val_auroc."""
+    return "val_spearman" if "spearman_within" in metrics else "val_auroc"
+
+
 def fit(cfg, predictor, data: dict, progress: bool = True) -> tuple[dict, list[dict]]:
     """AdamW with early stopping on validation within-prompt AUROC (Spearman's rho with the
     reward where it is continuous: `selection_value`); returns the best state and the
@@ -231,7 +256,9 @@ def fit(cfg, predictor, data: dict, progress: bool = True) -> tuple[dict, list[d
         history.append({"epoch": epoch, "train_loss": float(np.mean(losses)),
                         **{f"val_{k}": v for k, v in val.items()
                            if k not in ("paths", "positive_rate", "auroc_by_prefix")}})
-        bar.set_postfix(loss=f"{np.mean(losses):.4f}", val_auroc=f"{val['auroc']:.3f}")
+        # the value epochs are selected by, under its name (Spearman for a continuous reward)
+        bar.set_postfix({"loss": f"{np.mean(losses):.4f}",
+                         selection_name(val): f"{selection_value(val):.3f}"})
         # NaN never wins; a tie goes to the later epoch: a flat validation AUROC (coarse with
         # few mixed prompts) is no reason to keep an earlier, less trained state. Keeping
         # the first of tied epochs kept epoch 1, a single Adam step of lr * sign(gradient),
@@ -359,6 +386,7 @@ def train(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
 
 
 @hydra.main(config_path="../conf", config_name="train", version_base="1.3")
+@user_errors
 def main(cfg: DictConfig) -> dict:
     validate(cfg)
     check_output_dirs(cfg)

@@ -21,6 +21,11 @@ scored voters (every voter weighs 1 when none was scored, i.e. majority); under 
 it always votes. Signals are rounded as the policies round them (stopexp.policies.quantize),
 so replayed and online scores that differ in the last float bits vote alike; NaN ranks
 lowest (weight 0).
+
+Every caller first replaces each answer by its cluster's representative
+(stopexp.tasks.answers.vote_clusters, under the task's `vote_format`), so that equivalent
+answers (``\\frac{\\sqrt{2}}{2}``, ``\\sqrt{2}/2``) are one candidate; `elect` then counts
+strings.
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ import math
 import numpy as np
 import torch
 
+from stopexp.errors import ConfigError
 from stopexp.policies import quantize
 
 VOTES = ("majority", "weighted", "filtered")
@@ -51,19 +57,19 @@ def weights(signal: np.ndarray) -> np.ndarray:
 def elect(answers, signal: np.ndarray | None = None, rule: str = "majority",
           top: float = 0.5) -> object:
     """The winning answer of one prompt's voters (None: no voter has an answer). `answers`:
-    per voter its answer, None for none (None never wins); `signal`: (n,) final signals,
+    per voter its answer (clustered: see the module doc), None for none (None never wins); `signal`: (n,) final signals,
     NaN for a voter never scored (needed unless rule is majority); `top`: the share in
     (0, 1] that votes under `filtered`. ValueError on an unknown rule, a missing signal or
     one of another length than `answers`, and a `top` outside (0, 1]."""
     if rule not in VOTES:
-        raise ValueError(f"evaluate.vote: {rule!r} unknown; allowed: {', '.join(VOTES)}")
+        raise ConfigError(f"evaluate.vote: {rule!r} unknown; allowed: {', '.join(VOTES)}")
     answers = list(answers)
     n = len(answers)
     if rule != "majority" and (signal is None or np.shape(signal) != (n,)):
-        raise ValueError(f"evaluate.vote={rule} needs one signal per voter: {n} voters, signal "
-                         f"{'None' if signal is None else np.shape(signal)}")
+        raise ConfigError(f"evaluate.vote={rule} needs one signal per voter: {n} voters, signal "
+                          f"{'None' if signal is None else np.shape(signal)}")
     if rule == "filtered" and not 0 < top <= 1:
-        raise ValueError(f"evaluate.vote_top: must lie in (0, 1], got {top}")
+        raise ConfigError(f"evaluate.vote_top: must lie in (0, 1], got {top}")
     weight = np.ones(n)
     if rule != "majority" and n:
         signal = np.asarray(signal, dtype=np.float64)

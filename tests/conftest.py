@@ -15,6 +15,16 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch.set_num_threads(1)  # tiny models gain nothing from more, and a shared CI box suffers
 
+# The tolerance for one float32 quantity computed by two code paths over the same model
+# (decode with a KV cache vs a plain forward, a batch vs one row, decode-time taps vs the
+# teacher-forced forward), which sum the same terms in other orders, with kernels that
+# differ by CPU. A reduction of d terms then differs by at most ~d * 2**-24 * sum|term|;
+# the test models have width 32, MLP width 64 and 2 layers, with activations and log-probs
+# of magnitude <= ~10, so one layer differs by <= ~4e-6 and the model by <= ~1e-5. Anything computed from such quantities by a comparison (a ranking, a kept
+# set, an AUROC) is not compared within a tolerance but made exact: see
+# tests/test_adapt.py::test_replay_equals_online.
+FP32_REORDER = {"atol": 2e-5, "rtol": 1e-5}
+
 
 def compose(config_name: str = "pipeline", overrides=(), conf_dir: Path = CONF,
             return_hydra_config: bool = False):
@@ -62,3 +72,42 @@ def small_bank(tmp_path_factory):
     overrides = [f"paths.output_dir={out}", *SMALL_BANK]
     collect(validate(compose("collect", overrides)))
     return overrides
+
+
+@pytest.fixture
+def read_only(monkeypatch):
+    """make(dir): `dir` becomes read-only. By chmod where modes bind; root ignores them, so
+    there os.mkdir and os.open(O_CREAT) inside `dir` (what Path.mkdir and tempfile, hence
+    every stopexp writer, use) fail with EACCES, as in a read-only directory."""
+    import errno
+    import stat
+
+    made = []
+
+    def make(path):
+        path = Path(path).resolve()
+        if os.geteuid() != 0:
+            made.append((path, path.stat().st_mode))
+            path.chmod(stat.S_IRUSR | stat.S_IXUSR)
+            return
+        real_mkdir, real_open = os.mkdir, os.open
+
+        def refused(p) -> bool:
+            p = Path(os.fsdecode(p)).resolve()
+            return p != path and p.is_relative_to(path)
+
+        def deny(p):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fsdecode(p))
+
+        def mkdir(p, *args, **kwargs):
+            return deny(p) if refused(p) else real_mkdir(p, *args, **kwargs)
+
+        def open_(p, flags, *args, **kwargs):
+            return deny(p) if flags & os.O_CREAT and refused(p) else real_open(p, flags, *args, **kwargs)
+
+        monkeypatch.setattr(os, "mkdir", mkdir)
+        monkeypatch.setattr(os, "open", open_)
+
+    yield make
+    for path, mode in made:
+        path.chmod(mode)

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import compose
+from conftest import FP32_REORDER, compose
 from omegaconf import OmegaConf
 
 from stopexp import bank
@@ -51,6 +51,9 @@ def test_a_seeded_stream_pins_its_first_updates(small_bank):
     for (lf, ll, ex, fb), (plf, pll, pex, pfb) in zip(got, PINNED_EXPLORE):
         assert lf == pytest.approx(plf, abs=1e-5) and ll == pytest.approx(pll, abs=1e-5)
         assert (ex, fb) == (pex, pfb)
+    # AdamW moves a coordinate by ~lr * sign(gradient) whatever its size, so a pinned weight
+    # holds across CPUs only where the gradient stands far above rounding noise: on these four
+    # coordinates every step's |gradient| is >= 9e-5, against float32 noise of ~1e-10 on it
     weight = next(v for k, v in p.state_dict().items() if v.dim() == 2)
     assert float(weight[0, :4].sum()) == pytest.approx(PINNED_WEIGHT, abs=1e-5)
     again, _ = _run(cfg, predictor, paths, order, heldout, ckpt, "explore")
@@ -192,31 +195,52 @@ def test_the_stage_writes_curves_plots_and_a_summary(small_bank, tmp_path):
     assert "explore" in table and "mc_feedback" in table and "MC tok" in table
 
 
+def _with_bank_features(decide, paths):
+    """The online decider, its check features swapped for the replay's after checking that
+    they agree. Decode-time taps and the teacher-forced forward of featurize sum in other
+    orders, so the two differ by float32 rounding (~1e-6, bounded by tests/test_features.py);
+    Adam's per-coordinate normalisation lifts such noise on near-zero gradients to a share of
+    lr per step, so trained weights from the two feature sources differ by a machine-dependent
+    amount. With the same features every step after the decisions is the same arithmetic on
+    the same tensors, so weights and records must be equal, not close."""
+    from stopexp.adapt import _scores
+
+    def wrapped(groups, predictor, epsilon, rng):
+        view, scores, kept, explored, wall = decide(groups, predictor, epsilon, rng)
+        ref = take(paths, groups)
+        assert (view.alive == ref.alive).all() and (view.length == ref.length).all()
+        live = torch.as_tensor(view.alive)
+        for key in ("hidden", "signals"):
+            torch.testing.assert_close(view.batch[key][live], ref.batch[key][live], **FP32_REORDER)
+            view.batch[key] = ref.batch[key]
+        if scores is not None:
+            scores = _scores(predictor, view.batch)
+        return view, scores, kept, explored, wall
+
+    return wrapped
+
+
 def test_replay_equals_online(small_bank):
     from stopexp.adapt_online import online_decider
 
     cfg, predictor, paths, order, heldout, ckpt = _setup(small_bank, *MC)
     online, continue_ = online_decider(cfg, paths, ckpt)
-    same = ("prompts_seen", "accuracy", "avg_at_k", "explore_tokens", "explored_paths",
-            "kept_paths", "auroc", "loss_first", "loss_last", "feedback_paths", "heldout_auroc",
-            "mc_paths", "mc_rate")
+    online = _with_bank_features(online, paths)
     for variant in ("no_prune", "explore", "mc_feedback"):
         replay, p_replay = _run(cfg, predictor, paths, order, heldout, ckpt, variant)
         live, p_live = _run(cfg, predictor, paths, order, heldout, ckpt, variant, online, continue_)
         for r, o in zip(replay, live):
-            for key in same:
-                if key in r:
-                    assert o[key] == pytest.approx(r[key], abs=1e-5, nan_ok=True), (variant, key)
+            timed = {"tokens", "mc_tokens", "wall_estimated"}  # replay estimates these, online measures
+            same = [k for k in r if not k.endswith("_s") and k not in timed]
+            assert {k: o[k] for k in same} == pytest.approx({k: r[k] for k in same}, abs=0, rel=0,
+                                                           nan_ok=True), variant
             # Monte Carlo tokens: replay estimates them (K x the path's remaining), online counts
-            assert o["tokens"] - o["mc_tokens"] == pytest.approx(r["tokens"] - r["mc_tokens"])
+            assert o["tokens"] - o["mc_tokens"] == r["tokens"] - r["mc_tokens"]
             assert (o["mc_tokens"] > 0) == (r["mc_tokens"] > 0) == (variant == "mc_feedback")
             assert not o["wall_estimated"] and o["wall_s"] > 0
         if p_replay is not None:
-            # replay's features come from a teacher-forced forward, online's from decode: they
-            # differ by ~1e-6, which Adam's per-coordinate normalisation can lift to a share of
-            # lr (1e-3) on coordinates whose gradient is near zero
             for a, b in zip(p_replay.state_dict().values(), p_live.state_dict().values()):
-                assert torch.allclose(a, b, atol=2e-3)
+                assert torch.equal(a, b)
         if variant == "explore":
             assert sum(r["explored_paths"] for r in replay) > 0
         if variant == "mc_feedback":  # the same prefixes, rollouts and rates in both modes
@@ -286,10 +310,10 @@ def test_mc_feedback_validates_with_monte_carlo_labels_in_the_target_only():
     cfg = validate(compose("adapt", ["+exp=toy_shift", "adapt.variants=[frozen,mc_feedback]",
                                      "++adapt.target={model.toy.seed:1,collect.mc_rollouts:4}"]))
     assert cfg.collect.mc_rollouts == 0 and target_config(cfg).collect.mc_rollouts == 4
-    assert target_overrides(cfg, ["+exp=toy_shift", "++adapt.target={collect.mc_rollouts:4}",
+    # the command line's target replaces toy_shift's (its task.styles is gone)
+    assert target_overrides(cfg, ["+exp=toy_shift", "++adapt.target={model.toy.seed:1,collect.mc_rollouts:4}",
                                   "~adapt.seed"]) == [
-        "+exp=toy_shift", '"task.styles={careful:0.8,shortcut:0.2}"', '"model.toy.seed=1"',
-        '"collect.mc_rollouts=4"']
+        "+exp=toy_shift", '"model.toy.seed=1"', '"collect.mc_rollouts=4"']
     online = validate(compose("adapt", ["adapt.variants=[mc_feedback]", "evaluate.mode=online"]))
     assert online.adapt.mc_rollouts == 4  # online forks the LM: no bank labels needed
 

@@ -6,7 +6,8 @@ import time
 import pytest
 
 from conftest import ROOT
-from stopexp.tasks.answers import answer_of, canonical, equivalent, extract_answer
+from stopexp.tasks.answers import (MAX_DIGITS, answer_of, canonical, equivalent, extract_answer,
+                                   vote_clusters)
 
 # (completion, canonical answer under strict numeric extraction)
 NUMERIC = [
@@ -57,6 +58,31 @@ NUMERIC = [
     ("#### 9**9**9", ""),
     ("####\n42", ""),                            # strict: the number must be on the mark's line
     ("She has 7 apples.", ""),
+    # LaTeX: the value of the whole expression, never an operand
+    ("The answer is $2^{10}$.", "1024"),
+    ("The answer is $3 \\times 4$.", "12"),
+    ("The answer is $1\\frac{1}{2}$.", "3/2"),
+    ("#### $-1\\frac{1}{2}$", "-3/2"),
+    ("#### $\\dfrac{3}{4}$ of the cake", "3/4"),
+    ("#### 1.5 \\times 10^3", "1500"),
+    ("#### 2 \\cdot 5 = 10", "10"),
+    ("The answer is $\\boxed{12}$.", "12"),
+    ("#### 5\\text{ cm}", "5"),
+    ("#### 12 \\quad \\text{apples}", "12"),
+    # thousands separators before text or punctuation
+    ("#### 1,000, so she has a thousand", "1000"),
+    ("#### 1,000 apples", "1000"),
+    ("The answer is 1,000,000 apples.", "1000000"),
+    ("#### 1,234.5, which is", "2469/2"),
+    ("#### 3, 4 and 5", "3"),                    # a comma and a space end the number
+    ("#### 18 (9 * 2)", "18"),                   # a bracket after a space is an aside
+    ("#### 3 4", ""),                            # two numbers are not one
+    ("#### +7", "7"),
+    # strict: the first mark of any kind counts
+    ("The answer is 4.\n#### 9", "4"),
+    ("#### 9\nThe answer is 4.", "9"),
+    ("so \\boxed{3}.\nQuestion: ...\n#### 9", "3"),
+    ("The answer is five.\n\\boxed{\\text{five}}\n#### 5", "5"),  # marks without a number skipped
 ]
 
 # (what a \boxed{} holds, its canonical form)
@@ -126,6 +152,38 @@ def test_equivalent(answer, reference, same):
     a, r = canonical(answer, "boxed") if answer else "", canonical(reference, "boxed") if reference else ""
     assert equivalent(a, r, "boxed") is same
     assert equivalent(answer, reference, "boxed") is same
+
+
+def test_long_numbers_are_numbers():
+    # past Python's 4300-digit int <-> str conversion limit, up to MAX_DIGITS digits
+    long = "7" * 5000
+    assert answer_of(f"#### {long}", "numeric") == long
+    assert answer_of(f"The answer is {long}.", "numeric") == long
+    assert answer_of(f"she has {long} apples", "numeric", "flexible") == long
+    assert answer_of(f"#### {long}.5", "numeric") == f"1{'5' * 5000}/2"  # (2 * 7...7 + 1) / 2
+    assert canonical(long, "boxed") == long and equivalent(canonical(long + ".0", "boxed"), long)
+    assert answer_of("#### 10^{5000}", "numeric") == "1" + "0" * 5000
+    assert answer_of(f"#### {long} + 1", "numeric") == ""  # too long to evaluate, never an operand
+    assert answer_of("#### " + "7" * (MAX_DIGITS + 1), "numeric") == ""
+    assert answer_of(f"#### 1e{MAX_DIGITS + 1}", "numeric") == ""
+
+
+def test_vote_clusters_group_equivalent_answers():
+    # DeepConf issue 15: four ways to write sqrt(2)/2, all canonical strings of their own
+    forms = ["\\frac{\\sqrt2}{2}", "\\frac{1}{\\sqrt2}", "\\sqrt2/2", "\\sqrt{0.5}"]
+    half_root = [canonical(f, "boxed") for f in forms]
+    assert len(set(half_root)) == 4
+    answers = ["1", half_root[0], "", "1", half_root[1], half_root[2], None, half_root[3]]
+    # the representative: the most frequent member, ties to the one seen first
+    rep = half_root[0]
+    assert vote_clusters(answers, "boxed") == ["1", rep, "", "1", rep, rep, None, rep]
+    again = [half_root[1], half_root[0], half_root[1]]  # \frac{1}{\sqrt{2}} twice: it represents
+    assert vote_clusters(again, "boxed") == [half_root[1]] * 3
+    # numeric answers are one string per value, and answers that are not math (fmt None)
+    # vote by string: math-verify would read "Alimentum|rated 5" as 5
+    assert vote_clusters(["1/2", "1/2", "3"], "numeric") == ["1/2", "1/2", "3"]
+    words = ["Alimentum|rated 5", "Bibimbap|rated 5"]
+    assert equivalent(*words, "boxed") and vote_clusters(words, None) == words
 
 
 def test_minus_sign_is_never_lost():

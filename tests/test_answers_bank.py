@@ -48,15 +48,34 @@ def test_vote_ties_go_to_the_answer_seen_first():
     ({}, "must hold a non-empty list of prompts"),
     ([{"question": "q", "gold_answer": "1", "each_branch": []}], "prompt 0: missing key(s) probe_freq"),
     ([{"question": "q", "gold_answer": "1", "probe_freq": 0, "each_branch": [[[], 1, "1"]]}],
-     "prompt 0.probe_freq: must be a positive integer, got 0"),
+     "prompt 0.probe_freq: must be an integer in 1..1099511627776, got 0"),
     ([{"question": "q", "gold_answer": "1", "probe_freq": 5, "each_branch": [[[], -3, "1"]]}],
-     "each_branch[0][1]: total_tokens must be an integer >= 0, got -3"),
+     "each_branch[0][1] (total_tokens): must be an integer in 0..1099511627776, got -3"),
     ([{"question": "q", "gold_answer": "1", "probe_freq": 5, "each_branch": [[[], 3]]}],
      "each_branch[0]: a branch must be [intermediate_answers, total_tokens, final_answer]"),
     ([{"question": "q", "gold_answer": " ", "probe_freq": 5, "each_branch": [[[], 3, "1"]]}],
      "prompt 0.gold_answer: no readable answer"),
     ([{"question": "q", "gold_answer": "1", "probe_freq": 5, "each_branch": [[[["x"]], 3, "1"]]}],
      "each_branch[0][0][0]: an answer must be a string"),
+    # inconsistent or impossible counts: more probes than the tokens allow, floats, huge ints
+    ([{"question": "q", "gold_answer": "1", "probe_freq": 4,
+       "each_branch": [[["1"] * 2, 8, "1"], [["1"] * 30, 4, "1"]]}],
+     "prompt 0.each_branch[1][1] (total_tokens): 4 tokens, but its 30 intermediate answers are "
+     "read every probe_freq=4 tokens, the last after 120"),
+    ([{"question": "q", "gold_answer": "1", "probe_freq": 5, "each_branch": [[["1"], 4, "1"]]}],
+     "each_branch[0][1] (total_tokens): 4 tokens, but its 1 intermediate answers"),
+    ([{"question": "q", "gold_answer": "1", "probe_freq": 5, "each_branch": [[[], 10**30, "1"]]}],
+     f"each_branch[0][1] (total_tokens): must be an integer in 0..1099511627776, got {10**30}"),
+    ([{"question": "q", "gold_answer": "1", "probe_freq": 5, "each_branch": [[[], 12.5, "1"]]}],
+     "each_branch[0][1] (total_tokens): must be an integer in 0..1099511627776, got 12.5"),
+    ([{"question": "q", "gold_answer": "1", "probe_freq": 5, "each_branch": [[[], 12.0, "1"]]}],
+     "each_branch[0][1] (total_tokens): must be an integer in 0..1099511627776, got 12.0"),
+    ([{"question": "q", "gold_answer": "1", "probe_freq": float("nan"), "each_branch": [[[], 3, "1"]]}],
+     "prompt 0.probe_freq: must be an integer in 1..1099511627776, got nan"),
+    ([{"question": "q", "gold_answer": "1", "probe_freq": 2**41, "each_branch": [[[], 3, "1"]]}],
+     f"prompt 0.probe_freq: must be an integer in 1..1099511627776, got {2**41}"),
+    ([{"question": "q", "gold_answer": "1", "probe_freq": 5, "each_branch": [[[], 3, float("inf")]]}],
+     "each_branch[0][2]: an answer must be a string (or null) or a finite number, got inf"),
 ])
 def test_bad_files_fail_naming_the_place(tmp_path, data, message):
     path = tmp_path / "bank.json"
@@ -125,10 +144,15 @@ def test_cli_prints_the_table_and_writes_metrics(tmp_path, capsys):
     ([str(FIXTURE), "n=six"], "n='six': must be a int"),
     ([str(FIXTURE), "methods=no_prune,esc2"], "methods: esc2 unknown; allowed: no_prune"),
     ([str(FIXTURE), "n=6", "k=7"], "k=7: must be in 1..n=6"),
+    ([str(FIXTURE), "esc_window=0"], "esc_window=0: must be >= 1"),
+    ([str(FIXTURE), "asc_threshold=nan"], "asc_threshold=nan: must be in (0, 1]"),
+    (["no_such_bank.json"], "answers-only bank no_such_bank.json does not exist"),
 ])
-def test_cli_refuses_bad_settings(argv, message):
-    with pytest.raises(SystemExit, match=message):
+def test_cli_refuses_bad_settings(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
         main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith(f"error: {message}") and err.count("\n") == 1
 
 
 def test_export_a_trace_bank_as_an_answers_only_bank(small_bank, tmp_path, capsys):

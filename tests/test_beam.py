@@ -3,6 +3,7 @@ import copy
 import pytest
 import torch
 
+from conftest import FP32_REORDER
 from stopexp.policies import FixedThreshold, TopK
 from stopexp.search.beam import beam_search, beam_search_batch
 from stopexp.signals.features import SIGNAL_NAMES
@@ -51,7 +52,7 @@ def test_equals_hf_generate(lm, B, request):
             res = _beam(model, tok, ids, B, T)
             tokens, score = _hf(model, tok, ids, B, T)
             assert res.tokens == tokens, (prompt, T)
-            assert score is None or res.score == pytest.approx(score, abs=1e-5)
+            assert score is None or res.score == pytest.approx(score, abs=FP32_REORDER["atol"])
             ended += res.tokens[-1] == tok.eos_token_id
             stopped_early += len(res.alive_per_step) < T
     if lm == "eos_lm":  # finished hypotheses and the early-stop rule were exercised
@@ -89,7 +90,7 @@ def test_batched_prompts_equal_hf_generate_one_by_one(lm, B, request):
                                  return_dict_in_generate=True, output_scores=True)
             assert r.tokens == out.sequences[0, len(prompt_ids):].tolist(), (prompt_ids, T)
             if B > 1:
-                assert r.score == pytest.approx(float(out.sequences_scores[0]), abs=1e-5)
+                assert r.score == pytest.approx(float(out.sequences_scores[0]), abs=FP32_REORDER["atol"])
             fed = r.n_forward_tokens - len(prompt_ids)  # padding is not counted
             assert sum(r.alive_per_step[:-1]) <= fed <= sum(r.alive_per_step)
     if lm == "multi_eos_lm":  # the second id really ended hypotheses
@@ -124,10 +125,10 @@ def test_neutral_scorer_prunes_nothing_and_sees_true_features(tiny_lm):
         logp = torch.log_softmax(out.logits[:, len(ids) - 1 : -1].float(), -1)
         chosen = logp.gather(-1, tokens[:, :, None]).squeeze(-1)
         sig = batch["signals"]
-        assert torch.allclose(sig[:, names.index("mean_logprob")], chosen.mean(1), atol=1e-5)
-        assert torch.allclose(sig[:, names.index("min_logprob")], chosen.min(1).values, atol=1e-5)
+        assert torch.allclose(sig[:, names.index("mean_logprob")], chosen.mean(1), **FP32_REORDER)
+        assert torch.allclose(sig[:, names.index("min_logprob")], chosen.min(1).values, **FP32_REORDER)
         assert (sig[:, names.index("prefix_len")] == t).all()
-        assert torch.allclose(batch["hidden"][:, 0], out.hidden_states[1][:, -1], atol=1e-5)
+        assert torch.allclose(batch["hidden"][:, 0], out.hidden_states[1][:, -1], **FP32_REORDER)
         norm = batch["hidden"][:, 1].norm(dim=-1)
         assert torch.allclose(sig[:, names.index("hidden_norm")], norm)
         assert torch.allclose(sig[:, names.index("hidden_mean")], batch["hidden"][:, 1].mean(-1))
@@ -233,7 +234,7 @@ def test_hidden_norm_reads_the_deepest_tapped_layer_whatever_the_order(tiny_lm, 
     finally:
         hook.remove()
     deepest = seen["h"][:, -1]  # layer 1's output
-    assert torch.allclose(deepest, batch["hidden"][:, 1], atol=1e-5)
+    assert torch.allclose(deepest, batch["hidden"][:, 1], **FP32_REORDER)
     assert torch.allclose(batch["signals"][:, SIGNAL_NAMES.index("hidden_norm")],
                           deepest.norm(dim=-1), atol=1e-4)
 

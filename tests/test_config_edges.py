@@ -73,11 +73,26 @@ def test_an_external_reward_must_be_a_finite_number():
     register_reward("edge_nan", lambda problem, text: float("nan") if "x" in text else 0.25)
     register_reward("edge_none", lambda problem, text: None)
     assert Reward("external", "edge_nan").scores(None, [None], ["ab"]).tolist() == [0.25]
-    with pytest.raises(ValueError, match=r"reward.function: 'edge_nan' returned nan for the path "
-                                         r"'axe'; a reward must be a finite number"):
+    with pytest.raises(ConfigError) as e:
         Reward("external", "edge_nan").scores(None, [None, None], ["ab", "axe"])
-    with pytest.raises(ValueError, match="'edge_none' returned None"):
+    assert str(e.value) == ("reward.function: 'edge_nan' returned nan for the path 'axe' of the "
+                            "problem 'None'; a reward must be a finite number")
+    with pytest.raises(ConfigError, match="'edge_none' returned None"):
         Reward("external", "edge_none").scores(None, [None], ["ab"])
+
+
+def test_an_external_reward_that_raises_names_the_function_and_the_path():
+    from stopexp.rewards import Reward
+
+    # a function of the standard library that cannot take this problem
+    reward = Reward("external", "operator:truediv")
+    with pytest.raises(ConfigError) as e:
+        reward.scores(None, [1, 0], ["ab", "cd"])
+    assert str(e.value) == ("reward.function: 'operator:truediv' raised TypeError: unsupported "
+                            "operand type(s) for /: 'int' and 'str' on the path 'ab' of the "
+                            "problem '1'; fix the function (STOPEXP_DEBUG=1 shows its traceback) "
+                            "or choose another reward")
+    assert isinstance(e.value.__cause__, TypeError)  # the traceback stays reachable
 
 
 @pytest.mark.parametrize("overrides,key,msg", [

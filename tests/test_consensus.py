@@ -1,14 +1,25 @@
 """Answer-consensus stopping (ESC, Adaptive-Consistency, Parallel-Probe) against stopping
-points computed by hand on tests/data/answers_bank.json.
+points computed by hand on tests/data/answers_bank.json, and every vote of the project
+counting equivalent answers as one (DeepConf issue 15).
 
 Prompt 0's final answers in stored order: 42 42 13 42 13 42 9 42 (tokens 35 45 30 60 50 25 70
 40); prompt 1's: 1/2 1/2 1/2 1/2 3 1/2 (tokens 12 8 15 22 11 20)."""
+import json
 from fractions import Fraction
+from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from stopexp.answers_bank import load_answers_bank
+from stopexp import collect
+from stopexp.accounting import Paths, outcome
+from stopexp.answers_bank import load_answers_bank, vote_codes
+from stopexp.answers_replay import no_prune
+from stopexp.metrics import cons_at_n
+from stopexp.search.sample import vote
+from stopexp.stopping import stopping_outcomes
+from stopexp.tasks.answers import canonical, equivalent
 from stopexp.search.adaptive_consistency import adaptive_consistency, beta_majority_prob
 from stopexp.search.esc import esc
 from stopexp.search.parallel_probe import parallel_probe
@@ -84,3 +95,90 @@ def test_parallel_probe_by_hand(prompts):
     assert d.answer == 2 and d.spent.tolist() == [10] * 8
     with pytest.raises(ValueError, match="parallel_probe needs stable >= 1"):
         parallel_probe(p0, np.arange(8), stable=0)
+
+
+# DeepConf issue 15: six paths, four of them right in four different forms of sqrt(2)/2;
+# by string "1" (2 votes) beats each form (1 vote), by cluster sqrt(2)/2 wins 4 to 2
+SIX = ["1", "\\frac{\\sqrt2}{2}", "\\frac{1}{\\sqrt2}", "1", "\\sqrt2/2", "\\sqrt{0.5}"]
+CANON = [canonical(a, "boxed") for a in SIX]
+GOLD = canonical("\\frac{\\sqrt{2}}{2}", "boxed")
+RIGHT = np.array([equivalent(a, GOLD, "boxed") for a in CANON])
+
+
+def six_paths(answer_format):
+    return Paths(group=np.zeros(6, int), path_id=np.arange(6), length=np.full(6, 10),
+                 correct=RIGHT, answer=np.array(CANON, dtype=object),
+                 text=np.array([f"path {j}" for j in range(6)], dtype=object),
+                 alive=np.ones(6, bool), batch={}, answer_format=answer_format)
+
+
+def test_the_six_paths_are_four_right_forms():
+    assert len(set(CANON)) == 5 and RIGHT.tolist() == [False, True, True, False, True, True]
+
+
+def test_votes_count_equivalent_answers_as_one():
+    assert vote(CANON) == "1"  # by string: the split vote of the issue
+    assert vote(CANON, "boxed") == CANON[1]  # the cluster, represented by its first form
+    assert cons_at_n([CANON], [GOLD]) == 0.0 and cons_at_n([CANON], [GOLD], "boxed") == 1.0
+
+
+@pytest.mark.parametrize("rule", ["majority", "weighted", "filtered"])
+def test_outcome_votes_by_cluster(rule):
+    signal = np.zeros(6)  # equal weights; filtered with vote_top 1 keeps everyone
+    for fmt, right in ((None, False), ("boxed", True)):
+        o = outcome(six_paths(fmt), np.ones(6, bool), 5, 6, vote=rule, signal=signal, vote_top=1.0)
+        assert o["correct"].tolist() == [right]
+        assert o["chosen"].tolist() == ["path 1" if right else "path 0"]  # the cluster's first path
+
+
+def test_stopping_protocols_vote_by_cluster():
+    confs = [np.ones(10)] * 6
+    ev = SimpleNamespace(esc_window=4, asc_threshold=0.95, deepconf_warmup=2, deepconf_keep_percent=100)
+    names = ["esc", "adaptive_consistency", "deepconf_weighted", "deepconf_top"]
+    for fmt, right in ((None, False), ("boxed", True)):
+        o = stopping_outcomes(six_paths(fmt), confs, names, 6, ev, 2)
+        # ESC (window 4): (1, a, b, 1) is split and (c, d) the last window; ASC's posterior
+        # never passes 3/4 (after the first path): all six vote, by string or by cluster
+        assert all(o[m]["voter"].all() and o[m]["correct"].tolist() == [right] for m in names)
+
+
+def answers_bank_of(tmp_path, finals):
+    """One prompt whose branches answer `finals`, 30 tokens each, probed every 10 tokens
+    with their final answer."""
+    data = [{"question": "q", "gold_answer": "\\frac{\\sqrt{2}}{2}", "probe_freq": 10,
+             "each_branch": [[[a, a], 30, a] for a in finals]}]
+    path = tmp_path / "bank.json"
+    path.write_text(json.dumps(data))
+    return load_answers_bank(path).prompts[0]
+
+
+def test_answers_bank_codes_clusters_for_every_method(tmp_path):
+    p = answers_bank_of(tmp_path, SIX)
+    assert p.answers == ["", "1", CANON[1]] and p.correct.tolist() == [False, False, True]
+    assert p.final.tolist() == [1, 2, 2, 1, 2, 2]
+    order = np.arange(6)
+    assert vote_codes(p.final) == 2 and no_prune(p, order).answer == 2
+    assert esc(p, order, window=4).answer == 2
+    assert adaptive_consistency(p, order).answer == 2
+    # the first probe's leader is the cluster (4 to 2): stable at once, all stop at 10 tokens
+    d = parallel_probe(p, order, stable=1, deviate=1, warmup=0)
+    assert d.answer == 2 and d.spent.tolist() == [10] * 6
+
+
+def test_consensus_stops_on_equivalent_answers(tmp_path):
+    p = answers_bank_of(tmp_path, SIX[1:3] + SIX[4:] + ["1", "1"])  # the four forms first
+    d = esc(p, np.arange(6), window=4)  # the first window is unanimous by cluster
+    assert (d.launched, int(d.spent.sum()), bool(p.correct[d.answer])) == (4, 120, True)
+    d = adaptive_consistency(p, np.arange(6))  # four alike: 31/32 >= 0.95 at the 4th
+    assert (d.launched, bool(p.correct[d.answer])) == (4, True)
+
+
+def test_bank_summary_votes_by_cluster(monkeypatch):
+    class Bank(dict):
+        column_names = ["correct"]
+
+    ds = Bank(split=["test"] * 6, prompt_id=[0] * 6, correct=RIGHT.tolist(), answer=CANON,
+              length=[10] * 6)
+    monkeypatch.setattr(collect.bank, "load_bank", lambda root: ds)
+    assert collect.summarize(Path("bank"))["vote_accuracy"] == 0.0
+    assert collect.summarize(Path("bank"), "boxed")["vote_accuracy"] == 1.0

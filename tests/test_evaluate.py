@@ -65,8 +65,6 @@ def test_replay_equals_online(trained):
     replay = evaluate(cfg_for(trained, "evaluate.text_metrics=false"))["methods"]
     online = evaluate(cfg_for(trained, "evaluate.text_metrics=false", "evaluate.mode=online"))["methods"]
     for name in replay:
-        if name == "oracle":  # replay ranks by Monte Carlo labels, online by the outcome
-            continue
         assert online[name]["accuracy"] == replay[name]["accuracy"], name
         assert online[name]["tokens_total"] == replay[name]["tokens_total"], name
         for key in ("peak_kv_bytes", "mean_peak_kv_bytes"):  # the schedule's estimate is exact

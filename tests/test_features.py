@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import compose
+from conftest import FP32_REORDER, compose
 from stopexp import bank, feature_bank, feature_extract
 from stopexp.config import ConfigError, validate
 from stopexp.taps import Taps
@@ -50,8 +50,8 @@ def test_extracted_features_equal_decode_time_features(eager_lm, pooling, layers
             k = seqs[p][2].index(c)
             hidden, attn = got[p]
             assert hidden.shape == (len(seqs[p][2]), len(layers), 32)
-            np.testing.assert_allclose(hidden[k], feats[r].numpy(), atol=2e-5, rtol=1e-5)
-            assert attn[k] == pytest.approx(float(state.attn[c][r]), abs=2e-5)
+            np.testing.assert_allclose(hidden[k], feats[r].numpy(), **FP32_REORDER)
+            assert attn[k] == pytest.approx(float(state.attn[c][r]), abs=FP32_REORDER["atol"])
             compared += 1
     assert compared >= 20
 
@@ -162,6 +162,88 @@ def test_damaged_features_name_the_file_and_the_command(small_bank, tmp_path):
     finally:
         if not arrow.exists() or arrow.stat().st_size != keep.stat().st_size:
             shutil.copy(keep, arrow)
+
+
+def _private_bank(small_bank, tmp_path):
+    """Overrides of a private copy of the session's small bank (its features made there)."""
+    import shutil
+
+    overrides = [*small_bank, f"paths.output_dir={tmp_path / 'out'}"]
+    shutil.copytree(bank.bank_dir(validate(compose("collect", small_bank))),
+                    bank.bank_dir(validate(compose("collect", overrides))))
+    return overrides
+
+
+def test_features_of_another_tap_under_this_key_are_refused_and_featurize_repairs(small_bank, tmp_path):
+    import shutil
+
+    from stopexp.evaluate import evaluate
+    from stopexp.train import train
+
+    fast = ["predictor=linear", "train.epochs=2", "evaluate.methods=[learned]",
+            "evaluate.text_metrics=false", "evaluate.n_points=[4,8]", "evaluate.retention=[2,4]",
+            "policy.keep=4", "evaluate.bootstrap=50"]
+    overrides = [*_private_bank(small_bank, tmp_path), *fast]
+    cfg = validate(compose("evaluate", overrides))
+    train(cfg, progress=False)  # on the features of this tap (the last layer, 2)
+    out = feature_bank.features_dir(cfg)
+    reference = feature_bank.load_features(out, "test").hidden.copy()
+    other = validate(compose("evaluate", [*overrides, "tap.layers=[0]"]))
+    shutil.rmtree(out)
+    shutil.copytree(feature_bank.require_features(other), out)  # layer 0's, under this key
+    want = (f"features {out} does not fit this config: its meta.json records tap_layers=[0], this "
+            "config expects [2].\nRepair:  python -m stopexp.featurize +exp=toy_contrastive\n")
+    with pytest.raises(bank.ArtifactMismatch) as err:
+        feature_bank.require_features(cfg, ["+exp=toy_contrastive"])
+    assert str(err.value).startswith(want)
+    with pytest.raises(bank.ArtifactMismatch, match="records tap_layers=\\[0\\]"):
+        evaluate(cfg)  # before: scored layer 0 with the layer-2 predictor, exit 0
+    summary = feature_bank.featurize(cfg)  # every shard names the other features: recomputed
+    assert bank.read_meta(out)["tap_layers"] == [2] and summary["paths"] == 24 * 8
+    assert np.array_equal(feature_bank.load_features(out, "test").hidden, reference)
+    assert set(evaluate(cfg)["methods"]) >= {"linear", "no_prune"}
+
+
+def test_a_features_record_with_another_width_is_refused_and_featurize_rewrites_it(small_bank, tmp_path):
+    cfg = validate(compose("train", _private_bank(small_bank, tmp_path)))
+    out = feature_bank.require_features(cfg)
+    original = bank.read_meta(out)
+    shards = _snapshot(out)
+    (out / "meta.json").write_text(json.dumps({**original, "hidden_size": 64}))
+    for consumer in (lambda: feature_bank.require_features(cfg),
+                     lambda: feature_bank.load_split(cfg, "test", make=False)):
+        with pytest.raises(bank.ArtifactMismatch, match=f"^features {out} does not fit this config: "
+                                                        "its meta.json records hidden_size=64, this "
+                                                        "config expects 96.\nRepair:  python -m "
+                                                        "stopexp.featurize"):
+            consumer()  # before: an IndexError in evaluate
+    feature_bank.featurize(cfg)  # before: "complete in 0.0 s", and the record stayed wrong
+    assert bank.read_meta(out) == original
+    assert {k: v for k, v in _snapshot(out).items() if "meta.json" not in k} == \
+        {k: v for k, v in shards.items() if "meta.json" not in k}  # the shards fit: kept
+    ds, feats = feature_bank.load_split(cfg, "test", make=False)
+    assert feats.hidden.shape[1:] == (1, 96)
+
+
+@pytest.mark.parametrize("record_fits", [True, False])
+def test_shards_written_before_they_named_their_features_are_judged_by_the_record(
+        small_bank, tmp_path, record_fits):
+    cfg = validate(compose("train", _private_bank(small_bank, tmp_path)))
+    out = feature_bank.require_features(cfg)
+    meta = bank.read_meta(out)
+    for name in meta["shards"]:  # as written before shards recorded their features and tap
+        rec = {k: v for k, v in meta["shards"][name].items()
+               if k not in ("features", *feature_bank.TAP_INFO)}
+        (out / name / bank.MANIFEST).write_text(json.dumps(rec))
+        meta["shards"][name] = rec
+    if not record_fits:
+        meta["tap_layers"] = [0]
+    (out / "meta.json").write_text(json.dumps(meta))
+    shards = {k: v for k, v in _snapshot(out).items() if "meta.json" not in k}
+    feature_bank.featurize(cfg)
+    kept = {k: v for k, v in _snapshot(out).items() if "meta.json" not in k} == shards
+    assert kept == record_fits  # a record of another tap vouches for none of them
+    assert bank.read_meta(feature_bank.require_features(cfg))["tap_layers"] == [2]
 
 
 def test_old_bank_says_rerun_collect(small_bank, tmp_path):

@@ -157,6 +157,48 @@ def test_truncated_meta_is_named_and_collect_rewrites_it(copied):
     assert bank.read_meta(root) == original and snapshot(root) == before  # nothing recomputed
 
 
+def test_a_bank_record_of_another_model_is_refused_and_collect_rewrites_it(copied, small_bank):
+    cfg, root = copied
+    original = bank.read_meta(root)
+    before = snapshot(root)
+    (root / "meta.json").write_text(json.dumps({**original, "model_name": "SmolLM2-135M",
+                                                "hidden_size": 576}))
+    want = (rf"^trace bank {root} does not fit this config: its meta.json records "
+            r"model_name='SmolLM2-135M', this config expects 'toy'.\nRepair:  python -m stopexp.collect")
+    with pytest.raises(bank.ArtifactMismatch, match=want):
+        bank.require_bank(cfg)
+    train_cfg = validate(compose("train", [*small_bank, f"paths.output_dir={root.parents[2]}",
+                                           "predictor=linear", "train.epochs=2"]))
+    with pytest.raises(bank.ArtifactMismatch, match=want):
+        train(train_cfg, progress=False)  # before: a shape error at the first batch
+    assert collect(cfg)["complete"]
+    assert bank.read_meta(root) == original and snapshot(root) == before  # nothing recomputed
+    assert train(train_cfg, progress=False)["val"]["paths"] > 0
+
+
+def test_a_shard_of_another_bank_is_refused_and_collect_recomputes_it(copied, small_bank, tmp_path):
+    cfg, root = copied
+    reference = bank.bank_dir(validate(compose("collect", small_bank)))
+    other = validate(compose("collect", [*small_bank, f"paths.output_dir={tmp_path / 'other'}", "seed=1"]))
+    collect(other)
+    name = shard_of(root, "test")
+    before = snapshot(root)
+    shutil.rmtree(root / name)
+    shutil.copytree(bank.bank_dir(other) / name, root / name)  # byte for byte as it recorded
+    meta = bank.read_meta(root)
+    meta["shards"][name] = bank.read_record(root / name)  # as a collect that trusted it wrote
+    (root / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(bank.ArtifactMismatch, match=rf"^trace bank {root} does not fit its own "
+                                                     rf"record: shard {name} was written for the "
+                                                     rf"bank {bank.bank_dir(other).name}.\nRepair:  "):
+        bank.require_bank(cfg)
+    assert collect(cfg)["complete"]  # before: kept, it matched its own record
+    after = snapshot(root)
+    assert {n: v for n, v in after.items() if n != name} == {n: v for n, v in before.items() if n != name}
+    assert after[name][1]["bank"] == root.name
+    assert_same_rows(root, reference)
+
+
 def test_a_single_collect_never_ends_with_an_incomplete_bank(copied, monkeypatch):
     import stopexp.collect as C
 
@@ -235,7 +277,10 @@ def test_damaged_predictor_is_named_and_train_rebuilds_it(copied, small_bank):
         build_scorers(cfg, ["linear"], spec)
     assert train(cfg, progress=False)["val"] == first["val"]  # rebuilt, not refused
     assert (ckpt / "predictor.safetensors").read_bytes() == weights
-    for damage in ("truncate_json", "drop_json", "other_features"):
+    other = validate(compose("train", [*small_bank, f"paths.output_dir={root.parents[2]}",
+                                       "predictor=linear", "train.epochs=2", "train.seed=7"]))
+    train(other, progress=False)  # the same features and spec, another config
+    for damage in ("truncate_json", "drop_json", "other_features", "other_config"):
         meta_path = ckpt / "predictor.json"
         meta = json.loads(meta_path.read_text())
         if damage == "truncate_json":
@@ -244,11 +289,21 @@ def test_damaged_predictor_is_named_and_train_rebuilds_it(copied, small_bank):
                 load_predictor(ckpt, spec)
         elif damage == "drop_json":  # before: retrained, then dropped beside the old dir, forever
             meta_path.unlink()
-        else:  # before: "retrain it", and train refused the same checkpoint again
+        elif damage == "other_features":  # before: "retrain it", and train refused the same checkpoint again
             meta["feature_spec"]["hidden_size"] = 64
             meta_path.write_text(json.dumps(meta))
             with pytest.raises(CheckpointMismatch, match="hidden_size=64.*python -m stopexp.train"):
                 load_predictor(ckpt, spec)
+        else:  # before: loaded, its spec is the same
+            shutil.rmtree(ckpt)
+            shutil.copytree(predictor_dir(other), ckpt)
+            with pytest.raises(CheckpointMismatch, match=rf"^predictor checkpoint {ckpt} does not fit "
+                                                         rf"this config: its predictor.json records "
+                                                         rf"key='{predictor_dir(other).name}', this "
+                                                         rf"config expects '{ckpt.name}'"):
+                load_predictor(ckpt, spec)
+            with pytest.raises(CheckpointMismatch, match=r"Rebuild it with:  python -m stopexp.train"):
+                build_scorers(cfg, ["linear"], spec)
         assert train(cfg, progress=False)["val"] == first["val"]
         predictor, saved = load_predictor(ckpt, spec)
         assert saved["weights"]["size"] == len(weights)

@@ -26,6 +26,6 @@ def test_slurm_sweep_on_a_machine_without_slurm_prints_one_line_and_fails(tmp_pa
                         "logger=none", "hydra/launcher=submitit_slurm",
                         f"paths.output_dir={tmp_path}"], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=120)
-    assert r.returncode == 1
-    assert r.stderr.strip().splitlines() == [launchers.slurm_problem(SLURM)]
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [f"error: {launchers.slurm_problem(SLURM)}"]
     assert "Traceback" not in r.stderr + r.stdout

@@ -262,3 +262,73 @@ def test_bertscore_encoder_given_as_a_directory_reads_its_layers_and_a_missing_o
     with pytest.raises(ConfigError, match=r"^evaluate.bertscore_model: '/nonexistent/encoder' is no "
                                           r"model directory"):
         validate(compose("pipeline", ["evaluate.bertscore_model=/nonexistent/encoder"]))
+
+
+RU = "Кошка сидит на ковре и смотрит в окно"
+ZH = "猫坐在垫子上看着窗外的小鸟"
+
+
+def test_non_latin_text_scores_like_sacrebleu_and_identical_text_is_perfect():
+    # rouge_score's own tokenizer keeps [a-z0-9] only: Russian and Chinese have no token
+    from rouge_score.rouge_scorer import RougeScorer
+    assert RougeScorer(["rougeL"]).score(RU, RU)["rougeL"].fmeasure == 0.0
+    assert rouge([RU], [RU])["rougeL"] == 1.0
+    assert bleu([RU], [RU]) == sacrebleu.corpus_bleu([RU], [[RU]]).score > 99.999
+    assert rouge([ZH], [ZH], tokenize="zh")["rougeL"] == 1.0
+    assert bleu([ZH], [ZH], tokenize="zh") == sacrebleu.corpus_bleu([ZH], [[ZH]], tokenize="zh").score > 99.999
+    hyp = "猫坐在垫子上看着窗外"
+    assert bleu([hyp], [ZH], tokenize="zh") == sacrebleu.corpus_bleu([hyp], [[ZH]], tokenize="zh").score
+    # ROUGE on the characters: 10 of the hypothesis' 10 in the reference's 13, in order
+    assert rouge([hyp], [ZH], tokenize="zh")["rougeL"] == pytest.approx(2 * 10 / (10 + 13))
+    m = text_metrics([hyp], [ZH], bertscore=False, tokenize="char")
+    assert m["bleu"] == sacrebleu.corpus_bleu([hyp], [[ZH]], tokenize="char").score
+    assert m["rougeL"] == pytest.approx(2 * 10 / (10 + 13))
+
+
+def test_unicode_words_stay_whole_and_ascii_words_are_rouge_scores():
+    from rouge_score.rouge_scorer import RougeScorer
+    from rouge_score.tokenizers import DefaultTokenizer
+
+    from stopexp.metrics.text import UnicodeTokenizer
+
+    assert UnicodeTokenizer().tokenize("Herr Müller, naïve café!") == ["herr", "müller", "naïve", "café"]
+    assert DefaultTokenizer().tokenize("Müller") == ["m", "ller"]  # what it replaces
+    assert rouge(["Müller"], ["Möller"])["rouge1"] == 0.0  # "m ller" twice scored 1.0
+    english = "The quick brown fox -- jumped_over 3.5 times!! e.g. U.S.A. (and #4)"
+    assert UnicodeTokenizer().tokenize(english) == DefaultTokenizer().tokenize(english)
+    hyps, refs = ["the cat sat on the mat."], ["The cat, it sat on a mat!"]
+    ours = rouge(hyps, refs)
+    theirs = RougeScorer(list(ours)).score(refs[0], hyps[0])  # its default tokenizer
+    assert ours == {t: theirs[t].fmeasure for t in ours}
+
+
+def test_space_splitting_tokenisers_refuse_chinese_and_unknown_ones_are_named():
+    with pytest.raises(ValueError, match=r"task.tokenize: '13a' splits words at spaces, but 100% .*"
+                                         r"set task.tokenize=zh \(Chinese\) or char"):
+        bleu([ZH], [ZH])
+    with pytest.raises(ValueError, match="task.tokenize: 'intl' splits words at spaces"):
+        text_metrics([ZH], [[ZH, ZH]], bertscore=False, tokenize="intl")
+    with pytest.raises(ValueError, match=r"task.tokenize: 'flores200' unknown; allowed: 13a, intl, zh, char"):
+        bleu(["a"], ["a"], tokenize="flores200")
+    assert bleu(["Aromi 猫 serves food"], ["Aromi 猫 serves food"]) > 99.999  # one Han character is fine
+
+
+def test_bootstrap_leaves_nan_resamples_out_and_counts_them(caplog):
+    # 30 prompts, 25 without the statistic (NaN): resamples that draw only those are NaN
+    values = np.r_[np.full(25, np.nan), np.linspace(0.1, 0.5, 5)]
+    groups = np.arange(30)
+    stat = lambda idx: np.nanmean(values[idx]) if np.isfinite(values[idx]).any() else np.nan  # noqa: E731
+    ci = bootstrap_over_groups(stat, groups, n=2000, seed=1)
+    draws = np.random.default_rng(1).integers(0, 30, size=(2000, 30))  # the same resamples
+    by_hand = np.array([stat(d) for d in draws])
+    nan = np.isnan(by_hand)
+    assert ci.nan_resamples == int(nan.sum()) > 0
+    assert tuple(ci) == tuple(np.quantile(by_hand[~nan], [0.025, 0.975]))
+    assert "resamples have a NaN statistic; the interval uses the others" in caplog.text
+    # np.mean over NaN values: every resample holding one is left out (np.nanmean skips them)
+    ci = bootstrap_ci(np.r_[np.nan, np.linspace(0, 1, 99)], n=500, seed=2)
+    assert 0 < ci.nan_resamples < 500 and np.isfinite(ci).all()
+    none = bootstrap_ci([np.nan, np.nan], n=50)
+    assert none.nan_resamples == 50 and np.isnan(none).all()
+    assert "is NaN (no resample has the statistic)" in caplog.text
+    assert bootstrap_ci(np.linspace(0, 1, 20)).nan_resamples == 0

@@ -58,7 +58,7 @@ def test_selection_replay_equals_online_and_compares_with_beam(trained, tmp_path
     assert replay["select"] == online["select"] == "signal"
     for name, r in replay["methods"].items():
         o = online["methods"][name]
-        if name == "oracle":  # replay ranks by Monte Carlo labels, online by the outcome
+        if name == "oracle":  # replay ranks by the ROUGE-L reward, online by the outcome
             continue
         for key in ("accuracy", "tokens_total", "mean_reward", "avg_reward_at_k"):
             assert o[key] == r[key], (name, key)

@@ -1,5 +1,6 @@
 """Outputs are never lost: W&B failures cost no stage its metrics.json and plots, every
 artifact is written atomically with the user's umask, and run dirs are never shared."""
+import errno
 import json
 import os
 import sys
@@ -51,9 +52,10 @@ def broken_wandb(init_fails: bool = False):
 def run_stage(module: str, overrides: list[str]):
     """Run a stage's @hydra.main in this process, as `python -m stopexp.<module> ...` does."""
     import importlib
+    import inspect
 
     main = importlib.import_module(f"stopexp.{module}").main
-    task = main.__wrapped__
+    task = inspect.unwrap(main)  # the stage's own function, under @hydra.main and @user_errors
     GlobalHydra.instance().clear()
     argv, name = sys.argv, task.__module__
     sys.argv, task.__module__ = [module, *overrides], "__main__"  # conf/ found by file, as -m does
@@ -107,12 +109,15 @@ def test_wandb_that_cannot_start_gives_a_null_run_and_a_warning(small_bank, tmp_
 
 
 def test_a_real_error_in_the_stage_still_fails_it_and_marks_the_run_failed(small_bank, tmp_path,
-                                                                          monkeypatch):
+                                                                          monkeypatch, capsys):
     fake = broken_wandb()
     monkeypatch.setitem(sys.modules, "wandb", fake)
-    with pytest.raises(SystemExit) as e:  # no bank for seed 99: the stage's own error
+    with pytest.raises(SystemExit) as e:  # no bank for seed 99: the stage's own (user) error
         run_stage("train", [*tracked(small_bank), "seed=99", f"hydra.run.dir={tmp_path}"])
-    assert e.value.code == 1 and fake.finished == [1]
+    assert e.value.code == 2 and fake.finished == [1]
+    err = capsys.readouterr().err
+    assert err.startswith("error: no complete trace bank for this config at ")
+    assert "Make it with:  python -m stopexp.collect " in err and "Traceback" not in err
     assert not (tmp_path / "metrics.json").exists()
 
 
@@ -193,3 +198,50 @@ def test_umask_is_read_without_changing_it(umask_022, monkeypatch):
     monkeypatch.setattr("builtins.open", lambda *a, **k: (_ for _ in ()).throw(OSError))
     assert artifacts.current_umask() == 0o022  # the portable fallback
     assert os.umask(0o022) == 0o022
+
+
+def test_a_wandb_dir_that_is_a_file_costs_tracking_not_outputs(small_bank, tmp_path):
+    bank_out = next(o.split("=", 1)[1] for o in small_bank if o.startswith("paths.output_dir="))
+    out = tmp_path / "outputs"
+    out.mkdir()
+    (out / "wandb").write_text("in the way")
+    run_stage("train", [*tracked(small_bank), "train.lr=0.003", f"paths.output_dir={out}",
+                        f"paths.cache_dir={bank_out}/cache", f"hydra.run.dir={tmp_path / 'run'}"])
+    assert "auroc" in json.loads((tmp_path / "run/metrics.json").read_text())["train"]["test"]
+    assert (tmp_path / "run/loss_curve.png").exists()
+    warnings = [w for w in stage_log(tmp_path / "run").splitlines() if "[WARNING]" in w
+                and "stopexp.tracking" in w]
+    assert len(warnings) == 1 and "W&B could not start a run (FileExistsError" in warnings[0]
+    assert (out / "wandb").read_text() == "in the way"
+
+
+def test_a_full_disk_during_collect_names_the_shard_and_keeps_the_finished_ones(tmp_path,
+                                                                              monkeypatch, capsys):
+    from datasets import Dataset
+
+    from stopexp import bank
+    from stopexp.config import validate
+
+    args = [f"paths.output_dir={tmp_path}", "logger=none", "search.n_paths=2",
+            "collect.prompts.train=0", "collect.prompts.val=0", "collect.prompts.test=4",
+            "collect.shard_prompts=2", "collect.mc_rollouts=0"]
+    save, saved = Dataset.save_to_disk, []
+
+    def fills_the_disk(self, path, **kwargs):
+        if saved:  # the second shard finds the disk full
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        saved.append(path)
+        return save(self, path, **kwargs)
+
+    monkeypatch.setattr(Dataset, "save_to_disk", fills_the_disk)
+    with pytest.raises(SystemExit) as e:
+        run_stage("collect", [*args, f"hydra.run.dir={tmp_path / 'run'}"])
+    root = bank.bank_dir(validate(compose("collect", args)))
+    assert e.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (  # under the progress bars
+        f"error: cannot write {root / bank.shard_name(1)}: No space left on device; free space "
+        "on that disk or point paths.cache_dir at another one, then rerun (what was written "
+        "before is intact)")
+    assert sorted(p.name for p in root.iterdir()) == [bank.shard_name(0)]  # no half shard, no temporary
+    assert bank.shard_problem(root / bank.shard_name(0), full=True) is None
+    assert not (tmp_path / "run/metrics.json").exists()

@@ -51,8 +51,6 @@ def test_progressive_replay_equals_online(trained3, check_at, keep, rule, vote):
     assert replay["protocol"]["checks"] == online["protocol"]["checks"]
     assert len(replay["protocol"]["checks"]) == check_at.count(",") + 1
     for name, r in replay["methods"].items():
-        if name == "oracle":  # replay ranks by Monte Carlo labels, online by the outcome
-            continue
         o = online["methods"][name]
         assert (o["accuracy"], o["tokens_total"]) == (r["accuracy"], r["tokens_total"]), name
         for key in ("peak_kv_bytes", "mean_peak_kv_bytes"):

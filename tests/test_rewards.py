@@ -1,6 +1,7 @@
 """Rewards, the data-to-text task, reward-ordered losses, rank metrics on a continuous
 reward, selection instead of voting, and their config errors."""
 import math
+import re
 
 import numpy as np
 import pytest
@@ -201,7 +202,8 @@ def test_reward_is_in_the_bank_key_only_when_not_the_outcome():
     model = {k: v for k, v in plain(cfg.model).items() if k not in ("max_batch_tokens", "long_prompts",
                                                                      "max_prompt_tokens")}
     model["toy"] = {k: v for k, v in model["toy"].items() if k != "train_task"}
-    before = config_hash({"version": bank.BANK_VERSION, "model": model, "task": plain(cfg.task),
+    task = {k: v for k, v in plain(cfg.task).items() if k != "tokenize"}  # added since, default
+    before = config_hash({"version": bank.BANK_VERSION, "model": model, "task": task,
                           "tap": {},  # no Monte Carlo rollouts: no checkpoints in the key
                           "search": bank.sampling_section(cfg.search),
                           "collect": {k: v for k, v in plain(cfg.collect).items() if k not in ("rank", "world")},
@@ -226,3 +228,84 @@ def test_text_metrics_take_several_references_per_output():
     single = text_metrics(hyps, [REFS[1], refs[1][2]], bertscore=False)  # one each: as before
     assert single["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [[REFS[1], refs[1][2]]]).score)
     assert m["rougeL"] > single["rougeL"]
+
+
+# ---- bounded rewards: rounding clipped and counted, real violations refused ----------------
+
+def test_bounded_rewards_clip_rounding_and_refuse_real_violations():
+    from stopexp.rewards import BOUND_SLACK, clip_to_unit
+
+    clipped, n = clip_to_unit([0.5, 1.0000001, -3e-7, 1.0, 1 + BOUND_SLACK], "reward=bertscore")
+    assert clipped.tolist() == [0.5, 1.0, 0.0, 1.0, 1.0] and n == 3
+    with pytest.raises(ValueError, match=r"reward=bleu: 1 of 3 rewards lie outside \[0, 1\] by more "
+                                         r"than rounding \(1e-05\), e.g. 1.00002 \(position 2\)"):
+        clip_to_unit([0.2, 1.0, 1.00002], "reward=bleu")
+    with pytest.raises(ValueError, match=r"e.g. nan \(position 0\)"):
+        clip_to_unit([float("nan")], "reward=rouge_l")
+
+
+def test_bertscore_reward_of_identical_text_stays_in_0_1_and_counts_the_clipped():
+    from stopexp.metrics.text import BertScorer
+
+    task = DataToTextTask(shots=0)
+    recs = task.problems("test", 12)
+    texts = [task.references(r)[0] for r in recs]
+    # float32 cosines: F1 of an identical pair may round past 1 (1.0000002 here; any CPU)
+    raw = BertScorer().scores(texts, texts)["f1"]
+    reward = Reward("bertscore")
+    got = reward.scores(task, recs, texts)
+    assert got.max() <= 1.0 and reward.clipped == int((raw > 1).sum())
+    assert got.tolist() == np.minimum(raw, 1.0).tolist()
+
+
+def test_regression_losses_clip_rounded_rewards_and_name_real_violations_in_full_digits():
+    from stopexp.train import check_reward_range
+
+    cfg = compose("train", ["loss=mse", "reward=bertscore"])
+    data = {"train": {"reward": torch.tensor([0.7773, 1.0000001, 1.0]),
+                      "mc": torch.tensor([float("nan"), 1.0000002, 0.5])}}
+    assert check_reward_range(cfg, data) == 2
+    assert data["train"]["reward"].tolist() == torch.tensor([0.7773, 1.0, 1.0]).tolist()
+    assert data["train"]["mc"][1:].tolist() == [1.0, 0.5] and data["train"]["mc"][0].isnan()
+    with pytest.raises(ValueError, match=r"the val paths' rewards \(reward=bertscore\) span "
+                                         r"\[0.7773, 1.0001\], outside \[0, 1\] by more than rounding"):
+        check_reward_range(cfg, {"val": {"reward": torch.tensor([0.7773, 1.0001])}})
+
+
+# ---- text rewards of non-Latin text ---------------------------------------------------------
+
+class _ChineseTask:
+    """A word-level task whose references are Chinese (the interface text rewards read)."""
+    text_level = "word"
+
+    def __init__(self, tokenize):
+        self.tokenize = tokenize
+
+    def references(self, problem):
+        return [problem]
+
+
+def test_text_rewards_of_chinese_use_the_task_tokenizer():
+    ref, hyp = "猫坐在垫子上看着窗外的小鸟", "猫坐在垫子上看着窗外"
+    task = _ChineseTask("zh")
+    # LCS 10 of 10 and 13 characters: F = 2PR / (P + R) = 20/23, up to a few ulps of rounding
+    assert Reward("rouge_l").scores(task, [ref, ref], [ref, hyp]) == pytest.approx([1.0, 20 / 23], abs=1e-12)
+    want = [sacrebleu.sentence_bleu(h, [ref], tokenize="zh").score / 100 for h in (ref, hyp)]
+    reward = Reward("bleu")
+    # sacrebleu's 100.00000000000004 for the identical pair: a rounding excursion, clipped
+    assert reward.scores(task, [ref, ref], [ref, hyp]).tolist() == np.minimum(want, 1.0).tolist()
+    assert want[0] == pytest.approx(1.0) and 0 < want[1] < 1 and reward.clipped == (want[0] > 1)
+    with pytest.raises(ValueError, match="task.tokenize: '13a' splits words at spaces"):
+        Reward("bleu").scores(_ChineseTask("13a"), [ref], [ref])
+
+
+def test_task_tokenize_is_validated_passed_to_the_task_and_keys_the_bank():
+    base = ["+exp=toy_datatotext", "reward=bleu"]
+    assert build_task(validate(compose("collect", [*base, "task.tokenize=zh"])).task).tokenize == "zh"
+    assert build_task(validate(compose("collect", base)).task).tokenize == "13a"
+    assert bank_key(compose("collect", [*base, "task.tokenize=zh"])) != bank_key(compose("collect", base))
+    with pytest.raises(ConfigError, match="task.tokenize: 'flores200' is not allowed; allowed: 13a, intl, zh, char"):
+        validate(compose("collect", [*base, "task.tokenize=flores200"]))
+    with pytest.raises(ConfigError, match=re.escape("task.tokenize: 'zh' is read only by "
+                                                    "task=qa|wordprob|datatotext, not under task=arith")):
+        validate(compose("collect", ["task.tokenize=zh"]))

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from conftest import ROOT, compose
+from conftest import FP32_REORDER, ROOT, compose
 from stopexp import bank
 from stopexp.collect import collect
 from stopexp.config import ConfigError, validate
@@ -46,7 +46,7 @@ def assert_same_bank(a, b):
     for col in ("split", "prompt_id", "path_id", "text", "correct", "length"):
         assert list(da[col][:]) == list(db[col][:]), col
     assert list(map(list, da["tokens"][:])) == list(map(list, db["tokens"][:]))
-    assert np.allclose(np.concatenate(da["token_logprob"][:]), np.concatenate(db["token_logprob"][:]), atol=1e-5)
+    assert np.allclose(np.concatenate(da["token_logprob"][:]), np.concatenate(db["token_logprob"][:]), **FP32_REORDER)
 
 
 @pytest.mark.parametrize("model", ["llama", "qwen"])

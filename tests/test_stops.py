@@ -333,3 +333,120 @@ def test_stop_strings_change_the_bank_and_are_validated(tmp_path):
     assert list(stopped.search.stop) == ["Question:"] and bank_key(plain) != bank_key(stopped)
     with pytest.raises(ConfigError, match="search.stop: every stop string must be non-empty"):
         validate(compose("collect", [*base, "search.stop=['#','']"]))
+
+
+# --- stops split by tokens that decode to nothing (special tokens, skipped in the text) ---
+
+def _text_level_end(tok, tokens, stops) -> int:
+    """The reference: the first k whose decoded text tokens[:k] holds a stop (0 if none)."""
+    return next((k for k in range(1, len(tokens) + 1)
+                 if any(s in tok.decode(tokens[:k], skip_special_tokens=True) for s in stops)), 0)
+
+
+def _scripted(tok, text_with_blanks: str) -> list[int]:
+    """Token ids of `text_with_blanks`, where "_" stands for a run of special tokens
+    (<s>, <pad>, <unk>: each decodes to nothing)."""
+    blanks = [tok.bos_token_id, tok.pad_token_id, tok.unk_token_id, tok.bos_token_id]
+    ids = []
+    for c in text_with_blanks:
+        ids += blanks if c == "_" else tok.convert_tokens_to_ids([c])
+    return ids
+
+
+def test_stop_split_by_blank_tokens_is_found_like_the_text_level_search(tiny_lm):
+    from stopexp.search.stops import StopStrings
+
+    _, tok = tiny_lm
+    for stops, script in ((["4+"], "13*4_+9=2"), (["4+"], "1_3_4_+_9"), (["=2", "*4+"], "9*_4__+=2"),
+                          (["99"], "9_9"), (["4+"], "13*4_-4_+")):
+        tokens = _scripted(tok, script)
+        want = _text_level_end(tok, tokens, stops)
+        assert want  # every script holds a stop, split by blank tokens
+        stop = StopStrings(stops, tok)
+        tail, ended = [], 0
+        for k, token in enumerate(tokens, 1):  # as the engine keeps its tails
+            tail = stop.trim(tail + [token])
+            if stop.hits([tail])[0]:
+                ended = k
+                break
+        assert ended == want, (stops, script)
+        # beam search hands the whole sequence: the same answer
+        assert stop.hits([tokens[:want]]) == [True] and stop.hits([tokens[:want - 1]]) == [False]
+    # the old window (the last max-bytes + 2 tokens, blanks included) missed it
+    tokens = _scripted(tok, "13*4_+")
+    assert "4+" not in tok.decode(tokens[-StopStrings(["4+"], tok).window:], skip_special_tokens=True)
+
+
+def _force(model, script: list[int]):
+    """A hook making the LM head put all mass on script[i] at the i-th forward (the
+    prompt's prefill gives the first token), for every row."""
+    calls = {"n": 0}
+
+    def hook(module, args, out):
+        i = min(calls["n"], len(script) - 1)
+        calls["n"] += 1
+        out = torch.full_like(out, -1e4)
+        out[..., script[i]] = 0.0
+        return out
+    return model.lm_head.register_forward_hook(hook)
+
+
+def test_engine_and_beam_search_end_at_a_stop_split_by_special_tokens(tiny_lm):
+    model, tok = tiny_lm
+    script = _scripted(tok, "13*4_+9=2") + tok.convert_tokens_to_ids(list("123456"))
+    want = _text_level_end(tok, script, ["4+"])
+    ids = tok(PROMPTS[0])["input_ids"]
+    handle = _force(model, script)
+    try:
+        eng = make_engine(model, tok, SamplingParams(max_new_tokens=T, do_sample=False, stop=("4+",)))
+        state = eng.run(eng.launch([ids], [0]))
+    finally:
+        handle.remove()
+    tokens, *_, lengths = state.tensors(tok.pad_token_id)
+    assert tokens[0, : lengths[0]].tolist() == script[:want] and bool(state.finished[0])
+    handle = _force(model, script)
+    try:
+        res = beam_search(model, ids, beam_width=1, max_new_tokens=T, eos_ids=tok.eos_token_id,
+                          pad_id=tok.pad_token_id, stop=("4+",), tokenizer=tok)
+    finally:
+        handle.remove()
+    assert res.tokens == script[:want]
+
+
+def test_escapes_in_stop_strings_and_text_keys_are_decoded_once(tmp_path):
+    """Hydra hands `search.stop='["\n\nQuestion:"]'` over with a literal backslash-n: the
+    text keys decode \\n, \\t, \\r and \\\\ once (other backslashes stay), so the README's
+    form stops where a newline-written config does, in the same bank."""
+    from conftest import compose
+    from stopexp.bank import bank_key
+    from stopexp.config import validate
+    from stopexp.tasks import build_task
+
+    base = ["logger=none", f"paths.output_dir={tmp_path}", "task=wordprob", "task.format=chat"]
+    escaped = validate(compose("collect", [
+        *base, r'search.stop=["\n\nQuestion:","a\\nb","\boxed"]', r"task.stop=['\t']",
+        r"task.instruction='Solve.\nThink.'"]))
+    assert list(escaped.search.stop)[0] == "\\n\\nQuestion:"  # as Hydra delivers it
+    assert SamplingParams.from_config(escaped).stop == ("\t", "\n\nQuestion:", "a\\nb", "\\boxed")
+    assert build_task(escaped.task).stop_sequences == ("\t",)
+    assert build_task(escaped.task).instruction == "Solve.\nThink."
+    # written with the characters themselves (a YAML "\n" is one): the same stops, one bank
+    literal = validate(compose("collect", [*base, "task.stop=['\t']",
+                                           "task.instruction='Solve.\nThink.'"]))
+    literal.search.stop = ["\n\nQuestion:", "a\\\\nb", "\\boxed"]  # two backslashes: one
+    assert SamplingParams.from_config(literal).stop == SamplingParams.from_config(escaped).stop
+    assert bank_key(literal) == bank_key(escaped)
+
+
+def test_smollm2_stop_split_by_many_special_tokens(smol_tok):
+    """On the real BPE tokenizer: more special tokens between the stop's pieces than the
+    stop has bytes; the text (special tokens skipped) holds the stop, so the path ends."""
+    from stopexp.search.stops import StopStrings
+
+    tok = smol_tok
+    hello, world = (tok.encode(t, add_special_tokens=False) for t in ("Hello", " world"))
+    tokens = hello + [0, 2] * 10 + world  # <|endoftext|>, <|im_end|>
+    stop = StopStrings(["Hello world"], tok)
+    assert tok.decode(tokens, skip_special_tokens=True) == "Hello world"
+    assert stop.hits([tokens, tokens[:-1]]) == [True, False]
+    assert len(stop.trim(tokens)) == len(tokens)

@@ -75,3 +75,26 @@ def test_wandb_run_fails_safe_warns_once_and_still_tries_finish(caplog, tmp_path
     assert [r.getMessage() for r in caplog.records] == [
         "W&B log failed (ConnectionResetError: Connection lost); tracking is off for the rest "
         "of this run, the stage's outputs are written as usual"]
+
+
+@pytest.mark.parametrize("shape", ["a file", "read-only"])
+def test_an_unusable_wandb_dir_gives_a_null_run_and_one_warning(shape, tmp_path, monkeypatch,
+                                                               read_only, caplog):
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    out = tmp_path / "outputs"
+    out.mkdir()
+    if shape == "a file":
+        (out / "wandb").write_text("in the way")
+    else:
+        (out / "wandb").mkdir()
+        read_only(out / "wandb")
+    cfg = compose("collect", [f"paths.output_dir={out}", "logger.mode=offline"])
+    with caplog.at_level("WARNING", logger="stopexp.tracking"):
+        with tracked_run(cfg, "collect") as run:
+            assert type(run) is NullRun
+            run.log({"loss": 1.0})
+    error = (f"FileExistsError: [Errno 17] File exists: '{out / 'wandb'}'" if shape == "a file"
+             else f"PermissionError: [Errno 13] Permission denied: '{out / 'wandb/.cache'}'")
+    assert [r.getMessage() for r in caplog.records] == [
+        f"W&B could not start a run ({error}); going on without tracking (logger=none "
+        "silences this)"]

@@ -125,7 +125,11 @@ def test_answers_are_canonical():
     assert answer_of("The answer is 5. The answer is 6.") == "5"  # the first marked answer counts
     assert answer_of("no marker 5 and 6") == "" and answer_of("no marker 5 and 6", "flexible") == "6"
     assert things(1, "candies") == "1 candy" and things(1, "pens") == "1 pen" and things(2, "pens") == "2 pens"
-    assert answer_of("The answer is 2.50") == "5/2" and answer_of("The answer is " + "9" * 5000) == ""
+    assert answer_of("The answer is 2.50") == "5/2"
+    # a 5000-digit answer is a number (past Python's 4300-digit int conversion limit); one
+    # past MAX_DIGITS (10,000) digits is none
+    assert answer_of("The answer is " + "9" * 5000) == "9" * 5000
+    assert answer_of("The answer is " + "9" * 10_001) == ""
 
 
 def test_first_wrong_equation_offset():

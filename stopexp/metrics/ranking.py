@@ -11,9 +11,13 @@ callers report how many scores were not finite (`nonfinite`).
 """
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 from scipy.stats import rankdata
 from sklearn.metrics import average_precision_score, roc_auc_score
+
+log = logging.getLogger(__name__)
 
 
 def nonfinite(scores) -> int:
@@ -86,25 +90,48 @@ def _resamples(n_groups: int, n: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, n_groups, size=(n, n_groups))
 
 
-def _interval(stats, alpha: float) -> tuple[float, float]:
-    lo, hi = np.quantile(np.asarray(stats, dtype=float), [alpha / 2, 1 - alpha / 2])
-    return float(lo), float(hi)
+class Interval(tuple):
+    """A bootstrap CI, (lo, hi), with `nan_resamples`: how many resamples had a NaN
+    statistic and were left out (a resample drawing only prompts without the statistic,
+    e.g. no prompt with mixed outcomes for a within-prompt AUROC)."""
+
+    def __new__(cls, lo: float, hi: float, nan_resamples: int = 0):
+        out = super().__new__(cls, (lo, hi))
+        out.nan_resamples = nan_resamples
+        return out
+
+
+def _interval(stats, alpha: float) -> Interval:
+    """Percentile interval of the resamples' statistics that are not NaN (a NaN one has no
+    place in the order); NaN bounds when none is. Logs how many were left out."""
+    stats = np.asarray(stats, dtype=float)
+    nan = np.isnan(stats)
+    if nan.any():
+        log.warning("bootstrap: %d of %d resamples have a NaN statistic; the interval %s",
+                    int(nan.sum()), len(stats), "uses the others" if not nan.all() else
+                    "is NaN (no resample has the statistic)")
+    if nan.all():
+        return Interval(float("nan"), float("nan"), int(nan.sum()))
+    lo, hi = np.quantile(stats[~nan], [alpha / 2, 1 - alpha / 2])
+    return Interval(float(lo), float(hi), int(nan.sum()))
 
 
 def bootstrap_ci(values_per_group, stat=np.mean, n: int = 1000, seed: int = 0,
-                 alpha: float = 0.05) -> tuple[float, float]:
+                 alpha: float = 0.05) -> Interval:
     """Percentile CI of `stat` over groups resampled with replacement (one value per
     prompt). `stat` must be a numpy-style reduction taking `axis=`; all resamples are
-    reduced in one call."""
+    reduced in one call. Resamples whose statistic is NaN are left out and counted
+    (`Interval.nan_resamples`); with NaN values, pass np.nanmean to skip them instead."""
     v = np.asarray(values_per_group, dtype=float)
     return _interval(stat(v[_resamples(len(v), n, seed)], axis=1), alpha)
 
 
 def bootstrap_over_groups(fn, groups, n: int = 1000, seed: int = 0,
-                          alpha: float = 0.05) -> tuple[float, float]:
+                          alpha: float = 0.05) -> Interval:
     """Percentile CI of `fn(idx)`, where `idx` indexes the sorted unique `groups` (with
     repeats) of one resample, for statistics that are not a plain reduction of one value
-    per group, e.g. ``lambda idx: np.nanmean(per_group_values[idx])``."""
+    per group, e.g. ``lambda idx: np.nanmean(per_group_values[idx])`` (NaN where the
+    resample drew only NaN groups: left out and counted, as in `bootstrap_ci`)."""
     n_groups = len(np.unique(np.asarray(groups)))
     return _interval([fn(idx) for idx in _resamples(n_groups, n, seed)], alpha)
 

@@ -10,7 +10,11 @@ import functools
 import os
 
 import numpy as np
+import regex
 import sacrebleu
+
+from stopexp.config import TEXT_TOKENIZERS
+from stopexp.errors import ConfigError
 
 ROUGE_TYPES = ("rouge1", "rouge2", "rougeL")
 
@@ -20,19 +24,48 @@ def _multi(refs) -> bool:
     return any(not isinstance(r, str) for r in refs)
 
 
-def bleu(hyps, refs) -> float:
+def check_tokenize(tokenize: str) -> None:
+    if tokenize not in TEXT_TOKENIZERS:
+        raise ConfigError(f"task.tokenize: {tokenize!r} unknown; allowed: {', '.join(TEXT_TOKENIZERS)} "
+                          "(sacrebleu's tokenizers that need no download or extra package)")
+
+
+_NO_SPACES = regex.compile(r"[\p{Han}\p{Hiragana}\p{Katakana}\p{Thai}\p{Lao}\p{Khmer}\p{Myanmar}]")
+_LETTER = regex.compile(r"\p{L}")
+
+
+def check_script(refs, tokenize: str) -> None:
+    """Refuse word tokenisers that split at spaces (13a, intl) for references written
+    mostly in scripts without spaces (Chinese, Japanese, Thai, ...): a whole phrase would be
+    one word, and BLEU and ROUGE nearly constant. ConfigError naming task.tokenize."""
+    if tokenize not in ("13a", "intl"):
+        return
+    text = "".join(r if isinstance(r, str) else "".join(r) for r in refs)
+    letters = len(_LETTER.findall(text))
+    share = len(_NO_SPACES.findall(text)) / letters if letters else 0.0
+    if share > 0.5:
+        raise ConfigError(f"task.tokenize: {tokenize!r} splits words at spaces, but {share:.0%} of "
+                          "the references' letters are of scripts written without spaces (Chinese, "
+                          "Japanese, Thai, ...); set task.tokenize=zh (Chinese) or char")
+
+
+def bleu(hyps, refs, tokenize: str = "13a") -> float:
     """Corpus BLEU (0-100) with one reference string per hypothesis, or a list of them
     (multi-reference BLEU: the lists are padded by repeating their last reference, which
-    changes neither the clipped n-gram counts nor the closest reference length)."""
+    changes neither the clipped n-gram counts nor the closest reference length), with
+    sacrebleu's `tokenize` (TEXT_TOKENIZERS: "zh" for Chinese, "char" for other scripts
+    written without spaces)."""
+    check_tokenize(tokenize)
     hyps, refs = list(hyps), list(refs)
     if len(hyps) != len(refs):
         raise ValueError(f"{len(hyps)} hypotheses but {len(refs)} references")
+    check_script(refs, tokenize)
     if not _multi(refs):
-        return float(sacrebleu.corpus_bleu(hyps, [refs]).score)
+        return float(sacrebleu.corpus_bleu(hyps, [refs], tokenize=tokenize).score)
     sets = [[r] if isinstance(r, str) else list(r) for r in refs]
     width = max(map(len, sets))
     streams = [[s[min(k, len(s) - 1)] for s in sets] for k in range(width)]
-    return float(sacrebleu.corpus_bleu(hyps, streams).score)
+    return float(sacrebleu.corpus_bleu(hyps, streams, tokenize=tokenize).score)
 
 
 class WhitespaceTokenizer:
@@ -43,19 +76,45 @@ class WhitespaceTokenizer:
         return text.split()
 
 
+_NOT_A_WORD = regex.compile(r"[^\p{L}\p{M}\p{N}]+")
+
+
+class UnicodeTokenizer:
+    """rouge_score's own tokenisation (lower case; every run of characters that are not
+    letters or digits separates words) for any script: its tokenizer keeps [a-z0-9] only,
+    so Cyrillic or Chinese text has no token and "Müller" splits in two. On ASCII text the
+    tokens are rouge_score's. `tokenize` as for BLEU: "zh" makes each Chinese character a
+    word (sacrebleu's zh tokenizer first), "char" each letter (grapheme)."""
+
+    def __init__(self, tokenize: str = "13a"):
+        check_tokenize(tokenize)
+        self.name = tokenize
+        self.zh = sacrebleu.BLEU(tokenize="zh").tokenizer if tokenize == "zh" else None
+
+    def tokenize(self, text: str) -> list[str]:
+        text = self.zh(text) if self.zh else text
+        words = _NOT_A_WORD.sub(" ", text.lower()).split()
+        return [g for w in words for g in regex.findall(r"\X", w)] if self.name == "char" else words
+
+
 @functools.lru_cache(maxsize=8)
-def rouge_scorer(types: tuple[str, ...], whitespace: bool = False):
+def rouge_scorer(types: tuple[str, ...], whitespace: bool = False, tokenize: str = "13a"):
     """rouge_score's RougeScorer for `types`, made once per process (each one logs its
-    tokenizer); `whitespace`: tokens are whitespace-separated, as for character level."""
+    tokenizer); `whitespace`: tokens are whitespace-separated, as for character level; else
+    words as `UnicodeTokenizer(tokenize)` splits them."""
     from rouge_score.rouge_scorer import RougeScorer
 
-    return RougeScorer(list(types), tokenizer=WhitespaceTokenizer() if whitespace else None)
+    return RougeScorer(list(types), tokenizer=WhitespaceTokenizer() if whitespace
+                       else UnicodeTokenizer(tokenize))
 
 
-def rouge(hyps, refs, whitespace: bool = False) -> dict:
-    """Mean ROUGE-1/2/L F-measures (`whitespace`: tokenise on whitespace only). A reference
-    may be a list of references: the best of them counts (score_multi)."""
-    scorer = rouge_scorer(ROUGE_TYPES, whitespace)
+def rouge(hyps, refs, whitespace: bool = False, tokenize: str = "13a") -> dict:
+    """Mean ROUGE-1/2/L F-measures (`whitespace`: tokenise on whitespace only; else
+    `UnicodeTokenizer(tokenize)`). A reference may be a list of references: the best of them
+    counts (score_multi)."""
+    if not whitespace:
+        check_script(refs, tokenize)
+    scorer = rouge_scorer(ROUGE_TYPES, whitespace, tokenize)
     scores = [scorer.score(r, h) if isinstance(r, str) else scorer.score_multi(list(r), h)
               for h, r in zip(hyps, refs, strict=True)]  # (target, pred); several: the best
     return {t: float(np.mean([s[t].fmeasure for s in scores])) for t in ROUGE_TYPES}
@@ -95,9 +154,9 @@ def _layers_of(model_type: str) -> int | None:
     try:
         return AutoConfig.from_pretrained(model_type).num_hidden_layers
     except (OSError, ValueError) as e:
-        raise ValueError(f"evaluate.bertscore_model: cannot read the encoder {model_type!r} "
-                         f"({e.__class__.__name__}); give a local model directory or a hub id "
-                         "in the local cache, or leave it unset for the bundled MiniLM") from e
+        raise ConfigError(f"evaluate.bertscore_model: cannot read the encoder {model_type!r} "
+                          f"({e.__class__.__name__}); give a local model directory or a hub id "
+                          "in the local cache, or leave it unset for the bundled MiniLM") from e
 
 
 class BertScorer:
@@ -177,13 +236,14 @@ LEVELS = ("char", "word")
 
 
 def text_metrics(hyps, refs, level: str = "word", bertscore: bool = True,
-                 scorer: BertScorer | None = None) -> dict:
+                 scorer: BertScorer | None = None, tokenize: str = "13a") -> dict:
     """{bleu, rouge1, rouge2, rougeL[, bertscore, truncated], empty_hypotheses,
     empty_references, level} of hypotheses against references.
 
     A reference may be a list of references (a task with several): BLEU is multi-reference,
     ROUGE and BERTScore count the best one.
-    level: ``word`` for natural language (sacrebleu's and rouge_score's own tokenisers);
+    level: ``word`` for natural language (words split by sacrebleu's `tokenize` for BLEU and
+    by `UnicodeTokenizer(tokenize)` for ROUGE: task.tokenize);
     ``char`` for outputs without spaces (the arithmetic task): every character is spaced
     out first and ROUGE tokenises on whitespace, so that operators count too. A character
     is then one encoder token, so BERTScore sees only the first ~500 characters: `truncated`
@@ -195,7 +255,7 @@ def text_metrics(hyps, refs, level: str = "word", bertscore: bool = True,
     if level == "char":
         hyps = [" ".join(h) for h in hyps]
         refs = [" ".join(r) if isinstance(r, str) else [" ".join(x) for x in r] for r in refs]
-    out = {"bleu": bleu(hyps, refs), **rouge(hyps, refs, whitespace=level == "char")}
+    out = {"bleu": bleu(hyps, refs, tokenize), **rouge(hyps, refs, level == "char", tokenize)}
     out["empty_hypotheses"] = sum(not h.strip() for h in hyps)
     out["empty_references"] = sum(not (r if isinstance(r, str) else "".join(r)).strip() for r in refs)
     if bertscore:

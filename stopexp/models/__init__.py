@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
+from stopexp.errors import ConfigError, UserError
 from stopexp.hub import endpoint, offline_by_choice, offline_unless_reachable, reachable
 
 log = logging.getLogger(__name__)
@@ -15,7 +16,7 @@ log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-class ModelNotAvailable(RuntimeError):
+class ModelNotAvailable(UserError, RuntimeError):
     """The configured model's weights are neither local nor downloadable."""
 
 
@@ -112,5 +113,5 @@ def check_sizes(cfg, model) -> None:
     actual = dict(zip(expected, (c.hidden_size, c.num_hidden_layers)))
     for key, want in expected.items():
         if want is not None and want != actual[key]:
-            raise ValueError(f"{key}: the config says {want} but the loaded model "
-                             f"{cfg.model.name!r} has {actual[key]}")
+            raise ConfigError(f"{key}: the config says {want} but the loaded model "
+                              f"{cfg.model.name!r} has {actual[key]}")

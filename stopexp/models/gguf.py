@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from stopexp.artifacts import config_hash, publish_dir, staging_dir, write_json
+from stopexp.errors import NotFound, writing
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ DIGEST_BYTES = 1 << 20
 
 def resolve_gguf(spec: str) -> Path:
     """The GGUF file that `model.gguf_file` names: a path, or PACKAGE:FILE inside an
-    installed package. Raises FileNotFoundError naming the key and what was looked for."""
+    installed package. Raises NotFound (a FileNotFoundError) naming the key and what was looked for."""
     path = Path(spec).expanduser()
     if path.is_file():
         return path.resolve()
@@ -42,16 +43,16 @@ def resolve_gguf(spec: str) -> Path:
     if sep and package and all(part.isidentifier() for part in package.split(".")):
         found = importlib.util.find_spec(package)
         if found is None:
-            raise FileNotFoundError(f"model.gguf_file: {spec!r}: no installed Python package "
-                                    f"{package!r} (pip install it, or give a path to a .gguf file)")
+            raise NotFound(f"model.gguf_file: {spec!r}: no installed Python package "
+                           f"{package!r} (pip install it, or give a path to a .gguf file)")
         roots = list(found.submodule_search_locations or [Path(found.origin).parent])
         for root in roots:
             if (Path(root) / name).is_file():
                 return (Path(root) / name).resolve()
-        raise FileNotFoundError(f"model.gguf_file: {spec!r}: package {package!r} ({roots[0]}) "
-                                f"holds no file {name!r}")
-    raise FileNotFoundError(f"model.gguf_file: {spec!r} is not a file; give a path to a .gguf "
-                            "file or PACKAGE:FILE for one shipped in an installed package")
+        raise NotFound(f"model.gguf_file: {spec!r}: package {package!r} ({roots[0]}) "
+                       f"holds no file {name!r}")
+    raise NotFound(f"model.gguf_file: {spec!r} is not a file; give a path to a .gguf "
+                   "file or PACKAGE:FILE for one shipped in an installed package")
 
 
 def gguf_key(path: Path) -> str:
@@ -102,8 +103,9 @@ def ensure_gguf(spec: str, cache_dir: str | Path) -> Path:
     log.info("converting %s into a plain HF model at %s (once)", path, final)
     tmp = staging_dir(final)
     try:
-        info = convert_gguf(path, tmp)
-        publish_dir(tmp, final)
+        with writing(final):  # a full disk names the model, not its temporary dir
+            info = convert_gguf(path, tmp)
+            publish_dir(tmp, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     log.info("converted %s (%d parameters) in %.0fs", path.name, info["parameters"], info["seconds"])

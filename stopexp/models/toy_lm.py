@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import shutil
 import time
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from stopexp.artifacts import config_hash, publish_dir, staging_dir, write_json
 from stopexp.config import ConfigError
+from stopexp.errors import writing
 from stopexp.integrity import dir_problem, records, set_aside
 from stopexp.models.tokenizer import CHARS, build_char_tokenizer
 from stopexp.search.decode import SamplingParams, make_engine
@@ -189,7 +191,12 @@ def ensure_toy_lm(cfg, progress=True) -> Path:
                     "training one into the cache instead", committed, problem, committed)
     log.info("training the toy LM (%s) into %s", key, final)
     tmp = staging_dir(final)
-    train_toy_lm(cfg.model.toy, build_task(OmegaConf.create(lm_task(cfg.model.toy, cfg.task))), tmp,
-                 progress)
-    publish_dir(tmp, final)
+    try:
+        with writing(final):  # a full disk names the model, not its temporary dir
+            train_toy_lm(cfg.model.toy, build_task(OmegaConf.create(lm_task(cfg.model.toy, cfg.task))),
+                         tmp, progress)
+            publish_dir(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return final

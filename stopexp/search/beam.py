@@ -240,8 +240,8 @@ def _step_prompt(s: _Prompt, B: int, logprobs, scores, pruned, seqs, t: int, eos
     parent, token = (flat // V).cpu(), (flat % V).cpu()
     ends = torch.isin(token, eos) | (t + 1 == max_new_tokens)
     if stops is not None:  # like EOS: a candidate past the top w that ends is dropped
-        ends |= torch.tensor(stops.hits([seqs[parent[i], -stops.window:].tolist()
-                                         + [int(token[i])] for i in range(k)]))
+        ends |= torch.tensor(stops.hits([seqs[parent[i]].tolist() + [int(token[i])]
+                                         for i in range(k)]))
 
     # Only the top w continuations may finish (HF); lower EOS ones are dropped.
     finishing = ends & (torch.arange(k) < w)

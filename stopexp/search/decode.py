@@ -19,6 +19,7 @@ from typing import Callable, Sequence
 import torch
 from transformers import DynamicCache
 
+from stopexp.config import decode_escapes
 from stopexp.search.stops import StopStrings
 from stopexp.taps import Taps
 
@@ -36,12 +37,13 @@ class SamplingParams:
     @classmethod
     def from_config(cls, cfg) -> "SamplingParams":
         """From a composed config: its `search` section, and as stop strings the task's own
-        (`task.stop`, where a new example would start) followed by `search.stop`."""
+        (`task.stop`, where a new example would start) followed by `search.stop`, their
+        escapes decoded (stopexp.config.decode_escapes)."""
         search = cfg.search
         return cls(max_new_tokens=search.max_new_tokens, temperature=search.temperature,
                    top_p=search.top_p, top_k=search.top_k, do_sample=search.do_sample,
                    conf_topk=search.conf_topk,
-                   stop=tuple(dict.fromkeys([*cfg.task.stop, *search.stop])))
+                   stop=tuple(dict.fromkeys(map(decode_escapes, [*cfg.task.stop, *search.stop]))))
 
 
 def eos_ids(model, tokenizer) -> tuple[int, ...]:
@@ -280,9 +282,8 @@ class Engine:
         state.lengths[state.paths] = t + 1
         ended = torch.isin(tokens, torch.tensor(self.eos_ids, device=tokens.device))
         if self.stops is not None:
-            for tail, token in zip(state.tails, tokens.tolist()):
-                tail.append(token)
-                del tail[: -self.stops.window]
+            state.tails = [self.stops.trim(tail + [token])
+                           for tail, token in zip(state.tails, tokens.tolist())]
             ended |= torch.tensor(self.stops.hits(state.tails), device=tokens.device)
         state.finished[state.paths[ended.cpu()]] = True
         if t + 1 >= p.max_new_tokens:

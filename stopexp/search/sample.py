@@ -4,7 +4,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from stopexp.errors import UserError
 from stopexp.search.decode import Engine, stream_seed
+from stopexp.tasks.answers import vote_clusters
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +34,7 @@ def prompt_ids(tokenizer, prompt: str) -> list[int]:
     return tokenizer(prompt)["input_ids"]
 
 
-class PromptTooLong(ValueError):
+class PromptTooLong(UserError, ValueError):
     """A prompt longer than the model can take (model.max_prompt_tokens)."""
 
 
@@ -120,10 +122,12 @@ def sample_paths(engine: Engine, tokenizer, task, problems, n_paths: int, seed: 
     return out
 
 
-def vote(answers: list) -> object:
-    """Majority vote over answers (None never wins); ties go to the answer seen first."""
+def vote(answers: list, fmt: str | None = None) -> object:
+    """Majority vote over answers (None never wins); ties go to the answer seen first.
+    Equivalent answers of the answer format `fmt` vote as one, and the winner is their
+    cluster's representative (stopexp.tasks.answers.vote_clusters; None: by string)."""
     counts: dict = {}
-    for a in answers:
+    for a in vote_clusters(answers, fmt):
         if a is not None:
             counts[a] = counts.get(a, 0) + 1
     return max(counts, key=counts.get) if counts else None

@@ -4,12 +4,15 @@ Semantics are those of HF `generate(stop_strings=...)`: the path ends at the fir
 whose text completes a stop string, and that whole token is kept (it may carry characters
 past the stop string's end); nothing after it is generated, counted or kept, so a path's
 text is always the decoding of its kept tokens. Only generated text is searched, never the
-prompt (HF also matches a stop string that starts inside the prompt; vLLM does not).
+prompt (HF also matches a stop string that starts inside the prompt; vLLM does not), and it is
+the text with special tokens skipped (HF matches their strings, e.g. "<s>", instead).
 
 The check is incremental: each step decodes only the tail of each live path, long enough
 that a stop string ending in the newest token (one that spans token boundaries included)
 lies inside it. A string found anywhere in that tail must end in the newest token, since
-the path would have ended earlier otherwise.
+the path would have ended earlier otherwise. Tokens that decode to nothing (special tokens,
+skipped as in the path's text) do not count towards the tail's length, so a stop split by
+any number of them is still found.
 """
 from __future__ import annotations
 
@@ -28,12 +31,30 @@ class StopStrings:
         if tokenizer is None:
             raise ValueError("search.stop needs the tokenizer to decode paths (pass tokenizer=)")
         self.tokenizer = tokenizer
-        # every token decodes to at least one byte, so a stop of n bytes spans at most n
-        # tokens; two more keep a token boundary (and any leading-space rule) in front of it
+        # every token that decodes to something adds at least one byte, so a stop of n bytes
+        # spans at most n of them; two more keep a token boundary (and any leading-space
+        # rule) in front of it
         self.window = max(len(s.encode()) for s in self.stops) + 2
+        self._blank: dict[int, bool] = {}  # token id -> decodes to nothing
+
+    def _is_blank(self, token: int) -> bool:
+        if token not in self._blank:
+            self._blank[token] = not self.tokenizer.decode([token], skip_special_tokens=True)
+        return self._blank[token]
+
+    def trim(self, tokens: list[int]) -> list[int]:
+        """The shortest suffix of `tokens` that holds `window` tokens decoding to something
+        (all of them when there are fewer): what a stop ending in the last one lies in."""
+        seen = 0
+        for start in range(len(tokens) - 1, -1, -1):
+            seen += not self._is_blank(tokens[start])
+            if seen == self.window:
+                return tokens[start:]
+        return tokens
 
     def hits(self, tails: list[list[int]]) -> list[bool]:
-        """For each path's recent token ids (the newest last): does its text now hold a stop?"""
-        texts = self.tokenizer.batch_decode([t[-self.window:] for t in tails],
+        """For each path's recent token ids (the newest last; any longer prefix is cut by
+        `trim`): does its text now hold a stop?"""
+        texts = self.tokenizer.batch_decode([self.trim(t) for t in tails],
                                             skip_special_tokens=True)
         return [any(s in text for s in self.stops) for text in texts]

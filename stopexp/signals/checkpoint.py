@@ -1,11 +1,13 @@
 """Predictor checkpoints: safetensors weights + a JSON with the predictor config, the
 feature spec it was trained for, the trace bank's hash, its validation metrics and the
-size and SHA-256 of the weights file. Loading one for other features (model, hidden
-size, tap layers, signals) is refused with a message naming the field that differs;
+size and SHA-256 of the weights file, and the key it was saved under. Loading one for
+other features (model, hidden size, tap layers, signals), or one put under another key
+(another config's checkpoint), is refused with a message naming the field that differs;
 a missing, truncated or garbled file is named with the way to rebuild it."""
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import asdict
 from pathlib import Path
 
@@ -13,6 +15,7 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file, save_file
 
 from stopexp.artifacts import publish_dir, staging_dir, write_json
+from stopexp.errors import UserError, writing
 from stopexp.integrity import file_problem, file_record
 from stopexp.signals import FeatureSpec, build_predictor
 
@@ -21,24 +24,30 @@ REBUILD = ("rerun python -m stopexp.train with the same overrides as this run (t
            "a damaged or mismatched checkpoint of its own config), or delete {dir}")
 
 
-class CheckpointMismatch(ValueError):
+class CheckpointMismatch(UserError, ValueError):
     """A predictor checkpoint made for other features than the ones at hand."""
 
 
-class CheckpointDamaged(ValueError):
+class CheckpointDamaged(UserError, ValueError):
     """A predictor checkpoint whose files are missing, truncated or garbled."""
 
 
 def save_predictor(final_dir: Path, predictor, pred_cfg, spec: FeatureSpec, bank_key: str,
                    metrics: dict, extra: dict | None = None) -> Path:
     tmp = staging_dir(final_dir)
-    state = {k: v.detach().contiguous() for k, v in predictor.state_dict().items()}
-    save_file(state, str(tmp / WEIGHTS))
-    write_json(tmp / META, {"predictor": OmegaConf.to_container(pred_cfg) if OmegaConf.is_config(pred_cfg) else dict(pred_cfg),
-                            "feature_spec": {**asdict(spec), "signal_names": list(spec.signal_names)},
-                            "bank_key": bank_key, "metrics": metrics, "weights": file_record(tmp / WEIGHTS),
-                            **(extra or {})})
-    publish_dir(tmp, final_dir)  # a concurrent job that got there first wins: same config
+    try:
+        with writing(final_dir):  # a full disk names the checkpoint, not its temporary dir
+            state = {k: v.detach().contiguous() for k, v in predictor.state_dict().items()}
+            save_file(state, str(tmp / WEIGHTS))
+            write_json(tmp / META, {"predictor": OmegaConf.to_container(pred_cfg) if OmegaConf.is_config(pred_cfg) else dict(pred_cfg),
+                                    "feature_spec": {**asdict(spec), "signal_names": list(spec.signal_names)},
+                                    "bank_key": bank_key, "key": final_dir.name, "metrics": metrics,
+                                    "weights": file_record(tmp / WEIGHTS),
+                                    **(extra or {})})
+            publish_dir(tmp, final_dir)  # a concurrent job that got there first wins: same config
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return final_dir
 
 
@@ -55,7 +64,9 @@ def check_spec(saved: dict, spec: FeatureSpec, where: Path) -> None:
 def read_checkpoint(ckpt_dir: Path) -> dict:
     """The checkpoint's metadata, its weights file checked against the recorded size and
     SHA-256 (checkpoints saved without a record: only that the file is there). Raises
-    CheckpointDamaged naming the file and how to rebuild it."""
+    CheckpointDamaged naming the file and how to rebuild it, CheckpointMismatch when it
+    records another key than the directory it is in (checkpoints saved before the key was
+    recorded: not checked)."""
     ckpt_dir = Path(ckpt_dir)
     path = ckpt_dir / META
     try:
@@ -66,6 +77,11 @@ def read_checkpoint(ckpt_dir: Path) -> dict:
         raise CheckpointDamaged(f"predictor checkpoint file {path} is missing or unreadable "
                                 f"({e.__class__.__name__}: {str(e)[:120]}); "
                                 + REBUILD.format(dir=ckpt_dir)) from e
+    if meta.get("key", ckpt_dir.name) != ckpt_dir.name:
+        raise CheckpointMismatch(f"predictor checkpoint {ckpt_dir} does not fit this config: its "
+                                 f"{META} records key={meta['key']!r}, this config expects "
+                                 f"{ckpt_dir.name!r} (another config's checkpoint put in its "
+                                 "place); " + REBUILD.format(dir=ckpt_dir))
     problem = (file_problem(ckpt_dir / WEIGHTS, meta["weights"]) if "weights" in meta
                else None if (ckpt_dir / WEIGHTS).is_file() else f"{WEIGHTS} is missing")
     if problem:

@@ -1,6 +1,6 @@
 """Scoring methods compared by evaluate, behind one signature: `score(batch) -> (B,)`,
 higher = keep. The batch is the predictor batch (see features.py) plus "seed_key" (one
-string per path, naming its random stream) and, for the oracle, "correct"/"mc".
+string per path, naming its random stream) and, for the oracle, "correct"/"reward".
 
 - non-learnable: confidence (mean log-prob), min_logprob (the least likely token so far),
   entropy (minus mean entropy), deepconf
@@ -13,7 +13,7 @@ string per path, naming its random stream) and, for the oracle, "correct"/"mc".
   attention at the current token: focused attention is kept; needs the tap), st_bon (consistency of a path's
   hidden states with its prompt's other live paths, `stopexp.signals.st_bon`);
 - controls: random (a per-path seeded draw, the same in replay and online), oracle (the
-  Monte Carlo label where collected, else the outcome: the upper bound);
+  path's final reward, i.e. its outcome under reward=correct: the upper bound);
 - learned: any trained predictor;
 - external: a callable registered with `register_external`, e.g. a verifier or PRM.
 """
@@ -61,11 +61,11 @@ def random_scorer(seed: int) -> Scorer:
 
 
 def oracle(batch) -> torch.Tensor:
-    """The Monte Carlo label where there is one, else the path's reward (its outcome where
-    the batch has no reward)."""
-    mc = batch["mc"]
-    label = torch.where(torch.isnan(mc), batch.get("reward", batch["correct"]), mc)
-    return label + 1e-3 * batch["correct"]  # equal soft labels: the right path first
+    """The path's final reward (its outcome where the batch has no reward): it knows how
+    every path ends, so it is the upper bound. Not the Monte Carlo label, an estimate from
+    the prefix that ranks a path that will fail above one that will succeed now and then."""
+    label = batch.get("reward", batch["correct"])
+    return label + 1e-3 * batch["correct"]  # equal rewards: the right path first
 
 
 def learned(predictor) -> Scorer:

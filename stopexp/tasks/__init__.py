@@ -1,4 +1,7 @@
 """Tasks: prompts, references and a checker. `build_task(cfg.task)` picks one by name."""
+from omegaconf import OmegaConf
+
+from stopexp.config import decoded_text
 from stopexp.tasks.arith import ArithTask, Problem
 from stopexp.tasks.datatotext import DataToTextTask, Record
 from stopexp.tasks.qa import QAProblem, QATask
@@ -8,9 +11,23 @@ TASKS = {"arith": ArithTask, "qa": QATask, "wordprob": WordProblemTask,
          "datatotext": DataToTextTask}
 
 
+def vote_format(task) -> str | None:
+    """The answer format whose equivalent answers vote as one (stopexp.tasks.answers.
+    vote_clusters), of a task or its config: qa's answer_format; None for the other tasks,
+    whose canonical answers are one string per answer (data-to-text's are words, not math)."""
+    return task.answer_format if task.name == "qa" else None
+
+
 def build_task(task_cfg):
     if task_cfg.name not in TASKS:
         raise ValueError(f"task.name: {task_cfg.name!r} unknown; allowed: {', '.join(TASKS)}")
+    task_cfg = OmegaConf.create(decoded_text(OmegaConf.to_container(task_cfg, resolve=True)))
+    task = _construct(task_cfg)
+    task.tokenize = task_cfg.get("tokenize", "13a")  # how text metrics and rewards split words
+    return task
+
+
+def _construct(task_cfg):
     common = {"seed": task_cfg.seed, "split_fractions": dict(task_cfg.split_fractions)}
     if task_cfg.name == "qa":
         return QATask(path=task_cfg.path, answer_format=task_cfg.answer_format,
@@ -31,4 +48,4 @@ def build_task(task_cfg):
 
 
 __all__ = ["ArithTask", "Problem", "DataToTextTask", "Record", "QATask", "QAProblem", "WordProblemTask", "WordProblem",
-           "build_task", "TASKS"]
+           "build_task", "vote_format", "TASKS"]

@@ -2,53 +2,65 @@
 
 Two answer formats and two extraction modes:
 
-- ``numeric`` (GSM8K): **strict** reads the first answer line, marked ``#### 42`` (GSM8K's
-  own grader and lm-evaluation-harness' strict-match take the first mark, so text a model
-  invents after its answer is ignored) or ``The answer is 42`` (the chain-of-thought
-  variant); a marked line must start with a number (``#### Step 1``, a markdown heading,
-  is none); without a mark, the last ``\\boxed{}``.
+- ``numeric`` (GSM8K): **strict** reads the first answer mark of any kind: a line marked
+  ``#### 42`` (GSM8K's own grader and lm-evaluation-harness' strict-match take the first
+  mark, so text a model invents after its answer is ignored) or ``The answer is 42`` (the
+  chain-of-thought variant), or a ``\\boxed{}``; a marked line or box must start with a
+  number (``#### Step 1``, a markdown heading, is none, and the next mark counts).
 - ``boxed`` (MATH): **strict** reads the last ``\\boxed{...}`` (braces balanced).
 - **flexible** (either format): the strict answer when there is one, else the last number
   written anywhere in the completion (lm-evaluation-harness' flexible-extract takes the
   last number even when a mark exists; preferring the mark means flexible never rejects an
   answer that strict accepts).
 
-Answers are compared in a canonical string form, so that a majority vote by string
-equality counts equivalent answers as one: a rational number is ``p`` or ``p/q``
+Answers are compared in a canonical string form: a rational number is ``p`` or ``p/q``
 (``0.5``, ``1/2``, ``\\frac{1}{2}``, ``\\$0.50``... are ``1/2``); any other LaTeX is
 math-verify's normalised LaTeX without spaces. `equivalent` also accepts different
 canonical strings that math-verify (HuggingFace's Math-Verify, sympy-based) proves equal,
-e.g. ``\\sqrt{2}/2`` and ``\\frac{1}{\\sqrt{2}}``.
+e.g. ``\\sqrt{2}/2`` and ``\\frac{1}{\\sqrt{2}}``; `vote_clusters` groups a vote's answers
+by it, so that equivalent answers vote together.
 
-In an answer line: a trailing comma or period ends the number (``#### 72,`` is 72);
-``1,000`` and ``1{,}000`` are 1000; Unicode minus signs are minus signs; with ``=`` the
-value after the last ``=`` counts (``#### 3 * 4 = 12`` is 12); a plain arithmetic line
-is evaluated exactly (``#### 3 * 4`` is 12); ``2 1/2`` is the mixed number 5/2; percent
-signs, ``$`` and units after the number are dropped.
+A numeric answer line states the value of the math it starts with, or nothing, never one
+of its operands: the math runs up to the first word or sentence punctuation (``#### 72
+apples`` and ``#### 5, so...`` are 72 and 5; ``#### 1,000, so`` and ``1,000.`` are 1000;
+``$2^{10}$``, ``$3 \\times 4$`` and ``$1\\frac{1}{2}$`` are 1024, 12 and 3/2, evaluated by
+math-verify; ``#### 3 * 4`` is 12; ``3 4`` states no number). ``1,000`` and ``1{,}000`` are
+1000; Unicode minus signs are minus signs; with ``=`` the value after the last ``=`` counts
+(``#### 3 * 4 = 12`` is 12); ``2 1/2`` is the mixed number 5/2; a number followed by a
+space and a bracket is the answer and the bracket an aside (``18 (9 * 2)`` is 18); percent
+signs, ``$`` and units after the number are dropped. Numbers up to MAX_DIGITS digits are
+read exactly (a 5000-digit answer is a number); longer ones, and values that would be
+longer, are none.
 """
 from __future__ import annotations
 
 import re
 import threading
 import unicodedata
+from collections import Counter
+from decimal import Decimal
 from fractions import Fraction
 from functools import lru_cache
 
 FORMATS = ("numeric", "boxed")
 MODES = ("strict", "flexible")
 MAX_ANSWER_CHARS = 300    # longer "answers" are compared as strings, never parsed by sympy
-MAX_DIGITS = 1000         # no exact value is built past this many digits
+MAX_DIGITS = 10_000      # no exact value is read or built past this many digits
 PARSE_TIMEOUT_S = 5       # math-verify's own limit (SIGALRM; only in the main thread)
 
 # hyphen-like characters that models and PDFs write for a minus sign
 _MINUS = str.maketrans({c: "-" for c in "\u2212\u2012\u2013\ufe63\uff0d"})
 _VULGAR = re.compile("[\u00bc-\u00be\u2150-\u215e]")  # ¼ ½ ¾ ⅐ ... ⅞
 _MARKS = (re.compile(r"####"), re.compile(r"(?i)\bthe (?:final )?answer is\b:?"))
-_INT = r"(?:\d{1,3}(?:,\d{3})+(?![\d,])|\d+)"
+_BOX = re.compile(r"\\(?:boxed|fbox)")
+_INT = r"(?:\d{1,3}(?:,\d{3})+(?!\d|,\d)|\d+)"  # "1,000, so" is 1000
 _DEC = rf"(?:{_INT}(?:\.\d+)?|\.\d+)(?:[eE][-+]?\d+)?"
 # a mixed number (2 1/2), a fraction (3/4) or a decimal, not glued to a word or a decimal point
 _NUMBER = re.compile(rf"(?<![\w.])(?P<sign>-)?(?:(?:(?P<whole>\d+) )?(?P<num>{_DEC})/(?P<den>{_DEC})"
                      rf"|(?P<dec>{_DEC}))(?![\d/])")
+# one token of the math an answer line starts with: a number, an operator, a bracket, a LaTeX
+# command other than text and spacing (\text{ cm} and \quad start the words after it)
+_MATH_TOKEN = re.compile(rf"\s+|{_DEC}|[-+*/×÷^()\[\]{{}}]|\\(?!text|mbox|mathrm|q?quad)[a-zA-Z]+")
 _ARITHMETIC = re.compile(r"[\d\s.,+\-*/×÷()^]*\d[\d\s.,+\-*/×÷()^]*")
 _LATEX_SPACE = re.compile(r"\\[!,;: ]|~")
 _LATEX_DROP = re.compile(r"\\left|\\right|\\%|%|\^\{?\\circ\}?|\\\$|\$")  # -$5 is -5
@@ -61,9 +73,11 @@ _SPACE_IN_NUMBER = re.compile(r"(?<=\d)(?:[\u00a0\u2009\u202f]|\\[,!]|\{,\})(?=\
 def last_boxed(text: str) -> str | None:
     """The content of the last ``\\boxed{...}`` or ``\\fbox{...}`` (braces balanced), else None."""
     start, command = max((text.rfind(c), c) for c in ("\\boxed", "\\fbox"))
-    if start < 0:
-        return None
-    i = start + len(command)
+    return None if start < 0 else _box_content(text, start + len(command))
+
+
+def _box_content(text: str, i: int) -> str | None:
+    """The content of the box whose command ends at `i` (None when never closed)."""
     while i < len(text) and text[i] == " ":
         i += 1
     if i < len(text) and text[i] != "{":  # \boxed 5
@@ -99,9 +113,10 @@ def _value(m: re.Match) -> Fraction | None:
     exponent or length past any real answer)."""
     g = m.groupdict()
     parts = [g["dec"]] if g["dec"] else [g["whole"] or "0", g["num"], g["den"]]
-    if any(len(p) > 100 or abs(int(re.split(r"[eE]", p + "e0")[1])) > 300 for p in parts):
+    if any(_too_long(p) for p in parts):
         return None
-    parts = [Fraction(p.replace(",", "")) for p in parts]
+    # through Decimal: Fraction(str) stops at Python's 4300-digit int conversion limit
+    parts = [Fraction(Decimal(p.replace(",", ""))) for p in parts]
     if g["dec"]:
         value = parts[0]
     elif parts[2] == 0:
@@ -111,8 +126,16 @@ def _value(m: re.Match) -> Fraction | None:
     return -value if g["sign"] else value
 
 
+def _too_long(number: str) -> bool:
+    """Whether a written number has more than MAX_DIGITS digits or an exponent past them."""
+    mantissa, _, exponent = number.lower().partition("e")
+    return len(mantissa) > MAX_DIGITS or len(exponent) > 6 or abs(int(exponent or 0)) > MAX_DIGITS
+
+
 def _as_string(value: Fraction) -> str:
-    return str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
+    # str(Decimal(int)) has no int conversion limit and writes every digit
+    p, q = str(Decimal(value.numerator)), str(Decimal(value.denominator))
+    return p if q == "1" else f"{p}/{q}"
 
 
 def last_number(text: str) -> str | None:
@@ -130,15 +153,23 @@ def extract_answer(text: str, fmt: str, mode: str = "strict") -> str | None:
     if fmt not in FORMATS or mode not in MODES:
         raise ValueError(f"answer format {fmt!r} / extraction {mode!r} unknown; allowed: "
                          f"{', '.join(FORMATS)} / {', '.join(MODES)}")
-    answer = None
-    if fmt == "numeric":
-        answer = next((line for mark in _MARKS for m in mark.finditer(text)
-                       if _states_number(line := text[m.end():].split("\n", 1)[0].strip())), None)
-    if answer is None:
-        answer = last_boxed(text)
+    answer = first_marked(text) if fmt == "numeric" else last_boxed(text)
     if answer is None and mode == "flexible":
         answer = last_number(text)
     return answer
+
+
+def first_marked(text: str) -> str | None:
+    """The answer of the first mark in `text`, of any kind: the rest of a ``####`` or ``The
+    answer is`` line, or a box's content; a mark whose answer does not start with a number
+    is skipped. None without one."""
+    marks = sorted([(m.start(), m.end(), True) for mark in _MARKS for m in mark.finditer(text)]
+                   + [(m.start(), m.end(), False) for m in _BOX.finditer(text)])
+    for _, end, line in marks:
+        answer = text[end:].split("\n", 1)[0].strip() if line else _box_content(text, end)
+        if answer is not None and _states_number(answer):
+            return answer
+    return None
 
 
 def _states_number(line: str) -> bool:
@@ -210,20 +241,29 @@ def _numeric_value(answer: str) -> Fraction | None:
     s = _clean(answer)
     if "=" in s:
         s = s.rsplit("=", 1)[1]
-    s = s.strip().rstrip(".,;:!?").strip()
-    s = re.sub(r"(?<=\d) ?[x×] ?(?=\d)", " * ", s)  # "3 x 4": models write x for times
-    m = _NUMBER.fullmatch(s)
+    s = re.sub(r"(?<=\d) ?[x×] ?(?=\d)", " * ", s.strip().lstrip("*_"))  # "3 x 4": x for times
+    math = _leading_math(s).lstrip("+ ")  # +7 is 7
+    m = _NUMBER.fullmatch(math)
     if m:
         return _value(m)
-    latex_first = re.match(r"[^\d\\]*\\", s)  # \frac{3}{4}, not "9 and \boxed{4}"
-    if latex_first and len(s) <= MAX_ANSWER_CHARS and (value := _latex_value(s)) is not None:
-        return value
-    if _is_arithmetic(s):  # its value or nothing: never one of its operands
-        return _arithmetic(s)
-    for m in _NUMBER.finditer(s):
-        if (value := _value(m)) is not None:
-            return value
-    return None
+    if len(math) > MAX_ANSWER_CHARS:
+        return None
+    if "\\" in math or "{" in math:  # LaTeX: 2^{10}, 3 \times 4, 1\frac{1}{2}
+        return _latex_value(math)
+    return _arithmetic(math) if _is_arithmetic(math) else None  # "3 4" is no one number
+
+
+def _leading_math(s: str) -> str:
+    """The math `s` starts with (numbers, operators, brackets, LaTeX commands), up to the
+    first word or punctuation, without trailing operators, brackets or markdown."""
+    i = 0
+    while m := _MATH_TOKEN.match(s, i):
+        if i > MAX_ANSWER_CHARS and not m.group().isspace():
+            return s  # too long to be math (a long number alone is one token): no answer
+        if m.group() in "([" and s[i - 1:i].isspace() and _NUMBER.fullmatch(s[:i].strip()):
+            break  # a number, a space and a bracket: the bracket is an aside
+        i = m.end()
+    return re.sub(r"[\s(\[{+\-*/×÷^_]+$", "", s[:i])
 
 
 @lru_cache(maxsize=65536)
@@ -239,13 +279,11 @@ def canonical(answer: str | None, fmt: str) -> str:
         value = _numeric_value(answer)
         return _as_string(value) if value is not None else ""
     plain = re.sub(r"\s+", "", answer)
-    if len(answer) > MAX_ANSWER_CHARS:
-        return plain
     answer = _TEXT_WITHOUT_WORDS.sub(r"\1", answer)
     m = _NUMBER.fullmatch(_clean(answer).strip().rstrip("."))
-    if m and _value(m) is not None:
+    if m and _value(m) is not None:  # a number of any length up to MAX_DIGITS digits
         return _as_string(_value(m))
-    return _latex_canonical(answer) or plain
+    return plain if len(answer) > MAX_ANSWER_CHARS else _latex_canonical(answer) or plain
 
 
 def _latex_value(answer: str) -> Fraction | None:
@@ -310,3 +348,30 @@ def _tame(value) -> bool:
 def answer_of(text: str, fmt: str, mode: str = "strict") -> str:
     """The canonical answer of a completion ("" when it has none)."""
     return canonical(extract_answer(text, fmt, mode), fmt)
+
+
+def vote_clusters(answers, fmt: str | None) -> list:
+    """`answers` (canonical; "" or None for none, which stay as they are) with each answer
+    replaced by its cluster's representative, so that a vote by string equality counts
+    equivalent answers as one (DeepConf issue 15: ``\\frac{\\sqrt{2}}{2}``, ``\\sqrt{2}/2``
+    and ``\\frac{1}{\\sqrt{2}}`` are one answer).
+
+    Only the boxed format has distinct equivalent strings (a numeric canonical answer is
+    one string per value; fmt None: answers that are not math, e.g. data-to-text's, vote by
+    string). The distinct answers, in order of first appearance, each join the first
+    cluster whose first member `equivalent` accepts it against, else start one; a
+    cluster's representative is its most frequent member, ties to the one seen first.
+    Equivalence of a pair is cached (`equivalent`), so a prompt's votes cost one
+    math-verify comparison per pair of distinct answers, once."""
+    if fmt != "boxed":
+        return list(answers)
+    counts = Counter(a for a in answers if a)  # insertion order: first appearance
+    clusters: list[list[str]] = []
+    for a in counts:
+        home = next((c for c in clusters if equivalent(a, c[0], fmt)), None)
+        if home is None:
+            clusters.append([a])
+        else:
+            home.append(a)
+    representative = {a: max(c, key=counts.__getitem__) for c in clusters for a in c}
+    return [representative[a] if a else a for a in answers]

@@ -18,6 +18,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from stopexp.errors import ConfigError, NotFound, UserError
 from stopexp.tasks.answers import FORMATS, MODES, canonical, equivalent, extract_answer
 
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -25,7 +26,7 @@ EXPECTED = ("one JSON object per line (JSON Lines), or a JSON list of objects, e
             "the question and answer fields")
 
 
-class TaskFileError(ValueError):
+class TaskFileError(UserError, ValueError):
     """A task file that cannot be read as questions and answers (names file and line)."""
 
 
@@ -143,8 +144,8 @@ def read_rows(path: str, subset: str | None = None,
         raise _fail(p, "", f"a {p.suffix or 'suffix-less'} {'folder' if p.is_dir() else 'file'}; "
                            f"allowed: a {'/'.join(FILE_SUFFIXES)} file or a hub dataset id")
     if p.suffix in FILE_SUFFIXES or p.exists():
-        raise FileNotFoundError(f"task.path: {path!r} is not a readable "
-                                f"{'/'.join(FILE_SUFFIXES)} file")
+        raise NotFound(f"task.path: {path!r} is not a readable "
+                       f"{'/'.join(FILE_SUFFIXES)} file")
     from datasets import load_dataset
 
     from stopexp.hub import offline_unless_reachable
@@ -153,7 +154,7 @@ def read_rows(path: str, subset: str | None = None,
         with offline_unless_reachable():  # no hub: the cache only, failing at once
             return [(f"row {i}", r) for i, r in enumerate(load_dataset(path, subset, split=source_split))]
     except Exception as e:  # offline, unknown id, missing split: all mean "not available here"
-        raise FileNotFoundError(
+        raise NotFound(
             f"task.path: {path!r} is neither a local {'/'.join(FILE_SUFFIXES)} file nor a hub "
             f"dataset available here ({e.__class__.__name__}: {str(e)[:200]}). Without "
             f"internet, save it as JSONL or Parquet where you have internet and set "
@@ -197,8 +198,8 @@ class QATask:
                  source_split: str = "test", seed: int = 0, split_fractions: dict | None = None,
                  extraction: str = "strict"):
         if answer_format not in FORMATS or extraction not in MODES:
-            raise ValueError(f"task.answer_format {answer_format!r} / task.extraction {extraction!r}: "
-                             f"allowed {', '.join(FORMATS)} / {', '.join(MODES)}")
+            raise ConfigError(f"task.answer_format {answer_format!r} / task.extraction {extraction!r}: "
+                              f"allowed {', '.join(FORMATS)} / {', '.join(MODES)}")
         self.path, self.answer_format, self.seed = path, answer_format, seed
         self.extraction = extraction
         self.split_fractions = dict(split_fractions or {"train": 0.8, "val": 0.1, "test": 0.1})
@@ -245,8 +246,8 @@ class QATask:
             raise ValueError(f"split {split!r} unknown; allowed: {', '.join(self._by_split)}")
         rows = self._by_split[split]
         if n > len(rows):
-            raise ValueError(f"task: split {split!r} of {self.path} holds {len(rows)} questions, "
-                             f"{n} asked; lower collect.prompts.{split} (or evaluate's count)")
+            raise ConfigError(f"task: split {split!r} of {self.path} holds {len(rows)} questions, "
+                              f"{n} asked; lower collect.prompts.{split} (or evaluate's count)")
         return [QAProblem(i, split, prompt, answer, reference, row)
                 for i, (_, prompt, answer, reference, row) in enumerate(rows[:n])]
 

@@ -1,0 +1,261 @@
+"""What a user sets is what runs: keys an option does not read are refused, values relative
+to N are derived from it, an exp's settings give way to the options a user picks, and the
+documented behaviour (oracle, answers_replay defaults, headers, README) is what the code does."""
+import logging
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from conftest import CONF, ROOT, compose
+from stopexp.config import ALWAYS_METHODS, ConfigError, validate
+
+README = (ROOT / "README.md").read_text()
+
+
+@pytest.mark.parametrize("stage, overrides, key, says", [
+    ("collect", ["model.path=/no/such/dir"], "model.path", "model=toy loads the embedded LM"),
+    ("collect", ["model.gguf_file=x.gguf"], "model.gguf_file", "model=toy loads the embedded LM"),
+    ("collect", ["model.num_layers=3"], "model.num_layers", "sized by model.toy"),
+    ("collect", ["model.revision=main"], "model.revision", "read only by a hub or GGUF model"),
+    ("collect", ["+exp=toy_datatotext", "model=smollm2"], "model.toy", "read only by model=toy"),
+    ("collect", ["model=smollm2", "model.revision=main"], "model.revision", "read only with model.path"),
+    ("collect", ["task.path=questions.jsonl"], "task.path", "read only by task=qa, not under task=arith"),
+    ("collect", ["task=wordprob", "task.n_steps=8"], "task.n_steps", "read only by task=arith"),
+    ("collect", ["task.shots=5"], "task.shots", "read only by task=wordprob|datatotext"),
+    ("train", ["loss.discount=0.5"], "loss.discount", "read only by loss=mse, not under loss=contrastive"),
+    ("train", ["loss=pairwise", "loss.margin=2"], "loss.margin", "read only by loss=contrastive"),
+    ("evaluate", ["search.patience=3"], "search.patience", "read only by search=beam"),
+    ("train", ["predictor.lora_rank=4"], "predictor.lora_rank", "read only by predictor=super_token"),
+    ("train", ["predictor.statistic=var"], "predictor.statistic", "read only by predictor=statistic"),
+    ("evaluate", ["evaluate.methods=[confidence]", "evaluate.esc_window=4"], "evaluate.esc_window",
+     "read only by the method esc"),
+    ("evaluate", ["evaluate.methods=[esc]", "evaluate.asc_threshold=0.9"], "evaluate.asc_threshold",
+     "read only by the method adaptive_consistency"),
+])
+def test_a_key_the_chosen_option_does_not_read_is_refused(stage, overrides, key, says):
+    with pytest.raises(ConfigError) as e:
+        validate(compose(stage, overrides))
+    assert str(e.value).startswith(f"{key}: ") and says in str(e.value), str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_the_same_keys_pass_under_the_options_that_read_them():
+    validate(compose("train", ["loss=mse", "loss.discount=0.5"]))
+    validate(compose("evaluate", ["search=beam", "policy=quantile", "search.patience=3"]))
+    validate(compose("evaluate", ["evaluate.methods=[esc]", "evaluate.esc_window=4"]))
+    validate(compose("collect", ["task=wordprob", "task.shots=5"]))
+
+
+@pytest.mark.parametrize("stage", ["collect", "train"])
+def test_a_keep_correct_band_without_mixed_prompts_is_refused_at_every_stage(stage):
+    with pytest.raises(ConfigError, match=r"^collect.keep_correct: \[4, 4\] keeps only train/val "
+                                          r"prompts whose N=4 paths all fail or all succeed"):
+        validate(compose(stage, ["search.n_paths=4", "collect.keep_correct=[4,4]"]))
+    with pytest.raises(ConfigError, match=r"^collect.keep_correct: \[1, 3\] filters no split"):
+        validate(compose(stage, ["search.n_paths=4", "collect.keep_correct=[1,3]",
+                                 "collect.keep_correct_splits=[]"]))
+    validate(compose(stage, ["search.n_paths=4", "collect.keep_correct=[1,3]"]))
+
+
+def test_evaluate_methods_lists_what_runs_besides_the_four_always_run(caplog):
+    from stopexp.scorers import method_names
+
+    assert ALWAYS_METHODS == ("no_prune", "random", "confidence", "oracle")
+    with caplog.at_level(logging.INFO, logger="stopexp.scorers"):
+        assert method_names(compose("evaluate", ["evaluate.methods=[]"])) == list(ALWAYS_METHODS)
+    assert "no_prune, random, confidence, oracle run too" in caplog.text
+    # `learned` is the configured predictor
+    assert method_names(compose("evaluate", ["evaluate.methods=[learned,entropy]", "predictor=linear"])) == [
+        "no_prune", "random", "confidence", "oracle", "linear", "entropy"]
+    assert "`evaluate.methods=[]` runs exactly these four" in README
+    assert "`learned` is the configured predictor" in README
+
+
+@pytest.mark.parametrize("override, key", [
+    ("adapt.variants=[frozen,bogus]", "adapt.variants"),
+    ("adapt.explore=0", "adapt.explore"),
+])
+def test_adapt_errors_name_their_own_key_not_the_target(override, key):
+    with pytest.raises(ConfigError) as e:
+        validate(compose("adapt", ["+exp=toy_shift", override]))
+    assert str(e.value).startswith(f"{key}: "), str(e.value)
+
+
+@pytest.mark.parametrize("n, keep, retention, n_points", [
+    (64, 8, [4, 8, 16], [8, 32, 64]),   # the main job, as before the derivation
+    (16, 4, [2, 4, 8], [4, 8, 16]),     # the committed 16-path experiments
+    (8, 3, [1, 3, 6], [3, 4, 8]),
+    (4, 2, [1, 2, 4], [2, 4]),
+])
+def test_values_relative_to_n_are_derived_from_it(n, keep, retention, n_points):
+    cfg = validate(compose("pipeline", [f"search.n_paths={n}"]))
+    assert (cfg.policy.keep, list(cfg.evaluate.retention), list(cfg.evaluate.n_points)) == (
+        keep, retention, n_points)
+
+
+def test_progressive_checks_derive_one_decreasing_k_per_check():
+    cfg = validate(compose("evaluate", ["search.check_at=[0.08,0.25]"]))
+    assert list(cfg.policy.keep) == [16, 8]
+    cfg = validate(compose("evaluate", ["search.check_at=[0.08,0.25]", "policy=quantile"]))
+    assert cfg.policy.keep == 8  # threshold policies take no list
+
+
+def test_experiments_shrink_with_one_edit():
+    for exp in ("toy_contrastive", "toy_shift", "toy_datatotext", "smollm2_contrastive"):
+        cfg = validate(compose("pipeline", [f"+exp={exp}", "search.n_paths=8"]))
+        assert cfg.policy.keep == 3 and max(cfg.evaluate.n_points) == 8
+    # scripts/bench_retap.py's own example
+    validate(compose("pipeline", ["+exp=toy_contrastive", "logger=none", "collect.prompts.train=40",
+                                  "collect.prompts.val=10", "collect.prompts.test=10",
+                                  "search.n_paths=32"]))
+
+
+@pytest.mark.parametrize("override, key", [
+    ("policy.keep=16", "policy.keep"),
+    ("evaluate.retention=[16]", "evaluate.retention"),
+    ("evaluate.n_points=[16]", "evaluate.n_points"),
+])
+def test_an_explicit_value_beyond_n_names_the_keys_to_change_together(override, key):
+    with pytest.raises(ConfigError) as e:
+        validate(compose("evaluate", ["search.n_paths=8", override]))
+    msg = str(e.value)
+    assert msg.startswith(f"{key}: ") and "change it with search.n_paths" in msg
+    assert f"leave {key} unset: it is derived from search.n_paths" in msg
+
+
+def test_replacing_an_exps_option_drops_the_exps_settings_for_the_old_one():
+    assert compose("train", ["+exp=toy_datatotext"]).loss.min_gap == 0.05
+    assert compose("train", ["+exp=toy_datatotext", "loss=pairwise"]).loss.min_gap == 0.05
+    cfg = validate(compose("train", ["+exp=toy_datatotext", "loss=mse"]))
+    assert cfg.loss.min_gap == 0.0
+    with pytest.raises(ConfigError, match=r"^loss.min_gap: .*loss=contrastive \| pairwise .*not loss=mse"):
+        validate(compose("train", ["+exp=toy_datatotext", "loss=mse", "loss.min_gap=0.05"]))
+    assert compose("evaluate", ["+exp=toy_beam"]).search.patience == 1
+    assert validate(compose("collect", ["+exp=toy_beam_every_step"])).search.patience == 4
+
+
+def test_an_adapt_target_on_the_command_line_replaces_the_exps():
+    assert dict(compose("adapt", ["+exp=toy_shift"]).adapt.target) == {
+        "task.styles": {"careful": 0.8, "shortcut": 0.2}, "model.toy.seed": 1, "collect.mc_rollouts": 4}
+    cfg = compose("adapt", ["+exp=toy_shift", "++adapt.target={task.n_steps:8}"])
+    assert OmegaConf.to_container(cfg.adapt.target) == {"task.n_steps": 8}
+    assert "`++adapt.target={task.n_steps:8}` replaces the exp's target" in README
+
+
+def test_the_oracle_ranks_by_how_a_path_ends_not_by_its_monte_carlo_label():
+    from stopexp.signals.methods import oracle
+
+    # path 0 ends wrong but its prefix's rollouts mostly succeed; path 1 ends right
+    batch = {"correct": torch.tensor([0.0, 1.0]), "reward": torch.tensor([0.0, 1.0]),
+             "mc": torch.tensor([0.75, 0.25])}
+    assert oracle(batch).argmax().item() == 1
+    # a continuous reward: the best reward first, equal rewards the correct path first
+    batch = {"correct": torch.tensor([0.0, 1.0, 0.0]), "reward": torch.tensor([0.9, 0.5, 0.5]),
+             "mc": torch.full((3,), float("nan"))}
+    assert torch.argsort(oracle(batch), descending=True).tolist() == [0, 1, 2]
+
+
+def test_answers_replay_derives_k_and_check_tokens_and_reads_the_bank_first():
+    from stopexp.answers_replay import CHECK_SHARE, derived_check_tokens, parse_args, run
+    from stopexp.answers_bank import load_answers_bank
+
+    fixture = str(ROOT / "tests" / "data" / "answers_bank.json")
+    bank = load_answers_bank(fixture, "boxed")
+    # the fixture's 22 branch lengths have the median 20.5: 0.15 x 20.5 = 3.075 -> 3
+    assert CHECK_SHARE == 0.15 and derived_check_tokens(bank) == 3
+    m = run(parse_args([fixture, "n=6", "shuffles=2"]))  # n below 8: no k needed
+    assert (m["protocol"]["k"], m["protocol"]["check_tokens"]) == (2, 3)  # round(sqrt(6)) = 2
+    assert m["methods"]["random"]["pruned_paths"] > 0  # the check falls inside the paths
+    with pytest.raises(ConfigError, match=r"^k=7: must be in 1..n=6 \(or leave k unset"):
+        run(parse_args([fixture, "n=6", "k=7"]))
+    with pytest.raises(Exception, match="does not exist"):  # the file is read before k is judged
+        run(parse_args([str(ROOT / "no_such_bank.json"), "n=6", "k=7"]))
+    assert "`k` defaults to round(sqrt(n))" in README and "`check_tokens` to 15%" in README
+
+
+def test_the_table_header_shows_every_progressive_check():
+    from stopexp.table import print_table
+
+    row = {"accuracy": 1.0, "accuracy_ci": [1.0, 1.0], "avg_at_k": 1.0, "tokens_total": 10.0,
+           "tokens_ratio": 1.0, "wall_s": 0.0}
+    metrics = {"methods": {"no_prune": row}, "mode": "replay",
+               "protocol": {"n": 64, "k": 8, "check_tokens": 5, "checks": [[5, 16], [16, 8]],
+                            "prompts": 3, "split": "test"}}
+    assert print_table(metrics).splitlines()[0] == (
+        "Launch-Check-Resume 64 -> 16 at 5 tokens -> 8 at 16 tokens, 3 test prompts (replay)")
+    metrics["protocol"]["checks"] = [[5, 8]]
+    assert print_table(metrics).splitlines()[0] == (
+        "Launch-Check-Resume 64 -> 8 at 5 tokens, 3 test prompts (replay)")
+
+
+def test_a_probe_used_at_a_check_it_was_not_trained_at_is_warned_about(caplog):
+    from stopexp.config import check_plan
+    from stopexp.scorers import warn_off_checkpoint
+
+    cfg = compose("evaluate", ["search.check_at=[0.08,0.25]"])
+    with caplog.at_level(logging.WARNING, logger="stopexp.scorers"):
+        msg = warn_off_checkpoint(cfg, ["no_prune", "mlp", "conf_features"], check_plan(cfg))
+    assert msg == ("mlp, conf_features trained at 5 tokens (train.checkpoint) score the check(s) "
+                   "at [16] tokens too, outside their training distribution; train.positions=all "
+                   "trains them at every stored position")
+    assert caplog.text.count("outside their training distribution") == 1
+    assert warn_off_checkpoint(cfg, ["no_prune", "confidence"], check_plan(cfg)) is None
+    one = compose("evaluate")
+    assert warn_off_checkpoint(one, ["mlp"], check_plan(one)) is None
+
+
+def test_train_progress_shows_the_value_epochs_are_selected_by():
+    from stopexp.train import selection_name, selection_value
+
+    assert (selection_name({"auroc": 0.7}), selection_value({"auroc": 0.7})) == ("val_auroc", 0.7)
+    continuous = {"auroc": 0.7, "spearman_within": 0.4}
+    assert (selection_name(continuous), selection_value(continuous)) == ("val_spearman", 0.4)
+
+
+def _value(v) -> str:
+    v = OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v
+    if isinstance(v, bool) or v is None:
+        return {True: "true", False: "false", None: "null"}[v]
+    if isinstance(v, list):
+        return "[" + ", ".join(_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k}: {_value(x)}" for k, x in v.items()) + "}"
+    return str(v)
+
+
+def _leaves(node, prefix=""):
+    for key, value in node.items_ex(resolve=False):
+        if OmegaConf.is_dict(value):
+            yield from _leaves(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}"
+
+
+def experiment_table() -> list[str]:
+    """The README's table of what each exp sets: its group options and, resolved in its
+    composed config, every key its file sets (logger tags aside)."""
+    rows = ["| `+exp=` | options | settings |", "|---|---|---|"]
+    for path in sorted((CONF / "exp").glob("*.yaml")):
+        raw = OmegaConf.load(path)
+        options = []
+        for entry in raw.pop("defaults", []):
+            if isinstance(entry, str):
+                if entry != "_self_":
+                    options.append(f"`+exp={entry}`")
+            else:
+                (group, choice), = entry.items()
+                options.append(f"`{group.removeprefix('override /')}={choice}`")
+        raw.pop("logger", None)
+        cfg = compose("pipeline", [f"+exp={path.stem}"])
+        settings = [f"`{k}={_value(OmegaConf.select(cfg, k))}`" for k in _leaves(raw)]
+        rows.append(f"| `{path.stem}` | {' '.join(options)} | {' '.join(settings)} |")
+    return rows
+
+
+def test_the_readme_shows_what_each_experiment_sets():
+    lines = README.splitlines()
+    start = lines.index("| `+exp=` | options | settings |")
+    shown = lines[start:start + len(list((CONF / "exp").glob("*.yaml"))) + 2]
+    expected = experiment_table()
+    assert shown == expected, "README table of the exps is stale; it should read:\n" + "\n".join(expected)

@@ -1,0 +1,141 @@
+"""User errors end every entry point the same way: `error: <message>` on stderr, exit code
+2, no Hydra "Error executing job" and no traceback (STOPEXP_DEBUG=1 keeps the traceback);
+an output that cannot be written is one such line naming its path and what to do."""
+import errno
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, compose
+from stopexp.errors import CannotWrite, ConfigError, NotFound, UserError, reported
+
+ENV = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+       "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"}
+ENV.pop("HYDRA_FULL_ERROR", None)
+ENV.pop("STOPEXP_DEBUG", None)
+TEMPERATURE = ("error: search.temperature: must be >= 0.0001, got -1.0 (smaller temperatures "
+               "overflow float32 logits; use search.do_sample=false for greedy)\n")
+
+
+def stage(module: str, *args: str, env=ENV):
+    return subprocess.run([sys.executable, "-m", f"stopexp.{module}", "logger=none", *args],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_a_bad_value_on_the_command_line_is_one_line_and_exit_code_2(tmp_path):
+    r = stage("train", f"paths.output_dir={tmp_path}", "search.temperature=-1")
+    assert (r.returncode, r.stderr, r.stdout) == (2, TEMPERATURE, "")
+
+
+def test_the_debug_switch_keeps_the_traceback(tmp_path):
+    r = stage("evaluate", f"paths.output_dir={tmp_path}", "search.temperature=-1",
+              env={**ENV, "STOPEXP_DEBUG": "1"})
+    assert r.returncode == 1 and "Traceback" in r.stderr
+    assert r.stderr.rstrip().splitlines()[-3] == ("stopexp.errors.ConfigError: " + TEMPERATURE[7:]).rstrip()
+
+
+def test_an_output_dir_that_cannot_be_made_is_one_line_before_hydra_makes_the_run_dir(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")  # even root cannot make a directory under a file
+    r = stage("collect", f"paths.output_dir={blocker / 'out'}")
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr == (f"error: paths.output_dir: cannot write to {blocker / 'out'} (Not a "
+                        "directory); point paths.output_dir at a writable directory\n")
+
+
+@pytest.mark.parametrize("key", ["paths.output_dir", "paths.cache_dir"])
+def test_a_read_only_output_or_cache_dir_is_named_before_any_run_dir(tmp_path, read_only, key,
+                                                                    capsys):
+    from stopexp.cli import OutputDirsCheck
+
+    out = tmp_path / "out"
+    (out / "cache").mkdir(parents=True)
+    read_only(out if key == "paths.output_dir" else out / "cache")
+    cfg = compose("collect", [f"paths.output_dir={out}"], return_hydra_config=True)
+    with pytest.raises(SystemExit) as e:
+        OutputDirsCheck().on_run_start(cfg)
+    where = out if key == "paths.output_dir" else out / "cache"
+    assert e.value.code == 2
+    assert capsys.readouterr().err == (f"error: {key}: cannot write to {where} (Permission denied); "
+                                       f"point {key} at a writable directory\n")
+    assert not (out / "runs").exists()
+
+
+def test_every_user_error_class_is_a_user_error():
+    from stopexp.answers_bank import AnswersBankError
+    from stopexp.bank import BankDamaged, BankMissing
+    from stopexp.models import ModelNotAvailable
+    from stopexp.search.sample import PromptTooLong
+    from stopexp.signals.checkpoint import CheckpointDamaged, CheckpointMismatch
+    from stopexp.tasks.qa import TaskFileError
+    from stopexp.train import NothingToLearn
+
+    for cls in (ConfigError, NotFound, CannotWrite, AnswersBankError, BankMissing, BankDamaged,
+                ModelNotAvailable, PromptTooLong, CheckpointDamaged, CheckpointMismatch,
+                TaskFileError, NothingToLearn):
+        assert issubclass(cls, UserError), cls
+
+
+def test_reported_prints_a_user_error_and_lets_a_bug_through(monkeypatch, capsys):
+    monkeypatch.delenv("STOPEXP_DEBUG", raising=False)
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    with pytest.raises(SystemExit) as e, reported():
+        raise ConfigError("search.n_paths: must be >= 1, got 0")
+    assert e.value.code == 2 and capsys.readouterr().err == "error: search.n_paths: must be >= 1, got 0\n"
+    with pytest.raises(ZeroDivisionError), reported():  # a bug keeps its traceback
+        1 / 0
+    monkeypatch.setenv("STOPEXP_DEBUG", "1")
+    with pytest.raises(ConfigError), reported():
+        raise ConfigError("search.n_paths: must be >= 1, got 0")
+    assert capsys.readouterr().err == ""
+
+
+def test_a_full_disk_names_the_file_and_keeps_the_old_one(tmp_path, monkeypatch):
+    from stopexp import artifacts
+
+    path = tmp_path / "run" / "metrics.json"
+    artifacts.write_json(path, {"old": 1})
+
+    def full(self, text):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # write() names no file
+
+    monkeypatch.setattr(artifacts.Path, "write_text", full)
+    with pytest.raises(CannotWrite) as e:
+        artifacts.write_json(path, {"new": 2})
+    assert str(e.value) == (f"cannot write {path}: No space left on device; free space on that "
+                            "disk or write to another one, then rerun (what was written before "
+                            "is intact)")
+    monkeypatch.undo()
+    assert json.loads(path.read_text()) == {"old": 1}
+    assert [p.name for p in path.parent.iterdir()] == ["metrics.json"]  # no temporary left
+
+
+def test_an_error_that_is_not_the_users_passes_unchanged(tmp_path, monkeypatch):
+    from stopexp import artifacts
+
+    def broken(self, text):
+        raise OSError(errno.EIO, os.strerror(errno.EIO))  # the disk itself failing: not a fix for the user
+
+    monkeypatch.setattr(artifacts.Path, "write_text", broken)
+    with pytest.raises(OSError) as e:
+        artifacts.write_json(tmp_path / "m.json", {})
+    assert type(e.value) is OSError and e.value.errno == errno.EIO
+
+
+def test_answers_replay_into_a_read_only_out_is_one_line(tmp_path, read_only, capsys):
+    from stopexp.answers_replay import main
+
+    out = tmp_path / "replay"
+    out.mkdir()
+    read_only(out)
+    bank = ROOT / "tests" / "data" / "answers_bank.json"
+    with pytest.raises(SystemExit) as e:
+        main([str(bank), "n=4", "k=2", "shuffles=2", f"out={out}"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err == (f"error: cannot write {out / 'pareto.png'}: Permission denied; "
+                                       "make it writable or point out at a directory you can "
+                                       "write, then rerun (what was written before is intact)\n")
+    assert list(out.iterdir()) == []

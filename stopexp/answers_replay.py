@@ -104,6 +104,8 @@ def draws(bank: AnswersBank, n: int, shuffles: int, seed: int) -> list[list[np.n
                           f"{small} of {bank.source} stores {bank.min_branches})")
     if shuffles < 1:
         raise ConfigError(f"shuffles must be >= 1, got {shuffles}")
+    if seed < 0:
+        raise ConfigError(f"seed={seed}: must be >= 0 (numpy's seeds are non-negative)")
     return [[np.random.default_rng([seed, s, p]).permutation(q.n_branches)[:n]
              for p, q in enumerate(bank.prompts)] for s in range(shuffles)]
 

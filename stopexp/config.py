@@ -555,8 +555,11 @@ def _get(cfg: Any, key: str) -> Any:
 
 
 def warmup_paths(value: float, n_paths: int) -> int:
-    """DeepConf's warm-up paths per prompt: a count, or below 1 a share of n_paths (rounded)."""
-    return int(round(value * n_paths)) if value < 1 else int(value)
+    """DeepConf's warm-up paths per prompt: a count, or below 1 a share of n_paths (rounded,
+    and at least one path, so that a share works at any N >= 2)."""
+    if value >= 1:
+        return int(value)
+    return max(1, int(round(value * n_paths))) if value > 0 else 0
 
 
 def checkpoint_tokens(value: float, max_new_tokens: int) -> int:
@@ -1229,7 +1232,10 @@ def _check_evaluate(cfg) -> None:
     if "deepconf_online" in ev.methods and not 1 <= warmup_paths(ev.deepconf_warmup, s.n_paths) < s.n_paths:
         _fail("evaluate.deepconf_warmup", f"{ev.deepconf_warmup} gives "
                                           f"{warmup_paths(ev.deepconf_warmup, s.n_paths)} warm-up paths; "
-                                          f"they must lie in 1..{s.n_paths - 1} (below search.n_paths)")
+                                          f"they must lie in 1..{s.n_paths - 1} (below search.n_paths)"
+                                          + ("; set it to a count below search.n_paths" if s.n_paths > 1 else
+                                             "; DeepConf online needs search.n_paths >= 2: drop "
+                                             "deepconf_online from evaluate.methods"))
     _within("policy.quantile", pol.quantile, 0, 1, low_open=True, high_open=True)
     _within("policy.target_prune_rate", pol.target_prune_rate, 0, 1, high_open=True)
     _at_least("policy.gain", pol.gain, 0)

@@ -38,7 +38,9 @@ class CannotWrite(UserError):
     what was written before is intact (writes are atomic, stopexp.artifacts). `setting`,
     when known, is the config key or option that chose the location."""
 
-    ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
+    # ENOTDIR, EEXIST, ENOENT: a folder on the way is a file, or cannot be made (/proc)
+    ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM,
+                        errno.ENOTDIR, errno.EEXIST, errno.ENOENT})
 
     def __init__(self, path, error: OSError, setting: str | None = None):
         super().__init__(path, error)
@@ -48,6 +50,9 @@ class CannotWrite(UserError):
         where = f"point {self.setting} at" if self.setting else "write to"
         if self.error.errno in (errno.ENOSPC, errno.EDQUOT):
             todo = f"free space on that disk or {where} another one"
+        elif self.error.errno in (errno.ENOTDIR, errno.EEXIST, errno.ENOENT):
+            todo = f"{where} a directory that can be made there" if self.setting else \
+                "choose a path whose folders are folders or can be made"
         else:
             todo = f"make it writable or {where} a directory you can write"
         return (f"cannot write {self.path}: {self.error.strerror or self.error}; {todo}, then "

@@ -139,3 +139,26 @@ def test_answers_replay_into_a_read_only_out_is_one_line(tmp_path, read_only, ca
                                        "make it writable or point out at a directory you can "
                                        "write, then rerun (what was written before is intact)\n")
     assert list(out.iterdir()) == []
+
+
+@pytest.mark.parametrize("where", ["a_file", "a_file/below"])
+def test_answers_replay_out_that_cannot_be_a_folder_is_one_line(tmp_path, capsys, where):
+    from stopexp.answers_replay import main
+
+    (tmp_path / "a_file").write_text("not a folder")
+    out = tmp_path / where
+    with pytest.raises(SystemExit) as e:
+        main([str(ROOT / "tests" / "data" / "answers_bank.json"), "n=4", "k=2", "shuffles=2", f"out={out}"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1
+    assert err.startswith(f"error: cannot write {out / 'pareto.png'}: ") and "point out at a directory" in err
+    assert (tmp_path / "a_file").read_text() == "not a folder"
+
+
+def test_answers_replay_refuses_a_negative_seed_before_reading_further(capsys):
+    from stopexp.answers_replay import main
+
+    with pytest.raises(SystemExit) as e:
+        main([str(ROOT / "tests" / "data" / "answers_bank.json"), "n=4", "k=2", "seed=-1"])
+    assert e.value.code == 2 and capsys.readouterr().err == \
+        "error: seed=-1: must be >= 0 (numpy's seeds are non-negative)\n"

@@ -16,6 +16,7 @@ from hydra import compose, initialize_config_dir
 from stopexp.accounting import Paths, keep_by_policy, outcome
 from stopexp.config import project_root, validate
 from stopexp.evaluate import evaluate
+from stopexp.policies import kept_text
 
 
 def replay_seconds(cfg, prompts: int = 1000, n: int = 32, k: int = 8) -> float:
@@ -43,7 +44,8 @@ def main(overrides: list[str]) -> None:
     p = m["protocol"]
     print(f"Launch-Check-Resume online, {p['prompts']} prompts, check at {p['check_tokens']} tokens")
     print(f"{'':<22}{'accuracy':>9}{'tokens':>10}{'wall s':>9}{'check s':>9}")
-    for name, r in ((f"full N={p['n']}", full), (f"{p['n']} -> {p['k']} ({cfg.predictor.name})", pruned)):
+    kept = kept_text(p["policy"], p["policy_params"], p["k"])
+    for name, r in ((f"full N={p['n']}", full), (f"{p['n']} -> {kept} ({cfg.predictor.name})", pruned)):
         print(f"{name:<22}{r['accuracy']:>9.3f}{r['tokens_total']:>10.0f}{r['wall_s']:>9.2f}"
               f"{r['check_s']:>9.3f}")
     tok_ratio = pruned["tokens_total"] / full["tokens_total"]

@@ -246,18 +246,19 @@ def account_methods(cfg, names: list[str], scorers: dict, paths: Paths, checkpoi
     (replayed from the bank); views/timing: per method the online run's own paths, kept
     set and measured time (None in replay). Returns (results, outcomes, scores, points):
     name -> metrics, name -> `outcome` dict, name -> (P,) scores at the check, and the
-    Pareto points of the stopping methods and, with several checks, of the scored methods
-    (the others' come from `pareto_points`). Checks, score rule and vote: search.check_at,
-    policy.keep, search.score_rule, evaluate.vote (stopexp.config.check_plan,
+    Pareto points of the stopping methods and, with several checks or a threshold policy,
+    of the scored methods (the others' come from `pareto_points`). Checks, score rule and
+    vote: search.check_at, policy.keep, search.score_rule, evaluate.vote (stopexp.config.check_plan,
     `decide_by_checks`, stopexp.voting); online, views[name] = (the run's paths, its
     `Decision`, None for no_prune)."""
     plan = check_plan(cfg)
     N, K = cfg.search.n_paths, plan[-1][1]
+    topk, n_prompts = cfg.policy.name == "topk", int(paths.group.max()) + 1
     vote = dict(vote=cfg.evaluate.vote, vote_top=cfg.evaluate.vote_top)
     sec_tok = meta.get("seconds_per_token", 0.0)
     flops_tok = 2.0 * meta.get("lm_parameters", 0)
     n_boot, seed = cfg.evaluate.bootstrap, cfg.evaluate.seed
-    results, outcomes, scores, points = {}, {}, {}, []
+    results, outcomes, scores, points, ks = {}, {}, {}, [], {}
     all_rows = np.ones(len(paths.length), bool)
     for name in names:
         if name in stops:  # replayed from the bank in either mode (exact)
@@ -292,18 +293,20 @@ def account_methods(cfg, names: list[str], scorers: dict, paths: Paths, checkpoi
             if r["nonfinite_scores"]:
                 log.warning("%s: %d scores are NaN or infinite; NaN ranks lowest (pruned first), "
                             "+-inf at the extremes", name, r["nonfinite_scores"])
-            if len(plan) > 1:  # the sweep of pareto_points is for one check; this run's point
-                points.append({"method": name, "n": N, "k": K, "accuracy": r["accuracy"],
+            # K of a threshold policy: what its rule kept, per prompt on average
+            ks[name] = K if topk else round(float(decision.kept.sum()) / n_prompts, 2)
+            if len(plan) > 1 or not topk:  # pareto_points' sweep is for one top-K check: this run's point
+                points.append({"method": name, "n": N, "k": ks[name], "accuracy": r["accuracy"],
                                "tokens_total": r["tokens_total"]})
         if timing is not None:
             r.update(timing[name])
         results[name] = r
     base = results["no_prune"]
-    for r in results.values():
+    for name, r in results.items():
         r["tokens_ratio"] = r["tokens_total"] / base["tokens_total"]
         r["tokens_per_s"] = r["tokens_total"] / r["wall_s"] if r["wall_s"] else None
         r["pass_at_1"] = base["avg_at_k"]
-        r["n"], r["k"] = N, K
+        r["n"], r["k"] = N, ks.get(name, K)
     results["no_prune"]["k"] = N
     return results, outcomes, scores, points
 
@@ -311,14 +314,15 @@ def account_methods(cfg, names: list[str], scorers: dict, paths: Paths, checkpoi
 def pareto_points(cfg, paths: Paths, scores: dict, checkpoint: int) -> list[dict]:
     """The Pareto points: no_prune at every N of evaluate.n_points, every scored method at
     every K of evaluate.retention (N = search.n_paths), and 32 -> 8, under evaluate.vote;
-    with several checks only no_prune's (the methods' own come from account_methods)."""
+    with several checks or a threshold policy (fixed, quantile, adaptive: no K to sweep)
+    only no_prune's (the methods' own come from account_methods)."""
     N = cfg.search.n_paths
     points = []
     for n in cfg.evaluate.n_points:
         o = outcome(paths, np.ones(len(paths.length), bool), checkpoint, n, select=cfg.evaluate.select)
         points.append({"method": "no_prune", "n": n, "k": n, "accuracy": float(o["correct"].mean()),
                        "tokens_total": float(o["tokens"].sum())})
-    if len(check_plan(cfg)) > 1:  # progressive: account_methods gives each method's point
+    if len(check_plan(cfg)) > 1 or cfg.policy.name != "topk":  # account_methods gives each method's point
         return points
     vote = dict(vote=cfg.evaluate.vote, vote_top=cfg.evaluate.vote_top)
     for name, s in scores.items():

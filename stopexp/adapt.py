@@ -46,18 +46,18 @@ import math
 import time
 from pathlib import Path
 
-import hydra
 import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from stopexp import bank, plots
 from stopexp.artifacts import write_json
-from stopexp.cli import user_errors
+from stopexp.cli import stage_main
 from stopexp.config import check_output_dirs, checkpoint_tokens, shifted_config, validate
 from stopexp.accounting import Paths, keep_by_policy, outcome, replay_paths
 from stopexp.errors import ConfigError
 from stopexp.losses import build_loss
+from stopexp.policies import kept_text, policy_params
 from stopexp.tasks import vote_format
 from stopexp.metrics import within_prompt_auroc
 from stopexp.tracking import tracked_run
@@ -327,7 +327,8 @@ def load_predictors(cfg, tgt, overrides: list[str]) -> dict:
             continue
         root = bank.require_bank(c, ov)
         metrics = train(c, overrides=ov, progress=False)
-        out[name], _ = load_predictor(Path(metrics["checkpoint"]), spec_of(c, bank.read_meta(root)))
+        out[name], _ = load_predictor(Path(metrics["checkpoint"]), spec_of(c, bank.read_meta(root)),
+                                      c.predictor)
     return out
 
 
@@ -370,6 +371,7 @@ def adapt(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
     metrics = {"variants": summary, "curves": curves, "mode": cfg.evaluate.mode,
                "target": OmegaConf.to_container(cfg.adapt.target, resolve=True),
                "protocol": {"n": cfg.search.n_paths, "k": cfg.policy.keep, "check_tokens": checkpoint,
+                            "policy": cfg.policy.name, "policy_params": policy_params(cfg.policy),
                             "stream_prompts": len(order), "heldout_prompts": len(held),
                             "batch_prompts": cfg.adapt.batch_prompts, "split": cfg.adapt.split},
                "bank": root.name}
@@ -423,7 +425,9 @@ def summarize(curves: dict, batch_prompts: int, last: int = 5) -> dict:
 def print_table(metrics: dict) -> str:
     p = metrics["protocol"]
     lines = [f"Online adaptation to {metrics['target']}: {p['stream_prompts']} prompts in batches of "
-             f"{p['batch_prompts']}, {p['n']} -> {p['k']} at {p['check_tokens']} tokens",
+             f"{p['batch_prompts']}, {p['n']} -> "
+             f"{kept_text(p.get('policy', 'topk'), p.get('policy_params', {}), p['k'])} at "
+             f"{p['check_tokens']} tokens",
              f"{'variant':<12}{'accuracy':>9}{'tokens':>10}{'ratio':>7}{'explore':>9}{'MC tok':>8}"
              f"{'AUROC last':>11}{'held-out':>9}{'gap closed':>11}{'update s':>9}{'wall s':>8}"]
     for v, s in metrics["variants"].items():
@@ -436,8 +440,7 @@ def print_table(metrics: dict) -> str:
     return "\n".join(lines)
 
 
-@hydra.main(config_path="../conf", config_name="adapt", version_base="1.3")
-@user_errors
+@stage_main("adapt")
 def main(cfg: DictConfig) -> dict:
     validate(cfg)
     check_output_dirs(cfg)

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from stopexp import jsonfile
 from stopexp.errors import NotFound, UserError
 from stopexp.tasks.answers import FORMATS, canonical, equivalent, vote_clusters
 
@@ -168,9 +169,12 @@ def load_answers_bank(path: str | Path, fmt: str = "boxed") -> AnswersBank:
     if not path.is_file():
         raise NotFound(f"answers-only bank {path} does not exist")
     try:
-        data = json.loads(path.read_text())
+        data = jsonfile.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise AnswersBankError(f"{path}: not JSON (line {e.lineno}, column {e.colno}: {e.msg})") from e
+    except UnicodeDecodeError as e:
+        raise AnswersBankError(f"{path}: byte {e.start} (0x{e.object[e.start]:02x}) is not UTF-8; "
+                               "save the file as UTF-8") from e
     if not isinstance(data, list) or not data:
         _fail(str(path), "the file must hold a non-empty list of prompts")
     prompts = [parse_prompt(item, f"{path}: prompt {i}", fmt) for i, item in enumerate(data)]

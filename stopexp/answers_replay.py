@@ -7,7 +7,8 @@ seeded shuffles, and every number is reported as a mean and a standard deviation
     python -m stopexp.answers_replay traces.json n=64 shuffles=100 \
         methods=no_prune,random,esc,adaptive_consistency,parallel_probe out=outputs/replay
 
-Methods (none needs a hidden state):
+Unset, n is the bank's branch count (the fewest branches any of its prompts stores), so
+every stored branch of such a prompt is drawn. Methods (none needs a hidden state):
 - no_prune: all n branches to the end, majority vote (self-consistency, SC@n);
 - random: Launch-Check-Resume with a random choice: launch n, at `check_tokens` keep k of
   the running branches at random, finish them, vote (branches ended before the check vote).
@@ -35,8 +36,9 @@ from stopexp.search.parallel_probe import parallel_probe
 
 Method = Callable[[AnswersPrompt, np.ndarray], Decision]
 METHOD_NAMES = ("no_prune", "random", "esc", "adaptive_consistency", "parallel_probe")
-# k and check_tokens: None = derived from n and from the bank (derived_k, derived_check_tokens)
-DEFAULTS = {"methods": ",".join(METHOD_NAMES), "n": 64, "k": None, "check_tokens": None,
+# n, k and check_tokens: None = derived from the bank and from n (bank.min_branches,
+# derived_k, derived_check_tokens)
+DEFAULTS = {"methods": ",".join(METHOD_NAMES), "n": None, "k": None, "check_tokens": None,
             "shuffles": 100, "seed": 0, "format": "boxed", "esc_window": DEFAULT_WINDOW,
             "asc_threshold": DEFAULT_THRESHOLD, "pp_stable": 3, "pp_deviate": 3, "pp_warmup": 2,
             "out": ""}
@@ -97,15 +99,17 @@ def build_methods(names: list[str], k: int, check_tokens: int, esc_window: int,
 
 def draws(bank: AnswersBank, n: int, shuffles: int, seed: int) -> list[list[np.ndarray]]:
     """draws[s][p]: the n branches of prompt p in shuffle s, in sampling order (a seeded
-    permutation of the stored branches, the same for every method)."""
-    if not 1 <= n <= bank.min_branches:
-        small = min(range(len(bank.prompts)), key=lambda i: bank.prompts[i].n_branches)
-        raise ConfigError(f"n={n} branches per prompt: must be in 1..{bank.min_branches} (prompt "
-                          f"{small} of {bank.source} stores {bank.min_branches})")
+    permutation of the stored branches, the same for every method). The settings are
+    checked before what depends on the bank's content (n)."""
     if shuffles < 1:
         raise ConfigError(f"shuffles must be >= 1, got {shuffles}")
     if seed < 0:
         raise ConfigError(f"seed={seed}: must be >= 0 (numpy's seeds are non-negative)")
+    if not 1 <= n <= bank.min_branches:
+        small = min(range(len(bank.prompts)), key=lambda i: bank.prompts[i].n_branches)
+        raise ConfigError(f"n={n} branches per prompt: must be in 1..{bank.min_branches} (prompt "
+                          f"{small} of {bank.source} stores {bank.min_branches}; or leave n unset: "
+                          "the bank's branch count)")
     return [[np.random.default_rng([seed, s, p]).permutation(q.n_branches)[:n]
              for p, q in enumerate(bank.prompts)] for s in range(shuffles)]
 
@@ -192,7 +196,7 @@ def parse_args(argv: list[str]) -> dict:
         key, value = a.split("=", 1)
         if key not in DEFAULTS:
             raise ConfigError(f"{key}: unknown setting; allowed: {', '.join(DEFAULTS)}")
-        kind = int if key in ("k", "check_tokens") else type(DEFAULTS[key])
+        kind = int if key in ("n", "k", "check_tokens") else type(DEFAULTS[key])
         try:
             args[key] = kind(value)
         except ValueError:
@@ -203,20 +207,23 @@ def parse_args(argv: list[str]) -> dict:
 
 def run(args: dict) -> dict:
     """Load, check every setting, replay, and (with `out`) write metrics.json and pareto.png.
-    The bank is read first: k and check_tokens default to values derived from n and it."""
+    The bank is read first (an error about the file comes first), then the settings that do
+    not depend on its content, then those that do: n defaults to its branch count, k and
+    check_tokens to values derived from n and the bank."""
     bank = load_answers_bank(args["path"], args["format"])
-    args = {**args, "k": derived_k(args["n"]) if args["k"] is None else args["k"],
+    n = bank.min_branches if args["n"] is None else args["n"]
+    args = {**args, "n": n, "k": derived_k(n) if args["k"] is None else args["k"],
             "check_tokens": (derived_check_tokens(bank) if args["check_tokens"] is None
                              else args["check_tokens"])}
     methods = build_methods(args["methods"], args["k"], args["check_tokens"], args["esc_window"],
                             args["asc_threshold"], args["pp_stable"], args["pp_deviate"],
                             args["pp_warmup"])
-    orders = draws(bank, args["n"], args["shuffles"], args["seed"])
-    if not 1 <= args["k"] <= args["n"]:
-        raise ConfigError(f"k={args['k']}: must be in 1..n={args['n']} (or leave k unset: "
-                          f"round(sqrt(n)) = {derived_k(args['n'])})")
     if args["check_tokens"] < 1:
         raise ConfigError(f"check_tokens={args['check_tokens']}: must be >= 1")
+    orders = draws(bank, n, args["shuffles"], args["seed"])
+    if not 1 <= args["k"] <= n:
+        raise ConfigError(f"k={args['k']}: must be in 1..n={n} (or leave k unset: "
+                          f"round(sqrt(n)) = {derived_k(n)})")
     results = replay(bank, methods, orders)
     points = no_prune_points(bank, args["n"], orders) + [
         {"method": m, "n": args["n"], "k": round(r["branches_launched"], 1), "accuracy": r["accuracy"],

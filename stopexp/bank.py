@@ -35,7 +35,7 @@ from datasets.utils.logging import disable_progress_bar
 
 from stopexp.artifacts import config_hash, plain, publish_dir, staging_dir, write_json
 from stopexp.config import checkpoint_tokens, decode_escapes, decoded_text
-from stopexp.errors import UserError, writing
+from stopexp.errors import UserError, error_text, writing
 from stopexp.integrity import dir_problem, file_sha256, records
 
 disable_progress_bar()  # one bar per shard save would drown the collect progress bar
@@ -77,7 +77,7 @@ def check_fit(kind: str, root: Path, meta: dict, want: dict, repair: str) -> Non
     """Refuse (ArtifactMismatch) an artifact whose record differs from `want` in a field."""
     problem = misfit(meta, want)
     if problem:
-        raise ArtifactMismatch(f"{kind} {root} does not fit this config: {problem}.\nRepair:  {repair}")
+        raise ArtifactMismatch(f"{kind} {root} does not fit this config: {problem}; repair: {repair}")
 
 
 def checkpoints_of(cfg) -> list[int]:
@@ -289,12 +289,12 @@ def read_meta(root: Path, repair: str = REPAIR, kind: str = "trace bank") -> dic
     try:
         meta = json.loads(path.read_text())
     except FileNotFoundError:
-        raise BankMissing(f"{kind} {root} has no meta.json.\nRepair:  {repair}") from None
+        raise BankMissing(f"{kind} {root} has no meta.json; repair: {repair}") from None
     except (ValueError, OSError) as e:
-        raise BankDamaged(f"{kind} {root}: meta.json is unreadable ({e.__class__.__name__}: "
-                          f"{e}).\nRepair:  {repair}") from e
+        raise BankDamaged(f"{kind} {root}: meta.json is unreadable ({error_text(e)}); "
+                          f"repair: {repair}") from e
     if not isinstance(meta, dict):
-        raise BankDamaged(f"{kind} {root}: meta.json is not a JSON object.\nRepair:  {repair}")
+        raise BankDamaged(f"{kind} {root}: meta.json is not a JSON object; repair: {repair}")
     return meta
 
 
@@ -314,12 +314,12 @@ def verify_bank(root: Path, full: bool = False, repair: str = REPAIR, kind: str 
                           f"({kind} version {meta.get('version')}, {version} expected"
                           + ("; since version 4 a bank holds the paths only and the hidden "
                              "features are a separate artifact" if kind == "trace bank" else "")
-                          + f").\nRepair:  {repair}")
+                          + f"); repair: {repair}")
     if not meta.get("complete"):
         missing = meta.get("missing", [])
         raise BankMissing(f"{kind} {root} is incomplete ({len(missing)} of "
                           f"{len(meta.get('plan', []))} shards missing: indices "
-                          f"{brief(missing)}).\nRepair:  {repair}")
+                          f"{brief(missing)}); repair: {repair}")
     damaged = {}
     for name, record in meta["shards"].items():
         problem = shard_problem(root / name, record, full)
@@ -328,7 +328,7 @@ def verify_bank(root: Path, full: bool = False, repair: str = REPAIR, kind: str 
     if damaged:
         raise BankDamaged(f"{kind} {root} is damaged: "
                           + "; ".join(f"{n}: {p}" for n, p in sorted(damaged.items()))
-                          + f".\nRepair:  {repair}")
+                          + f"; repair: {repair}")
     return meta
 
 
@@ -361,10 +361,10 @@ def load_bank(root: Path, split: str | None = None) -> Dataset:
             ds = load_from_disk(str(root / name))
         except Exception as e:  # pyarrow / datasets name no file: say which shard it was
             raise BankDamaged(f"trace bank {root}: shard {name} cannot be read "
-                              f"({e.__class__.__name__}: {str(e)[:200]}).\nRepair:  {REPAIR}") from e
+                              f"({error_text(e)}); repair: {REPAIR}") from e
         if len(ds) != meta["shards"][name]["rows"]:
             raise BankDamaged(f"trace bank {root}: shard {name} holds {len(ds)} rows, "
-                              f"{meta['shards'][name]['rows']} recorded.\nRepair:  {REPAIR}")
+                              f"{meta['shards'][name]['rows']} recorded; repair: {REPAIR}")
         parts.append(ds)
     ds = concatenate_datasets(parts)
     if split is not None:
@@ -390,10 +390,9 @@ def require_bank(cfg, overrides: list[str] | None = None) -> Path:
     root = bank_dir(cfg)
     command = f"python -m stopexp.collect {' '.join(overrides or [])}".rstrip()
     if not (root / "meta.json").exists():
-        raise BankMissing(f"no complete trace bank for this config at {root}.\n"
-                          f"Make it with:  {command}"
-                          + "\n(or run python -m stopexp.pipeline, which makes it for you)")
-    repair = (f"{command}\n(collect recomputes only the damaged, missing or misfitting shards "
+        raise BankMissing(f"no complete trace bank for this config at {root}; make it with: "
+                          f"{command} (or run python -m stopexp.pipeline, which makes it for you)")
+    repair = (f"{command} (collect recomputes only the damaged, missing or misfitting shards "
               "and rewrites meta.json; python -m stopexp.pipeline does too)")
     meta = verify_bank(root, repair=repair)
     want = expected_meta(cfg)
@@ -403,8 +402,8 @@ def require_bank(cfg, overrides: list[str] | None = None) -> Path:
     for name, rec in sorted(meta["shards"].items()):
         problem = shard_misfit(root, name, rec, plan, measured)
         if problem:
-            raise ArtifactMismatch(f"trace bank {root} does not fit its own record: {problem}."
-                                   f"\nRepair:  {repair}")
+            raise ArtifactMismatch(f"trace bank {root} does not fit its own record: {problem}; "
+                                   f"repair: {repair}")
     return root
 
 

@@ -22,14 +22,13 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
-import hydra
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from stopexp import bank
 from stopexp.artifacts import write_json
-from stopexp.cli import user_errors
+from stopexp.cli import stage_main
 from stopexp.config import check_output_dirs, validate
 from stopexp.integrity import set_aside
 from stopexp.ranks import barrier, in_group, join_group, leave_group, shard_of
@@ -222,7 +221,7 @@ def _fill(cfg, root: Path, task, shards: list, pending: list[int], rank: int,
             paths += len(cols["length"])
             tokens += shard_tokens
             name = bank.shard_name(i, rank)
-            # bounded rewards clipped into [0, 1] (rounding only: stopexp.rewards.BOUND_SLACK)
+            # metric values clipped into [0, 1] (rounding only: stopexp.metrics.bounds)
             clipped = {} if reward is None else {"rewards_clipped": reward.clipped - clipped_before}
             if clipped.get("rewards_clipped"):
                 log.info("shard %s: %d rewards clipped into [0, 1] (rounding)", name,
@@ -286,8 +285,7 @@ def _sample_table(run, root: Path, n: int = 20):
     return run.table(["prompt", "text", "correct", "length", "style"], rows)
 
 
-@hydra.main(config_path="../conf", config_name="collect", version_base="1.3")
-@user_errors
+@stage_main("collect")
 def main(cfg: DictConfig) -> dict:
     validate(cfg)
     check_output_dirs(cfg)

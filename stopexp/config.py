@@ -47,6 +47,12 @@ def decoded_text(section: dict) -> dict:
     return out
 
 
+def stop_strings(task, search) -> tuple[str, ...]:
+    """The stop strings a path ends at: the task's own (`task.stop`, where a new example
+    would start) then `search.stop`, escapes decoded, each once."""
+    return tuple(dict.fromkeys(map(decode_escapes, [*task.stop, *search.stop])))
+
+
 def project_root() -> Path:
     """STOPEXP_ROOT, else the checkout holding this package, else the working directory."""
     if os.environ.get("STOPEXP_ROOT"):
@@ -1025,7 +1031,7 @@ def _check_step_ends(cfg) -> None:
         _fail("tap.positions.step_ends", f"task {name} has no step separator (a path is one "
                                          f"sentence); allowed with tasks {', '.join(with_steps)}, "
                                          "else use tap.positions.stride or tap.positions.checkpoints")
-    stops = [x for x in map(decode_escapes, [*cfg.task.stop, *cfg.search.stop]) if x in sep]
+    stops = [x for x in stop_strings(cfg.task, cfg.search) if x in sep]
     if stops:
         _fail("tap.positions.step_ends", f"the step separator {sep!r} of task {name} completes "
                                          f"the stop string {stops[0]!r} (task.stop / search.stop), "

@@ -89,3 +89,9 @@ def reported() -> Iterator[None]:
             raise
         print(f"error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(USAGE_EXIT) from None
+
+
+def error_text(e: BaseException, limit: int = 200) -> str:
+    """`e` as a user error quotes another library's exception: its class and message on one
+    line (pyarrow's and torch's span several), at most `limit` characters of message."""
+    return f"{e.__class__.__name__}: {' '.join(str(e).split())[:limit]}"

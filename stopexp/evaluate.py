@@ -21,7 +21,6 @@ import logging
 import time
 from pathlib import Path
 
-import hydra
 import numpy as np
 from omegaconf import DictConfig
 
@@ -30,11 +29,12 @@ from stopexp.accounting import (account_methods, add_text_metrics, bank_paths_an
                                 pareto_points, prompts_in, replay_paths)
 from stopexp.analyses import add_analyses
 from stopexp.artifacts import write_json
-from stopexp.cli import user_errors
+from stopexp.cli import stage_main
 from stopexp.config import check_output_dirs, check_plan, validate
 from stopexp.evaluate_report import make_plots, sample_table
 from stopexp.memory import add_memory
 from stopexp.per_step import auroc_by_prefix
+from stopexp.policies import policy_params
 from stopexp.selection import attach_bank_columns, compare_with_beam
 from stopexp.scorers import (build_scorers, check_methods, cli_overrides, method_names,
                              warn_off_checkpoint)
@@ -95,6 +95,7 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
     metrics = {"methods": results, "points": points, "mode": cfg.evaluate.mode,
                "select": cfg.evaluate.select, **({"beam_search": beam} if beam else {}),
                "protocol": {"n": N, "k": K, "check_tokens": checkpoint, "policy": cfg.policy.name,
+                            "policy_params": policy_params(cfg.policy),
                             "checks": [list(c) for c in plan], "score_rule": cfg.search.score_rule,
                             "vote": cfg.evaluate.vote,
                             "prompts": int(paths.group.max()) + 1, "split": split},
@@ -118,8 +119,7 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
     return metrics
 
 
-@hydra.main(config_path="../conf", config_name="evaluate", version_base="1.3")
-@user_errors
+@stage_main("evaluate")
 def main(cfg: DictConfig) -> dict:
     validate(cfg)
     check_output_dirs(cfg)

@@ -13,7 +13,7 @@ from stopexp import plots
 from stopexp.accounting import add_text_metrics, prompts_in
 from stopexp.config import checkpoint_tokens
 from stopexp.metrics import bootstrap_ci
-from stopexp.policies import build_policy
+from stopexp.policies import build_policy, policy_params
 from stopexp.stopping import STOPPING_METHODS
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,8 @@ def beam_metrics(cfg, names: list[str], scorers: dict, root: Path, start: float,
     metrics = {"methods": results, "mode": "online", "search": "beam",
                "protocol": {"beam_width": cfg.search.beam_width, "patience": cfg.search.patience,
                             "refill": cfg.search.refill,
-                            "policy": cfg.policy.name, "prompts": len(prompt_ids),
+                            "policy": cfg.policy.name, "k": cfg.policy.keep,
+                            "policy_params": policy_params(cfg.policy), "prompts": len(prompt_ids),
                             "split": cfg.evaluate.split},
                "omitted_methods": omitted, "not_reported": not_reported,
                "bank": root.name, "eval_wall_s": round(time.time() - start, 2)}

@@ -33,7 +33,7 @@ from datasets import Array3D, Features, List, Value, load_from_disk
 from stopexp import bank
 from stopexp.artifacts import config_hash, plain
 from stopexp.config import checkpoint_tokens
-from stopexp.errors import ConfigError
+from stopexp.errors import ConfigError, error_text
 from stopexp.feature_extract import DEFAULT_BATCH_TOKENS, StepEnds, extract, path_positions
 from stopexp.integrity import set_aside
 from stopexp.signals.features import SIGNAL_NAMES, FeatureSpec
@@ -130,7 +130,7 @@ def featurize_command(overrides: list[str] | None = None) -> str:
 
 
 def repair_text(overrides: list[str] | None = None) -> str:
-    return (f"{featurize_command(overrides)}\n(it recomputes only the damaged, missing or "
+    return (f"{featurize_command(overrides)} (it recomputes only the damaged, missing or "
             "misfitting shards, from the trace bank, and rewrites meta.json; python -m "
             "stopexp.pipeline does too)")
 
@@ -249,7 +249,7 @@ def _fill(cfg, root: Path, out: Path, todo: list[str], bmeta: dict, spec: dict,
                     raise bank.BankDamaged(
                         f"trace bank {root}: shard {name} row {r}: the prompt encodes to {len(ids)} "
                         f"tokens now, {rows['prompt_len'][r]} when collected (another tokenizer or "
-                        f"chat template?).\nRepair:  {bank.REPAIR}")
+                        f"chat template?); repair: {bank.REPAIR}")
                 seqs.append((ids, rows["tokens"][r], path_positions(rows["tokens"][r], spec, step_end)))
             got = extract(model, taps, seqs, tokenizer.pad_token_id, budget, cfg.search.max_batch_rows)
             n_layers = len(taps.layers)
@@ -312,7 +312,7 @@ def require_features(cfg, overrides: list[str] | None = None, make: bool = True)
     broot = bank.require_bank(cfg, overrides)
     if not (out / "meta.json").exists() or not bank.read_meta(out, repair, KIND).get("complete"):
         if not make:
-            raise bank.BankMissing(f"no features for this config at {out}.\nMake them with:  "
+            raise bank.BankMissing(f"no features for this config at {out}; make them with: "
                                    f"{featurize_command(overrides)}")
         log.info("no features for this config at %s: extracting them from the trace bank "
                  "(python -m stopexp.featurize)", out)
@@ -324,7 +324,7 @@ def require_features(cfg, overrides: list[str] | None = None, make: bool = True)
              if rec.get("bank_files") != bmeta["shards"].get(n, {}).get("files")]
     if stale or set(meta["shards"]) != set(bmeta["shards"]):
         raise bank.BankDamaged(f"features {out} were made from another copy of the trace bank "
-                               f"{broot} (shards {bank.brief(sorted(stale))} differ).\nRepair:  {repair}")
+                               f"{broot} (shards {bank.brief(sorted(stale))} differ); repair: {repair}")
     return out
 
 
@@ -380,10 +380,10 @@ def _read_features(root: str, split: str | None, repair: str, _mtime_ns: int, _s
             a = table.column("attn").combine_chunks()
         except Exception as e:  # pyarrow / datasets name no file: say which shard it was
             raise bank.BankDamaged(f"features {root}: shard {name} cannot be read "
-                                   f"({e.__class__.__name__}: {str(e)[:200]}).\nRepair:  {repair}") from e
+                                   f"({error_text(e)}); repair: {repair}") from e
         if n != meta["shards"][name]["rows"]:
             raise bank.BankDamaged(f"features {root}: shard {name} holds {n} rows, "
-                                   f"{meta['shards'][name]['rows']} recorded.\nRepair:  {repair}")
+                                   f"{meta['shards'][name]['rows']} recorded; repair: {repair}")
         counts.append(np.diff(p.offsets.to_numpy()))
         pos.append(p.flatten().to_numpy().astype(np.int64))
         hid.append(flat.reshape(-1, L, H))

@@ -13,19 +13,17 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-import hydra
 from omegaconf import DictConfig
 
 from stopexp.artifacts import write_json
-from stopexp.cli import user_errors
+from stopexp.cli import stage_main
 from stopexp.config import check_output_dirs, validate
 from stopexp.feature_bank import featurize
 
 log = logging.getLogger(__name__)
 
 
-@hydra.main(config_path="../conf", config_name="featurize", version_base="1.3")
-@user_errors
+@stage_main("featurize")
 def main(cfg: DictConfig) -> dict:
     validate(cfg)
     check_output_dirs(cfg)

@@ -158,7 +158,7 @@ def single_checkpoint_baseline(cfg, spec) -> tuple[str, object] | None:
     sub = copy.deepcopy(cfg)
     sub.train.positions, sub.predictor.position_input = "checkpoint", False
     train(sub, progress=False)
-    predictor, _ = load_predictor(predictor_dir(sub), spec)
+    predictor, _ = load_predictor(predictor_dir(sub), spec, sub.predictor)
     tokens = checkpoint_tokens(cfg.train.checkpoint, cfg.search.max_new_tokens)
     return f"{cfg.predictor.name}@{tokens}", predictor
 

@@ -9,12 +9,11 @@ import logging
 import time
 from pathlib import Path
 
-import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from stopexp.artifacts import write_json
-from stopexp.cli import user_errors
+from stopexp.cli import stage_main
 from stopexp.config import check_output_dirs, validate
 from stopexp.tracking import tracked_run
 
@@ -58,8 +57,7 @@ def where_outputs(run_dir: Path) -> str:
     return ", ".join(parts)
 
 
-@hydra.main(config_path="../conf", config_name="pipeline", version_base="1.3")
-@user_errors
+@stage_main("pipeline")
 def main(cfg: DictConfig) -> float | None:
     validate(cfg)
     check_output_dirs(cfg)

@@ -105,3 +105,25 @@ def build_policy(policy_cfg, keep: int | None = None) -> Policy:
     if name == "adaptive":
         return Adaptive(policy_cfg.tau, policy_cfg.target_prune_rate, policy_cfg.gain)
     raise ValueError(f"policy.name: {name!r} unknown; allowed: fixed, quantile, topk, adaptive")
+
+
+# the policy.* keys each policy reads; topk's K (policy.keep) is in every check's plan
+POLICY_KEYS = {"fixed": ("tau",), "quantile": ("quantile",), "topk": (),
+               "adaptive": ("tau", "target_prune_rate", "gain")}
+
+
+def policy_params(policy_cfg) -> dict:
+    """The settings the configured policy reads, besides K (metrics' protocol)."""
+    return {k: policy_cfg[k] for k in POLICY_KEYS[policy_cfg.name]}
+
+
+def kept_text(name: str, params: dict, k) -> str:
+    """What a check keeps, in words for a header: K under policy=topk, else the rule."""
+    if name == "topk":
+        return str(k)
+    if name == "fixed":
+        return f"score >= {params['tau']} (policy=fixed)"
+    if name == "quantile":
+        return f"score >= the {params['quantile']} quantile of the live paths (policy=quantile)"
+    return (f"score >= tau, from {params['tau']} toward prune rate {params['target_prune_rate']} "
+            f"(policy=adaptive, gain {params['gain']})")

@@ -15,10 +15,10 @@ have no spaces (`task.text_level == "char"`, the arithmetic task), as stopexp.me
 does. References come from `task.references(problem)` when the task has several, else
 `[task.reference(problem)]`. `BOUNDED`: the rewards validate lets the regression losses
 (mse, reward_regression) use: the built-in ones in [0, 1], and external, whose range only
-its values tell (train checks them: stopexp.train.check_reward_range). A built-in bounded
-reward that leaves [0, 1] by floating-point rounding only (within `BOUND_SLACK`) is clipped
-into it and counted (`Reward.clipped`, each shard's record in the bank); further out it is
-refused.
+its values tell (train checks them: stopexp.train.check_reward_range). The text metrics
+clip a value that leaves their range by floating-point rounding only
+(stopexp.metrics.bounds) and refuse one further out; the values clipped while scoring are
+counted (`Reward.clipped`, each shard's record in the bank).
 """
 from __future__ import annotations
 
@@ -29,16 +29,10 @@ from typing import Callable
 import numpy as np
 
 from stopexp.errors import ConfigError
+from stopexp.metrics.bounds import clip_to_range
 from stopexp.metrics.text import BertScorer, check_script, check_tokenize, rouge_scorer
 
 BOUNDED = ("correct", "rouge_l", "bleu", "bertscore", "external")
-# How far outside [0, 1] rounding alone takes a bounded reward. BERTScore's F1 combines
-# float32 cosine similarities of unit vectors: identical texts give 1 + a few float32 ulps
-# (1.0000001 and 1.0000002 seen; an ulp above 1 is 2**-23 = 1.2e-7), and a dot product of
-# d = 384..1024 terms rounds by about sqrt(d) * 2**-24 <= 2e-6; sacrebleu's BLEU of an
-# identical pair is 100.00000000000004. 1e-5 covers these; a real violation (a score on
-# another scale, BLEU in 0-100) is orders of magnitude further.
-BOUND_SLACK = 1e-5
 _REGISTERED: dict[str, Callable] = {}
 
 
@@ -93,48 +87,51 @@ def references(task, problem) -> list[str]:
     return [task.reference(problem)]
 
 
-def digits(x) -> str:
-    """`x` with the fewest digits that tell it apart in its own dtype (a float32 1.0000001
-    is not 1), so a value outside [0, 1] never prints as a bound."""
-    return np.format_float_positional(x, unique=True, trim="-")
-
-
-def clip_to_unit(values, what: str) -> tuple[np.ndarray, int]:
-    """`values` with those within BOUND_SLACK outside [0, 1] clipped into it, and their
-    count; ValueError naming `what` and the first value further out, in full digits."""
-    v = np.asarray(values, dtype=np.float64)
-    far = np.nonzero(~((v >= -BOUND_SLACK) & (v <= 1 + BOUND_SLACK)))[0]
-    if len(far):
-        raise ValueError(f"{what}: {len(far)} of {len(v)} rewards lie outside [0, 1] by more than "
-                         f"rounding ({BOUND_SLACK:g}), e.g. {digits(v[far[0]])} (position {far[0]})")
-    outside = int(((v < 0) | (v > 1)).sum())
-    return np.clip(v, 0.0, 1.0), outside
-
-
 def _spaced(texts, level: str) -> list[str]:
     return [" ".join(t) for t in texts] if level == "char" else list(texts)
 
 
 def rouge_l(hyp: str, refs: list[str], level: str = "word", tokenize: str = "13a") -> float:
-    """ROUGE-L F-measure of `hyp` against the best of `refs` (rouge-score's score_multi;
-    words split as stopexp.metrics.text.UnicodeTokenizer(tokenize) does)."""
-    if level != "char":
-        check_script(refs, tokenize)
+    """ROUGE-L F-measure of `hyp` against the best of `refs`, in [0, 1] (`rouge_l_scores`)."""
+    return float(rouge_l_scores([hyp], [refs], level, tokenize)[0][0])
+
+
+def rouge_l_scores(hyps, refs, level: str = "word", tokenize: str = "13a") -> tuple[np.ndarray, int]:
+    """ROUGE-L F-measure of each hyps[i] against the best of refs[i] (rouge-score's
+    score_multi; words split as stopexp.metrics.text.UnicodeTokenizer(tokenize) does), in
+    [0, 1], and how many were clipped into it (rounding: stopexp.metrics.bounds)."""
     scorer = rouge_scorer(("rougeL",), level == "char", tokenize)
-    (hyp,), refs = _spaced([hyp], level), _spaced(refs, level)
-    return float(scorer.score_multi(refs, hyp)["rougeL"].fmeasure)
+    out = []
+    for hyp, r in zip(hyps, refs, strict=True):
+        if level != "char":
+            check_script(r, tokenize)
+        out.append(scorer.score_multi(_spaced(r, level), _spaced([hyp], level)[0])["rougeL"].fmeasure)
+    return clip_to_range(out, "ROUGE-L F")
 
 
 def bleu(hyp: str, refs: list[str], level: str = "word", tokenize: str = "13a") -> float:
-    """sacrebleu's sentence BLEU of `hyp` against all `refs` with its `tokenize`, in [0, 1]
-    (score / 100)."""
+    """Sentence BLEU of `hyp` against all `refs`, in [0, 1] (`bleu_scores`)."""
+    return float(bleu_scores([hyp], [refs], level, tokenize)[0][0])
+
+
+def bleu_scores(hyps, refs, level: str = "word", tokenize: str = "13a") -> tuple[np.ndarray, int]:
+    """sacrebleu's sentence BLEU / 100 of each hyps[i] against all of refs[i] with its
+    `tokenize`, in [0, 1] (identical text: 1.0, where sacrebleu gives 100.00000000000004),
+    and how many were clipped into it (rounding: stopexp.metrics.bounds)."""
     import sacrebleu
 
     check_tokenize(tokenize)
-    if level != "char":
-        check_script(refs, tokenize)
-    (hyp,), refs = _spaced([hyp], level), _spaced(refs, level)
-    return float(sacrebleu.sentence_bleu(hyp, refs, tokenize=tokenize).score) / 100.0
+    out = []
+    for hyp, r in zip(hyps, refs, strict=True):
+        if level != "char":
+            check_script(r, tokenize)
+        # sacrebleu's sentence-level settings, spelt out: exp smoothing and the effective
+        # order, without which a text shorter than 4 words (no 4-gram) scores 0 even when
+        # it is the reference
+        out.append(sacrebleu.sentence_bleu(_spaced([hyp], level)[0], _spaced(r, level),
+                                           smooth_method="exp", use_effective_order=True,
+                                           tokenize=tokenize).score / 100.0)
+    return clip_to_range(out, "sentence BLEU")
 
 
 def neg_perplexity(logprobs) -> float:
@@ -159,7 +156,7 @@ class Reward:
         self.fn = resolve_external(function) if name == "external" else None
         self.function = function
         self.needs_logprobs = name == "neg_perplexity"
-        self.clipped = 0  # rewards clipped into [0, 1] so far (rounding, see BOUND_SLACK)
+        self.clipped = 0  # metric values clipped into [0, 1] so far (rounding: stopexp.metrics.bounds)
 
     @classmethod
     def from_config(cls, reward_cfg) -> "Reward":
@@ -168,25 +165,21 @@ class Reward:
     def scores(self, task, problems, texts, logprobs=None) -> np.ndarray:
         texts = list(texts)
         level, tokenize = getattr(task, "text_level", "word"), getattr(task, "tokenize", "13a")
+        clipped = 0  # by the text metrics, which clip rounding into [0, 1]
         if self.name == "correct":
             out = [float(task.check(p, t)) for p, t in zip(problems, texts, strict=True)]
-        elif self.name == "rouge_l":
-            out = [rouge_l(t, references(task, p), level, tokenize)
-                   for p, t in zip(problems, texts, strict=True)]
-        elif self.name == "bleu":
-            out = [bleu(t, references(task, p), level, tokenize)
-                   for p, t in zip(problems, texts, strict=True)]
+        elif self.name in ("rouge_l", "bleu"):
+            metric = rouge_l_scores if self.name == "rouge_l" else bleu_scores
+            out, clipped = metric(texts, [references(task, p) for p in problems], level, tokenize)
         elif self.name == "bertscore":
-            out = self._bertscore(task, problems, texts, level)
+            out, clipped = self._bertscore(task, problems, texts, level)
         elif self.name == "neg_perplexity":
             if logprobs is None:
                 raise ValueError("reward neg_perplexity needs the paths' per-token log-probs")
             out = [neg_perplexity(lp) for lp in logprobs]
         else:
             out = [self._external(p, t) for p, t in zip(problems, texts, strict=True)]
-        if self.name in ("rouge_l", "bleu", "bertscore"):  # in [0, 1] up to rounding
-            out, clipped = clip_to_unit(out, f"reward={self.name}")
-            self.clipped += clipped
+        self.clipped += clipped
         return np.asarray(out, dtype=np.float64)
 
     def _external(self, problem, text: str) -> float:
@@ -209,17 +202,19 @@ class Reward:
                               "a reward must be a finite number")
         return out
 
-    def _bertscore(self, task, problems, texts, level: str) -> list[float]:
-        """The best F1 over each path's references, in one encoder call per reference slot."""
+    def _bertscore(self, task, problems, texts, level: str) -> tuple[np.ndarray, int]:
+        """The best F1 over each path's references, in one encoder call per reference slot,
+        and how many F1s were clipped (BertScorer.scores)."""
         scorer = BertScorer(self.bertscore_model) if self.bertscore_model else BertScorer()
         refs = [references(task, p) for p in problems]
         hyps = _spaced(texts, level)
-        best = np.full(len(texts), -np.inf)
+        best, clipped = np.full(len(texts), -np.inf), 0
         for k in range(max(map(len, refs), default=0)):
             rows = [i for i, r in enumerate(refs) if k < len(r)]
-            f1 = scorer.scores([hyps[i] for i in rows], _spaced([refs[i][k] for i in rows], level))["f1"]
-            best[rows] = np.maximum(best[rows], f1)
-        return best.tolist()
+            d = scorer.scores([hyps[i] for i in rows], _spaced([refs[i][k] for i in rows], level))
+            best[rows] = np.maximum(best[rows], d["f1"])
+            clipped += d["clipped"]
+        return best, clipped
 
 
 def build_reward(reward_cfg) -> Reward:

@@ -77,18 +77,18 @@ def build_scorers(cfg, names: list[str], spec) -> dict:
                 train(sub, progress=False)
             elif not (ckpt / "predictor.json").exists():
                 raise NotFound(
-                    f"no trained {name} predictor for this config at {ckpt}.\nMake it with:  "
-                    f"{command}\n(or run python -m stopexp.pipeline, which makes it for you)")
+                    f"no trained {name} predictor for this config at {ckpt}; make it with: "
+                    f"{command} (or run python -m stopexp.pipeline, which makes it for you)")
             try:
                 if name == "super_token":  # on its own copy of the LM; online it reads the engine's cache
                     from stopexp.models import load_lm
                     from stopexp.signals.super_token import load_super_token
                     predictor, _ = load_super_token(ckpt, *load_lm(sub, progress=False), spec,
-                                                    cfg.search.max_batch_rows)
+                                                    sub.predictor, cfg.search.max_batch_rows)
                 else:
-                    predictor, _ = load_predictor(ckpt, spec)
+                    predictor, _ = load_predictor(ckpt, spec, sub.predictor)
             except (CheckpointDamaged, CheckpointMismatch) as e:
-                raise type(e)(f"{e}\nRebuild it with:  {command}") from e
+                raise type(e)(f"{e}; rebuild it with: {command}") from e
             scorers[name] = M.learned(predictor)
         else:
             scorers[name] = M.external(name)

@@ -5,6 +5,7 @@ the Pareto points of no_prune and the first learned method; beam-search runs get
 columns."""
 from __future__ import annotations
 
+from stopexp.policies import kept_text
 from stopexp.signals import methods as M
 
 
@@ -13,7 +14,8 @@ def print_table(metrics: dict) -> str:
     p = metrics["protocol"]
     w = max(14, 2 + max(map(len, metrics["methods"])))  # the method column
     if metrics.get("search") == "beam":
-        lines = [f"Beam search B={p['beam_width']}, patience {p['patience']}, policy {p['policy']}, "
+        kept = kept_text(p["policy"], p.get("policy_params", {}), p.get("k"))
+        lines = [f"Beam search B={p['beam_width']}, patience {p['patience']}, each step keeps {kept}, "
                  f"{p['prompts']} {p['split']} prompts",
                  f"{'method':<{w}}{'accuracy':>9}{'95% CI':>16}{'tokens':>10}{'ratio':>7}"
                  f"{'pruned':>8}{'wall s':>8}{'check %':>9}"]
@@ -24,7 +26,8 @@ def print_table(metrics: dict) -> str:
                          f"{100 * r['check_share']:>9.2f}")
         return "\n".join(lines)
     checks = p.get("checks") or [[p["check_tokens"], p["k"]]]  # progressive: every check
-    at = " -> ".join(f"{k} at {tokens} tokens" for tokens, k in checks)
+    policy, params = p.get("policy", "topk"), p.get("policy_params", {})
+    at = " -> ".join(f"{kept_text(policy, params, k)} at {tokens} tokens" for tokens, k in checks)
     lines = [f"Launch-Check-Resume {p['n']} -> {at}, "
              f"{p['prompts']} {p['split']} prompts ({metrics['mode']})",
              f"{'method':<{w}}{'accuracy':>9}{'95% CI':>16}{'avg@K':>8}{'tokens':>10}{'ratio':>7}"
@@ -58,4 +61,8 @@ def print_table(metrics: dict) -> str:
         lines.append("points (N -> K: accuracy / tokens): " + "   ".join(
             f"{q['method']} {q['n']}->{q['k']}: {q['accuracy']:.3f} / {q['tokens_total']:.0f}"
             for q in sorted(pts, key=lambda q: (q["method"] != "no_prune", q["n"], q["k"]))))
+        if policy != "topk":
+            lines.append(f"  policy={policy} has no K to sweep: a method's point is its run, K the "
+                         "paths its rule kept per prompt (mean); evaluate.retention applies to "
+                         "policy=topk")
     return "\n".join(lines)

@@ -13,7 +13,7 @@ import hydra
 from omegaconf import DictConfig
 
 from stopexp.artifacts import replace_dir, staging_dir, write_json
-from stopexp.cli import user_errors
+from stopexp.cli import stage_main
 from stopexp.config import ConfigError, check_output_dirs, validate
 from stopexp.errors import writing
 from stopexp.search.decode import SamplingParams, make_engine
@@ -50,8 +50,7 @@ def solve_report(cfg, model, tokenizer, n_prompts: int = 100, n_paths: int = 32)
     return report
 
 
-@hydra.main(config_path="../conf", config_name="toy_lm", version_base="1.3")
-@user_errors
+@stage_main("toy_lm")
 def main(cfg: DictConfig) -> dict:
     validate(cfg)
     check_output_dirs(cfg)

@@ -19,7 +19,6 @@ import random
 import time
 from pathlib import Path
 
-import hydra
 import numpy as np
 import torch
 from omegaconf import DictConfig
@@ -27,14 +26,14 @@ from tqdm import tqdm
 
 from stopexp import bank, feature_bank, per_step, plots
 from stopexp.artifacts import config_hash, write_json
-from stopexp.cli import user_errors
+from stopexp.cli import stage_main
 from stopexp.config import check_output_dirs, checkpoint_tokens, validate
 from stopexp.errors import ConfigError, UserError
 from stopexp.integrity import set_aside
 from stopexp.losses import build_loss
 from stopexp.metrics import (auprc, brier, ece, is_binary, length_correlation, nonfinite,
                              pooled_auroc, reward_ranking, within_prompt_auroc)
-from stopexp.rewards import BOUND_SLACK, digits
+from stopexp.metrics.bounds import BOUND_SLACK, digits
 from stopexp.signals import FeatureSpec, build_predictor
 from stopexp.signals.checkpoint import (CheckpointDamaged, CheckpointMismatch, load_predictor,
                                        save_predictor)
@@ -91,7 +90,7 @@ def check_reward_range(cfg, data: dict) -> int:
     validate refuses the unbounded built-in rewards, an external one is checked here, on
     the loaded splits (`data`: split -> tensors with "reward" and "mc", the Monte Carlo
     labels: mean rewards, NaN where none). Values within rounding of [0, 1]
-    (stopexp.rewards.BOUND_SLACK, as BERTScore's 1.0000001) are clipped into it, in place;
+    (stopexp.metrics.bounds.BOUND_SLACK, as BERTScore's 1.0000001) are clipped into it, in place;
     returns how many. ValueError naming loss.name and the range found, in full digits."""
     if cfg.loss.name not in REGRESSION_LOSSES:
         return 0
@@ -302,12 +301,15 @@ def train(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
     out = predictor_dir(cfg)
     lm_based = cfg.predictor.name == "super_token"  # the one predictor that runs the LM
     if out.exists():
+        # features replaced under the key (another tap, width or bank) are refused here as
+        # evaluate refuses them, not passed over with the cached predictor
+        feature_bank.require_features(cfg, overrides)
         try:
             if lm_based:
                 from stopexp.signals.super_token import checkpoint_meta
-                saved = checkpoint_meta(out, spec)
+                saved = checkpoint_meta(out, spec, cfg.predictor)
             else:
-                _, saved = load_predictor(out, spec)
+                _, saved = load_predictor(out, spec, cfg.predictor)
             log.info("predictor already trained for this config: %s", out)
             return {"checkpoint": str(out), **saved["metrics"]}
         except (CheckpointDamaged, CheckpointMismatch) as e:  # ours to rebuild: never loop
@@ -385,8 +387,7 @@ def train(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
     return metrics
 
 
-@hydra.main(config_path="../conf", config_name="train", version_base="1.3")
-@user_errors
+@stage_main("train")
 def main(cfg: DictConfig) -> dict:
     validate(cfg)
     check_output_dirs(cfg)

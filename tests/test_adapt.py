@@ -29,7 +29,7 @@ def _setup(small_bank, *extra):
     train(cfg, progress=False)
     root = bank.require_bank(cfg)
     meta = bank.read_meta(root)
-    predictor, _ = load_predictor(predictor_dir(cfg), spec_of(cfg, meta))
+    predictor, _ = load_predictor(predictor_dir(cfg), spec_of(cfg, meta), cfg.predictor)
     ckpt = checkpoint_tokens(cfg.search.check_at, cfg.search.max_new_tokens)
     paths = replay_paths(root, require_features(cfg), "test", ckpt)
     order, held = stream_order(int(paths.group.max()) + 1, 4, 2, cfg.adapt.seed)

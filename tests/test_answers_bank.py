@@ -93,6 +93,25 @@ def test_broken_json_and_missing_files(tmp_path):
         load_answers_bank(tmp_path / "nothing.json")
     with pytest.raises(AnswersBankError, match="format 'latex' unknown; allowed: numeric, boxed"):
         load_answers_bank(FIXTURE, "latex")
+    path.write_bytes(b'[{"question": "\xff"}]')  # before: UnicodeDecodeError
+    with pytest.raises(AnswersBankError, match=r"bank.json: byte 15 \(0xff\) is not UTF-8; save the file as UTF-8"):
+        load_answers_bank(path)
+
+
+def test_an_integer_past_pythons_conversion_limit_is_an_answer_or_a_named_count(tmp_path):
+    huge = "7" * 5000  # more digits than int() converts (4300): json.loads raises ValueError
+    path = tmp_path / "bank.json"
+    path.write_text(f'[{{"question": "q", "gold_answer": {huge}, "probe_freq": 10, '
+                    f'"each_branch": [[[{huge}], 20, {huge}], [["1"], 20, 2]]}}]')
+    p = load_answers_bank(path, "numeric").prompts[0]
+    assert p.gold == huge and p.answers == ["", huge, "1", "2"]
+    assert p.final.tolist() == [1, 3] and p.probes.tolist() == [[1], [2]]
+    assert p.correct.tolist() == [False, True, False, False]
+    path.write_text(f'[{{"question": "q", "gold_answer": 1, "probe_freq": {huge}, '
+                    '"each_branch": [[[], 20, 1]]}]')
+    with pytest.raises(AnswersBankError, match=r"^[^\n]*bank.json: prompt 0.probe_freq: must be an integer "
+                                               r"in 1..1099511627776, got a 5000-digit integer\. Expected"):
+        load_answers_bank(path)
 
 
 def test_draws_are_seeded_permutations_shared_by_methods(bank):

@@ -15,6 +15,9 @@ SMALL = ["search.n_paths=16", "evaluate.n_points=[8]", "evaluate.retention=[4]"]
      "arith, qa, wordprob"),
     (["tap.positions.step_ends=true", "search.stop=[';']"], "tap.positions.step_ends",
      "the step separator ';' of task arith completes the stop string ';'"),
+    # a stop string as Hydra delivers it (a literal backslash-n) is read decoded, as a path ends
+    (["task=wordprob", "tap.positions.step_ends=true", r"search.stop=['Q:','\n']"],
+     "tap.positions.step_ends", "the step separator '\\n' of task wordprob completes the stop string '\\n'"),
     # progressive top-K: a later check keeping as many prunes nothing
     (["search.check_at=[0.08,0.25]", "policy.keep=[4,8]"], "policy.keep",
      "[4, 8] for the checks [0.08, 0.25] of search.check_at: after keeping K paths a check "

@@ -3,6 +3,7 @@ to N are derived from it, an exp's settings give way to the options a user picks
 documented behaviour (oracle, answers_replay defaults, headers, README) is what the code does."""
 import logging
 
+import numpy as np
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -174,6 +175,24 @@ def test_answers_replay_derives_k_and_check_tokens_and_reads_the_bank_first():
     assert "`k` defaults to round(sqrt(n))" in README and "`check_tokens` to 15%" in README
 
 
+def test_answers_replay_n_defaults_to_the_banks_branch_count_and_the_file_is_judged_first():
+    from stopexp.answers_replay import parse_args, run
+
+    fixture = str(ROOT / "tests" / "data" / "answers_bank.json")  # 8, 6 and 6 branches
+    m = run(parse_args([fixture, "shuffles=2"]))
+    assert (m["protocol"]["n"], m["protocol"]["k"]) == (6, 2)  # the fewest stored; round(sqrt(6))
+    assert m["methods"]["no_prune"]["branches_launched"] == 6
+    with pytest.raises(ConfigError, match=r"^k=7: must be in 1..n=6 "):  # n from the bank
+        run(parse_args([fixture, "k=7"]))
+    with pytest.raises(ConfigError, match=r"^n=7 branches per prompt: must be in 1..6 \(prompt 1 "):
+        run(parse_args([fixture, "n=7", "k=9"]))  # n, which k is judged against, first
+    with pytest.raises(ConfigError, match=r"^seed=-1: "):  # a setting before the bank's content
+        run(parse_args([fixture, "n=7", "seed=-1"]))
+    with pytest.raises(Exception, match="does not exist"):  # the file before any setting
+        run(parse_args([str(ROOT / "no_such_bank.json"), "n=7", "seed=-1", "check_tokens=0"]))
+    assert "`n` defaults to the bank's branch count" in README
+
+
 def test_the_table_header_shows_every_progressive_check():
     from stopexp.table import print_table
 
@@ -187,6 +206,67 @@ def test_the_table_header_shows_every_progressive_check():
     metrics["protocol"]["checks"] = [[5, 8]]
     assert print_table(metrics).splitlines()[0] == (
         "Launch-Check-Resume 64 -> 8 at 5 tokens, 3 test prompts (replay)")
+
+
+@pytest.mark.parametrize("policy, kept", [
+    ("topk", "2"),
+    ("fixed", "score >= 0.5 (policy=fixed)"),
+    ("quantile", "score >= the 0.5 quantile of the live paths (policy=quantile)"),
+    ("adaptive", "score >= tau, from 0.5 toward prune rate 0.5 (policy=adaptive, gain 0.1)"),
+])
+def test_the_header_says_what_the_policy_keeps(policy, kept):
+    from stopexp.adapt import print_table as adapt_table
+    from stopexp.policies import policy_params
+    from stopexp.table import print_table
+
+    cfg = compose("evaluate", [f"policy={policy}", "search.n_paths=4"])
+    row = {"accuracy": 1.0, "accuracy_ci": [1.0, 1.0], "avg_at_k": 1.0, "tokens_total": 10.0,
+           "tokens_ratio": 1.0, "wall_s": 0.0}
+    protocol = {"n": 4, "k": 2, "check_tokens": 5, "checks": [[5, 2]], "prompts": 3, "split": "test",
+                "policy": policy, "policy_params": policy_params(cfg.policy)}
+    metrics = {"methods": {"no_prune": row}, "mode": "replay", "protocol": protocol}
+    assert print_table(metrics).splitlines()[0] == (
+        f"Launch-Check-Resume 4 -> {kept} at 5 tokens, 3 test prompts (replay)")
+    beam = {"methods": {"no_prune": {**row, "pruned": 0, "check_share": 0.0}}, "search": "beam", "protocol": {
+        **protocol, "beam_width": 4, "patience": 1}}
+    assert print_table(beam).splitlines()[0] == (
+        f"Beam search B=4, patience 1, each step keeps {kept}, 3 test prompts")
+    adapted = {"variants": {}, "target": {}, "protocol": {**protocol, "stream_prompts": 9,
+                                                          "batch_prompts": 3}}
+    assert adapt_table(adapted).splitlines()[0] == (
+        f"Online adaptation to {{}}: 9 prompts in batches of 3, 4 -> {kept} at 5 tokens")
+
+
+@pytest.mark.parametrize("policy, k", [("fixed", 2.5), ("quantile", 2.0), ("adaptive", 2.5)])
+def test_a_threshold_policy_has_no_retention_sweep_its_point_is_its_run(policy, k):
+    """evaluate.retention sweeps K, which only policy=topk reads: under a threshold policy
+    each method's one point is its run, K what its rule kept per prompt (mean)."""
+    from stopexp.accounting import Paths, account_methods, pareto_points
+    from stopexp.table import print_table
+
+    scores = torch.tensor([0.9, 0.6, 0.3, 0.1, 0.9, 0.8, 0.7, 0.1])  # fixed tau 0.5 keeps 2, 3
+    paths = Paths(group=np.repeat([0, 1], 4), path_id=np.tile(np.arange(4), 2),
+                  length=np.full(8, 20), correct=np.array([1, 0, 1, 0, 1, 1, 0, 0], bool),
+                  answer=np.array(list("12121122"), dtype=object), text=np.array(["t"] * 8, dtype=object),
+                  alive=np.ones(8, bool), batch={}, checks=[{}])
+    cfg = compose("evaluate", [f"policy={policy}", "search.n_paths=4", "evaluate.bootstrap=10"])
+    results, _, scored, points = account_methods(cfg, ["no_prune", "mine"], {"mine": lambda b: scores},
+                                                 paths, 5, {}, None, None, {})
+    assert points == [{"method": "mine", "n": 4, "k": k, "accuracy": results["mine"]["accuracy"],
+                       "tokens_total": results["mine"]["tokens_total"]}]
+    assert results["mine"]["k"] == k and results["no_prune"]["k"] == 4
+    assert {p["method"] for p in pareto_points(cfg, paths, scored, 5)} == {"no_prune"}
+    topk = compose("evaluate", ["search.n_paths=4", "evaluate.bootstrap=10"])
+    assert {(p["method"], p["k"]) for p in pareto_points(topk, paths, scored, 5)} >= {
+        ("mine", 1), ("mine", 2), ("mine", 4)}  # the sweep over evaluate.retention [1, 2, 4]
+    metrics = {"methods": results, "mode": "replay", "points": points + pareto_points(cfg, paths, scored, 5),
+               "protocol": {"n": 4, "k": 2, "check_tokens": 5, "prompts": 2, "split": "test",
+                            "policy": policy, "policy_params": {"tau": 0.5, "quantile": 0.5,
+                                                                "target_prune_rate": 0.5, "gain": 0.1}}}
+    assert print_table(metrics).splitlines()[-1] == (
+        f"  policy={policy} has no K to sweep: a method's point is its run, K the paths its rule "
+        "kept per prompt (mean); evaluate.retention applies to policy=topk")
+    assert "the retention sweep applies to `policy=topk` only" in " ".join(README.split())
 
 
 def test_a_probe_used_at_a_check_it_was_not_trained_at_is_warned_about(caplog):

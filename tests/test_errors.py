@@ -162,3 +162,83 @@ def test_answers_replay_refuses_a_negative_seed_before_reading_further(capsys):
         main([str(ROOT / "tests" / "data" / "answers_bank.json"), "n=4", "k=2", "seed=-1"])
     assert e.value.code == 2 and capsys.readouterr().err == \
         "error: seed=-1: must be >= 0 (numpy's seeds are non-negative)\n"
+
+
+# Overrides Hydra cannot compose: one line naming the key (or the override), exit code 2,
+# checked before Hydra's own report (stopexp.cli.check_overrides); in a multirun every
+# swept value is composed before the first job runs.
+HYDRA_ERRORS = [
+    (["search.n_pathz=3"], "search.n_pathz: Key 'n_pathz' not in 'SearchConfig' (Could not "
+                           "override 'search.n_pathz'; To append to your config use +search.n_pathz=3)"),
+    (["search.n_paths=abc"], "search.n_paths: Value 'abc' of type 'str' could not be converted to "
+                             "Integer (Error merging override search.n_paths=abc)"),
+    (["model=nosuch"], "In 'common': Could not find 'model/nosuch'; Available options in 'model': "
+                       "llama, qwen, smollm2, toy"),
+    (["search.n_paths=[1"], "search.n_paths=[1: no viable alternative at input '[1'; See "
+                            "https://hydra.cc/docs/1.2/advanced/override_grammar/basic for details"),
+    (["search.n_paths=4,8"], "Ambiguous value for argument 'search.n_paths=4,8'; 1. To use it as a list"),
+    (["-m", "search.n_paths=4,abc"], "search.n_paths: Value 'abc' of type 'str' could not be "
+                                     "converted to Integer (Error merging override search.n_paths=abc)"),
+    (["-m", "+exp=toy_contrastive", "model=toy,nosuch"], "In 'common': Could not find 'model/nosuch'"),
+    # a key inside a node that only another option of its group fills
+    (["model=smollm2", "model.toy.hidden_size=8"],
+     "model.toy.hidden_size: model.toy is read only by model=toy, not under model=smollm2 (null "
+     "there); drop model.toy.hidden_size=8"),
+    (["+exp=smollm2_datatotext", "+model.toy.seed=1"],
+     "model.toy.seed: model.toy is read only by model=toy, not under model=smollm2 (null there); "
+     "drop +model.toy.seed=1"),
+    (["-m", "model=toy,smollm2", "model.toy.seed=3"],
+     "model.toy.seed: model.toy is read only by model=toy, not under model=smollm2 (null there); "
+     "drop model.toy.seed=3"),
+    (["search=beam", "search.beam_checks.0=0.2"],  # no search option fills it (+exp=toy_beam does)
+     "search.beam_checks.0: search.beam_checks is null, so nothing inside it can be set; set "
+     "search.beam_checks itself (e.g. search.beam_checks=[...])"),
+    (["collect.keep_correct.1=3"], "collect.keep_correct.1: collect.keep_correct is null, so nothing "
+                                   "inside it can be set; set collect.keep_correct itself"),
+]
+
+
+@pytest.mark.parametrize("argv, message", HYDRA_ERRORS)
+def test_an_override_hydra_cannot_compose_is_one_line_naming_it(argv, message):
+    from stopexp.cli import check_overrides
+
+    with pytest.raises(ConfigError) as e:
+        check_overrides("collect", argv)
+    assert str(e.value).startswith(message) and "\n" not in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("argv", [
+    ["-m", "search.n_paths=4,8", "model=toy"], ["-m", "+exp=toy_contrastive", "+hparams_search=optuna_toy"],
+    ["+exp=toy_shift"], ["+exp=smollm2_datatotext"], ["+model.toy.train_task.n_steps=6"],
+    ["model=toy", "model.toy.hidden_size=8"], ["--cfg", "job", "+exp=toy_beam", "search.beam_checks.0=0.1"]])
+def test_overrides_hydra_composes_pass_the_check(argv):
+    from stopexp.cli import check_overrides
+
+    check_overrides("pipeline", argv)
+
+
+@pytest.mark.parametrize("module", ["collect", "featurize", "train", "evaluate", "pipeline", "adapt",
+                                    "toy_lm"])
+def test_every_hydra_entry_point_reports_a_misspelt_key_in_one_line(module, monkeypatch, capsys):
+    import importlib
+
+    main = importlib.import_module(f"stopexp.{module}").main
+    monkeypatch.setattr(sys, "argv", [module, "search.n_pathz=3"])
+    with pytest.raises(SystemExit) as e:
+        main()
+    assert e.value.code == 2
+    assert capsys.readouterr().err == f"error: {HYDRA_ERRORS[0][1]}\n"
+
+
+def test_a_key_of_another_models_section_is_one_line_from_the_cli(tmp_path):
+    r = stage("collect", f"paths.output_dir={tmp_path}", "model=smollm2", "model.toy.hidden_size=8")
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr == f"error: {HYDRA_ERRORS[7][1]}\n"
+    assert not tmp_path.exists() or not any(tmp_path.iterdir())  # before Hydra made a run dir
+
+
+def test_hydras_full_error_switch_keeps_the_trace_of_a_bad_override(tmp_path):
+    r = stage("train", f"paths.output_dir={tmp_path}", "search.n_pathz=3",
+              env={**ENV, "HYDRA_FULL_ERROR": "1"})
+    assert r.returncode == 1 and "Traceback" in r.stderr
+    assert "hydra.errors.ConfigCompositionException: Could not override 'search.n_pathz'." in r.stderr

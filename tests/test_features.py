@@ -3,6 +3,7 @@ tap change re-extracts without regenerating, damaged features are named, positio
 validated, and the two batch views agree."""
 import copy
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -185,23 +186,30 @@ def test_features_of_another_tap_under_this_key_are_refused_and_featurize_repair
             "policy.keep=4", "evaluate.bootstrap=50"]
     overrides = [*_private_bank(small_bank, tmp_path), *fast]
     cfg = validate(compose("evaluate", overrides))
-    train(cfg, progress=False)  # on the features of this tap (the last layer, 2)
+    trained = train(cfg, progress=False)  # on the features of this tap (the last layer, 2)
+    record = Path(trained["checkpoint"]) / "predictor.json"
+    written = (record.stat().st_ino, record.stat().st_mtime_ns)
     out = feature_bank.features_dir(cfg)
     reference = feature_bank.load_features(out, "test").hidden.copy()
     other = validate(compose("evaluate", [*overrides, "tap.layers=[0]"]))
     shutil.rmtree(out)
     shutil.copytree(feature_bank.require_features(other), out)  # layer 0's, under this key
     want = (f"features {out} does not fit this config: its meta.json records tap_layers=[0], this "
-            "config expects [2].\nRepair:  python -m stopexp.featurize +exp=toy_contrastive\n")
+            "config expects [2]; repair: python -m stopexp.featurize +exp=toy_contrastive (it recomputes ")
     with pytest.raises(bank.ArtifactMismatch) as err:
         feature_bank.require_features(cfg, ["+exp=toy_contrastive"])
     assert str(err.value).startswith(want)
     with pytest.raises(bank.ArtifactMismatch, match="records tap_layers=\\[0\\]"):
         evaluate(cfg)  # before: scored layer 0 with the layer-2 predictor, exit 0
+    with pytest.raises(bank.ArtifactMismatch, match="records tap_layers=\\[0\\]"):
+        train(cfg, progress=False)  # the cached predictor too; before: reused, exit 0
     summary = feature_bank.featurize(cfg)  # every shard names the other features: recomputed
     assert bank.read_meta(out)["tap_layers"] == [2] and summary["paths"] == 24 * 8
     assert np.array_equal(feature_bank.load_features(out, "test").hidden, reference)
     assert set(evaluate(cfg)["methods"]) >= {"linear", "no_prune"}
+    # the features fit again: the cached predictor, not a retrained one
+    assert train(cfg, progress=False)["checkpoint"] == trained["checkpoint"]
+    assert (record.stat().st_ino, record.stat().st_mtime_ns) == written
 
 
 def test_a_features_record_with_another_width_is_refused_and_featurize_rewrites_it(small_bank, tmp_path):
@@ -214,7 +222,7 @@ def test_a_features_record_with_another_width_is_refused_and_featurize_rewrites_
                      lambda: feature_bank.load_split(cfg, "test", make=False)):
         with pytest.raises(bank.ArtifactMismatch, match=f"^features {out} does not fit this config: "
                                                         "its meta.json records hidden_size=64, this "
-                                                        "config expects 96.\nRepair:  python -m "
+                                                        "config expects 96; repair: python -m "
                                                         "stopexp.featurize"):
             consumer()  # before: an IndexError in evaluate
     feature_bank.featurize(cfg)  # before: "complete in 0.0 s", and the record stayed wrong
@@ -256,7 +264,7 @@ def test_old_bank_says_rerun_collect(small_bank, tmp_path):
     meta["version"] = 3
     (old / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(bank.BankDamaged, match=r"(?s)trace bank version 3, 4 expected.*features are a "
-                                               r"separate artifact.*\nRepair:  rerun the collect command"):
+                                               r"separate artifact\); repair: rerun the collect command"):
         bank.load_bank(old)
 
 

@@ -78,8 +78,8 @@ def test_missing_shard_is_named_and_collect_recomputes_only_it(copied, small_ban
     before = snapshot(root)
     shutil.rmtree(root / lost)
     # every consumer: the shard is named with the exact repair command, nothing is trained
-    with pytest.raises(bank.BankDamaged, match=rf"{lost}: missing.\nRepair:  python -m stopexp.collect "
-                                                r"search.n_paths=8\n"):
+    with pytest.raises(bank.BankDamaged, match=rf"{lost}: missing; repair: python -m stopexp.collect "
+                                                r"search.n_paths=8 \(collect recomputes only [^\n]*\)$"):
         bank.require_bank(cfg, ["search.n_paths=8"])
     with pytest.raises(bank.BankDamaged, match=f"{lost}: missing"):
         train(validate(compose("train", [*small_bank, f"paths.output_dir={root.parents[2]}"])),
@@ -151,7 +151,7 @@ def test_truncated_meta_is_named_and_collect_rewrites_it(copied):
     text = (root / "meta.json").read_text()
     (root / "meta.json").write_text(text[: len(text) // 3])
     with pytest.raises(bank.BankDamaged, match=r"meta.json is unreadable \(JSONDecodeError.*\)"
-                                                r".\nRepair:  python -m stopexp.collect"):
+                                                r"; repair: python -m stopexp.collect"):
         bank.require_bank(cfg)
     assert collect(cfg)["complete"]
     assert bank.read_meta(root) == original and snapshot(root) == before  # nothing recomputed
@@ -164,7 +164,7 @@ def test_a_bank_record_of_another_model_is_refused_and_collect_rewrites_it(copie
     (root / "meta.json").write_text(json.dumps({**original, "model_name": "SmolLM2-135M",
                                                 "hidden_size": 576}))
     want = (rf"^trace bank {root} does not fit this config: its meta.json records "
-            r"model_name='SmolLM2-135M', this config expects 'toy'.\nRepair:  python -m stopexp.collect")
+            r"model_name='SmolLM2-135M', this config expects 'toy'; repair: python -m stopexp.collect")
     with pytest.raises(bank.ArtifactMismatch, match=want):
         bank.require_bank(cfg)
     train_cfg = validate(compose("train", [*small_bank, f"paths.output_dir={root.parents[2]}",
@@ -190,7 +190,7 @@ def test_a_shard_of_another_bank_is_refused_and_collect_recomputes_it(copied, sm
     (root / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(bank.ArtifactMismatch, match=rf"^trace bank {root} does not fit its own "
                                                      rf"record: shard {name} was written for the "
-                                                     rf"bank {bank.bank_dir(other).name}.\nRepair:  "):
+                                                     rf"bank {bank.bank_dir(other).name}; repair: "):
         bank.require_bank(cfg)
     assert collect(cfg)["complete"]  # before: kept, it matched its own record
     after = snapshot(root)
@@ -272,8 +272,8 @@ def test_damaged_predictor_is_named_and_train_rebuilds_it(copied, small_bank):
     os.truncate(ckpt / "predictor.safetensors", 100)
     with pytest.raises(CheckpointDamaged, match=rf"{ckpt}: predictor.safetensors has 100 bytes, "
                                                 rf"{len(weights)} recorded.*python -m stopexp.train"):
-        load_predictor(ckpt, spec)
-    with pytest.raises(CheckpointDamaged, match=r"Rebuild it with:  python -m stopexp.train"):
+        load_predictor(ckpt, spec, cfg.predictor)
+    with pytest.raises(CheckpointDamaged, match=r"; rebuild it with: python -m stopexp.train"):
         build_scorers(cfg, ["linear"], spec)
     assert train(cfg, progress=False)["val"] == first["val"]  # rebuilt, not refused
     assert (ckpt / "predictor.safetensors").read_bytes() == weights
@@ -286,14 +286,14 @@ def test_damaged_predictor_is_named_and_train_rebuilds_it(copied, small_bank):
         if damage == "truncate_json":
             meta_path.write_text(meta_path.read_text()[:50])
             with pytest.raises(CheckpointDamaged, match=f"file {meta_path} is missing or unreadable"):
-                load_predictor(ckpt, spec)
+                load_predictor(ckpt, spec, cfg.predictor)
         elif damage == "drop_json":  # before: retrained, then dropped beside the old dir, forever
             meta_path.unlink()
         elif damage == "other_features":  # before: "retrain it", and train refused the same checkpoint again
             meta["feature_spec"]["hidden_size"] = 64
             meta_path.write_text(json.dumps(meta))
             with pytest.raises(CheckpointMismatch, match="hidden_size=64.*python -m stopexp.train"):
-                load_predictor(ckpt, spec)
+                load_predictor(ckpt, spec, cfg.predictor)
         else:  # before: loaded, its spec is the same
             shutil.rmtree(ckpt)
             shutil.copytree(predictor_dir(other), ckpt)
@@ -301,11 +301,11 @@ def test_damaged_predictor_is_named_and_train_rebuilds_it(copied, small_bank):
                                                          rf"this config: its predictor.json records "
                                                          rf"key='{predictor_dir(other).name}', this "
                                                          rf"config expects '{ckpt.name}'"):
-                load_predictor(ckpt, spec)
-            with pytest.raises(CheckpointMismatch, match=r"Rebuild it with:  python -m stopexp.train"):
+                load_predictor(ckpt, spec, cfg.predictor)
+            with pytest.raises(CheckpointMismatch, match=r"; rebuild it with: python -m stopexp.train"):
                 build_scorers(cfg, ["linear"], spec)
         assert train(cfg, progress=False)["val"] == first["val"]
-        predictor, saved = load_predictor(ckpt, spec)
+        predictor, saved = load_predictor(ckpt, spec, cfg.predictor)
         assert saved["weights"]["size"] == len(weights)
         assert (ckpt / "predictor.safetensors").read_bytes() == weights
 
@@ -318,7 +318,7 @@ def test_super_token_checkpoint_damage_is_named(tmp_path):
     (tmp_path / "predictor.json").write_text('{"predictor": {"name": "super_token"}, "feat')
     spec = FeatureSpec("toy", 96, [2], ("a",))
     with pytest.raises(CheckpointDamaged, match=f"{tmp_path / 'predictor.json'} is missing or unreadable"):
-        checkpoint_meta(tmp_path, spec)
+        checkpoint_meta(tmp_path, spec, compose("train", ["predictor=super_token"]).predictor)
     (tmp_path / "predictor.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{\"a\"")
     with pytest.raises(CheckpointDamaged, match=f"file {tmp_path / 'predictor.safetensors'} cannot be read"):
         load_weights(tmp_path)

@@ -25,6 +25,17 @@ def test_auroc_auprc_equal_sklearn_with_ties():
     assert pooled_auroc(scores, labels) == auroc(scores, labels)
 
 
+@pytest.mark.parametrize("positives", [10, 20, 21, 30])
+def test_a_perfect_ranking_stays_within_the_bound_of_one(positives):
+    # every positive above the negative: average precision is 1, which sklearn's sum of
+    # `positives` steps misses by a few ulps either way (1.0000000000000002 for 20 and 21
+    # here); a sum of <= 31 terms <= 1 errs by <= 31 ulps (7e-15), hence the tolerance
+    labels = [1] * positives + [0]
+    scores = np.arange(positives + 1, 0, -1.0)
+    for value in (auroc(scores, labels), auprc(scores, labels)):
+        assert 0.0 <= value <= 1.0 and value == pytest.approx(1.0, abs=1e-12)
+
+
 def test_auroc_single_class_is_nan():
     assert np.isnan(auroc([0.1, 0.7], [1, 1]))
     assert np.isnan(auroc([0.1, 0.7], [0, 0]))
@@ -273,9 +284,11 @@ def test_non_latin_text_scores_like_sacrebleu_and_identical_text_is_perfect():
     from rouge_score.rouge_scorer import RougeScorer
     assert RougeScorer(["rougeL"]).score(RU, RU)["rougeL"].fmeasure == 0.0
     assert rouge([RU], [RU])["rougeL"] == 1.0
-    assert bleu([RU], [RU]) == sacrebleu.corpus_bleu([RU], [[RU]]).score > 99.999
+    # sacrebleu's 100.00000000000004 for identical text, clipped to the bound
+    assert bleu([RU], [RU]) == min(sacrebleu.corpus_bleu([RU], [[RU]]).score, 100.0) > 99.999
     assert rouge([ZH], [ZH], tokenize="zh")["rougeL"] == 1.0
-    assert bleu([ZH], [ZH], tokenize="zh") == sacrebleu.corpus_bleu([ZH], [[ZH]], tokenize="zh").score > 99.999
+    assert bleu([ZH], [ZH], tokenize="zh") == min(sacrebleu.corpus_bleu([ZH], [[ZH]], tokenize="zh").score,
+                                                  100.0) > 99.999
     hyp = "猫坐在垫子上看着窗外"
     assert bleu([hyp], [ZH], tokenize="zh") == sacrebleu.corpus_bleu([hyp], [[ZH]], tokenize="zh").score
     # ROUGE on the characters: 10 of the hypothesis' 10 in the reference's 13, in order

@@ -117,7 +117,8 @@ def test_a_real_error_in_the_stage_still_fails_it_and_marks_the_run_failed(small
     assert e.value.code == 2 and fake.finished == [1]
     err = capsys.readouterr().err
     assert err.startswith("error: no complete trace bank for this config at ")
-    assert "Make it with:  python -m stopexp.collect " in err and "Traceback" not in err
+    assert "; make it with: python -m stopexp.collect " in err and "Traceback" not in err
+    assert err.count("\n") == 1  # one line
     assert not (tmp_path / "metrics.json").exists()
 
 

@@ -141,6 +141,7 @@ OK = json.dumps({"question": "1+1?", "answer": "#### 2"})
     # JSON: the decoder's line and column in the whole file; the item's own line
     ("a.json", f"[\n  {OK},\n  {OK[:-1]}\n]", r"a.json, line 4 column 1: invalid JSON \(Expecting ',' delimiter\)"),
     ("a.json", f"[\n  {OK},\n  7\n]", r"a.json, line 3 \(item 1\): int where an object"),
+    ("a.json", f"[{OK}, {'7' * 5000}]", r"a.json, line 1 \(item 1\): int where an object"),  # past int()'s limit
     ("a.json", f"[{OK}, {OK}", r"line 1 column \d+: expected ',' or ']' after a list item"),
     ("a.json", f"[{OK}] x", r"a.json, line 1: text after the end of the JSON list"),
     ("a.json", '{\n "data": []\n}', r"a.json, line 1 column 2: invalid JSON .*a JSON object spanning "
@@ -169,6 +170,21 @@ def test_json_list_and_bom_read_like_jsonl(tmp_path):
     for f in ("a.json", "b.jsonl", "c.json"):
         assert QATask(str(tmp_path / f), split_fractions=SPREAD).split_rows == gsm8k().split_rows
     assert read_rows(str(tmp_path / "a.json"))[1][0] == "line 6 (item 1)"  # where the item starts
+
+
+def test_an_integer_past_pythons_conversion_limit_is_an_answer_not_a_crash(tmp_path):
+    huge = "9" * 5000  # more digits than int() converts (4300): json.loads raises ValueError
+    rows = [f'{{"question": "q{i}", "answer": {huge if i == 0 else i}}}' for i in range(8)]
+    with pytest.raises(ValueError, match="Exceeds the limit"):
+        json.loads(rows[0])
+    (tmp_path / "a.jsonl").write_text("\n".join(rows) + "\n")
+    (tmp_path / "a.json").write_text("[" + ",\n".join(rows) + "]")
+    for name in ("a.jsonl", "a.json"):
+        task = QATask(str(tmp_path / name), split_fractions=SPREAD)
+        problems = [p for s, rows_of in task.split_rows.items() for p in task.problems(s, len(rows_of))]
+        first = next(p for p in problems if p.source_row == 0)
+        assert first.answer == huge and first.reference == huge
+        assert task.check(first, f"so #### {huge}") and not task.check(first, f"#### {huge[:-1]}8")
 
 
 def test_qa_configs_validate():

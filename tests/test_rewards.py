@@ -232,30 +232,61 @@ def test_text_metrics_take_several_references_per_output():
 
 # ---- bounded rewards: rounding clipped and counted, real violations refused ----------------
 
-def test_bounded_rewards_clip_rounding_and_refuse_real_violations():
-    from stopexp.rewards import BOUND_SLACK, clip_to_unit
+def test_bounded_metrics_clip_rounding_and_refuse_real_violations():
+    from stopexp.metrics.bounds import BOUND_SLACK, clip_to_range
 
-    clipped, n = clip_to_unit([0.5, 1.0000001, -3e-7, 1.0, 1 + BOUND_SLACK], "reward=bertscore")
+    clipped, n = clip_to_range([0.5, 1.0000001, -3e-7, 1.0, 1 + BOUND_SLACK], "BERTScore F1")
     assert clipped.tolist() == [0.5, 1.0, 0.0, 1.0, 1.0] and n == 3
-    with pytest.raises(ValueError, match=r"reward=bleu: 1 of 3 rewards lie outside \[0, 1\] by more "
+    with pytest.raises(ValueError, match=r"sentence BLEU: 1 of 3 scores lie outside \[0, 1\] by more "
                                          r"than rounding \(1e-05\), e.g. 1.00002 \(position 2\)"):
-        clip_to_unit([0.2, 1.0, 1.00002], "reward=bleu")
+        clip_to_range([0.2, 1.0, 1.00002], "sentence BLEU")
     with pytest.raises(ValueError, match=r"e.g. nan \(position 0\)"):
-        clip_to_unit([float("nan")], "reward=rouge_l")
+        clip_to_range([float("nan")], "ROUGE-L F")
+    # corpus BLEU's range is [0, 100]: the slack scales with it
+    assert clip_to_range([100.00000000000004, 100.0009], "BLEU", 100.0)[0].tolist() == [100.0, 100.0]
+    with pytest.raises(ValueError, match=r"BLEU: 1 of 1 scores lie outside \[0, 100\] by more than "
+                                         r"rounding \(0.001\), e.g. 100.002"):
+        clip_to_range([100.002], "BLEU", 100.0)
 
 
-def test_bertscore_reward_of_identical_text_stays_in_0_1_and_counts_the_clipped():
+def test_bertscore_of_identical_text_stays_in_0_1_and_counts_the_clipped():
     from stopexp.metrics.text import BertScorer
 
     task = DataToTextTask(shots=0)
     recs = task.problems("test", 12)
     texts = [task.references(r)[0] for r in recs]
-    # float32 cosines: F1 of an identical pair may round past 1 (1.0000002 here; any CPU)
-    raw = BertScorer().scores(texts, texts)["f1"]
+    # float32 cosines: bert_score's own F1 of an identical pair may round past 1 (1.0000002
+    # here); the metric clips it, where the bound is defined
+    raw = BertScorer().scorer.score(texts, texts)[2].numpy().astype(np.float64)
+    direct = BertScorer().scores(texts, texts)
+    assert direct["f1"].tolist() == np.minimum(raw, 1.0).tolist()
+    assert direct["clipped"] == int((raw > 1).sum())
+    assert BertScorer().score(texts, texts) <= 1.0
     reward = Reward("bertscore")
     got = reward.scores(task, recs, texts)
-    assert got.max() <= 1.0 and reward.clipped == int((raw > 1).sum())
-    assert got.tolist() == np.minimum(raw, 1.0).tolist()
+    assert got.tolist() == direct["f1"].tolist() and reward.clipped == direct["clipped"]
+
+
+@pytest.mark.parametrize("text, level", [("hello", "word"), ("hello world", "word"),
+                                         ("the cat sat on the mat", "word"), ("12", "char")])
+def test_sentence_bleu_of_identical_text_is_one_as_sacrebleu_scores_sentences(text, level):
+    from stopexp.metrics.text import bleu as corpus_bleu
+
+    spaced = " ".join(text) if level == "char" else text
+    # sacrebleu's sentence_bleu defaults (exp smoothing, effective order: what it recommends
+    # for single sentences) score an identical text 100 up to rounding in exp(sum of logs)
+    want = sacrebleu.sentence_bleu(spaced, [spaced]).score
+    assert want == pytest.approx(100.0, rel=1e-12)
+    assert bleu(text, [text], level) == 1.0  # the reward, called directly: in its bound
+    task = _ChineseTask("13a")  # references(problem) = [problem]
+    task.text_level = level
+    assert Reward("bleu").scores(task, [text], [text]).tolist() == [1.0]
+    if len(spaced.split()) < 4:  # no 4-gram: unsmoothed corpus BLEU (the text metric) is 0
+        assert sacrebleu.corpus_bleu([spaced], [[spaced]]).score == 0.0
+        assert corpus_bleu([spaced], [spaced]) == 0.0
+    else:  # the corpus metric, called directly, stays within [0, 100] too
+        assert corpus_bleu([spaced], [spaced]) == min(sacrebleu.corpus_bleu([spaced], [[spaced]]).score, 100.0)
+        assert corpus_bleu([spaced], [spaced]) == pytest.approx(100.0, rel=1e-12)
 
 
 def test_regression_losses_clip_rounded_rewards_and_name_real_violations_in_full_digits():

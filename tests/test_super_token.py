@@ -117,20 +117,21 @@ def test_checkpoint_round_trip_and_mismatch(tiny_lm, tmp_path):
     _, state = launched(st)
     batch = replay_batch(state, st.tokenizer.pad_token_id)
     spec = FeatureSpec("tiny", 32, [1])
-    save_predictor(tmp_path / "st", st, OmegaConf.structured(PredictorConfig(name="super_token")),
-                   spec, "bank", {})
-    again, meta = load_super_token(tmp_path / "st", copy.deepcopy(tiny_lm[0]), st.tokenizer, spec)
+    pred_cfg = OmegaConf.structured(PredictorConfig(name="super_token"))
+    save_predictor(tmp_path / "st", st, pred_cfg, spec, "bank", {})
+    again, meta = load_super_token(tmp_path / "st", copy.deepcopy(tiny_lm[0]), st.tokenizer, spec,
+                                   pred_cfg)
     assert meta["predictor"]["n_tokens"] == 4 and meta["bank_key"] == "bank"
     with torch.no_grad():
         assert torch.equal(again(batch), st(batch))
     with pytest.raises(CheckpointMismatch, match="model_name"):
         load_super_token(tmp_path / "st", copy.deepcopy(tiny_lm[0]), st.tokenizer,
-                         FeatureSpec("llama", 32, [1]))
+                         FeatureSpec("llama", 32, [1]), pred_cfg)
     other = LlamaForCausalLM(LlamaConfig(vocab_size=len(st.tokenizer), hidden_size=48,
                                          num_hidden_layers=2, num_attention_heads=4,
                                          intermediate_size=64))
     with pytest.raises(CheckpointMismatch, match="hidden_size"):
-        load_super_token(tmp_path / "st", other, st.tokenizer, spec)
+        load_super_token(tmp_path / "st", other, st.tokenizer, spec, pred_cfg)
 
 
 def test_config_and_bad_values():
@@ -153,7 +154,8 @@ def test_train_and_evaluate_through_the_harness(small_bank):
     assert metrics["parameters"] < 60_000 and np.isfinite(metrics["val"]["auroc_pooled"])
     root = bank.require_bank(cfg)
     meta = bank.read_meta(root)
-    st, _ = load_super_token(predictor_dir(cfg), *load_lm(cfg, progress=False), spec_of(cfg, meta))
+    st, _ = load_super_token(predictor_dir(cfg), *load_lm(cfg, progress=False), spec_of(cfg, meta),
+                             cfg.predictor)
     test = split_data(root, meta, cfg, prefixes=True)["test"]
     assert evaluate_scores(score(st, test), test)["auroc_pooled"] == metrics["test"]["auroc_pooled"]
     ev = validate(compose("evaluate", [*small_bank, *extra, "evaluate.methods=[learned]",

@@ -29,7 +29,7 @@ def test_train_writes_a_checkpoint_that_reloads_with_identical_scores(small_bank
     assert (tmp_path / "loss_curve.png").exists() and (tmp_path / "reliability.png").exists()
     root = bank.require_bank(cfg)
     meta = bank.read_meta(root)
-    predictor, saved = load_predictor(predictor_dir(cfg), spec_of(cfg, meta))
+    predictor, saved = load_predictor(predictor_dir(cfg), spec_of(cfg, meta), cfg.predictor)
     assert saved["bank_key"] == root.name and saved["feature_spec"]["hidden_size"] == 96
     data = split_data(root, meta, cfg)
     again = score(predictor, data["test"])
@@ -49,7 +49,40 @@ def test_checkpoint_for_other_features_is_refused(small_bank):
     for field, value in (("hidden_size", 64), ("tap_layers", [0]), ("model_name", "llama")):
         other = type(spec)(**{**spec.__dict__, field: value})
         with pytest.raises(CheckpointMismatch, match=field):
-            load_predictor(predictor_dir(cfg), other)
+            load_predictor(predictor_dir(cfg), other, cfg.predictor)
+
+
+def test_a_checkpoint_of_another_predictor_config_is_refused_on_every_load(small_bank):
+    import shutil
+
+    from stopexp.scorers import build_scorers
+
+    seed = "train.seed=23"  # no other test trains these: the copies below harm nobody
+    linear, mlp = cfg_for(small_bank, "predictor=linear", seed), cfg_for(small_bank, "predictor=mlp", seed)
+    first = train(linear, progress=False)
+    train(mlp, progress=False)
+    ckpt, spec = predictor_dir(linear), spec_of(linear, bank.read_meta(bank.require_bank(linear)))
+    record = ckpt / "predictor.json"
+    weights = (ckpt / "predictor.safetensors").read_bytes()
+    # the mlp's checkpoint under the linear key, its record's key edited to match
+    shutil.rmtree(ckpt)
+    shutil.copytree(predictor_dir(mlp), ckpt)
+    record.write_text(json.dumps({**json.loads(record.read_text()), "key": ckpt.name}))
+    want = (f"^predictor checkpoint {record} records predictor.name='mlp', this config has "
+            "predictor.name='linear'; rerun python -m stopexp.train")
+    with pytest.raises(CheckpointMismatch, match=want):  # before: loaded as an mlp
+        load_predictor(ckpt, spec, linear.predictor)
+    with pytest.raises(CheckpointMismatch, match=want + r".*; rebuild it with: python -m stopexp.train"):
+        build_scorers(linear, ["linear"], spec)  # evaluate
+    assert train(linear, progress=False)["val"] == first["val"]  # train's cache: retrained
+    assert (ckpt / "predictor.safetensors").read_bytes() == weights
+    # a setting that changes no tensor shape, so only the record tells
+    meta = json.loads(record.read_text())
+    meta["predictor"]["dropout"] = 0.5
+    record.write_text(json.dumps(meta))
+    with pytest.raises(CheckpointMismatch, match=f"{record} records predictor.dropout=0.5, this config "
+                                                 "has predictor.dropout=0.0"):
+        load_predictor(ckpt, spec, linear.predictor)
 
 
 def test_splits_share_no_prompt(small_bank):
@@ -100,7 +133,7 @@ def test_two_losses_train_different_weights_and_scores(small_bank):
         cfg = cfg_for(small_bank, "predictor=linear", f"loss={loss}")
         metrics[loss] = train(cfg, progress=False)
         weights[loss] = load_file(str(predictor_dir(cfg) / "predictor.safetensors"))["head.weight"]
-        predictor, _ = load_predictor(predictor_dir(cfg), spec_of(cfg, meta))
+        predictor, _ = load_predictor(predictor_dir(cfg), spec_of(cfg, meta), cfg.predictor)
         scores[loss] = score(predictor, split_data(root, meta, cfg)["test"]).numpy()
     for other in ("pairwise", "reward_regression"):
         assert (weights[other] - weights["contrastive"]).abs().max() > 1e-6, other

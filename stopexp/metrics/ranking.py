@@ -17,6 +17,8 @@ import numpy as np
 from scipy.stats import rankdata
 from sklearn.metrics import average_precision_score, roc_auc_score
 
+from stopexp.metrics.bounds import clip_to_range
+
 log = logging.getLogger(__name__)
 
 
@@ -40,18 +42,20 @@ def auroc(scores, labels) -> float:
     s, y = _arrays(scores, labels)
     if y.all() or not y.any():
         return float("nan")
-    return float(roc_auc_score(y, s))
+    return float(clip_to_range([roc_auc_score(y, s)], "AUROC")[0][0])  # sklearn's sums round
 
 
 pooled_auroc = auroc
 
 
 def auprc(scores, labels) -> float:
-    """Average precision (sklearn's step-wise area); NaN without any positive."""
+    """Average precision (sklearn's step-wise area, in [0, 1]: sklearn's sum of steps
+    rounds to 1.0000000000000002 for 20 positives ranked above 1 negative); NaN without
+    any positive."""
     s, y = _arrays(scores, labels)
     if not y.any():
         return float("nan")
-    return float(average_precision_score(y, s))
+    return float(clip_to_range([average_precision_score(y, s)], "AUPRC")[0][0])
 
 
 def _mann_whitney_auc(s: np.ndarray, y: np.ndarray) -> float:

@@ -15,6 +15,7 @@ import sacrebleu
 
 from stopexp.config import TEXT_TOKENIZERS
 from stopexp.errors import ConfigError
+from stopexp.metrics.bounds import clip_to_range
 
 ROUGE_TYPES = ("rouge1", "rouge2", "rougeL")
 
@@ -50,22 +51,26 @@ def check_script(refs, tokenize: str) -> None:
 
 
 def bleu(hyps, refs, tokenize: str = "13a") -> float:
-    """Corpus BLEU (0-100) with one reference string per hypothesis, or a list of them
+    """Corpus BLEU in [0, 100] (sacrebleu's 100.00000000000004 for identical text clipped)
+    with one reference string per hypothesis, or a list of them
     (multi-reference BLEU: the lists are padded by repeating their last reference, which
     changes neither the clipped n-gram counts nor the closest reference length), with
     sacrebleu's `tokenize` (TEXT_TOKENIZERS: "zh" for Chinese, "char" for other scripts
-    written without spaces)."""
+    written without spaces). Corpus BLEU is unsmoothed: a corpus shorter than 4 words has
+    no 4-gram and scores 0; the sentence-level reward (stopexp.rewards.bleu) is smoothed."""
     check_tokenize(tokenize)
     hyps, refs = list(hyps), list(refs)
     if len(hyps) != len(refs):
         raise ValueError(f"{len(hyps)} hypotheses but {len(refs)} references")
     check_script(refs, tokenize)
     if not _multi(refs):
-        return float(sacrebleu.corpus_bleu(hyps, [refs], tokenize=tokenize).score)
-    sets = [[r] if isinstance(r, str) else list(r) for r in refs]
-    width = max(map(len, sets))
-    streams = [[s[min(k, len(s) - 1)] for s in sets] for k in range(width)]
-    return float(sacrebleu.corpus_bleu(hyps, streams, tokenize=tokenize).score)
+        streams = [refs]
+    else:
+        sets = [[r] if isinstance(r, str) else list(r) for r in refs]
+        width = max(map(len, sets))
+        streams = [[s[min(k, len(s) - 1)] for s in sets] for k in range(width)]
+    score = sacrebleu.corpus_bleu(hyps, streams, tokenize=tokenize).score
+    return float(clip_to_range([score], "BLEU", 100.0)[0][0])
 
 
 class WhitespaceTokenizer:
@@ -117,7 +122,9 @@ def rouge(hyps, refs, whitespace: bool = False, tokenize: str = "13a") -> dict:
     scorer = rouge_scorer(ROUGE_TYPES, whitespace, tokenize)
     scores = [scorer.score(r, h) if isinstance(r, str) else scorer.score_multi(list(r), h)
               for h, r in zip(hyps, refs, strict=True)]  # (target, pred); several: the best
-    return {t: float(np.mean([s[t].fmeasure for s in scores])) for t in ROUGE_TYPES}
+    # the mean of values in [0, 1] stays in it: rounding is monotone
+    return {t: float(np.mean(clip_to_range([s[t].fmeasure for s in scores], t)[0]))
+            for t in ROUGE_TYPES}
 
 
 @contextlib.contextmanager
@@ -192,8 +199,10 @@ class BertScorer:
         return float(np.mean(f1)) if len(f1) else float("nan")
 
     def scores(self, hyps, refs) -> dict:
-        """Per-pair F1 and what went into it: {f1 (n,), empty_hypotheses, empty_references,
-        truncated}. A pair whose hypothesis or reference is empty or whitespace scores 0,
+        """Per-pair F1 in [0, 1] and what went into it: {f1 (n,), empty_hypotheses,
+        empty_references, truncated, clipped}. `clipped` counts the F1s that float32
+        rounding took past 1 (identical texts) and were clipped to it
+        (stopexp.metrics.bounds). A pair whose hypothesis or reference is empty or whitespace scores 0,
         as bert_score documents (its own code path for that fails with transformers 5).
         `truncated` counts pairs where either side is longer than the encoder's maximum
         length, which bert_score cuts silently: text past it does not count."""
@@ -204,18 +213,19 @@ class BertScorer:
         empty_r = np.array([not r.strip() for r in refs], dtype=bool)
         f1 = np.zeros(len(hyps))
         use = np.nonzero(~(empty_h | empty_r))[0]
-        truncated = 0
+        truncated = clipped = 0
         if len(use):
             scorer = self.scorer
             _, _, f = scorer.score([hyps[i] for i in use], [refs[i] for i in use])
-            f1[use] = f.numpy()
+            f1[use], clipped = clip_to_range(f.numpy(), "BERTScore F1")
             tok = scorer._tokenizer
             longest = tok.model_max_length
             truncated = sum(max(len(tok.encode(hyps[i].strip(), verbose=False)),
                                 len(tok.encode(refs[i].strip(), verbose=False))) > longest
                             for i in use)
         return {"f1": f1, "empty_hypotheses": int(empty_h.sum()),
-                "empty_references": int(empty_r.sum()), "truncated": int(truncated)}
+                "empty_references": int(empty_r.sum()), "truncated": int(truncated),
+                "clipped": clipped}
 
 
 def _best_bertscore(scorer: BertScorer, hyps: list, refs: list) -> dict:

@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 import torch
 from transformers import DynamicCache
 
-from stopexp.config import decode_escapes
+from stopexp.config import stop_strings
 from stopexp.search.stops import StopStrings
 from stopexp.taps import Taps
 
@@ -36,14 +36,13 @@ class SamplingParams:
 
     @classmethod
     def from_config(cls, cfg) -> "SamplingParams":
-        """From a composed config: its `search` section, and as stop strings the task's own
-        (`task.stop`, where a new example would start) followed by `search.stop`, their
-        escapes decoded (stopexp.config.decode_escapes)."""
+        """From a composed config: its `search` section, and its stop strings
+        (stopexp.config.stop_strings)."""
         search = cfg.search
         return cls(max_new_tokens=search.max_new_tokens, temperature=search.temperature,
                    top_p=search.top_p, top_k=search.top_k, do_sample=search.do_sample,
                    conf_topk=search.conf_topk,
-                   stop=tuple(dict.fromkeys(map(decode_escapes, [*cfg.task.stop, *search.stop]))))
+                   stop=stop_strings(cfg.task, search))
 
 
 def eos_ids(model, tokenizer) -> tuple[int, ...]:

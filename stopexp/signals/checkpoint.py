@@ -2,7 +2,8 @@
 feature spec it was trained for, the trace bank's hash, its validation metrics and the
 size and SHA-256 of the weights file, and the key it was saved under. Loading one for
 other features (model, hidden size, tap layers, signals), or one put under another key
-(another config's checkpoint), is refused with a message naming the field that differs;
+(another config's checkpoint), or one of another predictor config (another type: mlp where
+the config says linear), is refused with a message naming the file and the field that differs;
 a missing, truncated or garbled file is named with the way to rebuild it."""
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from pathlib import Path
 from omegaconf import OmegaConf
 from safetensors.torch import load_file, save_file
 
-from stopexp.artifacts import publish_dir, staging_dir, write_json
-from stopexp.errors import UserError, writing
+from stopexp.artifacts import plain, publish_dir, staging_dir, write_json
+from stopexp.errors import UserError, error_text, writing
 from stopexp.integrity import file_problem, file_record
 from stopexp.signals import FeatureSpec, build_predictor
 
@@ -39,7 +40,7 @@ def save_predictor(final_dir: Path, predictor, pred_cfg, spec: FeatureSpec, bank
         with writing(final_dir):  # a full disk names the checkpoint, not its temporary dir
             state = {k: v.detach().contiguous() for k, v in predictor.state_dict().items()}
             save_file(state, str(tmp / WEIGHTS))
-            write_json(tmp / META, {"predictor": OmegaConf.to_container(pred_cfg) if OmegaConf.is_config(pred_cfg) else dict(pred_cfg),
+            write_json(tmp / META, {"predictor": plain(pred_cfg),
                                     "feature_spec": {**asdict(spec), "signal_names": list(spec.signal_names)},
                                     "bank_key": bank_key, "key": final_dir.name, "metrics": metrics,
                                     "weights": file_record(tmp / WEIGHTS),
@@ -61,27 +62,41 @@ def check_spec(saved: dict, spec: FeatureSpec, where: Path) -> None:
                 + REBUILD.format(dir=where))
 
 
-def read_checkpoint(ckpt_dir: Path) -> dict:
+def check_predictor(saved: dict, pred_cfg, where: Path) -> None:
+    """Refuse (CheckpointMismatch) a checkpoint whose META records another predictor config
+    than `pred_cfg` (another type, width, layer, ...), naming the file and the first field:
+    the key alone does not prove it (a copied checkpoint with an edited key)."""
+    want = json.loads(json.dumps(plain(pred_cfg)))  # lists, as META holds them
+    for field, value in want.items():
+        if saved.get(field) != value:
+            raise CheckpointMismatch(
+                f"predictor checkpoint {where / META} records predictor.{field}="
+                f"{saved.get(field)!r}, this config has predictor.{field}={value!r}; "
+                + REBUILD.format(dir=where))
+
+
+def read_checkpoint(ckpt_dir: Path, pred_cfg) -> dict:
     """The checkpoint's metadata, its weights file checked against the recorded size and
     SHA-256 (checkpoints saved without a record: only that the file is there). Raises
     CheckpointDamaged naming the file and how to rebuild it, CheckpointMismatch when it
     records another key than the directory it is in (checkpoints saved before the key was
-    recorded: not checked)."""
+    recorded: not checked) or another predictor config than `pred_cfg`."""
     ckpt_dir = Path(ckpt_dir)
     path = ckpt_dir / META
     try:
         meta = json.loads(path.read_text())
-        if not isinstance(meta, dict) or not {"predictor", "feature_spec"} <= set(meta):
+        if not isinstance(meta, dict) or not {"predictor", "feature_spec"} <= set(meta) \
+                or not isinstance(meta["predictor"], dict):
             raise ValueError("not a predictor checkpoint's metadata")
     except (OSError, ValueError) as e:
         raise CheckpointDamaged(f"predictor checkpoint file {path} is missing or unreadable "
-                                f"({e.__class__.__name__}: {str(e)[:120]}); "
-                                + REBUILD.format(dir=ckpt_dir)) from e
+                                f"({error_text(e, 120)}); " + REBUILD.format(dir=ckpt_dir)) from e
     if meta.get("key", ckpt_dir.name) != ckpt_dir.name:
         raise CheckpointMismatch(f"predictor checkpoint {ckpt_dir} does not fit this config: its "
                                  f"{META} records key={meta['key']!r}, this config expects "
                                  f"{ckpt_dir.name!r} (another config's checkpoint put in its "
                                  "place); " + REBUILD.format(dir=ckpt_dir))
+    check_predictor(meta["predictor"], pred_cfg, ckpt_dir)
     problem = (file_problem(ckpt_dir / WEIGHTS, meta["weights"]) if "weights" in meta
                else None if (ckpt_dir / WEIGHTS).is_file() else f"{WEIGHTS} is missing")
     if problem:
@@ -97,18 +112,17 @@ def load_weights(ckpt_dir: Path, device: str = "cpu") -> dict:
         return load_file(str(path), device=device)
     except Exception as e:  # SafetensorError, OSError: neither names the file
         raise CheckpointDamaged(f"predictor checkpoint file {path} cannot be read "
-                                f"({e.__class__.__name__}: {str(e)[:120]}); "
-                                + REBUILD.format(dir=Path(ckpt_dir))) from e
+                                f"({error_text(e, 120)}); " + REBUILD.format(dir=Path(ckpt_dir))) from e
 
 
-def load_predictor(ckpt_dir: Path, spec: FeatureSpec | None = None):
-    """(predictor in eval mode, metadata); refuses a checkpoint for other features
-    (CheckpointMismatch) and a damaged one (CheckpointDamaged), naming the file."""
+def load_predictor(ckpt_dir: Path, spec: FeatureSpec, pred_cfg):
+    """(predictor in eval mode, metadata); refuses a checkpoint for other features or of
+    another predictor config than `pred_cfg` (CheckpointMismatch) and a damaged one
+    (CheckpointDamaged), naming the file."""
     ckpt_dir = Path(ckpt_dir)
-    meta = read_checkpoint(ckpt_dir)
+    meta = read_checkpoint(ckpt_dir, pred_cfg)
     saved = meta["feature_spec"]
-    if spec is not None:
-        check_spec(saved, spec, ckpt_dir)
+    check_spec(saved, spec, ckpt_dir)
     spec = FeatureSpec(saved["model_name"], saved["hidden_size"], list(saved["tap_layers"]),
                        tuple(saved["signal_names"]))
     predictor = build_predictor(OmegaConf.create(meta["predictor"]), spec)
@@ -116,5 +130,5 @@ def load_predictor(ckpt_dir: Path, spec: FeatureSpec | None = None):
         predictor.load_state_dict(load_weights(ckpt_dir))
     except RuntimeError as e:  # other tensor names or shapes than its own config builds
         raise CheckpointDamaged(f"predictor checkpoint {ckpt_dir / WEIGHTS} does not fit its "
-                                f"{META} ({str(e)[:160]}); " + REBUILD.format(dir=ckpt_dir)) from e
+                                f"{META} ({error_text(e, 160)}); " + REBUILD.format(dir=ckpt_dir)) from e
     return predictor.eval(), meta

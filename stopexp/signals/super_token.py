@@ -25,7 +25,8 @@ from torch import nn
 from transformers import DynamicCache
 
 from stopexp.search.sample import prompt_ids
-from stopexp.signals.checkpoint import CheckpointMismatch, check_spec, load_weights, read_checkpoint
+from stopexp.signals.checkpoint import (REBUILD, CheckpointMismatch, check_spec, load_weights,
+                                       read_checkpoint)
 from stopexp.signals.features import FeatureSpec
 
 ADAPTER = "stop"
@@ -126,28 +127,33 @@ def build_super_token(cfg) -> SuperTokenPredictor:
     return SuperTokenPredictor(cfg.predictor, lm, tokenizer, cfg.search.max_batch_rows)
 
 
-def checkpoint_meta(ckpt_dir: Path, spec: FeatureSpec) -> dict:
-    """The checkpoint's metadata, its files checked and refused for another model (no LM
-    needed); CheckpointDamaged / CheckpointMismatch name the file or field."""
-    meta = read_checkpoint(ckpt_dir)
+def checkpoint_meta(ckpt_dir: Path, spec: FeatureSpec, pred_cfg) -> dict:
+    """The checkpoint's metadata, its files checked and refused for another model or
+    another predictor config than `pred_cfg` (no LM needed); CheckpointDamaged /
+    CheckpointMismatch name the file or field."""
+    meta = read_checkpoint(ckpt_dir, pred_cfg)
     check_spec(meta["feature_spec"], spec, ckpt_dir)
     return meta
 
 
-def load_super_token(ckpt_dir: Path, lm, tokenizer, spec: FeatureSpec, max_rows: int = 256):
-    """(predictor in eval mode, metadata) on `lm`; refused for another model, naming the field."""
+def load_super_token(ckpt_dir: Path, lm, tokenizer, spec: FeatureSpec, pred_cfg,
+                     max_rows: int = 256):
+    """(predictor in eval mode, metadata) on `lm`; refused for another model or predictor
+    config than `pred_cfg`, naming the field."""
     from omegaconf import OmegaConf
 
-    meta = checkpoint_meta(ckpt_dir, spec)
+    meta = checkpoint_meta(ckpt_dir, spec, pred_cfg)
     hidden = lm.get_input_embeddings().weight.shape[1]
     if hidden != meta["feature_spec"]["hidden_size"]:
         raise CheckpointMismatch(f"super-token checkpoint {ckpt_dir} was trained for hidden_size="
-                                 f"{meta['feature_spec']['hidden_size']}, but the LM has hidden_size={hidden}")
+                                 f"{meta['feature_spec']['hidden_size']}, but the LM has hidden_size={hidden}; "
+                                 + REBUILD.format(dir=ckpt_dir))
     predictor = SuperTokenPredictor(OmegaConf.create(meta["predictor"]), lm, tokenizer, max_rows)
     state = load_weights(ckpt_dir, device=str(predictor.stop.device))
     differ = set(predictor.state_dict()) ^ set(state)
     if differ:
         raise CheckpointMismatch(f"super-token checkpoint {ckpt_dir} has other adapter layers than "
-                                 f"this LM (num_layers or lora_targets differ): {sorted(differ)[:3]}")
+                                 f"this LM (num_layers or lora_targets differ): {sorted(differ)[:3]}; "
+                                 + REBUILD.format(dir=ckpt_dir))
     predictor.load_state_dict(state)
     return predictor.eval(), meta

@@ -18,7 +18,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from stopexp.errors import ConfigError, NotFound, UserError
+from stopexp import jsonfile
+from stopexp.errors import ConfigError, NotFound, UserError, error_text
 from stopexp.tasks.answers import FORMATS, MODES, canonical, equivalent, extract_answer
 
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -66,7 +67,7 @@ def _json_error(path: Path, e: json.JSONDecodeError, line_offset: int = 0) -> Ta
 
 def _json_array(path: Path, text: str) -> list[tuple[str, object]]:
     """The items of a JSON list, each with the line it starts on."""
-    decoder, rows = json.JSONDecoder(), []
+    decoder, rows = jsonfile.DECODER, []
     i = text.index("[") + 1
     while True:
         while i < len(text) and text[i].isspace():
@@ -109,7 +110,7 @@ def _json_rows(path: Path) -> list[tuple[str, object]]:
         if not line.strip():
             continue
         try:
-            rows.append((f"line {n}", json.loads(line)))
+            rows.append((f"line {n}", jsonfile.loads(line)))
         except json.JSONDecodeError as e:
             if e.msg.startswith("Expecting") and line.lstrip().startswith("{") and n == 1:
                 raise _fail(path, f"line {n} column {e.colno}",
@@ -133,7 +134,7 @@ def read_rows(path: str, subset: str | None = None,
         try:
             table = pq.read_table(p)
         except (pa.ArrowException, OSError) as e:
-            raise _fail(p, "", f"not a readable Parquet file ({e}); expected a Parquet table "
+            raise _fail(p, "", f"not a readable Parquet file ({error_text(e)}); expected a Parquet table "
                                "with the question and answer columns") from None
         if not table.num_rows:
             raise _fail(p, "", "the Parquet table has no rows")
@@ -156,7 +157,7 @@ def read_rows(path: str, subset: str | None = None,
     except Exception as e:  # offline, unknown id, missing split: all mean "not available here"
         raise NotFound(
             f"task.path: {path!r} is neither a local {'/'.join(FILE_SUFFIXES)} file nor a hub "
-            f"dataset available here ({e.__class__.__name__}: {str(e)[:200]}). Without "
+            f"dataset available here ({error_text(e)}). Without "
             f"internet, save it as JSONL or Parquet where you have internet and set "
             f"task.path=/path/to/file.jsonl") from e
 
@@ -165,7 +166,8 @@ def _field(path, where: str, row, key: str, config_key: str, other: str) -> str:
     """row[key] as a stripped string; TaskFileError naming the row when the row is not an
     object, or the field is absent, null, empty or not a string or number."""
     if not isinstance(row, dict):
-        kind = {list: "a list", str: "a string", type(None): "null"}.get(type(row), type(row).__name__)
+        kind = {list: "a list", str: "a string", type(None): "null",
+                jsonfile.LongInt: "int"}.get(type(row), type(row).__name__)
         raise _fail(path, where, f"{kind} where an object with the fields {key!r} and {other!r} "
                                  "is expected")
     if key not in row:

@@ -18,7 +18,7 @@
 # Every standard figure of one pipeline run, rebuilt from its outputs: the table and the
 # Pareto points from `metrics.json`; the histograms, survival, prune steps and calibration
 # by replaying the run's trace bank with its trained predictors (the cached artifacts its
-# config hashes to), through the same `stopexp.plots` calls the evaluate stage makes.
+# config hashes to), through the same `stopexp.evaluation.plots` calls the evaluate stage makes.
 #
 #     papermill notebooks/run_report.ipynb out.ipynb -p run_dir outputs/runs/pipeline/<time>
 
@@ -34,15 +34,17 @@ import numpy as np
 from IPython.display import Image, display
 from omegaconf import OmegaConf
 
-from stopexp import bank, feature_bank, plots
+from stopexp.store import bank
+from stopexp.store import features as feature_bank
+from stopexp.evaluation import plots
 from stopexp.config import Config, project_root, validate
-from stopexp.accounting import keep_by_policy, outcome, replay_paths
-from stopexp.evaluate import print_table
-from stopexp.evaluate_report import make_plots
-from stopexp.scorers import build_scorers
+from stopexp.evaluation.accounting import keep_by_policy, outcome, replay_paths
+from stopexp.stages.evaluate import print_table
+from stopexp.evaluation.report import make_plots
+from stopexp.evaluation.scorers import build_scorers
 from stopexp.signals.checkpoint import read_checkpoint
-from stopexp.stopping import STOPPING_METHODS, stopping_outcomes
-from stopexp.train import predictor_dir
+from stopexp.stopping.replay import STOPPING_METHODS, stopping_outcomes
+from stopexp.stages.train import predictor_dir
 
 run = Path(run_dir) if run_dir else max((project_root() / "outputs/runs/pipeline").iterdir())
 out = Path(out_dir) if out_dir else run / "report"

@@ -27,7 +27,7 @@ from stopexp.config import checkpoint_tokens, project_root, validate
 from stopexp.models import load_lm
 from stopexp.search.decode import SamplingParams, eos_ids, make_engine
 from stopexp.search.sample import launch_lists
-from stopexp.taps import Taps
+from stopexp.search.taps import Taps
 from stopexp.tasks import build_task
 
 

@@ -18,7 +18,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from stopexp.search.decode import Engine, SamplingParams
-from stopexp.taps import Taps
+from stopexp.search.taps import Taps
 
 
 def sync(device):

@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 from hydra import compose, initialize_config_dir
 
-from stopexp import bank, feature_bank
+from stopexp.store import bank
+from stopexp.store import features as feature_bank
 from stopexp.config import project_root, validate
 
 
@@ -47,7 +48,7 @@ def main() -> None:
     with initialize_config_dir(str(project_root() / "conf"), version_base="1.3"):
         cfg = validate(compose("pipeline", base))
         retap = validate(compose("pipeline", [*base, f"tap.layers={layers}"]))
-    from stopexp.collect import collect
+    from stopexp.stages.collect import collect
 
     start = time.perf_counter()
     collected = collect(cfg)

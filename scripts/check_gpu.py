@@ -16,14 +16,14 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from stopexp.policies import TopK
+from stopexp.core.policies import TopK
 from stopexp.search.beam import beam_search
 from stopexp.search.decode import SamplingParams, eos_ids, make_engine
 from stopexp.search.parallel import launch_check_resume
 from stopexp.search.sample import prompt_ids
 from stopexp.search.trace import trace_problems
 from stopexp.signals.methods import BASELINES
-from stopexp.taps import Taps
+from stopexp.search.taps import Taps
 from stopexp.tasks import ArithTask
 
 N, CHECK, KEEP, PROMPTS = 16, 5, 4, 24

@@ -30,7 +30,7 @@ COLUMNS = {"accuracy": "accuracy", "ci_low": "accuracy_ci", "ci_high": "accuracy
 
 def parse_table(text: str) -> dict:
     """The protocol line and per-method rows of the first table after `SECTION` in
-    `text` (a README), or of a table as `stopexp.evaluate.print_table` prints it.
+    `text` (a README), or of a table as `stopexp.stages.evaluate.print_table` prints it.
     Returns {"protocol": {...}, "methods": {name: {column: float | None}}}; `-` is None.
     Raises ValueError naming what is missing."""
     if SECTION in text:

@@ -9,10 +9,10 @@ import sys
 
 from hydra import compose, initialize_config_dir
 
-from stopexp import bank
+from stopexp.store import bank
 from stopexp.config import project_root, validate
 from stopexp.signals.methods import BASELINES
-from stopexp.train import evaluate_scores, split_data, train
+from stopexp.stages.train import evaluate_scores, split_data, train
 
 PREDICTORS = ("statistic", "linear", "mlp", "conf_features")
 LOSSES = ("contrastive", "pairwise", "reward_regression", "mse")

@@ -1,5 +1,5 @@
 """Write a collected trace bank's split as an answers-only bank (the public JSON shape of
-`stopexp.answers_bank`), reading an intermediate answer every PROBE_FREQ tokens of each
+`stopexp.stopping.answers`), reading an intermediate answer every PROBE_FREQ tokens of each
 path from its decoded prefix, so that the answer-consensus methods (Parallel-Probe among
 them) can be replayed on it with `python -m stopexp.answers_replay`.
 
@@ -18,7 +18,7 @@ import sys
 
 from hydra import compose, initialize_config_dir
 
-from stopexp import bank
+from stopexp.store import bank
 from stopexp.config import project_root, validate
 
 

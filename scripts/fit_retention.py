@@ -3,7 +3,7 @@
     python scripts/fit_retention.py outputs/multirun/<time> [more multirun dirs] [--plot PNG]
 
 Reads every finished job's metrics.json and config; which fields make C, L_prefix, L_task
-and the chosen gamma is defined in stopexp/retention.py. Prints the coefficients and
+and the chosen gamma is defined in stopexp/evaluation/retention.py. Prints the coefficients and
 writes a plot of fitted against observed 1/gamma (default: retention_fit.png in the first
 dir). Sweeps that fit: scripts/sweep_retention.sh with the task length varied too.
 """
@@ -19,9 +19,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from stopexp.plots import save_figure  # noqa: E402
-from stopexp.retention import fit, guideline_points, predict_inverse_gamma  # noqa: E402
-from stopexp.sweeps import dir_runs  # noqa: E402
+from stopexp.evaluation.plots import save_figure  # noqa: E402
+from stopexp.evaluation.retention import fit, guideline_points, predict_inverse_gamma  # noqa: E402
+from stopexp.runtime.sweeps import dir_runs  # noqa: E402
 
 
 def plot(points: list[dict], coef: dict, path: Path) -> Path:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Upload offline W&B runs (default: every outputs/wandb/wandb/offline-run-*), keeping W&B's
 # own files (debug logs, cache, settings) under outputs/wandb, as the stages do
-# (stopexp/tracking.py: wandb_dirs); run from anywhere, extra arguments go to `wandb sync`.
+# (stopexp/runtime/tracking.py: wandb_dirs); run from anywhere, extra arguments go to `wandb sync`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD/outputs/wandb

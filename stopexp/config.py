@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf, open_dict
 
-from stopexp.errors import ConfigError
+from stopexp.core.errors import ConfigError
 
 
 # Hydra's override grammar unescapes only quotes and backslashes before quotes, so
@@ -100,7 +100,7 @@ for _name, _fn in (("stopexp_keep", derived_keep), ("stopexp_retention", derived
                    ("stopexp_n_points", derived_n_points)):
     if not OmegaConf.has_resolver(_name):
         OmegaConf.register_new_resolver(_name, _fn)
-import stopexp.run_id  # noqa: E402,F401  (registers ${stopexp_run_id:} for the run dirs)
+import stopexp.runtime.run_id  # noqa: E402,F401  (registers ${stopexp_run_id:} for the run dirs)
 
 
 @dataclass
@@ -186,7 +186,7 @@ class TaskConfig:
 
 @dataclass
 class TapPositionsConfig:
-    # Where features are extracted (stopexp.feature_bank), in generated tokens: always
+    # Where features are extracted (stopexp.store.features), in generated tokens: always
     # tap.checkpoints, plus these checkpoints (fractions of max_new_tokens or token counts),
     # every `stride` tokens, and with `step_ends` every token that ends a reasoning step
     # (the task's step separator: ";" in arith, a newline in text tasks).
@@ -280,7 +280,7 @@ class SearchConfig:
 
 @dataclass
 class RewardConfig:
-    """A path's reward (stopexp/rewards.py): stored in the bank beside its outcome, the
+    """A path's reward (stopexp/tasks/rewards.py): stored in the bank beside its outcome, the
     label of the losses and the target of Monte Carlo rollouts (their mean reward)."""
     name: str = "correct"   # correct | rouge_l | bleu | bertscore | neg_perplexity | external
     function: Optional[str] = None        # external: a registered name or "module:function"
@@ -322,7 +322,7 @@ class TrainConfig:
     checkpoint: float = 0.08  # which tap checkpoint the predictor is trained at
     # checkpoint: at train.checkpoint only | all: at every stored position, pairs mined
     # within (prompt, position), a batch holds batch_prompts such groups, epochs selected
-    # on the validation within-prompt AUROC averaged over positions (stopexp/per_step.py)
+    # on the validation within-prompt AUROC averaged over positions (stopexp/training/per_step.py)
     positions: str = "checkpoint"
     seed: int = 0
 
@@ -354,13 +354,13 @@ class EvaluateConfig:
     asc_threshold: float = 0.95     # Adaptive-Consistency: posterior the leader is the majority
     deepconf_warmup: float = 0.25   # DeepConf online: warm-up paths per prompt (below 1: share of N)
     deepconf_keep_percent: float = 10.0  # DeepConf: threshold percentile 100 - this; top-share vote
-    vote: str = "majority"          # majority | weighted (by the final signal) | filtered (stopexp.voting)
+    vote: str = "majority"          # majority | weighted (by the final signal) | filtered (stopexp.core.voting)
     vote_top: float = 0.5           # filtered: share of the scored kept paths that vote
 
 
 @dataclass
 class AdaptConfig:
-    """Online fine-tuning from pruning feedback under a distribution shift (stopexp/adapt.py)."""
+    """Online fine-tuning from pruning feedback under a distribution shift (stopexp/stages/adapt.py)."""
     # the shift: dotted config keys (under task, model or search) and the values the
     # stream's config takes, e.g. {task.operators: [+, -]}; empty = no shift
     target: Dict[str, Any] = field(default_factory=dict)
@@ -546,7 +546,7 @@ MIN_TEMPERATURE = 1e-4
 ALWAYS_METHODS = ("no_prune", "random", "confidence", "oracle")
 BASELINE_METHODS = ("confidence", "min_logprob", "entropy", "deepconf", "hidden_norm",
                     "hidden_mean", "hidden_var", "attn_entropy", "st_bon")
-# methods with their own stopping protocol (stopexp/stopping.py), not a score at the check
+# methods with their own stopping protocol (stopexp/stopping/replay.py), not a score at the check
 STOPPING_METHODS = ("esc", "adaptive_consistency", "deepconf_online", "deepconf_weighted",
                     "deepconf_top")
 
@@ -1111,13 +1111,13 @@ POSITION_INPUT_PREDICTORS = ("linear", "mlp", "fusion")
 def _check_reward(cfg) -> None:
     """reward.*: an external reward names a registered or importable function; the
     regression losses need a reward in [0, 1]; nothing else is read unused."""
-    from stopexp.rewards import BOUNDED, resolve_external
+    from stopexp.tasks.rewards import BOUNDED, resolve_external
 
     r = cfg.reward
     if r.name == "external":
         if not r.function:
             _fail("reward.function", "reward=external needs a function: a name registered with "
-                                     "stopexp.rewards.register_reward, or module:function")
+                                     "stopexp.tasks.rewards.register_reward, or module:function")
         try:
             resolve_external(r.function)
         except ValueError as e:

@@ -1,4 +1,4 @@
-"""Online fine-tuning from pruning feedback (stopexp/adapt.py), replayed on the small bank."""
+"""Online fine-tuning from pruning feedback (stopexp/stages/adapt.py), replayed on the small bank."""
 import copy
 import math
 
@@ -8,12 +8,12 @@ import torch
 from conftest import FP32_REORDER, compose
 from omegaconf import OmegaConf
 
-from stopexp import bank
-from stopexp.adapt import (feedback, mc_draws, replay_continuations, replay_decider, run_stream,
+from stopexp.store import bank
+from stopexp.stages.adapt import (feedback, mc_draws, replay_continuations, replay_decider, run_stream,
                            stream_order, take, target_config, target_overrides)
 from stopexp.config import ConfigError, checkpoint_tokens, validate
-from stopexp.accounting import replay_paths
-from stopexp.losses import build_loss
+from stopexp.evaluation.accounting import replay_paths
+from stopexp.training.losses import build_loss
 
 ADAPT = ["adapt.stream_prompts=4", "adapt.heldout_prompts=2", "adapt.batch_prompts=2",
          "adapt.steps=3", "adapt.lr=0.003", "adapt.buffer=1", "adapt.explore=0.5", "policy.keep=4",
@@ -22,8 +22,8 @@ ADAPT = ["adapt.stream_prompts=4", "adapt.heldout_prompts=2", "adapt.batch_promp
 
 def _setup(small_bank, *extra):
     from stopexp.signals.checkpoint import load_predictor
-    from stopexp.feature_bank import require_features, spec_of
-    from stopexp.train import predictor_dir, train
+    from stopexp.store.features import require_features, spec_of
+    from stopexp.stages.train import predictor_dir, train
 
     cfg = validate(compose("adapt", [*small_bank, *ADAPT, *extra]))
     train(cfg, progress=False)
@@ -166,7 +166,7 @@ def test_beam_search_is_refused_by_adapt():
 
 
 def test_a_missing_target_bank_names_the_collect_command(small_bank):
-    from stopexp.adapt import adapt
+    from stopexp.stages.adapt import adapt
 
     cfg = validate(compose("adapt", [*small_bank, *ADAPT, "++adapt.target={task.n_steps:5}"]))
     with pytest.raises(bank.BankMissing, match=r"python -m stopexp.collect .*\"task.n_steps=5\" "
@@ -175,7 +175,7 @@ def test_a_missing_target_bank_names_the_collect_command(small_bank):
 
 
 def test_the_stage_writes_curves_plots_and_a_summary(small_bank, tmp_path):
-    from stopexp.adapt import adapt, print_table, summarize
+    from stopexp.stages.adapt import adapt, print_table, summarize
 
     cfg = validate(compose("adapt", [*small_bank, *ADAPT, *MC]))
     m = adapt(cfg, overrides=small_bank, run_dir=tmp_path)
@@ -203,7 +203,7 @@ def _with_bank_features(decide, paths):
     lr per step, so trained weights from the two feature sources differ by a machine-dependent
     amount. With the same features every step after the decisions is the same arithmetic on
     the same tensors, so weights and records must be equal, not close."""
-    from stopexp.adapt import _scores
+    from stopexp.stages.adapt import _scores
 
     def wrapped(groups, predictor, epsilon, rng):
         view, scores, kept, explored, wall = decide(groups, predictor, epsilon, rng)
@@ -221,7 +221,7 @@ def _with_bank_features(decide, paths):
 
 
 def test_replay_equals_online(small_bank):
-    from stopexp.adapt_online import online_decider
+    from stopexp.training.online import online_decider
 
     cfg, predictor, paths, order, heldout, ckpt = _setup(small_bank, *MC)
     online, continue_ = online_decider(cfg, paths, ckpt)

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from stopexp.analyses import add_analyses, length_matched_auroc, vs_no_prune, wrongly_pruned
+from stopexp.evaluation.analyses import add_analyses, length_matched_auroc, vs_no_prune, wrongly_pruned
 
 
 def test_wrongly_pruned_share():
@@ -44,7 +44,7 @@ def test_length_matched_auroc_keeps_only_pairs_of_similar_length():
 
 
 def test_add_analyses_fills_every_method():
-    from stopexp.accounting import Paths
+    from stopexp.evaluation.accounting import Paths
 
     paths = Paths(group=np.array([0, 0, 0]), path_id=np.arange(3), length=np.array([10, 10, 30]),
                   correct=np.array([True, False, True]), answer=np.array(["1", "2", "1"], dtype=object),
@@ -61,6 +61,6 @@ def test_add_analyses_fills_every_method():
 
 
 def test_pareto_colours_stay_distinct_for_twenty_methods():
-    from stopexp.plots import _colour
+    from stopexp.evaluation.plots import _colour
 
     assert len({_colour(i) for i in range(20)}) == 20

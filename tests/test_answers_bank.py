@@ -6,8 +6,8 @@ import re
 import numpy as np
 import pytest
 
-from stopexp.answers_bank import AnswersBankError, load_answers_bank, vote_codes
-from stopexp.answers_replay import draws, main, no_prune, random_keep, replay
+from stopexp.stopping.answers import AnswersBankError, load_answers_bank, vote_codes
+from stopexp.stages.answers_replay import draws, main, no_prune, random_keep, replay
 
 from conftest import ROOT
 
@@ -177,7 +177,7 @@ def test_cli_refuses_bad_settings(argv, message, capsys):
 def test_export_a_trace_bank_as_an_answers_only_bank(small_bank, tmp_path, capsys):
     import importlib.util
 
-    from stopexp import bank as trace_bank
+    from stopexp.store import bank as trace_bank
     from stopexp.config import validate
     from conftest import compose
 
@@ -203,9 +203,9 @@ def test_export_a_trace_bank_as_an_answers_only_bank(small_bank, tmp_path, capsy
 def test_replay_counts_pruned_branches_and_flips(bank):
     from functools import partial
 
-    from stopexp.answers_bank import AnswersBank
-    from stopexp.search.esc import esc
-    from stopexp.search.parallel_probe import parallel_probe
+    from stopexp.stopping.answers import AnswersBank
+    from stopexp.stopping.esc import esc
+    from stopexp.stopping.parallel_probe import parallel_probe
 
     one = AnswersBank(prompts=bank.prompts[:1], fmt="boxed", source="prompt 0")
     pp = partial(parallel_probe, stable=3, deviate=2, warmup=1)  # hand-traced in test_consensus

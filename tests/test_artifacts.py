@@ -1,11 +1,11 @@
-"""Atomic writes (stopexp/artifacts.py): what a killed writer leaves behind is removed by the
+"""Atomic writes (stopexp/runtime/artifacts.py): what a killed writer leaves behind is removed by the
 next writer, what a live one is writing is not."""
 import os
 import socket
 import subprocess
 import sys
 
-from stopexp.artifacts import staging_dir, write_json
+from stopexp.runtime.artifacts import staging_dir, write_json
 
 
 def _dead_pid() -> int:

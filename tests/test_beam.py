@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from conftest import FP32_REORDER
-from stopexp.policies import FixedThreshold, TopK
+from stopexp.core.policies import FixedThreshold, TopK
 from stopexp.search.beam import beam_search, beam_search_batch
 from stopexp.signals.features import SIGNAL_NAMES
-from stopexp.taps import Taps
+from stopexp.search.taps import Taps
 
 PROMPTS = ["4+7*3-9?", "1-2?", "9*9*9+1-0?"]
 
@@ -207,7 +207,7 @@ def test_checks_only_at_the_given_prefixes(tiny_lm):
 
 
 def test_beam_oracle_needs_a_process_check():
-    from stopexp.evaluate_beam import NOT_REPORTED, oracle_refusal
+    from stopexp.evaluation.beam import NOT_REPORTED, oracle_refusal
 
     assert oracle_refusal("arith") is None
     assert oracle_refusal("qa") == (

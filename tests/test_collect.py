@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from conftest import FP32_REORDER, ROOT, compose
-from stopexp import bank
-from stopexp.collect import collect
+from stopexp.store import bank
+from stopexp.stages.collect import collect
 from stopexp.config import validate
 
 SMALL = ["logger=none", "search.n_paths=4", "collect.prompts.train=3", "collect.prompts.val=1",
@@ -112,7 +112,7 @@ def test_sigkill_then_rerun_loses_and_duplicates_nothing(tmp_path):
 
 
 def test_log_line_says_what_a_rank_wrote_and_whether_the_bank_is_complete():
-    from stopexp.collect import log_line
+    from stopexp.stages.collect import log_line
 
     mine = {"bank": "B", "rank": 1, "world": 4, "shards_written": 3, "paths_written": 192,
             "shards_total": 12, "wall_s": 7.2}

@@ -51,7 +51,8 @@ def test_conf_features_reads_the_signals_it_is_given():
 
 def test_features_give_the_statistics_of_their_hidden_states(small_bank):
     from conftest import compose
-    from stopexp import bank, feature_bank
+    from stopexp.store import bank
+    from stopexp.store import features as feature_bank
     from stopexp.config import validate
 
     cfg = validate(compose("train", small_bank))
@@ -75,7 +76,7 @@ def test_features_give_the_statistics_of_their_hidden_states(small_bank):
 def test_a_bank_of_the_old_layout_is_refused_by_name(tmp_path):
     import json
 
-    from stopexp import bank
+    from stopexp.store import bank
 
     (tmp_path / "meta.json").write_text(json.dumps({"version": 3, "shards": {}, "complete": True}))
     with pytest.raises(bank.BankDamaged, match=r"bank version 3, 4 expected.*(?s:.*)rerun the collect"):

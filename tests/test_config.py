@@ -325,7 +325,7 @@ def test_symbolic_tap_layers_resolve_against_the_model(entries, n_layers, resolv
 
 
 def test_mid_tap_resolves_on_the_loaded_model(tiny_lm):
-    from stopexp.taps import Taps
+    from stopexp.search.taps import Taps
 
     model, _ = tiny_lm  # 2 layers
     with Taps(model, ["mid"]) as taps:
@@ -394,8 +394,8 @@ def test_prompts_longer_than_the_model_allows_are_refused_or_skipped(tiny_lm, ca
 
 
 def test_collect_refuses_a_long_prompt_before_generating(tmp_path):
-    from stopexp import bank
-    from stopexp.collect import collect
+    from stopexp.store import bank
+    from stopexp.stages.collect import collect
     from stopexp.search.sample import PromptTooLong
 
     cfg = validate(compose("collect", [f"paths.output_dir={tmp_path}", "logger=none",

@@ -71,7 +71,7 @@ def test_unbounded_rewards_take_any_min_gap():
 
 
 def test_an_external_reward_must_be_a_finite_number():
-    from stopexp.rewards import Reward, register_reward
+    from stopexp.tasks.rewards import Reward, register_reward
 
     register_reward("edge_nan", lambda problem, text: float("nan") if "x" in text else 0.25)
     register_reward("edge_none", lambda problem, text: None)
@@ -85,7 +85,7 @@ def test_an_external_reward_must_be_a_finite_number():
 
 
 def test_an_external_reward_that_raises_names_the_function_and_the_path():
-    from stopexp.rewards import Reward
+    from stopexp.tasks.rewards import Reward
 
     # a function of the standard library that cannot take this problem
     reward = Reward("external", "operator:truediv")
@@ -121,7 +121,7 @@ def test_per_step_usable_groups_count_reward_spreads_as_train_does():
     with a continuous reward, with two different rewards (all paths failing the check)."""
     import torch
 
-    from stopexp.per_step import usable_groups
+    from stopexp.training.per_step import usable_groups
 
     group = torch.tensor([0, 0, 1, 1, 2, 2])
     correct = torch.tensor([0.0, 0.0, 1.0, 0.0, 1.0, 1.0])
@@ -138,7 +138,7 @@ def test_per_step_usable_groups_count_reward_spreads_as_train_does():
 def test_check_usable_says_when_loss_min_gap_leaves_no_pair():
     import torch
 
-    from stopexp.train import NothingToLearn, check_usable
+    from stopexp.stages.train import NothingToLearn, check_usable
 
     data = {"group": torch.tensor([0, 0, 1, 1]), "correct": torch.tensor([0.0, 0.0, 1.0, 1.0]),
             "reward": torch.tensor([0.30, 0.32, 0.50, 0.55])}
@@ -167,7 +167,7 @@ def test_beam_search_refuses_bad_arguments_as_its_docstring_says(tiny_lm, kw, ms
 
 
 def test_elect_refuses_what_its_rule_cannot_use():
-    from stopexp.voting import elect
+    from stopexp.core.voting import elect
 
     nan = float("nan")
     with pytest.raises(ValueError, match=r"evaluate.vote=weighted needs one signal per voter: 3 "
@@ -197,7 +197,7 @@ def test_adapt_refuses_the_evaluate_keys_it_does_not_read(override, key, says):
 def test_regression_losses_refuse_an_external_reward_outside_0_1():
     import torch
 
-    from stopexp.train import check_reward_range
+    from stopexp.stages.train import check_reward_range
 
     cfg = compose("train", ["loss=mse", "reward=external", "reward.function=os.path:join"])
     data = {"train": {"reward": torch.tensor([0.0, 0.5, 1.0])},

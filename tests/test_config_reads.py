@@ -60,10 +60,10 @@ def test_a_keep_correct_band_without_mixed_prompts_is_refused_at_every_stage(sta
 
 
 def test_evaluate_methods_lists_what_runs_besides_the_four_always_run(caplog):
-    from stopexp.scorers import method_names
+    from stopexp.evaluation.scorers import method_names
 
     assert ALWAYS_METHODS == ("no_prune", "random", "confidence", "oracle")
-    with caplog.at_level(logging.INFO, logger="stopexp.scorers"):
+    with caplog.at_level(logging.INFO, logger="stopexp.evaluation.scorers"):
         assert method_names(compose("evaluate", ["evaluate.methods=[]"])) == list(ALWAYS_METHODS)
     assert "no_prune, random, confidence, oracle run too" in caplog.text
     # `learned` is the configured predictor
@@ -158,8 +158,8 @@ def test_the_oracle_ranks_by_how_a_path_ends_not_by_its_monte_carlo_label():
 
 
 def test_answers_replay_derives_k_and_check_tokens_and_reads_the_bank_first():
-    from stopexp.answers_replay import CHECK_SHARE, derived_check_tokens, parse_args, run
-    from stopexp.answers_bank import load_answers_bank
+    from stopexp.stages.answers_replay import CHECK_SHARE, derived_check_tokens, parse_args, run
+    from stopexp.stopping.answers import load_answers_bank
 
     fixture = str(ROOT / "tests" / "data" / "answers_bank.json")
     bank = load_answers_bank(fixture, "boxed")
@@ -176,7 +176,7 @@ def test_answers_replay_derives_k_and_check_tokens_and_reads_the_bank_first():
 
 
 def test_answers_replay_n_defaults_to_the_banks_branch_count_and_the_file_is_judged_first():
-    from stopexp.answers_replay import parse_args, run
+    from stopexp.stages.answers_replay import parse_args, run
 
     fixture = str(ROOT / "tests" / "data" / "answers_bank.json")  # 8, 6 and 6 branches
     m = run(parse_args([fixture, "shuffles=2"]))
@@ -194,7 +194,7 @@ def test_answers_replay_n_defaults_to_the_banks_branch_count_and_the_file_is_jud
 
 
 def test_the_table_header_shows_every_progressive_check():
-    from stopexp.table import print_table
+    from stopexp.evaluation.table import print_table
 
     row = {"accuracy": 1.0, "accuracy_ci": [1.0, 1.0], "avg_at_k": 1.0, "tokens_total": 10.0,
            "tokens_ratio": 1.0, "wall_s": 0.0}
@@ -215,9 +215,9 @@ def test_the_table_header_shows_every_progressive_check():
     ("adaptive", "score >= tau, from 0.5 toward prune rate 0.5 (policy=adaptive, gain 0.1)"),
 ])
 def test_the_header_says_what_the_policy_keeps(policy, kept):
-    from stopexp.adapt import print_table as adapt_table
-    from stopexp.policies import policy_params
-    from stopexp.table import print_table
+    from stopexp.stages.adapt import print_table as adapt_table
+    from stopexp.core.policies import policy_params
+    from stopexp.evaluation.table import print_table
 
     cfg = compose("evaluate", [f"policy={policy}", "search.n_paths=4"])
     row = {"accuracy": 1.0, "accuracy_ci": [1.0, 1.0], "avg_at_k": 1.0, "tokens_total": 10.0,
@@ -241,8 +241,8 @@ def test_the_header_says_what_the_policy_keeps(policy, kept):
 def test_a_threshold_policy_has_no_retention_sweep_its_point_is_its_run(policy, k):
     """evaluate.retention sweeps K, which only policy=topk reads: under a threshold policy
     each method's one point is its run, K what its rule kept per prompt (mean)."""
-    from stopexp.accounting import Paths, account_methods, pareto_points
-    from stopexp.table import print_table
+    from stopexp.evaluation.accounting import Paths, account_methods, pareto_points
+    from stopexp.evaluation.table import print_table
 
     scores = torch.tensor([0.9, 0.6, 0.3, 0.1, 0.9, 0.8, 0.7, 0.1])  # fixed tau 0.5 keeps 2, 3
     paths = Paths(group=np.repeat([0, 1], 4), path_id=np.tile(np.arange(4), 2),
@@ -271,10 +271,10 @@ def test_a_threshold_policy_has_no_retention_sweep_its_point_is_its_run(policy, 
 
 def test_a_probe_used_at_a_check_it_was_not_trained_at_is_warned_about(caplog):
     from stopexp.config import check_plan
-    from stopexp.scorers import warn_off_checkpoint
+    from stopexp.evaluation.scorers import warn_off_checkpoint
 
     cfg = compose("evaluate", ["search.check_at=[0.08,0.25]"])
-    with caplog.at_level(logging.WARNING, logger="stopexp.scorers"):
+    with caplog.at_level(logging.WARNING, logger="stopexp.evaluation.scorers"):
         msg = warn_off_checkpoint(cfg, ["no_prune", "mlp", "conf_features"], check_plan(cfg))
     assert msg == ("mlp, conf_features trained at 5 tokens (train.checkpoint) score the check(s) "
                    "at [16] tokens too, outside their training distribution; train.positions=all "
@@ -286,7 +286,7 @@ def test_a_probe_used_at_a_check_it_was_not_trained_at_is_warned_about(caplog):
 
 
 def test_train_progress_shows_the_value_epochs_are_selected_by():
-    from stopexp.train import selection_name, selection_value
+    from stopexp.stages.train import selection_name, selection_value
 
     assert (selection_name({"auroc": 0.7}), selection_value({"auroc": 0.7})) == ("val_auroc", 0.7)
     continuous = {"auroc": 0.7, "spearman_within": 0.4}

@@ -12,17 +12,17 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from stopexp import collect
-from stopexp.accounting import Paths, outcome
-from stopexp.answers_bank import load_answers_bank, vote_codes
-from stopexp.answers_replay import no_prune
+from stopexp.stages import collect
+from stopexp.evaluation.accounting import Paths, outcome
+from stopexp.stopping.answers import load_answers_bank, vote_codes
+from stopexp.stages.answers_replay import no_prune
 from stopexp.metrics import cons_at_n
-from stopexp.search.sample import vote
-from stopexp.stopping import stopping_outcomes
+from stopexp.tasks.answers import vote
+from stopexp.stopping.replay import stopping_outcomes
 from stopexp.tasks.answers import canonical, equivalent
-from stopexp.search.adaptive_consistency import adaptive_consistency, beta_majority_prob
-from stopexp.search.esc import esc
-from stopexp.search.parallel_probe import parallel_probe
+from stopexp.stopping.adaptive_consistency import adaptive_consistency, beta_majority_prob
+from stopexp.stopping.esc import esc
+from stopexp.stopping.parallel_probe import parallel_probe
 
 from conftest import ROOT
 

@@ -5,9 +5,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from stopexp.accounting import Paths
-from stopexp.search import deepconf_online as dc
-from stopexp.stopping import stopping_outcomes
+from stopexp.evaluation.accounting import Paths
+from stopexp.stopping import deepconf as dc
+from stopexp.stopping.replay import stopping_outcomes
 
 # prompt 0: two warm-up paths (lowest group confidence 2 and 4 -> threshold at the 50th
 # percentile: 3), then a path that falls below at token 4, one that stays at 3, one

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from conftest import ROOT, compose
-from stopexp.errors import CannotWrite, ConfigError, NotFound, UserError, reported
+from stopexp.core.errors import CannotWrite, ConfigError, NotFound, UserError, reported
 
 ENV = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
        "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"}
@@ -34,7 +34,7 @@ def test_the_debug_switch_keeps_the_traceback(tmp_path):
     r = stage("evaluate", f"paths.output_dir={tmp_path}", "search.temperature=-1",
               env={**ENV, "STOPEXP_DEBUG": "1"})
     assert r.returncode == 1 and "Traceback" in r.stderr
-    assert r.stderr.rstrip().splitlines()[-3] == ("stopexp.errors.ConfigError: " + TEMPERATURE[7:]).rstrip()
+    assert r.stderr.rstrip().splitlines()[-3] == ("stopexp.core.errors.ConfigError: " + TEMPERATURE[7:]).rstrip()
 
 
 def test_an_output_dir_that_cannot_be_made_is_one_line_before_hydra_makes_the_run_dir(tmp_path):
@@ -49,7 +49,7 @@ def test_an_output_dir_that_cannot_be_made_is_one_line_before_hydra_makes_the_ru
 @pytest.mark.parametrize("key", ["paths.output_dir", "paths.cache_dir"])
 def test_a_read_only_output_or_cache_dir_is_named_before_any_run_dir(tmp_path, read_only, key,
                                                                     capsys):
-    from stopexp.cli import OutputDirsCheck
+    from stopexp.runtime.cli import OutputDirsCheck
 
     out = tmp_path / "out"
     (out / "cache").mkdir(parents=True)
@@ -65,13 +65,13 @@ def test_a_read_only_output_or_cache_dir_is_named_before_any_run_dir(tmp_path, r
 
 
 def test_every_user_error_class_is_a_user_error():
-    from stopexp.answers_bank import AnswersBankError
-    from stopexp.bank import BankDamaged, BankMissing
+    from stopexp.stopping.answers import AnswersBankError
+    from stopexp.store.bank import BankDamaged, BankMissing
     from stopexp.models import ModelNotAvailable
     from stopexp.search.sample import PromptTooLong
     from stopexp.signals.checkpoint import CheckpointDamaged, CheckpointMismatch
     from stopexp.tasks.qa import TaskFileError
-    from stopexp.train import NothingToLearn
+    from stopexp.stages.train import NothingToLearn
 
     for cls in (ConfigError, NotFound, CannotWrite, AnswersBankError, BankMissing, BankDamaged,
                 ModelNotAvailable, PromptTooLong, CheckpointDamaged, CheckpointMismatch,
@@ -94,7 +94,7 @@ def test_reported_prints_a_user_error_and_lets_a_bug_through(monkeypatch, capsys
 
 
 def test_a_full_disk_names_the_file_and_keeps_the_old_one(tmp_path, monkeypatch):
-    from stopexp import artifacts
+    from stopexp.runtime import artifacts
 
     path = tmp_path / "run" / "metrics.json"
     artifacts.write_json(path, {"old": 1})
@@ -114,7 +114,7 @@ def test_a_full_disk_names_the_file_and_keeps_the_old_one(tmp_path, monkeypatch)
 
 
 def test_an_error_that_is_not_the_users_passes_unchanged(tmp_path, monkeypatch):
-    from stopexp import artifacts
+    from stopexp.runtime import artifacts
 
     def broken(self, text):
         raise OSError(errno.EIO, os.strerror(errno.EIO))  # the disk itself failing: not a fix for the user
@@ -126,7 +126,7 @@ def test_an_error_that_is_not_the_users_passes_unchanged(tmp_path, monkeypatch):
 
 
 def test_answers_replay_into_a_read_only_out_is_one_line(tmp_path, read_only, capsys):
-    from stopexp.answers_replay import main
+    from stopexp.stages.answers_replay import main
 
     out = tmp_path / "replay"
     out.mkdir()
@@ -143,7 +143,7 @@ def test_answers_replay_into_a_read_only_out_is_one_line(tmp_path, read_only, ca
 
 @pytest.mark.parametrize("where", ["a_file", "a_file/below"])
 def test_answers_replay_out_that_cannot_be_a_folder_is_one_line(tmp_path, capsys, where):
-    from stopexp.answers_replay import main
+    from stopexp.stages.answers_replay import main
 
     (tmp_path / "a_file").write_text("not a folder")
     out = tmp_path / where
@@ -156,7 +156,7 @@ def test_answers_replay_out_that_cannot_be_a_folder_is_one_line(tmp_path, capsys
 
 
 def test_answers_replay_refuses_a_negative_seed_before_reading_further(capsys):
-    from stopexp.answers_replay import main
+    from stopexp.stages.answers_replay import main
 
     with pytest.raises(SystemExit) as e:
         main([str(ROOT / "tests" / "data" / "answers_bank.json"), "n=4", "k=2", "seed=-1"])
@@ -165,7 +165,7 @@ def test_answers_replay_refuses_a_negative_seed_before_reading_further(capsys):
 
 
 # Overrides Hydra cannot compose: one line naming the key (or the override), exit code 2,
-# checked before Hydra's own report (stopexp.cli.check_overrides); in a multirun every
+# checked before Hydra's own report (stopexp.runtime.cli.check_overrides); in a multirun every
 # swept value is composed before the first job runs.
 HYDRA_ERRORS = [
     (["search.n_pathz=3"], "search.n_pathz: Key 'n_pathz' not in 'SearchConfig' (Could not "
@@ -200,7 +200,7 @@ HYDRA_ERRORS = [
 
 @pytest.mark.parametrize("argv, message", HYDRA_ERRORS)
 def test_an_override_hydra_cannot_compose_is_one_line_naming_it(argv, message):
-    from stopexp.cli import check_overrides
+    from stopexp.runtime.cli import check_overrides
 
     with pytest.raises(ConfigError) as e:
         check_overrides("collect", argv)
@@ -212,7 +212,7 @@ def test_an_override_hydra_cannot_compose_is_one_line_naming_it(argv, message):
     ["+exp=toy_shift"], ["+exp=smollm2_datatotext"], ["+model.toy.train_task.n_steps=6"],
     ["model=toy", "model.toy.hidden_size=8"], ["--cfg", "job", "+exp=toy_beam", "search.beam_checks.0=0.1"]])
 def test_overrides_hydra_composes_pass_the_check(argv):
-    from stopexp.cli import check_overrides
+    from stopexp.runtime.cli import check_overrides
 
     check_overrides("pipeline", argv)
 

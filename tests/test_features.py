@@ -10,9 +10,11 @@ import pytest
 import torch
 
 from conftest import FP32_REORDER, compose
-from stopexp import bank, feature_bank, feature_extract
+from stopexp.store import bank
+from stopexp.store import features as feature_bank
+from stopexp.models import extract as feature_extract
 from stopexp.config import ConfigError, validate
-from stopexp.taps import Taps
+from stopexp.search.taps import Taps
 
 
 @pytest.fixture(scope="module")
@@ -62,17 +64,17 @@ def _snapshot(root):
 
 
 def test_tap_change_reextracts_without_regenerating(small_bank, monkeypatch, caplog):
-    import stopexp.collect
+    import stopexp.stages.collect
 
     cfg = validate(compose("train", small_bank))
     first = feature_bank.require_features(cfg)
     root = bank.bank_dir(cfg)
     before = _snapshot(root)
-    monkeypatch.setattr(stopexp.collect, "collect", lambda *a, **k: pytest.fail("regenerated"))
+    monkeypatch.setattr(stopexp.stages.collect, "collect", lambda *a, **k: pytest.fail("regenerated"))
     other = validate(compose("train", [*small_bank, "tap.layers=[0,1]", "tap.pooling=mean",
                                        "tap.positions.stride=4", "tap.positions.step_ends=true"]))
     assert bank.bank_dir(other) == root and feature_bank.features_dir(other) != first
-    with caplog.at_level("INFO", logger="stopexp.feature_bank"):
+    with caplog.at_level("INFO", logger="stopexp.store.features"):
         second = feature_bank.require_features(other)
     assert "no features for this config" in caplog.text and _snapshot(root) == before
     meta = bank.read_meta(second)
@@ -178,8 +180,8 @@ def _private_bank(small_bank, tmp_path):
 def test_features_of_another_tap_under_this_key_are_refused_and_featurize_repairs(small_bank, tmp_path):
     import shutil
 
-    from stopexp.evaluate import evaluate
-    from stopexp.train import train
+    from stopexp.stages.evaluate import evaluate
+    from stopexp.stages.train import train
 
     fast = ["predictor=linear", "train.epochs=2", "evaluate.methods=[learned]",
             "evaluate.text_metrics=false", "evaluate.n_points=[4,8]", "evaluate.retention=[2,4]",

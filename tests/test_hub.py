@@ -6,7 +6,7 @@ import time
 import pytest
 
 from conftest import compose
-from stopexp import hub
+from stopexp.runtime import hub
 from stopexp.models import ModelNotAvailable, load_lm
 from stopexp.tasks.qa import read_rows
 

@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, compose
-from stopexp import bank, integrity
-from stopexp.collect import collect
+from stopexp.store import bank
+from stopexp.runtime import integrity
+from stopexp.stages.collect import collect
 from stopexp.config import validate
 from stopexp.signals.checkpoint import CheckpointDamaged, CheckpointMismatch, load_predictor
-from stopexp.train import predictor_dir, train
+from stopexp.stages.train import predictor_dir, train
 
 GSM8K = ROOT / "tests" / "data" / "gsm8k_sample.jsonl"
 COLUMNS = ("split", "prompt_id", "path_id", "text", "answer", "correct", "length", "tokens",
@@ -200,7 +201,7 @@ def test_a_shard_of_another_bank_is_refused_and_collect_recomputes_it(copied, sm
 
 
 def test_a_single_collect_never_ends_with_an_incomplete_bank(copied, monkeypatch):
-    import stopexp.collect as C
+    import stopexp.stages.collect as C
 
     cfg, root = copied
     shutil.rmtree(root / shard_of(root, "test"))
@@ -241,7 +242,7 @@ def test_editing_the_task_file_changes_the_bank(tmp_path, monkeypatch):
 
 
 def test_empty_split_messages_say_which_setting_to_change():
-    from stopexp.train import _empty_split
+    from stopexp.stages.train import _empty_split
 
     cfg = compose("train", ["collect.keep_correct=[2,6]"])
     meta = {"plan": [{"index": 0, "split": "train", "prompts": 5},
@@ -259,8 +260,8 @@ def test_empty_split_messages_say_which_setting_to_change():
 
 
 def test_damaged_predictor_is_named_and_train_rebuilds_it(copied, small_bank):
-    from stopexp.scorers import build_scorers
-    from stopexp.feature_bank import spec_of
+    from stopexp.evaluation.scorers import build_scorers
+    from stopexp.store.features import spec_of
 
     _, root = copied
     cfg = validate(compose("train", [*small_bank, f"paths.output_dir={root.parents[2]}",
@@ -313,7 +314,7 @@ def test_damaged_predictor_is_named_and_train_rebuilds_it(copied, small_bank):
 def test_super_token_checkpoint_damage_is_named(tmp_path):
     from stopexp.signals.checkpoint import load_weights
     from stopexp.signals.features import FeatureSpec
-    from stopexp.signals.super_token import checkpoint_meta
+    from stopexp.models.super_token import checkpoint_meta
 
     (tmp_path / "predictor.json").write_text('{"predictor": {"name": "super_token"}, "feat')
     spec = FeatureSpec("toy", 96, [2], ("a",))
@@ -356,7 +357,7 @@ def test_damaged_toy_lm_is_named_and_never_loaded(tmp_path, caplog):
 def test_a_damaged_job_file_of_a_sweep_is_named(tmp_path):
     from omegaconf import OmegaConf
 
-    from stopexp import sweeps
+    from stopexp.runtime import sweeps
 
     job = tmp_path / "sweep" / "0"
     (job / ".hydra").mkdir(parents=True)

@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 from conftest import ROOT
-from stopexp import launchers
+from stopexp.runtime import launchers
 
 SLURM = "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
 

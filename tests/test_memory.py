@@ -5,7 +5,7 @@ import copy
 import numpy as np
 import torch
 
-from stopexp.memory import KVMeter, kv_bytes_per_token, memory_summary, schedule_peaks
+from stopexp.search.memory import KVMeter, kv_bytes_per_token, memory_summary, schedule_peaks
 
 
 def test_bytes_per_token_from_the_model_config(tiny_lm):
@@ -39,12 +39,12 @@ def test_meter_sums_the_cached_tokens_of_each_prompt():
 
 
 def test_online_meter_equals_the_schedule_estimate(tiny_lm):
-    from stopexp.policies import TopK
+    from stopexp.core.policies import TopK
     from stopexp.search.decode import SamplingParams, make_engine
     from stopexp.search.parallel import launch_check_resume
     from stopexp.search.sample import prompt_ids
     from stopexp.tasks import ArithTask
-    from stopexp.taps import Taps
+    from stopexp.search.taps import Taps
 
     model, tok = tiny_lm
     task = ArithTask(n_steps=2)

@@ -243,7 +243,7 @@ def test_nan_scores_rank_lowest_within_a_prompt():
 def test_policies_treat_nan_as_lowest_and_survive_infinities():
     import torch
 
-    from stopexp.policies import Quantile, TopK
+    from stopexp.core.policies import Quantile, TopK
 
     s = torch.tensor([float("nan"), 0.2, 0.9, float("-inf"), float("inf")])
     assert TopK(3).keep(s).tolist() == [False, True, True, False, True]
@@ -251,7 +251,7 @@ def test_policies_treat_nan_as_lowest_and_survive_infinities():
 
 
 def test_evaluate_signal_quality_counts_nonfinite_scores():
-    from stopexp.accounting import Paths, signal_quality
+    from stopexp.evaluation.accounting import Paths, signal_quality
 
     n = 8
     paths = Paths(group=np.repeat([0, 1], 4), path_id=np.tile(np.arange(4), 2), length=np.full(n, 10),

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from conftest import ROOT, compose
-from stopexp import bank
+from stopexp.store import bank
 from stopexp.config import validate
 
 SMALL = ["search.n_paths=8", "collect.prompts.train=12", "collect.prompts.val=6",

@@ -5,13 +5,13 @@ import numpy as np
 import pytest
 
 from conftest import compose
-from stopexp import bank
-from stopexp.collect import collect
+from stopexp.store import bank
+from stopexp.stages.collect import collect
 from stopexp.config import validate
-from stopexp.evaluate import evaluate, print_table
-from stopexp.rewards import Reward
+from stopexp.stages.evaluate import evaluate, print_table
+from stopexp.tasks.rewards import Reward
 from stopexp.tasks import build_task
-from stopexp.train import train
+from stopexp.stages.train import train
 
 TINY = ["+exp=toy_datatotext", "logger=none", "search.n_paths=8", "collect.prompts.train=8",
         "collect.prompts.val=4", "collect.prompts.test=4", "collect.shard_prompts=8",

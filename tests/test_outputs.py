@@ -11,8 +11,8 @@ import pytest
 from hydra.core.global_hydra import GlobalHydra
 
 from conftest import compose
-from stopexp import plots
-from stopexp.artifacts import atomic_path, publish_dir, staging_dir, write_json
+from stopexp.evaluation import plots
+from stopexp.runtime.artifacts import atomic_path, publish_dir, staging_dir, write_json
 
 FAST = ["evaluate.n_points=[4,8]", "evaluate.retention=[2,4]", "policy.keep=4",
         "evaluate.bootstrap=50", "train.epochs=2", "evaluate.text_metrics=false"]
@@ -85,7 +85,7 @@ def test_every_stage_writes_its_outputs_when_wandb_dies_mid_stage(small_bank, tm
         metrics = json.loads((tmp_path / stage / "metrics.json").read_text())
         assert metrics, stage
         warnings = [w for w in stage_log(tmp_path / stage).splitlines()
-                    if "[stopexp.tracking][WARNING]" in w]
+                    if "[stopexp.runtime.tracking][WARNING]" in w]
         assert len(warnings) == 1 and "Connection lost" in warnings[0], (stage, warnings)
         assert "tracking is off for the rest of this run" in warnings[0]
     assert json.loads((tmp_path / "collect/metrics.json").read_text())["collect"]["complete"]
@@ -180,7 +180,7 @@ def test_runs_and_sweeps_started_in_the_same_second_get_their_own_dirs():
 
 
 def test_replace_dir_swaps_a_whole_directory_and_leaves_nothing_behind(tmp_path, umask_022):
-    from stopexp.artifacts import replace_dir
+    from stopexp.runtime.artifacts import replace_dir
 
     final = tmp_path / "toy_lm"
     for version in ("old", "new"):
@@ -193,7 +193,7 @@ def test_replace_dir_swaps_a_whole_directory_and_leaves_nothing_behind(tmp_path,
 
 
 def test_umask_is_read_without_changing_it(umask_022, monkeypatch):
-    from stopexp import artifacts
+    from stopexp.runtime import artifacts
 
     assert artifacts.current_umask() == 0o022
     monkeypatch.setattr("builtins.open", lambda *a, **k: (_ for _ in ()).throw(OSError))
@@ -211,7 +211,7 @@ def test_a_wandb_dir_that_is_a_file_costs_tracking_not_outputs(small_bank, tmp_p
     assert "auroc" in json.loads((tmp_path / "run/metrics.json").read_text())["train"]["test"]
     assert (tmp_path / "run/loss_curve.png").exists()
     warnings = [w for w in stage_log(tmp_path / "run").splitlines() if "[WARNING]" in w
-                and "stopexp.tracking" in w]
+                and "stopexp.runtime.tracking" in w]
     assert len(warnings) == 1 and "W&B could not start a run (FileExistsError" in warnings[0]
     assert (out / "wandb").read_text() == "in the way"
 
@@ -220,7 +220,7 @@ def test_a_full_disk_during_collect_names_the_shard_and_keeps_the_finished_ones(
                                                                               monkeypatch, capsys):
     from datasets import Dataset
 
-    from stopexp import bank
+    from stopexp.store import bank
     from stopexp.config import validate
 
     args = [f"paths.output_dir={tmp_path}", "logger=none", "search.n_paths=2",

@@ -8,13 +8,13 @@ import pytest
 import torch
 
 from conftest import compose
-from stopexp import bank
+from stopexp.store import bank
 from stopexp.config import ConfigError, validate
-from stopexp.losses import _pair_mask
-from stopexp.per_step import (auroc_by_position, mean_over_positions,
+from stopexp.training.losses import _pair_mask
+from stopexp.training.per_step import (auroc_by_position, mean_over_positions,
                               pair_groups, position_data, training_rows)
 from stopexp.signals import FeatureSpec, build_predictor
-from stopexp.train import fit, predictor_dir, train
+from stopexp.stages.train import fit, predictor_dir, train
 
 EVAL_FAST = ["evaluate.n_points=[4,8]", "evaluate.retention=[2,4]", "policy.keep=4",
              "evaluate.bootstrap=200", "evaluate.text_metrics=false"]
@@ -106,7 +106,7 @@ def test_fit_on_every_position_is_pinned():
     prompts are mixed, so the mean over positions differs from the mean over all
     (prompt, position) groups."""
     from stopexp.metrics import within_prompt_auroc
-    from stopexp.train import score
+    from stopexp.stages.train import score
 
     cfg = validate(compose("train", ["train.epochs=4", "train.batch_prompts=4", "predictor.hidden=8"]))
     val = tiny_positions(1)
@@ -129,7 +129,7 @@ def test_fit_on_every_position_is_pinned():
 
 
 def test_position_data_holds_every_alive_row_at_each_checkpoint(small_bank):
-    from stopexp import feature_bank
+    from stopexp.store import features as feature_bank
 
     cfg = validate(compose("train", small_bank))
     ds, rows = position_data(cfg, "val")
@@ -158,8 +158,8 @@ def test_train_on_every_position_reports_and_plots_the_curve(small_bank, tmp_pat
 
 
 def test_evaluate_writes_every_methods_curve_and_the_single_checkpoint_baseline(small_bank, tmp_path):
-    from stopexp.evaluate import evaluate
-    from stopexp.artifacts import write_json
+    from stopexp.stages.evaluate import evaluate
+    from stopexp.runtime.artifacts import write_json
 
     over = [*small_bank, *EVAL_FAST, "train.epochs=3", "train.positions=all",
             "evaluate.methods=[confidence,entropy,hidden_norm,st_bon,learned]"]

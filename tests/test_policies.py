@@ -1,6 +1,6 @@
 import torch
 
-from stopexp.policies import Adaptive, FixedThreshold, Quantile, TopK, build_policy
+from stopexp.core.policies import Adaptive, FixedThreshold, Quantile, TopK, build_policy
 from conftest import compose
 
 

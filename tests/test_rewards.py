@@ -11,13 +11,13 @@ from rouge_score.rouge_scorer import RougeScorer
 from scipy.stats import kendalltau, spearmanr
 
 from conftest import compose
-from stopexp.accounting import Paths, outcome
-from stopexp.bank import bank_key
+from stopexp.evaluation.accounting import Paths, outcome
+from stopexp.store.bank import bank_key
 from stopexp.config import ConfigError, LossConfig, validate
-from stopexp.losses import build_loss
+from stopexp.training.losses import build_loss
 from stopexp.metrics import reward_ranking, within_prompt_auroc
-from stopexp.rewards import Reward, bleu, neg_perplexity, register_reward, rouge_l
-from stopexp.selection import pick
+from stopexp.tasks.rewards import Reward, bleu, neg_perplexity, register_reward, rouge_l
+from stopexp.evaluation.select import pick
 from stopexp.tasks import build_task
 from stopexp.tasks.datatotext import DataToTextTask
 
@@ -194,8 +194,8 @@ def test_reward_and_selection_config_errors_name_the_key(overrides, key):
 
 
 def test_reward_is_in_the_bank_key_only_when_not_the_outcome():
-    from stopexp.artifacts import config_hash
-    from stopexp import bank
+    from stopexp.runtime.artifacts import config_hash
+    from stopexp.store import bank
 
     cfg = compose("collect")
     plain = bank.plain
@@ -290,7 +290,7 @@ def test_sentence_bleu_of_identical_text_is_one_as_sacrebleu_scores_sentences(te
 
 
 def test_regression_losses_clip_rounded_rewards_and_name_real_violations_in_full_digits():
-    from stopexp.train import check_reward_range
+    from stopexp.stages.train import check_reward_range
 
     cfg = compose("train", ["loss=mse", "reward=bertscore"])
     data = {"train": {"reward": torch.tensor([0.7773, 1.0000001, 1.0]),

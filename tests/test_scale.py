@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from conftest import FP32_REORDER, ROOT, compose
-from stopexp import bank
-from stopexp.collect import collect
+from stopexp.store import bank
+from stopexp.stages.collect import collect
 from stopexp.config import ConfigError, validate
 from stopexp.search.sample import prompt_ids, row_cap
 

@@ -1,4 +1,4 @@
-"""Signal predictors (stopexp/signals) and their losses (stopexp/losses.py).
+"""Signal predictors (stopexp/signals) and their losses (stopexp/training/losses.py).
 
 Held-out quality is the *within-prompt* AUROC: roc_auc_score per prompt group with mixed
 outcomes, averaged over groups (what a pruning decision among one prompt's paths can use).
@@ -12,7 +12,7 @@ from sklearn.metrics import roc_auc_score
 
 from conftest import compose
 from stopexp.config import LossConfig, PredictorConfig
-from stopexp.losses import LOSSES, build_loss
+from stopexp.training.losses import LOSSES, build_loss
 from stopexp.signals import PREDICTORS, SIGNAL_NAMES, FeatureSpec, build_predictor
 
 H, TAPS, PATHS = 32, [0, 1, 2], 8

@@ -3,8 +3,8 @@ and evaluate (the GGUF conversion included), offline on a CPU."""
 import numpy as np
 import pytest
 
-from stopexp import bank
-from stopexp.feature_bank import features_dir
+from stopexp.store import bank
+from stopexp.store.features import features_dir
 from stopexp.config import validate
 from tests.conftest import compose
 
@@ -17,7 +17,7 @@ SHRUNK = ["logger=none", "search.n_paths=8", "policy.keep=2", "collect.prompts.t
 @pytest.mark.slow
 def test_smollm2_experiment_end_to_end(tmp_path):
     """~2 min on 2 cores: 18 prompts x 8 paths of SmolLM2-135M-Instruct on word problems."""
-    from stopexp.pipeline import run_pipeline
+    from stopexp.stages.pipeline import run_pipeline
 
     cfg = validate(compose("pipeline", ["+exp=smollm2_contrastive", *SHRUNK,
                                         f"paths.output_dir={tmp_path}"]))

@@ -324,7 +324,7 @@ def test_traced_paths_and_rollouts_end_at_the_stop(sharp_lm):
 
 def test_stop_strings_change_the_bank_and_are_validated(tmp_path):
     from conftest import compose
-    from stopexp.bank import bank_key
+    from stopexp.store.bank import bank_key
     from stopexp.config import ConfigError, validate
 
     base = ["logger=none", f"paths.output_dir={tmp_path}"]
@@ -418,7 +418,7 @@ def test_escapes_in_stop_strings_and_text_keys_are_decoded_once(tmp_path):
     text keys decode \\n, \\t, \\r and \\\\ once (other backslashes stay), so the README's
     form stops where a newline-written config does, in the same bank."""
     from conftest import compose
-    from stopexp.bank import bank_key
+    from stopexp.store.bank import bank_key
     from stopexp.config import validate
     from stopexp.tasks import build_task
 

@@ -17,10 +17,10 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf, open_dict
 
 from conftest import CONF, ROOT, compose
-from stopexp import sweeps
+from stopexp.runtime import sweeps
 from stopexp.config import validate
-from stopexp.retention import fit, guideline_points, predict_inverse_gamma
-from stopexp.tracking import run_group
+from stopexp.evaluation.retention import fit, guideline_points, predict_inverse_gamma
+from stopexp.runtime.tracking import run_group
 
 OPTUNA = ["+exp=toy_contrastive", "+hparams_search=optuna_toy"]
 

@@ -6,8 +6,8 @@ from safetensors.torch import load_file
 
 from conftest import compose
 from stopexp.config import validate
-from stopexp.threads import one_thread
-from stopexp.train import predictor_dir, train
+from stopexp.runtime.threads import one_thread
+from stopexp.stages.train import predictor_dir, train
 
 
 def test_training_gives_the_same_bits_at_one_and_at_two_threads(small_bank):

@@ -1,7 +1,7 @@
 import pytest
 
 from conftest import compose
-from stopexp.tracking import NullRun, tracked_run
+from stopexp.runtime.tracking import NullRun, tracked_run
 
 
 def test_null_run_has_the_run_methods():
@@ -58,14 +58,14 @@ class _DeadRun:
 
 
 def test_wandb_run_fails_safe_warns_once_and_still_tries_finish(caplog, tmp_path):
-    from stopexp.tracking import WandbRun
+    from stopexp.runtime.tracking import WandbRun
 
     class W:  # the wandb module: its constructors fail too
         def Artifact(*a, **k):
             raise RuntimeError("no artifact")
 
     run = WandbRun(_DeadRun(), W)
-    with caplog.at_level("WARNING", logger="stopexp.tracking"):
+    with caplog.at_level("WARNING", logger="stopexp.runtime.tracking"):
         assert run.log({"a": 1}) is None
         run.summary_update({"b": 2})
         run.log_artifact(tmp_path, "x", "y")
@@ -89,7 +89,7 @@ def test_an_unusable_wandb_dir_gives_a_null_run_and_one_warning(shape, tmp_path,
         (out / "wandb").mkdir()
         read_only(out / "wandb")
     cfg = compose("collect", [f"paths.output_dir={out}", "logger.mode=offline"])
-    with caplog.at_level("WARNING", logger="stopexp.tracking"):
+    with caplog.at_level("WARNING", logger="stopexp.runtime.tracking"):
         with tracked_run(cfg, "collect") as run:
             assert type(run) is NullRun
             run.log({"loss": 1.0})

@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 
 from conftest import compose
-from stopexp import bank
+from stopexp.store import bank
 from stopexp.config import ConfigError, validate
 from stopexp.signals.checkpoint import CheckpointMismatch, load_predictor
-from stopexp.feature_bank import spec_of
-from stopexp.train import predictor_dir, score, split_data, train
+from stopexp.store.features import spec_of
+from stopexp.stages.train import predictor_dir, score, split_data, train
 
 
 def cfg_for(small_bank, *extra, stage="train"):
@@ -35,7 +35,7 @@ def test_train_writes_a_checkpoint_that_reloads_with_identical_scores(small_bank
     again = score(predictor, data["test"])
     assert np.isclose(json.loads((predictor_dir(cfg) / "predictor.json").read_text())
                       ["metrics"]["test"]["auroc_pooled"], metrics["test"]["auroc_pooled"])
-    from stopexp.train import evaluate_scores
+    from stopexp.stages.train import evaluate_scores
     assert evaluate_scores(again, data["test"])["auroc_pooled"] == metrics["test"]["auroc_pooled"]
     # a second call finds the checkpoint instead of retraining
     assert train(cfg, progress=False)["checkpoint"] == metrics["checkpoint"]
@@ -55,7 +55,7 @@ def test_checkpoint_for_other_features_is_refused(small_bank):
 def test_a_checkpoint_of_another_predictor_config_is_refused_on_every_load(small_bank):
     import shutil
 
-    from stopexp.scorers import build_scorers
+    from stopexp.evaluation.scorers import build_scorers
 
     seed = "train.seed=23"  # no other test trains these: the copies below harm nobody
     linear, mlp = cfg_for(small_bank, "predictor=linear", seed), cfg_for(small_bank, "predictor=mlp", seed)
@@ -157,7 +157,7 @@ def test_a_fit_that_does_not_beat_its_initialisation_says_so(small_bank):
 
 
 def test_nan_validation_never_selects_the_untrained_state(small_bank, monkeypatch):
-    import stopexp.train as T
+    import stopexp.stages.train as T
     from stopexp.signals import build_predictor
 
     cfg = cfg_for(small_bank)
@@ -179,7 +179,7 @@ def _split(groups, correct):
 
 
 def test_a_split_without_mixed_prompts_is_refused():
-    from stopexp.train import NothingToLearn, check_usable
+    from stopexp.stages.train import NothingToLearn, check_usable
 
     assert check_usable("val", _split([0, 0, 1, 1], [1, 0, 1, 1]), 5, 8) == 1
     with pytest.raises(NothingToLearn) as e:
@@ -200,8 +200,8 @@ def test_a_split_without_mixed_prompts_is_refused():
 
 
 def test_train_refuses_a_bank_whose_val_split_has_no_mixed_prompt(small_bank, tmp_path):
-    from stopexp.collect import collect
-    from stopexp.train import NothingToLearn
+    from stopexp.stages.collect import collect
+    from stopexp.stages.train import NothingToLearn
 
     # keep only the validation prompts that no path solves
     extra = [f"paths.output_dir={tmp_path}", "collect.keep_correct=[0,0]",

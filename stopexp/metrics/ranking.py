@@ -5,7 +5,7 @@ one prompt, while a pooled AUROC also rewards knowing which prompts are hard.
 
 Non-finite scores (a scorer plugged in with `register_external` may return them): +inf
 and -inf rank as the highest and lowest scores; NaN ranks lowest, tied with -inf (the
-path a pruning policy would drop first; `stopexp.policies` treats NaN the same way). All
+path a pruning policy would drop first; `stopexp.core.policies` treats NaN the same way). All
 ranking metrics depend only on the order of the scores, so they are computed on ranks;
 callers report how many scores were not finite (`nonfinite`).
 """

@@ -14,7 +14,7 @@ import regex
 import sacrebleu
 
 from stopexp.config import TEXT_TOKENIZERS
-from stopexp.errors import ConfigError
+from stopexp.core.errors import ConfigError
 from stopexp.metrics.bounds import clip_to_range
 
 ROUGE_TYPES = ("rouge1", "rouge2", "rougeL")
@@ -57,7 +57,7 @@ def bleu(hyps, refs, tokenize: str = "13a") -> float:
     changes neither the clipped n-gram counts nor the closest reference length), with
     sacrebleu's `tokenize` (TEXT_TOKENIZERS: "zh" for Chinese, "char" for other scripts
     written without spaces). Corpus BLEU is unsmoothed: a corpus shorter than 4 words has
-    no 4-gram and scores 0; the sentence-level reward (stopexp.rewards.bleu) is smoothed."""
+    no 4-gram and scores 0; the sentence-level reward (stopexp.tasks.rewards.bleu) is smoothed."""
     check_tokenize(tokenize)
     hyps, refs = list(hyps), list(refs)
     if len(hyps) != len(refs):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from stopexp.search.sample import vote as majority_vote
+from stopexp.tasks.answers import vote as majority_vote
 from stopexp.tasks.answers import equivalent
 
 

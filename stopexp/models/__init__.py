@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from stopexp.errors import ConfigError, UserError
-from stopexp.hub import endpoint, offline_by_choice, offline_unless_reachable, reachable
+from stopexp.core.errors import ConfigError, UserError
+from stopexp.runtime.hub import endpoint, offline_by_choice, offline_unless_reachable, reachable
 
 log = logging.getLogger(__name__)
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from stopexp.policies import quantize
+from stopexp.core.policies import quantize
 from stopexp.search.decode import check_finite
 from stopexp.search.stops import StopStrings
 from stopexp.signals.columns import signal_matrix

@@ -12,7 +12,6 @@ offline replay of any pruning decision exact.
 """
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -21,7 +20,7 @@ from transformers import DynamicCache
 
 from stopexp.config import stop_strings
 from stopexp.search.stops import StopStrings
-from stopexp.taps import Taps
+from stopexp.search.taps import Taps
 
 
 @dataclass(frozen=True)
@@ -83,12 +82,6 @@ def check_finite(logprobs: torch.Tensor, step: int, label: Callable[[int], str])
             f"{len(bad)} rows ({names}); the model produced NaN or inf logits (as HF's "
             "'probability tensor contains either inf, nan or element < 0'). Try "
             "model.dtype=float32 or a larger search.temperature")
-
-
-def stream_seed(*parts) -> int:
-    """A 63-bit seed for a random stream named by `parts`, e.g. (seed, prompt, path)."""
-    digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
-    return int.from_bytes(digest[:8], "big") >> 1
 
 
 def uniforms(seed: int, n: int) -> torch.Tensor:

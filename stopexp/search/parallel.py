@@ -6,7 +6,7 @@ Progressive (several checks): the kept paths run on to the next check, where the
 still generating are scored and the policy keeps its share again, and so on; the kept
 paths of the last check are finished. A path's score at a check is its newest raw score
 or the running mean of its raw scores at all its checks (STEP, arXiv 2601.09093;
-stopexp.voting.rule_score). Paths that end between checks vote.
+stopexp.core.voting.rule_score). Paths that end between checks vote.
 
 The prefix phase is run once and shared: each method continues from a copy of the
 checked state (its rows only), and `no_prune` continues all rows. Because every path
@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from stopexp.memory import KVMeter
+from stopexp.search.memory import KVMeter
 from stopexp.search.decode import Decode, Engine, StepRecord
 from stopexp.search.sample import launch_lists, path_labels, prompt_chunks
 from stopexp.signals.columns import signal_matrix
 from stopexp.signals.features import SIGNAL_NAMES
-from stopexp.voting import rule_score
+from stopexp.core.voting import rule_score
 
 
 @dataclass
@@ -37,7 +37,7 @@ class OnlineRun:
     signal: dict = field(default_factory=dict)   # (prompt index, path id) -> score at its last check
     length: dict = field(default_factory=dict)   # (prompt index, path id) -> tokens generated
     text: dict = field(default_factory=dict)
-    kv: KVMeter = field(default_factory=KVMeter)  # cached tokens per prompt (stopexp.memory)
+    kv: KVMeter = field(default_factory=KVMeter)  # cached tokens per prompt (stopexp.search.memory)
     prefix_s: float = 0.0
     check_s: float = 0.0
     resume_s: float = 0.0

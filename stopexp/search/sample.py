@@ -4,9 +4,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from stopexp.errors import UserError
-from stopexp.search.decode import Engine, stream_seed
-from stopexp.tasks.answers import vote_clusters
+from stopexp.core.errors import UserError
+from stopexp.search.decode import Engine
+from stopexp.core.seeds import stream_seed
 
 log = logging.getLogger(__name__)
 
@@ -120,14 +120,3 @@ def sample_paths(engine: Engine, tokenizer, task, problems, n_paths: int, seed: 
             text = tokenizer.decode(ids, skip_special_tokens=True)
             out.append(SampledPath(i, j, ids, text, task.check(problems[i], text)))
     return out
-
-
-def vote(answers: list, fmt: str | None = None) -> object:
-    """Majority vote over answers (None never wins); ties go to the answer seen first.
-    Equivalent answers of the answer format `fmt` vote as one, and the winner is their
-    cluster's representative (stopexp.tasks.answers.vote_clusters; None: by string)."""
-    counts: dict = {}
-    for a in vote_clusters(answers, fmt):
-        if a is not None:
-            counts[a] = counts.get(a, 0) + 1
-    return max(counts, key=counts.get) if counts else None

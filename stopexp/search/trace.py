@@ -1,13 +1,15 @@
 """Tracing: sample N unpruned paths per prompt and record, per path, its tokens, outcome
 and per-token confidences, and (optionally) per checkpoint a Monte Carlo success rate
 estimated by K rollouts from the prefix. Hidden features are not traced here: they are
-extracted from the stored tokens by `stopexp.feature_bank`."""
+extracted from the stored tokens by `stopexp.store.features`."""
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from stopexp.search.decode import Decode, Engine, stream_seed
+from stopexp.search.decode import Decode, Engine
+
+from stopexp.core.seeds import stream_seed
 from stopexp.search.sample import launch_lists, path_labels, prompt_chunks
 
 
@@ -56,7 +58,7 @@ def trace_problems(engine: Engine, tokenizer, task, problems, n_paths: int, seed
                    ) -> tuple[dict[str, list], int]:
     """Columns of the trace bank for `problems` (N paths each), in (prompt, path) order,
     and the number of tokens the Monte Carlo rollouts generated. `reward`
-    (stopexp.rewards.Reward; None: the outcome) fills the `reward` column. With
+    (stopexp.tasks.rewards.Reward; None: the outcome) fills the `reward` column. With
     `mc_rollouts`, "mc" holds per path the mean reward of that many rollouts from each of
     `checkpoints` (a path that ended by then: its own reward); without, it is empty. The
     engine needs no taps: hidden features are extracted later from the stored tokens."""

@@ -15,9 +15,9 @@ from pathlib import Path
 from omegaconf import OmegaConf
 from safetensors.torch import load_file, save_file
 
-from stopexp.artifacts import plain, publish_dir, staging_dir, write_json
-from stopexp.errors import UserError, error_text, writing
-from stopexp.integrity import file_problem, file_record
+from stopexp.runtime.artifacts import plain, publish_dir, staging_dir, write_json
+from stopexp.core.errors import UserError, error_text, writing
+from stopexp.runtime.integrity import file_problem, file_record
 from stopexp.signals import FeatureSpec, build_predictor
 
 WEIGHTS, META = "predictor.safetensors", "predictor.json"

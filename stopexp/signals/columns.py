@@ -9,7 +9,7 @@ layer* (`hidden[:, -1]`: taps are ordered shallowest first), in float32:
 - hidden_var: the population variance of its H components (divided by H, not H - 1).
 
 attn_entropy is the mean entropy (nats) of the chosen heads' attention at the current
-token (`stopexp.taps`, tap.attention_heads); 0 where attention is not tapped.
+token (`stopexp.search.taps`, tap.attention_heads); 0 where attention is not tapped.
 """
 from __future__ import annotations
 

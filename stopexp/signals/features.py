@@ -4,7 +4,7 @@ recorded with every trace bank and checkpoint, and helpers that read a batch aga
 A batch is a dict of float32 tensors for B path checkpoints: "hidden" (B, n_tap_layers, H)
 in `FeatureSpec.tap_layers` order, "signals" (B, S) with columns `signal_names`, "group"
 (B,) int64 prompt id, "correct" (B,) 0/1, "reward" (B,) the path's reward
-(stopexp/rewards.py; = correct for reward=correct), "mc" (B,) Monte Carlo mean reward or NaN,
+(stopexp/tasks/rewards.py; = correct for reward=correct), "mc" (B,) Monte Carlo mean reward or NaN,
 "prefix_len" and "remaining" (B,) in tokens.
 """
 from __future__ import annotations

@@ -26,8 +26,8 @@ import torch
 from stopexp.config import BASELINE_METHODS, STOPPING_METHODS
 from stopexp.signals.features import SIGNAL_NAMES
 from stopexp.signals.st_bon import st_bon
-from stopexp.search.decode import stream_seed
-from stopexp.threads import one_thread
+from stopexp.core.seeds import stream_seed
+from stopexp.runtime.threads import one_thread
 
 Scorer = Callable[[dict], torch.Tensor]
 NON_LEARNABLE = (*BASELINE_METHODS, *STOPPING_METHODS)  # the names config.validate accepts

@@ -375,3 +375,14 @@ def vote_clusters(answers, fmt: str | None) -> list:
             home.append(a)
     representative = {a: max(c, key=counts.__getitem__) for c in clusters for a in c}
     return [representative[a] if a else a for a in answers]
+
+
+def vote(answers: list, fmt: str | None = None) -> object:
+    """Majority vote over answers (None never wins); ties go to the answer seen first.
+    Equivalent answers of the answer format `fmt` vote as one, and the winner is their
+    cluster's representative (stopexp.tasks.answers.vote_clusters; None: by string)."""
+    counts: dict = {}
+    for a in vote_clusters(answers, fmt):
+        if a is not None:
+            counts[a] = counts.get(a, 0) + 1
+    return max(counts, key=counts.get) if counts else None

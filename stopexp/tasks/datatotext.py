@@ -1,6 +1,6 @@
 """Data-to-text: one restaurant record into one sentence (after the E2E NLG task), generated
 offline and seeded. An open-ended task: many sentences are right, and their quality is a
-matter of degree, measured by a reward (stopexp/rewards.py) against several references::
+matter of degree, measured by a reward (stopexp/tasks/rewards.py) against several references::
 
     Record: name[Aromi], food[Thai], area[riverside], price[cheap]
     Sentence: Aromi serves cheap Thai food in the riverside.

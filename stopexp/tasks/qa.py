@@ -18,8 +18,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from stopexp import jsonfile
-from stopexp.errors import ConfigError, NotFound, UserError, error_text
+from stopexp.core import jsonfile
+from stopexp.core.errors import ConfigError, NotFound, UserError, error_text
 from stopexp.tasks.answers import FORMATS, MODES, canonical, equivalent, extract_answer
 
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -149,7 +149,7 @@ def read_rows(path: str, subset: str | None = None,
                        f"{'/'.join(FILE_SUFFIXES)} file")
     from datasets import load_dataset
 
-    from stopexp.hub import offline_unless_reachable
+    from stopexp.runtime.hub import offline_unless_reachable
 
     try:
         with offline_unless_reachable():  # no hub: the cache only, failing at once

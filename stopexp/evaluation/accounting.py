@@ -1,0 +1,360 @@
+"""One accounting for every method: the evaluated paths (`Paths`, from the trace bank in
+replay), the vote and token cost of a pruning decision (`outcome`), the threshold policy
+applied prompt by prompt at one check or several (`decide_by_checks`), the summary and
+signal-quality metrics, the Pareto points and the text metrics of the chosen outputs."""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from stopexp.store import bank
+from stopexp.config import check_plan
+from stopexp.core.errors import ConfigError
+from stopexp.metrics import (auprc, bootstrap_ci, is_binary, nonfinite, per_group_auroc,
+                             pooled_auroc, reward_ranking, text_metrics, within_prompt_auroc)
+from stopexp.core.policies import build_policy
+from stopexp.evaluation.select import lm_scores, pick
+from stopexp.stopping.replay import kv_peaks
+from stopexp.tasks.answers import vote_clusters
+from stopexp.core.voting import elect, rule_score
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Paths:
+    """The evaluated paths, one row each, grouped by prompt (rows of a prompt contiguous,
+    ordered by path id)."""
+    group: np.ndarray    # prompt index 0..G-1
+    path_id: np.ndarray
+    length: np.ndarray   # tokens the path generates when not pruned
+    correct: np.ndarray
+    answer: np.ndarray   # extracted answers ("" = none)
+    text: np.ndarray
+    alive: np.ndarray    # still generating at the check
+    batch: dict          # predictor batch at the check, for every row
+    prompt_ids: np.ndarray | None = None  # the task's prompt id of each group (None: 0..G-1)
+    prompt_len: np.ndarray | None = None  # prompt tokens (for the KV-memory estimate; None online)
+    checks: list | None = None  # replay: the predictor batch at every check (checks[0] is batch)
+    reward: np.ndarray | None = None      # each path's reward (stopexp/tasks/rewards.py)
+    lm_score: np.ndarray | None = None    # mean log-prob of its generated tokens (selection)
+    answer_format: str | None = None      # equivalent answers vote as one (tasks.vote_format)
+
+
+@dataclass
+class Decision:
+    """What a method's checks did to every path (one row per path, as in `Paths`)."""
+    kept: np.ndarray       # alive at the first check and never pruned
+    pruned_at: np.ndarray  # prefix tokens of the check that pruned the path (0: not pruned)
+    signal: np.ndarray     # final signal: the score at the last check it passed (NaN: never scored)
+
+
+def prompts_in(root: Path, split: str) -> int:
+    """How many prompts of `split` the bank holds (prompt ids run 0..n-1)."""
+    return int(bank.load_bank(root, split)["prompt_id"][:].max()) + 1
+
+
+def batches_at(ds, feats, checks: list[int]) -> list[dict]:
+    """The predictor batch of every path of `ds` (a bank split) at each check (tokens), in
+    order, from its features `feats` (`stopexp.store.features.load_features` of the same
+    split): the one place that reads features for pruning decisions in replay. ValueError
+    naming the checks the features lack (add them to tap.checkpoints or tap.positions)."""
+    from stopexp.store import features as feature_bank
+
+    return [feature_bank.tensors_at(ds, feats, c) for c in checks]
+
+
+def replay_paths(root: Path, features: Path | None, split: str, checkpoint: int | list[int],
+                 answer_format: str | None = None) -> Paths:
+    """The bank's `split` paths with the predictor batch at `checkpoint` (tokens), or at
+    each of several checks (`Paths.checks`; `batch` is the first), joined with their
+    `features` (a features directory, `stopexp.store.features`). Without features the batch
+    holds no hidden state or signals (enough for the stopping protocols); `answer_format`:
+    the task's `vote_format`. ValueError when the bank holds no such paths or the features
+    lack a check."""
+    from stopexp.store import features as feature_bank
+
+    ds = bank.load_bank(root, split)
+    if not len(ds):
+        raise ConfigError(f"evaluate.split: the trace bank has no {split!r} paths")
+    at = [checkpoint] if isinstance(checkpoint, (int, np.integer)) else list(checkpoint)
+    if features is not None:
+        checks = batches_at(ds, feature_bank.load_features(features, split), at)
+    else:
+        length = np.asarray(ds["length"][:])
+        checks = [{"correct": torch.as_tensor(np.asarray(ds["correct"][:]).astype(np.float32)),
+                   "length": torch.as_tensor(length.astype(np.float32)),
+                   "alive": torch.as_tensor(length > c)} for c in at]
+    t = checks[0]
+    t["seed_key"] = [f"{p}/{j}" for p, j in zip(ds["prompt"][:], ds["path_id"][:])]
+    t.update(bank.prefix_columns(ds))  # the super token re-encodes the prefixes
+    # groups are dense even where collect left prompts out (model.long_prompts=skip)
+    prompt_ids, group = np.unique(np.asarray(ds["prompt_id"][:]).astype(np.int64), return_inverse=True)
+    t["group"] = torch.as_tensor(group.astype(np.int64))
+    for c in checks[1:]:
+        c.update({k: t[k] for k in ("seed_key", "prompt", "tokens", "group")})
+    return Paths(group=t["group"].numpy(), path_id=np.asarray(ds["path_id"][:]),
+                 length=np.asarray(ds["length"][:]), correct=np.asarray(ds["correct"][:]),
+                 answer=np.asarray(ds["answer"][:], dtype=object),
+                 text=np.asarray(ds["text"][:], dtype=object), alive=t["alive"].numpy(),
+                 batch=t, prompt_ids=prompt_ids, prompt_len=np.asarray(ds["prompt_len"][:]),
+                 checks=checks, reward=bank.rewards_of(ds).astype(float),
+                 lm_score=lm_scores(ds["token_logprob"][:]), answer_format=answer_format)
+
+
+def bank_paths_and_confs(root: Path, split: str, checkpoint: int, paths: Paths,
+                         views) -> tuple[Paths, list]:
+    """The bank's paths (`paths` itself in replay) and their per-token confidences, for the
+    methods replayed from the bank in either mode."""
+    if views is not None:
+        paths = replay_paths(root, None, split, checkpoint, paths.answer_format)
+    return paths, list(bank.load_bank(root, split)["token_conf"][:])
+
+
+def outcome(paths: Paths, kept: np.ndarray, checkpoint, n: int, vote: str = "majority",
+            signal: np.ndarray | None = None, vote_top: float = 0.5, select: str = "vote") -> dict:
+    """Vote, accounting and survival for one pruning decision over the first n paths of
+    every prompt. `kept` marks the paths alive at the first check that were never pruned;
+    `checkpoint`: the prefix (tokens) where pruned paths stopped, one for all or (P,) per
+    path (several checks). `vote`, `signal` (P,) final signals (NaN: never scored) and
+    `vote_top`: the vote rule of stopexp.core.voting. `select` other than vote picks one
+    finishing path per prompt instead (stopexp/evaluation/select.py; by the final `signal` for
+    select=signal); "reward" is the chosen output's reward."""
+    use = paths.path_id < n
+    voter = use & (~paths.alive | kept)
+    stop_at = np.broadcast_to(np.asarray(checkpoint), paths.length.shape)
+    spent = np.where(voter, paths.length, np.minimum(paths.length, stop_at)) * use
+    G = int(paths.group.max()) + 1
+    correct = np.zeros(G, bool)
+    chosen = np.full(G, "", dtype=object)
+    avg = np.zeros(G)
+    reward, avg_reward = np.full(G, np.nan), np.full(G, np.nan)
+    for g in range(G):
+        rows = np.nonzero((paths.group == g) & voter)[0]
+        answers = np.asarray(vote_clusters(paths.answer[rows], paths.answer_format), dtype=object)
+        winner = elect([a or None for a in answers], None if signal is None else signal[rows],
+                       vote, vote_top)
+        hit = rows[answers == winner] if winner is not None else rows[:0]
+        correct[g] = bool(len(hit)) and bool(paths.correct[hit[0]])
+        chosen[g] = paths.text[hit[0]] if len(hit) else (paths.text[rows[0]] if len(rows) else "")
+        if select != "vote" and len(rows):
+            choice = pick(rows, select, rows[paths.alive[rows]], signal, paths.lm_score, paths.reward)
+            hit = np.asarray([choice])
+            correct[g], chosen[g] = bool(paths.correct[choice]), paths.text[choice]
+        if paths.reward is not None:
+            reward[g] = paths.reward[hit[0]] if len(hit) else (paths.reward[rows[0]] if len(rows) else np.nan)
+            avg_reward[g] = np.nanmean(paths.reward[rows]) if len(rows) else np.nan
+        avg[g] = paths.correct[rows].mean() if len(rows) else 0.0
+    per_prompt_tokens = np.bincount(paths.group, weights=spent, minlength=G)
+    seq = np.zeros(G)
+    np.maximum.at(seq, paths.group, spent)
+    steps = np.arange(1, int(paths.length.max()) + 1)
+    survival = ((spent[use][:, None] >= steps[None, :]).mean(0)).tolist()
+    stopped = use & paths.alive & ~kept
+    pruned_at = np.array(stop_at[stopped])
+    return {"correct": correct, "chosen": chosen, "avg": avg, "tokens": per_prompt_tokens,
+            "seq_tokens": seq, "survival": survival, "pruned_at": pruned_at, "stopped": stopped,
+            "alive_at_check": float((use & paths.alive).sum() / use.sum()), "spent": spent,
+            "kv_peaks": kv_peaks(paths, spent),
+            **({"reward": reward, "avg_reward": avg_reward} if paths.reward is not None else {})}
+
+
+def keep_by_policy(paths: Paths, scores: np.ndarray, cfg, k: int, n: int,
+                   live: np.ndarray | None = None) -> np.ndarray:
+    """Apply the threshold policy prompt by prompt to the live paths among the first n
+    (`live`: (P,) mask of the paths the check sees; default those alive at the first)."""
+    policy = build_policy(cfg.policy, keep=k)
+    kept = np.zeros(len(scores), bool)
+    live = (paths.alive if live is None else live) & (paths.path_id < n)
+    for g in range(int(paths.group.max()) + 1):
+        rows = np.nonzero((paths.group == g) & live)[0]
+        if len(rows):
+            kept[rows] = policy.keep(torch.as_tensor(scores[rows])).numpy()
+    return kept
+
+
+def decide_by_checks(paths: Paths, scores: list[np.ndarray], cfg, plan: list[tuple[int, int]],
+                     n: int, rule: str = "last") -> Decision:
+    """Launch-Check-Resume replayed with one check or several (progressive): at check i
+    (plan[i] = (prefix tokens, K)) the paths still generating and not yet pruned are
+    scored (scores[i]: (P,) raw scores of every path there) under `rule` (see
+    `rule_score`), and the policy keeps its share prompt by prompt (K for top-K). With one
+    check and rule `last` this is `keep_by_policy`."""
+    first = paths.alive & (paths.path_id < n)
+    live = first.copy()
+    history = [[] for _ in range(len(live))]
+    pruned_at = np.zeros(len(live), np.int64)
+    signal = np.full(len(live), np.nan)
+    for i, (tokens, k) in enumerate(plan):
+        if i:
+            live &= paths.checks[i]["alive"].numpy().astype(bool)
+        now = np.full(len(live), np.nan)
+        for r in np.nonzero(live)[0]:
+            history[r].append(float(scores[i][r]))
+            now[r] = rule_score(history[r], rule)
+        signal[live] = now[live]
+        kept = keep_by_policy(paths, now, cfg, k, n, live)
+        pruned_at[live & ~kept] = tokens
+        live &= kept
+    return Decision(kept=first & (pruned_at == 0), pruned_at=pruned_at, signal=signal)
+
+
+def summarize(o: dict, seconds_per_token: float, flops_per_token: float, n_boot: int,
+              seed: int) -> dict:
+    """Accuracy (with its bootstrap CI), tokens, FLOPs and estimated wall time of an
+    `outcome` dict."""
+    lo, hi = bootstrap_ci(o["correct"].astype(float), n=n_boot, seed=seed)
+    tokens = float(o["tokens"].sum())
+    return {"accuracy": float(o["correct"].mean()), "accuracy_ci": [lo, hi],
+            "avg_at_k": float(o["avg"].mean()), "tokens_total": tokens,
+            "seq_tokens": float(o["seq_tokens"].mean()), "flops": tokens * flops_per_token,
+            "wall_s": tokens * seconds_per_token, "wall_estimated": True,
+            "mean_prune_step": float(o["pruned_at"].mean()) if len(o["pruned_at"]) else None,
+            "alive_at_check": o["alive_at_check"],
+            # the chosen output's reward, and the mean reward of the paths that finish
+            **({"mean_reward": float(np.nanmean(o["reward"])),
+                "avg_reward_at_k": float(np.nanmean(o["avg_reward"]))} if "reward" in o else {})}
+
+
+def signal_quality(paths: Paths, scores: np.ndarray, n: int, n_boot: int, seed: int) -> dict:
+    """AUROC (within-prompt, primary; pooled) and AUPRC of a method's scores against path
+    success, over the live paths at the check. NaN scores rank lowest and +-inf at the
+    extremes (`stopexp.metrics.ranking`); `nonfinite_scores` counts them."""
+    live = paths.alive & (paths.path_id < n)
+    s, y, g = scores[live], paths.correct[live].astype(float), paths.group[live]
+    _, per = per_group_auroc(s, y, g)
+    per = per[np.isfinite(per)]
+    lo, hi = bootstrap_ci(per, n=n_boot, seed=seed) if len(per) else (np.nan, np.nan)
+    ranks = {}
+    if paths.reward is not None and not is_binary(paths.reward[live]):  # a continuous reward
+        ranks = reward_ranking(s, paths.reward[live], g)
+    return {"auroc": within_prompt_auroc(s, y, g), "auroc_ci": [lo, hi],
+            "auroc_pooled": pooled_auroc(s, y), "auprc": auprc(s, y),
+            "nonfinite_scores": nonfinite(s), **ranks}
+
+
+def account_methods(cfg, names: list[str], scorers: dict, paths: Paths, checkpoint: int,
+                    stops: dict, views: dict | None, timing: dict | None,
+                    meta: dict) -> tuple[dict, dict, dict, list]:
+    """Score, prune and account every method in `names` on `paths` (N = search.n_paths per
+    prompt, keep K = policy.keep). stops: name -> outcome of the stopping-protocol methods
+    (replayed from the bank); views/timing: per method the online run's own paths, kept
+    set and measured time (None in replay). Returns (results, outcomes, scores, points):
+    name -> metrics, name -> `outcome` dict, name -> (P,) scores at the check, and the
+    Pareto points of the stopping methods and, with several checks or a threshold policy,
+    of the scored methods (the others' come from `pareto_points`). Checks, score rule and
+    vote: search.check_at, policy.keep, search.score_rule, evaluate.vote (stopexp.config.check_plan,
+    `decide_by_checks`, stopexp.core.voting); online, views[name] = (the run's paths, its
+    `Decision`, None for no_prune)."""
+    plan = check_plan(cfg)
+    N, K = cfg.search.n_paths, plan[-1][1]
+    topk, n_prompts = cfg.policy.name == "topk", int(paths.group.max()) + 1
+    vote = dict(vote=cfg.evaluate.vote, vote_top=cfg.evaluate.vote_top)
+    sec_tok = meta.get("seconds_per_token", 0.0)
+    flops_tok = 2.0 * meta.get("lm_parameters", 0)
+    n_boot, seed = cfg.evaluate.bootstrap, cfg.evaluate.seed
+    results, outcomes, scores, points, ks = {}, {}, {}, [], {}
+    all_rows = np.ones(len(paths.length), bool)
+    for name in names:
+        if name in stops:  # replayed from the bank in either mode (exact)
+            outcomes[name] = stops[name]
+            results[name] = summarize(stops[name], sec_tok, flops_tok, n_boot, seed) | {
+                "replayed": True, "check_s": 0.0}
+            points.append({"method": name, "n": N, "k": N, "accuracy": results[name]["accuracy"],
+                           "tokens_total": results[name]["tokens_total"]})
+            continue
+        t0 = time.perf_counter()
+        if name != "no_prune":  # scores for AUROC (online too); replay also decides by them
+            scores[name] = scorers[name](paths.batch).numpy().astype(float)
+        if views is not None:  # online: the vote of what the method's own run produced
+            view, decision = views[name]
+        else:
+            view, decision = paths, None
+            if name in scores:
+                at_checks = [scores[name]] + [scorers[name](b).numpy().astype(float)
+                                              for b in paths.checks[1:]]
+                decision = decide_by_checks(paths, at_checks, cfg, plan, N, cfg.search.score_rule)
+        check_s = time.perf_counter() - t0
+        if decision is None:  # no_prune: every path runs to its end, majority vote
+            o = outcome(view, all_rows, plan[0][0], N, select=cfg.evaluate.select)
+        else:
+            o = outcome(view, decision.kept, decision.pruned_at, N, signal=decision.signal,
+                        select=cfg.evaluate.select, **vote)
+        outcomes[name] = o
+        r = summarize(o, sec_tok, flops_tok, n_boot, seed)
+        r["check_s"] = check_s
+        if name in scores:
+            r.update(signal_quality(paths, scores[name], N, n_boot, seed))
+            if r["nonfinite_scores"]:
+                log.warning("%s: %d scores are NaN or infinite; NaN ranks lowest (pruned first), "
+                            "+-inf at the extremes", name, r["nonfinite_scores"])
+            # K of a threshold policy: what its rule kept, per prompt on average
+            ks[name] = K if topk else round(float(decision.kept.sum()) / n_prompts, 2)
+            if len(plan) > 1 or not topk:  # pareto_points' sweep is for one top-K check: this run's point
+                points.append({"method": name, "n": N, "k": ks[name], "accuracy": r["accuracy"],
+                               "tokens_total": r["tokens_total"]})
+        if timing is not None:
+            r.update(timing[name])
+        results[name] = r
+    base = results["no_prune"]
+    for name, r in results.items():
+        r["tokens_ratio"] = r["tokens_total"] / base["tokens_total"]
+        r["tokens_per_s"] = r["tokens_total"] / r["wall_s"] if r["wall_s"] else None
+        r["pass_at_1"] = base["avg_at_k"]
+        r["n"], r["k"] = N, ks.get(name, K)
+    results["no_prune"]["k"] = N
+    return results, outcomes, scores, points
+
+
+def pareto_points(cfg, paths: Paths, scores: dict, checkpoint: int) -> list[dict]:
+    """The Pareto points: no_prune at every N of evaluate.n_points, every scored method at
+    every K of evaluate.retention (N = search.n_paths), and 32 -> 8, under evaluate.vote;
+    with several checks or a threshold policy (fixed, quantile, adaptive: no K to sweep)
+    only no_prune's (the methods' own come from account_methods)."""
+    N = cfg.search.n_paths
+    points = []
+    for n in cfg.evaluate.n_points:
+        o = outcome(paths, np.ones(len(paths.length), bool), checkpoint, n, select=cfg.evaluate.select)
+        points.append({"method": "no_prune", "n": n, "k": n, "accuracy": float(o["correct"].mean()),
+                       "tokens_total": float(o["tokens"].sum())})
+    if len(check_plan(cfg)) > 1 or cfg.policy.name != "topk":  # account_methods gives each method's point
+        return points
+    vote = dict(vote=cfg.evaluate.vote, vote_top=cfg.evaluate.vote_top)
+    for name, s in scores.items():
+        for n, k in {(N, k) for k in cfg.evaluate.retention} | {(min(32, N), min(8, N))}:
+            kept = keep_by_policy(paths, s, cfg, k, n)
+            signal = np.where(paths.alive & (paths.path_id < n), s, np.nan)
+            o = outcome(paths, kept, checkpoint, n, signal=signal, select=cfg.evaluate.select, **vote)
+            points.append({"method": name, "n": n, "k": k, "accuracy": float(o["correct"].mean()),
+                           "tokens_total": float(o["tokens"].sum())})
+    return points
+
+
+def add_text_metrics(cfg, prompt_ids: np.ndarray, chosen: dict, results: dict) -> None:
+    """BLEU / ROUGE / BERTScore of each method's chosen output (`chosen[name][g]` for the
+    g-th prompt, whose task prompt id is `prompt_ids[g]`) against the reference solution
+    (all of them, for a task with several) and against the no_prune output."""
+    from stopexp.metrics import BertScorer
+    from stopexp.tasks.rewards import references
+    from stopexp.tasks import build_task
+
+    task = build_task(cfg.task)
+    problems = task.problems(cfg.evaluate.split, int(prompt_ids.max()) + 1)
+    refs = [references(task, problems[i]) for i in prompt_ids]  # several where the task has them
+    refs = [r[0] if len(r) == 1 else r for r in refs]
+    scorer = BertScorer(cfg.evaluate.bertscore_model) if cfg.evaluate.bertscore_model else BertScorer()
+    base = list(chosen["no_prune"])
+    level = getattr(task, "text_level", "word")  # characters for the arithmetic task only
+    for name, hyps in chosen.items():
+        hyps = list(hyps)
+        for key, against in (("text_vs_reference", refs), ("text_vs_no_prune", base)):
+            m = results[name][key] = text_metrics(hyps, against, level=level, scorer=scorer,
+                                                  tokenize=task.tokenize)
+            if m.get("truncated"):
+                log.warning("%s %s: BERTScore cut %d of %d outputs at the encoder's maximum "
+                            "length (their ends do not count)", name, key, m["truncated"], len(hyps))

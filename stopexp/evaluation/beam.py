@@ -1,0 +1,193 @@
+"""Evaluation of beam search with per-step pruning: every method steers the same beam
+search on the same prompts, online (beams have no trace bank to replay)."""
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from stopexp.evaluation import plots
+from stopexp.evaluation.accounting import add_text_metrics, prompts_in
+from stopexp.config import checkpoint_tokens
+from stopexp.metrics import bootstrap_ci
+from stopexp.core.policies import build_policy, policy_params
+from stopexp.stopping.replay import STOPPING_METHODS
+
+log = logging.getLogger(__name__)
+
+
+# tasks whose `diagnose` finds the first wrong written step, which the beam oracle needs
+PROCESS_CHECKED_TASKS = ("arith",)
+# what beam metrics leave out, said in metrics.json rather than left to guess
+NOT_REPORTED = {
+    "auroc": "beams are not independent paths with one outcome each: they share prefixes, are "
+             "re-ranked and refilled at every step, so AUROC/AUPRC of a method's scores against "
+             "path success is undefined; see the parallel protocol (search=parallel) for them",
+    "avg_at_k": "one hypothesis per prompt: accuracy is the only per-prompt outcome",
+}
+
+
+def oracle_refusal(task_name: str) -> str | None:
+    """Why the beam oracle cannot run for this task, or None when it can."""
+    if task_name in PROCESS_CHECKED_TASKS:
+        return None
+    return (f"task {task_name!r} has no process check (no first wrong step can be read from a "
+            "prefix), so a beam oracle would score every live beam alike and never prune; the "
+            "oracle is left out of beam search for it")
+
+
+def beam_metrics(cfg, names: list[str], scorers: dict, root: Path, start: float, run=None,
+                 run_dir: Path | None = None) -> dict:
+    """metrics.json of the evaluate stage for search=beam: every method but those it cannot
+    run (said in "omitted_methods") steers a beam search on the bank's test prompts (root:
+    the trace bank; start: time.time() when the stage began). Writes the survival plot into
+    run_dir and the summary to `run` when given."""
+    n_prompts = prompts_in(root, cfg.evaluate.split)
+    omitted = {}
+    if oracle_refusal(cfg.task.name):
+        omitted["oracle"] = oracle_refusal(cfg.task.name)
+        log.warning("oracle: %s", omitted["oracle"])
+        names = [n for n in names if n != "oracle"]
+    for n in (n for n in names if n in STOPPING_METHODS):
+        omitted[n] = "a stopping protocol over parallel paths; beam search has none"
+    names = [n for n in names if n not in STOPPING_METHODS]
+    results, texts, prompt_ids = evaluate_beam(cfg, names, scorers, n_prompts)
+    not_reported = dict(NOT_REPORTED)
+    if cfg.evaluate.text_metrics:
+        add_text_metrics(cfg, np.asarray(prompt_ids), texts, results)
+    else:
+        not_reported["text_metrics"] = "evaluate.text_metrics=false"
+    metrics = {"methods": results, "mode": "online", "search": "beam",
+               "protocol": {"beam_width": cfg.search.beam_width, "patience": cfg.search.patience,
+                            "refill": cfg.search.refill,
+                            "policy": cfg.policy.name, "k": cfg.policy.keep,
+                            "policy_params": policy_params(cfg.policy), "prompts": len(prompt_ids),
+                            "split": cfg.evaluate.split},
+               "omitted_methods": omitted, "not_reported": not_reported,
+               "bank": root.name, "eval_wall_s": round(time.time() - start, 2)}
+    if run_dir is not None:
+        metrics["plots"] = {"survival": str(plots.survival(
+            {m: r["survival"] for m, r in results.items()}, run_dir / "survival.png"))}
+    if run is not None:
+        run.summary_update({f"{m}/{k}": v for m, r in results.items() for k, v in r.items()
+                            if isinstance(v, (int, float))})
+    return metrics
+
+
+def evaluate_beam(cfg, names: list[str], scorers: dict, n_prompts: int) -> tuple[dict, dict, list]:
+    """Beam search with per-step pruning, online, per method, the beams of up to
+    search.max_batch_rows // search.beam_width prompts in one forward (search.refill: keep
+    the width or narrow it). The oracle here is the
+    task's process check: a beam whose written steps already contain an error scores 0
+    (only tasks in PROCESS_CHECKED_TASKS). Returns per method the metrics and the chosen
+    output text of every prompt, and the prompts' ids."""
+    from stopexp.models import load_lm
+    from stopexp.search.beam import beam_search_batch
+    from stopexp.search.decode import SamplingParams, eos_ids
+    from stopexp.search.sample import fit_prompts, prompt_ids, prompt_limit
+    from stopexp.search.taps import Taps
+    from stopexp.tasks import build_task
+
+    task = build_task(cfg.task)
+    model, tokenizer = load_lm(cfg)
+    problems = fit_prompts(tokenizer, task.problems(cfg.evaluate.split, n_prompts),
+                           prompt_limit(cfg, model), cfg.model.long_prompts)
+    s, B = cfg.search, cfg.search.beam_width
+    checks = None if s.beam_checks is None else {
+        checkpoint_tokens(c, s.max_new_tokens) for c in s.beam_checks}
+    results, texts, eos = {}, {}, eos_ids(model, tokenizer)
+    per_batch = max(1, s.max_batch_rows // B)  # rows of a forward: prompts x beam width
+    chunks = [problems[i: i + per_batch] for i in range(0, len(problems), per_batch)]
+    stop = SamplingParams.from_config(cfg).stop
+    with Taps.from_config(model, cfg.tap) as taps:
+        for name in names:
+            correct, tokens, steps, alive = [], 0, [], np.zeros(s.max_new_tokens)
+            texts[name] = []
+            check_s, start = 0.0, time.perf_counter()
+            policy = None if name == "no_prune" else build_policy(cfg.policy, keep=cfg.policy.keep)
+            for chunk in chunks:
+                scorer = None if name == "no_prune" else scorers[name]
+                if name == "oracle":
+                    scorer = _prefix_oracle(task, chunk, tokenizer)
+                ids = [prompt_ids(tokenizer, problem.prompt) for problem in chunk]
+                found = beam_search_batch(
+                    model, ids, beam_width=B, max_new_tokens=s.max_new_tokens, eos_ids=eos,
+                    pad_id=tokenizer.pad_token_id, scorer=scorer, policy=policy,
+                    patience=s.patience, taps=taps if scorer else None,
+                    group_window=s.group_window, conf_topk=s.conf_topk, check_steps=checks,
+                    stop=stop, tokenizer=tokenizer, refill=s.refill)
+                for problem, prompt, r in zip(chunk, ids, found):
+                    texts[name].append(tokenizer.decode(r.tokens, skip_special_tokens=True))
+                    correct.append(task.check(problem, texts[name][-1]))
+                    tokens += r.n_forward_tokens - len(prompt)
+                    steps += r.pruned_steps
+                    alive[: len(r.alive_per_step)] += np.asarray(r.alive_per_step) / B
+                    check_s += r.check_seconds
+            wall = time.perf_counter() - start
+            c = np.asarray(correct, float)
+            lo, hi = bootstrap_ci(c, n=cfg.evaluate.bootstrap, seed=cfg.evaluate.seed)
+            results[name] = {"accuracy": float(c.mean()), "accuracy_ci": [lo, hi],
+                             "tokens_total": float(tokens), "wall_s": wall, "check_s": check_s,
+                             "check_share": check_s / max(wall - check_s, 1e-9),
+                             "pruned": len(steps), "survival": (alive / len(problems)).tolist(),
+                             "mean_prune_step": float(np.mean(steps)) if steps else None}
+    base = results["no_prune"]["tokens_total"]
+    for r in results.values():
+        r["tokens_ratio"] = r["tokens_total"] / base
+    return results, texts, [p.prompt_id for p in problems]
+
+
+def _prefix_oracle(task, problems, tokenizer):
+    """1 while the written complete steps of a beam are all right, else 0; `problems`: the
+    prompts of the batched search (a row's prompt is problems[batch["owner"][row]])."""
+    def score(batch):
+        out = []
+        for row, i in zip(batch["tokens"].tolist(), batch["owner"].tolist()):
+            problem = problems[i]
+            text = tokenizer.decode(row, skip_special_tokens=True)
+            done = text[: text.rfind(";") + 1]
+            err = task.diagnose(problem, done)["first_error"]
+            out.append(0.0 if 0 <= err < len(done) else 1.0)
+        return torch.tensor(out)
+    return score
+
+
+def compare_with_beam(cfg, prompt_ids: np.ndarray, chosen: dict, results: dict) -> dict:
+    """Run plain beam search (search=beam, no pruning: stopexp.evaluation.beam's no_prune) on
+    the evaluated prompts and add to every method's results `text_vs_beam` (BLEU / ROUGE /
+    BERTScore of its chosen outputs against beam search's). Returns beam search's own
+    summary: tokens, its outputs' text metrics against the reference and mean reward."""
+    from omegaconf import open_dict
+
+    from stopexp.metrics import BertScorer, text_metrics
+    from stopexp.tasks.rewards import build_reward, references
+    from stopexp.tasks import build_task
+
+    beam_cfg = cfg.copy()
+    with open_dict(beam_cfg):
+        beam_cfg.search.name = "beam"
+    beam, texts, ids = evaluate_beam(beam_cfg, ["no_prune"], {}, int(np.max(prompt_ids)) + 1)
+    by_id = dict(zip(ids, texts["no_prune"]))
+    missing = [int(p) for p in prompt_ids if int(p) not in by_id]
+    if missing:
+        raise ValueError(f"beam search skipped prompts {missing[:5]} that the evaluation has")
+    beam_texts = [by_id[int(p)] for p in prompt_ids]
+    task = build_task(cfg.task)
+    level = getattr(task, "text_level", "word")
+    scorer = BertScorer(cfg.evaluate.bertscore_model) if cfg.evaluate.bertscore_model else BertScorer()
+    for name, hyps in chosen.items():
+        results[name]["text_vs_beam"] = text_metrics(list(hyps), beam_texts, level=level, scorer=scorer,
+                                                     tokenize=task.tokenize)
+    problems = task.problems(cfg.evaluate.split, int(np.max(prompt_ids)) + 1)
+    probs = [problems[int(p)] for p in prompt_ids]
+    reward = build_reward(cfg.reward)
+    out = {"beam_width": cfg.search.beam_width, "tokens_total": beam["no_prune"]["tokens_total"],
+           "accuracy": beam["no_prune"]["accuracy"],
+           "text_vs_reference": text_metrics(beam_texts, [references(task, p) for p in probs],
+                                             level=level, scorer=scorer, tokenize=task.tokenize)}
+    if not reward.needs_logprobs:  # beam hypotheses carry no sampled log-probs
+        out["mean_reward"] = float(reward.scores(task, probs, beam_texts).mean())
+    return out

@@ -1,0 +1,95 @@
+"""Online evaluation of the standard protocol: Launch-Check-Resume really runs the LM for
+every method on the bank's test prompts and measures wall time and KV memory."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from stopexp.evaluation.accounting import Decision, Paths
+from stopexp.config import check_plan
+from stopexp.core.policies import build_policy
+
+
+def run_launch_check_resume(cfg, model, tokenizer, task, problems, methods: dict,
+                            checkpoint):
+    """Launch-Check-Resume of `problems` with the LM for `methods` (name -> (scorer,
+    policy factory)) plus no_prune, with the taps, sampling, row cap and score rule of
+    `cfg`, checked at `checkpoint` (tokens) or at each of a list of them; returns
+    stopexp.search.parallel.launch_check_resume's runs and check batch."""
+    from stopexp.search.decode import SamplingParams, make_engine
+    from stopexp.search.parallel import launch_check_resume
+    from stopexp.search.sample import row_cap
+    from stopexp.search.taps import Taps
+
+    with Taps.from_config(model, cfg.tap) as taps:
+        checks = (checkpoint,) if isinstance(checkpoint, int) else tuple(checkpoint)
+        engine = make_engine(model, tokenizer, SamplingParams.from_config(cfg), taps, checks)
+        return launch_check_resume(engine, tokenizer, task, problems, cfg.search.n_paths,
+                                   cfg.seed, checkpoint, methods, cfg.search.group_window,
+                                   row_cap(cfg, tokenizer, problems), cfg.search.score_rule)
+
+
+def online_paths(cfg, names, scorers, checkpoint, n_prompts: int):
+    """Run Launch-Check-Resume with the LM, at every check of search.check_at (`checkpoint`,
+    the first, is where the AUROC batch is read). Returns the paths as the no_prune run saw
+    them, per method the paths as that method's run saw them with its `Decision` (None for
+    no_prune), and per method the measured time."""
+    from stopexp.search.memory import kv_bytes_per_token, memory_summary
+    from stopexp.models import load_lm
+    from stopexp.search.sample import fit_prompts, prompt_limit
+    from stopexp.tasks import build_task, vote_format
+
+    task = build_task(cfg.task)
+    model, tokenizer = load_lm(cfg)
+    problems = fit_prompts(tokenizer, task.problems(cfg.evaluate.split, n_prompts),
+                           prompt_limit(cfg, model), cfg.model.long_prompts)
+    plan = check_plan(cfg)
+    N = cfg.search.n_paths
+    methods = {m: (scorers[m], lambda i=0: build_policy(cfg.policy, keep=plan[i][1]))
+               for m in names if m in scorers}
+    checks = checkpoint if len(plan) == 1 else [c for c, _ in plan]
+    runs, batch = run_launch_check_resume(cfg, model, tokenizer, task, problems, methods, checks)
+    keys = [(i, j) for i in range(len(problems)) for j in range(N)]
+    views, timing = {}, {}
+    for name, run in runs.items():
+        text = np.asarray([run.text[k] for k in keys], dtype=object)
+        answer = np.asarray([task.answer_of(t) for t in text], dtype=object)
+        views[name] = (Paths(
+            group=np.repeat(np.arange(len(problems)), N), path_id=np.tile(np.arange(N), len(problems)),
+            length=np.asarray([run.length[k] for k in keys]),
+            correct=np.asarray([task.check(problems[i], t) for (i, _), t in zip(keys, text)]),
+            answer=answer, text=text, alive=np.asarray([k in batch["row"] for k in keys]),
+            batch={}, prompt_ids=np.asarray([p.prompt_id for p in problems]),
+            answer_format=vote_format(task)),
+            None if name == "no_prune" else Decision(
+                kept=np.asarray([run.kept[k] for k in keys]),
+                pruned_at=np.asarray([run.pruned_at.get(k, 0) for k in keys], np.int64),
+                signal=np.asarray([run.signal.get(k, np.nan) for k in keys], np.float64)))
+        gen = run.prefix_s + run.resume_s
+        timing[name] = {"wall_s": run.wall_s, "wall_estimated": False, "check_s": run.check_s, "prefix_s": run.prefix_s,
+                        "resume_s": run.resume_s,
+                        "check_share": run.check_s / gen if gen else 0.0,
+                        **memory_summary([run.kv.peak[i] for i in range(len(problems))],
+                                         kv_bytes_per_token(model), estimated=False)}
+    paths = views["no_prune"][0]
+    rows = [batch["row"][k] for k in keys if k in batch["row"]]
+    paths.batch = scatter_batch(batch, rows, len(keys), paths)
+    return paths, views, timing
+
+
+def scatter_batch(batch: dict, rows: list[int], n: int, paths: Paths) -> dict:
+    """The check batch (live paths only; `rows[i]` is the batch row of the i-th live path)
+    spread over all n paths, zeros where a path ended before the check."""
+    live = torch.as_tensor(np.nonzero(paths.alive)[0])
+    full = {}
+    for key in ("hidden", "signals", "prefix_len", "mc"):
+        v = batch[key][rows]
+        full[key] = torch.zeros((n, *v.shape[1:]), dtype=v.dtype)
+        full[key][live] = v
+    full["mc"][torch.as_tensor(~paths.alive)] = float("nan")
+    full["correct"] = torch.as_tensor(paths.correct.astype(np.float32))
+    full["seed_key"], full["prompt"], full["tokens"] = [""] * n, [""] * n, [[]] * n
+    for r, i in zip(rows, live.tolist()):
+        full["seed_key"][i] = batch["seed_key"][r]
+        full["prompt"][i], full["tokens"][i] = batch["prompt"][r], batch["tokens"][r]
+    return full

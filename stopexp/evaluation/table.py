@@ -1,0 +1,68 @@
+"""Evaluate's console table: one row per method (accuracy with its bootstrap CI, avg@K,
+tokens and their ratio to no_prune, within-prompt and pooled AUROC, wall seconds, peak
+KV-cache MiB of one prompt's run: `peak_kv_bytes`, stopexp.search.memory), then
+the Pareto points of no_prune and the first learned method; beam-search runs get their own
+columns."""
+from __future__ import annotations
+
+from stopexp.core.policies import kept_text
+from stopexp.signals import methods as M
+
+
+def print_table(metrics: dict) -> str:
+    """The table of evaluate's `metrics` (the dict written to metrics.json) as text."""
+    p = metrics["protocol"]
+    w = max(14, 2 + max(map(len, metrics["methods"])))  # the method column
+    if metrics.get("search") == "beam":
+        kept = kept_text(p["policy"], p.get("policy_params", {}), p.get("k"))
+        lines = [f"Beam search B={p['beam_width']}, patience {p['patience']}, each step keeps {kept}, "
+                 f"{p['prompts']} {p['split']} prompts",
+                 f"{'method':<{w}}{'accuracy':>9}{'95% CI':>16}{'tokens':>10}{'ratio':>7}"
+                 f"{'pruned':>8}{'wall s':>8}{'check %':>9}"]
+        for name, r in metrics["methods"].items():
+            ci = f"[{r['accuracy_ci'][0]:.3f},{r['accuracy_ci'][1]:.3f}]"
+            lines.append(f"{name:<{w}}{r['accuracy']:>9.3f}{ci:>16}{r['tokens_total']:>10.0f}"
+                         f"{r['tokens_ratio']:>7.2f}{r['pruned']:>8}{r['wall_s']:>8.1f}"
+                         f"{100 * r['check_share']:>9.2f}")
+        return "\n".join(lines)
+    checks = p.get("checks") or [[p["check_tokens"], p["k"]]]  # progressive: every check
+    policy, params = p.get("policy", "topk"), p.get("policy_params", {})
+    at = " -> ".join(f"{kept_text(policy, params, k)} at {tokens} tokens" for tokens, k in checks)
+    lines = [f"Launch-Check-Resume {p['n']} -> {at}, "
+             f"{p['prompts']} {p['split']} prompts ({metrics['mode']})",
+             f"{'method':<{w}}{'accuracy':>9}{'95% CI':>16}{'avg@K':>8}{'tokens':>10}{'ratio':>7}"
+             f"{'AUROC':>7}{'pooled':>8}{'wall s':>8}{'KV MiB':>8}"]
+    for name, r in metrics["methods"].items():
+        ci = f"[{r['accuracy_ci'][0]:.3f},{r['accuracy_ci'][1]:.3f}]"
+        au = f"{r['auroc']:.3f}" if "auroc" in r else "-"
+        pooled = f"{r['auroc_pooled']:.3f}" if "auroc_pooled" in r else "-"
+        kv = f"{r['peak_kv_bytes'] / 2**20:.2f}" if "peak_kv_bytes" in r else "-"
+        lines.append(f"{name:<{w}}{r['accuracy']:>9.3f}{ci:>16}{r['avg_at_k']:>8.3f}"
+                     f"{r['tokens_total']:>10.0f}{r['tokens_ratio']:>7.2f}{au:>7}{pooled:>8}"
+                     f"{r['wall_s']:>8.1f}{kv:>8}")
+    rewarded = {m: r for m, r in metrics["methods"].items() if "mean_reward" in r}
+    if rewarded and metrics.get("select", "vote") != "vote" or any("spearman_within" in r for r in rewarded.values()):
+        lines.append(f"selection by {metrics.get('select', 'vote')}: reward of the chosen output "
+                     "(mean), ROUGE-L vs reference / vs no_prune / vs beam, within-prompt rank of the reward")
+        for name, r in rewarded.items():
+            rl = [f"{r[k]['rougeL']:.3f}" if k in r else "-"
+                  for k in ("text_vs_reference", "text_vs_no_prune", "text_vs_beam")]
+            rank = (f"spearman {r['spearman_within']:+.3f} kendall {r['kendall_within']:+.3f} "
+                    f"AUROC>median {r['auroc_above_median']:.3f}" if "spearman_within" in r else "")
+            lines.append(f"  {name:<{w}}reward {r['mean_reward']:.4f}  ROUGE-L {' / '.join(rl)}  {rank}")
+        if "beam_search" in metrics:
+            b = metrics["beam_search"]
+            lines.append(f"  {'beam search':<{w}}reward {b.get('mean_reward', float('nan')):.4f}  ROUGE-L "
+                         f"{b['text_vs_reference']['rougeL']:.3f} vs reference, {b['tokens_total']:.0f} tokens")
+    learned = [m for m in metrics["methods"] if m not in M.NON_LEARNABLE
+               and m not in ("no_prune", "random", "oracle", "conf_features")]
+    pts = [q for q in metrics.get("points", []) if q["method"] in ("no_prune", *learned[:1])]
+    if pts:
+        lines.append("points (N -> K: accuracy / tokens): " + "   ".join(
+            f"{q['method']} {q['n']}->{q['k']}: {q['accuracy']:.3f} / {q['tokens_total']:.0f}"
+            for q in sorted(pts, key=lambda q: (q["method"] != "no_prune", q["n"], q["k"]))))
+        if policy != "topk":
+            lines.append(f"  policy={policy} has no K to sweep: a method's point is its run, K the "
+                         "paths its rule kept per prompt (mean); evaluate.retention applies to "
+                         "policy=topk")
+    return "\n".join(lines)

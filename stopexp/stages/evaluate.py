@@ -1,0 +1,141 @@
+"""Stage 3, evaluate: prune with every method under one accounting, and show it.
+
+    python -m stopexp.evaluate +exp=toy_contrastive                    # replay (default)
+    python -m stopexp.evaluate +exp=toy_contrastive evaluate.mode=online
+
+Standard protocol (Launch-Check-Resume): N = search.n_paths paths per test prompt, check
+at search.check_at, keep K = policy.keep by each method's signal, finish the kept paths,
+majority vote (evaluate.vote); paths that end before the check vote directly. With a list
+of checks the live paths are checked at each (progressive), one K per check. `replay` re-scores the
+trace bank without the LM (exact, since every path has its own random stream);
+`online` really runs the LM and measures wall time. Replay joins the bank with its features
+(`stopexp.store.features`), which it makes from the bank when they are missing. Methods with a stopping protocol of
+their own (ESC, Adaptive-Consistency, DeepConf online and its votes: stopexp/stopping/replay.py)
+replay the bank in both modes; stopexp/evaluation/analyses.py adds the per-method analyses.
+Every scoring method is also scored at every stored position of the bank's paths
+(`auroc_by_prefix` in metrics.json and auroc_by_prefix.png: stopexp/training/per_step.py).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+from omegaconf import DictConfig
+
+from stopexp.store import bank
+from stopexp.store import features as feature_bank
+from stopexp.evaluation import plots
+from stopexp.evaluation.accounting import (account_methods, add_text_metrics, bank_paths_and_confs,
+                                pareto_points, prompts_in, replay_paths)
+from stopexp.evaluation.analyses import add_analyses
+from stopexp.runtime.artifacts import write_json
+from stopexp.runtime.cli import stage_main
+from stopexp.config import check_output_dirs, check_plan, validate
+from stopexp.evaluation.report import make_plots, sample_table
+from stopexp.search.memory import add_memory
+from stopexp.training.per_step import auroc_by_prefix
+from stopexp.core.policies import policy_params
+from stopexp.evaluation.beam import compare_with_beam
+from stopexp.evaluation.select import attach_bank_columns
+from stopexp.evaluation.scorers import (build_scorers, check_methods, cli_overrides, method_names,
+                             warn_off_checkpoint)
+from stopexp.stopping.replay import STOPPING_METHODS, stopping_outcomes
+from stopexp.tasks import vote_format
+from stopexp.evaluation.table import print_table  # pipeline and notebooks import it from here
+from stopexp.runtime.tracking import tracked_run
+
+log = logging.getLogger(__name__)
+
+
+def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
+    """Evaluate every method of `cfg.evaluate.methods` (and the always-run ones) on the
+    trace bank's `evaluate.split` prompts; returns metrics.json's content. With run_dir the
+    figures are written there, with `run` (a tracked run) the summary, figures and a sample
+    table are logged. Unknown methods, a missing bank or predictor fail before compute."""
+    check_methods(cfg)
+    root = bank.require_bank(cfg, cli_overrides())
+    meta = bank.read_meta(root)
+    plan = check_plan(cfg)  # (prefix tokens, K) per check; the first is where AUROC is read
+    checkpoint, K = plan[0][0], plan[-1][1]
+    N, split = cfg.search.n_paths, cfg.evaluate.split
+    names = method_names(cfg)
+    if cfg.search.name == "parallel":
+        warn_off_checkpoint(cfg, names, plan)
+    scorers = build_scorers(cfg, names, feature_bank.spec_of(cfg, meta))
+    start = time.time()
+    if cfg.search.name == "beam":
+        from stopexp.evaluation.beam import beam_metrics
+        return beam_metrics(cfg, names, scorers, root, start, run, run_dir)
+    # run: the paths (replayed from the bank, or online with the LM)
+    views = timing = None
+    if cfg.evaluate.mode == "online":  # the same test prompts as the bank
+        from stopexp.evaluation.online import online_paths
+        paths, views, timing = online_paths(cfg, names, scorers, checkpoint, prompts_in(root, split))
+        attach_bank_columns(views, root, split)  # rewards and LM scores, checked text by text
+    else:  # replay reads the features of the bank's paths, made here when missing
+        features = feature_bank.require_features(cfg, cli_overrides())
+        paths = replay_paths(root, features, split, [c for c, _ in plan], vote_format(cfg.task))
+    stops = {}
+    if set(names) & set(STOPPING_METHODS):
+        stops = stopping_outcomes(*bank_paths_and_confs(root, split, checkpoint, paths, views),
+                                  names, N, cfg.evaluate, cfg.search.group_window)
+    # account, analyse
+    results, outcomes, scores, points = account_methods(cfg, names, scorers, paths, checkpoint,
+                                                        stops, views, timing, meta)
+    add_analyses(results, outcomes, scores, paths, N)
+    add_memory(results, outcomes, meta.get("kv_bytes_per_token"))
+    points += pareto_points(cfg, paths, scores, checkpoint)
+    if cfg.evaluate.text_metrics:
+        ids = paths.prompt_ids if paths.prompt_ids is not None else np.arange(int(paths.group.max()) + 1)
+        add_text_metrics(cfg, ids, {name: list(o["chosen"]) for name, o in outcomes.items()}, results)
+    beam = None
+    if cfg.evaluate.compare_beam:  # plain beam search on the same prompts: the seed's comparison
+        ids = paths.prompt_ids if paths.prompt_ids is not None else np.arange(int(paths.group.max()) + 1)
+        beam = compare_with_beam(cfg, ids, {name: list(o["chosen"]) for name, o in outcomes.items()},
+                                 results)
+    metrics = {"methods": results, "points": points, "mode": cfg.evaluate.mode,
+               "select": cfg.evaluate.select, **({"beam_search": beam} if beam else {}),
+               "protocol": {"n": N, "k": K, "check_tokens": checkpoint, "policy": cfg.policy.name,
+                            "policy_params": policy_params(cfg.policy),
+                            "checks": [list(c) for c in plan], "score_rule": cfg.search.score_rule,
+                            "vote": cfg.evaluate.vote,
+                            "prompts": int(paths.group.max()) + 1, "split": split},
+               "bank": root.name}
+    metrics["auroc_by_prefix"] = auroc_by_prefix(cfg, scorers, split, feature_bank.spec_of(cfg, meta))
+    metrics["eval_wall_s"] = round(time.time() - start, 2)
+    # plot, log
+    if run_dir is not None:
+        figs = make_plots(paths, outcomes, scores, points, run_dir, results, metrics["auroc_by_prefix"])
+        if paths.reward is not None and (cfg.evaluate.select != "vote" or beam):
+            figs["reward_tokens"] = plots.reward_tokens(results, run_dir / "reward_tokens.png",
+                                                        beam, cfg.evaluate.select)
+        metrics["plots"] = {k: str(v) for k, v in figs.items()}
+        if run is not None:
+            run.log({f"plots/{k}": run.image(v) for k, v in figs.items()})
+    if run is not None:
+        run.use_artifact(f"traces-{root.name}", type="trace_bank")
+        run.summary_update({f"{m}/{k}": v for m, r in results.items() for k, v in r.items()
+                            if isinstance(v, (int, float))})
+        run.log({"samples": sample_table(run, paths, scores, cfg, K, N)})
+    return metrics
+
+
+@stage_main("evaluate")
+def main(cfg: DictConfig) -> dict:
+    validate(cfg)
+    check_output_dirs(cfg)
+    from hydra.core.hydra_config import HydraConfig
+
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    with tracked_run(cfg, "evaluate") as run:  # tracking fails safe: the outputs never depend on it
+        metrics = evaluate(cfg, run, run_dir)
+        write_json(run_dir / "metrics.json", metrics)
+    print(print_table(metrics))
+    log.info("plots and metrics.json in %s", run_dir)
+    return metrics
+
+
+if __name__ == "__main__":
+    main()

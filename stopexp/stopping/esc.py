@@ -1,0 +1,31 @@
+"""Early-Stopping Self-Consistency, ESC (Li et al., arXiv 2401.10480).
+
+Branches are sampled in windows of w (a window runs in parallel, to its end); sampling
+stops after the first window whose w final answers are one and the same (a window with a
+branch without an answer is not unanimous); the answer is the majority vote over every
+branch sampled so far. At most n = len(order) branches are sampled.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from stopexp.stopping.answers import AnswersPrompt, Decision, vote_codes
+
+DEFAULT_WINDOW = 8
+
+
+def esc(prompt: AnswersPrompt, order: np.ndarray, window: int = DEFAULT_WINDOW) -> Decision:
+    """ESC on one prompt. order: (n,) branch indices in sampling order; window: w >= 1.
+    Returns the Decision (a sampled branch runs to its end: spent = its tokens)."""
+    if window < 1:
+        raise ValueError(f"esc window must be >= 1, got {window}")
+    order = np.asarray(order)
+    finals = prompt.final[order]
+    end = len(order)
+    for lo in range(0, len(order), window):
+        w = finals[lo:lo + window]
+        if w[0] > 0 and (w == w[0]).all():
+            end = lo + len(w)
+            break
+    spent = np.where(np.arange(len(order)) < end, prompt.tokens[order], 0)
+    return Decision(answer=vote_codes(finals[:end]), spent=spent, launched=end)

@@ -1,0 +1,130 @@
+"""Evaluate's methods that follow their own stopping protocol instead of one check of a
+score: each decides, per prompt, how many tokens every path spends and which paths vote.
+
+- esc (arXiv 2401.10480) and adaptive_consistency (arXiv 2305.11860): sample the N paths
+  of a prompt in path-id order (every path has its own random stream, so the order is a
+  random draw) and stop sampling on consensus (`stopexp.stopping.esc`,
+  `stopexp.stopping.adaptive_consistency`); ESC runs each window of paths together,
+  Adaptive-Consistency one path at a time;
+- deepconf_online: DeepConf's early termination from the stored per-token confidences,
+  confidence-weighted vote (the warm-up paths run first, then the others together);
+  deepconf_weighted and deepconf_top: DeepConf's offline votes over all N finished paths
+  (`stopexp.stopping.deepconf`).
+All are replayed from the trace bank (exact, and the same in evaluate.mode=online).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from stopexp.stopping.answers import AnswersPrompt
+from stopexp.config import STOPPING_METHODS, warmup_paths
+from stopexp.search.memory import schedule_peaks
+from stopexp.stopping import deepconf as dc
+from stopexp.stopping.adaptive_consistency import adaptive_consistency
+from stopexp.stopping.esc import esc
+from stopexp.tasks.answers import vote_clusters
+
+__all__ = ["STOPPING_METHODS", "stopping_outcomes", "spent_outcome"]
+
+
+def spent_outcome(paths, spent: np.ndarray, voter: np.ndarray, weight: np.ndarray, n: int,
+                  wave: np.ndarray | None = None) -> dict:
+    """The outcome dict of `stopexp.evaluation.accounting.outcome` for a decision given per path (rows of
+    `paths`): tokens spent, whether it votes, and its vote weight; only the first n paths
+    of each prompt count. A path stopped before its end counts as pruned at `spent`.
+    `wave` (per path; None: all at once) says which paths run together, for the KV-memory
+    estimate ("kv_peaks", stopexp.search.memory; only when `paths` knows its prompt lengths)."""
+    use = paths.path_id < n
+    spent, voter = np.where(use, spent, 0), voter & use
+    G = int(paths.group.max()) + 1
+    correct, avg = np.zeros(G, bool), np.zeros(G)
+    chosen = np.full(G, "", dtype=object)
+    for g in range(G):
+        rows = np.nonzero((paths.group == g) & voter)[0]
+        answers = np.asarray(vote_clusters(paths.answer[rows], paths.answer_format), dtype=object)
+        winner = dc.weighted_vote(answers, weight[rows])
+        hit = rows[answers == winner] if winner is not None else rows[:0]
+        correct[g] = bool(len(hit)) and bool(paths.correct[hit[0]])
+        chosen[g] = paths.text[hit[0]] if len(hit) else (paths.text[rows[0]] if len(rows) else "")
+        avg[g] = paths.correct[rows].mean() if len(rows) else 0.0
+    seq = np.zeros(G)
+    np.maximum.at(seq, paths.group, spent)
+    steps = np.arange(1, int(paths.length.max()) + 1)
+    stopped = use & (spent > 0) & (spent < paths.length)
+    return {"correct": correct, "chosen": chosen, "avg": avg,
+            "tokens": np.bincount(paths.group, weights=spent, minlength=G), "seq_tokens": seq,
+            "survival": ((spent[use][:, None] >= steps[None, :]).mean(0)).tolist(),
+            "pruned_at": spent[stopped], "alive_at_check": float((spent[use] > 0).mean()),
+            "stopped": stopped, "voter": voter, "spent": spent,
+            "kv_peaks": kv_peaks(paths, spent, wave)}
+
+
+def kv_peaks(paths, spent: np.ndarray, wave: np.ndarray | None = None) -> np.ndarray | None:
+    """Per prompt, the peak of cached tokens under the schedule (stopexp.search.memory), or None
+    when `paths` has no prompt lengths (a view of an online run)."""
+    if getattr(paths, "prompt_len", None) is None:
+        return None
+    return schedule_peaks(paths.group, paths.prompt_len, paths.length, spent, wave)
+
+
+def _answers_prompt(paths, rows: np.ndarray) -> AnswersPrompt:
+    """The rows of one prompt as an answers-only prompt (final answers and lengths; one code
+    per cluster of equivalent answers)."""
+    clustered = vote_clusters(paths.answer[rows], paths.answer_format)
+    answers = ["", *dict.fromkeys(a for a in clustered if a)]
+    code = {a: i for i, a in enumerate(answers)}
+    final = np.asarray([code[a or ""] for a in clustered], np.int64)
+    right = [bool(paths.correct[rows][final == c].any()) if c else False for c in range(len(answers))]
+    return AnswersPrompt(question="", gold="", probe_freq=1, answers=answers, final=final,
+                         tokens=np.asarray(paths.length[rows], np.int64),
+                         probes=np.zeros((len(rows), 0), np.int64), correct=np.asarray(right))
+
+
+def _sequential(paths, n: int, method, window: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(spent, voter, wave) of a method that samples a prompt's paths in path-id order,
+    `window` at a time (the wave of the k-th path is k // window)."""
+    spent, voter = np.zeros(len(paths.length), np.int64), np.zeros(len(paths.length), bool)
+    wave = np.zeros(len(paths.length), np.int64)
+    for g in range(int(paths.group.max()) + 1):
+        rows = np.nonzero((paths.group == g) & (paths.path_id < n))[0]
+        rows = rows[np.argsort(paths.path_id[rows], kind="stable")]
+        d = method(_answers_prompt(paths, rows), np.arange(len(rows)))
+        spent[rows] = d.spent
+        voter[rows] = np.arange(len(rows)) < d.launched
+        wave[rows] = np.arange(len(rows)) // window
+    return spent, voter, wave
+
+
+def stopping_outcomes(paths, confs: list, names: list[str], n: int, ev, group_window: int) -> dict:
+    """name -> outcome dict for the names of STOPPING_METHODS among `names`. confs[i] holds
+    the per-token confidences of row i of `paths`; ev: the evaluate config section
+    (esc_window, asc_threshold, deepconf_warmup, deepconf_keep_percent)."""
+    out = {}
+    ones = np.ones(len(paths.length))
+    lowest = np.asarray([dc.lowest_group_conf(c, group_window) for c in confs])
+    for name in names:
+        if name == "esc":
+            spent, voter, wave = _sequential(paths, n, lambda q, o: esc(q, o, ev.esc_window),
+                                             ev.esc_window)
+            out[name] = spent_outcome(paths, spent, voter, ones, n, wave)
+        elif name == "adaptive_consistency":
+            spent, voter, wave = _sequential(
+                paths, n, lambda q, o: adaptive_consistency(q, o, ev.asc_threshold), 1)
+            out[name] = spent_outcome(paths, spent, voter, ones, n, wave)
+        elif name == "deepconf_weighted":
+            out[name] = spent_outcome(paths, paths.length, np.ones(len(ones), bool), lowest, n)
+        elif name in ("deepconf_top", "deepconf_online"):
+            spent, voter = np.asarray(paths.length).copy(), np.zeros(len(ones), bool)
+            wave = np.zeros(len(ones), np.int64)  # DeepConf online: warm-up paths, then the rest
+            for g in range(int(paths.group.max()) + 1):
+                rows = np.nonzero((paths.group == g) & (paths.path_id < n))[0]
+                rows = rows[np.argsort(paths.path_id[rows], kind="stable")]
+                if name == "deepconf_top":
+                    voter[rows] = dc.top_share(lowest[rows], ev.deepconf_keep_percent)
+                else:
+                    warm = warmup_paths(ev.deepconf_warmup, n)
+                    spent[rows], voter[rows], _, _ = dc.online(
+                        [confs[r] for r in rows], warm, ev.deepconf_keep_percent, group_window)
+                    wave[rows] = np.arange(len(rows)) >= warm
+            out[name] = spent_outcome(paths, spent, voter, lowest, n, wave)
+    return out

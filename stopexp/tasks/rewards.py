@@ -1,0 +1,222 @@
+"""A path's reward: a float stored in the bank beside its 0/1 outcome (`correct`), the
+label that the losses order or regress and that Monte Carlo rollouts average.
+
+    correct         1.0 when task.check accepts the text, else 0.0
+    rouge_l         ROUGE-L F-measure (rouge-score) against the task's references, the best one
+    bleu            sentence BLEU (sacrebleu, all references at once) / 100
+    bertscore       BERTScore F1 (bert-score, offline MiniLM by default), the best reference
+    neg_perplexity  -exp(-mean log-prob of the generated tokens): the bank's token_logprob,
+                    i.e. under the sampling distribution (temperature, top-k, top-p applied)
+    external        fn(problem, text) -> float, registered with `register_reward` or given
+                    as module:function
+
+Text rewards compare words for natural language and characters for tasks whose outputs
+have no spaces (`task.text_level == "char"`, the arithmetic task), as stopexp.metrics.text
+does. References come from `task.references(problem)` when the task has several, else
+`[task.reference(problem)]`. `BOUNDED`: the rewards validate lets the regression losses
+(mse, reward_regression) use: the built-in ones in [0, 1], and external, whose range only
+its values tell (train checks them: stopexp.stages.train.check_reward_range). The text metrics
+clip a value that leaves their range by floating-point rounding only
+(stopexp.metrics.bounds) and refuse one further out; the values clipped while scoring are
+counted (`Reward.clipped`, each shard's record in the bank).
+"""
+from __future__ import annotations
+
+import importlib
+import math
+from typing import Callable
+
+import numpy as np
+
+from stopexp.core.errors import ConfigError
+from stopexp.metrics.bounds import clip_to_range
+from stopexp.metrics.text import BertScorer, check_script, check_tokenize, rouge_scorer
+
+BOUNDED = ("correct", "rouge_l", "bleu", "bertscore", "external")
+_REGISTERED: dict[str, Callable] = {}
+
+
+def register_reward(name: str, fn: Callable) -> None:
+    """Plug a reward in: fn(problem, text) -> float (e.g. an evaluator model's score);
+    reward=external reward.function=NAME then uses it. It must lie in [0, 1] for the
+    regression losses."""
+    _REGISTERED[name] = fn
+
+
+def resolve_external(name: str) -> Callable:
+    """The registered reward `name`, or the function at `module:function`; ValueError
+    saying what is allowed otherwise."""
+    if name in _REGISTERED:
+        return _takes_problem_and_text(name, _REGISTERED[name])
+    module, _, attr = name.partition(":")
+    if attr:
+        try:
+            fn = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError, ValueError) as e:
+            raise ValueError(f"{name!r} cannot be imported ({e.__class__.__name__}: {e}); give "
+                             "module:function, e.g. mypkg.rewards:score") from None
+        if not callable(fn):
+            raise ValueError(f"{name!r} is a {type(fn).__name__}, not a function "
+                             "fn(problem, text) -> float")
+        return _takes_problem_and_text(name, fn)
+    raise ValueError(f"{name!r} is neither registered (registered: {sorted(_REGISTERED) or 'none'}) "
+                     "nor an importable module:function")
+
+
+def _takes_problem_and_text(name: str, fn: Callable) -> Callable:
+    """`fn` if it can be called as fn(problem, text) (as far as its signature tells: some
+    builtins have none), else ValueError naming reward.function's value."""
+    import inspect
+
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return fn
+    try:
+        signature.bind(None, "")
+    except TypeError as e:
+        raise ValueError(f"{name!r} cannot be called as fn(problem, text) -> float: its "
+                         f"signature is {signature} ({e})") from None
+    return fn
+
+
+def references(task, problem) -> list[str]:
+    """The task's references for `problem` (several where the task has them)."""
+    if hasattr(task, "references"):
+        return list(task.references(problem))
+    return [task.reference(problem)]
+
+
+def _spaced(texts, level: str) -> list[str]:
+    return [" ".join(t) for t in texts] if level == "char" else list(texts)
+
+
+def rouge_l(hyp: str, refs: list[str], level: str = "word", tokenize: str = "13a") -> float:
+    """ROUGE-L F-measure of `hyp` against the best of `refs`, in [0, 1] (`rouge_l_scores`)."""
+    return float(rouge_l_scores([hyp], [refs], level, tokenize)[0][0])
+
+
+def rouge_l_scores(hyps, refs, level: str = "word", tokenize: str = "13a") -> tuple[np.ndarray, int]:
+    """ROUGE-L F-measure of each hyps[i] against the best of refs[i] (rouge-score's
+    score_multi; words split as stopexp.metrics.text.UnicodeTokenizer(tokenize) does), in
+    [0, 1], and how many were clipped into it (rounding: stopexp.metrics.bounds)."""
+    scorer = rouge_scorer(("rougeL",), level == "char", tokenize)
+    out = []
+    for hyp, r in zip(hyps, refs, strict=True):
+        if level != "char":
+            check_script(r, tokenize)
+        out.append(scorer.score_multi(_spaced(r, level), _spaced([hyp], level)[0])["rougeL"].fmeasure)
+    return clip_to_range(out, "ROUGE-L F")
+
+
+def bleu(hyp: str, refs: list[str], level: str = "word", tokenize: str = "13a") -> float:
+    """Sentence BLEU of `hyp` against all `refs`, in [0, 1] (`bleu_scores`)."""
+    return float(bleu_scores([hyp], [refs], level, tokenize)[0][0])
+
+
+def bleu_scores(hyps, refs, level: str = "word", tokenize: str = "13a") -> tuple[np.ndarray, int]:
+    """sacrebleu's sentence BLEU / 100 of each hyps[i] against all of refs[i] with its
+    `tokenize`, in [0, 1] (identical text: 1.0, where sacrebleu gives 100.00000000000004),
+    and how many were clipped into it (rounding: stopexp.metrics.bounds)."""
+    import sacrebleu
+
+    check_tokenize(tokenize)
+    out = []
+    for hyp, r in zip(hyps, refs, strict=True):
+        if level != "char":
+            check_script(r, tokenize)
+        # sacrebleu's sentence-level settings, spelt out: exp smoothing and the effective
+        # order, without which a text shorter than 4 words (no 4-gram) scores 0 even when
+        # it is the reference
+        out.append(sacrebleu.sentence_bleu(_spaced([hyp], level)[0], _spaced(r, level),
+                                           smooth_method="exp", use_effective_order=True,
+                                           tokenize=tokenize).score / 100.0)
+    return clip_to_range(out, "sentence BLEU")
+
+
+def neg_perplexity(logprobs) -> float:
+    """-exp(-mean(logprobs)) of one path's generated tokens (natural log-probs)."""
+    lp = np.asarray(logprobs, dtype=np.float64)
+    if not len(lp):
+        raise ValueError("neg_perplexity: a path without generated tokens has no perplexity")
+    return float(-np.exp(-lp.mean()))
+
+
+class Reward:
+    """reward.* as a function of paths: `scores(task, problems, texts, logprobs)` returns
+    a (P,) float64 array, one reward per path (problems[i] the prompt of texts[i];
+    logprobs[i] its generated tokens' log-probs, needed by neg_perplexity only)."""
+
+    def __init__(self, name: str = "correct", function: str | None = None,
+                 bertscore_model: str | None = None):
+        if name not in (*BOUNDED, "neg_perplexity"):
+            raise ConfigError(f"reward.name: {name!r} unknown; allowed: "
+                              f"{', '.join((*BOUNDED, 'neg_perplexity'))}")
+        self.name, self.bertscore_model = name, bertscore_model
+        self.fn = resolve_external(function) if name == "external" else None
+        self.function = function
+        self.needs_logprobs = name == "neg_perplexity"
+        self.clipped = 0  # metric values clipped into [0, 1] so far (rounding: stopexp.metrics.bounds)
+
+    @classmethod
+    def from_config(cls, reward_cfg) -> "Reward":
+        return cls(reward_cfg.name, reward_cfg.get("function"), reward_cfg.get("bertscore_model"))
+
+    def scores(self, task, problems, texts, logprobs=None) -> np.ndarray:
+        texts = list(texts)
+        level, tokenize = getattr(task, "text_level", "word"), getattr(task, "tokenize", "13a")
+        clipped = 0  # by the text metrics, which clip rounding into [0, 1]
+        if self.name == "correct":
+            out = [float(task.check(p, t)) for p, t in zip(problems, texts, strict=True)]
+        elif self.name in ("rouge_l", "bleu"):
+            metric = rouge_l_scores if self.name == "rouge_l" else bleu_scores
+            out, clipped = metric(texts, [references(task, p) for p in problems], level, tokenize)
+        elif self.name == "bertscore":
+            out, clipped = self._bertscore(task, problems, texts, level)
+        elif self.name == "neg_perplexity":
+            if logprobs is None:
+                raise ValueError("reward neg_perplexity needs the paths' per-token log-probs")
+            out = [neg_perplexity(lp) for lp in logprobs]
+        else:
+            out = [self._external(p, t) for p, t in zip(problems, texts, strict=True)]
+        self.clipped += clipped
+        return np.asarray(out, dtype=np.float64)
+
+    def _external(self, problem, text: str) -> float:
+        """The external function's reward of one path: a finite number, else ConfigError
+        naming reward.function, the path and its problem (a NaN would order no pair and
+        poison every mean; an exception inside it is the function's, not stopexp's)."""
+        where = f"the path {text[:60]!r} of the problem {str(problem)[:80]!r}"
+        try:
+            value = self.fn(problem, text)
+        except Exception as e:  # noqa: BLE001  (any error of the user's function)
+            raise ConfigError(f"reward.function: {self.function!r} raised {type(e).__name__}: {e} "
+                              f"on {where}; fix the function (STOPEXP_DEBUG=1 shows its "
+                              "traceback) or choose another reward") from e
+        try:
+            out = float(value)
+        except (TypeError, ValueError):
+            out = math.nan
+        if not math.isfinite(out):
+            raise ConfigError(f"reward.function: {self.function!r} returned {value!r} for {where}; "
+                              "a reward must be a finite number")
+        return out
+
+    def _bertscore(self, task, problems, texts, level: str) -> tuple[np.ndarray, int]:
+        """The best F1 over each path's references, in one encoder call per reference slot,
+        and how many F1s were clipped (BertScorer.scores)."""
+        scorer = BertScorer(self.bertscore_model) if self.bertscore_model else BertScorer()
+        refs = [references(task, p) for p in problems]
+        hyps = _spaced(texts, level)
+        best, clipped = np.full(len(texts), -np.inf), 0
+        for k in range(max(map(len, refs), default=0)):
+            rows = [i for i, r in enumerate(refs) if k < len(r)]
+            d = scorer.scores([hyps[i] for i in rows], _spaced([refs[i][k] for i in rows], level))
+            best[rows] = np.maximum(best[rows], d["f1"])
+            clipped += d["clipped"]
+        return best, clipped
+
+
+def build_reward(reward_cfg) -> Reward:
+    """The reward of `cfg.reward` (ValueError naming reward.* when it is not usable)."""
+    return Reward.from_config(reward_cfg)

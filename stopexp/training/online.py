@@ -1,0 +1,125 @@
+"""The LM in the adaptation loop (`python -m stopexp.adapt +exp=toy_shift evaluate.mode=online`).
+
+Each stream batch really runs Launch-Check-Resume with the target LM: the current
+predictor scores the live paths at the check, the policy keeps its top K plus the paths
+exploration draws, and only those continue. Feedback, votes and token counts come from
+what the LM generated. Every path has its own random stream, so the paths, and with them
+the curves, equal the replay's (tests/test_adapt.py); the seconds are measured, not
+estimated. The LM also runs the unpruned continuation of every path (as evaluate's online
+mode does), whose outcomes give the batch's AUROC; its time is not charged to the variant.
+
+Monte Carlo feedback forks the chosen pruned prefixes at the check into K rollouts with the
+seeds collect gives its Monte Carlo labels (stopexp/search/trace.py mc_success), so the
+rates equal the bank's; their tokens are counted, not estimated. The loop's check state
+is gone by then, so the chosen paths are relaunched up to the check first (their own
+streams give the same prefixes); only the rollouts are timed and charged.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from stopexp.evaluation.accounting import Paths, keep_by_policy
+from stopexp.evaluation.online import run_launch_check_resume, scatter_batch
+from stopexp.core.policies import build_policy
+from stopexp.tasks import vote_format
+
+
+class Exploring:
+    """A threshold policy that also keeps each would-be-pruned path with probability
+    epsilon: one draw from `rng` per live path, in the order the paths are scored."""
+
+    def __init__(self, policy, epsilon: float, rng):
+        self.policy, self.epsilon, self.rng = policy, epsilon, rng
+
+    def keep(self, scores: torch.Tensor) -> torch.Tensor:
+        kept = self.policy.keep(scores)
+        if not self.epsilon:
+            return kept
+        return kept | torch.as_tensor(self.rng.random(len(scores)) < self.epsilon)
+
+
+def online_decider(cfg, paths: Paths, checkpoint: int):
+    """(`decide(groups, predictor, epsilon, rng)`, `continue_(view, rows)`) for
+    stopexp.stages.adapt.run_stream that run the LM of `cfg` (the target config) on the prompts of
+    `paths` (the target bank's split): the pruning step, and the Monte Carlo continuations
+    of pruned prefixes (success rate, tokens per row and measured seconds)."""
+    from stopexp.models import load_lm
+    from stopexp.search.decode import SamplingParams, make_engine
+    from stopexp.core.seeds import stream_seed
+    from stopexp.search.sample import fit_prompts, path_labels, prompt_ids, prompt_limit, row_cap
+    from stopexp.search.trace import mc_success
+    from stopexp.search.taps import Taps
+    from stopexp.tasks import build_task
+
+    task = build_task(cfg.task)
+    model, tokenizer = load_lm(cfg, progress=False)
+    ids = paths.prompt_ids if paths.prompt_ids is not None else np.arange(int(paths.group.max()) + 1)
+    problems = fit_prompts(tokenizer, task.problems(cfg.adapt.split, int(ids.max()) + 1),
+                           prompt_limit(cfg, model), cfg.model.long_prompts)
+    by_id = {p.prompt_id: p for p in problems}
+    N, K = cfg.search.n_paths, cfg.policy.keep
+
+    def decide(groups, predictor, epsilon: float, rng):
+        batch_problems = [by_id[int(ids[g])] for g in groups]
+        methods = {}
+        if predictor is not None:
+            methods["adapt"] = (lambda b: _score(predictor, b),
+                                lambda: Exploring(build_policy(cfg.policy, keep=K), epsilon, rng))
+        runs, batch = run_launch_check_resume(cfg, model, tokenizer, task, batch_problems,
+                                              methods, checkpoint)
+        view = _view(runs["no_prune"], batch, batch_problems, task, N, checkpoint)
+        run = runs["adapt" if predictor is not None else "no_prune"]
+        keys = [(i, j) for i in range(len(batch_problems)) for j in range(N)]
+        kept = np.asarray([bool(run.kept[k]) for k in keys]) & view.alive
+        if predictor is None:
+            return view, None, kept, np.zeros(len(kept), bool), run.wall_s
+        scores = _score(predictor, view.batch).numpy().astype(float)
+        top = keep_by_policy(view, scores, cfg, K, N)
+        return view, scores, kept & top, kept & ~top, run.wall_s
+
+    def continue_(view: Paths, rows: np.ndarray):
+        problems = [by_id[int(view.prompt_ids[view.group[r]])] for r in rows]
+        owners = [(k, int(view.path_id[r])) for k, r in enumerate(rows)]
+        with Taps.from_config(model, cfg.tap) as taps:
+            engine = make_engine(model, tokenizer, SamplingParams.from_config(cfg), taps,
+                                 (checkpoint,))
+            state = engine.run(engine.launch([prompt_ids(tokenizer, p.prompt) for p in problems],
+                                             [stream_seed(cfg.seed, p.prompt, j) for p, (_, j)
+                                              in zip(problems, owners)],
+                                             path_labels(problems, owners)), until=checkpoint)
+            if state.size != len(rows):
+                raise RuntimeError("Monte Carlo feedback: a relaunched prefix ended before the "
+                                   "check although the loop saw it live")
+            start, tokens = time.perf_counter(), {}
+            rates, _ = mc_success(engine, tokenizer, task, state, problems, owners, cfg.seed,
+                                  cfg.adapt.mc_rollouts, row_cap(cfg, tokenizer, problems), tokens)
+            seconds = time.perf_counter() - start
+        return (np.asarray([rates[k] for k in range(len(rows))]),
+                np.asarray([tokens[k] for k in range(len(rows))], float), seconds)
+
+    return decide, continue_
+
+
+@torch.no_grad()
+def _score(predictor, batch: dict) -> torch.Tensor:
+    predictor.eval()
+    return predictor(batch)
+
+
+def _view(run, batch: dict, problems: list, task, n: int, checkpoint: int) -> Paths:
+    """The batch's paths as the unpruned run generated them, with the check features."""
+    keys = [(i, j) for i in range(len(problems)) for j in range(n)]
+    text = np.asarray([run.text[k] for k in keys], dtype=object)
+    view = Paths(group=np.repeat(np.arange(len(problems)), n), path_id=np.tile(np.arange(n), len(problems)),
+                 length=np.asarray([run.length[k] for k in keys]),
+                 correct=np.asarray([task.check(problems[i], t) for (i, _), t in zip(keys, text)]),
+                 answer=np.asarray([task.answer_of(t) for t in text], dtype=object), text=text,
+                 alive=np.asarray([k in batch["row"] for k in keys]), batch={},
+                 prompt_ids=np.asarray([p.prompt_id for p in problems]), answer_format=vote_format(task))
+    view.batch = scatter_batch(batch, [batch["row"][k] for k in keys if k in batch["row"]], len(keys), view)
+    view.batch["group"] = torch.as_tensor(view.group)
+    view.batch["remaining"] = torch.as_tensor(np.maximum(view.length - checkpoint, 0).astype(np.float32))
+    return view

@@ -1,0 +1,182 @@
+"""Per-step predictors and AUROC against prefix length: one row per (path, position).
+
+A *position batch* holds one row per (path, stored position) where the path is still
+generating, with the keys of `feature_bank.tensors_at` plus "position" (B,) int64 (the prefix in
+generated tokens) and "path" (B,) int64 (the path's row in the split's bank). Everything
+here consumes that dict; `position_data` is the one place that makes it.
+
+- Training on every position (`train.positions=all`): the losses mine pairs within
+  (prompt, position), never across positions (`pair_groups` becomes the batch's "group";
+  the prompt stays in "prompt_group"), and epochs are selected on the validation
+  within-prompt AUROC averaged over positions (`mean_over_positions`).
+- AUROC against prefix length (`auroc_by_position`): at every stored position, the
+  within-prompt AUROC of a scorer over the paths alive there (the mean over the prompts
+  with mixed outcomes at that position), and how many such prompts there were. It answers
+  "from which prefix on does a signal know?".
+"""
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+import torch
+
+from stopexp.store import bank
+from stopexp.metrics.ranking import per_group_auroc
+
+
+def position_data(cfg, split: str, overrides: list[str] | None = None):
+    """(the split's bank rows, its position batch: `feature_bank.position_batch` at every
+    stored position), or (ds, None) when the bank holds no path of `split`. The features
+    are made when missing. The one source of position batches: every consumer below reads
+    what this returns."""
+    from stopexp.store import features as feature_bank
+
+    ds, feats = feature_bank.load_split(cfg, split, overrides)
+    if not len(ds):
+        return ds, None
+    rows = feature_bank.position_batch(ds, feats)
+    return ds, bank.select_rows(rows, rows["alive"])
+
+
+def pair_groups(group: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+    """(B,) int64 dense ids of the (prompt group, position) pairs: rows share an id iff
+    they share both, so pairs mined by the losses never cross positions."""
+    keys = torch.stack([torch.as_tensor(group), torch.as_tensor(position)], dim=1).numpy()
+    _, inverse = np.unique(keys, axis=0, return_inverse=True)
+    return torch.from_numpy(inverse.reshape(-1).astype(np.int64))
+
+
+def training_rows(rows: dict) -> dict:
+    """A position batch as training data: "group" the (prompt, position) pair id (what the
+    pairwise losses and the prompt batches group by), "prompt_group" the prompt's."""
+    return {**rows, "prompt_group": rows["group"], "group": pair_groups(rows["group"], rows["position"])}
+
+
+def auroc_by_position(scores, correct, group, position) -> dict:
+    """Per stored position (ascending): the within-prompt AUROC of `scores` against
+    `correct` over the rows at that position (mean over prompt `group`s with both outcomes
+    there; NaN where none has both) and the number of such prompts. All arguments (B,).
+    Returns {"positions": [int], "auroc": [float], "n_mixed_prompts": [int]}."""
+    s, y = np.asarray(scores, dtype=float), np.asarray(correct) > 0.5
+    g, pos = np.asarray(group), np.asarray(position)
+    out = {"positions": [], "auroc": [], "n_mixed_prompts": []}
+    for p in np.unique(pos):
+        at = pos == p
+        _, values = per_group_auroc(s[at], y[at], g[at])
+        mixed = values[~np.isnan(values)]
+        out["positions"].append(int(p))
+        out["auroc"].append(float(mixed.mean()) if len(mixed) else math.nan)
+        out["n_mixed_prompts"].append(int(len(mixed)))
+    return out
+
+
+def mean_over_positions(curve: dict) -> float:
+    """The mean of a curve's AUROCs over the positions with a mixed prompt (NaN if none)."""
+    values = [a for a in curve["auroc"] if math.isfinite(a)]
+    return float(np.mean(values)) if values else math.nan
+
+
+def usable_groups(rows: dict, min_gap: float = 0.0) -> int:
+    """How many (prompt, position) groups of training rows (`training_rows`: "group" the
+    pair id) hold a pair the losses can learn from: a correct and a wrong path, or, where
+    the reward is continuous, two paths whose rewards differ by more than `min_gap` (the
+    pair losses' loss.min_gap; as `train.check_usable`)."""
+    from stopexp.metrics import is_binary
+
+    group = np.asarray(rows["group"])
+    label = np.asarray(rows["reward"] if "reward" in rows else rows["correct"], dtype=float)
+    if "reward" in rows and is_binary(label):
+        label = np.asarray(rows["correct"], dtype=float)
+    if not len(group):
+        return 0
+    order = np.argsort(group, kind="stable")
+    g, v = group[order], label[order]
+    starts = np.r_[0, np.nonzero(g[1:] != g[:-1])[0] + 1]
+    gap = min_gap if "reward" in rows and not is_binary(label) else 0.0
+    return int((np.maximum.reduceat(v, starts) - np.minimum.reduceat(v, starts) > gap).sum())
+
+
+def split_data_all(meta: dict, cfg, overrides: list[str] | None = None) -> dict[str, dict]:
+    """train.positions=all: per split, the training rows of every stored position.
+    Raises NothingToLearn when train or val has no (prompt, position) with both a correct
+    and a wrong path."""
+    from stopexp.stages.train import NothingToLearn, pair_min_gap
+
+    out = {}
+    for split in ("train", "val", "test"):
+        if bank.split_rows(meta, split):
+            _, rows = position_data(cfg, split, overrides)
+            if rows is not None and len(rows["correct"]):
+                out[split] = training_rows(rows)
+    for split in ("train", "val"):
+        data = out.get(split)
+        n = len(data["correct"]) if data else 0
+        if n and usable_groups(data, pair_min_gap(cfg)):
+            continue
+        raise NothingToLearn(
+            f"train.positions: all: the {split} split has no usable pair at any of the bank's "
+            f"stored positions ({n} alive path positions): no prompt has both "
+            f"a correct and a wrong path (or, with a continuous reward, two paths of different "
+            f"rewards) alive at one position. Collect more prompts "
+            f"(collect.prompts.{split}), keep prompts with mixed outcomes (collect.keep_correct), "
+            f"or try another task.seed or seed.")
+    return out
+
+
+def curves_of(scorers: dict, rows: dict, seed_keys: np.ndarray | None = None) -> dict:
+    """method -> auroc_by_position of its scorer on the position batch `rows` (alive rows;
+    "group" the prompt). Each position is scored on its own, so a scorer that compares a
+    path with its prompt's peers (st_bon) sees only the peers at the same position.
+    `seed_keys`: the bank's per-path stream names, indexed by rows["path"] (the random
+    scorer's; a path keeps its draw at every position)."""
+    pos = rows["position"].numpy()
+    curves = {}
+    for name, scorer in scorers.items():
+        scores = np.zeros(len(pos))
+        for p in np.unique(pos):
+            at = np.nonzero(pos == p)[0]
+            batch = bank.select_rows(rows, torch.from_numpy(at))
+            if seed_keys is not None:
+                batch["seed_key"] = list(seed_keys[batch["path"].numpy()])
+            scores[at] = np.asarray(scorer(batch), dtype=float)
+        curves[name] = auroc_by_position(scores, rows["correct"], rows["group"], pos)
+    return curves
+
+
+def single_checkpoint_baseline(cfg, spec) -> tuple[str, object] | None:
+    """With train.positions=all: (label, predictor) of the same predictor trained the
+    standard way, at train.checkpoint only and without the position input (trained here
+    when missing, as the controls are), to be scored at every position. None otherwise."""
+    if cfg.train.positions != "all":
+        return None
+    from stopexp.config import checkpoint_tokens
+    from stopexp.signals.checkpoint import load_predictor
+    from stopexp.stages.train import predictor_dir, train
+
+    sub = copy.deepcopy(cfg)
+    sub.train.positions, sub.predictor.position_input = "checkpoint", False
+    train(sub, progress=False)
+    predictor, _ = load_predictor(predictor_dir(sub), spec, sub.predictor)
+    tokens = checkpoint_tokens(cfg.train.checkpoint, cfg.search.max_new_tokens)
+    return f"{cfg.predictor.name}@{tokens}", predictor
+
+
+def auroc_by_prefix(cfg, scorers: dict, split: str, spec) -> dict:
+    """Evaluate's curves: method -> auroc_by_position over the `split` paths of the bank,
+    for every scorer (learned, confidence, entropy, hidden-state statistics, random,
+    oracle; not the super token, which would re-run the LM at every position) and, with
+    train.positions=all, the single-checkpoint predictor scored at every position
+    (labelled "<predictor>@<tokens>")."""
+    from stopexp.signals import methods as M
+
+    ds, rows = position_data(cfg, split)
+    if rows is None:
+        return {}
+    use = {k: v for k, v in scorers.items() if v is not None and k != "super_token"}
+    base = single_checkpoint_baseline(cfg, spec)
+    if base is not None:
+        use[base[0]] = M.learned(base[1])
+    keys = np.asarray([f"{p}/{j}" for p, j in zip(ds["prompt"][:], ds["path_id"][:])], dtype=object)
+    return curves_of(use, rows, keys)

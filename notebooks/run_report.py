@@ -44,7 +44,7 @@ from stopexp.evaluation.report import make_plots
 from stopexp.evaluation.scorers import build_scorers
 from stopexp.signals.checkpoint import read_checkpoint
 from stopexp.stopping.replay import STOPPING_METHODS, stopping_outcomes
-from stopexp.stages.train import predictor_dir
+from stopexp.training.data import predictor_dir
 
 run = Path(run_dir) if run_dir else max((project_root() / "outputs/runs/pipeline").iterdir())
 out = Path(out_dir) if out_dir else run / "report"

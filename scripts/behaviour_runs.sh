@@ -22,5 +22,8 @@ run() {  # name module overrides...
 mkdir -p "$OUT"
 run main pipeline +exp=toy_contrastive
 run beam_every_step pipeline +exp=toy_beam_every_step
+# adapt replays two banks: the source's and the target's (adapt.target's keys in place)
+run shift_source collect +exp=toy_shift
+run shift_target collect +exp=toy_shift "task.styles={careful:0.8,shortcut:0.2}" model.toy.seed=1 collect.mc_rollouts=4
 run shift adapt +exp=toy_shift
 run datatotext pipeline +exp=toy_datatotext

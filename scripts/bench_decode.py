@@ -23,7 +23,8 @@ import time
 import torch
 from hydra import compose, initialize_config_dir
 
-from stopexp.config import checkpoint_tokens, project_root, validate
+from stopexp.config import project_root, validate
+from stopexp.core.protocol import checkpoint_tokens
 from stopexp.models import load_lm
 from stopexp.search.decode import SamplingParams, eos_ids, make_engine
 from stopexp.search.sample import launch_lists

@@ -19,6 +19,7 @@ import torch.multiprocessing as mp
 from hydra import compose, initialize_config_dir
 
 from stopexp.config import project_root, validate
+from stopexp.store.keys import mc_checkpoints
 
 WORK = ["logger=none", "search.n_paths=16", "collect.prompts.train=0", "collect.prompts.val=0",
         "collect.prompts.test=32", "collect.shard_prompts=2", "collect.mc_rollouts=0"]
@@ -26,7 +27,6 @@ WORK = ["logger=none", "search.n_paths=16", "collect.prompts.train=0", "collect.
 
 def worker(rank: int, world: int, threads: int | None, overrides: list[str], repeats: int,
            start, results) -> None:
-    from stopexp.store import bank
     from stopexp.stages.collect import plan
     from stopexp.models import load_lm
     from stopexp.search.decode import SamplingParams, make_engine
@@ -42,7 +42,7 @@ def worker(rank: int, world: int, threads: int | None, overrides: list[str], rep
     task = build_task(cfg.task)
     shards = plan(cfg, task)[rank::world]
     model, tok = load_lm(cfg, progress=False)
-    checkpoints = bank.mc_checkpoints(cfg)
+    checkpoints = mc_checkpoints(cfg)
     # collect runs without taps: features are extracted afterwards
     engine = make_engine(model, tok, SamplingParams.from_config(cfg))
 

@@ -12,7 +12,9 @@ from hydra import compose, initialize_config_dir
 from stopexp.store import bank
 from stopexp.config import project_root, validate
 from stopexp.signals.methods import BASELINES
-from stopexp.stages.train import evaluate_scores, split_data, train
+from stopexp.training.fit import evaluate_scores
+from stopexp.training.data import split_data
+from stopexp.training.predictor import train
 
 PREDICTORS = ("statistic", "linear", "mlp", "conf_features")
 LOSSES = ("contrastive", "pairwise", "reward_regression", "mse")

@@ -9,8 +9,8 @@ from conftest import FP32_REORDER, compose
 from omegaconf import OmegaConf
 
 from stopexp.store import bank
-from stopexp.stages.adapt import (feedback, mc_draws, replay_continuations, replay_decider, run_stream,
-                           stream_order, take, target_config, target_overrides)
+from stopexp.training.stream import (feedback, mc_draws, replay_continuations, replay_decider, run_stream, stream_order, take)
+from stopexp.stages.adapt import target_config, target_overrides
 from stopexp.config import ConfigError, checkpoint_tokens, validate
 from stopexp.evaluation.accounting import replay_paths
 from stopexp.training.losses import build_loss
@@ -23,7 +23,8 @@ ADAPT = ["adapt.stream_prompts=4", "adapt.heldout_prompts=2", "adapt.batch_promp
 def _setup(small_bank, *extra):
     from stopexp.signals.checkpoint import load_predictor
     from stopexp.store.features import require_features, spec_of
-    from stopexp.stages.train import predictor_dir, train
+    from stopexp.training.data import predictor_dir
+    from stopexp.training.predictor import train
 
     cfg = validate(compose("adapt", [*small_bank, *ADAPT, *extra]))
     train(cfg, progress=False)
@@ -203,7 +204,7 @@ def _with_bank_features(decide, paths):
     lr per step, so trained weights from the two feature sources differ by a machine-dependent
     amount. With the same features every step after the decisions is the same arithmetic on
     the same tensors, so weights and records must be equal, not close."""
-    from stopexp.stages.adapt import _scores
+    from stopexp.training.stream import predictor_scores
 
     def wrapped(groups, predictor, epsilon, rng):
         view, scores, kept, explored, wall = decide(groups, predictor, epsilon, rng)
@@ -214,7 +215,7 @@ def _with_bank_features(decide, paths):
             torch.testing.assert_close(view.batch[key][live], ref.batch[key][live], **FP32_REORDER)
             view.batch[key] = ref.batch[key]
         if scores is not None:
-            scores = _scores(predictor, view.batch)
+            scores = predictor_scores(predictor, view.batch)
         return view, scores, kept, explored, wall
 
     return wrapped

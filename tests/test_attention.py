@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from conftest import FP32_REORDER, compose
-from stopexp.config import ConfigError, attention_heads, validate
+from stopexp.config import ConfigError, validate
+from stopexp.core.protocol import attention_heads
 from stopexp.signals.features import SIGNAL_NAMES
 from stopexp.search.taps import Taps
 

@@ -52,14 +52,14 @@ def test_conf_features_reads_the_signals_it_is_given():
 def test_features_give_the_statistics_of_their_hidden_states(small_bank):
     from conftest import compose
     from stopexp.store import bank
-    from stopexp.store import features as feature_bank
+    from stopexp.store import feature_rows
     from stopexp.config import validate
 
     cfg = validate(compose("train", small_bank))
     root = bank.bank_dir(cfg)
     assert bank.read_meta(root)["version"] == bank.BANK_VERSION == 4
-    ds, feats = feature_bank.load_split(cfg, "test")
-    batch = feature_bank.tensors_at(ds, feats, 5)
+    ds, feats = feature_rows.load_split(cfg, "test")
+    batch = feature_rows.tensors_at(ds, feats, 5)
     hidden, signals = batch["hidden"].numpy(), batch["signals"].numpy()   # (P, L, H), (P, S)
     deepest = hidden[:, -1].astype(np.float64)
     for name, want in (("hidden_norm", np.linalg.norm(deepest, axis=-1)),

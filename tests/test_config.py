@@ -319,7 +319,7 @@ def test_beam_search_with_a_top_k_that_cannot_prune_is_refused():
     (["last", -1, 2], 3, [2]),
 ])
 def test_symbolic_tap_layers_resolve_against_the_model(entries, n_layers, resolved):
-    from stopexp.config import resolve_layers
+    from stopexp.core.protocol import resolve_layers
 
     assert resolve_layers(entries, n_layers) == resolved
 

@@ -138,7 +138,7 @@ def test_per_step_usable_groups_count_reward_spreads_as_train_does():
 def test_check_usable_says_when_loss_min_gap_leaves_no_pair():
     import torch
 
-    from stopexp.stages.train import NothingToLearn, check_usable
+    from stopexp.training.data import NothingToLearn, check_usable
 
     data = {"group": torch.tensor([0, 0, 1, 1]), "correct": torch.tensor([0.0, 0.0, 1.0, 1.0]),
             "reward": torch.tensor([0.30, 0.32, 0.50, 0.55])}
@@ -197,7 +197,7 @@ def test_adapt_refuses_the_evaluate_keys_it_does_not_read(override, key, says):
 def test_regression_losses_refuse_an_external_reward_outside_0_1():
     import torch
 
-    from stopexp.stages.train import check_reward_range
+    from stopexp.training.data import check_reward_range
 
     cfg = compose("train", ["loss=mse", "reward=external", "reward.function=os.path:join"])
     data = {"train": {"reward": torch.tensor([0.0, 0.5, 1.0])},

@@ -11,7 +11,8 @@ from omegaconf import OmegaConf
 from conftest import CONF, ROOT, compose
 from stopexp.config import ALWAYS_METHODS, ConfigError, validate
 
-README = (ROOT / "README.md").read_text()
+# the README and the pages of the docs site (docs/): what they document is what the code does
+README = "\n".join(p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))])
 
 
 @pytest.mark.parametrize("stage, overrides, key, says", [
@@ -286,7 +287,7 @@ def test_a_probe_used_at_a_check_it_was_not_trained_at_is_warned_about(caplog):
 
 
 def test_train_progress_shows_the_value_epochs_are_selected_by():
-    from stopexp.stages.train import selection_name, selection_value
+    from stopexp.training.fit import selection_name, selection_value
 
     assert (selection_name({"auroc": 0.7}), selection_value({"auroc": 0.7})) == ("val_auroc", 0.7)
     continuous = {"auroc": 0.7, "spearman_within": 0.4}
@@ -313,8 +314,8 @@ def _leaves(node, prefix=""):
 
 
 def experiment_table() -> list[str]:
-    """The README's table of what each exp sets: its group options and, resolved in its
-    composed config, every key its file sets (logger tags aside)."""
+    """The table of what each exp sets (docs/configuration.md): its group options and,
+    resolved in its composed config, every key its file sets (logger tags aside)."""
     rows = ["| `+exp=` | options | settings |", "|---|---|---|"]
     for path in sorted((CONF / "exp").glob("*.yaml")):
         raw = OmegaConf.load(path)
@@ -333,9 +334,10 @@ def experiment_table() -> list[str]:
     return rows
 
 
-def test_the_readme_shows_what_each_experiment_sets():
+def test_the_docs_show_what_each_experiment_sets():
     lines = README.splitlines()
     start = lines.index("| `+exp=` | options | settings |")
     shown = lines[start:start + len(list((CONF / "exp").glob("*.yaml"))) + 2]
     expected = experiment_table()
-    assert shown == expected, "README table of the exps is stale; it should read:\n" + "\n".join(expected)
+    assert shown == expected, ("the table of the exps (docs/configuration.md) is stale; it should "
+                               "read:\n" + "\n".join(expected))

@@ -93,7 +93,8 @@ def test_stopping_settings_fail_before_compute(override, message):
 
 def test_a_warm_up_share_is_at_least_one_path_and_one_path_is_refused_with_the_fix():
     from conftest import compose
-    from stopexp.config import ConfigError, validate, warmup_paths
+    from stopexp.config import ConfigError, validate
+    from stopexp.core.protocol import warmup_paths
 
     assert [warmup_paths(0.25, n) for n in (2, 3, 8, 64)] == [1, 1, 2, 16] and warmup_paths(0, 8) == 0
     assert validate(compose("evaluate", ["search.n_paths=2"])).search.n_paths == 2  # one edit shrinks

@@ -71,7 +71,7 @@ def test_every_user_error_class_is_a_user_error():
     from stopexp.search.sample import PromptTooLong
     from stopexp.signals.checkpoint import CheckpointDamaged, CheckpointMismatch
     from stopexp.tasks.qa import TaskFileError
-    from stopexp.stages.train import NothingToLearn
+    from stopexp.training.data import NothingToLearn
 
     for cls in (ConfigError, NotFound, CannotWrite, AnswersBankError, BankMissing, BankDamaged,
                 ModelNotAvailable, PromptTooLong, CheckpointDamaged, CheckpointMismatch,

@@ -12,6 +12,7 @@ import torch
 from conftest import FP32_REORDER, compose
 from stopexp.store import bank
 from stopexp.store import features as feature_bank
+from stopexp.store import feature_rows
 from stopexp.models import extract as feature_extract
 from stopexp.config import ConfigError, validate
 from stopexp.search.taps import Taps
@@ -79,20 +80,20 @@ def test_tap_change_reextracts_without_regenerating(small_bank, monkeypatch, cap
     assert "no features for this config" in caplog.text and _snapshot(root) == before
     meta = bank.read_meta(second)
     assert meta["tap_layers"] == [0, 1] and meta["bank"] == root.name and meta["pooling"] == "mean"
-    ds, feats = feature_bank.load_split(other, "train")
+    ds, feats = feature_rows.load_split(other, "train")
     for i in range(len(ds)):  # every stride multiple and checkpoint below the length
         n = int(ds["length"][i])
         pos = set(feats.positions[feats.offsets[i]:feats.offsets[i + 1]].tolist())
         assert {c for c in (4, 5, 8, 12, 16, 20) if c < n} <= pos and max(pos) < n
     # the Monte Carlo labels stay at tap.checkpoints; elsewhere NaN while alive
-    batch = feature_bank.position_batch(ds, feats)
+    batch = feature_rows.position_batch(ds, feats)
     at5 = batch["position"] == 5
     assert not torch.isnan(batch["mc"][at5]).any() and torch.isnan(batch["mc"][batch["position"] == 4]).all()
 
 
 def test_step_ends_are_the_separator_tokens(small_bank):
     cfg = validate(compose("train", [*small_bank, "tap.positions.step_ends=true"]))
-    ds, feats = feature_bank.load_split(cfg, "val")
+    ds, feats = feature_rows.load_split(cfg, "val")
     from stopexp.models import load_lm
 
     _, tok = load_lm(cfg, progress=False)
@@ -107,9 +108,9 @@ def test_views_agree_and_signals_match_the_bank(small_bank):
     from stopexp.signals.features import SIGNAL_NAMES
 
     cfg = validate(compose("train", small_bank))
-    ds, feats = feature_bank.load_split(cfg, "test")
-    at = feature_bank.tensors_at(ds, feats, 5)
-    pb = feature_bank.position_batch(ds, feats, positions=[5])
+    ds, feats = feature_rows.load_split(cfg, "test")
+    at = feature_rows.tensors_at(ds, feats, 5)
+    pb = feature_rows.position_batch(ds, feats, positions=[5])
     alive = at["alive"]
     assert torch.equal(pb["path"], torch.nonzero(alive).squeeze(-1))
     for key in ("hidden", "signals", "group", "correct", "mc", "prefix_len", "remaining", "length"):
@@ -121,10 +122,10 @@ def test_views_agree_and_signals_match_the_bank(small_bank):
     norm = at["signals"][:, SIGNAL_NAMES.index("hidden_norm")]
     assert torch.allclose(norm, at["hidden"][:, -1].norm(dim=-1))
     with pytest.raises(ValueError, match="hold no position 7 .* add it to tap.checkpoints or tap.positions"):
-        feature_bank.tensors_at(ds, feats, 7)
+        feature_rows.tensors_at(ds, feats, 7)
     other_ds = bank.load_bank(bank.bank_dir(cfg), "val")
     with pytest.raises(ValueError, match="not those of this bank split"):
-        feature_bank.tensors_at(other_ds, feats, 5)
+        feature_rows.tensors_at(other_ds, feats, 5)
 
 
 def test_float16_features_halve_the_bytes(small_bank):
@@ -134,7 +135,7 @@ def test_float16_features_halve_the_bytes(small_bank):
     for name, cfg in (("f32", base), ("f16", half)):
         meta = bank.read_meta(feature_bank.require_features(cfg))
         sizes[name] = sum(f["size"] for r in meta["shards"].values() for f in r["files"].values())
-        ds, feats = feature_bank.load_split(cfg, "val")
+        ds, feats = feature_rows.load_split(cfg, "val")
         sizes[name + "_hidden"] = feats.hidden
     assert sizes["f16_hidden"].dtype == np.float16 and sizes["f32_hidden"].dtype == np.float32
     np.testing.assert_allclose(sizes["f16_hidden"].astype(np.float32), sizes["f32_hidden"], rtol=2e-3, atol=2e-3)
@@ -159,7 +160,7 @@ def test_damaged_features_name_the_file_and_the_command(small_bank, tmp_path):
         assert f"features {out} is damaged: {shard.name}: {arrow.name} has" in msg
         assert "python -m stopexp.featurize +exp=toy_contrastive" in msg
         with pytest.raises(bank.BankDamaged, match=f"(?s){arrow.name}.*python -m stopexp.featurize"):
-            feature_bank.load_split(cfg, "train", make=False)
+            feature_rows.load_split(cfg, "train", make=False)
         feature_bank.featurize(cfg)  # repairs: recomputes the damaged shard only
         assert bank.verify_bank(out, full=True, kind="features", version=feature_bank.FEATURES_VERSION)
     finally:
@@ -181,7 +182,7 @@ def test_features_of_another_tap_under_this_key_are_refused_and_featurize_repair
     import shutil
 
     from stopexp.stages.evaluate import evaluate
-    from stopexp.stages.train import train
+    from stopexp.training.predictor import train
 
     fast = ["predictor=linear", "train.epochs=2", "evaluate.methods=[learned]",
             "evaluate.text_metrics=false", "evaluate.n_points=[4,8]", "evaluate.retention=[2,4]",
@@ -192,7 +193,7 @@ def test_features_of_another_tap_under_this_key_are_refused_and_featurize_repair
     record = Path(trained["checkpoint"]) / "predictor.json"
     written = (record.stat().st_ino, record.stat().st_mtime_ns)
     out = feature_bank.features_dir(cfg)
-    reference = feature_bank.load_features(out, "test").hidden.copy()
+    reference = feature_rows.load_features(out, "test").hidden.copy()
     other = validate(compose("evaluate", [*overrides, "tap.layers=[0]"]))
     shutil.rmtree(out)
     shutil.copytree(feature_bank.require_features(other), out)  # layer 0's, under this key
@@ -207,7 +208,7 @@ def test_features_of_another_tap_under_this_key_are_refused_and_featurize_repair
         train(cfg, progress=False)  # the cached predictor too; before: reused, exit 0
     summary = feature_bank.featurize(cfg)  # every shard names the other features: recomputed
     assert bank.read_meta(out)["tap_layers"] == [2] and summary["paths"] == 24 * 8
-    assert np.array_equal(feature_bank.load_features(out, "test").hidden, reference)
+    assert np.array_equal(feature_rows.load_features(out, "test").hidden, reference)
     assert set(evaluate(cfg)["methods"]) >= {"linear", "no_prune"}
     # the features fit again: the cached predictor, not a retrained one
     assert train(cfg, progress=False)["checkpoint"] == trained["checkpoint"]
@@ -221,7 +222,7 @@ def test_a_features_record_with_another_width_is_refused_and_featurize_rewrites_
     shards = _snapshot(out)
     (out / "meta.json").write_text(json.dumps({**original, "hidden_size": 64}))
     for consumer in (lambda: feature_bank.require_features(cfg),
-                     lambda: feature_bank.load_split(cfg, "test", make=False)):
+                     lambda: feature_rows.load_split(cfg, "test", make=False)):
         with pytest.raises(bank.ArtifactMismatch, match=f"^features {out} does not fit this config: "
                                                         "its meta.json records hidden_size=64, this "
                                                         "config expects 96; repair: python -m "
@@ -231,7 +232,7 @@ def test_a_features_record_with_another_width_is_refused_and_featurize_rewrites_
     assert bank.read_meta(out) == original
     assert {k: v for k, v in _snapshot(out).items() if "meta.json" not in k} == \
         {k: v for k, v in shards.items() if "meta.json" not in k}  # the shards fit: kept
-    ds, feats = feature_bank.load_split(cfg, "test", make=False)
+    ds, feats = feature_rows.load_split(cfg, "test", make=False)
     assert feats.hidden.shape[1:] == (1, 96)
 
 

@@ -15,7 +15,9 @@ from stopexp.runtime import integrity
 from stopexp.stages.collect import collect
 from stopexp.config import validate
 from stopexp.signals.checkpoint import CheckpointDamaged, CheckpointMismatch, load_predictor
-from stopexp.stages.train import predictor_dir, train
+from stopexp.training.data import predictor_dir
+from stopexp.training.predictor import train
+from stopexp.store.keys import task_content
 
 GSM8K = ROOT / "tests" / "data" / "gsm8k_sample.jsonl"
 COLUMNS = ("split", "prompt_id", "path_id", "text", "answer", "correct", "length", "tokens",
@@ -237,12 +239,12 @@ def test_editing_the_task_file_changes_the_bank(tmp_path, monkeypatch):
     refs = tmp_path / "hub" / "datasets--openai--gsm8k" / "refs"
     refs.mkdir(parents=True)
     (refs / "main").write_text("0123abcd\n")
-    assert bank.task_content(compose("collect", ["task=gsm8k"]).task) == "hub:openai/gsm8k@0123abcd"
+    assert task_content(compose("collect", ["task=gsm8k"]).task) == "hub:openai/gsm8k@0123abcd"
     assert key("openai/gsm8k") != plain
 
 
 def test_empty_split_messages_say_which_setting_to_change():
-    from stopexp.stages.train import _empty_split
+    from stopexp.training.data import _empty_split
 
     cfg = compose("train", ["collect.keep_correct=[2,6]"])
     meta = {"plan": [{"index": 0, "split": "train", "prompts": 5},

@@ -14,7 +14,9 @@ from stopexp.training.losses import _pair_mask
 from stopexp.training.per_step import (auroc_by_position, mean_over_positions,
                               pair_groups, position_data, training_rows)
 from stopexp.signals import FeatureSpec, build_predictor
-from stopexp.stages.train import fit, predictor_dir, train
+from stopexp.training.fit import fit
+from stopexp.training.data import predictor_dir
+from stopexp.training.predictor import train
 
 EVAL_FAST = ["evaluate.n_points=[4,8]", "evaluate.retention=[2,4]", "policy.keep=4",
              "evaluate.bootstrap=200", "evaluate.text_metrics=false"]
@@ -106,7 +108,7 @@ def test_fit_on_every_position_is_pinned():
     prompts are mixed, so the mean over positions differs from the mean over all
     (prompt, position) groups."""
     from stopexp.metrics import within_prompt_auroc
-    from stopexp.stages.train import score
+    from stopexp.training.fit import score
 
     cfg = validate(compose("train", ["train.epochs=4", "train.batch_prompts=4", "predictor.hidden=8"]))
     val = tiny_positions(1)
@@ -130,12 +132,13 @@ def test_fit_on_every_position_is_pinned():
 
 def test_position_data_holds_every_alive_row_at_each_checkpoint(small_bank):
     from stopexp.store import features as feature_bank
+    from stopexp.store import feature_rows
 
     cfg = validate(compose("train", small_bank))
     ds, rows = position_data(cfg, "val")
-    feats = feature_bank.load_features(feature_bank.require_features(cfg), "val")
+    feats = feature_rows.load_features(feature_bank.require_features(cfg), "val")
     for ckpt in (5, 16):
-        t = feature_bank.tensors_at(ds, feats, ckpt)
+        t = feature_rows.tensors_at(ds, feats, ckpt)
         at = rows["position"] == ckpt
         assert torch.equal(rows["path"][at], t["alive"].nonzero().squeeze(-1))
         assert torch.equal(rows["hidden"][at], t["hidden"][t["alive"]])

@@ -8,7 +8,7 @@ from conftest import compose
 from stopexp.evaluation.accounting import Paths, decide_by_checks, outcome
 from stopexp.config import ConfigError, check_plan, validate
 from stopexp.stages.evaluate import evaluate
-from stopexp.stages.train import train
+from stopexp.training.predictor import train
 from stopexp.core.voting import elect, rule_score, weights
 
 FAST = ["evaluate.n_points=[4,8]", "evaluate.retention=[2,4]", "evaluate.bootstrap=50",

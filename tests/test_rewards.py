@@ -20,6 +20,8 @@ from stopexp.tasks.rewards import Reward, bleu, neg_perplexity, register_reward,
 from stopexp.evaluation.select import pick
 from stopexp.tasks import build_task
 from stopexp.tasks.datatotext import DataToTextTask
+from stopexp.runtime.artifacts import plain
+from stopexp.store.keys import sampling_section
 
 HYP = "The Eagle is a cheap French place in the riverside."
 REFS = ["The Eagle serves cheap French food in the riverside.",
@@ -198,14 +200,13 @@ def test_reward_is_in_the_bank_key_only_when_not_the_outcome():
     from stopexp.store import bank
 
     cfg = compose("collect")
-    plain = bank.plain
     model = {k: v for k, v in plain(cfg.model).items() if k not in ("max_batch_tokens", "long_prompts",
                                                                      "max_prompt_tokens")}
     model["toy"] = {k: v for k, v in model["toy"].items() if k != "train_task"}
     task = {k: v for k, v in plain(cfg.task).items() if k != "tokenize"}  # added since, default
     before = config_hash({"version": bank.BANK_VERSION, "model": model, "task": task,
                           "tap": {},  # no Monte Carlo rollouts: no checkpoints in the key
-                          "search": bank.sampling_section(cfg.search),
+                          "search": sampling_section(cfg.search),
                           "collect": {k: v for k, v in plain(cfg.collect).items() if k not in ("rank", "world")},
                           "seed": 0})
     assert bank_key(cfg) == before  # reward=correct: the keys of existing banks
@@ -290,7 +291,7 @@ def test_sentence_bleu_of_identical_text_is_one_as_sacrebleu_scores_sentences(te
 
 
 def test_regression_losses_clip_rounded_rewards_and_name_real_violations_in_full_digits():
-    from stopexp.stages.train import check_reward_range
+    from stopexp.training.data import check_reward_range
 
     cfg = compose("train", ["loss=mse", "reward=bertscore"])
     data = {"train": {"reward": torch.tensor([0.7773, 1.0000001, 1.0]),

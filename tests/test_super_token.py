@@ -146,7 +146,9 @@ def test_train_and_evaluate_through_the_harness(small_bank):
     from stopexp.stages.evaluate import evaluate
     from stopexp.models import load_lm
     from stopexp.store.features import spec_of
-    from stopexp.stages.train import evaluate_scores, predictor_dir, score, split_data, train
+    from stopexp.training.fit import evaluate_scores, score
+    from stopexp.training.data import predictor_dir, split_data
+    from stopexp.training.predictor import train
 
     extra = ["predictor=super_token", "loss=reward_regression", "train.epochs=2"]
     cfg = validate(compose("train", [*small_bank, *extra]))

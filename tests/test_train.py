@@ -8,7 +8,9 @@ from stopexp.store import bank
 from stopexp.config import ConfigError, validate
 from stopexp.signals.checkpoint import CheckpointMismatch, load_predictor
 from stopexp.store.features import spec_of
-from stopexp.stages.train import predictor_dir, score, split_data, train
+from stopexp.training.data import predictor_dir, split_data
+from stopexp.training.fit import score
+from stopexp.training.predictor import train
 
 
 def cfg_for(small_bank, *extra, stage="train"):
@@ -35,7 +37,7 @@ def test_train_writes_a_checkpoint_that_reloads_with_identical_scores(small_bank
     again = score(predictor, data["test"])
     assert np.isclose(json.loads((predictor_dir(cfg) / "predictor.json").read_text())
                       ["metrics"]["test"]["auroc_pooled"], metrics["test"]["auroc_pooled"])
-    from stopexp.stages.train import evaluate_scores
+    from stopexp.training.fit import evaluate_scores
     assert evaluate_scores(again, data["test"])["auroc_pooled"] == metrics["test"]["auroc_pooled"]
     # a second call finds the checkpoint instead of retraining
     assert train(cfg, progress=False)["checkpoint"] == metrics["checkpoint"]
@@ -157,7 +159,7 @@ def test_a_fit_that_does_not_beat_its_initialisation_says_so(small_bank):
 
 
 def test_nan_validation_never_selects_the_untrained_state(small_bank, monkeypatch):
-    import stopexp.stages.train as T
+    import stopexp.training.fit as T
     from stopexp.signals import build_predictor
 
     cfg = cfg_for(small_bank)
@@ -179,7 +181,7 @@ def _split(groups, correct):
 
 
 def test_a_split_without_mixed_prompts_is_refused():
-    from stopexp.stages.train import NothingToLearn, check_usable
+    from stopexp.training.data import NothingToLearn, check_usable
 
     assert check_usable("val", _split([0, 0, 1, 1], [1, 0, 1, 1]), 5, 8) == 1
     with pytest.raises(NothingToLearn) as e:
@@ -201,7 +203,7 @@ def test_a_split_without_mixed_prompts_is_refused():
 
 def test_train_refuses_a_bank_whose_val_split_has_no_mixed_prompt(small_bank, tmp_path):
     from stopexp.stages.collect import collect
-    from stopexp.stages.train import NothingToLearn
+    from stopexp.training.data import NothingToLearn
 
     # keep only the validation prompts that no path solves
     extra = [f"paths.output_dir={tmp_path}", "collect.keep_correct=[0,0]",

@@ -95,3 +95,8 @@ def error_text(e: BaseException, limit: int = 200) -> str:
     """`e` as a user error quotes another library's exception: its class and message on one
     line (pyarrow's and torch's span several), at most `limit` characters of message."""
     return f"{e.__class__.__name__}: {' '.join(str(e).split())[:limit]}"
+
+
+def fail(key: str, msg: str):
+    """Raise ConfigError("<key>: <msg>"): the form of every config check's message."""
+    raise ConfigError(f"{key}: {msg}")

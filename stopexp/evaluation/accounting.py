@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from stopexp.store import bank
-from stopexp.config import check_plan
+from stopexp.store import bank, feature_rows
+from stopexp.core.protocol import check_plan
 from stopexp.core.errors import ConfigError
 from stopexp.metrics import (auprc, bootstrap_ci, is_binary, nonfinite, per_group_auroc,
                              pooled_auroc, reward_ranking, text_metrics, within_prompt_auroc)
@@ -64,9 +64,8 @@ def batches_at(ds, feats, checks: list[int]) -> list[dict]:
     order, from its features `feats` (`stopexp.store.features.load_features` of the same
     split): the one place that reads features for pruning decisions in replay. ValueError
     naming the checks the features lack (add them to tap.checkpoints or tap.positions)."""
-    from stopexp.store import features as feature_bank
 
-    return [feature_bank.tensors_at(ds, feats, c) for c in checks]
+    return [feature_rows.tensors_at(ds, feats, c) for c in checks]
 
 
 def replay_paths(root: Path, features: Path | None, split: str, checkpoint: int | list[int],
@@ -77,14 +76,13 @@ def replay_paths(root: Path, features: Path | None, split: str, checkpoint: int 
     holds no hidden state or signals (enough for the stopping protocols); `answer_format`:
     the task's `vote_format`. ValueError when the bank holds no such paths or the features
     lack a check."""
-    from stopexp.store import features as feature_bank
 
     ds = bank.load_bank(root, split)
     if not len(ds):
         raise ConfigError(f"evaluate.split: the trace bank has no {split!r} paths")
     at = [checkpoint] if isinstance(checkpoint, (int, np.integer)) else list(checkpoint)
     if features is not None:
-        checks = batches_at(ds, feature_bank.load_features(features, split), at)
+        checks = batches_at(ds, feature_rows.load_features(features, split), at)
     else:
         length = np.asarray(ds["length"][:])
         checks = [{"correct": torch.as_tensor(np.asarray(ds["correct"][:]).astype(np.float32)),
@@ -248,7 +246,7 @@ def account_methods(cfg, names: list[str], scorers: dict, paths: Paths, checkpoi
     name -> metrics, name -> `outcome` dict, name -> (P,) scores at the check, and the
     Pareto points of the stopping methods and, with several checks or a threshold policy,
     of the scored methods (the others' come from `pareto_points`). Checks, score rule and
-    vote: search.check_at, policy.keep, search.score_rule, evaluate.vote (stopexp.config.check_plan,
+    vote: search.check_at, policy.keep, search.score_rule, evaluate.vote (stopexp.core.protocol.check_plan,
     `decide_by_checks`, stopexp.core.voting); online, views[name] = (the run's paths, its
     `Decision`, None for no_prune)."""
     plan = check_plan(cfg)

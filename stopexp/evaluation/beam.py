@@ -11,7 +11,7 @@ import torch
 
 from stopexp.evaluation import plots
 from stopexp.evaluation.accounting import add_text_metrics, prompts_in
-from stopexp.config import checkpoint_tokens
+from stopexp.core.protocol import checkpoint_tokens
 from stopexp.metrics import bootstrap_ci
 from stopexp.core.policies import build_policy, policy_params
 from stopexp.stopping.replay import STOPPING_METHODS

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from stopexp.evaluation.accounting import Decision, Paths
-from stopexp.config import check_plan
+from stopexp.core.protocol import check_plan
 from stopexp.core.policies import build_policy
 
 

@@ -57,7 +57,8 @@ def build_scorers(cfg, names: list[str], spec) -> dict:
     (the conf_features control is trained here if missing: it needs no LM)."""
     from stopexp.signals import PREDICTORS
     from stopexp.signals.checkpoint import CheckpointDamaged, CheckpointMismatch, load_predictor
-    from stopexp.stages.train import predictor_dir, train
+    from stopexp.training.data import predictor_dir
+    from stopexp.training.predictor import train
 
     scorers = {}
     for name in names:

@@ -13,8 +13,8 @@ import numpy as np
 import regex
 import sacrebleu
 
-from stopexp.config import TEXT_TOKENIZERS
 from stopexp.core.errors import ConfigError
+from stopexp.core.text import TEXT_TOKENIZERS
 from stopexp.metrics.bounds import clip_to_range
 
 ROUGE_TYPES = ("rouge1", "rouge2", "rougeL")

@@ -1,45 +1,59 @@
-"""How the Hydra entry points end on a user error (stopexp.core.errors): one `error:` line on
-stderr and exit code 2, in place of Hydra's "Error executing job" and traceback.
+"""Every stage's entry point, `stage_main`: what each `python -m stopexp.<stage>` does
+around its recipe, in one place.
 
-    @stage_main("train")          # @hydra.main(config_path="../conf", config_name="train")
-    def main(cfg): ...
+    @stage_main("train")
+    def main(stage: Stage) -> dict:     # the recipe: build objects, run, report
+        return {"train": train(stage.cfg, stage.run, stage.overrides, stage.run_dir)}
 
-Hydra catches what a task function raises, so the report is made inside it (`user_errors`).
-Before that, Hydra composes the config and reports a bad override (a misspelt key, a wrong
-type, an unknown option) in lines of its own with exit code 1: `stage_main` composes the
-overrides once itself first (`check_overrides`) and reports those as one line too. Hydra
-makes the run dir before calling the task: `OutputDirsCheck` (a callback in
-conf/common.yaml) checks the output directories first, so an unwritable paths.output_dir is
-one line too.
+In order: the command line is composed once (`stopexp.runtime.overrides.check_overrides`),
+so that a bad override is one `error:` line; Hydra composes the config and makes the run
+dir (`OutputDirsCheck`, a callback in conf/common.yaml, checks the output directories
+first); then the config is validated, the output directories checked, the tracked run
+opened (tracking fails safe: the outputs never depend on it), the recipe run, its metrics
+written to `<run dir>/metrics.json`, and, when `optimized_metric` is set (a Hydra sweeper's
+trial), the objective returned; a trial that fails returns the worst value so the sweep
+goes on. A user error (stopexp.core.errors) anywhere ends with one `error:` line on stderr
+and exit code 2 (`user_errors`), in place of Hydra's "Error executing job" and traceback.
 """
 from __future__ import annotations
 
 import functools
+import logging
 import sys
-import warnings
+from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 import hydra
-from hydra import initialize_config_dir
-from hydra._internal.config_loader_impl import ConfigLoaderImpl
-from hydra._internal.utils import get_args_parser
-from hydra.core.global_hydra import GlobalHydra
-from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import HydraException
+from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
-from hydra.types import RunMode
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf import DictConfig
 
-import stopexp.config  # noqa: F401  (registers the schemas the configs extend)
-from stopexp.core.errors import CannotWrite, ConfigError, reported
+from stopexp.config import check_output_dirs, validate
+from stopexp.core.errors import CannotWrite, reported
+from stopexp.runtime.artifacts import write_json
+from stopexp.runtime.overrides import CONF_DIR, check_overrides
+from stopexp.runtime.sweeps import objective, worst_value
+from stopexp.runtime.tracking import tracked_run
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Stage:
+    """What a recipe is given: the validated config, the run dir, the command line's
+    overrides (the repair commands a stage prints repeat them) and the tracked run (None
+    for a stage that is not tracked)."""
+    cfg: DictConfig
+    run_dir: Path
+    overrides: list[str]
+    run: Any = None
 
 
 def user_errors(task):
     """Report a user error raised by a Hydra task function `task(cfg)` (see module doc)."""
-    @functools.wraps(task)  # Hydra unwraps it to find the stage's module and conf/
+    @functools.wraps(task)  # Hydra unwraps it to find the stage's module
     def job(cfg):
         with reported():
             try:
@@ -50,14 +64,34 @@ def user_errors(task):
     return job
 
 
-def stage_main(config_name: str):
-    """A stage's entry point: @hydra.main on conf/<config_name>.yaml, its task function
-    under `user_errors`. First the command line's overrides are composed here
-    (`check_overrides`), so that one Hydra cannot parse or merge is one `error:` line and
-    exit code 2 too, before Hydra prints its own lines and exits 1."""
-    def decorate(task):
-        run = hydra.main(config_path=str(CONF_DIR), config_name=config_name, version_base="1.3")(
-            user_errors(task))
+def stage_main(config_name: str, tracked: bool = True):
+    """The entry point of the stage whose config is conf/<config_name>.yaml, around
+    `recipe(stage) -> metrics` (see module doc). `tracked=False`: the recipe opens its own
+    tracked runs (or none); a recipe that returns None writes no metrics.json."""
+    def decorate(recipe: Callable[[Stage], dict | None]):
+        @functools.wraps(recipe)
+        def task(cfg):
+            validate(cfg)
+            check_output_dirs(cfg)
+            hc = HydraConfig.get()
+            stage = Stage(cfg, Path(hc.runtime.output_dir), list(hc.overrides.task))
+            try:
+                with tracked_run(cfg, config_name) if tracked else nullcontext() as run:
+                    stage.run = run
+                    metrics = recipe(stage)
+                    if metrics is not None:
+                        write_json(stage.run_dir / "metrics.json", metrics)  # before tracking's last calls
+            except Exception:
+                if not cfg.get("optimized_metric"):
+                    raise
+                log.exception("trial failed; the sweeper gets the worst value and goes on")
+                return worst_value()
+            if cfg.get("optimized_metric"):  # for Hydra sweepers; NaN counts as the worst value
+                return objective(metrics, cfg.optimized_metric)
+            return metrics
+
+        run = hydra.main(config_path=str(CONF_DIR), config_name=config_name,
+                         version_base="1.3")(user_errors(task))
 
         @functools.wraps(run)
         def main():
@@ -66,106 +100,6 @@ def stage_main(config_name: str):
             return run()
         return main
     return decorate
-
-
-def check_overrides(config_name: str, argv: list[str]) -> None:
-    """Compose conf/<config_name>.yaml with the overrides of `argv` as Hydra 1.3 will (run
-    or multirun; in a multirun every value of every swept key), raising ConfigError with
-    Hydra's message on one line (`condensed`) where that fails. It uses what Hydra 1.3's
-    `_run_hydra` uses (its argument parser, `compose_config`). Hydra's other commands
-    (--help, --info, ...) and another config dir are left to Hydra."""
-    args = get_args_parser().parse_args(argv)
-    if (args.help or args.hydra_help or args.info or args.shell_completion or args.config_path
-            or args.config_dir or args.experimental_rerun):
-        return
-    name, overrides = args.config_name or config_name, list(args.overrides)
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"), \
-            warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # Hydra's deprecation notices: it composes again and warns
-        hydra_ = GlobalHydra.instance().hydra
-        compose = functools.partial(hydra_.compose_config, name, from_shell=True)
-        tried = overrides
-        try:
-            # as Hydra finds the mode: sweeps are not composed yet
-            cfg = compose(overrides, run_mode=RunMode.MULTIRUN, validate_sweep_overrides=False)
-            multirun = args.multirun or cfg.hydra.mode == RunMode.MULTIRUN
-            parsed = OverridesParser.create().parse_overrides(overrides)
-            ConfigLoaderImpl.validate_sweep_overrides_legal(
-                parsed, RunMode.MULTIRUN if multirun else RunMode.RUN, from_shell=True)
-            for tried in sweep_rows(parsed) if multirun else []:
-                compose(tried, run_mode=RunMode.RUN)
-        except (HydraException, OmegaConfBaseException) as e:
-            raise ConfigError(condensed(e)) from e
-        except AssertionError as e:  # OmegaConf's update of a key inside a null node
-            inside = inside_null(hydra_, name, tried)
-            if inside is None:
-                raise
-            raise ConfigError(inside) from e
-
-
-def sweep_rows(parsed) -> list[list[str]]:
-    """Override lists that together take every value of every enumerable sweep once (row i
-    takes each sweep's i-th value, cycling), not their product: a value that cannot be
-    composed fails in some row. A sweeper's intervals (optuna) are left out: no value to try."""
-    values = {i: list(o.sweep_string_iterator()) for i, o in enumerate(parsed) if o.is_discrete_sweep()}
-    rows = []
-    for r in range(max(map(len, values.values()), default=0)):
-        rows.append([f"{o.get_key_element()}={values[i][r % len(values[i])]}" if i in values
-                     else o.input_line for i, o in enumerate(parsed)
-                     if i in values or not o.is_sweep_override()])
-    return rows
-
-
-def inside_null(hydra_, config_name: str, overrides: list[str]) -> str | None:
-    """The message for the first override that sets a key inside a node that is null under
-    the chosen options (`model.toy.hidden_size=8` under model=smollm2), naming the options
-    of its group that fill that node; None if there is no such override."""
-    repo = hydra_.config_loader.repository
-    parsed = OverridesParser.create().parse_overrides(overrides)
-    groups = [o.input_line for o in parsed if repo.group_exists(o.key_or_group)]
-    cfg = hydra_.compose_config(config_name, groups, run_mode=RunMode.MULTIRUN,
-                                validate_sweep_overrides=False)
-    for o in parsed:
-        parts = o.key_or_group.split(".")
-        nulls = [".".join(parts[:i]) for i in range(1, len(parts))
-                 if OmegaConf.select(cfg, ".".join(parts[:i])) is None]
-        if o.input_line in groups or not nulls:
-            continue
-        node, group = nulls[0], parts[0]
-        chosen = cfg.hydra.runtime.choices.get(group)
-        inner = node.partition(".")[2]
-        readers = [opt for opt in repo.get_group_options(group) if opt != chosen and
-                   OmegaConf.select(repo.load_config(f"{group}/{opt}").config, inner) is not None]
-        if chosen is not None and readers:
-            return (f"{o.key_or_group}: {node} is read only by {group}={'|'.join(readers)}, not "
-                    f"under {group}={chosen} (null there); drop {o.input_line}")
-        return (f"{o.key_or_group}: {node} is null, so nothing inside it can be set; set {node} "
-                f"itself (e.g. {node}=[...])")
-    return None
-
-
-def condensed(e: Exception) -> str:
-    """Hydra's report of a composition error on one line: its own lines (a missing option's
-    listing as one list, without the config search path), after the key and message of the
-    OmegaConf error that caused it."""
-    text = str(e).split("Config search path:")[0]
-    parts: list[str] = []
-    for line in filter(None, map(str.strip, text.splitlines())):
-        if set(line) == {"^"}:  # the caret under a parse error's position
-            continue
-        if parts and parts[-1].endswith((":", ",")):  # an option of "Available options in 'x':"
-            if not line.endswith("_schema"):  # the schemas registered by stopexp.config
-                parts[-1] += f" {line},"
-        else:
-            parts.append(line)
-    hydra_text = "; ".join(p.rstrip(",.") for p in parts)
-    if getattr(e, "override", None):  # a parse error: name the override
-        hydra_text = f"{e.override}: {hydra_text}"
-    cause = e.__cause__
-    if isinstance(cause, OmegaConfBaseException) and cause.full_key:
-        first = str(cause.msg).splitlines()[0]  # the lines after it repeat the key and types
-        return f"{cause.full_key}: {first} ({hydra_text})" if hydra_text else f"{cause.full_key}: {first}"
-    return hydra_text or str(cause)
 
 
 def setting_of(cfg, path: str) -> str | None:

@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 import torch
 from transformers import DynamicCache
 
-from stopexp.config import stop_strings
+from stopexp.core.text import stop_strings
 from stopexp.search.stops import StopStrings
 from stopexp.search.taps import Taps
 
@@ -36,7 +36,7 @@ class SamplingParams:
     @classmethod
     def from_config(cls, cfg) -> "SamplingParams":
         """From a composed config: its `search` section, and its stop strings
-        (stopexp.config.stop_strings)."""
+        (stopexp.core.text.stop_strings)."""
         search = cfg.search
         return cls(max_new_tokens=search.max_new_tokens, temperature=search.temperature,
                    top_p=search.top_p, top_k=search.top_k, do_sample=search.do_sample,

@@ -7,7 +7,7 @@ Use as a context manager so the hooks are removed on exit, also on error. With
 `sequence=True` (teacher-forced feature extraction, `stopexp.store.features`) every position
 of the forward is kept instead: `read()` is (B, T, layers, H), `attention_entropy()` (B, T).
 
-With `attention_heads` ((layer, head) pairs, `stopexp.config.attention_heads`), hooks on
+With `attention_heads` ((layer, head) pairs, `stopexp.core.protocol.attention_heads`), hooks on
 those layers' attention modules also keep, per row, the entropy (nats) of each chosen
 head's attention of the last position over the cached positions; `attention_entropy()`
 is their mean. The attention must return its weights, which only eager attention does
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from stopexp import config
+from stopexp.core import protocol
 
 
 def decoder_layers(model) -> torch.nn.ModuleList:
@@ -35,7 +35,7 @@ def resolve_layers(layers, n_layers: int) -> list[int]:
     """Tap layer entries (indices, negative from the end, or first | mid | last) as
     distinct indices in 0..n_layers-1, shallowest first: the last tap is always the
     deepest tapped layer. ValueError names tap.layers for a layer outside the model."""
-    return config.resolve_layers(layers, n_layers)
+    return protocol.resolve_layers(layers, n_layers)
 
 
 class Taps:
@@ -48,7 +48,7 @@ class Taps:
         self.pooling = pooling
         self.sequence = sequence
         text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-        self.heads = config.attention_heads(attention_heads, layers, len(self.modules),
+        self.heads = protocol.attention_heads(attention_heads, layers, len(self.modules),
                                             text.num_attention_heads)
         self._captured: dict[int, torch.Tensor] = {}
         self._entropy: dict[int, torch.Tensor] = {}

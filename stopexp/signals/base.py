@@ -1,9 +1,10 @@
 """The interface every signal predictor implements."""
 from __future__ import annotations
 
+import torch
 from torch import nn
 
-from stopexp.signals.features import FeatureSpec
+from stopexp.signals.features import FeatureSpec, hidden_of, position_feature, tap_index
 
 
 class Predictor(nn.Module):
@@ -16,3 +17,25 @@ class Predictor(nn.Module):
     def __init__(self, spec: FeatureSpec):
         super().__init__()
         self.spec = spec
+
+
+class OnTappedLayer(Predictor):
+    """A head on one tapped layer's hidden state (`predictor.layer`), layer-normalised, with
+    the prefix length as one more input where `predictor.position_input` is set; a
+    subclass makes `self.head` on `self.in_dim` inputs."""
+    inputs = ("hidden",)
+
+    def __init__(self, cfg, spec: FeatureSpec, affine_norm: bool):
+        super().__init__(spec)
+        self.tap = tap_index(cfg.layer, spec)
+        self.position_input = bool(getattr(cfg, "position_input", False))  # older checkpoints: off
+        if self.position_input:
+            self.inputs = ("hidden", "prefix_len")
+        self.norm = nn.LayerNorm(spec.hidden_size, elementwise_affine=affine_norm)
+        self.in_dim = spec.hidden_size + self.position_input
+
+    def forward(self, batch: dict) -> torch.Tensor:
+        x = self.norm(hidden_of(batch, self.spec)[:, self.tap])
+        if self.position_input:
+            x = torch.cat([x, position_feature(batch)], dim=-1)
+        return self.head(x).squeeze(-1)

@@ -14,8 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-SIGNAL_NAMES = ("mean_logprob", "min_logprob", "mean_entropy", "group_conf", "hidden_norm",
-                "hidden_mean", "hidden_var", "attn_entropy", "prefix_len")  # signals.columns
+from stopexp.core.names import SIGNAL_NAMES  # noqa: F401  (the columns, in order: signals.columns)
 
 
 @dataclass

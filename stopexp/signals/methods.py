@@ -15,7 +15,8 @@ string per path, naming its random stream) and, for the oracle, "correct"/"rewar
 - controls: random (a per-path seeded draw, the same in replay and online), oracle (the
   path's final reward, i.e. its outcome under reward=correct: the upper bound);
 - learned: any trained predictor;
-- external: a callable registered with `register_external`, e.g. a verifier or PRM.
+- external: a callable registered with `register_external`, e.g. a verifier or PRM (the
+  registry lives in stopexp.core.names, so config checks a name without torch).
 """
 from __future__ import annotations
 
@@ -23,15 +24,15 @@ from typing import Callable
 
 import torch
 
-from stopexp.config import BASELINE_METHODS, STOPPING_METHODS
 from stopexp.signals.features import SIGNAL_NAMES
 from stopexp.signals.st_bon import st_bon
+from stopexp.core.names import (BASELINE_METHODS, STOPPING_METHODS, _EXTERNAL,  # noqa: F401
+                                external, register_external)
 from stopexp.core.seeds import stream_seed
 from stopexp.runtime.threads import one_thread
 
 Scorer = Callable[[dict], torch.Tensor]
 NON_LEARNABLE = (*BASELINE_METHODS, *STOPPING_METHODS)  # the names config.validate accepts
-_EXTERNAL: dict[str, Scorer] = {}
 
 
 def _signal(name: str, sign: float = 1.0) -> Scorer:
@@ -74,13 +75,3 @@ def learned(predictor) -> Scorer:
         with one_thread(predictor):  # the same scores whatever the thread count
             return predictor(batch).float()
     return score
-
-
-def register_external(name: str, scorer: Scorer) -> None:
-    """Plug a scorer in (a verifier, a process reward model, ...); evaluate.methods can
-    then name it."""
-    _EXTERNAL[name] = scorer
-
-
-def external(name: str) -> Scorer | None:
-    return _EXTERNAL.get(name)

@@ -23,16 +23,15 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from stopexp.store import bank
-from stopexp.runtime.artifacts import write_json
-from stopexp.runtime.cli import stage_main
-from stopexp.config import check_output_dirs, validate
+from stopexp.runtime.cli import Stage, stage_main
 from stopexp.runtime.integrity import set_aside
 from stopexp.runtime.ranks import barrier, in_group, join_group, leave_group, shard_of
 from stopexp.runtime.tracking import tracked_run
+from stopexp.store.keys import mc_checkpoints
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +124,7 @@ def collect(cfg, rank: int = 0, world: int = 1, run=None) -> dict:
     todo = [i for i in range(len(shards)) if i % world == rank]
     done = verified_shards(root, todo, plan_parts(shards), bank.expected_meta(cfg))
     pending = [i for i in todo if i not in done]
-    checkpoints = bank.mc_checkpoints(cfg)
+    checkpoints = mc_checkpoints(cfg)
     written, paths = _fill(cfg, root, task, shards, pending, rank, checkpoints) if pending else (set(), 0)
     # what this process did, for its log line (a rank that is not last sees no summary)
     mine = {"rank": rank, "world": world, "shards_written": len(pending), "paths_written": paths,
@@ -267,7 +266,7 @@ def _write_meta(cfg, root: Path, task, shards: list, good: dict[int, str],
         known["seconds_per_token"] = sum(r["seconds"] for r in with_data) / max(tokens, 1)
     bank.write_meta(root, {
         "key": root.name, "complete": not missing, "model_name": cfg.model.name,
-        "checkpoints": bank.mc_checkpoints(cfg),  # where the Monte Carlo labels are
+        "checkpoints": mc_checkpoints(cfg),  # where the Monte Carlo labels are
         "n_paths": cfg.search.n_paths, "task": OmegaConf.to_container(cfg.task),
         "seed": cfg.seed, "mc_rollouts": cfg.collect.mc_rollouts,
         "version": bank.BANK_VERSION, **known,
@@ -285,13 +284,9 @@ def _sample_table(run, root: Path, n: int = 20):
     return run.table(["prompt", "text", "correct", "length", "style"], rows)
 
 
-@stage_main("collect")
-def main(cfg: DictConfig) -> dict:
-    validate(cfg)
-    check_output_dirs(cfg)
-    from hydra.core.hydra_config import HydraConfig
-
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
+@stage_main("collect", tracked=False)
+def main(stage: Stage) -> dict | None:
+    cfg = stage.cfg
     rank, world = shard_of(cfg)
     grouped = join_group()
     start = time.time()
@@ -301,12 +296,11 @@ def main(cfg: DictConfig) -> dict:
     finally:
         leave_group()
     result["wall_s"] = round(time.time() - start, 1)
-    if grouped and rank:  # the ranks of one launch share a run dir: rank 0 reports
-        log.info(log_line(result))
-        return result
-    write_json(run_dir / "metrics.json", {"collect": result})
     log.info(log_line(result))
-    return result
+    if grouped and rank:  # the ranks of one launch share a run dir: rank 0 reports
+        return None
+    return {"collect": result}
+
 
 
 def log_line(result: dict) -> str:
@@ -324,7 +318,3 @@ def log_line(result: dict) -> str:
             f"{result['path_accuracy']:.3f}, vote accuracy {result['vote_accuracy']:.3f}, "
             + (f"mean reward {result['mean_reward']:.4f}, " if "mean_reward" in result else "")
             + f"{result['tokens_total']} tokens; {mine}")
-
-
-if __name__ == "__main__":
-    main()

@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-from omegaconf import DictConfig
 
 from stopexp.store import bank
 from stopexp.store import features as feature_bank
@@ -30,12 +29,11 @@ from stopexp.evaluation import plots
 from stopexp.evaluation.accounting import (account_methods, add_text_metrics, bank_paths_and_confs,
                                 pareto_points, prompts_in, replay_paths)
 from stopexp.evaluation.analyses import add_analyses
-from stopexp.runtime.artifacts import write_json
-from stopexp.runtime.cli import stage_main
-from stopexp.config import check_output_dirs, check_plan, validate
+from stopexp.runtime.cli import Stage, stage_main
+from stopexp.config import check_plan
 from stopexp.evaluation.report import make_plots, sample_table
 from stopexp.search.memory import add_memory
-from stopexp.training.per_step import auroc_by_prefix
+from stopexp.evaluation.curves import auroc_by_prefix
 from stopexp.core.policies import policy_params
 from stopexp.evaluation.beam import compare_with_beam
 from stopexp.evaluation.select import attach_bank_columns
@@ -44,7 +42,6 @@ from stopexp.evaluation.scorers import (build_scorers, check_methods, cli_overri
 from stopexp.stopping.replay import STOPPING_METHODS, stopping_outcomes
 from stopexp.tasks import vote_format
 from stopexp.evaluation.table import print_table  # pipeline and notebooks import it from here
-from stopexp.runtime.tracking import tracked_run
 
 log = logging.getLogger(__name__)
 
@@ -123,19 +120,8 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
 
 
 @stage_main("evaluate")
-def main(cfg: DictConfig) -> dict:
-    validate(cfg)
-    check_output_dirs(cfg)
-    from hydra.core.hydra_config import HydraConfig
-
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
-    with tracked_run(cfg, "evaluate") as run:  # tracking fails safe: the outputs never depend on it
-        metrics = evaluate(cfg, run, run_dir)
-        write_json(run_dir / "metrics.json", metrics)
+def main(stage: Stage) -> dict:
+    metrics = evaluate(stage.cfg, stage.run, stage.run_dir)
     print(print_table(metrics))
-    log.info("plots and metrics.json in %s", run_dir)
+    log.info("plots and metrics.json in %s", stage.run_dir)
     return metrics
-
-
-if __name__ == "__main__":
-    main()

@@ -9,12 +9,9 @@ import logging
 import time
 from pathlib import Path
 
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
 
 from stopexp.runtime.artifacts import write_json
-from stopexp.runtime.cli import stage_main
-from stopexp.config import check_output_dirs, validate
+from stopexp.runtime.cli import Stage, stage_main
 from stopexp.runtime.tracking import tracked_run
 
 log = logging.getLogger(__name__)
@@ -24,7 +21,7 @@ def run_pipeline(cfg, run_dir: Path) -> dict:
     from stopexp.stages.collect import collect
     from stopexp.stages.evaluate import evaluate, print_table
     from stopexp.store.features import featurize
-    from stopexp.stages.train import train
+    from stopexp.training.predictor import train
 
     timings, start = {}, time.time()
     with tracked_run(cfg, "pipeline") as run:
@@ -57,26 +54,8 @@ def where_outputs(run_dir: Path) -> str:
     return ", ".join(parts)
 
 
-@stage_main("pipeline")
-def main(cfg: DictConfig) -> float | None:
-    validate(cfg)
-    check_output_dirs(cfg)
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
-    from stopexp.runtime.sweeps import objective, worst_value
-
-    try:
-        metrics = run_pipeline(cfg, run_dir)
-    except Exception:
-        if not cfg.optimized_metric:
-            raise
-        # a sweeper's trial: one crash must not end the whole sweep
-        log.exception("trial failed; the sweeper gets the worst value and goes on")
-        return worst_value()
-    log.info("done in %.0f s; %s", metrics["pipeline"]["wall_s"], where_outputs(run_dir))
-    if cfg.optimized_metric:  # for Hydra sweepers; NaN counts as the worst value
-        return objective(metrics, cfg.optimized_metric)
-    return None
-
-
-if __name__ == "__main__":
-    main()
+@stage_main("pipeline", tracked=False)
+def main(stage: Stage) -> dict:
+    metrics = run_pipeline(stage.cfg, stage.run_dir)
+    log.info("done in %.0f s; %s", metrics["pipeline"]["wall_s"], where_outputs(stage.run_dir))
+    return metrics

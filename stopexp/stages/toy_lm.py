@@ -9,12 +9,10 @@ import logging
 import time
 from pathlib import Path
 
-import hydra
-from omegaconf import DictConfig
 
-from stopexp.runtime.artifacts import replace_dir, staging_dir, write_json
-from stopexp.runtime.cli import stage_main
-from stopexp.config import ConfigError, check_output_dirs, validate
+from stopexp.runtime.artifacts import replace_dir, staging_dir
+from stopexp.runtime.cli import Stage, stage_main
+from stopexp.config import ConfigError
 from stopexp.core.errors import writing
 from stopexp.search.decode import SamplingParams, make_engine
 from stopexp.search.sample import sample_paths
@@ -51,10 +49,9 @@ def solve_report(cfg, model, tokenizer, n_prompts: int = 100, n_paths: int = 32)
     return report
 
 
-@stage_main("toy_lm")
-def main(cfg: DictConfig) -> dict:
-    validate(cfg)
-    check_output_dirs(cfg)
+@stage_main("toy_lm", tracked=False)
+def main(stage: Stage) -> dict:
+    cfg = stage.cfg
     from stopexp.models import load_lm
     from omegaconf import OmegaConf
 
@@ -71,11 +68,6 @@ def main(cfg: DictConfig) -> dict:
              info["parameters"], info["steps"], info["train_seconds"])
     model, tokenizer = load_lm(cfg)
     report = solve_report(cfg, model, tokenizer)
-    out = Path(hydra.core.hydra_config.HydraConfig.get().runtime.output_dir)
-    write_json(out / "metrics.json", {"toy_lm": {k: v for k, v in info.items() if k != "history"},
-                                      "test": report, "checkpoint": str(final)})
-    return report
+    return {"toy_lm": {k: v for k, v in info.items() if k != "history"}, "test": report,
+            "checkpoint": str(final)}
 
-
-if __name__ == "__main__":
-    main()

@@ -23,7 +23,6 @@ verifies every byte and recomputes what is damaged or missing.
 """
 from __future__ import annotations
 
-import functools
 import json
 import shutil
 from pathlib import Path
@@ -33,17 +32,13 @@ from datasets import Dataset, Features, List, Value, concatenate_datasets
 from datasets import load_from_disk
 from datasets.utils.logging import disable_progress_bar
 
-from stopexp.runtime.artifacts import config_hash, plain, publish_dir, staging_dir, write_json
-from stopexp.config import checkpoint_tokens, decode_escapes, decoded_text
+from stopexp.runtime.artifacts import publish_dir, staging_dir, write_json
 from stopexp.core.errors import UserError, error_text, writing
-from stopexp.runtime.integrity import dir_problem, file_sha256, records
+from stopexp.store.keys import (BANK_VERSION, bank_dir, bank_key, mc_checkpoints)
+from stopexp.runtime.integrity import dir_problem, records
 
 disable_progress_bar()  # one bar per shard save would drown the collect progress bar
 
-# 2: shard records in meta.json and shard.json; task content in the key
-# 3: signal columns hidden_mean and hidden_var; per-path prompt_len; kv_bytes_per_token
-# 4: paths only (no hidden, signals, alive): features live in <cache>/features
-BANK_VERSION = 4
 MANIFEST = "shard.json"
 REPAIR = ("rerun the collect command that made it (python -m stopexp.collect with the same "
           "overrides); it recomputes damaged or missing shards and rewrites meta.json")
@@ -78,84 +73,6 @@ def check_fit(kind: str, root: Path, meta: dict, want: dict, repair: str) -> Non
     problem = misfit(meta, want)
     if problem:
         raise ArtifactMismatch(f"{kind} {root} does not fit this config: {problem}; repair: {repair}")
-
-
-def checkpoints_of(cfg) -> list[int]:
-    """tap.checkpoints in generated tokens, sorted and distinct."""
-    return sorted({checkpoint_tokens(c, cfg.search.max_new_tokens) for c in cfg.tap.checkpoints})
-
-
-def mc_checkpoints(cfg) -> list[int]:
-    """Where the bank holds Monte Carlo labels: tap.checkpoints when collect runs rollouts,
-    else none (the bank then does not depend on the checkpoints at all)."""
-    return checkpoints_of(cfg) if cfg.collect.mc_rollouts > 0 else []
-
-
-def sampling_section(search) -> dict:
-    keys = ("n_paths", "max_new_tokens", "temperature", "top_p", "top_k", "do_sample",
-            "conf_topk", "group_window", "stop")
-    out = {k: search[k] for k in keys}
-    # stop strings change the paths' content: as they are used, escapes decoded
-    out["stop"] = [decode_escapes(x) for x in out["stop"]]
-    return out
-
-
-def task_content(task_cfg) -> str | None:
-    """What a file-based task's questions are, for the bank's hash: the SHA-256 of a local
-    file; for a hub dataset id, the cached revision (commit) when the local Hugging Face
-    cache has one, else the id alone. None for tasks without a path (the embedded one)."""
-    path = task_cfg.get("path") if hasattr(task_cfg, "get") else None
-    if not path:
-        return None
-    p = Path(path).expanduser()
-    if p.is_file():
-        st = p.stat()
-        return "sha256:" + _file_digest(str(p.resolve()), st.st_size, st.st_mtime_ns)
-    if p.exists() or p.suffix in (".jsonl", ".json", ".parquet"):
-        return "unreadable"  # collect refuses it, naming task.path
-    from huggingface_hub.constants import HF_HUB_CACHE
-
-    refs = Path(HF_HUB_CACHE) / f"datasets--{path.replace('/', '--')}" / "refs" / "main"
-    return f"hub:{path}@{refs.read_text().strip()}" if refs.is_file() else f"hub:{path}"
-
-
-@functools.lru_cache(maxsize=64)
-def _file_digest(path: str, size: int, mtime_ns: int) -> str:
-    """A file's SHA-256, computed once per version of the file (size, mtime) and process."""
-    return file_sha256(Path(path))
-
-
-def bank_key(cfg) -> str:
-    """What the bank's content depends on (not batch sizes, the rank that wrote a shard,
-    loggers or later stages); a file-based task counts by its content, not its path alone."""
-    model = {k: v for k, v in plain(cfg.model).items() if k != "max_batch_tokens"}
-    if isinstance(model.get("toy"), dict) and not model["toy"].get("train_task", True):
-        model["toy"] = {k: v for k, v in model["toy"].items() if k != "train_task"}  # unpinned: keys as before
-    if model.get("long_prompts", "error") == "error":  # refusing changes no bank's content
-        model.pop("long_prompts", None)
-        model.pop("max_prompt_tokens", None)
-    collect = {k: v for k, v in plain(cfg.collect).items() if k not in ("rank", "world")}
-    task = decoded_text(plain(cfg.task))  # text keys as the task reads them
-    if task.get("tokenize") == "13a":  # the default: keys as before
-        task.pop("tokenize")
-    content = task_content(cfg.task)
-    if content is not None:
-        task = {**task, "content": content}
-    # Tap layers, pooling, attention heads and feature positions are not generation: they
-    # key the features (stopexp.store.features). The checkpoints count only when collect runs
-    # Monte Carlo rollouts there (the labels are generated); without rollouts the same
-    # paths serve any checkpoints.
-    tap = {"mc_checkpoints": mc_checkpoints(cfg)} if cfg.collect.mc_rollouts > 0 else {}
-    key = {"version": BANK_VERSION, "model": model, "task": task, "tap": tap,
-           "search": sampling_section(cfg.search), "collect": collect, "seed": cfg.seed}
-    reward = cfg.get("reward")
-    if reward is not None and reward.name != "correct":  # the default: keys as before
-        key["reward"] = plain(reward)
-    return config_hash(key)
-
-
-def bank_dir(cfg) -> Path:
-    return Path(cfg.paths.cache_dir) / "traces" / bank_key(cfg)
 
 
 def expected_meta(cfg) -> dict:
@@ -216,7 +133,6 @@ def shard_index(name: str) -> int:
 
 
 # ---- shards ------------------------------------------------------------------------------
-
 def write_shard(root: Path, name: str, rows: dict, feats: Features, info: dict | None = None) -> dict:
     """Save one shard atomically (temp dir + rename) with its record (`shard.json`: index,
     split, rows, per-file size and SHA-256, and `info`); returns the record."""
@@ -277,7 +193,6 @@ def shard_problem(shard: Path, record: dict | None = None, full: bool = False) -
 
 
 # ---- meta.json and verification ----------------------------------------------------------
-
 def write_meta(root: Path, meta: dict) -> None:
     write_json(root / "meta.json", meta)
 

@@ -20,32 +20,31 @@ batches; the confidence columns are computed from the bank's per-token arrays by
 """
 from __future__ import annotations
 
-import functools
 import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 from datasets import Array3D, Features, List, Value, load_from_disk
 
 from stopexp.store import bank
 from stopexp.runtime.artifacts import config_hash, plain
-from stopexp.config import checkpoint_tokens
-from stopexp.core.errors import ConfigError, error_text
+from stopexp.core.protocol import checkpoint_tokens
+from stopexp.core.errors import ConfigError
 from stopexp.models.extract import DEFAULT_BATCH_TOKENS, StepEnds, extract, path_positions
 from stopexp.runtime.integrity import set_aside
 from stopexp.signals.features import SIGNAL_NAMES, FeatureSpec
 
 log = logging.getLogger(__name__)
 
+
 FEATURES_VERSION = 1
+
+
 KIND = "features"
 
 
 # ---- what the features are ---------------------------------------------------------------
-
 def position_spec(cfg, task=None) -> dict:
     """The positions the features hold, as recorded and hashed: the checkpoints in tokens
     (tap.checkpoints with tap.positions.checkpoints), the stride (None: none) and the step
@@ -58,7 +57,7 @@ def position_spec(cfg, task=None) -> dict:
             from stopexp.tasks import build_task
             task = build_task(cfg.task)
         separator = getattr(task, "step_separator", None)
-        if not separator:  # validate refuses it first (config._check_step_ends)
+        if not separator:  # validate refuses it first (stopexp.config.cross.step_ends_need_a_separator)
             raise ConfigError(f"tap.positions.step_ends: task {cfg.task.name} has no step separator")
     return {"checkpoints": checkpoints, "stride": pos.stride, "separator": separator}
 
@@ -85,7 +84,7 @@ def feature_spec(meta: dict) -> FeatureSpec:
 def spec_of(cfg, bank_meta: dict) -> FeatureSpec:
     """What a predictor of `cfg` is built for, from the bank's record of the LM (its name,
     width and depth) and tap.layers: no features needed (online evaluate)."""
-    from stopexp.config import resolve_layers
+    from stopexp.core.protocol import resolve_layers
 
     return FeatureSpec(bank_meta["model_name"], bank_meta["hidden_size"],
                        resolve_layers(list(cfg.tap.layers), bank_meta["num_layers"]), SIGNAL_NAMES)
@@ -96,7 +95,7 @@ def expected_meta(cfg, bank_meta: dict, out: Path, positions: dict | None = None
     record of the LM (its name, width, depth and Monte Carlo checkpoints); `positions`:
     `position_spec(cfg)`. Attention heads are checked when listed: "all" is every head of
     the LM, which only the loaded model knows (the key covers it)."""
-    from stopexp.config import attention_heads, resolve_layers
+    from stopexp.core.protocol import attention_heads, resolve_layers
 
     layers = list(cfg.tap.layers)
     want = {"tap_layers": resolve_layers(layers, bank_meta["num_layers"]),
@@ -124,7 +123,6 @@ def columns(n_layers: int, hidden: int, dtype: str) -> Features:
 
 
 # ---- the artifact ------------------------------------------------------------------------
-
 def featurize_command(overrides: list[str] | None = None) -> str:
     return f"python -m stopexp.featurize {' '.join(overrides or [])}".rstrip()
 
@@ -207,7 +205,7 @@ def _tap_info(good: dict, old: dict | None, cfg, bmeta: dict) -> dict:
 
 def _model_info(cfg, bmeta: dict) -> dict:
     """What the meta records of the tap without loading the LM (a bank of empty shards)."""
-    from stopexp.config import attention_heads, resolve_layers
+    from stopexp.core.protocol import attention_heads, resolve_layers
 
     layers = resolve_layers(list(cfg.tap.layers), bmeta["num_layers"])
     return {"tap_layers": layers, "hidden_size": bmeta["hidden_size"],
@@ -326,225 +324,3 @@ def require_features(cfg, overrides: list[str] | None = None, make: bool = True)
         raise bank.BankDamaged(f"features {out} were made from another copy of the trace bank "
                                f"{broot} (shards {bank.brief(sorted(stale))} differ); repair: {repair}")
     return out
-
-
-# ---- reading -----------------------------------------------------------------------------
-
-@dataclass
-class PathFeatures:
-    """The features of the rows of one bank split, in the bank's row order (flat arrays:
-    the positions of row i are `positions[offsets[i]:offsets[i + 1]]`)."""
-    meta: dict
-    offsets: np.ndarray      # (R + 1,) int64
-    positions: np.ndarray    # (total,) int64, generated tokens
-    hidden: np.ndarray       # (total, layers, H), float32 or float16
-    attn: np.ndarray         # (total,) float32 (zeros without the attention tap)
-    keys: np.ndarray         # (R, 2) prompt id, path id: the join check
-    splits: np.ndarray       # (R,) split of each row: the join check
-
-    @property
-    def rows(self) -> np.ndarray:
-        """(total,) the row of each stored position."""
-        return np.repeat(np.arange(len(self.offsets) - 1), np.diff(self.offsets))
-
-
-def load_features(root: Path, split: str | None = None, repair: str | None = None) -> PathFeatures:
-    """The features of the rows that `bank.load_bank(bank_root, split)` returns, in the
-    same order, read-only. Raises BankMissing / BankDamaged naming the shard and file at
-    fault. The artifact is verified on every call; its arrays are read once per version
-    (meta.json) and split, since train and evaluate come back to a split for its curves."""
-    root = Path(root)
-    repair = repair or repair_text()
-    bank.verify_bank(root, repair=repair, kind=KIND, version=FEATURES_VERSION)
-    stamp = (root / "meta.json").stat()
-    return _read_features(str(root.resolve()), split, repair, stamp.st_mtime_ns, stamp.st_size)
-
-
-@functools.lru_cache(maxsize=3)
-def _read_features(root: str, split: str | None, repair: str, _mtime_ns: int, _size: int
-                   ) -> PathFeatures:
-    """`load_features` after verification: the arrays of one version of the artifact."""
-    root = Path(root)
-    meta = bank.read_meta(root, repair, KIND)
-    names = bank.shards_holding(meta, split)
-    L, H = len(meta["tap_layers"]), meta["hidden_size"]
-    counts, pos, hid, att, keys, splits = [], [], [], [], [], []
-    for name in names:
-        try:
-            table = load_from_disk(str(root / name)).data
-            n = table.num_rows
-            p = table.column("positions").combine_chunks()
-            h = table.column("hidden").combine_chunks()
-            h = getattr(h, "storage", h)  # the extension array's list<list<list<float>>>
-            flat = h.flatten().flatten().flatten().to_numpy(zero_copy_only=False)
-            a = table.column("attn").combine_chunks()
-        except Exception as e:  # pyarrow / datasets name no file: say which shard it was
-            raise bank.BankDamaged(f"features {root}: shard {name} cannot be read "
-                                   f"({error_text(e)}); repair: {repair}") from e
-        if n != meta["shards"][name]["rows"]:
-            raise bank.BankDamaged(f"features {root}: shard {name} holds {n} rows, "
-                                   f"{meta['shards'][name]['rows']} recorded; repair: {repair}")
-        counts.append(np.diff(p.offsets.to_numpy()))
-        pos.append(p.flatten().to_numpy().astype(np.int64))
-        hid.append(flat.reshape(-1, L, H))
-        att_flat = a.flatten().to_numpy(zero_copy_only=False).astype(np.float32)
-        att.append(att_flat if len(att_flat) else np.zeros(len(pos[-1]), np.float32))
-        keys.append(np.stack([table.column("prompt_id").to_numpy(),
-                              table.column("path_id").to_numpy()], 1).astype(np.int64))
-        splits.append(np.asarray(table.column("split").to_pylist()))
-    counts, positions = np.concatenate(counts), np.concatenate(pos)
-    hidden, attn, keys, splits = np.concatenate(hid), np.concatenate(att), np.concatenate(keys), \
-        np.concatenate(splits)
-    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    if split is not None:  # keep the split's rows, as load_bank does
-        take = np.nonzero(splits == split)[0]
-        flat = np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in take]) if len(take) \
-            else np.zeros(0, np.int64)
-        positions, hidden, attn = positions[flat], hidden[flat], attn[flat]
-        offsets = np.concatenate([[0], np.cumsum(counts[take])]).astype(np.int64)
-        keys, splits = keys[take], splits[take]
-    for array in (offsets, positions, hidden, attn, keys, splits):
-        array.flags.writeable = False  # shared by every caller of this version and split
-    return PathFeatures(meta, offsets, positions, hidden, attn, keys, splits)
-
-
-def _check_join(ds, feats: PathFeatures) -> None:
-    keys = np.stack([np.asarray(ds["prompt_id"][:]), np.asarray(ds["path_id"][:])], 1)
-    if keys.shape != feats.keys.shape or not (keys == feats.keys).all() or \
-            not (np.asarray(ds["split"][:]) == feats.splits).all():
-        raise ValueError(f"the features ({len(feats.keys)} paths) are not those of this bank split "
-                         f"({len(keys)} paths): load both with the same split, from the bank "
-                         "the features were made from")
-
-
-def _token_arrays(ds):
-    """(R, T) zero-padded per-token log-prob, entropy, confidence of the bank's rows."""
-    cols = [ds[k][:] for k in ("token_logprob", "token_entropy", "token_conf")]
-    length = np.asarray(ds["length"][:])
-    T = max(1, int(length.max()) if len(length) else 1)
-    out = [np.zeros((len(length), T), np.float32) for _ in cols]
-    for arr, col in zip(out, cols):
-        for i, v in enumerate(col):
-            arr[i, : len(v)] = v
-    return [torch.from_numpy(a) for a in out]
-
-
-def _groups(ds) -> np.ndarray:
-    splits, prompt_ids = np.asarray(ds["split"][:]), np.asarray(ds["prompt_id"][:])
-    keys = np.char.add(np.char.add(splits.astype(str), "/"), prompt_ids.astype(str))
-    return np.unique(keys, return_inverse=True)[1].astype(np.int64)
-
-
-def _mc(ds, feats: PathFeatures, rows: np.ndarray, positions: np.ndarray,
-        reward: np.ndarray, alive: np.ndarray) -> np.ndarray:
-    """The Monte Carlo label of each (row, position): the bank's mean rollout reward at its
-    Monte Carlo checkpoints, NaN elsewhere while alive, the path's own reward once it
-    ended (its outcome with reward=correct)."""
-    mc = np.full(len(rows), np.nan, np.float32)
-    where = list(feats.meta.get("mc_checkpoints", []))
-    if where and len(rows):
-        rates = np.asarray(ds["mc"][:], dtype=np.float32).reshape(len(ds), len(where))
-        for j, c in enumerate(where):
-            at = positions == c
-            mc[at] = rates[rows[at], j]
-    mc[~alive] = reward[rows][~alive]
-    return mc
-
-
-def tensors_at(ds, feats: PathFeatures, checkpoint: int) -> dict:
-    """Everything a predictor or a pruning decision needs at prefix `checkpoint` (tokens),
-    for every path of `ds` (a numpy-formatted bank split) joined with its features `feats`
-    (`load_features` of the same split), as float32/int64 torch tensors: "hidden" (R,
-    layers, H), "signals" (R, S), "group", "correct", "reward", "mc", "alive" (bool),
-    "prefix_len", "remaining", "length" (R,). Rows not alive at the checkpoint have zero hidden states
-    (their confidence columns cover the whole path). ValueError when an alive path's
-    features lack the position (it is not among tap.checkpoints / tap.positions)."""
-    _check_join(ds, feats)
-    R = len(ds)
-    length = np.asarray(ds["length"][:]).astype(np.int64)
-    alive = length > checkpoint
-    at = np.nonzero(feats.positions == checkpoint)[0]
-    rows = feats.rows[at]
-    if alive.sum() != len(rows):
-        raise ValueError(f"the features hold no position {checkpoint} for some paths alive there; "
-                         f"they hold the checkpoints {feats.meta['positions']['checkpoints']}, "
-                         f"stride {feats.meta['positions']['stride']}: add it to tap.checkpoints "
-                         "or tap.positions")
-    L, H = feats.hidden.shape[1:] if feats.hidden.ndim == 3 else (len(feats.meta["tap_layers"]),
-                                                                  feats.meta["hidden_size"])
-    hidden = np.zeros((R, L, H), np.float32)
-    hidden[rows] = feats.hidden[at]
-    attn = np.zeros(R, np.float32)
-    attn[rows] = feats.attn[at]
-    prefix = np.minimum(length, checkpoint)
-    correct = np.asarray(ds["correct"][:]).astype(np.float32)
-    reward = bank.rewards_of(ds)
-    signals = _signals(ds, None, prefix, hidden, attn, feats)
-    mc = _mc(ds, feats, np.arange(R), np.full(R, checkpoint), reward, alive)
-    return {
-        "hidden": torch.from_numpy(hidden), "signals": signals,
-        "group": torch.from_numpy(_groups(ds)),
-        "correct": torch.from_numpy(correct), "reward": torch.from_numpy(reward),
-        "mc": torch.from_numpy(mc), "alive": torch.from_numpy(alive),
-        "prefix_len": torch.from_numpy(prefix.astype(np.float32)),
-        "remaining": torch.from_numpy(np.maximum(length - checkpoint, 0).astype(np.float32)),
-        "length": torch.from_numpy(length.astype(np.float32)),
-    }
-
-
-def position_batch(ds, feats: PathFeatures, positions=None) -> dict:
-    """One row per (path, position) that the features hold (a path is alive at every
-    stored position), optionally only the `positions` listed (generated tokens; None:
-    every stored position), in path order then position order. Keys as `tensors_at`, with
-    "prefix_len" / "remaining" per row, plus "position" (B,) int64 and "path" (B,) int64,
-    the row of `ds`."""
-    _check_join(ds, feats)
-    sel = np.arange(len(feats.positions)) if positions is None else \
-        np.nonzero(np.isin(feats.positions, np.asarray(list(positions), dtype=np.int64)))[0]
-    rows, pos = feats.rows[sel], feats.positions[sel]
-    length = np.asarray(ds["length"][:]).astype(np.int64)
-    correct = np.asarray(ds["correct"][:]).astype(np.float32)
-    reward = bank.rewards_of(ds)
-    hidden = np.ascontiguousarray(feats.hidden[sel], dtype=np.float32)
-    signals = _signals(ds, rows, pos, hidden, feats.attn[sel], feats)
-    mc = _mc(ds, feats, rows, pos, reward, np.ones(len(sel), bool))
-    return {
-        "hidden": torch.from_numpy(hidden), "signals": signals,
-        "group": torch.from_numpy(_groups(ds)[rows]),
-        "correct": torch.from_numpy(correct[rows]), "reward": torch.from_numpy(reward[rows]),
-        "mc": torch.from_numpy(mc),
-        "alive": torch.ones(len(sel), dtype=torch.bool),
-        "prefix_len": torch.from_numpy(pos.astype(np.float32)),
-        "remaining": torch.from_numpy((length[rows] - pos).astype(np.float32)),
-        "length": torch.from_numpy(length[rows].astype(np.float32)),
-        "position": torch.from_numpy(pos.astype(np.int64)),
-        "path": torch.from_numpy(rows.astype(np.int64)),
-    }
-
-
-def _signals(ds, rows, prefix: np.ndarray, hidden: np.ndarray, attn: np.ndarray,
-             feats: PathFeatures, chunk: int = 16384) -> torch.Tensor:
-    """signal_matrix of the prefixes: confidence columns from the bank's per-token arrays
-    (prefix = position), hidden statistics and attention entropy from the features."""
-    from stopexp.signals.columns import signal_matrix
-
-    if not len(prefix):
-        return torch.zeros((0, len(SIGNAL_NAMES)))
-    arrays = _token_arrays(ds)
-    rows = np.arange(len(prefix)) if rows is None else rows
-    tapped = bool(feats.meta.get("attention_heads"))
-    parts = []
-    for lo in range(0, len(prefix), chunk):  # (rows, T) token arrays a chunk at a time
-        at = slice(lo, lo + chunk)
-        lp, ent, conf = (a[torch.from_numpy(rows[at])] for a in arrays)
-        parts.append(signal_matrix(lp, ent, conf, torch.from_numpy(prefix[at].astype(np.int64)),
-                                   feats.meta["group_window"], torch.from_numpy(hidden[at]),
-                                   torch.from_numpy(attn[at]) if tapped else None))
-    return torch.cat(parts)
-
-
-def load_split(cfg, split: str, overrides: list[str] | None = None, make: bool = True):
-    """A bank split and its features, joined row for row: (ds, feats). The features are
-    made when missing (`require_features`)."""
-    out = require_features(cfg, overrides, make)
-    return bank.load_bank(bank.bank_dir(cfg), split), load_features(out, split, repair_text(overrides))

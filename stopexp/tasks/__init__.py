@@ -1,7 +1,7 @@
 """Tasks: prompts, references and a checker. `build_task(cfg.task)` picks one by name."""
 from omegaconf import OmegaConf
 
-from stopexp.config import decoded_text
+from stopexp.core.text import decoded_text
 from stopexp.tasks.arith import ArithTask, Problem
 from stopexp.tasks.datatotext import DataToTextTask, Record
 from stopexp.tasks.qa import QAProblem, QATask

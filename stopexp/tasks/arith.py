@@ -12,6 +12,7 @@ import random
 import re
 from dataclasses import dataclass
 
+from stopexp.core.names import STEP_SEPARATORS
 from stopexp.tasks.splits import draw_distinct, hash_split
 
 MOD = 10
@@ -105,7 +106,7 @@ class ArithTask:
 
     name = "arith"
     text_level = "char"  # outputs without spaces: text metrics compare characters
-    step_separator = ";"  # ends a written step (tap.positions.step_ends)
+    step_separator = STEP_SEPARATORS["arith"]  # ";" ends a step (tap.positions.step_ends)
 
     def __init__(self, n_steps: int = 6, operators=("+", "-", "*"), multipliers=(3, 7, 9),
                  styles: dict | None = None, seed: int = 0,

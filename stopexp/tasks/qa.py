@@ -20,6 +20,7 @@ from pathlib import Path
 
 from stopexp.core import jsonfile
 from stopexp.core.errors import ConfigError, NotFound, UserError, error_text
+from stopexp.core.names import STEP_SEPARATORS
 from stopexp.tasks.answers import FORMATS, MODES, canonical, equivalent, extract_answer
 
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -193,7 +194,7 @@ class QATask:
 
     name = "qa"
     text_level = "word"  # text metrics compare words (natural language)
-    step_separator = "\n"  # ends a reasoning step (tap.positions.step_ends)
+    step_separator = STEP_SEPARATORS["qa"]  # "\n" (tap.positions.step_ends)
 
     def __init__(self, path: str, answer_format: str = "numeric", prompt_template: str = "{question}",
                  question_key: str = "question", answer_key: str = "answer", subset: str | None = None,

@@ -13,71 +13,24 @@ label that the losses order or regress and that Monte Carlo rollouts average.
 Text rewards compare words for natural language and characters for tasks whose outputs
 have no spaces (`task.text_level == "char"`, the arithmetic task), as stopexp.metrics.text
 does. References come from `task.references(problem)` when the task has several, else
-`[task.reference(problem)]`. `BOUNDED`: the rewards validate lets the regression losses
-(mse, reward_regression) use: the built-in ones in [0, 1], and external, whose range only
-its values tell (train checks them: stopexp.stages.train.check_reward_range). The text metrics
+`[task.reference(problem)]`. `BOUNDED` (stopexp.core.names.BOUNDED_REWARDS, with the
+reward registry): the rewards validate lets the regression losses (mse,
+reward_regression) use: the built-in ones in [0, 1], and external, whose range only its
+values tell (train checks them: stopexp.training.data.check_reward_range). The text metrics
 clip a value that leaves their range by floating-point rounding only
 (stopexp.metrics.bounds) and refuse one further out; the values clipped while scoring are
 counted (`Reward.clipped`, each shard's record in the bank).
 """
 from __future__ import annotations
 
-import importlib
 import math
-from typing import Callable
 
 import numpy as np
 
 from stopexp.core.errors import ConfigError
+from stopexp.core.names import BOUNDED_REWARDS as BOUNDED, register_reward, resolve_external  # noqa: F401
 from stopexp.metrics.bounds import clip_to_range
 from stopexp.metrics.text import BertScorer, check_script, check_tokenize, rouge_scorer
-
-BOUNDED = ("correct", "rouge_l", "bleu", "bertscore", "external")
-_REGISTERED: dict[str, Callable] = {}
-
-
-def register_reward(name: str, fn: Callable) -> None:
-    """Plug a reward in: fn(problem, text) -> float (e.g. an evaluator model's score);
-    reward=external reward.function=NAME then uses it. It must lie in [0, 1] for the
-    regression losses."""
-    _REGISTERED[name] = fn
-
-
-def resolve_external(name: str) -> Callable:
-    """The registered reward `name`, or the function at `module:function`; ValueError
-    saying what is allowed otherwise."""
-    if name in _REGISTERED:
-        return _takes_problem_and_text(name, _REGISTERED[name])
-    module, _, attr = name.partition(":")
-    if attr:
-        try:
-            fn = getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError, ValueError) as e:
-            raise ValueError(f"{name!r} cannot be imported ({e.__class__.__name__}: {e}); give "
-                             "module:function, e.g. mypkg.rewards:score") from None
-        if not callable(fn):
-            raise ValueError(f"{name!r} is a {type(fn).__name__}, not a function "
-                             "fn(problem, text) -> float")
-        return _takes_problem_and_text(name, fn)
-    raise ValueError(f"{name!r} is neither registered (registered: {sorted(_REGISTERED) or 'none'}) "
-                     "nor an importable module:function")
-
-
-def _takes_problem_and_text(name: str, fn: Callable) -> Callable:
-    """`fn` if it can be called as fn(problem, text) (as far as its signature tells: some
-    builtins have none), else ValueError naming reward.function's value."""
-    import inspect
-
-    try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return fn
-    try:
-        signature.bind(None, "")
-    except TypeError as e:
-        raise ValueError(f"{name!r} cannot be called as fn(problem, text) -> float: its "
-                         f"signature is {signature} ({e})") from None
-    return fn
 
 
 def references(task, problem) -> list[str]:

@@ -26,6 +26,7 @@ import random
 import re
 from dataclasses import dataclass
 
+from stopexp.core.names import STEP_SEPARATORS
 from stopexp.tasks.splits import draw_distinct, hash_split
 
 from stopexp.tasks import answers
@@ -99,7 +100,7 @@ class WordProblemTask:
     Raises ValueError naming the ``task.*`` key when a knob is out of range."""
 
     name = "wordprob"
-    step_separator = "\n"  # ends a reasoning step (tap.positions.step_ends)
+    step_separator = STEP_SEPARATORS["wordprob"]  # "\n" (tap.positions.step_ends)
 
     def __init__(self, steps=(1,), number_range=(2, 9), operations: dict | None = None,
                  shots: int = 3, format: str = "fewshot", extraction: str = "strict",

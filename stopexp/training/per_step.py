@@ -1,7 +1,7 @@
 """Per-step predictors and AUROC against prefix length: one row per (path, position).
 
 A *position batch* holds one row per (path, stored position) where the path is still
-generating, with the keys of `feature_bank.tensors_at` plus "position" (B,) int64 (the prefix in
+generating, with the keys of `feature_rows.tensors_at` plus "position" (B,) int64 (the prefix in
 generated tokens) and "path" (B,) int64 (the path's row in the split's bank). Everything
 here consumes that dict; `position_data` is the one place that makes it.
 
@@ -16,27 +16,26 @@ here consumes that dict; `position_data` is the one place that makes it.
 """
 from __future__ import annotations
 
-import copy
 import math
 
 import numpy as np
 import torch
 
-from stopexp.store import bank
 from stopexp.metrics.ranking import per_group_auroc
+from stopexp.store import bank
 
 
 def position_data(cfg, split: str, overrides: list[str] | None = None):
-    """(the split's bank rows, its position batch: `feature_bank.position_batch` at every
+    """(the split's bank rows, its position batch: `feature_rows.position_batch` at every
     stored position), or (ds, None) when the bank holds no path of `split`. The features
     are made when missing. The one source of position batches: every consumer below reads
     what this returns."""
-    from stopexp.store import features as feature_bank
+    from stopexp.store import feature_rows
 
-    ds, feats = feature_bank.load_split(cfg, split, overrides)
+    ds, feats = feature_rows.load_split(cfg, split, overrides)
     if not len(ds):
         return ds, None
-    rows = feature_bank.position_batch(ds, feats)
+    rows = feature_rows.position_batch(ds, feats)
     return ds, bank.select_rows(rows, rows["alive"])
 
 
@@ -102,8 +101,7 @@ def split_data_all(meta: dict, cfg, overrides: list[str] | None = None) -> dict[
     """train.positions=all: per split, the training rows of every stored position.
     Raises NothingToLearn when train or val has no (prompt, position) with both a correct
     and a wrong path."""
-    from stopexp.stages.train import NothingToLearn, pair_min_gap
-
+    from stopexp.training.data import NothingToLearn, pair_min_gap
     out = {}
     for split in ("train", "val", "test"):
         if bank.split_rows(meta, split):
@@ -143,40 +141,3 @@ def curves_of(scorers: dict, rows: dict, seed_keys: np.ndarray | None = None) ->
             scores[at] = np.asarray(scorer(batch), dtype=float)
         curves[name] = auroc_by_position(scores, rows["correct"], rows["group"], pos)
     return curves
-
-
-def single_checkpoint_baseline(cfg, spec) -> tuple[str, object] | None:
-    """With train.positions=all: (label, predictor) of the same predictor trained the
-    standard way, at train.checkpoint only and without the position input (trained here
-    when missing, as the controls are), to be scored at every position. None otherwise."""
-    if cfg.train.positions != "all":
-        return None
-    from stopexp.config import checkpoint_tokens
-    from stopexp.signals.checkpoint import load_predictor
-    from stopexp.stages.train import predictor_dir, train
-
-    sub = copy.deepcopy(cfg)
-    sub.train.positions, sub.predictor.position_input = "checkpoint", False
-    train(sub, progress=False)
-    predictor, _ = load_predictor(predictor_dir(sub), spec, sub.predictor)
-    tokens = checkpoint_tokens(cfg.train.checkpoint, cfg.search.max_new_tokens)
-    return f"{cfg.predictor.name}@{tokens}", predictor
-
-
-def auroc_by_prefix(cfg, scorers: dict, split: str, spec) -> dict:
-    """Evaluate's curves: method -> auroc_by_position over the `split` paths of the bank,
-    for every scorer (learned, confidence, entropy, hidden-state statistics, random,
-    oracle; not the super token, which would re-run the LM at every position) and, with
-    train.positions=all, the single-checkpoint predictor scored at every position
-    (labelled "<predictor>@<tokens>")."""
-    from stopexp.signals import methods as M
-
-    ds, rows = position_data(cfg, split)
-    if rows is None:
-        return {}
-    use = {k: v for k, v in scorers.items() if v is not None and k != "super_token"}
-    base = single_checkpoint_baseline(cfg, spec)
-    if base is not None:
-        use[base[0]] = M.learned(base[1])
-    keys = np.asarray([f"{p}/{j}" for p, j in zip(ds["prompt"][:], ds["path_id"][:])], dtype=object)
-    return curves_of(use, rows, keys)

@@ -1,0 +1,50 @@
+"""Structured-config schemas for every config group, registered in Hydra's ConfigStore,
+and validate(). The package mirrors conf/: one module per group with its schema(s) and
+range checks (model, task, tap, predictor: predictor/loss/train, policy, search, reward,
+collect, evaluate, adapt, paths: paths/logger), `reads` (allowed values, keys only some
+options read), `cross` (rules spanning groups), `root` (Config, register), `validation`
+(validate) and `resolvers` (the ${stopexp_*:} resolvers conf/ uses).
+
+The main configs extend `base_config`, so a misspelt key or a value of the wrong type in
+a YAML file or on the command line fails at composition with a message naming the key.
+`validate` then checks ranges and cross-field rules before any compute starts.
+
+Every name importable from `stopexp.config` before the split still is (the torch-free
+helpers now live in stopexp.core: protocol, text, names).
+"""
+from stopexp.config.resolvers import model_name_of, project_root, run_id  # first: registers them
+from stopexp.config.adapt import SHIFTABLE, AdaptConfig, shifted_config
+from stopexp.config.collect import CollectConfig
+from stopexp.config.evaluate import EvaluateConfig, check_method_names
+from stopexp.config.model import DEVICE, TOY_UNREAD, ModelConfig, ToyLMConfig
+from stopexp.config.paths import LoggerConfig, PathsConfig, check_output_dirs
+from stopexp.config.policy import PolicyConfig
+from stopexp.config.predictor import LossConfig, PredictorConfig, TrainConfig
+from stopexp.config.reads import ALLOWED, READ_ONLY_BY, where_read
+from stopexp.config.reward import RewardConfig
+from stopexp.config.root import Config, register
+from stopexp.config.search import MIN_TEMPERATURE, SearchConfig
+from stopexp.config.tap import TapConfig, TapPositionsConfig
+from stopexp.config.task import TaskConfig
+from stopexp.config.validation import SEED_KEYS, validate
+from stopexp.core.errors import ConfigError
+from stopexp.core.names import (ADAPT_VARIANTS, ALWAYS_METHODS, BASELINE_METHODS,
+                                POSITION_INPUT_PREDICTORS, SPLITS, STOPPING_METHODS)
+from stopexp.core.protocol import (SYMBOLIC_LAYERS, attention_heads, check_plan, check_values,
+                                   checkpoint_tokens, derived_keep, derived_n_points,
+                                   derived_retention, layer_index, resolve_layers, warmup_paths)
+from stopexp.core.text import TEXT_KEYS, TEXT_TOKENIZERS, decode_escapes, decoded_text, stop_strings
+
+__all__ = [
+    "ADAPT_VARIANTS", "ALLOWED", "ALWAYS_METHODS", "BASELINE_METHODS", "DEVICE", "MIN_TEMPERATURE",
+    "POSITION_INPUT_PREDICTORS", "READ_ONLY_BY", "SEED_KEYS", "SHIFTABLE", "SPLITS",
+    "STOPPING_METHODS", "SYMBOLIC_LAYERS", "TEXT_KEYS", "TEXT_TOKENIZERS", "TOY_UNREAD",
+    "AdaptConfig", "CollectConfig", "Config", "ConfigError", "EvaluateConfig", "LoggerConfig",
+    "LossConfig", "ModelConfig", "PathsConfig", "PolicyConfig", "PredictorConfig", "RewardConfig",
+    "SearchConfig", "TapConfig", "TapPositionsConfig", "TaskConfig", "ToyLMConfig", "TrainConfig",
+    "attention_heads", "check_method_names", "check_output_dirs", "check_plan", "check_values",
+    "checkpoint_tokens", "decode_escapes", "decoded_text", "derived_keep", "derived_n_points",
+    "derived_retention", "layer_index", "model_name_of", "project_root", "register",
+    "resolve_layers", "run_id", "shifted_config", "stop_strings", "validate", "warmup_paths",
+    "where_read",
+]

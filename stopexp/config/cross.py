@@ -1,0 +1,215 @@
+"""Rules spanning config groups: one option that forbids or requires another, or a rule
+that depends on the stage. A group's module checks its own keys, with bounds taken from
+other groups (N = search.n_paths, search.max_new_tokens, the task's splits); a rule is here
+when it ties choices of different groups together. Each rule is named for what it holds;
+stopexp.config.validation runs them in order among the group checks. The stages that need
+each (validate checks it there):
+
+  fewshot_is_plain_text           every stage   task.format=fewshot x model.chat_template
+  step_ends_need_a_separator      every stage   tap.positions.step_ends x task x stop strings
+  checks_are_tapped               every stage   search.check_at, train.checkpoint in tap.checkpoints
+  keep_per_check                  every stage   policy.keep x search.check_at / name, policy.name;
+                                                adapt takes one check
+  signals_are_tapped              every stage   predictor.signals attn_entropy x tap.attention_heads
+  predictor_layer_is_tapped       train evaluate pipeline adapt   predictor.layer x tap.layers
+  positions_fit_the_predictor     every stage   predictor.position_input / name x train.positions
+  regression_needs_bounded_reward every stage   loss=mse | reward_regression x reward.name
+  online_reward_needs_no_logprobs evaluate pipeline   reward=neg_perplexity x evaluate.mode
+  min_gap_below_reward_range      every stage   loss.min_gap x a reward in [0, 1]
+  bank_has_training_prompts       train pipeline adapt   collect.prompts.train / val
+  attn_entropy_method_is_tapped   evaluate pipeline   evaluate.methods x tap.attention_heads
+  beam_has_nothing_to_select      evaluate pipeline   search=beam x evaluate.select / compare_beam
+  beam_has_no_vote                evaluate pipeline   search=beam x evaluate.vote
+  beam_scores_each_step           evaluate pipeline   search=beam x search.score_rule
+  beam_keep_below_width           evaluate pipeline   search=beam x policy=topk's keep
+
+adapt's own rules on the other groups (search=parallel, no super_token, evaluate's
+selection unused) are adapt's: stopexp.config.adapt.
+"""
+from __future__ import annotations
+
+from stopexp.config.ranges import fail, is_list, n_layers_of
+from stopexp.core.names import BOUNDED_REWARDS, STEP_SEPARATORS
+from stopexp.core.protocol import check_values, checkpoint_tokens, resolve_layers
+from stopexp.core.text import stop_strings
+
+
+def fewshot_is_plain_text(cfg) -> None:
+    m = cfg.model
+    if cfg.task.name in ("wordprob", "datatotext") and cfg.task.format == "fewshot" and m.chat_template \
+            and m.name != "toy":
+        fail("model.chat_template", "task.format=fewshot is plain text after solved examples; "
+                                    "set model.chat_template=false (or task.format=chat)")
+
+
+def step_ends_need_a_separator(cfg) -> None:
+    """tap.positions.step_ends needs a task with a step separator (its `step_separator`,
+    stopexp.core.names.STEP_SEPARATORS) that is not itself a stop string: a path ends at a
+    stop string, so no step of it would end before the path does."""
+    name = cfg.task.name
+    with_steps = [n for n, sep in STEP_SEPARATORS.items() if sep]
+    sep = STEP_SEPARATORS.get(name)
+    if not sep:
+        fail("tap.positions.step_ends", f"task {name} has no step separator (a path is one "
+                                        f"sentence); allowed with tasks {', '.join(with_steps)}, "
+                                        "else use tap.positions.stride or tap.positions.checkpoints")
+    stops = [x for x in stop_strings(cfg.task, cfg.search) if x in sep]
+    if stops:
+        fail("tap.positions.step_ends", f"the step separator {sep!r} of task {name} completes "
+                                        f"the stop string {stops[0]!r} (task.stop / search.stop), "
+                                        "so a path ends at its first step end and none would be "
+                                        "stored; drop that stop string or use tap.positions.stride")
+
+
+def checks_are_tapped(cfg, tapped: list[int]) -> None:
+    """search.check_at (increasing) and train.checkpoint are among tap.checkpoints (`tapped`:
+    them in tokens)."""
+    s, tap = cfg.search, cfg.tap
+    checks = check_values(s.check_at)
+    if not checks:
+        fail("search.check_at", "give a prefix (one of tap.checkpoints) or a non-empty list of them")
+    for key, value in [*(("search.check_at", c) for c in checks),
+                       ("train.checkpoint", cfg.train.checkpoint)]:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 \
+                or checkpoint_tokens(value, s.max_new_tokens) not in tapped:
+            fail(key, f"{value} is not one of tap.checkpoints {list(tap.checkpoints)}")
+    tokens = [checkpoint_tokens(c, s.max_new_tokens) for c in checks]
+    if any(b <= a for a, b in zip(tokens, tokens[1:])):
+        fail("search.check_at", f"checks must be increasing prefixes, got {list(checks)} = "
+                                f"{tokens} tokens")
+
+
+def keep_per_check(cfg) -> None:
+    """policy.keep: a whole K, or one decreasing K per check of search.check_at under
+    policy=topk; several checks only in evaluate's Launch-Check-Resume (search=parallel)."""
+    s = cfg.search
+    checks = check_values(s.check_at)
+    keep = cfg.policy.keep
+    keeps = check_values(keep)
+    if any(isinstance(k, bool) or not isinstance(k, int) for k in keeps) or not keeps:
+        fail("policy.keep", f"{keep} is not a whole number K or a list of them (one per check "
+                            "of search.check_at)")
+    if len(keeps) > 1 and len(keeps) != len(checks) or (len(keeps) == 1 and is_list(keep)
+                                                          and len(checks) > 1):
+        fail("policy.keep", f"{len(keeps)} values for the {len(checks)} checks of "
+                            f"search.check_at {list(checks)}; give one K per check")
+    if (len(checks) > 1 or is_list(keep)) and (s.name != "parallel" or cfg.stage == "adapt"):
+        key = "search.check_at" if len(checks) > 1 else "policy.keep"
+        fail(key, "several checks (a list in search.check_at or policy.keep) are a "
+                  "Launch-Check-Resume protocol of evaluate (search=parallel); "
+                  f"{'adapt' if cfg.stage == 'adapt' else 'search=' + s.name} takes one prefix "
+                  "and one K")
+    if is_list(keep) and cfg.policy.name != "topk":
+        fail("policy.keep", f"{list(keep)}: only policy=topk reads K, not policy="
+                            f"{cfg.policy.name}; leave policy.keep unset (a single number)")
+    if cfg.policy.name == "topk" and len(checks) > 1:
+        plan = keeps * len(checks) if len(keeps) == 1 else keeps
+        if any(b >= a for a, b in zip(plan, plan[1:])):
+            fail("policy.keep", f"{keep if len(keeps) == 1 else list(keep)} for the checks "
+                                f"{list(checks)} of search.check_at: after keeping K paths a "
+                                "check sees at most K, so a later check keeping as many or more "
+                                "prunes nothing; give one decreasing K per check (e.g. [16, 8])")
+
+
+def signals_are_tapped(cfg) -> None:
+    if "attn_entropy" in list(cfg.predictor.signals) and cfg.tap.attention_heads is None:
+        fail("predictor.signals", "attn_entropy needs the attention tap: set tap.attention_heads")
+
+
+def predictor_layer_is_tapped(cfg) -> None:
+    """predictor.layer must be a tapped layer, or -1..-len(tap.layers) counted from the
+    deepest tapped one (stopexp.signals.features.tap_index), as far as the config tells;
+    for the stages that load a single-tap predictor (statistic, linear, mlp)."""
+    if cfg.stage not in ("train", "evaluate", "pipeline", "adapt") or \
+            cfg.predictor.name not in ("statistic", "linear", "mlp"):
+        return
+    layer, entries = cfg.predictor.layer, list(cfg.tap.layers)
+    n_layers = n_layers_of(cfg.model)
+    tapped = (resolve_layers(entries, n_layers) if n_layers is not None
+              else entries if all(isinstance(e, int) and e >= 0 for e in entries) else None)
+    count = len(tapped) if tapped is not None else len(entries)
+    if layer < 0 and -count <= layer:
+        return
+    if layer >= 0 and (tapped is None or layer in tapped):
+        return
+    fail("predictor.layer", f"{layer} is not a tapped layer; allowed: "
+                            f"{tapped if tapped is not None else entries} (tap.layers) or "
+                            f"-1..-{count} counted from the deepest tapped layer")
+
+
+def positions_fit_the_predictor(cfg) -> None:
+    pred, tr = cfg.predictor, cfg.train
+    if pred.position_input and tr.positions != "all":
+        fail("predictor.position_input", "trained at one checkpoint (train.positions=checkpoint) "
+                                         "the position is the same for every path, so the head "
+                                         "learns nothing from it; set train.positions=all")
+    if tr.positions == "all" and pred.name == "super_token":
+        fail("train.positions", "all needs stored features at every position, but super_token "
+                                "re-encodes each prefix with the LM; use train.positions=checkpoint")
+
+
+def regression_needs_bounded_reward(cfg) -> None:
+    r = cfg.reward
+    if r.name not in BOUNDED_REWARDS and cfg.loss.name in ("reward_regression", "mse"):
+        fail("loss.name", f"{cfg.loss.name} regresses a probability on the reward, which must lie "
+                          f"in [0, 1]; reward={r.name} is unbounded: use loss=contrastive or pairwise")
+
+
+def online_reward_needs_no_logprobs(cfg) -> None:
+    if cfg.reward.name == "neg_perplexity" and cfg.evaluate.mode == "online" and \
+            cfg.stage in ("evaluate", "pipeline"):
+        fail("evaluate.mode", "online paths carry text only; reward=neg_perplexity needs the per-token "
+                              "log-probs of the bank: use evaluate.mode=replay")
+
+
+def min_gap_below_reward_range(cfg) -> None:
+    r = cfg.reward
+    if r.name in BOUNDED_REWARDS and cfg.loss.min_gap >= 1:
+        fail("loss.min_gap", f"{cfg.loss.min_gap} skips every pair: reward={r.name} lies in "
+                             "[0, 1], so no reward gap exceeds it; allowed: [0, 1)")
+
+
+def bank_has_training_prompts(cfg) -> None:
+    """train (and pipeline, and adapt, which trains the source and target predictors) fits
+    on the train prompts and selects the epoch on the val ones."""
+    if cfg.stage in ("train", "pipeline", "adapt"):
+        for split in ("train", "val"):
+            if not cfg.collect.prompts.get(split, 0) > 0:
+                fail(f"collect.prompts.{split}", f"train needs {split} prompts in the trace bank, "
+                                                 f"got {cfg.collect.prompts.get(split, 0)}")
+
+
+def attn_entropy_method_is_tapped(cfg) -> None:
+    if "attn_entropy" in cfg.evaluate.methods and cfg.tap.attention_heads is None:
+        fail("evaluate.methods", "attn_entropy needs the attention tap: set tap.attention_heads "
+                                 "(all, or a list of layer:head)")
+
+
+def beam_has_nothing_to_select(cfg) -> None:
+    ev = cfg.evaluate
+    if cfg.search.name == "beam" and (ev.select != "vote" or ev.compare_beam):
+        key = "evaluate.select" if ev.select != "vote" else "evaluate.compare_beam"
+        fail(key, "search=beam outputs one hypothesis per prompt: nothing to select among, and it "
+                  "is the beam search to compare with; use search=parallel")
+
+
+def beam_has_no_vote(cfg) -> None:
+    if cfg.search.name == "beam" and cfg.evaluate.vote != "majority":
+        fail("evaluate.vote", f"{cfg.evaluate.vote!r}: beam search returns one hypothesis per prompt, "
+                              "there is no vote to weight or filter; leave it majority")
+
+
+def beam_scores_each_step(cfg) -> None:
+    s = cfg.search
+    if s.name == "beam" and s.score_rule != "last":
+        fail("search.score_rule", f"{s.score_rule!r} is for Launch-Check-Resume with several "
+                                  "checks; beam search acts on each step's score (search.patience)")
+
+
+def beam_keep_below_width(cfg) -> None:
+    s, pol = cfg.search, cfg.policy
+    if s.name == "beam" and pol.name == "topk" and pol.keep >= s.beam_width:
+        fail("policy.keep", f"policy=topk keeps K={pol.keep} of at most search.beam_width="
+                            f"{s.beam_width} live beams, so beam search would never prune and "
+                            "every method would equal no_prune; use policy=quantile (as "
+                            "+exp=toy_beam does), policy=fixed or a K below the beam width")

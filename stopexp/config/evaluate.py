@@ -1,0 +1,104 @@
+"""The evaluate group (conf/evaluate.yaml): which methods are compared, on what, and how a
+prompt's output is chosen; and its checks (run for the evaluate and pipeline stages)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import List, Optional
+
+from stopexp.config import cross, policy
+from stopexp.config.ranges import TOGETHER, at_least, fail, within
+from stopexp.core.names import (ALWAYS_METHODS, BASELINE_METHODS, PREDICTOR_NAMES, SPLITS,
+                                STOPPING_METHODS, external)
+from stopexp.core.protocol import warmup_paths
+
+
+@dataclass
+class EvaluateConfig:
+    mode: str = "replay"    # replay (from the trace bank) | online (runs the LM)
+    split: str = "test"
+    # what runs, plus no_prune, random, confidence and oracle, which always do (ALWAYS_METHODS:
+    # [] runs just those four); `learned` = the configured predictor (predictor.name)
+    methods: List[str] = field(default_factory=lambda: [
+        "no_prune", "random", "confidence", "min_logprob", "entropy", "deepconf", "hidden_norm",
+        "hidden_mean", "hidden_var", "st_bon", "conf_features", "learned", "oracle", "esc", "adaptive_consistency",
+        "deepconf_online", "deepconf_weighted", "deepconf_top"])
+    # the Pareto points: every K of `retention` at N = search.n_paths, no_prune at every N
+    # of `n_points`; derived from search.n_paths (derived_retention, derived_n_points)
+    retention: List[int] = "${stopexp_retention:${search.n_paths}}"  # type: ignore[assignment]
+    n_points: List[int] = "${stopexp_n_points:${search.n_paths}}"  # type: ignore[assignment]
+    bootstrap: int = 1000
+    text_metrics: bool = True
+    # the final output of a prompt: vote (majority over the kept paths' answers), or for
+    # tasks without a single answer the kept path with the best signal (the method's score
+    # at the check), the best LM score (mean token log-prob) or, as an oracle, the best reward
+    select: str = "vote"            # vote | signal | lm_score | oracle
+    compare_beam: bool = False      # also run plain beam search (no pruning) and compare outputs
+    bertscore_model: Optional[str] = None  # None = the offline MiniLM encoder
+    seed: int = 0
+    esc_window: int = 8             # ESC: paths sampled per window
+    asc_threshold: float = 0.95     # Adaptive-Consistency: posterior the leader is the majority
+    deepconf_warmup: float = 0.25   # DeepConf online: warm-up paths per prompt (below 1: share of N)
+    deepconf_keep_percent: float = 10.0  # DeepConf: threshold percentile 100 - this; top-share vote
+    vote: str = "majority"          # majority | weighted (by the final signal) | filtered (stopexp.core.voting)
+    vote_top: float = 0.5           # filtered: share of the scored kept paths that vote
+
+
+def check_method_names(names) -> None:
+    """Every name in evaluate.methods is a built-in method, a predictor, `learned`, or a
+    scorer registered with stopexp.signals.methods.register_external (its registry:
+    stopexp.core.names); ConfigError otherwise."""
+    builtin = {*ALWAYS_METHODS, *BASELINE_METHODS, *STOPPING_METHODS, *PREDICTOR_NAMES, "learned"}
+    for name in names:
+        if name not in builtin and external(name) is None:
+            fail("evaluate.methods", f"{name!r} unknown; allowed: {', '.join(sorted(builtin))} or "
+                                     "a scorer registered with stopexp.signals.methods.register_external")
+
+
+def check_evaluate(cfg) -> None:
+    """evaluate.* (and the policy knobs evaluate reads), for the evaluate and pipeline stages."""
+    ev, s, pol = cfg.evaluate, cfg.search, cfg.policy
+    check_method_names(ev.methods)
+    cross.attn_entropy_method_is_tapped(cfg)
+    bert = ev.bertscore_model
+    if ev.text_metrics and bert and bert.startswith(("/", ".", "~")) and not Path(bert).expanduser().is_dir():
+        fail("evaluate.bertscore_model", f"{bert!r} is no model directory; give a local "
+                                         "directory, a hub id, or leave it unset for the bundled MiniLM")
+    if ev.split not in SPLITS:
+        fail("evaluate.split", f"{ev.split!r} unknown; allowed: {', '.join(SPLITS)}")
+    if not cfg.collect.prompts.get(ev.split, 0) > 0:
+        fail("evaluate.split", f"the trace bank holds no {ev.split!r} prompts "
+                               f"(collect.prompts.{ev.split}={cfg.collect.prompts.get(ev.split, 0)})")
+    at_least("evaluate.bootstrap", ev.bootstrap, 1)
+    cross.beam_has_nothing_to_select(cfg)
+    policy.check_keep_within(pol, s.n_paths)
+    within("evaluate.vote_top", ev.vote_top, 0, 1, low_open=True)
+    if ev.vote_top != EvaluateConfig.vote_top and ev.vote != "filtered":
+        fail("evaluate.vote_top", f"{ev.vote_top}: only evaluate.vote=filtered reads it, not "
+                                  f"vote={ev.vote}")
+    if ev.select != "vote" and ev.vote != "majority":
+        fail("evaluate.vote", f"{ev.vote!r} is not used: evaluate.select={ev.select} selects one "
+                              "path instead of voting; set evaluate.select=vote, or leave "
+                              "evaluate.vote majority")
+    for k in ev.retention:
+        if not 1 <= k <= s.n_paths:
+            fail("evaluate.retention", f"K={k} must lie in 1..N={s.n_paths} (search.n_paths)"
+                                       f"{TOGETHER.format(key='evaluate.retention')}")
+    for n in ev.n_points:
+        if not 1 <= n <= s.n_paths:
+            fail("evaluate.n_points", f"N={n} must lie in 1..{s.n_paths} (search.n_paths)"
+                                      f"{TOGETHER.format(key='evaluate.n_points')}")
+    at_least("evaluate.esc_window", ev.esc_window, 1)
+    within("evaluate.asc_threshold", ev.asc_threshold, 0, 1, low_open=True)
+    within("evaluate.deepconf_keep_percent", ev.deepconf_keep_percent, 0, 100, low_open=True)
+    if "deepconf_online" in ev.methods and not 1 <= warmup_paths(ev.deepconf_warmup, s.n_paths) < s.n_paths:
+        fail("evaluate.deepconf_warmup", f"{ev.deepconf_warmup} gives "
+                                         f"{warmup_paths(ev.deepconf_warmup, s.n_paths)} warm-up paths; "
+                                         f"they must lie in 1..{s.n_paths - 1} (below search.n_paths)"
+                                         + ("; set it to a count below search.n_paths" if s.n_paths > 1 else
+                                            "; DeepConf online needs search.n_paths >= 2: drop "
+                                            "deepconf_online from evaluate.methods"))
+    policy.check_thresholds(pol)
+    cross.beam_has_no_vote(cfg)
+    cross.beam_scores_each_step(cfg)
+    cross.beam_keep_below_width(cfg)

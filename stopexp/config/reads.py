@@ -1,0 +1,96 @@
+"""Which values are allowed, and which keys only some options read (`READ_ONLY_BY`): such a
+key is refused off its default where the chosen option ignores it (`check_unread`), and
+an exp sets it as ${stopexp_where_read:KEY,VALUE} (`where_read`)."""
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from stopexp.config.ranges import fail, is_list
+from stopexp.config.root import schema_default
+from stopexp.core.names import PREDICTOR_NAMES, TASK_NAMES
+from stopexp.core.text import TEXT_TOKENIZERS
+
+ALLOWED = {
+    "model.dtype": ("auto", "float32", "bfloat16", "float16"),
+    "model.long_prompts": ("error", "skip"),
+    "task.name": TASK_NAMES,
+    "task.format": ("fewshot", "chat"),
+    "task.answer_format": ("numeric", "boxed"),
+    "task.extraction": ("strict", "flexible"),
+    "task.tokenize": TEXT_TOKENIZERS,
+    "tap.pooling": ("last", "mean"),
+    "tap.positions.dtype": ("float32", "float16"),
+    "predictor.name": PREDICTOR_NAMES,
+    "predictor.statistic": ("l2", "mean", "var"),
+    "loss.name": ("contrastive", "pairwise", "reward_regression", "mse"),
+    "train.positions": ("checkpoint", "all"),
+    "policy.name": ("fixed", "quantile", "topk", "adaptive"),
+    "search.name": ("parallel", "beam"),
+    "logger.name": ("wandb", "none"),
+    "logger.mode": ("offline", "online", "disabled"),
+    "evaluate.mode": ("replay", "online"),
+    "evaluate.vote": ("majority", "weighted", "filtered"),
+    "search.score_rule": ("last", "running_mean"),
+    "evaluate.select": ("vote", "signal", "lm_score", "oracle"),
+    "reward.name": ("correct", "rouge_l", "bleu", "bertscore", "neg_perplexity", "external"),
+}
+# Keys that only some options read: key -> (the key naming the option, the options that
+# read it; for evaluate.methods, the methods). Under another option the run would ignore
+# the key, so validate refuses any value but the schema default (`_check_unread`). An exp
+# sets such a key as ${stopexp_where_read:KEY,VALUE}: VALUE where it is read, else the
+# default, so that replacing the exp's option (+exp=toy_datatotext loss=mse) just works.
+# Not here: the policy knobs (a policy sweep sets every policy's budget at once, as
+# conf/hparams_search/optuna_toy.yaml does) and search.beam_width (evaluate.compare_beam
+# reads it under search=parallel).
+_ARITH, _QA, _WORDPROB = ("arith",), ("qa",), ("wordprob",)
+READ_ONLY_BY = {
+    "loss.margin": ("loss.name", ("contrastive",)),
+    "loss.min_gap": ("loss.name", ("contrastive", "pairwise")),
+    "loss.discount": ("loss.name", ("mse",)),
+    "search.patience": ("search.name", ("beam",)),
+    "predictor.statistic": ("predictor.name", ("statistic",)),
+    **{f"predictor.{k}": ("predictor.name", ("super_token",))
+       for k in ("n_tokens", "lora_rank", "lora_alpha", "lora_targets")},
+    # what stopexp.tasks.build_task passes to each task
+    **{f"task.{k}": ("task.name", _ARITH) for k in ("n_steps", "operators", "multipliers", "styles")},
+    **{f"task.{k}": ("task.name", _QA) for k in ("path", "subset", "source_split", "question_key",
+                                                "answer_key", "answer_format", "prompt_template")},
+    **{f"task.{k}": ("task.name", _WORDPROB) for k in ("steps", "number_range", "operations")},
+    **{f"task.{k}": ("task.name", ("wordprob", "datatotext")) for k in ("shots", "format",
+                                                                        "instruction")},
+    "task.extraction": ("task.name", ("qa", "wordprob")),
+    "task.tokenize": ("task.name", ("qa", "wordprob", "datatotext")),  # arith compares characters
+    "evaluate.esc_window": ("evaluate.methods", ("esc",)),
+    "evaluate.asc_threshold": ("evaluate.methods", ("adaptive_consistency",)),
+    "evaluate.deepconf_warmup": ("evaluate.methods", ("deepconf_online",)),
+    "evaluate.deepconf_keep_percent": ("evaluate.methods", ("deepconf_online", "deepconf_top")),
+}
+
+
+def reads(cfg, key: str) -> bool:
+    option_key, readers = READ_ONLY_BY[key]
+    option = OmegaConf.select(cfg, option_key)
+    return bool(set(option) & set(readers)) if is_list(option) else option in readers
+
+
+def where_read(key: str, value: Any, *, _root_) -> Any:
+    """${stopexp_where_read:KEY,VALUE} in an exp: VALUE where the chosen option reads KEY
+    (READ_ONLY_BY), else the schema default."""
+    return value if reads(_root_, key) else schema_default(key)
+
+
+def check_unread(cfg) -> None:
+    """Every READ_ONLY_BY key that the chosen option does not read is at its default."""
+    for key, (option_key, readers) in READ_ONLY_BY.items():
+        value, default = OmegaConf.select(cfg, key), schema_default(key)
+        if value != default and not reads(cfg, key):
+            group = option_key.split(".")[-1] if option_key == "evaluate.methods" else option_key.split(".")[0]
+            chosen = (f"evaluate.methods without {' or '.join(readers)}" if option_key == "evaluate.methods"
+                      else f"{group}={OmegaConf.select(cfg, option_key)}")
+            readers_text = (f"the method {' or '.join(readers)}" if option_key == "evaluate.methods"
+                            else f"{group}={'|'.join(readers)}")
+            shown = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+            fail(key, f"{shown!r} is read only by {readers_text}, not under {chosen}; leave it "
+                      f"unset (default {default!r})")

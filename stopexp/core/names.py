@@ -1,0 +1,91 @@
+"""The names config checks and the layers above share, kept here so that checking a name
+needs no torch import: methods, predictors, tasks, splits, signals, rewards, adapt
+variants; and the two registries a user plugs into (external scorers for evaluate.methods,
+external rewards for reward.function), defined here and re-exported where they are used
+(stopexp.signals.methods, stopexp.tasks.rewards)."""
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable
+
+SPLITS = ("train", "val", "test")
+TASK_NAMES = ("arith", "qa", "wordprob", "datatotext")  # stopexp.tasks.TASKS
+# the token that ends a reasoning step, of the tasks that have one (their `step_separator`,
+# read by tap.positions.step_ends); a task not named here has none
+STEP_SEPARATORS = {"arith": ";", "qa": "\n", "wordprob": "\n"}
+PREDICTOR_NAMES = ("statistic", "linear", "mlp", "fusion", "conf_features", "super_token")
+# the predictors whose head takes the position as an extra input (predictor.position_input)
+POSITION_INPUT_PREDICTORS = ("linear", "mlp", "fusion")
+# the signal columns of a feature batch, in order (stopexp.signals.columns computes them)
+SIGNAL_NAMES = ("mean_logprob", "min_logprob", "mean_entropy", "group_conf", "hidden_norm",
+                "hidden_mean", "hidden_var", "attn_entropy", "prefix_len")
+# the methods evaluate always runs (evaluate.ALWAYS) and the non-learnable baselines
+# (stopexp.signals.methods.NON_LEARNABLE)
+ALWAYS_METHODS = ("no_prune", "random", "confidence", "oracle")
+BASELINE_METHODS = ("confidence", "min_logprob", "entropy", "deepconf", "hidden_norm",
+                    "hidden_mean", "hidden_var", "attn_entropy", "st_bon")
+# methods with their own stopping protocol (stopexp/stopping/replay.py), not a score at the check
+STOPPING_METHODS = ("esc", "adaptive_consistency", "deepconf_online", "deepconf_weighted",
+                    "deepconf_top")
+ADAPT_VARIANTS = ("no_prune", "frozen", "kept_only", "explore", "mc_feedback", "retrained")
+# the rewards validate lets the regression losses (mse, reward_regression) use: the
+# built-in ones in [0, 1], and external, whose range only its values tell (stopexp.tasks.rewards)
+BOUNDED_REWARDS = ("correct", "rouge_l", "bleu", "bertscore", "external")
+
+Scorer = Callable[[dict], Any]  # batch -> (B,) scores, higher = keep (stopexp.signals.methods)
+_EXTERNAL: dict[str, Scorer] = {}
+_REGISTERED: dict[str, Callable] = {}
+
+
+def register_external(name: str, scorer: Scorer) -> None:
+    """Plug a scorer in (a verifier, a process reward model, ...); evaluate.methods can
+    then name it."""
+    _EXTERNAL[name] = scorer
+
+
+def external(name: str) -> Scorer | None:
+    return _EXTERNAL.get(name)
+
+
+def register_reward(name: str, fn: Callable) -> None:
+    """Plug a reward in: fn(problem, text) -> float (e.g. an evaluator model's score);
+    reward=external reward.function=NAME then uses it. It must lie in [0, 1] for the
+    regression losses."""
+    _REGISTERED[name] = fn
+
+
+def resolve_external(name: str) -> Callable:
+    """The registered reward `name`, or the function at `module:function`; ValueError
+    saying what is allowed otherwise."""
+    if name in _REGISTERED:
+        return _takes_problem_and_text(name, _REGISTERED[name])
+    module, _, attr = name.partition(":")
+    if attr:
+        try:
+            fn = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError, ValueError) as e:
+            raise ValueError(f"{name!r} cannot be imported ({e.__class__.__name__}: {e}); give "
+                             "module:function, e.g. mypkg.rewards:score") from None
+        if not callable(fn):
+            raise ValueError(f"{name!r} is a {type(fn).__name__}, not a function "
+                             "fn(problem, text) -> float")
+        return _takes_problem_and_text(name, fn)
+    raise ValueError(f"{name!r} is neither registered (registered: {sorted(_REGISTERED) or 'none'}) "
+                     "nor an importable module:function")
+
+
+def _takes_problem_and_text(name: str, fn: Callable) -> Callable:
+    """`fn` if it can be called as fn(problem, text) (as far as its signature tells: some
+    builtins have none), else ValueError naming reward.function's value."""
+    import inspect
+
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return fn
+    try:
+        signature.bind(None, "")
+    except TypeError as e:
+        raise ValueError(f"{name!r} cannot be called as fn(problem, text) -> float: its "
+                         f"signature is {signature} ({e})") from None
+    return fn

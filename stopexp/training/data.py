@@ -1,0 +1,149 @@
+"""The predictor's data: its checkpoint directory (found by hash), the feature spec, the
+splits' rows at the training checkpoint, and the checks that the data can teach anything
+(`NothingToLearn`) and that rewards lie in the loss's range."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from stopexp.config import checkpoint_tokens
+from stopexp.core.errors import ConfigError, UserError
+from stopexp.metrics import is_binary
+from stopexp.metrics.bounds import BOUND_SLACK, digits
+from stopexp.runtime.artifacts import config_hash
+from stopexp.signals import FeatureSpec
+from stopexp.store import bank
+from stopexp.store import features as feature_bank
+from stopexp.store import feature_rows
+
+log = logging.getLogger(__name__)
+
+
+def predictor_dir(cfg) -> Path:
+    key = config_hash(feature_bank.feature_key(cfg), cfg.predictor, cfg.loss, cfg.train)
+    return Path(cfg.paths.cache_dir) / "predictors" / key
+
+
+def feature_spec(meta: dict) -> FeatureSpec:
+    """The spec recorded in a features meta.json (`stopexp.store.features.feature_spec`)."""
+    return feature_bank.feature_spec(meta)
+
+
+def split_data(root: Path, meta: dict, cfg, prefixes: bool = False,
+               overrides: list[str] | None = None) -> dict[str, dict]:
+    """Per split, the tensors of the paths still alive at the training checkpoint (with
+    `prefixes`, also their prompts and tokens), from the bank at `root` (`meta` its
+    meta.json) and its features (made when missing). The splits are the task's, which are
+    disjoint by prompt, so no prompt is in two parts."""
+    ckpt = checkpoint_tokens(cfg.train.checkpoint, cfg.search.max_new_tokens)
+    features = feature_bank.require_features(cfg, overrides)
+    out = {}
+    for split in ("train", "val", "test"):
+        if not bank.split_rows(meta, split):
+            continue
+        ds = bank.load_bank(root, split)
+        t = feature_rows.tensors_at(ds, feature_rows.load_features(features, split), ckpt)
+        if prefixes:
+            t.update(bank.prefix_columns(ds))
+        out[split] = bank.select_rows(t, t["alive"])
+    for needed in ("train", "val"):
+        if needed not in out or not len(out[needed]["correct"]):
+            raise NothingToLearn(_empty_split(meta, needed, ckpt, cfg))
+        check_usable(needed, out.get(needed), ckpt, cfg.search.n_paths, pair_min_gap(cfg))
+    return out
+
+
+REGRESSION_LOSSES = ("reward_regression", "mse")
+
+
+def pair_min_gap(cfg) -> float:
+    """loss.min_gap where the loss mines pairs by it (contrastive, pairwise), else 0."""
+    return float(cfg.loss.min_gap) if cfg.loss.name in ("contrastive", "pairwise") else 0.0
+
+
+def check_reward_range(cfg, data: dict) -> int:
+    """The regression losses aim sigmoid(score) at the reward, so it must lie in [0, 1];
+    validate refuses the unbounded built-in rewards, an external one is checked here, on
+    the loaded splits (`data`: split -> tensors with "reward" and "mc", the Monte Carlo
+    labels: mean rewards, NaN where none). Values within rounding of [0, 1]
+    (stopexp.metrics.bounds.BOUND_SLACK, as BERTScore's 1.0000001) are clipped into it, in place;
+    returns how many. ValueError naming loss.name and the range found, in full digits."""
+    if cfg.loss.name not in REGRESSION_LOSSES:
+        return 0
+    clipped = 0
+    for split, d in data.items():
+        for key in ("reward", "mc"):
+            r = d.get(key)
+            v = r.numpy() if r is not None else np.zeros(0)
+            v = v[~np.isnan(v)]
+            if not len(v):
+                continue
+            lo, hi = v.min(), v.max()
+            if not (lo >= -BOUND_SLACK and hi <= 1 + BOUND_SLACK):
+                what = "rewards" if key == "reward" else "Monte Carlo labels (mean rewards)"
+                raise ConfigError(f"loss.name: {cfg.loss.name} regresses a probability on the reward, "
+                                  f"but the {split} paths' {what} (reward={cfg.reward.name}) span "
+                                  f"[{digits(lo)}, {digits(hi)}], outside [0, 1] by more than rounding "
+                                  f"({BOUND_SLACK:g}); use loss=contrastive or pairwise, or a reward "
+                                  "in [0, 1]")
+            clipped += int(((v < 0) | (v > 1)).sum())
+            d[key] = r.clamp(0, 1)  # NaN (no label) stays NaN
+    if clipped:
+        log.info("clipped %d rewards / Monte Carlo labels within %g of [0, 1] into it (rounding)",
+                 clipped, BOUND_SLACK)
+    return clipped
+
+
+class NothingToLearn(UserError, ValueError):
+    """A split that cannot train or select a predictor: no prompt has both a correct and a
+    wrong path alive at the training checkpoint."""
+
+
+def check_usable(split: str, data: dict | None, ckpt: int, n_paths: int,
+                 min_gap: float = 0.0) -> int:
+    """The number of prompts of `split` with both a correct and a wrong path alive at the
+    checkpoint (the pairs the losses and the within-prompt AUROC are made of; with a
+    continuous reward, paths whose rewards differ by more than `min_gap`, the pair losses'
+    loss.min_gap); raises NothingToLearn naming the split, its counts and the fixes when
+    there is none."""
+    n = len(data["correct"]) if data is not None else 0
+    groups = data["group"].numpy() if n else np.zeros(0, int)
+    correct = data["correct"].numpy() > 0.5 if n else np.zeros(0, bool)
+    prompts = np.unique(groups)
+    mixed = sum(bool(correct[groups == g].any() and (~correct[groups == g]).any()) for g in prompts)
+    reward = data["reward"].numpy() if n and "reward" in data else None
+    if reward is not None and not is_binary(reward):  # a continuous reward orders the pairs
+        mixed = sum(bool(np.ptp(reward[groups == g]) > min_gap) for g in prompts)
+        if not mixed and min_gap > 0:
+            raise NothingToLearn(
+                f"train: the {split} split has no pair at checkpoint {ckpt} tokens whose rewards "
+                f"differ by more than loss.min_gap={min_gap} (the widest spread within a prompt "
+                f"is {max((float(np.ptp(reward[groups == g])) for g in prompts), default=0.0):.4g}), "
+                "so the pair losses skip every pair; lower loss.min_gap")
+    if mixed:
+        return mixed
+    raise NothingToLearn(
+        f"train: the {split} split has no usable pair at checkpoint {ckpt} tokens "
+        f"(train.checkpoint): {len(prompts)} prompts with {n} paths alive there, {int(correct.sum())} "
+        f"of them correct, and no prompt has both a correct and a wrong path. Training and its "
+        f"epoch selection compare paths of one prompt, so nothing can be learned. Collect more "
+        f"prompts (collect.prompts.{split}), give the split a larger share "
+        f"(task.split_fractions), keep prompts with mixed outcomes (collect.keep_correct=[1, "
+        f"{max(n_paths - 1, 1)}]), or try another task.seed or seed.")
+
+
+def _empty_split(meta: dict, split: str, ckpt: int, cfg) -> str:
+    """Why a split the predictor needs has no path alive at the checkpoint, and the fix."""
+    planned, rows = bank.planned_prompts(meta, split), bank.split_rows(meta, split)
+    if not planned:
+        return (f"collect.prompts.{split}: the trace bank holds no {split} prompts (0 were "
+                f"collected); collect some, e.g. collect.prompts.{split}=100")
+    if not rows:
+        return (f"collect.keep_correct: all {planned} {split} prompts of the trace bank were "
+                f"dropped by the difficulty filter {list(cfg.collect.keep_correct or [])}; "
+                f"widen it or collect more {split} prompts (collect.prompts.{split})")
+    return (f"train.checkpoint: none of the {rows} {split} paths of the trace bank is still "
+            f"generating at checkpoint {ckpt} tokens (all ended earlier); choose an earlier "
+            f"train.checkpoint (one of tap.checkpoints)")

@@ -1,0 +1,141 @@
+"""The training loop: epochs over prompt batches, early stopping on the validation
+within-prompt AUROC (or Spearman with a continuous reward), and the metrics of a
+predictor's scores."""
+from __future__ import annotations
+
+import logging
+import math
+import random
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from stopexp.metrics import (auprc, brier, ece, is_binary, length_correlation, nonfinite,
+                             pooled_auroc, reward_ranking, within_prompt_auroc)
+from stopexp.store import bank
+from stopexp.training import per_step
+from stopexp.training.losses import build_loss
+
+log = logging.getLogger(__name__)
+
+
+@torch.no_grad()
+def score(predictor, data: dict, chunk: int = 8192) -> torch.Tensor:
+    predictor.eval()
+    n = len(data["correct"])
+    return torch.cat([predictor(bank.select_rows(data, slice(i, i + chunk)))
+                      for i in range(0, n, chunk)]) if n else torch.zeros(0)
+
+
+def evaluate_scores(scores: torch.Tensor, data: dict) -> dict:
+    """The ranking and calibration metrics of `scores` on `data` against the outcome; where
+    the reward is continuous, also its within-prompt rank correlations
+    (stopexp.metrics.reward_ranking). On every-position data (with "prompt_group":
+    train.positions=all) "auroc" is the mean over positions of the within-prompt AUROC at
+    each position, and "auroc_by_prefix" the per-position curve
+    (stopexp.training.per_step.auroc_by_position)."""
+    s, y = scores.numpy(), data["correct"].numpy()
+    p = 1 / (1 + np.exp(-s))
+    reward = data["reward"].numpy() if "reward" in data else y
+    ranks = {} if is_binary(reward) else {
+        **reward_ranking(s, reward, data["group"].numpy()),
+        "mean_reward": float(reward.mean()) if len(reward) else math.nan}
+    by_prefix = {}
+    if "prompt_group" in data:
+        curve = per_step.auroc_by_position(s, y, data["prompt_group"].numpy(), data["position"].numpy())
+        by_prefix = {"auroc": per_step.mean_over_positions(curve), "auroc_by_prefix": curve}
+    return {**ranks, "auroc": within_prompt_auroc(s, y, data["group"].numpy()),
+            **by_prefix, "auroc_pooled": pooled_auroc(s, y), "auprc": auprc(s, y),
+            "ece": ece(p, y), "brier": brier(p, y),
+            "length_corr": length_correlation(s, data["length"].numpy()),
+            "paths": int(len(y)), "positive_rate": float(y.mean()) if len(y) else math.nan,
+            "nonfinite_scores": nonfinite(s)}  # NaN ranks lowest, +-inf at the extremes
+
+
+def prompt_batches(groups: torch.Tensor, batch_prompts: int, rng: random.Random):
+    """Batches of whole prompts (pairs are mined inside a prompt), shuffled per epoch."""
+    ids = sorted(set(groups.tolist()))
+    rng.shuffle(ids)
+    for i in range(0, len(ids), batch_prompts):
+        yield torch.isin(groups, torch.tensor(ids[i : i + batch_prompts])).nonzero().squeeze(-1)
+
+
+def selection_value(metrics: dict) -> float:
+    """What epochs are selected by: the within-prompt Spearman correlation with the reward
+    where the reward is continuous, else the within-prompt AUROC of the outcome."""
+    return metrics.get("spearman_within", metrics["auroc"])
+
+
+def selection_name(metrics: dict) -> str:
+    """The name `selection_value` is shown under: val_spearman or val_auroc."""
+    return "val_spearman" if "spearman_within" in metrics else "val_auroc"
+
+
+def fit(cfg, predictor, data: dict, progress: bool = True) -> tuple[dict, list[dict]]:
+    """AdamW with early stopping on validation within-prompt AUROC (Spearman's rho with the
+    reward where it is continuous: `selection_value`); returns the best state and the
+    per-epoch history. Only a trained epoch with a finite validation AUROC
+    is ever selected; `best["init_auroc"]` is the untrained initialisation's, for
+    comparison. Raises ValueError when no epoch has a finite validation AUROC."""
+    loss_fn = build_loss(cfg.loss)
+    params = [p for p in predictor.parameters() if p.requires_grad]
+    init_auroc = selection_value(evaluate_scores(score(predictor, data["val"]), data["val"]))
+    best = {"state": {k: v.clone() for k, v in predictor.state_dict().items()},
+            "auroc": init_auroc, "epoch": 0, "init_auroc": init_auroc}
+    history = []
+    if not params:  # a statistic: nothing to fit, evaluated as is
+        return best, [{"epoch": 0, "train_loss": math.nan, "val_auroc": init_auroc}]
+    best["auroc"] = -math.inf
+    opt = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+    rng, stale = random.Random(cfg.train.seed), 0
+    bar = tqdm(range(1, cfg.train.epochs + 1), desc="train", unit="epoch", disable=not progress)
+    for epoch in bar:
+        predictor.train()
+        losses = []
+        for rows in prompt_batches(data["train"]["group"], cfg.train.batch_prompts, rng):
+            batch = bank.select_rows(data["train"], rows)
+            loss = loss_fn(predictor(batch), batch)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        val = evaluate_scores(score(predictor, data["val"]), data["val"])
+        history.append({"epoch": epoch, "train_loss": float(np.mean(losses)),
+                        **{f"val_{k}": v for k, v in val.items()
+                           if k not in ("paths", "positive_rate", "auroc_by_prefix")}})
+        # the value epochs are selected by, under its name (Spearman for a continuous reward)
+        bar.set_postfix({"loss": f"{np.mean(losses):.4f}",
+                         selection_name(val): f"{selection_value(val):.3f}"})
+        # NaN never wins; a tie goes to the later epoch: a flat validation AUROC (coarse with
+        # few mixed prompts) is no reason to keep an earlier, less trained state. Keeping
+        # the first of tied epochs kept epoch 1, a single Adam step of lr * sign(gradient),
+        # which is the same for every loss whose gradient has the same signs.
+        if math.isfinite(selection_value(val)) and selection_value(val) >= best["auroc"]:
+            best.update(state={k: v.clone() for k, v in predictor.state_dict().items()},
+                        auroc=selection_value(val), epoch=epoch)
+            stale = 0
+        else:
+            stale += 1
+            if stale >= cfg.train.patience:
+                break
+    if best["epoch"] == 0:
+        raise ValueError(
+            f"train: the validation within-prompt AUROC was not finite after any of "
+            f"{len(history)} epochs (train losses {[round(h['train_loss'], 4) for h in history]}), "
+            "so no trained epoch can be selected and the untrained initialisation is not saved; "
+            "the scores diverged (lower train.lr) or the validation split lacks mixed prompts")
+    return best, history
+
+
+def learning_warnings(best: dict, params: list, metric: str = "auroc") -> list[str]:
+    """What says the fit learned nothing visible: the selected epoch ranks the validation
+    paths no better than the untrained initialisation did."""
+    if not params or not best["auroc"] <= best["init_auroc"]:
+        return []
+    what = "within-prompt AUROC" if metric == "auroc" else "within-prompt Spearman rho with the reward"
+    return [f"the selected epoch {best['epoch']} ranks validation paths no better than the "
+            f"untrained initialisation ({what} {best['auroc']:.4f} vs "
+            f"{best['init_auroc']:.4f} before training): its ranking comes from the random "
+            "initial weights, not from the loss. Train longer or faster (train.epochs, train.lr) "
+            "or on more prompts (collect.prompts.train)"]

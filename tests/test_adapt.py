@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 from stopexp.store import bank
 from stopexp.training.stream import (feedback, mc_draws, replay_continuations, replay_decider, run_stream, stream_order, take)
-from stopexp.stages.adapt import target_config, target_overrides
+from stopexp.training.shift import target_config, target_overrides
 from stopexp.config import ConfigError, checkpoint_tokens, validate
 from stopexp.evaluation.accounting import replay_paths
 from stopexp.training.losses import build_loss

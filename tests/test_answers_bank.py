@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from stopexp.stopping.answers import AnswersBankError, load_answers_bank, vote_codes
-from stopexp.stages.answers_replay import draws, main, no_prune, random_keep, replay
+from stopexp.stopping.branch_draws import draws, no_prune, random_keep, replay
+from stopexp.stages.answers_replay import main
 
 from conftest import ROOT
 

@@ -159,7 +159,8 @@ def test_the_oracle_ranks_by_how_a_path_ends_not_by_its_monte_carlo_label():
 
 
 def test_answers_replay_derives_k_and_check_tokens_and_reads_the_bank_first():
-    from stopexp.stages.answers_replay import CHECK_SHARE, derived_check_tokens, parse_args, run
+    from stopexp.stopping.branch_draws import CHECK_SHARE, derived_check_tokens
+    from stopexp.stages.answers_replay import parse_args, run
     from stopexp.stopping.answers import load_answers_bank
 
     fixture = str(ROOT / "tests" / "data" / "answers_bank.json")

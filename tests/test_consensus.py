@@ -12,10 +12,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from stopexp.stages import collect
+from stopexp.store import bank_fill as collect
 from stopexp.evaluation.accounting import Paths, outcome
 from stopexp.stopping.answers import load_answers_bank, vote_codes
-from stopexp.stages.answers_replay import no_prune
+from stopexp.stopping.branch_draws import no_prune
 from stopexp.metrics import cons_at_n
 from stopexp.tasks.answers import vote
 from stopexp.stopping.replay import stopping_outcomes

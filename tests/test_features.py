@@ -65,13 +65,13 @@ def _snapshot(root):
 
 
 def test_tap_change_reextracts_without_regenerating(small_bank, monkeypatch, caplog):
-    import stopexp.stages.collect
+    import stopexp.store.bank_fill
 
     cfg = validate(compose("train", small_bank))
     first = feature_bank.require_features(cfg)
     root = bank.bank_dir(cfg)
     before = _snapshot(root)
-    monkeypatch.setattr(stopexp.stages.collect, "collect", lambda *a, **k: pytest.fail("regenerated"))
+    monkeypatch.setattr(stopexp.store.bank_fill, "collect", lambda *a, **k: pytest.fail("regenerated"))
     other = validate(compose("train", [*small_bank, "tap.layers=[0,1]", "tap.pooling=mean",
                                        "tap.positions.stride=4", "tap.positions.step_ends=true"]))
     assert bank.bank_dir(other) == root and feature_bank.features_dir(other) != first

@@ -12,7 +12,7 @@ import pytest
 from conftest import ROOT, compose
 from stopexp.store import bank
 from stopexp.runtime import integrity
-from stopexp.stages.collect import collect
+from stopexp.store.bank_fill import collect
 from stopexp.config import validate
 from stopexp.signals.checkpoint import CheckpointDamaged, CheckpointMismatch, load_predictor
 from stopexp.training.data import predictor_dir
@@ -203,7 +203,7 @@ def test_a_shard_of_another_bank_is_refused_and_collect_recomputes_it(copied, sm
 
 
 def test_a_single_collect_never_ends_with_an_incomplete_bank(copied, monkeypatch):
-    import stopexp.stages.collect as C
+    import stopexp.store.bank_fill as C
 
     cfg, root = copied
     shutil.rmtree(root / shard_of(root, "test"))

@@ -6,7 +6,7 @@ import pytest
 
 from conftest import compose
 from stopexp.store import bank
-from stopexp.stages.collect import collect
+from stopexp.store.bank_fill import collect
 from stopexp.config import validate
 from stopexp.stages.evaluate import evaluate, print_table
 from stopexp.tasks.rewards import Reward

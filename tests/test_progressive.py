@@ -25,7 +25,7 @@ def cfg_for(bank, *extra, stage="evaluate"):
 def trained3(small_bank, tmp_path_factory):
     """The small bank's config with features at three checkpoints (5, 10, 16 tokens),
     collected and trained once."""
-    from stopexp.stages.collect import collect
+    from stopexp.store.bank_fill import collect
 
     bank = [*small_bank, THREE]
     collect(cfg_for(bank, stage="collect"))

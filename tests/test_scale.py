@@ -8,7 +8,7 @@ import pytest
 
 from conftest import FP32_REORDER, ROOT, compose
 from stopexp.store import bank
-from stopexp.stages.collect import collect
+from stopexp.store.bank_fill import collect
 from stopexp.config import ConfigError, validate
 from stopexp.search.sample import prompt_ids, row_cap
 

@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 
 
 def run_pipeline(cfg, run_dir: Path) -> dict:
-    from stopexp.stages.collect import collect
+    from stopexp.store.bank_fill import collect
     from stopexp.stages.evaluate import evaluate, print_table
     from stopexp.store.features import featurize
     from stopexp.training.predictor import train

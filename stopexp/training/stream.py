@@ -4,7 +4,6 @@ Monte Carlo rollouts from pruned prefixes) are its feedback, and the predictor t
 steps on that feedback before the next batch; replayed from the bank, or run online."""
 from __future__ import annotations
 
-import logging
 import math
 import time
 
@@ -16,13 +15,11 @@ from stopexp.core.errors import ConfigError
 from stopexp.training.losses import build_loss
 from stopexp.metrics import within_prompt_auroc
 
-log = logging.getLogger(__name__)
 ONLINE = ("kept_only", "explore", "mc_feedback")  # the variants that learn from the stream
 # what the predictors and the losses read (stopexp/signals/features.py, stopexp/training/losses.py)
 FEEDBACK_KEYS = ("hidden", "signals", "prefix_len", "group", "correct", "mc", "remaining")
 
 
-# ---- the stream --------------------------------------------------------------------------
 def take(paths: Paths, groups) -> Paths:
     """The paths of prompts `groups` (in that order), groups renumbered 0..len-1."""
     order = {int(g): i for i, g in enumerate(groups)}

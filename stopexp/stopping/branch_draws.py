@@ -1,0 +1,141 @@
+"""Stopping methods replayed on an answers-only bank: n of each prompt's stored branches
+drawn over seeded shuffles (every method sees the same draws), each method's decision per
+draw, and its accuracy and tokens as a mean and a standard deviation over the draws."""
+from __future__ import annotations
+
+from functools import partial
+from typing import Callable
+
+import numpy as np
+
+from stopexp.stopping.answers import AnswersBank, AnswersPrompt, Decision, vote_codes
+from stopexp.config import derived_keep
+from stopexp.core.errors import ConfigError
+from stopexp.stopping.adaptive_consistency import adaptive_consistency
+from stopexp.stopping.esc import esc
+from stopexp.stopping.parallel_probe import parallel_probe
+
+METHOD_NAMES = ("no_prune", "random", "esc", "adaptive_consistency", "parallel_probe")
+Method = Callable[[AnswersPrompt, np.ndarray], Decision]
+CHECK_SHARE = 0.15  # check_tokens' default: this share of the median stored branch length
+
+
+def derived_k(n: int) -> int:
+    """k's default: round(sqrt(n)), as policy.keep is derived from search.n_paths."""
+    return derived_keep(n)
+
+
+def derived_check_tokens(bank: AnswersBank) -> int:
+    """check_tokens' default: CHECK_SHARE of the median branch length in the bank (>= 1)."""
+    lengths = np.concatenate([q.tokens for q in bank.prompts])
+    return max(1, round(CHECK_SHARE * float(np.median(lengths))))
+
+
+def no_prune(prompt: AnswersPrompt, order: np.ndarray) -> Decision:
+    """Every branch of `order` to its end; majority vote."""
+    return Decision(vote_codes(prompt.final[order]), prompt.tokens[order].copy(), len(order))
+
+
+def random_keep(prompt: AnswersPrompt, order: np.ndarray, k: int, check_tokens: int) -> Decision:
+    """Launch all of `order`, at `check_tokens` keep the first k still running (the order is
+    a random draw, so this is a uniform choice), stop the rest there; vote of the finishers."""
+    tokens = prompt.tokens[order]
+    running = tokens > check_tokens
+    kept = running & (np.cumsum(running) <= k)
+    voters = ~running | kept
+    return Decision(vote_codes(prompt.final[order][voters]),
+                    np.where(voters, tokens, check_tokens), len(order))
+
+
+def build_methods(names: list[str], k: int, check_tokens: int, esc_window: int,
+                  asc_threshold: float, pp_stable: int, pp_deviate: int, pp_warmup: int) -> dict:
+    """name -> Method for the names in METHOD_NAMES; ConfigError naming an unknown one or
+    a method setting out of range."""
+    table = {"no_prune": no_prune,
+             "random": partial(random_keep, k=k, check_tokens=check_tokens),
+             "esc": partial(esc, window=esc_window),
+             "adaptive_consistency": partial(adaptive_consistency, threshold=asc_threshold),
+             "parallel_probe": partial(parallel_probe, stable=pp_stable, deviate=pp_deviate,
+                                       warmup=pp_warmup)}
+    unknown = [m for m in names if m not in table]
+    if unknown:
+        raise ConfigError(f"methods: {', '.join(unknown)} unknown; allowed: {', '.join(METHOD_NAMES)}")
+    for key, value, ok, allowed in (("esc_window", esc_window, esc_window >= 1, ">= 1"),
+                                    ("asc_threshold", asc_threshold, 0 < asc_threshold <= 1, "in (0, 1]"),
+                                    ("pp_stable", pp_stable, pp_stable >= 1, ">= 1"),
+                                    ("pp_deviate", pp_deviate, pp_deviate >= 1, ">= 1"),
+                                    ("pp_warmup", pp_warmup, pp_warmup >= 0, ">= 0")):
+        if not ok:  # before the bank is read, not mid-replay
+            raise ConfigError(f"{key}={value}: must be {allowed}")
+    return {m: table[m] for m in names}
+
+
+def draws(bank: AnswersBank, n: int, shuffles: int, seed: int) -> list[list[np.ndarray]]:
+    """draws[s][p]: the n branches of prompt p in shuffle s, in sampling order (a seeded
+    permutation of the stored branches, the same for every method). The settings are
+    checked before what depends on the bank's content (n)."""
+    if shuffles < 1:
+        raise ConfigError(f"shuffles must be >= 1, got {shuffles}")
+    if seed < 0:
+        raise ConfigError(f"seed={seed}: must be >= 0 (numpy's seeds are non-negative)")
+    if not 1 <= n <= bank.min_branches:
+        small = min(range(len(bank.prompts)), key=lambda i: bank.prompts[i].n_branches)
+        raise ConfigError(f"n={n} branches per prompt: must be in 1..{bank.min_branches} (prompt "
+                          f"{small} of {bank.source} stores {bank.min_branches}; or leave n unset: "
+                          "the bank's branch count)")
+    return [[np.random.default_rng([seed, s, p]).permutation(q.n_branches)[:n]
+             for p, q in enumerate(bank.prompts)] for s in range(shuffles)]
+
+
+def replay(bank: AnswersBank, methods: dict[str, Method], orders: list[list[np.ndarray]]) -> dict:
+    """Per method: accuracy, tokens per prompt and launched branches (mean and std over the
+    shuffles), the branches stopped before their end per shuffle (`pruned_paths`) and the
+    share of them that would have ended correct (`wrongly_pruned`), and the prompts per
+    shuffle whose vote the method turned right or wrong against no_prune on the same draw
+    (`vs_no_prune`: improved, worsened)."""
+    per = {m: {"acc": [], "tok": [], "launched": [], "stopped": 0, "stopped_right": 0,
+               "to_right": 0, "to_wrong": 0} for m in methods}
+    for draw in orders:
+        for name, method in methods.items():
+            acc = tok = launched = 0.0
+            for q, order in zip(bank.prompts, draw):
+                d = method(q, order)
+                right = bool(q.correct[d.answer])
+                base = bool(q.correct[vote_codes(q.final[order])])
+                acc += right
+                tok += float(d.spent.sum())
+                launched += d.launched
+                cut = d.stopped(q.tokens[order])
+                per[name]["stopped"] += int(cut.sum())
+                per[name]["stopped_right"] += int(q.correct[q.final[order][cut]].sum())
+                per[name]["to_right"] += right and not base
+                per[name]["to_wrong"] += base and not right
+            P = len(bank.prompts)
+            per[name]["acc"].append(acc / P)
+            per[name]["tok"].append(tok / P)
+            per[name]["launched"].append(launched / P)
+    out = {}
+    S = len(orders)
+    for name, r in per.items():
+        out[name] = {"accuracy": float(np.mean(r["acc"])), "accuracy_std": float(np.std(r["acc"])),
+                     "tokens_per_prompt": float(np.mean(r["tok"])),
+                     "tokens_per_prompt_std": float(np.std(r["tok"])),
+                     "tokens_total": float(np.mean(r["tok"])) * len(bank.prompts),
+                     "branches_launched": float(np.mean(r["launched"])),
+                     "pruned_paths": r["stopped"] / S,
+                     "wrongly_pruned": r["stopped_right"] / r["stopped"] if r["stopped"] else None,
+                     "vs_no_prune": {"improved": r["to_right"] / S, "worsened": r["to_wrong"] / S}}
+    if "no_prune" in out:
+        for r in out.values():
+            r["tokens_ratio"] = r["tokens_total"] / out["no_prune"]["tokens_total"]
+    return out
+
+
+def no_prune_points(bank: AnswersBank, n: int, orders: list[list[np.ndarray]]) -> list[dict]:
+    """no_prune at 1, 2, 4, ... n branches (the first branches of each draw), for the Pareto."""
+    points = []
+    for m in sorted({*(2 ** i for i in range(n.bit_length())), n}):
+        r = replay(bank, {"no_prune": no_prune}, [[o[:m] for o in d] for d in orders])["no_prune"]
+        points.append({"method": "no_prune", "n": m, "k": m, "accuracy": r["accuracy"],
+                       "tokens_total": r["tokens_total"]})
+    return points

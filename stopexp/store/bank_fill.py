@@ -1,0 +1,269 @@
+"""Filling a trace bank: the shard plan over the configured splits, the shards already
+written that still fit (kept), the missing or misfitting ones sampled by the LM (rank by
+rank), and the bank's meta.json with its summary. Shards are written atomically, so an
+interrupted collect resumes after the last finished one."""
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+from omegaconf import OmegaConf
+from tqdm import tqdm
+
+from stopexp.store import bank
+from stopexp.runtime.integrity import set_aside
+from stopexp.runtime.ranks import barrier, in_group
+from stopexp.store.keys import mc_checkpoints
+
+log = logging.getLogger(__name__)
+
+
+def plan(cfg, task) -> list[list]:
+    """The shards of the collection: lists of problems, split by split, in a fixed order."""
+    shards = []
+    for split, n in cfg.collect.prompts.items():
+        problems = task.problems(split, n) if n else []
+        size = cfg.collect.shard_prompts
+        shards += [problems[i : i + size] for i in range(0, len(problems), size)]
+    return shards
+
+
+def difficulty_filter(cfg, cols: dict) -> dict:
+    """Keep the prompts whose number of correct paths lies in collect.keep_correct."""
+    band = cfg.collect.keep_correct
+    if band is None or not cols["split"] or cols["split"][0] not in cfg.collect.keep_correct_splits:
+        return cols
+    prompts = np.asarray(cols["prompt_id"])
+    correct = np.asarray(cols["correct"])
+    keep_ids = [p for p in np.unique(prompts) if band[0] <= correct[prompts == p].sum() <= band[1]]
+    mask = np.isin(prompts, keep_ids)
+    return {k: [v for v, m in zip(vals, mask) if m] for k, vals in cols.items()}
+
+
+def summarize(root: Path, answer_format: str | None = None) -> dict:
+    """Per-path and vote accuracy, tokens and sanity counts over the whole bank; equivalent
+    answers of `answer_format` (the task's `vote_format`) vote as one."""
+    from stopexp.tasks.answers import vote
+    from stopexp.tasks.answers import vote_clusters
+
+    ds = bank.load_bank(root)
+    correct = np.asarray(ds["correct"][:])
+    keys = np.asarray([f"{s}/{p}" for s, p in zip(ds["split"][:], ds["prompt_id"][:])])
+    answers = np.asarray(ds["answer"][:])
+    votes = []
+    for key in np.unique(keys):
+        sel = keys == key
+        clustered = np.asarray(vote_clusters(answers[sel], answer_format), dtype=object)
+        winner = vote([a or None for a in clustered])
+        votes.append(winner is not None and correct[sel][clustered == winner].any())
+    return {"paths": int(len(correct)), "prompts": int(len(votes)),
+            "path_accuracy": float(correct.mean()), "vote_accuracy": float(np.mean(votes)),
+            "mean_reward": float(bank.rewards_of(ds).mean()),
+            "tokens_total": int(np.asarray(ds["length"][:]).sum())}
+
+
+def plan_parts(shards: list) -> dict[int, dict]:
+    """index -> the split and number of prompts of each shard of the plan (as recorded)."""
+    return {i: {"split": s[0].split, "prompts": len(s)} for i, s in enumerate(shards)}
+
+
+def verified_shards(root: Path, indices, plan: dict[int, dict], want: dict,
+                    trusted: set[str] = frozenset()) -> dict[int, str]:
+    """index -> name of a shard that matches its record byte for byte, for each of
+    `indices` that has one. Damaged shards (unreadable record, a file missing, truncated or
+    garbled) and shards whose record says they belong elsewhere (another bank, another part
+    of the `plan`, an LM of another size than `want`, the bank's expected record:
+    `bank.shard_misfit`) are set aside, so that they are recomputed; `trusted` shards were
+    just written by this process and are not read again."""
+    found, good = bank.shard_dirs(root), {}
+    for i in indices:
+        for name in found.get(i, []):
+            problem = None if name in trusted else bank.shard_problem(root / name, full=True)
+            if problem is None and name not in trusted:
+                problem = bank.shard_misfit(root, name, bank.read_record(root / name), plan, want)
+            if problem is None:
+                good.setdefault(i, name)  # a duplicate from another world size is ignored
+            else:
+                log.warning("trace bank %s: shard %s is damaged or misfits (%s); set aside, it is "
+                            "recomputed by the collect that owns it", root, name, problem)
+                set_aside(root / name)
+    return good
+
+
+def collect(cfg, rank: int = 0, world: int = 1, run=None) -> dict:
+    """Fill the bank for `cfg` (this rank's shards), repairing damaged shards and a
+    damaged meta.json; returns the summary of the bank.
+
+    The bank is marked complete only when every shard of the plan is there and matches
+    its record byte for byte. A single process (world 1) or a launcher group that cannot
+    complete it raises BankDamaged; one job of an array (collect.rank/world) may end with
+    it incomplete (the other jobs finish it), which it logs with the ranks still owing."""
+    from stopexp.tasks import build_task, vote_format
+
+    root = bank.bank_dir(cfg)
+    task = build_task(cfg.task)
+    shards = plan(cfg, task)
+    todo = [i for i in range(len(shards)) if i % world == rank]
+    done = verified_shards(root, todo, plan_parts(shards), bank.expected_meta(cfg))
+    pending = [i for i in todo if i not in done]
+    checkpoints = mc_checkpoints(cfg)
+    written, paths = _fill(cfg, root, task, shards, pending, rank, checkpoints) if pending else (set(), 0)
+    # what this process did, for its log line (a rank that is not last sees no summary)
+    mine = {"rank": rank, "world": world, "shards_written": len(pending), "paths_written": paths,
+            "shards_total": len(shards)}
+    grouped = in_group()
+    if grouped:
+        barrier()  # every rank's shards exist before rank 0 verifies them and writes meta
+    if grouped and rank:
+        barrier()  # rank 0 has written meta.json: report what it found
+        complete, lost = bank.read_meta(root).get("complete", False), "see rank 0's log"
+    else:
+        missing = _settle(cfg, root, task, shards, set(done.values()) | written, rank)
+        if grouped:
+            barrier()
+        complete = not missing
+        lost = f"{len(missing)} of {len(shards)} shards missing (indices {bank.brief(missing)})"
+    if not complete:
+        if world == 1 or grouped:  # every rank has run: nobody is left to complete it
+            raise bank.BankDamaged(f"trace bank {root} is still incomplete after collect: {lost}; "
+                                   "did another process remove shards meanwhile? Rerun collect.")
+        owners = sorted({i % world for i in missing})
+        log.info("rank %d of %d: its shards are written; the bank %s is not complete yet (%s, "
+                 "of ranks %s): those ranks' jobs complete it (one that already ended: rerun "
+                 "it, or one collect without collect.rank/world)", rank, world, root, lost,
+                 bank.brief(owners))
+        return {"bank": str(root), "complete": False, **mine,
+                "shards_done": len(shards) - len(missing)}
+    if grouped and rank:
+        return {"bank": str(root), "complete": True, **mine}
+    summary = summarize(root, vote_format(cfg.task))
+    if run is not None:
+        meta = bank.read_meta(root)
+        run.summary_update({f"collect/{k}": v for k, v in summary.items()})
+        run.log_artifact(root, name=f"traces-{root.name}", type="trace_bank",
+                         metadata={**{k: v for k, v in meta.items() if k not in ("shards", "plan")},
+                                   **summary})
+        run.log({"collect/sample_paths": _sample_table(run, root)})
+    return {"bank": str(root), "complete": True, **mine, **summary}
+
+
+def _settle(cfg, root: Path, task, shards: list, trusted: set[str], rank: int) -> list[int]:
+    """Verify every shard of the plan (byte for byte, except the `trusted` ones this
+    process has just checked or written) and write meta.json if this process may: rank 0,
+    or any process that finds the bank complete. Returns the indices still missing."""
+    parts, want = plan_parts(shards), bank.expected_meta(cfg)
+    good = verified_shards(root, range(len(shards)), parts, want, trusted)
+    missing = [i for i in range(len(shards)) if i not in good]
+    if rank == 0 or not missing:
+        missing = _write_meta(cfg, root, task, shards, good, missing)
+        if missing:  # another job of an array may have finished meanwhile: never leave
+            good = verified_shards(root, range(len(shards)), parts, want, set(good.values()))
+            if len(good) == len(shards):  # a stale "incomplete" behind
+                missing = _write_meta(cfg, root, task, shards, good, [])
+    return missing
+
+
+def _fill(cfg, root: Path, task, shards: list, pending: list[int], rank: int,
+          checkpoints: list[int]) -> set[str]:
+    """Generate the `pending` shards (Monte Carlo labels at `checkpoints`); returns the
+    names written and the paths they hold."""
+    from stopexp.search.memory import kv_bytes_per_token
+    from stopexp.models import load_lm
+    from stopexp.search.decode import SamplingParams, make_engine
+    from stopexp.search.sample import fit_prompts, prompt_limit, row_cap
+    from stopexp.search.trace import trace_problems
+
+    from stopexp.tasks.rewards import build_reward
+
+    reward = build_reward(cfg.reward) if cfg.reward.name != "correct" else None  # None: outcome
+    model, tokenizer = load_lm(generation_config(cfg))
+    params = SamplingParams.from_config(cfg)
+    text_cfg = model.config.get_text_config()
+    n_prompts = sum(len(shards[i]) for i in pending)
+    log.info("collecting %d shards (%d prompts x %d paths) into %s", len(pending), n_prompts,
+             cfg.search.n_paths, root)
+    start, paths, tokens, written = time.time(), 0, 0, set()
+    with tqdm(total=n_prompts, unit="prompt", desc="collect") as bar:
+        engine = make_engine(model, tokenizer, params)
+        feats = bank.features(len(checkpoints))
+        measured = {"lm_parameters": sum(p.numel() for p in model.parameters()),
+                    "hidden_size": text_cfg.hidden_size, "num_layers": text_cfg.num_hidden_layers,
+                    "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+                    "kv_bytes_per_token": kv_bytes_per_token(model)}
+        limit = prompt_limit(cfg, model)
+        for i in pending:
+            shard_start = time.time()
+            problems = fit_prompts(tokenizer, shards[i], limit, cfg.model.long_prompts)
+            clipped_before = reward.clipped if reward is not None else 0
+            cols, mc_tokens = trace_problems(engine, tokenizer, task, problems, cfg.search.n_paths,
+                                             cfg.seed, checkpoints, cfg.collect.mc_rollouts,
+                                             row_cap(cfg, tokenizer, problems), reward)
+            shard_tokens = int(sum(cols["length"])) + mc_tokens
+            paths += len(cols["length"])
+            tokens += shard_tokens
+            name = bank.shard_name(i, rank)
+            # metric values clipped into [0, 1] (rounding only: stopexp.metrics.bounds)
+            clipped = {} if reward is None else {"rewards_clipped": reward.clipped - clipped_before}
+            if clipped.get("rewards_clipped"):
+                log.info("shard %s: %d rewards clipped into [0, 1] (rounding)", name,
+                         clipped["rewards_clipped"])
+            bank.write_shard(root, name, difficulty_filter(cfg, cols), feats,
+                             {"bank": root.name, "split": shards[i][0].split, "prompts": len(shards[i]),
+                              "tokens": shard_tokens, "seconds": time.time() - shard_start,
+                              **measured, **clipped})
+            written.add(name)
+            bar.update(len(shards[i]))
+            rate = time.time() - start
+            bar.set_postfix(paths_s=f"{paths / rate:.0f}", tok_s=f"{tokens / rate:.0f}")
+    return written, paths
+
+
+def generation_config(cfg):
+    """`cfg` without the attention tap: generation must not depend on the tap, and the
+    tap would load the LM with eager attention (`stopexp.models.load_lm`)."""
+    if cfg.tap.get("attention_heads") is None:
+        return cfg
+    out = copy.deepcopy(cfg)
+    out.tap.attention_heads = None
+    return out
+
+
+def _write_meta(cfg, root: Path, task, shards: list, good: dict[int, str],
+                missing: list[int]) -> list[int]:
+    """Write the bank's metadata and its record: the plan, and per shard present its own
+    record (rows, files, sizes, checksums). Sizes and timings come from the shards' records
+    (the processes that computed them), else from the config (nothing computed yet). Nothing
+    is read from an earlier meta.json, so a damaged one is simply replaced. Returns the
+    indices still missing (a shard removed meanwhile counts)."""
+    records = {good[i]: bank.read_record(root / good[i]) for i in sorted(good)}
+    missing = sorted({*missing, *(i for i in good if records[good[i]] is None)})
+    records = {name: rec for name, rec in records.items() if rec is not None}
+    size = cfg.model.toy if cfg.model.toy is not None else cfg.model
+    known = {"hidden_size": size.hidden_size, "num_layers": getattr(size, "num_layers", None)}
+    with_data = [r for r in records.values() if "hidden_size" in r]
+    if with_data:
+        tokens = sum(r["tokens"] for r in with_data)
+        known = {k: with_data[0][k] for k in ("lm_parameters", "hidden_size", "num_layers", "dtype",
+                                              "kv_bytes_per_token")}
+        known["seconds_per_token"] = sum(r["seconds"] for r in with_data) / max(tokens, 1)
+    bank.write_meta(root, {
+        "key": root.name, "complete": not missing, "model_name": cfg.model.name,
+        "checkpoints": mc_checkpoints(cfg),  # where the Monte Carlo labels are
+        "n_paths": cfg.search.n_paths, "task": OmegaConf.to_container(cfg.task),
+        "seed": cfg.seed, "mc_rollouts": cfg.collect.mc_rollouts,
+        "version": bank.BANK_VERSION, **known,
+        "plan": [{"index": i, **part} for i, part in plan_parts(shards).items()],
+        "shards": records, **({"missing": missing} if missing else {}),
+        # which source rows form each split (file-based tasks), fixed by task.seed
+        **({"split_rows": task.split_rows} if hasattr(task, "split_rows") else {})})
+    return missing
+
+
+def _sample_table(run, root: Path, n: int = 20):
+    ds = bank.load_bank(root)
+    rows = [[ds["prompt"][i], ds["text"][i], bool(ds["correct"][i]), int(ds["length"][i]),
+             ds["style"][i]] for i in range(min(n, len(ds)))]
+    return run.table(["prompt", "text", "correct", "length", "style"], rows)

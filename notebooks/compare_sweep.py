@@ -33,9 +33,9 @@ from pathlib import Path
 import pandas as pd
 from IPython.display import Image, display
 
+from stopexp.config import project_root
 from stopexp.evaluation import plots
 from stopexp.runtime import sweeps
-from stopexp.config import project_root
 
 sweep = Path(sweep_dir) if sweep_dir else max((project_root() / "outputs/multirun").iterdir())
 runs = sweeps.dir_runs(sweep)

@@ -13,10 +13,10 @@ import time
 import numpy as np
 from hydra import compose, initialize_config_dir
 
-from stopexp.evaluation.accounting import Paths, keep_by_policy, outcome
 from stopexp.config import project_root, validate
-from stopexp.stages.evaluate import evaluate
 from stopexp.core.policies import kept_text
+from stopexp.evaluation.accounting import Paths, keep_by_policy, outcome
+from stopexp.stages.evaluate import evaluate
 
 
 def replay_seconds(cfg, prompts: int = 1000, n: int = 32, k: int = 8) -> float:

@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 from hydra import compose, initialize_config_dir
 
+from stopexp.config import project_root, validate
 from stopexp.store import bank
 from stopexp.store import features as feature_bank
-from stopexp.config import project_root, validate
 
 
 def artifact_bytes(meta: dict) -> int:

@@ -27,11 +27,11 @@ WORK = ["logger=none", "search.n_paths=16", "collect.prompts.train=0", "collect.
 
 def worker(rank: int, world: int, threads: int | None, overrides: list[str], repeats: int,
            start, results) -> None:
-    from stopexp.store.bank_fill import plan
     from stopexp.models import load_lm
     from stopexp.search.decode import SamplingParams, make_engine
     from stopexp.search.sample import row_cap
     from stopexp.search.trace import trace_problems
+    from stopexp.store.bank_fill import plan
     from stopexp.tasks import build_task
 
     if threads:

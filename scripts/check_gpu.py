@@ -21,9 +21,9 @@ from stopexp.search.beam import beam_search
 from stopexp.search.decode import SamplingParams, eos_ids, make_engine
 from stopexp.search.parallel import launch_check_resume
 from stopexp.search.sample import prompt_ids
+from stopexp.search.taps import Taps
 from stopexp.search.trace import trace_problems
 from stopexp.signals.methods import BASELINES
-from stopexp.search.taps import Taps
 from stopexp.tasks import ArithTask
 
 N, CHECK, KEEP, PROMPTS = 16, 5, 4, 24

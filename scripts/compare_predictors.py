@@ -9,11 +9,11 @@ import sys
 
 from hydra import compose, initialize_config_dir
 
-from stopexp.store import bank
 from stopexp.config import project_root, validate
 from stopexp.signals.methods import BASELINES
-from stopexp.training.fit import evaluate_scores
+from stopexp.store import bank
 from stopexp.training.data import split_data
+from stopexp.training.fit import evaluate_scores
 from stopexp.training.predictor import train
 
 PREDICTORS = ("statistic", "linear", "mlp", "conf_features")

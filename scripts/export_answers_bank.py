@@ -18,8 +18,8 @@ import sys
 
 from hydra import compose, initialize_config_dir
 
-from stopexp.store import bank
 from stopexp.config import project_root, validate
+from stopexp.store import bank
 
 
 def probe_answers(tokens, tokenizer, task, probe_freq: int, pattern: re.Pattern) -> list[str]:

@@ -65,8 +65,8 @@ SMALL_BANK = ["logger=none", "search.n_paths=8", "collect.prompts.train=12", "co
 def small_bank(tmp_path_factory):
     """A small trace bank of the embedded default (toy LM), collected once per session;
     returns the overrides that compose its config."""
-    from stopexp.store.bank_fill import collect
     from stopexp.config import validate
+    from stopexp.store.bank_fill import collect
 
     out = tmp_path_factory.mktemp("bank") / "outputs"
     overrides = [f"paths.output_dir={out}", *SMALL_BANK]

@@ -5,15 +5,16 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import FP32_REORDER, compose
 from omegaconf import OmegaConf
 
-from stopexp.store import bank
-from stopexp.training.stream import (feedback, mc_draws, replay_continuations, replay_decider, run_stream, stream_order, take)
-from stopexp.training.shift import target_config, target_overrides
+from conftest import FP32_REORDER, compose
 from stopexp.config import ConfigError, checkpoint_tokens, validate
 from stopexp.evaluation.accounting import replay_paths
+from stopexp.store import bank
 from stopexp.training.losses import build_loss
+from stopexp.training.shift import target_config, target_overrides
+from stopexp.training.stream import (feedback, mc_draws, replay_continuations, replay_decider,
+                                     run_stream, stream_order, take)
 
 ADAPT = ["adapt.stream_prompts=4", "adapt.heldout_prompts=2", "adapt.batch_prompts=2",
          "adapt.steps=3", "adapt.lr=0.003", "adapt.buffer=1", "adapt.explore=0.5", "policy.keep=4",

@@ -5,7 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from stopexp.evaluation.analyses import add_analyses, length_matched_auroc, vs_no_prune, wrongly_pruned
+from stopexp.evaluation.analyses import (add_analyses, length_matched_auroc, vs_no_prune,
+                                         wrongly_pruned)
 
 
 def test_wrongly_pruned_share():

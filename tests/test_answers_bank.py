@@ -6,11 +6,10 @@ import re
 import numpy as np
 import pytest
 
+from conftest import ROOT
+from stopexp.stages.answers_replay import main
 from stopexp.stopping.answers import AnswersBankError, load_answers_bank, vote_codes
 from stopexp.stopping.branch_draws import draws, no_prune, random_keep, replay
-from stopexp.stages.answers_replay import main
-
-from conftest import ROOT
 
 FIXTURE = ROOT / "tests" / "data" / "answers_bank.json"
 
@@ -178,9 +177,9 @@ def test_cli_refuses_bad_settings(argv, message, capsys):
 def test_export_a_trace_bank_as_an_answers_only_bank(small_bank, tmp_path, capsys):
     import importlib.util
 
-    from stopexp.store import bank as trace_bank
-    from stopexp.config import validate
     from conftest import compose
+    from stopexp.config import validate
+    from stopexp.store import bank as trace_bank
 
     spec = importlib.util.spec_from_file_location("export", ROOT / "scripts" / "export_answers_bank.py")
     export = importlib.util.module_from_spec(spec)

@@ -10,8 +10,8 @@ import torch
 from conftest import FP32_REORDER, compose
 from stopexp.config import ConfigError, validate
 from stopexp.core.protocol import attention_heads
-from stopexp.signals.features import SIGNAL_NAMES
 from stopexp.search.taps import Taps
+from stopexp.signals.features import SIGNAL_NAMES
 
 ATTN = SIGNAL_NAMES.index("attn_entropy")
 
@@ -73,8 +73,8 @@ def test_attention_needs_eager(tiny_lm):
 
 
 def test_features_and_online_see_the_same_entropy_and_off_changes_nothing(eager_lm):
-    from stopexp.models.extract import extract
     from stopexp.core.policies import TopK
+    from stopexp.models.extract import extract
     from stopexp.search.decode import SamplingParams, make_engine
     from stopexp.search.parallel import launch_check_resume
     from stopexp.search.sample import prompt_ids
@@ -112,9 +112,9 @@ def test_features_and_online_see_the_same_entropy_and_off_changes_nothing(eager_
 
 
 def test_config_asks_for_the_tap_and_loads_eager(tmp_path, caplog):
+    from stopexp.models import load_lm
     from stopexp.store.bank import bank_key
     from stopexp.store.features import feature_key
-    from stopexp.models import load_lm
 
     base = ["logger=none", f"paths.output_dir={tmp_path}"]
     with pytest.raises(ConfigError, match="evaluate.methods: attn_entropy needs the attention tap"):

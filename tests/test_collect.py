@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from conftest import FP32_REORDER, ROOT, compose
+from stopexp.config import validate
 from stopexp.store import bank
 from stopexp.store.bank_fill import collect
-from stopexp.config import validate
 
 SMALL = ["logger=none", "search.n_paths=4", "collect.prompts.train=3", "collect.prompts.val=1",
          "collect.prompts.test=2", "collect.shard_prompts=2", "collect.mc_rollouts=2"]

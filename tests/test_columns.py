@@ -51,9 +51,8 @@ def test_conf_features_reads_the_signals_it_is_given():
 
 def test_features_give_the_statistics_of_their_hidden_states(small_bank):
     from conftest import compose
-    from stopexp.store import bank
-    from stopexp.store import feature_rows
     from stopexp.config import validate
+    from stopexp.store import bank, feature_rows
 
     cfg = validate(compose("train", small_bank))
     root = bank.bank_dir(cfg)

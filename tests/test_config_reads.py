@@ -159,9 +159,9 @@ def test_the_oracle_ranks_by_how_a_path_ends_not_by_its_monte_carlo_label():
 
 
 def test_answers_replay_derives_k_and_check_tokens_and_reads_the_bank_first():
-    from stopexp.stopping.branch_draws import CHECK_SHARE, derived_check_tokens
     from stopexp.stages.answers_replay import parse_args, run
     from stopexp.stopping.answers import load_answers_bank
+    from stopexp.stopping.branch_draws import CHECK_SHARE, derived_check_tokens
 
     fixture = str(ROOT / "tests" / "data" / "answers_bank.json")
     bank = load_answers_bank(fixture, "boxed")
@@ -217,9 +217,9 @@ def test_the_table_header_shows_every_progressive_check():
     ("adaptive", "score >= tau, from 0.5 toward prune rate 0.5 (policy=adaptive, gain 0.1)"),
 ])
 def test_the_header_says_what_the_policy_keeps(policy, kept):
-    from stopexp.stages.adapt import print_table as adapt_table
     from stopexp.core.policies import policy_params
     from stopexp.evaluation.table import print_table
+    from stopexp.stages.adapt import print_table as adapt_table
 
     cfg = compose("evaluate", [f"policy={policy}", "search.n_paths=4"])
     row = {"accuracy": 1.0, "accuracy_ci": [1.0, 1.0], "avg_at_k": 1.0, "tokens_total": 10.0,

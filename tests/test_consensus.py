@@ -12,19 +12,17 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from stopexp.store import bank_fill as collect
+from conftest import ROOT
 from stopexp.evaluation.accounting import Paths, outcome
+from stopexp.metrics import cons_at_n
+from stopexp.stopping.adaptive_consistency import adaptive_consistency, beta_majority_prob
 from stopexp.stopping.answers import load_answers_bank, vote_codes
 from stopexp.stopping.branch_draws import no_prune
-from stopexp.metrics import cons_at_n
-from stopexp.tasks.answers import vote
-from stopexp.stopping.replay import stopping_outcomes
-from stopexp.tasks.answers import canonical, equivalent
-from stopexp.stopping.adaptive_consistency import adaptive_consistency, beta_majority_prob
 from stopexp.stopping.esc import esc
 from stopexp.stopping.parallel_probe import parallel_probe
-
-from conftest import ROOT
+from stopexp.stopping.replay import stopping_outcomes
+from stopexp.store import bank_fill as collect
+from stopexp.tasks.answers import canonical, equivalent, vote
 
 
 @pytest.fixture(scope="module")

@@ -2,8 +2,8 @@ import pytest
 import torch
 
 from conftest import FP32_REORDER
-from stopexp.search.decode import Engine, SamplingParams, sampling_distribution
 from stopexp.core.seeds import stream_seed
+from stopexp.search.decode import Engine, SamplingParams, sampling_distribution
 from stopexp.search.taps import Taps
 
 PROMPTS = ["4+7*3-9?", "1-2?", "9*9*9+1-0?"]

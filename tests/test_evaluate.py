@@ -5,8 +5,8 @@ import torch
 from conftest import compose
 from stopexp.config import STOPPING_METHODS, validate
 from stopexp.evaluation.accounting import Paths, keep_by_policy, outcome
-from stopexp.stages.evaluate import evaluate, print_table
 from stopexp.signals.methods import random_scorer, register_external
+from stopexp.stages.evaluate import evaluate, print_table
 from stopexp.training.predictor import train
 
 FAST = ["evaluate.n_points=[4,8]", "evaluate.retention=[2,4]", "policy.keep=4",

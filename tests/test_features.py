@@ -10,12 +10,11 @@ import pytest
 import torch
 
 from conftest import FP32_REORDER, compose
-from stopexp.store import bank
-from stopexp.store import features as feature_bank
-from stopexp.store import feature_rows
-from stopexp.models import extract as feature_extract
 from stopexp.config import ConfigError, validate
+from stopexp.models import extract as feature_extract
 from stopexp.search.taps import Taps
+from stopexp.store import bank, feature_rows
+from stopexp.store import features as feature_bank
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,8 @@ import time
 import pytest
 
 from conftest import compose
-from stopexp.runtime import hub
 from stopexp.models import ModelNotAvailable, load_lm
+from stopexp.runtime import hub
 from stopexp.tasks.qa import read_rows
 
 

@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, compose
-from stopexp.store import bank
-from stopexp.runtime import integrity
-from stopexp.store.bank_fill import collect
 from stopexp.config import validate
+from stopexp.runtime import integrity
 from stopexp.signals.checkpoint import CheckpointDamaged, CheckpointMismatch, load_predictor
+from stopexp.store import bank
+from stopexp.store.bank_fill import collect
+from stopexp.store.keys import task_content
 from stopexp.training.data import predictor_dir
 from stopexp.training.predictor import train
-from stopexp.store.keys import task_content
 
 GSM8K = ROOT / "tests" / "data" / "gsm8k_sample.jsonl"
 COLUMNS = ("split", "prompt_id", "path_id", "text", "answer", "correct", "length", "tokens",
@@ -314,9 +314,9 @@ def test_damaged_predictor_is_named_and_train_rebuilds_it(copied, small_bank):
 
 
 def test_super_token_checkpoint_damage_is_named(tmp_path):
+    from stopexp.models.super_token import checkpoint_meta
     from stopexp.signals.checkpoint import load_weights
     from stopexp.signals.features import FeatureSpec
-    from stopexp.models.super_token import checkpoint_meta
 
     (tmp_path / "predictor.json").write_text('{"predictor": {"name": "super_token"}, "feat')
     spec = FeatureSpec("toy", 96, [2], ("a",))

@@ -43,8 +43,8 @@ def test_online_meter_equals_the_schedule_estimate(tiny_lm):
     from stopexp.search.decode import SamplingParams, make_engine
     from stopexp.search.parallel import launch_check_resume
     from stopexp.search.sample import prompt_ids
-    from stopexp.tasks import ArithTask
     from stopexp.search.taps import Taps
+    from stopexp.tasks import ArithTask
 
     model, tok = tiny_lm
     task = ArithTask(n_steps=2)

@@ -7,11 +7,9 @@ import sacrebleu
 from sklearn.metrics import average_precision_score, roc_auc_score
 
 from stopexp.metrics import (BertScorer, auprc, auroc, avg_at_k, bleu, bootstrap_ci,
-                             bootstrap_over_groups, brier, cons_at_n, ece,
-                             length_correlation, majority_vote, nonfinite, pass_at_1,
-                             per_group_auroc,
-                             pooled_auroc, reliability, rouge, text_metrics,
-                             within_prompt_auroc)
+                             bootstrap_over_groups, brier, cons_at_n, ece, length_correlation,
+                             majority_vote, nonfinite, pass_at_1, per_group_auroc, pooled_auroc,
+                             reliability, rouge, text_metrics, within_prompt_auroc)
 from stopexp.metrics.text import _hub_offline
 
 

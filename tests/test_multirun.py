@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from conftest import ROOT, compose
-from stopexp.store import bank
 from stopexp.config import validate
+from stopexp.store import bank
 
 SMALL = ["search.n_paths=8", "collect.prompts.train=12", "collect.prompts.val=6",
          "collect.prompts.test=6", "collect.mc_rollouts=0", "evaluate.n_points=[4,8]",

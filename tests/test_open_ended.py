@@ -5,12 +5,12 @@ import numpy as np
 import pytest
 
 from conftest import compose
-from stopexp.store import bank
-from stopexp.store.bank_fill import collect
 from stopexp.config import validate
 from stopexp.stages.evaluate import evaluate, print_table
-from stopexp.tasks.rewards import Reward
+from stopexp.store import bank
+from stopexp.store.bank_fill import collect
 from stopexp.tasks import build_task
+from stopexp.tasks.rewards import Reward
 from stopexp.training.predictor import train
 
 TINY = ["+exp=toy_datatotext", "logger=none", "search.n_paths=8", "collect.prompts.train=8",

@@ -220,8 +220,8 @@ def test_a_full_disk_during_collect_names_the_shard_and_keeps_the_finished_ones(
                                                                               monkeypatch, capsys):
     from datasets import Dataset
 
-    from stopexp.store import bank
     from stopexp.config import validate
+    from stopexp.store import bank
 
     args = [f"paths.output_dir={tmp_path}", "logger=none", "search.n_paths=2",
             "collect.prompts.train=0", "collect.prompts.val=0", "collect.prompts.test=4",

@@ -8,14 +8,14 @@ import pytest
 import torch
 
 from conftest import compose
-from stopexp.store import bank
 from stopexp.config import ConfigError, validate
-from stopexp.training.losses import _pair_mask
-from stopexp.training.per_step import (auroc_by_position, mean_over_positions,
-                              pair_groups, position_data, training_rows)
 from stopexp.signals import FeatureSpec, build_predictor
-from stopexp.training.fit import fit
+from stopexp.store import bank
 from stopexp.training.data import predictor_dir
+from stopexp.training.fit import fit
+from stopexp.training.losses import _pair_mask
+from stopexp.training.per_step import (auroc_by_position, mean_over_positions, pair_groups,
+                                       position_data, training_rows)
 from stopexp.training.predictor import train
 
 EVAL_FAST = ["evaluate.n_points=[4,8]", "evaluate.retention=[2,4]", "policy.keep=4",
@@ -131,8 +131,8 @@ def test_fit_on_every_position_is_pinned():
 
 
 def test_position_data_holds_every_alive_row_at_each_checkpoint(small_bank):
-    from stopexp.store import features as feature_bank
     from stopexp.store import feature_rows
+    from stopexp.store import features as feature_bank
 
     cfg = validate(compose("train", small_bank))
     ds, rows = position_data(cfg, "val")
@@ -161,8 +161,8 @@ def test_train_on_every_position_reports_and_plots_the_curve(small_bank, tmp_pat
 
 
 def test_evaluate_writes_every_methods_curve_and_the_single_checkpoint_baseline(small_bank, tmp_path):
-    from stopexp.stages.evaluate import evaluate
     from stopexp.runtime.artifacts import write_json
+    from stopexp.stages.evaluate import evaluate
 
     over = [*small_bank, *EVAL_FAST, "train.epochs=3", "train.positions=all",
             "evaluate.methods=[confidence,entropy,hidden_norm,st_bon,learned]"]

@@ -1,7 +1,7 @@
 import torch
 
-from stopexp.core.policies import Adaptive, FixedThreshold, Quantile, TopK, build_policy
 from conftest import compose
+from stopexp.core.policies import Adaptive, FixedThreshold, Quantile, TopK, build_policy
 
 
 def test_topk_keeps_the_k_best_and_breaks_ties_by_order():

@@ -5,11 +5,11 @@ import pytest
 import torch
 
 from conftest import compose
-from stopexp.evaluation.accounting import Paths, decide_by_checks, outcome
 from stopexp.config import ConfigError, check_plan, validate
+from stopexp.core.voting import elect, rule_score, weights
+from stopexp.evaluation.accounting import Paths, decide_by_checks, outcome
 from stopexp.stages.evaluate import evaluate
 from stopexp.training.predictor import train
-from stopexp.core.voting import elect, rule_score, weights
 
 FAST = ["evaluate.n_points=[4,8]", "evaluate.retention=[2,4]", "evaluate.bootstrap=50",
         "train.epochs=3", "evaluate.text_metrics=false",
@@ -154,9 +154,9 @@ def test_bad_checks_and_votes_fail_naming_the_key(overrides, key, msg):
 
 
 def test_replay_refuses_checks_the_features_lack(small_bank):
+    from stopexp.evaluation.accounting import replay_paths
     from stopexp.store import bank
     from stopexp.store import features as feature_bank
-    from stopexp.evaluation.accounting import replay_paths
 
     cfg = compose("evaluate", small_bank)  # the bank alone: no evaluate settings needed
     with pytest.raises(ValueError, match=r"no position 10 .*add it to tap.checkpoints or tap.positions"):

@@ -11,17 +11,17 @@ from rouge_score.rouge_scorer import RougeScorer
 from scipy.stats import kendalltau, spearmanr
 
 from conftest import compose
-from stopexp.evaluation.accounting import Paths, outcome
-from stopexp.store.bank import bank_key
 from stopexp.config import ConfigError, LossConfig, validate
-from stopexp.training.losses import build_loss
-from stopexp.metrics import reward_ranking, within_prompt_auroc
-from stopexp.tasks.rewards import Reward, bleu, neg_perplexity, register_reward, rouge_l
+from stopexp.evaluation.accounting import Paths, outcome
 from stopexp.evaluation.select import pick
+from stopexp.metrics import reward_ranking, within_prompt_auroc
+from stopexp.runtime.artifacts import plain
+from stopexp.store.bank import bank_key
+from stopexp.store.keys import sampling_section
 from stopexp.tasks import build_task
 from stopexp.tasks.datatotext import DataToTextTask
-from stopexp.runtime.artifacts import plain
-from stopexp.store.keys import sampling_section
+from stopexp.tasks.rewards import Reward, bleu, neg_perplexity, register_reward, rouge_l
+from stopexp.training.losses import build_loss
 
 HYP = "The Eagle is a cheap French place in the riverside."
 REFS = ["The Eagle serves cheap French food in the riverside.",

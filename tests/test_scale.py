@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from conftest import FP32_REORDER, ROOT, compose
-from stopexp.store import bank
-from stopexp.store.bank_fill import collect
 from stopexp.config import ConfigError, validate
 from stopexp.search.sample import prompt_ids, row_cap
+from stopexp.store import bank
+from stopexp.store.bank_fill import collect
 
 SHARDED = ["logger=none", "search.n_paths=4", "collect.prompts.train=4", "collect.prompts.val=2",
            "collect.prompts.test=4", "collect.shard_prompts=1", "collect.mc_rollouts=0"]

@@ -12,8 +12,8 @@ from sklearn.metrics import roc_auc_score
 
 from conftest import compose
 from stopexp.config import LossConfig, PredictorConfig
-from stopexp.training.losses import LOSSES, build_loss
 from stopexp.signals import PREDICTORS, SIGNAL_NAMES, FeatureSpec, build_predictor
+from stopexp.training.losses import LOSSES, build_loss
 
 H, TAPS, PATHS = 32, [0, 1, 2], 8
 SPEC = FeatureSpec("synthetic", H, TAPS)

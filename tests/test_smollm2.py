@@ -3,9 +3,9 @@ and evaluate (the GGUF conversion included), offline on a CPU."""
 import numpy as np
 import pytest
 
+from stopexp.config import validate
 from stopexp.store import bank
 from stopexp.store.features import features_dir
-from stopexp.config import validate
 from tests.conftest import compose
 
 SHRUNK = ["logger=none", "search.n_paths=8", "policy.keep=2", "collect.prompts.train=8",

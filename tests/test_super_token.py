@@ -7,11 +7,11 @@ from omegaconf import OmegaConf
 
 from conftest import FP32_REORDER, compose
 from stopexp.config import ConfigError, LossConfig, PredictorConfig, validate
-from stopexp.training.losses import build_loss
+from stopexp.models.super_token import SuperTokenPredictor, load_super_token
 from stopexp.search.decode import Engine, SamplingParams
 from stopexp.signals.checkpoint import CheckpointMismatch, save_predictor
 from stopexp.signals.features import FeatureSpec
-from stopexp.models.super_token import SuperTokenPredictor, load_super_token
+from stopexp.training.losses import build_loss
 
 PROMPTS = ["4+7*3-9?", "1-2?", "9*9*9+1-0-3*7?"]  # different lengths: left padding matters
 
@@ -142,12 +142,12 @@ def test_config_and_bad_values():
 
 
 def test_train_and_evaluate_through_the_harness(small_bank):
-    from stopexp.store import bank
-    from stopexp.stages.evaluate import evaluate
     from stopexp.models import load_lm
+    from stopexp.stages.evaluate import evaluate
+    from stopexp.store import bank
     from stopexp.store.features import spec_of
-    from stopexp.training.fit import evaluate_scores, score
     from stopexp.training.data import predictor_dir, split_data
+    from stopexp.training.fit import evaluate_scores, score
     from stopexp.training.predictor import train
 
     extra = ["predictor=super_token", "loss=reward_regression", "train.epochs=2"]

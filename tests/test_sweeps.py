@@ -17,9 +17,9 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf, open_dict
 
 from conftest import CONF, ROOT, compose
-from stopexp.runtime import sweeps
 from stopexp.config import validate
 from stopexp.evaluation.retention import fit, guideline_points, predict_inverse_gamma
+from stopexp.runtime import sweeps
 from stopexp.runtime.tracking import run_group
 
 OPTUNA = ["+exp=toy_contrastive", "+hparams_search=optuna_toy"]

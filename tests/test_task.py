@@ -2,9 +2,9 @@ import random
 
 import pytest
 
+from conftest import compose
 from stopexp.tasks import build_task
 from stopexp.tasks.arith import ArithTask, extract_answer, first_error, solution
-from conftest import compose
 
 
 @pytest.fixture

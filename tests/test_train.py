@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from conftest import compose
-from stopexp.store import bank
 from stopexp.config import ConfigError, validate
 from stopexp.signals.checkpoint import CheckpointMismatch, load_predictor
+from stopexp.store import bank
 from stopexp.store.features import spec_of
 from stopexp.training.data import predictor_dir, split_data
 from stopexp.training.fit import score

@@ -8,7 +8,6 @@ from stopexp.tasks import build_task
 from stopexp.tasks.wordprob import (DEFAULT_OPERATIONS, MARKER, WordProblemTask, answer_of,
                                     first_wrong_equation, things)
 
-
 ALL_OPS = {"add": 1, "sub": 1, "compare": 1, "count": 1}
 
 

@@ -12,7 +12,6 @@ a YAML file or on the command line fails at composition with a message naming th
 Every name importable from `stopexp.config` before the split still is (the torch-free
 helpers now live in stopexp.core: protocol, text, names).
 """
-from stopexp.config.resolvers import model_name_of, project_root, run_id  # first: registers them
 from stopexp.config.adapt import SHIFTABLE, AdaptConfig, shifted_config
 from stopexp.config.collect import CollectConfig
 from stopexp.config.evaluate import EvaluateConfig, check_method_names
@@ -21,6 +20,7 @@ from stopexp.config.paths import LoggerConfig, PathsConfig, check_output_dirs
 from stopexp.config.policy import PolicyConfig
 from stopexp.config.predictor import LossConfig, PredictorConfig, TrainConfig
 from stopexp.config.reads import ALLOWED, READ_ONLY_BY, where_read
+from stopexp.config.resolvers import model_name_of, project_root, run_id  # importing it registers them
 from stopexp.config.reward import RewardConfig
 from stopexp.config.root import Config, register
 from stopexp.config.search import MIN_TEMPERATURE, SearchConfig

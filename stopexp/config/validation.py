@@ -10,7 +10,8 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from stopexp.config import adapt, collect, cross, evaluate, model, predictor, reward, search, tap, task
+from stopexp.config import (adapt, collect, cross, evaluate, model, predictor, reward, search, tap,
+                            task)
 from stopexp.config.ranges import at_least, fail, get, n_layers_of
 from stopexp.config.reads import ALLOWED, check_unread
 from stopexp.core.errors import ConfigError

@@ -12,16 +12,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from stopexp.store import bank, feature_rows
-from stopexp.core.protocol import check_plan
 from stopexp.core.errors import ConfigError
+from stopexp.core.policies import build_policy
+from stopexp.core.protocol import check_plan
+from stopexp.core.voting import elect, rule_score
+from stopexp.evaluation.select import lm_scores, pick
 from stopexp.metrics import (auprc, bootstrap_ci, is_binary, nonfinite, per_group_auroc,
                              pooled_auroc, reward_ranking, text_metrics, within_prompt_auroc)
-from stopexp.core.policies import build_policy
-from stopexp.evaluation.select import lm_scores, pick
 from stopexp.stopping.replay import kv_peaks
+from stopexp.store import bank, feature_rows
 from stopexp.tasks.answers import vote_clusters
-from stopexp.core.voting import elect, rule_score
 
 log = logging.getLogger(__name__)
 
@@ -338,8 +338,8 @@ def add_text_metrics(cfg, prompt_ids: np.ndarray, chosen: dict, results: dict) -
     g-th prompt, whose task prompt id is `prompt_ids[g]`) against the reference solution
     (all of them, for a task with several) and against the no_prune output."""
     from stopexp.metrics import BertScorer
-    from stopexp.tasks.rewards import references
     from stopexp.tasks import build_task
+    from stopexp.tasks.rewards import references
 
     task = build_task(cfg.task)
     problems = task.problems(cfg.evaluate.split, int(prompt_ids.max()) + 1)

@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from stopexp.core.policies import build_policy, policy_params
+from stopexp.core.protocol import checkpoint_tokens
 from stopexp.evaluation import plots
 from stopexp.evaluation.accounting import add_text_metrics, prompts_in
-from stopexp.core.protocol import checkpoint_tokens
 from stopexp.metrics import bootstrap_ci
-from stopexp.core.policies import build_policy, policy_params
 from stopexp.stopping.replay import STOPPING_METHODS
 
 log = logging.getLogger(__name__)
@@ -163,8 +163,8 @@ def compare_with_beam(cfg, prompt_ids: np.ndarray, chosen: dict, results: dict) 
     from omegaconf import open_dict
 
     from stopexp.metrics import BertScorer, text_metrics
-    from stopexp.tasks.rewards import build_reward, references
     from stopexp.tasks import build_task
+    from stopexp.tasks.rewards import build_reward, references
 
     beam_cfg = cfg.copy()
     with open_dict(beam_cfg):

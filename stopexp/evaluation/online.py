@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from stopexp.evaluation.accounting import Decision, Paths
-from stopexp.core.protocol import check_plan
 from stopexp.core.policies import build_policy
+from stopexp.core.protocol import check_plan
+from stopexp.evaluation.accounting import Decision, Paths
 
 
 def run_launch_check_resume(cfg, model, tokenizer, task, problems, methods: dict,
@@ -34,8 +34,8 @@ def online_paths(cfg, names, scorers, checkpoint, n_prompts: int):
     the first, is where the AUROC batch is read). Returns the paths as the no_prune run saw
     them, per method the paths as that method's run saw them with its `Decision` (None for
     no_prune), and per method the measured time."""
-    from stopexp.search.memory import kv_bytes_per_token, memory_summary
     from stopexp.models import load_lm
+    from stopexp.search.memory import kv_bytes_per_token, memory_summary
     from stopexp.search.sample import fit_prompts, prompt_limit
     from stopexp.tasks import build_task, vote_format
 

@@ -10,8 +10,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from stopexp.runtime.artifacts import atomic_path  # noqa: E402
 from stopexp.metrics import reliability  # noqa: E402
+from stopexp.runtime.artifacts import atomic_path  # noqa: E402
 
 
 def save_figure(fig, path: Path) -> Path:

@@ -3,13 +3,13 @@ external signals and the learned predictors (each loaded from its checkpoint; th
 controls such as conf_features are trained here when missing, as they need no LM)."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import logging
+from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from stopexp.config import ALWAYS_METHODS as ALWAYS, check_method_names
+from stopexp.config import ALWAYS_METHODS as ALWAYS
+from stopexp.config import check_method_names
 from stopexp.core.errors import NotFound
 from stopexp.signals import methods as M
 from stopexp.stopping.replay import STOPPING_METHODS

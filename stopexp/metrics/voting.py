@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from stopexp.tasks.answers import vote as majority_vote
 from stopexp.tasks.answers import equivalent
+from stopexp.tasks.answers import vote as majority_vote
 
 
 def cons_at_n(answers_per_prompt, gold_per_prompt, fmt: str | None = None) -> float:

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from stopexp.runtime.artifacts import config_hash, publish_dir, staging_dir, write_json
 from stopexp.core.errors import NotFound, writing
+from stopexp.runtime.artifacts import config_hash, publish_dir, staging_dir, write_json
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from transformers import DynamicCache
 
 from stopexp.search.sample import prompt_ids
 from stopexp.signals.checkpoint import (REBUILD, CheckpointMismatch, check_spec, load_weights,
-                                       read_checkpoint)
+                                        read_checkpoint)
 from stopexp.signals.features import FeatureSpec
 
 ADAPTER = "stop"

@@ -19,10 +19,10 @@ from omegaconf import OmegaConf
 from safetensors import safe_open
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from stopexp.runtime.artifacts import config_hash, publish_dir, staging_dir, write_json
 from stopexp.core.errors import ConfigError, writing
-from stopexp.runtime.integrity import dir_problem, records, set_aside
 from stopexp.models.tokenizer import CHARS, build_char_tokenizer
+from stopexp.runtime.artifacts import config_hash, publish_dir, staging_dir, write_json
+from stopexp.runtime.integrity import dir_problem, records, set_aside
 from stopexp.search.decode import SamplingParams, make_engine
 from stopexp.search.sample import sample_paths
 

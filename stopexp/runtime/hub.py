@@ -55,9 +55,8 @@ def offline_unless_reachable(source: str | None = None) -> Iterator[None]:
     if (source is not None and Path(source).expanduser().exists()) or reachable():
         yield
         return
-    import huggingface_hub.constants as hub_constants
-
     import datasets.config  # it copies the flag at import
+    import huggingface_hub.constants as hub_constants
 
     flags = [(hub_constants, "HF_HUB_OFFLINE"), (datasets.config, "HF_HUB_OFFLINE")]
     saved = [getattr(mod, name) for mod, name in flags]

@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from stopexp.search.memory import KVMeter
+from stopexp.core.voting import rule_score
 from stopexp.search.decode import Decode, Engine, StepRecord
+from stopexp.search.memory import KVMeter
 from stopexp.search.sample import launch_lists, path_labels, prompt_chunks
 from stopexp.signals.columns import signal_matrix
 from stopexp.signals.features import SIGNAL_NAMES
-from stopexp.core.voting import rule_score
 
 
 @dataclass

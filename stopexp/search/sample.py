@@ -5,8 +5,8 @@ import logging
 from dataclasses import dataclass
 
 from stopexp.core.errors import UserError
-from stopexp.search.decode import Engine
 from stopexp.core.seeds import stream_seed
+from stopexp.search.decode import Engine
 
 log = logging.getLogger(__name__)
 

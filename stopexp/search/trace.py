@@ -7,9 +7,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from stopexp.search.decode import Decode, Engine
-
 from stopexp.core.seeds import stream_seed
+from stopexp.search.decode import Decode, Engine
 from stopexp.search.sample import launch_lists, path_labels, prompt_chunks
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 from omegaconf import OmegaConf
 from safetensors.torch import load_file, save_file
 
-from stopexp.runtime.artifacts import plain, publish_dir, staging_dir, write_json
 from stopexp.core.errors import UserError, error_text, writing
+from stopexp.runtime.artifacts import plain, publish_dir, staging_dir, write_json
 from stopexp.runtime.integrity import file_problem, file_record
 from stopexp.signals import FeatureSpec, build_predictor
 

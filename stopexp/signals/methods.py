@@ -24,12 +24,17 @@ from typing import Callable
 
 import torch
 
-from stopexp.signals.features import SIGNAL_NAMES
-from stopexp.signals.st_bon import st_bon
-from stopexp.core.names import (BASELINE_METHODS, STOPPING_METHODS, _EXTERNAL,  # noqa: F401
-                                external, register_external)
+from stopexp.core.names import (  # noqa: F401
+    _EXTERNAL,
+    BASELINE_METHODS,
+    STOPPING_METHODS,
+    external,
+    register_external,
+)
 from stopexp.core.seeds import stream_seed
 from stopexp.runtime.threads import one_thread
+from stopexp.signals.features import SIGNAL_NAMES
+from stopexp.signals.st_bon import st_bon
 
 Scorer = Callable[[dict], torch.Tensor]
 NON_LEARNABLE = (*BASELINE_METHODS, *STOPPING_METHODS)  # the names config.validate accepts

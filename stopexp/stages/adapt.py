@@ -48,15 +48,16 @@ from pathlib import Path
 import numpy as np
 from omegaconf import OmegaConf
 
-from stopexp.store import bank
-from stopexp.evaluation import plots
-from stopexp.runtime.cli import Stage, stage_main
 from stopexp.config import checkpoint_tokens
-from stopexp.evaluation.accounting import replay_paths
 from stopexp.core.policies import kept_text, policy_params
+from stopexp.evaluation import plots
+from stopexp.evaluation.accounting import replay_paths
+from stopexp.runtime.cli import Stage, stage_main
+from stopexp.store import bank
 from stopexp.tasks import vote_format
 from stopexp.training.shift import target_config, target_overrides
-from stopexp.training.stream import (ONLINE, replay_continuations, replay_decider, run_stream, stream_order, take)
+from stopexp.training.stream import (ONLINE, replay_continuations, replay_decider, run_stream,
+                                     stream_order, take)
 
 log = logging.getLogger(__name__)
 

@@ -24,12 +24,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from stopexp.stopping.answers import load_answers_bank
 from stopexp.core.errors import CannotWrite, ConfigError, reported
 from stopexp.stopping.adaptive_consistency import DEFAULT_THRESHOLD
+from stopexp.stopping.answers import load_answers_bank
+from stopexp.stopping.branch_draws import (METHOD_NAMES, build_methods, derived_check_tokens,
+                                           derived_k, draws, no_prune_points, replay)
 from stopexp.stopping.esc import DEFAULT_WINDOW
-from stopexp.stopping.branch_draws import (METHOD_NAMES, build_methods, derived_check_tokens, derived_k, draws,
-                                            no_prune_points, replay)
 
 # n, k and check_tokens: None = derived from the bank and from n (bank.min_branches,
 # derived_k, derived_check_tokens)

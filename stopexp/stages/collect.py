@@ -20,7 +20,6 @@ import logging
 import time
 from contextlib import nullcontext
 
-
 from stopexp.runtime.cli import Stage, stage_main
 from stopexp.runtime.ranks import join_group, leave_group, shard_of
 from stopexp.runtime.tracking import tracked_run

@@ -23,25 +23,25 @@ from pathlib import Path
 
 import numpy as np
 
-from stopexp.store import bank
-from stopexp.store import features as feature_bank
+from stopexp.config import check_plan
+from stopexp.core.policies import policy_params
 from stopexp.evaluation import plots
 from stopexp.evaluation.accounting import (account_methods, add_text_metrics, bank_paths_and_confs,
-                                pareto_points, prompts_in, replay_paths)
+                                           pareto_points, prompts_in, replay_paths)
 from stopexp.evaluation.analyses import add_analyses
-from stopexp.runtime.cli import Stage, stage_main
-from stopexp.config import check_plan
-from stopexp.evaluation.report import make_plots, sample_table
-from stopexp.search.memory import add_memory
-from stopexp.evaluation.curves import auroc_by_prefix
-from stopexp.core.policies import policy_params
 from stopexp.evaluation.beam import compare_with_beam
-from stopexp.evaluation.select import attach_bank_columns
+from stopexp.evaluation.curves import auroc_by_prefix
+from stopexp.evaluation.report import make_plots, sample_table
 from stopexp.evaluation.scorers import (build_scorers, check_methods, cli_overrides, method_names,
-                             warn_off_checkpoint)
-from stopexp.stopping.replay import STOPPING_METHODS, stopping_outcomes
-from stopexp.tasks import vote_format
+                                        warn_off_checkpoint)
+from stopexp.evaluation.select import attach_bank_columns
 from stopexp.evaluation.table import print_table  # pipeline and notebooks import it from here
+from stopexp.runtime.cli import Stage, stage_main
+from stopexp.search.memory import add_memory
+from stopexp.stopping.replay import STOPPING_METHODS, stopping_outcomes
+from stopexp.store import bank
+from stopexp.store import features as feature_bank
+from stopexp.tasks import vote_format
 
 log = logging.getLogger(__name__)
 

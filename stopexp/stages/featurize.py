@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 
-
 from stopexp.runtime.cli import Stage, stage_main
 from stopexp.store.features import featurize
 

@@ -9,7 +9,6 @@ import logging
 import time
 from pathlib import Path
 
-
 from stopexp.runtime.artifacts import write_json
 from stopexp.runtime.cli import Stage, stage_main
 from stopexp.runtime.tracking import tracked_run
@@ -18,8 +17,8 @@ log = logging.getLogger(__name__)
 
 
 def run_pipeline(cfg, run_dir: Path) -> dict:
-    from stopexp.store.bank_fill import collect
     from stopexp.stages.evaluate import evaluate, print_table
+    from stopexp.store.bank_fill import collect
     from stopexp.store.features import featurize
     from stopexp.training.predictor import train
 

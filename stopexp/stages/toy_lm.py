@@ -9,15 +9,14 @@ import logging
 import time
 from pathlib import Path
 
-
-from stopexp.runtime.artifacts import replace_dir, staging_dir
-from stopexp.runtime.cli import Stage, stage_main
 from stopexp.config import ConfigError
 from stopexp.core.errors import writing
+from stopexp.runtime.artifacts import replace_dir, staging_dir
+from stopexp.runtime.cli import Stage, stage_main
 from stopexp.search.decode import SamplingParams, make_engine
 from stopexp.search.sample import sample_paths
-from stopexp.tasks.answers import vote
 from stopexp.tasks import build_task
+from stopexp.tasks.answers import vote
 from stopexp.tasks.arith import extract_answer
 
 log = logging.getLogger(__name__)
@@ -52,9 +51,9 @@ def solve_report(cfg, model, tokenizer, n_prompts: int = 100, n_paths: int = 32)
 @stage_main("toy_lm", tracked=False)
 def main(stage: Stage) -> dict:
     cfg = stage.cfg
-    from stopexp.models import load_lm
     from omegaconf import OmegaConf
 
+    from stopexp.models import load_lm
     from stopexp.models.toy_lm import lm_task, toy_key, train_toy_lm
 
     if cfg.model.name != "toy":

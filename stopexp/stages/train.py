@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 
-
 from stopexp.runtime.cli import Stage, stage_main
 from stopexp.training.predictor import train
 

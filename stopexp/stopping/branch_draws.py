@@ -8,10 +8,10 @@ from typing import Callable
 
 import numpy as np
 
-from stopexp.stopping.answers import AnswersBank, AnswersPrompt, Decision, vote_codes
 from stopexp.config import derived_keep
 from stopexp.core.errors import ConfigError
 from stopexp.stopping.adaptive_consistency import adaptive_consistency
+from stopexp.stopping.answers import AnswersBank, AnswersPrompt, Decision, vote_codes
 from stopexp.stopping.esc import esc
 from stopexp.stopping.parallel_probe import parallel_probe
 

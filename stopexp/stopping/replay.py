@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from stopexp.stopping.answers import AnswersPrompt
 from stopexp.core.names import STOPPING_METHODS
 from stopexp.core.protocol import warmup_paths
 from stopexp.search.memory import schedule_peaks
 from stopexp.stopping import deepconf as dc
 from stopexp.stopping.adaptive_consistency import adaptive_consistency
+from stopexp.stopping.answers import AnswersPrompt
 from stopexp.stopping.esc import esc
 from stopexp.tasks.answers import vote_clusters
 

@@ -28,14 +28,13 @@ import shutil
 from pathlib import Path
 
 import numpy as np
-from datasets import Dataset, Features, List, Value, concatenate_datasets
-from datasets import load_from_disk
+from datasets import Dataset, Features, List, Value, concatenate_datasets, load_from_disk
 from datasets.utils.logging import disable_progress_bar
 
-from stopexp.runtime.artifacts import publish_dir, staging_dir, write_json
 from stopexp.core.errors import UserError, error_text, writing
-from stopexp.store.keys import (BANK_VERSION, bank_dir, bank_key, mc_checkpoints)
+from stopexp.runtime.artifacts import publish_dir, staging_dir, write_json
 from stopexp.runtime.integrity import dir_problem, records
+from stopexp.store.keys import BANK_VERSION, bank_dir, bank_key, mc_checkpoints
 
 disable_progress_bar()  # one bar per shard save would drown the collect progress bar
 

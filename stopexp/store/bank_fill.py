@@ -13,9 +13,9 @@ import numpy as np
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from stopexp.store import bank
 from stopexp.runtime.integrity import set_aside
 from stopexp.runtime.ranks import barrier, in_group
+from stopexp.store import bank
 from stopexp.store.keys import mc_checkpoints
 
 log = logging.getLogger(__name__)
@@ -46,8 +46,7 @@ def difficulty_filter(cfg, cols: dict) -> dict:
 def summarize(root: Path, answer_format: str | None = None) -> dict:
     """Per-path and vote accuracy, tokens and sanity counts over the whole bank; equivalent
     answers of `answer_format` (the task's `vote_format`) vote as one."""
-    from stopexp.tasks.answers import vote
-    from stopexp.tasks.answers import vote_clusters
+    from stopexp.tasks.answers import vote, vote_clusters
 
     ds = bank.load_bank(root)
     correct = np.asarray(ds["correct"][:])
@@ -170,12 +169,11 @@ def _fill(cfg, root: Path, task, shards: list, pending: list[int], rank: int,
           checkpoints: list[int]) -> set[str]:
     """Generate the `pending` shards (Monte Carlo labels at `checkpoints`); returns the
     names written and the paths they hold."""
-    from stopexp.search.memory import kv_bytes_per_token
     from stopexp.models import load_lm
     from stopexp.search.decode import SamplingParams, make_engine
+    from stopexp.search.memory import kv_bytes_per_token
     from stopexp.search.sample import fit_prompts, prompt_limit, row_cap
     from stopexp.search.trace import trace_problems
-
     from stopexp.tasks.rewards import build_reward
 
     reward = build_reward(cfg.reward) if cfg.reward.name != "correct" else None  # None: outcome

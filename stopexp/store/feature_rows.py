@@ -12,10 +12,10 @@ import numpy as np
 import torch
 from datasets import load_from_disk
 
-from stopexp.store import bank
-from stopexp.store.features import FEATURES_VERSION, KIND, repair_text, require_features
 from stopexp.core.errors import error_text
 from stopexp.signals.features import SIGNAL_NAMES
+from stopexp.store import bank
+from stopexp.store.features import FEATURES_VERSION, KIND, repair_text, require_features
 
 log = logging.getLogger(__name__)
 

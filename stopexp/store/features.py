@@ -27,13 +27,13 @@ from pathlib import Path
 import numpy as np
 from datasets import Array3D, Features, List, Value, load_from_disk
 
-from stopexp.store import bank
-from stopexp.runtime.artifacts import config_hash, plain
-from stopexp.core.protocol import checkpoint_tokens
 from stopexp.core.errors import ConfigError
+from stopexp.core.protocol import checkpoint_tokens
 from stopexp.models.extract import DEFAULT_BATCH_TOKENS, StepEnds, extract, path_positions
+from stopexp.runtime.artifacts import config_hash, plain
 from stopexp.runtime.integrity import set_aside
 from stopexp.signals.features import SIGNAL_NAMES, FeatureSpec
+from stopexp.store import bank
 
 log = logging.getLogger(__name__)
 

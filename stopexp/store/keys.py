@@ -7,9 +7,9 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from stopexp.runtime.artifacts import config_hash, plain
 from stopexp.core.protocol import checkpoint_tokens
 from stopexp.core.text import decode_escapes, decoded_text
+from stopexp.runtime.artifacts import config_hash, plain
 from stopexp.runtime.integrity import file_sha256
 
 # 2: shard records in meta.json and shard.json; task content in the key

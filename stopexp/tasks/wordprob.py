@@ -27,9 +27,8 @@ import re
 from dataclasses import dataclass
 
 from stopexp.core.names import STEP_SEPARATORS
-from stopexp.tasks.splits import draw_distinct, hash_split
-
 from stopexp.tasks import answers
+from stopexp.tasks.splits import draw_distinct, hash_split
 
 OPERATIONS = ("add", "sub", "compare", "count")
 DEFAULT_OPERATIONS = {"add": 1.0, "sub": 1.0, "compare": 1.0, "count": 0.0}  # count: SmolLM2 ~0.1

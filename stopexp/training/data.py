@@ -14,9 +14,8 @@ from stopexp.metrics import is_binary
 from stopexp.metrics.bounds import BOUND_SLACK, digits
 from stopexp.runtime.artifacts import config_hash
 from stopexp.signals import FeatureSpec
-from stopexp.store import bank
+from stopexp.store import bank, feature_rows
 from stopexp.store import features as feature_bank
-from stopexp.store import feature_rows
 
 log = logging.getLogger(__name__)
 

@@ -49,7 +49,7 @@ def online_decider(cfg, paths: Paths, checkpoint: int):
     from stopexp.core.seeds import stream_seed
     from stopexp.models import load_lm
     from stopexp.search.decode import SamplingParams, make_engine
-    from stopexp.search.sample import (fit_prompts, path_labels, prompt_ids, prompt_limit, row_cap)
+    from stopexp.search.sample import fit_prompts, path_labels, prompt_ids, prompt_limit, row_cap
     from stopexp.search.taps import Taps
     from stopexp.search.trace import mc_success
     from stopexp.tasks import build_task

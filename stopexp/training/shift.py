@@ -2,7 +2,6 @@
 `adapt.target`'s keys in place) and the command-line overrides that make its bank."""
 from __future__ import annotations
 
-
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from stopexp.config import shifted_config

@@ -10,10 +10,10 @@ import time
 import numpy as np
 import torch
 
-from stopexp.evaluation.accounting import Paths, keep_by_policy, outcome
 from stopexp.core.errors import ConfigError
-from stopexp.training.losses import build_loss
+from stopexp.evaluation.accounting import Paths, keep_by_policy, outcome
 from stopexp.metrics import within_prompt_auroc
+from stopexp.training.losses import build_loss
 
 ONLINE = ("kept_only", "explore", "mc_feedback")  # the variants that learn from the stream
 # what the predictors and the losses read (stopexp/signals/features.py, stopexp/training/losses.py)

@@ -125,9 +125,11 @@ def test_an_error_that_is_not_the_users_passes_unchanged(tmp_path, monkeypatch):
     assert type(e.value) is OSError and e.value.errno == errno.EIO
 
 
-def test_answers_replay_into_a_read_only_out_is_one_line(tmp_path, read_only, capsys):
+def test_answers_replay_into_a_read_only_out_is_one_line(tmp_path, read_only, capsys, monkeypatch):
+    import stopexp.stages.answers_replay as stage
     from stopexp.stages.answers_replay import main
 
+    monkeypatch.setattr(stage, "replay", lambda *a: pytest.fail("replayed before out was checked"))
     out = tmp_path / "replay"
     out.mkdir()
     read_only(out)

@@ -27,20 +27,25 @@ class PathsConfig:
     cache_dir: str = "${paths.output_dir}/cache"
 
 
+def probe_writable(where: Path) -> None:
+    """Make `where` if missing and write and remove a probe file in it; OSError if either
+    fails (root may write where permissions say no, so asking os.access is not enough)."""
+    import tempfile
+
+    where.mkdir(parents=True, exist_ok=True)
+    fd, probe = tempfile.mkstemp(dir=where, prefix=".write-probe-")
+    os.close(fd)
+    os.unlink(probe)
+
+
 def check_output_dirs(cfg) -> None:
     """Every output location (paths.output_dir, paths.cache_dir) exists or can be made, and
     a file can be written in it; ConfigError names the key otherwise. Call before compute,
-    so a read-only cache is found before the LM loads. Writes and removes a probe file
-    (root may write where permissions say no, so asking os.access is not enough)."""
-    import tempfile
-
+    so a read-only cache is found before the LM loads (`probe_writable`)."""
     for key in ("paths.output_dir", "paths.cache_dir"):
         where = Path(get(cfg, key))
         try:
-            where.mkdir(parents=True, exist_ok=True)
-            fd, probe = tempfile.mkstemp(dir=where, prefix=".write-probe-")
-            os.close(fd)
-            os.unlink(probe)
+            probe_writable(where)
         except OSError as e:
             fail(key, f"cannot write to {where} ({e.strerror or e}); point {key} at a writable "
                       "directory")

@@ -24,7 +24,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from stopexp.core.errors import CannotWrite, ConfigError, reported
+from stopexp.config.paths import probe_writable
+from stopexp.core.errors import CannotWrite, ConfigError, reported, writing
+from stopexp.evaluation import plots
+from stopexp.runtime.artifacts import write_json
 from stopexp.stopping.adaptive_consistency import DEFAULT_THRESHOLD
 from stopexp.stopping.answers import load_answers_bank
 from stopexp.stopping.branch_draws import (METHOD_NAMES, build_methods, derived_check_tokens,
@@ -95,6 +98,10 @@ def run(args: dict) -> dict:
     if not 1 <= args["k"] <= n:
         raise ConfigError(f"k={args['k']}: must be in 1..n={n} (or leave k unset: "
                           f"round(sqrt(n)) = {derived_k(n)})")
+    if args["out"]:
+        # checked before the replay, so an unwritable out costs no compute
+        with writing(Path(args["out"]) / "pareto.png"):
+            probe_writable(Path(args["out"]))
     results = replay(bank, methods, orders)
     points = no_prune_points(bank, args["n"], orders) + [
         {"method": m, "n": args["n"], "k": round(r["branches_launched"], 1), "accuracy": r["accuracy"],
@@ -103,9 +110,6 @@ def run(args: dict) -> dict:
                "protocol": {k: v for k, v in args.items() if k not in ("out", "path")}
                | {"source": bank.source, "prompts": len(bank.prompts)}}
     if args["out"]:
-        from stopexp.evaluation import plots
-        from stopexp.runtime.artifacts import write_json
-
         out = Path(args["out"])
         metrics["plots"] = {"pareto": str(plots.pareto(points, out / "pareto.png"))}
         write_json(out / "metrics.json", metrics)

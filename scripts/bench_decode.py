@@ -7,6 +7,10 @@ paths are the first K, since only the decode cost is measured here); plus peak m
     python scripts/bench_decode.py                                   # the embedded toy LM
     python scripts/bench_decode.py model=smollm2 search.n_paths=16 search.max_new_tokens=128
     python scripts/bench_decode.py model=qwen --prompts 8 --keep 4 --repeats 3
+    python scripts/bench_decode.py +exp=smollm2_contrastive engine=vllm --prompts 8 --repeats 1
+
+With engine=vllm it compares instead vLLM through stopexp (the engine collect uses), raw
+vLLM on the same requests, stopexp's engine and HF generate (`compare_vllm`).
 
 Options (before or after the Hydra overrides): --prompts P (test prompts, default 4),
 --keep K (paths kept per prompt at the check, default N/4), --repeats R (best of R timed
@@ -60,6 +64,23 @@ def generated_tokens(out: torch.Tensor, ends: torch.Tensor) -> int:
     return int(((ended == 0) | ((ended == 1) & torch.isin(out, ends))).sum())
 
 
+def peak_rss_of(pid: int) -> float:
+    """Peak resident memory (VmHWM) of process `pid` in GiB, 0 when it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            line = next(x for x in f if x.startswith("VmHWM:"))
+        return int(line.split()[1]) / 2**20
+    except (OSError, StopIteration):
+        return 0.0
+
+
+def children_peak_rss_gib() -> float:
+    """Summed peak RSS of this process's live descendants (vLLM's engine core and worker)."""
+    import psutil
+
+    return sum(peak_rss_of(c.pid) for c in psutil.Process().children(recursive=True))
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompts", type=int, default=4)
@@ -68,6 +89,8 @@ def main(argv: list[str]) -> None:
     args, overrides = parser.parse_known_args(argv)
     with initialize_config_dir(str(project_root() / "conf"), version_base="1.3"):
         cfg = validate(compose("collect", ["logger=none", *overrides]))
+    if cfg.engine.name == "vllm":
+        return compare_vllm(cfg, args)
     rss_start = peak_rss_gib()
     model, tok = load_lm(cfg)
     rss_model = peak_rss_gib()
@@ -131,6 +154,78 @@ def main(argv: list[str]) -> None:
     print(f"taps cost: engine+taps takes {t_tap / t_eng:.3f}x the time of the engine alone")
     print(f"peak RSS: {rss_start:.2f} GiB before loading, {rss_model:.2f} GiB after loading the "
           f"model, {peak_rss_gib():.2f} GiB at the end (peaks are cumulative, in run order)")
+
+
+def compare_vllm(cfg, args) -> None:
+    """engine=vllm: tokens/s and peak memory of vLLM through stopexp (VllmEngine.generate:
+    one request per path, the bank's per-token columns computed), of raw vLLM on the same
+    requests (LLM.generate only), of stopexp's own engine and of HF generate, each after one
+    warm-up; vLLM runs first and is shut down before the HF model loads."""
+    from vllm.inputs import TokensPrompt
+
+    from stopexp.models.vllm_lm import vllm_settings
+    from stopexp.search.vllm_engine import VllmEngine, open_llm
+
+    p = SamplingParams.from_config(cfg)
+    N = cfg.search.n_paths
+    settings, skeleton, tok = vllm_settings(cfg)
+    problems = build_task(cfg.task).problems("test", args.prompts)
+    prompts, seeds, _ = launch_lists(tok, problems, range(len(problems)), N, cfg.seed)
+    rows, peaks = [], {}
+    start = time.perf_counter()
+    with open_llm(settings) as llm:
+        started = time.perf_counter() - start
+        engine = VllmEngine(llm, settings, p, eos_ids(skeleton, tok), tok.pad_token_id)
+        requests = [TokensPrompt(prompt_token_ids=x) for x in prompts]
+        params = [engine.request(s) for s in seeds]
+
+        def raw():
+            return sum(len(d.outputs[0].token_ids)
+                       for d in llm.generate(requests, params, use_tqdm=False))
+
+        for name, fn in (("vLLM, stopexp", lambda: int(engine.generate(prompts, seeds)[4].sum())),
+                         ("vLLM, raw", raw)):
+            t, n = timed(fn, args.repeats)
+            rows.append((name, n, t))
+            peaks[name] = peak_rss_gib() + children_peak_rss_gib()
+    model, hf_tok = load_lm(cfg)
+    device = next(model.parameters()).device
+    ends = torch.tensor(eos_ids(model, hf_tok), device=device)
+
+    def ours():
+        return int(make_engine(model, hf_tok, p).generate(prompts, seeds)[4].sum())
+
+    def hf_run():
+        distinct = hf_tok.pad([{"input_ids": prompts[i * N]} for i in range(len(problems))],
+                              return_tensors="pt").to(device)
+        stop = {"stop_strings": list(p.stop), "tokenizer": hf_tok} if p.stop else {}
+        out = model.generate(**distinct, do_sample=True, num_return_sequences=N,
+                             temperature=p.temperature, top_p=p.top_p, top_k=p.top_k,
+                             max_new_tokens=p.max_new_tokens, pad_token_id=hf_tok.pad_token_id,
+                             eos_token_id=ends.tolist(), **stop)
+        return generated_tokens(out[:, distinct["input_ids"].shape[1]:], ends)
+
+    torch.manual_seed(0)
+    for name, fn in (("stopexp engine", ours), ("HF generate", hf_run)):
+        t, n = timed(fn, args.repeats)
+        rows.append((name, n, t))
+        peaks[name] = peak_rss_gib()
+    print(f"model={cfg.model.name} prompts={len(problems)} paths/prompt={N} "
+          f"max_new_tokens={p.max_new_tokens} temperature={p.temperature} stop={list(p.stop)} "
+          f"dtype={settings.dtype} vllm enforce_eager={settings.enforce_eager} "
+          f"threads={torch.get_num_threads()} repeats={args.repeats}; vLLM started in {started:.0f}s")
+    print(f"{'':<16}{'tokens':>8}{'seconds':>10}{'tokens/s':>11}{'peak RSS GiB':>14}")
+    for name, n, t in rows:
+        print(f"{name:<16}{n:>8}{t:>10.3f}{n / t:>11.0f}{peaks[name]:>14.2f}")
+    rate = {name: n / t for name, n, t in rows}
+    print(f"ratio vLLM through stopexp / raw vLLM (tokens/s): "
+          f"{rate['vLLM, stopexp'] / rate['vLLM, raw']:.2f}  (target >= 0.9)")
+    print(f"ratio vLLM through stopexp / stopexp engine (tokens/s): "
+          f"{rate['vLLM, stopexp'] / rate['stopexp engine']:.2f}  (target >= 1.3)")
+    print(f"ratio stopexp engine / HF generate (tokens/s): "
+          f"{rate['stopexp engine'] / rate['HF generate']:.2f}")
+    print("peak RSS of the vLLM rows: this process plus vLLM's engine processes; of the HF rows: "
+          "this process (cumulative, in run order)")
 
 
 if __name__ == "__main__":

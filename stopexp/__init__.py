@@ -1,3 +1,5 @@
 """stopexp: learned internal signals that prune doomed reasoning paths early."""
 
-__version__ = "0.1.0"
+from stopexp.core.version import __version__
+
+__all__ = ["__version__"]

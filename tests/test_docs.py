@@ -123,7 +123,7 @@ def _fmt(v) -> str:
 
 
 SECTIONS = {"model", "model.toy", "task", "tap", "tap.positions", "predictor", "loss", "policy",
-            "search", "logger", "reward", "collect", "train", "evaluate", "adapt", "paths"}
+            "search", "logger", "reward", "engine", "collect", "train", "evaluate", "adapt", "paths"}
 
 
 def _leaves(d: dict, prefix: str = ""):

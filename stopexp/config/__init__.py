@@ -1,7 +1,7 @@
 """Structured-config schemas for every config group, registered in Hydra's ConfigStore,
 and validate(). The package mirrors conf/: one module per group with its schema(s) and
 range checks (model, task, tap, predictor: predictor/loss/train, policy, search, reward,
-collect, evaluate, adapt, paths: paths/logger), `reads` (allowed values, keys only some
+engine, collect, evaluate, adapt, paths: paths/logger), `reads` (allowed values, keys only some
 options read), `cross` (rules spanning groups), `root` (Config, register), `validation`
 (validate) and `resolvers` (the ${stopexp_*:} resolvers conf/ uses).
 
@@ -14,6 +14,7 @@ helpers now live in stopexp.core: protocol, text, names).
 """
 from stopexp.config.adapt import SHIFTABLE, AdaptConfig, shifted_config
 from stopexp.config.collect import CollectConfig
+from stopexp.config.engine import EngineConfig
 from stopexp.config.evaluate import EvaluateConfig, check_method_names
 from stopexp.config.model import DEVICE, TOY_UNREAD, ModelConfig, ToyLMConfig
 from stopexp.config.paths import LoggerConfig, PathsConfig, check_output_dirs
@@ -39,9 +40,10 @@ __all__ = [
     "ADAPT_VARIANTS", "ALLOWED", "ALWAYS_METHODS", "BASELINE_METHODS", "DEVICE", "MIN_TEMPERATURE",
     "POSITION_INPUT_PREDICTORS", "READ_ONLY_BY", "SEED_KEYS", "SHIFTABLE", "SPLITS",
     "STOPPING_METHODS", "SYMBOLIC_LAYERS", "TEXT_KEYS", "TEXT_TOKENIZERS", "TOY_UNREAD",
-    "AdaptConfig", "CollectConfig", "Config", "ConfigError", "EvaluateConfig", "LoggerConfig",
-    "LossConfig", "ModelConfig", "PathsConfig", "PolicyConfig", "PredictorConfig", "RewardConfig",
-    "SearchConfig", "TapConfig", "TapPositionsConfig", "TaskConfig", "ToyLMConfig", "TrainConfig",
+    "AdaptConfig", "CollectConfig", "Config", "ConfigError", "EngineConfig", "EvaluateConfig",
+    "LoggerConfig", "LossConfig", "ModelConfig", "PathsConfig", "PolicyConfig", "PredictorConfig",
+    "RewardConfig", "SearchConfig", "TapConfig", "TapPositionsConfig", "TaskConfig", "ToyLMConfig",
+    "TrainConfig",
     "attention_heads", "check_method_names", "check_output_dirs", "check_plan", "check_values",
     "checkpoint_tokens", "decode_escapes", "decoded_text", "derived_keep", "derived_n_points",
     "derived_retention", "layer_index", "model_name_of", "project_root", "register",

@@ -22,11 +22,15 @@ each (validate checks it there):
   beam_has_no_vote                evaluate pipeline   search=beam x evaluate.vote
   beam_scores_each_step           evaluate pipeline   search=beam x search.score_rule
   beam_keep_below_width           evaluate pipeline   search=beam x policy=topk's keep
+  vllm_serves_it                  every stage   engine=vllm x search=beam, evaluate.mode=online,
+                                                compare_beam, collect.mc_rollouts, top-k / top-p
 
 adapt's own rules on the other groups (search=parallel, no super_token, evaluate's
 selection unused) are adapt's: stopexp.config.adapt.
 """
 from __future__ import annotations
+
+from omegaconf import OmegaConf
 
 from stopexp.config.ranges import fail, is_list, n_layers_of
 from stopexp.core.names import BOUNDED_REWARDS, STEP_SEPARATORS
@@ -213,3 +217,35 @@ def beam_keep_below_width(cfg) -> None:
                             f"{s.beam_width} live beams, so beam search would never prune and "
                             "every method would equal no_prune; use policy=quantile (as "
                             "+exp=toy_beam does), policy=fixed or a K below the beam width")
+
+
+# what engine=vllm cannot serve: it generates whole paths (collect), so anything that reads
+# the LM between decode steps (per-step beam checks, live taps and checks, forked rollouts)
+# needs the hf engine; key -> (is it asked for?, why)
+VLLM_UNSERVED = {
+    "search.name": (lambda cfg: cfg.search.name == "beam",
+                    "search=beam scores and reorders beams at every check step"),
+    "evaluate.mode": (lambda cfg: cfg.evaluate.mode == "online",
+                      "online evaluate and adapt read taps between decode steps and continue each kept "
+                      "path on its own random stream, which a resumed vLLM request restarts"),
+    "evaluate.compare_beam": (lambda cfg: bool(cfg.evaluate.compare_beam),
+                              "the plain beam search it compares with runs step by step"),
+    "collect.mc_rollouts": (lambda cfg: cfg.collect.mc_rollouts > 0,
+                            "Monte Carlo rollouts fork each path's KV cache at the checkpoints"),
+    # vLLM returns the log-probs of one distribution: the filtered one it samples from, but
+    # the confidence column is over the unfiltered one (stopexp.search.decode)
+    **{f"search.{k}": (lambda cfg, k=k, off=off: cfg.search.do_sample and cfg.search[k] != off,
+                       "the confidence column reads the unfiltered distribution, and vLLM "
+                       "returns only the filtered one it samples from")
+       for k, off in (("top_p", 1.0), ("top_k", 0))},
+}
+
+
+def vllm_serves_it(cfg) -> None:
+    """Under engine=vllm nothing is asked that only the hf engine serves (VLLM_UNSERVED)."""
+    if cfg.engine.name != "vllm":
+        return
+    for key, (asked, why) in VLLM_UNSERVED.items():
+        if asked(cfg):
+            fail(key, f"{OmegaConf.select(cfg, key)!r} is not served by engine=vllm ({why}); "
+                      "use engine=hf for it")

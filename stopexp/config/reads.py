@@ -34,6 +34,8 @@ ALLOWED = {
     "evaluate.vote": ("majority", "weighted", "filtered"),
     "search.score_rule": ("last", "running_mean"),
     "evaluate.select": ("vote", "signal", "lm_score", "oracle"),
+    "engine.name": ("hf", "vllm"),
+    "engine.dtype": ("auto", "float32", "bfloat16", "float16"),
     "reward.name": ("correct", "rouge_l", "bleu", "bertscore", "neg_perplexity", "external"),
 }
 # Keys that only some options read: key -> (the key naming the option, the options that
@@ -62,6 +64,10 @@ READ_ONLY_BY = {
                                                                         "instruction")},
     "task.extraction": ("task.name", ("qa", "wordprob")),
     "task.tokenize": ("task.name", ("qa", "wordprob", "datatotext")),  # arith compares characters
+    # what stopexp.search.vllm_engine passes to vllm.LLM
+    **{f"engine.{k}": ("engine.name", ("vllm",)) for k in (
+        "dtype", "max_model_len", "gpu_memory_utilization", "cpu_kvcache_space",
+        "tensor_parallel_size", "enable_prefix_caching", "enforce_eager", "seed", "max_logprobs")},
     "evaluate.esc_window": ("evaluate.methods", ("esc",)),
     "evaluate.asc_threshold": ("evaluate.methods", ("adaptive_consistency",)),
     "evaluate.deepconf_warmup": ("evaluate.methods", ("deepconf_online",)),

@@ -12,6 +12,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from stopexp.config.adapt import AdaptConfig
 from stopexp.config.collect import CollectConfig
+from stopexp.config.engine import EngineConfig
 from stopexp.config.evaluate import EvaluateConfig
 from stopexp.config.model import ModelConfig
 from stopexp.config.paths import LoggerConfig, PathsConfig
@@ -36,6 +37,7 @@ class Config:
     search: SearchConfig = field(default_factory=SearchConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
     collect: CollectConfig = field(default_factory=CollectConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
@@ -50,7 +52,8 @@ def register() -> None:
     for group, node in [("model", ModelConfig), ("task", TaskConfig), ("tap", TapConfig),
                         ("predictor", PredictorConfig), ("loss", LossConfig),
                         ("policy", PolicyConfig), ("search", SearchConfig),
-                        ("logger", LoggerConfig), ("reward", RewardConfig)]:
+                        ("logger", LoggerConfig), ("reward", RewardConfig),
+                        ("engine", EngineConfig)]:
         cs.store(group=group, name=f"{group}_schema", node=node)
 
 

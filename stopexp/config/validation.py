@@ -10,14 +10,14 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from stopexp.config import (adapt, collect, cross, evaluate, model, predictor, reward, search, tap,
-                            task)
+from stopexp.config import (adapt, collect, cross, engine, evaluate, model, predictor, reward,
+                            search, tap, task)
 from stopexp.config.ranges import at_least, fail, get, n_layers_of
 from stopexp.config.reads import ALLOWED, check_unread
 from stopexp.core.errors import ConfigError
 
 SEED_KEYS = ("seed", "task.seed", "collect.seed", "train.seed", "evaluate.seed", "model.toy.seed",
-             "adapt.seed")
+             "adapt.seed", "engine.seed")
 
 
 def unknown_keys(node: Any, prefix: str = "") -> list[str]:
@@ -81,6 +81,7 @@ def validate(cfg: DictConfig) -> DictConfig:
     collect.check_collect(cfg)
     _check_predictor_loss_train(cfg)
     _check_reward(cfg)
+    _check_engine(cfg)
     check_unread(cfg)  # after the range checks: a bad value is named as such first
     cross.bank_has_training_prompts(cfg)
     if cfg.stage in ("evaluate", "pipeline"):
@@ -128,3 +129,10 @@ def _check_reward(cfg) -> None:
     cross.online_reward_needs_no_logprobs(cfg)
     predictor.check_min_gap(cfg.loss)
     cross.min_gap_below_reward_range(cfg)
+
+
+def _check_engine(cfg) -> None:
+    """engine.*: nothing asked of engine=vllm that only the hf engine serves, then the vllm
+    knobs' ranges and vllm importable, all before any model loads."""
+    cross.vllm_serves_it(cfg)
+    engine.check_engine(cfg)

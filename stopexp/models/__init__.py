@@ -76,14 +76,21 @@ def load_lm(cfg, progress: bool = True):
             model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
     except (OSError, ValueError) as e:
         raise ModelNotAvailable(not_available_message(source, e)) from e
-    if not m.chat_template:  # plain prompts even where the tokenizer ships a template
+    prepare_tokenizer(tokenizer, m)
+    model.to(device).eval().requires_grad_(False)
+    check_sizes(cfg, model)
+    return model, tokenizer
+
+
+def prepare_tokenizer(tokenizer, model_cfg):
+    """The tokenizer as every engine uses it: the chat template off where model.chat_template
+    is false, a pad token (the EOS where it has none), left padding."""
+    if not model_cfg.chat_template:  # plain prompts even where the tokenizer ships a template
         tokenizer.chat_template = None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
-    model.to(device).eval().requires_grad_(False)
-    check_sizes(cfg, model)
-    return model, tokenizer
+    return tokenizer
 
 
 def not_available_message(source: str, error: Exception) -> str:

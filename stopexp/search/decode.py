@@ -312,6 +312,12 @@ class Engine:
             self.step(state)
         return state
 
+    def generate(self, prompts: list[list[int]], seeds: list[int], labels: list[str] | None = None):
+        """Whole paths: (tokens, logprob, entropy, conf) as (P, T) padded tensors, lengths
+        (P,) and finished (P,), as `Decode.tensors` gives them (the vLLM engine's API too)."""
+        state = self.run(self.launch(prompts, seeds, labels))
+        return (*state.tensors(self.pad_id), state.finished.clone())
+
     def fork(self, state: Decode, repeats: int, seeds: list[int] | None,
              rows: torch.Tensor | None = None) -> Decode:
         """A new state whose rows are the live `rows` (default: all) each repeated

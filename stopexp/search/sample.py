@@ -40,11 +40,15 @@ class PromptTooLong(UserError, ValueError):
 
 def prompt_limit(cfg, model) -> int | None:
     """The longest prompt in tokens: model.max_prompt_tokens, else the model's
-    max_position_embeddings minus search.max_new_tokens (None when the model states none)."""
+    max_position_embeddings (engine=vllm: engine.max_model_len where set) minus
+    search.max_new_tokens (None when the model states none)."""
     if cfg.model.max_prompt_tokens is not None:
         return int(cfg.model.max_prompt_tokens)
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     positions = getattr(config, "max_position_embeddings", None)
+    engine = cfg.get("engine")
+    if engine is not None and engine.name == "vllm" and engine.max_model_len is not None:
+        positions = int(engine.max_model_len)  # vLLM refuses a request longer than that
     return None if positions is None else max(0, positions - cfg.search.max_new_tokens)
 
 

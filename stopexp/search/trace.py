@@ -52,7 +52,7 @@ def mc_success(engine: Engine, tokenizer, task, state: Decode, problems, owners,
     return out, generated
 
 
-def trace_problems(engine: Engine, tokenizer, task, problems, n_paths: int, seed: int,
+def trace_problems(engine, tokenizer, task, problems, n_paths: int, seed: int,
                    checkpoints: list[int], mc_rollouts: int, max_rows: int = 1024, reward=None
                    ) -> tuple[dict[str, list], int]:
     """Columns of the trace bank for `problems` (N paths each), in (prompt, path) order,
@@ -60,7 +60,9 @@ def trace_problems(engine: Engine, tokenizer, task, problems, n_paths: int, seed
     (stopexp.tasks.rewards.Reward; None: the outcome) fills the `reward` column. With
     `mc_rollouts`, "mc" holds per path the mean reward of that many rollouts from each of
     `checkpoints` (a path that ended by then: its own reward); without, it is empty. The
-    engine needs no taps: hidden features are extracted later from the stored tokens."""
+    engine needs no taps: hidden features are extracted later from the stored tokens.
+    `engine` is the hf Engine, or without rollouts anything with its `generate` and
+    `pad_id` (stopexp.search.vllm_engine.VllmEngine)."""
     mc_tokens = 0
     cols: dict[str, list] = {k: [] for k in (
         "split", "prompt_id", "prompt", "prompt_len", "path_id", "tokens", "text", "answer", "correct",
@@ -70,18 +72,23 @@ def trace_problems(engine: Engine, tokenizer, task, problems, n_paths: int, seed
     for chunk in prompt_chunks(len(problems), n_paths, max_rows):
         prompts, seeds, owners = launch_lists(tokenizer, problems, chunk, n_paths, seed)
         P = len(prompts)
-        state = engine.launch(prompts, seeds, path_labels(problems, owners))
         mc = np.full((P, C), np.nan, dtype=np.float32)
-        for c_idx, c in enumerate(checkpoints[:C]):
-            engine.run(state, until=c)
-            if state.size:
-                rates, n_tok = mc_success(engine, tokenizer, task, state, problems, owners,
-                                          seed, mc_rollouts, max_rows, reward=reward)
-                mc_tokens += n_tok
-                for p, rate in rates.items():
-                    mc[p, c_idx] = rate
-        engine.run(state)
-        tok, lp, ent, conf, lengths = state.tensors(engine.pad_id)
+        if C:  # rollouts fork the live paths at each checkpoint (the hf engine)
+            state = engine.launch(prompts, seeds, path_labels(problems, owners))
+            for c_idx, c in enumerate(checkpoints[:C]):
+                engine.run(state, until=c)
+                if state.size:
+                    rates, n_tok = mc_success(engine, tokenizer, task, state, problems, owners,
+                                              seed, mc_rollouts, max_rows, reward=reward)
+                    mc_tokens += n_tok
+                    for p, rate in rates.items():
+                        mc[p, c_idx] = rate
+            engine.run(state)
+            tok, lp, ent, conf, lengths = state.tensors(engine.pad_id)
+            finished = state.finished
+        else:  # whole paths: any engine (hf or vLLM)
+            tok, lp, ent, conf, lengths, finished = engine.generate(
+                prompts, seeds, path_labels(problems, owners))
         texts = _decode_texts(tokenizer, tok, lengths)
         owned = [problems[i] for i, _ in owners]
         rewards = [float(task.check(q, t)) for q, t in zip(owned, texts)] if reward is None else \
@@ -104,7 +111,7 @@ def trace_problems(engine: Engine, tokenizer, task, problems, n_paths: int, seed
             cols["correct"].append(correct)
             cols["reward"].append(float(rewards[p]))
             cols["length"].append(n)
-            cols["finished"].append(bool(state.finished[p]))
+            cols["finished"].append(bool(finished[p]))
             cols["style"].append(diag["style"])
             cols["first_error"].append(diag["first_error"])
             cols["token_logprob"].append(lp[p, :n].numpy())

@@ -7,12 +7,14 @@ from __future__ import annotations
 import copy
 import logging
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
+from stopexp.core.version import __version__
 from stopexp.runtime.integrity import set_aside
 from stopexp.runtime.ranks import barrier, in_group
 from stopexp.store import bank
@@ -169,28 +171,27 @@ def _fill(cfg, root: Path, task, shards: list, pending: list[int], rank: int,
           checkpoints: list[int]) -> set[str]:
     """Generate the `pending` shards (Monte Carlo labels at `checkpoints`); returns the
     names written and the paths they hold."""
-    from stopexp.models import load_lm
-    from stopexp.search.decode import SamplingParams, make_engine
+    from stopexp.search.decode import SamplingParams
     from stopexp.search.memory import kv_bytes_per_token
     from stopexp.search.sample import fit_prompts, prompt_limit, row_cap
     from stopexp.search.trace import trace_problems
     from stopexp.tasks.rewards import build_reward
 
     reward = build_reward(cfg.reward) if cfg.reward.name != "correct" else None  # None: outcome
-    model, tokenizer = load_lm(generation_config(cfg))
     params = SamplingParams.from_config(cfg)
-    text_cfg = model.config.get_text_config()
     n_prompts = sum(len(shards[i]) for i in pending)
     log.info("collecting %d shards (%d prompts x %d paths) into %s", len(pending), n_prompts,
              cfg.search.n_paths, root)
-    start, paths, tokens, written = time.time(), 0, 0, set()
-    with tqdm(total=n_prompts, unit="prompt", desc="collect") as bar:
-        engine = make_engine(model, tokenizer, params)
+    paths, tokens, written = 0, 0, set()
+    with generation_engine(cfg, params) as (engine, model, tokenizer), \
+            tqdm(total=n_prompts, unit="prompt", desc="collect") as bar:
+        start = time.time()  # the rates shown leave out loading the LM (or starting vLLM)
+        text_cfg = model.config.get_text_config()
         feats = bank.features(len(checkpoints))
         measured = {"lm_parameters": sum(p.numel() for p in model.parameters()),
                     "hidden_size": text_cfg.hidden_size, "num_layers": text_cfg.num_hidden_layers,
                     "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
-                    "kv_bytes_per_token": kv_bytes_per_token(model)}
+                    "kv_bytes_per_token": kv_bytes_per_token(model), "engine": engine_record(engine)}
         limit = prompt_limit(cfg, model)
         for i in pending:
             shard_start = time.time()
@@ -217,6 +218,35 @@ def _fill(cfg, root: Path, task, shards: list, pending: list[int], rank: int,
             rate = time.time() - start
             bar.set_postfix(paths_s=f"{paths / rate:.0f}", tok_s=f"{tokens / rate:.0f}")
     return written, paths
+
+
+@contextmanager
+def generation_engine(cfg, params):
+    """(engine, model, tokenizer) that collect generates with: the hf engine over the loaded
+    LM, or under engine=vllm a vLLM engine and the LM's weightless skeleton (its config,
+    sizes and EOS ids), the engine shut down on exit."""
+    if cfg.engine.name == "vllm":
+        from stopexp.models.vllm_lm import open_vllm_engine
+
+        with open_vllm_engine(cfg, params) as opened:
+            yield opened
+        return
+    from stopexp.models import load_lm
+    from stopexp.search.decode import make_engine
+
+    model, tokenizer = load_lm(generation_config(cfg))
+    yield make_engine(model, tokenizer, params), model, tokenizer
+
+
+def engine_record(engine) -> dict:
+    """Which engine and version made the paths, for the bank's meta.json."""
+    if hasattr(engine, "record"):
+        return engine.record()
+    import torch
+    import transformers
+
+    return {"name": "hf", "version": __version__, "torch": torch.__version__,
+            "transformers": transformers.__version__}
 
 
 def generation_config(cfg):
@@ -246,6 +276,7 @@ def _write_meta(cfg, root: Path, task, shards: list, good: dict[int, str],
         tokens = sum(r["tokens"] for r in with_data)
         known = {k: with_data[0][k] for k in ("lm_parameters", "hidden_size", "num_layers", "dtype",
                                               "kv_bytes_per_token")}
+        known.update({"engine": r["engine"] for r in with_data[:1] if "engine" in r})
         known["seconds_per_token"] = sum(r["seconds"] for r in with_data) / max(tokens, 1)
     bank.write_meta(root, {
         "key": root.name, "complete": not missing, "model_name": cfg.model.name,

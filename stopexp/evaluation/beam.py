@@ -13,8 +13,15 @@ from stopexp.core.policies import build_policy, policy_params
 from stopexp.core.protocol import checkpoint_tokens
 from stopexp.evaluation import plots
 from stopexp.evaluation.accounting import add_text_metrics, prompts_in
-from stopexp.metrics import bootstrap_ci
+from stopexp.metrics import BertScorer, bootstrap_ci, text_metrics
+from stopexp.models import load_lm
+from stopexp.search.beam import beam_search_batch
+from stopexp.search.decode import SamplingParams, eos_ids
+from stopexp.search.sample import fit_prompts, prompt_ids, prompt_limit
+from stopexp.search.taps import Taps
 from stopexp.stopping.replay import STOPPING_METHODS
+from stopexp.tasks import build_task
+from stopexp.tasks.rewards import build_reward, references
 
 log = logging.getLogger(__name__)
 
@@ -84,13 +91,6 @@ def evaluate_beam(cfg, names: list[str], scorers: dict, n_prompts: int) -> tuple
     task's process check: a beam whose written steps already contain an error scores 0
     (only tasks in PROCESS_CHECKED_TASKS). Returns per method the metrics and the chosen
     output text of every prompt, and the prompts' ids."""
-    from stopexp.models import load_lm
-    from stopexp.search.beam import beam_search_batch
-    from stopexp.search.decode import SamplingParams, eos_ids
-    from stopexp.search.sample import fit_prompts, prompt_ids, prompt_limit
-    from stopexp.search.taps import Taps
-    from stopexp.tasks import build_task
-
     task = build_task(cfg.task)
     model, tokenizer = load_lm(cfg)
     problems = fit_prompts(tokenizer, task.problems(cfg.evaluate.split, n_prompts),
@@ -161,10 +161,6 @@ def compare_with_beam(cfg, prompt_ids: np.ndarray, chosen: dict, results: dict) 
     BERTScore of its chosen outputs against beam search's). Returns beam search's own
     summary: tokens, its outputs' text metrics against the reference and mean reward."""
     from omegaconf import open_dict
-
-    from stopexp.metrics import BertScorer, text_metrics
-    from stopexp.tasks import build_task
-    from stopexp.tasks.rewards import build_reward, references
 
     beam_cfg = cfg.copy()
     with open_dict(beam_cfg):

@@ -8,6 +8,13 @@ import torch
 from stopexp.core.policies import build_policy
 from stopexp.core.protocol import check_plan
 from stopexp.evaluation.accounting import Decision, Paths
+from stopexp.models import load_lm
+from stopexp.search.decode import SamplingParams, make_engine
+from stopexp.search.memory import kv_bytes_per_token, memory_summary
+from stopexp.search.parallel import launch_check_resume
+from stopexp.search.sample import fit_prompts, prompt_limit, row_cap
+from stopexp.search.taps import Taps
+from stopexp.tasks import build_task, vote_format
 
 
 def run_launch_check_resume(cfg, model, tokenizer, task, problems, methods: dict,
@@ -16,11 +23,6 @@ def run_launch_check_resume(cfg, model, tokenizer, task, problems, methods: dict
     policy factory)) plus no_prune, with the taps, sampling, row cap and score rule of
     `cfg`, checked at `checkpoint` (tokens) or at each of a list of them; returns
     stopexp.search.parallel.launch_check_resume's runs and check batch."""
-    from stopexp.search.decode import SamplingParams, make_engine
-    from stopexp.search.parallel import launch_check_resume
-    from stopexp.search.sample import row_cap
-    from stopexp.search.taps import Taps
-
     with Taps.from_config(model, cfg.tap) as taps:
         checks = (checkpoint,) if isinstance(checkpoint, int) else tuple(checkpoint)
         engine = make_engine(model, tokenizer, SamplingParams.from_config(cfg), taps, checks)
@@ -34,11 +36,6 @@ def online_paths(cfg, names, scorers, checkpoint, n_prompts: int):
     the first, is where the AUROC batch is read). Returns the paths as the no_prune run saw
     them, per method the paths as that method's run saw them with its `Decision` (None for
     no_prune), and per method the measured time."""
-    from stopexp.models import load_lm
-    from stopexp.search.memory import kv_bytes_per_token, memory_summary
-    from stopexp.search.sample import fit_prompts, prompt_limit
-    from stopexp.tasks import build_task, vote_format
-
     task = build_task(cfg.task)
     model, tokenizer = load_lm(cfg)
     problems = fit_prompts(tokenizer, task.problems(cfg.evaluate.split, n_prompts),

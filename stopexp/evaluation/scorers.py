@@ -8,11 +8,17 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from stopexp.config import ALLOWED, PredictorConfig, check_method_names, checkpoint_tokens
 from stopexp.config import ALWAYS_METHODS as ALWAYS
-from stopexp.config import check_method_names
 from stopexp.core.errors import NotFound
+from stopexp.models import load_lm
+from stopexp.models.super_token import load_super_token
+from stopexp.signals import PREDICTORS
 from stopexp.signals import methods as M
+from stopexp.signals.checkpoint import CheckpointDamaged, CheckpointMismatch, load_predictor
 from stopexp.stopping.replay import STOPPING_METHODS
+from stopexp.training.data import predictor_dir
+from stopexp.training.predictor import train
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +39,6 @@ def warn_off_checkpoint(cfg, names: list[str], plan: list[tuple[int, int]]) -> s
     """One log line (returned) when a learned method trained at train.checkpoint alone
     scores paths at a check of another prefix (a later progressive check, say): there it
     reads features from outside its training distribution."""
-    from stopexp.config import ALLOWED, checkpoint_tokens
-
     learned = [m for m in names if m in ALLOWED["predictor.name"]]
     trained = checkpoint_tokens(cfg.train.checkpoint, cfg.search.max_new_tokens)
     other = [t for t, _ in plan if t != trained]
@@ -55,11 +59,6 @@ def check_methods(cfg) -> None:
 def build_scorers(cfg, names: list[str], spec) -> dict:
     """name -> scorer for every method but no_prune; learned ones load their checkpoint
     (the conf_features control is trained here if missing: it needs no LM)."""
-    from stopexp.signals import PREDICTORS
-    from stopexp.signals.checkpoint import CheckpointDamaged, CheckpointMismatch, load_predictor
-    from stopexp.training.data import predictor_dir
-    from stopexp.training.predictor import train
-
     scorers = {}
     for name in names:
         if name == "no_prune" or name in STOPPING_METHODS:  # no scorer: their own protocol
@@ -82,8 +81,6 @@ def build_scorers(cfg, names: list[str], spec) -> dict:
                     f"{command} (or run python -m stopexp.pipeline, which makes it for you)")
             try:
                 if name == "super_token":  # on its own copy of the LM; online it reads the engine's cache
-                    from stopexp.models import load_lm
-                    from stopexp.models.super_token import load_super_token
                     predictor, _ = load_super_token(ckpt, *load_lm(sub, progress=False), spec,
                                                     sub.predictor, cfg.search.max_batch_rows)
                 else:
@@ -98,8 +95,6 @@ def build_scorers(cfg, names: list[str], spec) -> dict:
 
 def _with_predictor(cfg, name: str):
     """cfg with conf/predictor/<name>.yaml as its predictor (the controls' config)."""
-    from stopexp.config import PredictorConfig
-
     node = OmegaConf.load(Path(__file__).resolve().parents[2] / "conf" / "predictor" / f"{name}.yaml")
     node.pop("defaults", None)
     sub = cfg.copy()

@@ -23,6 +23,7 @@ import logging
 import numpy as np
 
 from stopexp.core.errors import ConfigError
+from stopexp.store import bank
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +62,6 @@ def attach_bank_columns(views: dict, root, split: str) -> None:
     that finish are the bank's own (each path has its own random stream), which is checked:
     a finishing path whose text differs from the bank's raises ValueError naming it; paths
     pruned online (their text is a prefix) get NaN."""
-    from stopexp.store import bank
-
     ds = bank.load_bank(root, split)
     index = {(int(p), int(j)): i for i, (p, j) in enumerate(zip(ds["prompt_id"][:], ds["path_id"][:]))}
     texts, rewards = ds["text"][:], bank.rewards_of(ds).astype(float)  # as replay_paths

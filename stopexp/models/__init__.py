@@ -9,6 +9,7 @@ import torch
 from omegaconf import OmegaConf
 
 from stopexp.core.errors import ConfigError, UserError
+from stopexp.models import gguf, toy_lm
 from stopexp.runtime.hub import endpoint, offline_by_choice, offline_unless_reachable, reachable
 
 log = logging.getLogger(__name__)
@@ -42,13 +43,9 @@ def model_dir(cfg, progress: bool = True) -> str:
     directory converted from `model.gguf_file` (converted if needed) or `model.path`
     (hub id or local directory)."""
     if cfg.model.name == "toy":
-        from stopexp.models.toy_lm import ensure_toy_lm
-
-        return str(ensure_toy_lm(cfg, progress))
+        return str(toy_lm.ensure_toy_lm(cfg, progress))
     if cfg.model.gguf_file:
-        from stopexp.models.gguf import ensure_gguf
-
-        return str(ensure_gguf(cfg.model.gguf_file, cfg.paths.cache_dir))
+        return str(gguf.ensure_gguf(cfg.model.gguf_file, cfg.paths.cache_dir))
     return cfg.model.path
 
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from stopexp.search.taps import decoder_layers
+
 DEFAULT_BATCH_TOKENS = 16384  # tokens per teacher-forced forward without model.max_batch_tokens
 
 
@@ -137,8 +139,6 @@ def _extract_runs(model, taps, sequences, pad_id: int, batch_tokens: int, max_ro
     computed, nor the logits. Batches hold at most `batch_tokens` padded tokens and
     `max_rows` paths."""
     from transformers import DynamicCache
-
-    from stopexp.search.taps import decoder_layers
 
     device = next(model.parameters()).device
     out: list = [(np.zeros((0, len(taps.layers), 0), np.float32), None)] * len(sequences)

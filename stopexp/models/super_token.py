@@ -24,6 +24,7 @@ from peft.tuners.tuners_utils import BaseTunerLayer
 from torch import nn
 from transformers import DynamicCache
 
+from stopexp.models import load_lm
 from stopexp.search.sample import prompt_ids
 from stopexp.signals.checkpoint import (REBUILD, CheckpointMismatch, check_spec, load_weights,
                                         read_checkpoint)
@@ -121,8 +122,6 @@ class SuperTokenPredictor(nn.Module):
 
 def build_super_token(cfg) -> SuperTokenPredictor:
     """The super-token predictor of `cfg.predictor` on a freshly loaded LM of `cfg.model`."""
-    from stopexp.models import load_lm
-
     lm, tokenizer = load_lm(cfg, progress=False)
     return SuperTokenPredictor(cfg.predictor, lm, tokenizer, cfg.search.max_batch_rows)
 

@@ -25,6 +25,7 @@ from stopexp.runtime.artifacts import config_hash, publish_dir, staging_dir, wri
 from stopexp.runtime.integrity import dir_problem, records, set_aside
 from stopexp.search.decode import SamplingParams, make_engine
 from stopexp.search.sample import sample_paths
+from stopexp.tasks import build_task
 
 log = logging.getLogger(__name__)
 COMMITTED = Path(__file__).parent / "pretrained"
@@ -170,8 +171,6 @@ def ensure_toy_lm(cfg, progress=True) -> Path:
     """The toy LM's directory for this config: the cache, else the committed checkpoint,
     else trained now (and cached). A damaged cached copy is deleted and trained again, a
     damaged committed one is passed over (both with a warning naming the file)."""
-    from stopexp.tasks import build_task
-
     key = toy_key(cfg.model.toy, cfg.task)
     final = Path(cfg.paths.cache_dir) / "toy_lm" / key
     committed = COMMITTED / f"toy-{key}"

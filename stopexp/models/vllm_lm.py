@@ -10,6 +10,7 @@ import torch
 from stopexp.models import (ModelNotAvailable, check_sizes, model_dir, not_available_message,
                             pick_device, pick_dtype, prepare_tokenizer)
 from stopexp.runtime.hub import offline_unless_reachable
+from stopexp.search.decode import eos_ids
 from stopexp.search.vllm_engine import VllmEngine, open_llm, settings_of
 
 
@@ -51,8 +52,6 @@ def vllm_settings(cfg):
 def open_vllm_engine(cfg, params):
     """(engine, model skeleton, tokenizer) for collect under engine=vllm; the LLM is shut
     down on exit unless `hold` keeps it open."""
-    from stopexp.search.decode import eos_ids
-
     s, model, tokenizer = vllm_settings(cfg)
     with open_llm(s) as llm:
         yield VllmEngine(llm, s, params, eos_ids(model, tokenizer), tokenizer.pad_token_id), \

@@ -121,7 +121,5 @@ class OutputDirsCheck(Callback):
 
     @staticmethod
     def _check(config) -> None:
-        from stopexp.config import check_output_dirs
-
         with reported():
             check_output_dirs(config)

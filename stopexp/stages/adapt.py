@@ -53,8 +53,12 @@ from stopexp.core.policies import kept_text, policy_params
 from stopexp.evaluation import plots
 from stopexp.evaluation.accounting import replay_paths
 from stopexp.runtime.cli import Stage, stage_main
+from stopexp.signals.checkpoint import load_predictor
 from stopexp.store import bank
+from stopexp.store.features import require_features, spec_of
 from stopexp.tasks import vote_format
+from stopexp.training.online import online_decider
+from stopexp.training.predictor import train
 from stopexp.training.shift import target_config, target_overrides
 from stopexp.training.stream import (ONLINE, replay_continuations, replay_decider, run_stream,
                                      stream_order, take)
@@ -65,10 +69,6 @@ log = logging.getLogger(__name__)
 def load_predictors(cfg, tgt, overrides: list[str]) -> dict:
     """The source predictor (trained on the source bank) and the ceiling (trained on the
     target bank), each trained here when missing, like train would."""
-    from stopexp.signals.checkpoint import load_predictor
-    from stopexp.store.features import spec_of
-    from stopexp.training.predictor import train
-
     out = {}
     for name, c, ov in (("frozen", cfg, overrides), ("retrained", tgt, target_overrides(cfg, overrides))):
         if name == "retrained" and "retrained" not in cfg.adapt.variants:
@@ -93,8 +93,6 @@ def adapt(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
         log.warning("train.checkpoint differs from search.check_at: the predictor scores prefixes "
                     "of another length than it learned on")
     predictors = load_predictors(cfg, tgt, overrides)
-    from stopexp.store.features import require_features
-
     paths = replay_paths(root, require_features(tgt, t_ov), cfg.adapt.split, checkpoint,
                          vote_format(tgt.task))
     n_groups = int(paths.group.max()) + 1
@@ -103,7 +101,6 @@ def adapt(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
     heldout = take(paths, held) if len(held) else None
     sec_tok = meta.get("seconds_per_token", 0.0)
     if cfg.evaluate.mode == "online":  # the target LM in the loop, on the same prompts
-        from stopexp.training.online import online_decider
         decide, continue_ = online_decider(tgt, paths, checkpoint)
     else:
         decide, continue_ = replay_decider(paths, cfg), replay_continuations(cfg)

@@ -29,8 +29,9 @@ from stopexp.evaluation import plots
 from stopexp.evaluation.accounting import (account_methods, add_text_metrics, bank_paths_and_confs,
                                            pareto_points, prompts_in, replay_paths)
 from stopexp.evaluation.analyses import add_analyses
-from stopexp.evaluation.beam import compare_with_beam
+from stopexp.evaluation.beam import beam_metrics, compare_with_beam
 from stopexp.evaluation.curves import auroc_by_prefix
+from stopexp.evaluation.online import online_paths
 from stopexp.evaluation.report import make_plots, sample_table
 from stopexp.evaluation.scorers import (build_scorers, check_methods, cli_overrides, method_names,
                                         warn_off_checkpoint)
@@ -63,12 +64,10 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
     scorers = build_scorers(cfg, names, feature_bank.spec_of(cfg, meta))
     start = time.time()
     if cfg.search.name == "beam":
-        from stopexp.evaluation.beam import beam_metrics
         return beam_metrics(cfg, names, scorers, root, start, run, run_dir)
     # run: the paths (replayed from the bank, or online with the LM)
     views = timing = None
     if cfg.evaluate.mode == "online":  # the same test prompts as the bank
-        from stopexp.evaluation.online import online_paths
         paths, views, timing = online_paths(cfg, names, scorers, checkpoint, prompts_in(root, split))
         attach_bank_columns(views, root, split)  # rewards and LM scores, checked text by text
     else:  # replay reads the features of the bank's paths, made here when missing

@@ -12,16 +12,15 @@ from pathlib import Path
 from stopexp.runtime.artifacts import write_json
 from stopexp.runtime.cli import Stage, stage_main
 from stopexp.runtime.tracking import tracked_run
+from stopexp.stages.evaluate import evaluate, print_table
+from stopexp.store.bank_fill import collect
+from stopexp.store.features import featurize
+from stopexp.training.predictor import train
 
 log = logging.getLogger(__name__)
 
 
 def run_pipeline(cfg, run_dir: Path) -> dict:
-    from stopexp.stages.evaluate import evaluate, print_table
-    from stopexp.store.bank_fill import collect
-    from stopexp.store.features import featurize
-    from stopexp.training.predictor import train
-
     timings, start = {}, time.time()
     with tracked_run(cfg, "pipeline") as run:
         collected = collect(cfg, run=run)

@@ -11,6 +11,8 @@ from pathlib import Path
 
 from stopexp.config import ConfigError
 from stopexp.core.errors import writing
+from stopexp.models import load_lm
+from stopexp.models.toy_lm import lm_task, toy_key, train_toy_lm
 from stopexp.runtime.artifacts import replace_dir, staging_dir
 from stopexp.runtime.cli import Stage, stage_main
 from stopexp.search.decode import SamplingParams, make_engine
@@ -52,9 +54,6 @@ def solve_report(cfg, model, tokenizer, n_prompts: int = 100, n_paths: int = 32)
 def main(stage: Stage) -> dict:
     cfg = stage.cfg
     from omegaconf import OmegaConf
-
-    from stopexp.models import load_lm
-    from stopexp.models.toy_lm import lm_task, toy_key, train_toy_lm
 
     if cfg.model.name != "toy":
         raise ConfigError(f"model={cfg.model.name}: python -m stopexp.toy_lm trains only model=toy")

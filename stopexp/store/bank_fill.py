@@ -15,10 +15,19 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from stopexp.core.version import __version__
+from stopexp.models import load_lm
+from stopexp.models.vllm_lm import open_vllm_engine
 from stopexp.runtime.integrity import set_aside
 from stopexp.runtime.ranks import barrier, in_group
+from stopexp.search.decode import SamplingParams, make_engine
+from stopexp.search.memory import kv_bytes_per_token
+from stopexp.search.sample import fit_prompts, prompt_limit, row_cap
+from stopexp.search.trace import trace_problems
 from stopexp.store import bank
 from stopexp.store.keys import mc_checkpoints
+from stopexp.tasks import build_task, vote_format
+from stopexp.tasks.answers import vote, vote_clusters
+from stopexp.tasks.rewards import build_reward
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +57,6 @@ def difficulty_filter(cfg, cols: dict) -> dict:
 def summarize(root: Path, answer_format: str | None = None) -> dict:
     """Per-path and vote accuracy, tokens and sanity counts over the whole bank; equivalent
     answers of `answer_format` (the task's `vote_format`) vote as one."""
-    from stopexp.tasks.answers import vote, vote_clusters
-
     ds = bank.load_bank(root)
     correct = np.asarray(ds["correct"][:])
     keys = np.asarray([f"{s}/{p}" for s, p in zip(ds["split"][:], ds["prompt_id"][:])])
@@ -102,8 +109,6 @@ def collect(cfg, rank: int = 0, world: int = 1, run=None) -> dict:
     its record byte for byte. A single process (world 1) or a launcher group that cannot
     complete it raises BankDamaged; one job of an array (collect.rank/world) may end with
     it incomplete (the other jobs finish it), which it logs with the ranks still owing."""
-    from stopexp.tasks import build_task, vote_format
-
     root = bank.bank_dir(cfg)
     task = build_task(cfg.task)
     shards = plan(cfg, task)
@@ -171,12 +176,6 @@ def _fill(cfg, root: Path, task, shards: list, pending: list[int], rank: int,
           checkpoints: list[int]) -> set[str]:
     """Generate the `pending` shards (Monte Carlo labels at `checkpoints`); returns the
     names written and the paths they hold."""
-    from stopexp.search.decode import SamplingParams
-    from stopexp.search.memory import kv_bytes_per_token
-    from stopexp.search.sample import fit_prompts, prompt_limit, row_cap
-    from stopexp.search.trace import trace_problems
-    from stopexp.tasks.rewards import build_reward
-
     reward = build_reward(cfg.reward) if cfg.reward.name != "correct" else None  # None: outcome
     params = SamplingParams.from_config(cfg)
     n_prompts = sum(len(shards[i]) for i in pending)
@@ -226,14 +225,9 @@ def generation_engine(cfg, params):
     LM, or under engine=vllm a vLLM engine and the LM's weightless skeleton (its config,
     sizes and EOS ids), the engine shut down on exit."""
     if cfg.engine.name == "vllm":
-        from stopexp.models.vllm_lm import open_vllm_engine
-
         with open_vllm_engine(cfg, params) as opened:
             yield opened
         return
-    from stopexp.models import load_lm
-    from stopexp.search.decode import make_engine
-
     model, tokenizer = load_lm(generation_config(cfg))
     yield make_engine(model, tokenizer, params), model, tokenizer
 

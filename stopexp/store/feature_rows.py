@@ -13,6 +13,7 @@ import torch
 from datasets import load_from_disk
 
 from stopexp.core.errors import error_text
+from stopexp.signals.columns import signal_matrix
 from stopexp.signals.features import SIGNAL_NAMES
 from stopexp.store import bank
 from stopexp.store.features import FEATURES_VERSION, KIND, repair_text, require_features
@@ -217,8 +218,6 @@ def _signals(ds, rows, prefix: np.ndarray, hidden: np.ndarray, attn: np.ndarray,
              feats: PathFeatures, chunk: int = 16384) -> torch.Tensor:
     """signal_matrix of the prefixes: confidence columns from the bank's per-token arrays
     (prefix = position), hidden statistics and attention entropy from the features."""
-    from stopexp.signals.columns import signal_matrix
-
     if not len(prefix):
         return torch.zeros((0, len(SIGNAL_NAMES)))
     arrays = _token_arrays(ds)

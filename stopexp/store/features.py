@@ -28,12 +28,16 @@ import numpy as np
 from datasets import Array3D, Features, List, Value, load_from_disk
 
 from stopexp.core.errors import ConfigError
-from stopexp.core.protocol import checkpoint_tokens
+from stopexp.core.protocol import attention_heads, checkpoint_tokens, resolve_layers
+from stopexp.models import load_lm
 from stopexp.models.extract import DEFAULT_BATCH_TOKENS, StepEnds, extract, path_positions
 from stopexp.runtime.artifacts import config_hash, plain
 from stopexp.runtime.integrity import set_aside
+from stopexp.search.sample import prompt_ids
+from stopexp.search.taps import Taps
 from stopexp.signals.features import SIGNAL_NAMES, FeatureSpec
 from stopexp.store import bank
+from stopexp.tasks import build_task
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +58,6 @@ def position_spec(cfg, task=None) -> dict:
     separator = None
     if pos.step_ends:
         if task is None:
-            from stopexp.tasks import build_task
             task = build_task(cfg.task)
         separator = getattr(task, "step_separator", None)
         if not separator:  # validate refuses it first (stopexp.config.cross.step_ends_need_a_separator)
@@ -84,8 +87,6 @@ def feature_spec(meta: dict) -> FeatureSpec:
 def spec_of(cfg, bank_meta: dict) -> FeatureSpec:
     """What a predictor of `cfg` is built for, from the bank's record of the LM (its name,
     width and depth) and tap.layers: no features needed (online evaluate)."""
-    from stopexp.core.protocol import resolve_layers
-
     return FeatureSpec(bank_meta["model_name"], bank_meta["hidden_size"],
                        resolve_layers(list(cfg.tap.layers), bank_meta["num_layers"]), SIGNAL_NAMES)
 
@@ -95,8 +96,6 @@ def expected_meta(cfg, bank_meta: dict, out: Path, positions: dict | None = None
     record of the LM (its name, width, depth and Monte Carlo checkpoints); `positions`:
     `position_spec(cfg)`. Attention heads are checked when listed: "all" is every head of
     the LM, which only the loaded model knows (the key covers it)."""
-    from stopexp.core.protocol import attention_heads, resolve_layers
-
     layers = list(cfg.tap.layers)
     want = {"tap_layers": resolve_layers(layers, bank_meta["num_layers"]),
             "hidden_size": bank_meta["hidden_size"], "pooling": cfg.tap.pooling}
@@ -141,8 +140,6 @@ def featurize(cfg, overrides: list[str] | None = None, run=None) -> dict:
     meta.json that does not fit the config is rewritten. The LM is loaded only when a shard
     must be computed. BankMissing when there is no bank; ArtifactMismatch when what the LM
     gave differs from the bank's record of it."""
-    from stopexp.tasks import build_task
-
     root = bank.require_bank(cfg, overrides)
     bmeta = bank.read_meta(root)
     out = features_dir(cfg)
@@ -205,8 +202,6 @@ def _tap_info(good: dict, old: dict | None, cfg, bmeta: dict) -> dict:
 
 def _model_info(cfg, bmeta: dict) -> dict:
     """What the meta records of the tap without loading the LM (a bank of empty shards)."""
-    from stopexp.core.protocol import attention_heads, resolve_layers
-
     layers = resolve_layers(list(cfg.tap.layers), bmeta["num_layers"])
     return {"tap_layers": layers, "hidden_size": bmeta["hidden_size"],
             "attention_heads": [list(h) for h in attention_heads(
@@ -217,10 +212,6 @@ def _fill(cfg, root: Path, out: Path, todo: list[str], bmeta: dict, spec: dict,
           good: dict) -> dict:
     """Compute the `todo` shards with the LM; records go into `good`."""
     from tqdm import tqdm
-
-    from stopexp.models import load_lm
-    from stopexp.search.sample import prompt_ids
-    from stopexp.search.taps import Taps
 
     log.info("extracting features of %d bank shards into %s (teacher-forced forward, loads the LM)",
              len(todo), out)

@@ -21,6 +21,7 @@ from pathlib import Path
 from stopexp.core import jsonfile
 from stopexp.core.errors import ConfigError, NotFound, UserError, error_text
 from stopexp.core.names import STEP_SEPARATORS
+from stopexp.runtime.hub import offline_unless_reachable
 from stopexp.tasks.answers import FORMATS, MODES, canonical, equivalent, extract_answer
 
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -149,8 +150,6 @@ def read_rows(path: str, subset: str | None = None,
         raise NotFound(f"task.path: {path!r} is not a readable "
                        f"{'/'.join(FILE_SUFFIXES)} file")
     from datasets import load_dataset
-
-    from stopexp.runtime.hub import offline_unless_reachable
 
     try:
         with offline_unless_reachable():  # no hub: the cache only, failing at once

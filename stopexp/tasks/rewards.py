@@ -29,7 +29,7 @@ import numpy as np
 
 from stopexp.core.errors import ConfigError
 from stopexp.core.names import BOUNDED_REWARDS as BOUNDED  # noqa: F401
-from stopexp.core.names import register_reward, resolve_external
+from stopexp.core.names import register_reward, resolve_external  # noqa: F401  (re-exported)
 from stopexp.metrics.bounds import clip_to_range
 from stopexp.metrics.text import BertScorer, check_script, check_tokenize, rouge_scorer
 

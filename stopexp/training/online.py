@@ -22,9 +22,15 @@ import numpy as np
 import torch
 
 from stopexp.core.policies import build_policy
+from stopexp.core.seeds import stream_seed
 from stopexp.evaluation.accounting import Paths, keep_by_policy
 from stopexp.evaluation.online import run_launch_check_resume, scatter_batch
-from stopexp.tasks import vote_format
+from stopexp.models import load_lm
+from stopexp.search.decode import SamplingParams, make_engine
+from stopexp.search.sample import fit_prompts, path_labels, prompt_ids, prompt_limit, row_cap
+from stopexp.search.taps import Taps
+from stopexp.search.trace import mc_success
+from stopexp.tasks import build_task, vote_format
 
 
 class Exploring:
@@ -46,14 +52,6 @@ def online_decider(cfg, paths: Paths, checkpoint: int):
     stopexp.training.stream.run_stream that run the LM of `cfg` (the target config) on the prompts of
     `paths` (the target bank's split): the pruning step, and the Monte Carlo continuations
     of pruned prefixes (success rate, tokens per row and measured seconds)."""
-    from stopexp.core.seeds import stream_seed
-    from stopexp.models import load_lm
-    from stopexp.search.decode import SamplingParams, make_engine
-    from stopexp.search.sample import fit_prompts, path_labels, prompt_ids, prompt_limit, row_cap
-    from stopexp.search.taps import Taps
-    from stopexp.search.trace import mc_success
-    from stopexp.tasks import build_task
-
     task = build_task(cfg.task)
     model, tokenizer = load_lm(cfg, progress=False)
     ids = paths.prompt_ids if paths.prompt_ids is not None else np.arange(int(paths.group.max()) + 1)

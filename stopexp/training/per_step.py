@@ -21,8 +21,10 @@ import math
 import numpy as np
 import torch
 
+from stopexp.metrics import is_binary
 from stopexp.metrics.ranking import per_group_auroc
-from stopexp.store import bank
+from stopexp.store import bank, feature_rows
+from stopexp.training.data import NothingToLearn, pair_min_gap
 
 
 def position_data(cfg, split: str, overrides: list[str] | None = None):
@@ -30,8 +32,6 @@ def position_data(cfg, split: str, overrides: list[str] | None = None):
     stored position), or (ds, None) when the bank holds no path of `split`. The features
     are made when missing. The one source of position batches: every consumer below reads
     what this returns."""
-    from stopexp.store import feature_rows
-
     ds, feats = feature_rows.load_split(cfg, split, overrides)
     if not len(ds):
         return ds, None
@@ -82,8 +82,6 @@ def usable_groups(rows: dict, min_gap: float = 0.0) -> int:
     pair id) hold a pair the losses can learn from: a correct and a wrong path, or, where
     the reward is continuous, two paths whose rewards differ by more than `min_gap` (the
     pair losses' loss.min_gap; as `train.check_usable`)."""
-    from stopexp.metrics import is_binary
-
     group = np.asarray(rows["group"])
     label = np.asarray(rows["reward"] if "reward" in rows else rows["correct"], dtype=float)
     if "reward" in rows and is_binary(label):
@@ -101,7 +99,6 @@ def split_data_all(meta: dict, cfg, overrides: list[str] | None = None) -> dict[
     """train.positions=all: per split, the training rows of every stored position.
     Raises NothingToLearn when train or val has no (prompt, position) with both a correct
     and a wrong path."""
-    from stopexp.training.data import NothingToLearn, pair_min_gap
     out = {}
     for split in ("train", "val", "test"):
         if bank.split_rows(meta, split):

@@ -13,6 +13,7 @@ import torch
 from stopexp.config import checkpoint_tokens
 from stopexp.evaluation import plots
 from stopexp.metrics import is_binary
+from stopexp.models.super_token import build_super_token, checkpoint_meta
 from stopexp.runtime.integrity import set_aside
 from stopexp.runtime.threads import one_thread
 from stopexp.signals import build_predictor
@@ -41,7 +42,6 @@ def train(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
         feature_bank.require_features(cfg, overrides)
         try:
             if lm_based:
-                from stopexp.models.super_token import checkpoint_meta
                 saved = checkpoint_meta(out, spec, cfg.predictor)
             else:
                 _, saved = load_predictor(out, spec, cfg.predictor)
@@ -59,7 +59,6 @@ def train(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
     check_reward_range(cfg, data)
     torch.manual_seed(cfg.train.seed)
     if lm_based:
-        from stopexp.models.super_token import build_super_token
         predictor = build_super_token(cfg)
     else:
         predictor = build_predictor(cfg.predictor, spec)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from stopexp.config import shifted_config
+from stopexp.models.toy_lm import ARITH_KEYS
 
 
 def target_config(cfg) -> DictConfig:
@@ -15,8 +16,6 @@ def target_config(cfg) -> DictConfig:
     the target (a style mix, `task.styles`, only changes the LM: pinned, it shifts nothing)."""
     tgt = shifted_config(cfg)
     if cfg.adapt.pin_lm and cfg.model.name == "toy" and cfg.model.toy is not None:
-        from stopexp.models.toy_lm import ARITH_KEYS
-
         source = OmegaConf.to_container(cfg.task, resolve=True)
         pinned = {k[5:]: source[k[5:]] for k in cfg.adapt.target
                   if k.startswith("task.") and k[5:] in ARITH_KEYS}

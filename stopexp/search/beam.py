@@ -42,6 +42,7 @@ from stopexp.core.policies import quantize
 from stopexp.search.decode import check_finite
 from stopexp.search.stops import StopStrings
 from stopexp.signals.columns import signal_matrix
+from stopexp.signals.confidence import entropy, token_confidence
 
 
 @dataclass
@@ -68,9 +69,7 @@ class _Prompt:
 
 def _token_stats(logprobs: torch.Tensor, conf_topk: int) -> torch.Tensor:
     """(R, 2): entropy and DeepConf confidence of each row's next-token distribution."""
-    entropy = -(logprobs.exp() * logprobs.nan_to_num(neginf=0.0)).sum(-1)
-    conf = -logprobs.topk(min(conf_topk, logprobs.shape[-1]), dim=-1).values.mean(-1)
-    return torch.stack([entropy, conf], -1)
+    return torch.stack([entropy(logprobs), token_confidence(logprobs, conf_topk)], -1)
 
 
 def _features(tokens: torch.Tensor, stats: torch.Tensor, hidden: torch.Tensor,

@@ -21,6 +21,7 @@ from transformers import DynamicCache
 from stopexp.core.text import stop_strings
 from stopexp.search.stops import StopStrings
 from stopexp.search.taps import Taps
+from stopexp.signals.confidence import entropy, token_confidence
 
 
 @dataclass(frozen=True)
@@ -264,12 +265,10 @@ class Engine:
         check_finite(logp, t, state.label)
         tokens = choose_tokens(logp, state.uniforms[:, t].to(logp.device), p.do_sample)
         chosen = logp.gather(-1, tokens[:, None]).squeeze(-1)
-        probs = logp.exp()
-        entropy = -(probs * logp.nan_to_num(neginf=0.0)).sum(-1)
-        k = min(p.conf_topk, full.shape[-1])
-        conf = -full.topk(k, dim=-1).values.mean(-1)
+        # the entropy of the distribution sampled from; the confidence of the unfiltered one
         state.steps.append(StepRecord(state.paths.clone(), tokens.cpu(), chosen.cpu(),
-                                      entropy.cpu(), conf.cpu()))
+                                      entropy(logp).cpu(),
+                                      token_confidence(full, p.conf_topk).cpu()))
         state.n_generated = t + 1
         state.lengths[state.paths] = t + 1
         ended = torch.isin(tokens, torch.tensor(self.eos_ids, device=tokens.device))

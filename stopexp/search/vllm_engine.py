@@ -34,6 +34,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
+from stopexp.signals.confidence import entropy, token_confidence
+
 log = logging.getLogger(__name__)
 
 # with per-request seeds the CPU build crashes when chunked prefill splits a batch
@@ -221,9 +223,7 @@ def hf_token_columns(model, prompt: list[int], tokens: list[int], temperature: f
     ids = torch.tensor([list(prompt) + list(tokens)], device=next(model.parameters()).device)
     logits = model(input_ids=ids).logits[0, len(prompt) - 1: len(prompt) - 1 + len(tokens)]
     logp = torch.log_softmax(logits.double().cpu() / temperature, dim=-1)
-    best = logp.topk(top, dim=-1).values
-    q = torch.log_softmax(best, dim=-1)
+    q = torch.log_softmax(logp.topk(top, dim=-1).values, dim=-1)
     return {"logprob": logp.gather(-1, torch.tensor(list(tokens))[:, None]).squeeze(-1).numpy(),
-            "conf": (-best[:, :conf_topk].mean(-1)).numpy(),
-            "entropy": (-(logp.exp() * logp).sum(-1)).numpy(),
-            "entropy_topk": (-(q.exp() * q).sum(-1)).numpy()}
+            "conf": token_confidence(logp, conf_topk).numpy(),
+            "entropy": entropy(logp).numpy(), "entropy_topk": entropy(q).numpy()}

@@ -6,6 +6,17 @@ from __future__ import annotations
 import torch
 
 
+def entropy(logp: torch.Tensor) -> torch.Tensor:
+    """Entropy of each row's distribution, given as log-probs (tokens a filter set to -inf
+    count 0)."""
+    return -(logp.exp() * logp.nan_to_num(neginf=0.0)).sum(-1)
+
+
+def token_confidence(logp: torch.Tensor, k: int) -> torch.Tensor:
+    """DeepConf's token confidence: minus the mean log-prob of each row's k likeliest tokens."""
+    return -logp.topk(min(k, logp.shape[-1]), dim=-1).values.mean(-1)
+
+
 def confidence_signals(logprob: torch.Tensor, entropy: torch.Tensor, conf: torch.Tensor,
                        prefix: torch.Tensor, window: int) -> dict[str, torch.Tensor]:
     """Signals of the first `prefix[i]` tokens of each row of the (P, T) token arrays.

@@ -4,6 +4,7 @@ collect generates with (stopexp.search.vllm_engine's, which holds the vLLM side)
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import replace
 
 import torch
 
@@ -49,10 +50,11 @@ def vllm_settings(cfg):
 
 
 @contextmanager
-def open_vllm_engine(cfg, params):
-    """(engine, model skeleton, tokenizer) for collect under engine=vllm; the LLM is shut
-    down on exit unless `hold` keeps it open."""
+def open_vllm_engine(cfg, params, stepped: bool = False):
+    """(engine, model skeleton, tokenizer) under engine=vllm, for collect or, `stepped`,
+    for online Launch-Check-Resume (an in-process engine core: VllmSettings.stepped); the
+    LLM is shut down on exit unless `hold` keeps it open."""
     s, model, tokenizer = vllm_settings(cfg)
-    with open_llm(s) as llm:
+    with open_llm(replace(s, stepped=stepped)) as llm:
         yield VllmEngine(llm, s, params, eos_ids(model, tokenizer), tokenizer.pad_token_id), \
             model, tokenizer

@@ -22,9 +22,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from stopexp.core.voting import rule_score
 from stopexp.search.memory import KVMeter
-from stopexp.search.parallel import OnlineRun
+from stopexp.search.parallel import OnlineRun, decide_check, prompt_groups
 from stopexp.search.sample import launch_lists
 from stopexp.search.vllm_engine import VllmEngine, token_stats
 from stopexp.signals.columns import signal_matrix
@@ -64,6 +63,7 @@ class _Stepper:
         for rid, p in self.ids.items():
             self.core.add_request(rid, TokensPrompt(prompt_token_ids=list(p.prompt)),
                                   engine.request(p.seed, delta=True))
+        meter.observe(torch.tensor([len(p.prompt) for p in paths]), [p.key[0] for p in paths])
 
     @property
     def running(self) -> bool:
@@ -181,17 +181,9 @@ def vllm_launch_check_resume(engine: VllmEngine, tokenizer, task, problems, n_pa
         def decide(i, live, scorer=scorer, policies=policies, history=history, run=run):
             batch = _check_batch(engine, live, checks[i], hidden_at, group_window, problems)
             batch["correct"] = torch.tensor([outcome[p.key] for p in live])
-            raw = scorer(batch).double().cpu()
-            now = torch.zeros(len(live), dtype=torch.float64)
-            for r, p in enumerate(live):
-                history.setdefault(p.key, []).append(float(raw[r]))
-                now[r] = rule_score(history[p.key], score_rule)
-                run.signal[p.key] = float(now[r])
-            keep = torch.zeros(len(live), dtype=torch.bool)
-            prompt_of = np.array([p.key[0] for p in live])
-            for g in dict.fromkeys(prompt_of.tolist()):
-                sel = torch.as_tensor(np.nonzero(prompt_of == g)[0])
-                keep[sel] = policies[i].keep(now[sel])
+            keys = [p.key for p in live]
+            keep = decide_check(scorer, batch, policies[i], keys,
+                                prompt_groups(np.array([k[0] for k in keys])), history, score_rule, run)
             return [p for p, k in zip(live, keep.tolist()) if not k]
 
         _run(engine, tokenizer, launch(), checks, decide, run)

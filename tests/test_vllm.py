@@ -202,3 +202,12 @@ def test_online_launch_check_resume_on_vllm_equals_replay_of_its_bank(smol, bank
             assert o["tokens_total"] < online["no_prune"]["tokens_total"]
             assert o["check_share"] > 0 and o["check_s"] > 0
     assert online["no_prune"]["check_s"] == 0
+
+
+def test_a_tensor_parallel_size_that_does_not_divide_the_heads_fails_before_vllm_starts(smol):
+    from stopexp.core.errors import ConfigError
+
+    cfg = validate(compose("collect", [*SHARED, *VLLM, f"paths.output_dir={smol.cfg.paths.output_dir}",
+                                       "engine.tensor_parallel_size=2"]))
+    with pytest.raises(ConfigError, match="^engine.tensor_parallel_size: 2 does not divide the 9 "):
+        vllm_settings(cfg)  # the weightless skeleton only

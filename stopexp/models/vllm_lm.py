@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import torch
 
+from stopexp.core.errors import ConfigError
 from stopexp.models import (ModelNotAvailable, check_sizes, model_dir, not_available_message,
                             pick_device, pick_dtype, prepare_tokenizer)
 from stopexp.runtime.hub import offline_unless_reachable
@@ -45,8 +46,13 @@ def vllm_settings(cfg):
     """(settings, model skeleton, tokenizer) for `cfg` under engine=vllm: what `hold` and
     `open_llm` take, and what the engine needs beside the LLM."""
     model, tokenizer, source, dtype = model_skeleton(cfg)
-    positions = model.config.get_text_config().max_position_embeddings
-    return settings_of(cfg.engine, source, dtype, positions), model, tokenizer
+    text = model.config.get_text_config()
+    tp = cfg.engine.tensor_parallel_size
+    if text.num_attention_heads % tp:  # vLLM splits the attention heads over the GPUs
+        raise ConfigError(f"engine.tensor_parallel_size: {tp} does not divide the "
+                          f"{text.num_attention_heads} attention heads of {cfg.model.name!r}; give "
+                          "a divisor of them")
+    return settings_of(cfg.engine, source, dtype, text.max_position_embeddings), model, tokenizer
 
 
 @contextmanager

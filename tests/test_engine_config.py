@@ -41,7 +41,6 @@ def test_engine_vllm_dtype_follows_model_dtype():
     (["engine.max_logprobs=10"], "engine.max_logprobs"),  # read only under engine=vllm
     (["engine.enforce_eager=true"], "engine.enforce_eager"),
     (["engine=vllm", "search=beam"], "search.name"),
-    (["engine=vllm", "evaluate.mode=online"], "evaluate.mode"),
     (["engine=vllm", "evaluate.compare_beam=true"], "evaluate.compare_beam"),
     (["engine=vllm", "collect.mc_rollouts=2"], "collect.mc_rollouts"),
     (["engine=vllm", "search.top_p=0.9"], "search.top_p"),
@@ -74,6 +73,14 @@ def test_engine_vllm_validates_for_the_replay_stages(stage):
     assert validate(cfg) is cfg
     # greedy decoding reads no top-k / top-p filter
     validate(compose(stage, ["engine=vllm", "search.do_sample=false", "search.top_k=5"]))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
+def test_online_launch_check_resume_validates_on_vllm_and_online_adapt_does_not():
+    validate(compose("evaluate", ["+exp=smollm2_contrastive", "engine=vllm", "evaluate.mode=online"]))
+    with pytest.raises(ConfigError, match="^evaluate.mode: 'online' adapt forks") as err:
+        validate(compose("adapt", ["+exp=toy_shift", "engine=vllm", "evaluate.mode=online"]))
+    assert "\n" not in str(err.value)
 
 
 def test_engine_vllm_without_vllm_installed_names_the_key(monkeypatch):

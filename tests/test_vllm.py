@@ -173,3 +173,41 @@ def test_token_columns_equal_hf_over_the_same_paths(smol, banks):
           f"entropy over {len(gaps)} tokens: mean {gaps.mean():.4f}, median {np.median(gaps):.4f}, "
           f"p99 {np.quantile(gaps, 0.99):.4f}, max {gaps.max():.4f} nats")
     assert max(worst.values()) <= LOGPROB_ATOL, worst
+
+
+@pytest.mark.parametrize("check", [
+    ["policy.keep=2"],  # 8 -> 2 at 6 tokens
+    ["search.check_at=[6,15]", "policy.keep=[4,2]", "evaluate.methods=[confidence]"],
+], ids=["one_check", "progressive"])
+def test_online_launch_check_resume_on_vllm_equals_replay_of_its_bank(smol, banks, check):
+    """Online Launch-Check-Resume on a stepped vLLM engine, from the seeds collect used:
+    per method the accuracy, tokens and KV peaks that replay of the vLLM bank (with its
+    featurized hidden states) gives. A kept request just goes on, so its path is the
+    bank's; the check scores what featurize stored for the same prefix."""
+    from stopexp.stages.evaluate import evaluate
+
+    common = [*SHARED, *VLLM, f"paths.output_dir={smol.cfg.paths.output_dir}",
+              "evaluate.methods=[hidden_norm,oracle]", "evaluate.text_metrics=false",
+              "evaluate.retention=[2,4]", "evaluate.n_points=[4,8]", "evaluate.bootstrap=100", *check]
+    replay = evaluate(validate(compose("evaluate", common)))["methods"]
+    online = evaluate(validate(compose("evaluate", [*common, "evaluate.mode=online"])))["methods"]
+    assert set(online) == set(replay) and len(online) >= 2
+    for name, r in replay.items():
+        o = online[name]
+        for key in ("accuracy", "tokens_total", "peak_kv_bytes", "mean_peak_kv_bytes"):
+            assert o[key] == r[key], (name, key, o[key], r[key])
+        assert not o["kv_estimated"] and o["wall_s"] == pytest.approx(
+            o["prefix_s"] + o["check_s"] + o["resume_s"])
+        if name != "no_prune":  # every check pays its teacher-forced forward
+            assert o["tokens_total"] < online["no_prune"]["tokens_total"]
+            assert o["check_share"] > 0 and o["check_s"] > 0
+    assert online["no_prune"]["check_s"] == 0
+
+
+def test_a_tensor_parallel_size_that_does_not_divide_the_heads_fails_before_vllm_starts(smol):
+    from stopexp.core.errors import ConfigError
+
+    cfg = validate(compose("collect", [*SHARED, *VLLM, f"paths.output_dir={smol.cfg.paths.output_dir}",
+                                       "engine.tensor_parallel_size=2"]))
+    with pytest.raises(ConfigError, match="^engine.tensor_parallel_size: 2 does not divide the 9 "):
+        vllm_settings(cfg)  # the weightless skeleton only

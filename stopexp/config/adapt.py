@@ -75,6 +75,10 @@ def check_adapt(cfg) -> None:
         fail("adapt.target", f"{bad} are not config keys under {', '.join(SHIFTABLE)} "
                              "(give dotted keys, e.g. {task.n_steps: 8})")
     check_mc_feedback(cfg)
+    if cfg.engine.name == "vllm" and ev.mode == "online":
+        fail("evaluate.mode", "'online' adapt forks the hf engine's decode state at the check "
+                              "(stopexp.training.online), which engine=vllm does not expose; adapt "
+                              "replays the bank (evaluate.mode=replay) or runs online with engine=hf")
     if a.split not in SPLITS:
         fail("adapt.split", f"{a.split!r} unknown; allowed: {', '.join(SPLITS)}")
     for key in ("stream_prompts", "batch_prompts"):

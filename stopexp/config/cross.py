@@ -22,8 +22,8 @@ each (validate checks it there):
   beam_has_no_vote                evaluate pipeline   search=beam x evaluate.vote
   beam_scores_each_step           evaluate pipeline   search=beam x search.score_rule
   beam_keep_below_width           evaluate pipeline   search=beam x policy=topk's keep
-  vllm_serves_it                  every stage   engine=vllm x search=beam, evaluate.mode=online,
-                                                compare_beam, collect.mc_rollouts, top-k / top-p
+  vllm_serves_it                  every stage   engine=vllm x search=beam, compare_beam,
+                                                collect.mc_rollouts, top-k / top-p
 
 adapt's own rules on the other groups (search=parallel, no super_token, evaluate's
 selection unused) are adapt's: stopexp.config.adapt.
@@ -219,15 +219,13 @@ def beam_keep_below_width(cfg) -> None:
                             "+exp=toy_beam does), policy=fixed or a K below the beam width")
 
 
-# what engine=vllm cannot serve: it generates whole paths (collect), so anything that reads
-# the LM between decode steps (per-step beam checks, live taps and checks, forked rollouts)
-# needs the hf engine; key -> (is it asked for?, why)
+# what engine=vllm cannot serve: it generates paths and stops them (collect, online
+# Launch-Check-Resume: stopexp.search.vllm_lcr), so anything that reorders or forks the LM's
+# state between decode steps (per-step beam checks, forked rollouts) needs the hf engine;
+# key -> (is it asked for?, why). adapt's online loop is adapt's rule (stopexp.config.adapt)
 VLLM_UNSERVED = {
     "search.name": (lambda cfg: cfg.search.name == "beam",
                     "search=beam scores and reorders beams at every check step"),
-    "evaluate.mode": (lambda cfg: cfg.evaluate.mode == "online",
-                      "online evaluate and adapt read taps between decode steps and continue each kept "
-                      "path on its own random stream, which a resumed vLLM request restarts"),
     "evaluate.compare_beam": (lambda cfg: bool(cfg.evaluate.compare_beam),
                               "the plain beam search it compares with runs step by step"),
     "collect.mc_rollouts": (lambda cfg: cfg.collect.mc_rollouts > 0,

@@ -21,6 +21,8 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9   # share of GPU memory vLLM takes (CPU: of RAM, without cpu_kvcache_space)
     cpu_kvcache_space: Optional[float] = None  # GiB of KV cache on a CPU (VLLM_CPU_KVCACHE_SPACE); None = vLLM's
     tensor_parallel_size: int = 1
+    # prompt tokens prefilled per step (chunked prefill is off); None = max(max_model_len, 8192)
+    max_num_batched_tokens: Optional[int] = None
     enable_prefix_caching: bool = True
     enforce_eager: bool = False           # true: no graph capture / compile (faster start, slower steps)
     seed: int = 0                         # vLLM's global seed; every path samples from its own seed
@@ -44,6 +46,13 @@ def check_engine(cfg) -> None:
         within("engine.cpu_kvcache_space", e.cpu_kvcache_space, 0, math.inf, low_open=True,
                high_open=True)
     at_least("engine.tensor_parallel_size", e.tensor_parallel_size, 1)
+    if e.max_num_batched_tokens is not None and e.max_model_len is not None \
+            and not e.max_num_batched_tokens >= e.max_model_len:
+        fail("engine.max_num_batched_tokens", f"{e.max_num_batched_tokens} is below engine.max_model_len="
+                                              f"{e.max_model_len}: without chunked prefill a step must "
+                                              "hold a whole request; give at least that, or null")
+    if e.max_num_batched_tokens is not None:
+        at_least("engine.max_num_batched_tokens", e.max_num_batched_tokens, 1)
     if not e.max_logprobs >= cfg.search.conf_topk:
         fail("engine.max_logprobs", f"{e.max_logprobs} alternatives per token are fewer than the "
                                     f"search.conf_topk={cfg.search.conf_topk} that the confidence "

@@ -1,5 +1,6 @@
 """Online evaluation of the standard protocol: Launch-Check-Resume really runs the LM for
-every method on the bank's test prompts and measures wall time and KV memory."""
+every method on the bank's test prompts and measures wall time and KV memory, on the hf
+engine (stopexp.search.parallel) or on vLLM (stopexp.search.vllm_lcr)."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,11 +10,14 @@ from stopexp.core.policies import build_policy
 from stopexp.core.protocol import check_plan
 from stopexp.evaluation.accounting import Decision, Paths
 from stopexp.models import load_lm
+from stopexp.models.extract import DEFAULT_BATCH_TOKENS, prefix_features
+from stopexp.models.vllm_lm import open_vllm_engine
 from stopexp.search.decode import SamplingParams, make_engine
 from stopexp.search.memory import kv_bytes_per_token, memory_summary
 from stopexp.search.parallel import launch_check_resume
 from stopexp.search.sample import fit_prompts, prompt_limit, row_cap
 from stopexp.search.taps import Taps
+from stopexp.search.vllm_lcr import vllm_launch_check_resume
 from stopexp.tasks import build_task, vote_format
 
 
@@ -31,6 +35,20 @@ def run_launch_check_resume(cfg, model, tokenizer, task, problems, methods: dict
                                    row_cap(cfg, tokenizer, problems), cfg.search.score_rule)
 
 
+def run_on_vllm(cfg, model, tokenizer, task, problems, methods: dict, checkpoint):
+    """`run_launch_check_resume` under engine=vllm: paths from a stepped vLLM engine
+    (stopexp.search.vllm_lcr), the check's features from `model`'s teacher-forced forward."""
+    params = SamplingParams.from_config(cfg)
+    budget = cfg.model.max_batch_tokens or DEFAULT_BATCH_TOKENS
+    with Taps(model, list(cfg.tap.layers), cfg.tap.pooling, cfg.tap.get("attention_heads"),
+              sequence=True) as taps, open_vllm_engine(cfg, params, stepped=True) as (engine, *_):
+        hidden_at = prefix_features(model, taps, tokenizer.pad_token_id, cfg.tap.positions.dtype,
+                                    budget, cfg.search.max_batch_rows)
+        return vllm_launch_check_resume(engine, tokenizer, task, problems, cfg.search.n_paths,
+                                        cfg.seed, checkpoint, methods, cfg.search.group_window,
+                                        hidden_at, cfg.search.score_rule)
+
+
 def online_paths(cfg, names, scorers, checkpoint, n_prompts: int):
     """Run Launch-Check-Resume with the LM, at every check of search.check_at (`checkpoint`,
     the first, is where the AUROC batch is read). Returns the paths as the no_prune run saw
@@ -45,7 +63,8 @@ def online_paths(cfg, names, scorers, checkpoint, n_prompts: int):
     methods = {m: (scorers[m], lambda i=0: build_policy(cfg.policy, keep=plan[i][1]))
                for m in names if m in scorers}
     checks = checkpoint if len(plan) == 1 else [c for c, _ in plan]
-    runs, batch = run_launch_check_resume(cfg, model, tokenizer, task, problems, methods, checks)
+    run = run_on_vllm if cfg.engine.name == "vllm" else run_launch_check_resume
+    runs, batch = run(cfg, model, tokenizer, task, problems, methods, checks)
     keys = [(i, j) for i in range(len(problems)) for j in range(N)]
     views, timing = {}, {}
     for name, run in runs.items():

@@ -127,6 +127,20 @@ def extract(model, taps, sequences: list[tuple[list[int], list[int], list[int]]]
     return out
 
 
+def prefix_features(model, taps, pad_id: int, dtype: str, batch_tokens: int = DEFAULT_BATCH_TOKENS,
+                    max_rows: int = 1024):
+    """`hidden_at(sequences)` for online checks outside the decode loop: the (B, layers, H)
+    features and the (B,) attention entropies (None without the attention tap) of (prompt
+    ids, prefix ids, [check]) triples, stored as featurize stores them (tap.positions.dtype),
+    so a check scores what replay of the features scores."""
+    def hidden_at(sequences):
+        got = extract(model, taps, sequences, pad_id, batch_tokens, max_rows)
+        hidden = np.concatenate([h for h, _ in got]).astype(dtype).astype(np.float32)
+        attn = None if got[0][1] is None else np.concatenate([a for _, a in got])
+        return torch.from_numpy(hidden), None if attn is None else torch.from_numpy(attn)
+    return hidden_at
+
+
 @torch.no_grad()
 def _extract_runs(model, taps, sequences, pad_id: int, batch_tokens: int, max_rows: int) -> list:
     """`extract` without the prefix sharing: every path with positions is run.

@@ -4,9 +4,11 @@ collect generates with (stopexp.search.vllm_engine's, which holds the vLLM side)
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import replace
 
 import torch
 
+from stopexp.core.errors import ConfigError
 from stopexp.models import (ModelNotAvailable, check_sizes, model_dir, not_available_message,
                             pick_device, pick_dtype, prepare_tokenizer)
 from stopexp.runtime.hub import offline_unless_reachable
@@ -44,15 +46,21 @@ def vllm_settings(cfg):
     """(settings, model skeleton, tokenizer) for `cfg` under engine=vllm: what `hold` and
     `open_llm` take, and what the engine needs beside the LLM."""
     model, tokenizer, source, dtype = model_skeleton(cfg)
-    positions = model.config.get_text_config().max_position_embeddings
-    return settings_of(cfg.engine, source, dtype, positions), model, tokenizer
+    text = model.config.get_text_config()
+    tp = cfg.engine.tensor_parallel_size
+    if text.num_attention_heads % tp:  # vLLM splits the attention heads over the GPUs
+        raise ConfigError(f"engine.tensor_parallel_size: {tp} does not divide the "
+                          f"{text.num_attention_heads} attention heads of {cfg.model.name!r}; give "
+                          "a divisor of them")
+    return settings_of(cfg.engine, source, dtype, text.max_position_embeddings), model, tokenizer
 
 
 @contextmanager
-def open_vllm_engine(cfg, params):
-    """(engine, model skeleton, tokenizer) for collect under engine=vllm; the LLM is shut
-    down on exit unless `hold` keeps it open."""
+def open_vllm_engine(cfg, params, stepped: bool = False):
+    """(engine, model skeleton, tokenizer) under engine=vllm, for collect or, `stepped`,
+    for online Launch-Check-Resume (an in-process engine core: VllmSettings.stepped); the
+    LLM is shut down on exit unless `hold` keeps it open."""
     s, model, tokenizer = vllm_settings(cfg)
-    with open_llm(s) as llm:
+    with open_llm(replace(s, stepped=stepped)) as llm:
         yield VllmEngine(llm, s, params, eos_ids(model, tokenizer), tokenizer.pad_token_id), \
             model, tokenizer

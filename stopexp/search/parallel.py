@@ -129,7 +129,7 @@ def fork_with_history(engine: Engine, state: Decode, rows: torch.Tensor) -> Deco
     return child
 
 
-def _decide(scorer, batch: dict, policy, keys: list, groups: list, history: dict, rule: str,
+def decide_check(scorer, batch: dict, policy, keys: list, groups: list, history: dict, rule: str,
             run: OnlineRun) -> torch.Tensor:
     """Score the live paths of one check (`keys[r]`: the (prompt, path) of batch row r),
     append each raw score to the path's `history`, and keep prompt by prompt by its score
@@ -146,7 +146,7 @@ def _decide(scorer, batch: dict, policy, keys: list, groups: list, history: dict
     return keep
 
 
-def _groups(prompt_of: np.ndarray) -> list:
+def prompt_groups(prompt_of: np.ndarray) -> list:
     """Row indices of each prompt, in prompt order."""
     return [torch.as_tensor(np.nonzero(prompt_of == i)[0]) for i in dict.fromkeys(prompt_of.tolist())]
 
@@ -201,12 +201,12 @@ def launch_check_resume(engine: Engine, tokenizer, task, problems, n_paths: int,
         batch["correct"] = _outcomes(task, problems, runs["no_prune"], [owners[p] for p in live.tolist()])
         batch["row"] = [owners[p] for p in live.tolist()]
         batches.append(batch)
-        groups = _groups(np.array([owners[p][0] for p in live.tolist()]))
+        groups = prompt_groups(np.array([owners[p][0] for p in live.tolist()]))
         for name, (scorer, _) in methods.items():
             run, history = runs[name], {}
             start = time.perf_counter()
-            keep = _decide(scorer, batch, policies[name][0], batch["row"], groups, history,
-                           score_rule, run)
+            keep = decide_check(scorer, batch, policies[name][0], batch["row"], groups, history,
+                                score_rule, run)
             run.check_s += time.perf_counter() - start
             _record_check(run, batch["row"], keep, first)
             rows = keep.nonzero().squeeze(-1)  # live rows are state rows in order
@@ -272,8 +272,8 @@ def _later_checks(engine, tokenizer, task, problems, child: Decode, keys: list, 
                      tokens=[tok[p, :c] for p in live.tolist()],
                      correct=_outcomes(task, problems, no_prune, live_keys))
         start = time.perf_counter()
-        keep = _decide(scorer, batch, policies[i], live_keys,
-                       _groups(np.array([k[0] for k in live_keys])), history, rule, run)
+        keep = decide_check(scorer, batch, policies[i], live_keys,
+                            prompt_groups(np.array([k[0] for k in live_keys])), history, rule, run)
         run.check_s += time.perf_counter() - start
         _record_check(run, live_keys, keep, c)
         rows = keep.nonzero().squeeze(-1)

@@ -52,10 +52,14 @@ class VllmSettings:
     gpu_memory_utilization: float
     cpu_kvcache_space: float | None
     tensor_parallel_size: int
+    max_num_batched_tokens: int | None
     enable_prefix_caching: bool
     enforce_eager: bool
     seed: int
     max_logprobs: int
+    # an engine core in this process, stepped by the caller (online Launch-Check-Resume:
+    # stopexp.search.vllm_lcr); else vLLM's own process, which runs ahead of its caller
+    stepped: bool = False
 
 
 def vllm_package() -> tuple[str, str]:
@@ -78,6 +82,8 @@ def settings_of(engine_cfg, model_source: str, dtype: torch.dtype, positions: in
                         gpu_memory_utilization=float(e.gpu_memory_utilization),
                         cpu_kvcache_space=None if e.cpu_kvcache_space is None else float(e.cpu_kvcache_space),
                         tensor_parallel_size=int(e.tensor_parallel_size),
+                        max_num_batched_tokens=None if e.max_num_batched_tokens is None
+                        else int(e.max_num_batched_tokens),
                         enable_prefix_caching=bool(e.enable_prefix_caching),
                         enforce_eager=bool(e.enforce_eager), seed=int(e.seed),
                         max_logprobs=int(e.max_logprobs))
@@ -85,21 +91,43 @@ def settings_of(engine_cfg, model_source: str, dtype: torch.dtype, positions: in
 
 def build_llm(s: VllmSettings):
     """A `vllm.LLM` for `s`. The model's generation config is not applied
-    (`generation_config="vllm"`): every request states its sampling fully."""
+    (`generation_config="vllm"`): every request states its sampling fully. A stepped engine
+    runs its core in this process and schedules no step ahead (`async_scheduling=False`), so
+    each `llm_engine.step()` is one decode step and an abort costs no token more."""
     from vllm import LLM
 
     if s.cpu_kvcache_space is not None:  # read by the engine core when it starts
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = f"{s.cpu_kvcache_space:g}"
-    log.info("starting vLLM %s for %s (%s, max_model_len %d)", vllm_package()[1], s.model, s.dtype,
-             s.max_model_len)
-    return LLM(model=s.model, dtype=s.dtype, max_model_len=s.max_model_len,
-               gpu_memory_utilization=s.gpu_memory_utilization,
-               tensor_parallel_size=s.tensor_parallel_size,
-               enable_prefix_caching=s.enable_prefix_caching, enforce_eager=s.enforce_eager,
-               seed=s.seed, max_logprobs=s.max_logprobs, logprobs_mode="processed_logprobs",
-               enable_chunked_prefill=False,
-               max_num_batched_tokens=max(s.max_model_len, MIN_BATCHED_TOKENS),
-               generation_config="vllm")
+    log.info("starting vLLM %s for %s (%s, max_model_len %d%s)", vllm_package()[1], s.model,
+             s.dtype, s.max_model_len, ", stepped" if s.stepped else "")
+    threads = torch.get_num_threads()  # an in-process CPU engine sets this process's to 1
+    with _environ(VLLM_ENABLE_V1_MULTIPROCESSING="0" if s.stepped else None):
+        llm = LLM(model=s.model, dtype=s.dtype, max_model_len=s.max_model_len,
+                  gpu_memory_utilization=s.gpu_memory_utilization,
+                  tensor_parallel_size=s.tensor_parallel_size,
+                  enable_prefix_caching=s.enable_prefix_caching, enforce_eager=s.enforce_eager,
+                  seed=s.seed, max_logprobs=s.max_logprobs, logprobs_mode="processed_logprobs",
+                  enable_chunked_prefill=False,
+                  max_num_batched_tokens=s.max_num_batched_tokens or max(s.max_model_len,
+                                                                         MIN_BATCHED_TOKENS),
+                  generation_config="vllm", **({"async_scheduling": False} if s.stepped else {}))
+    torch.set_num_threads(threads)
+    return llm
+
+
+@contextmanager
+def _environ(**values):
+    """Environment variables set (None: left as they are) while inside."""
+    old = {k: os.environ.get(k) for k, v in values.items() if v is not None}
+    os.environ.update({k: v for k, v in values.items() if v is not None})
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def shutdown(llm) -> None:
@@ -163,16 +191,19 @@ class VllmEngine:
         self.eos_ids, self.pad_id = tuple(eos_ids), pad_id
         self.max_logprobs = settings.max_logprobs
 
-    def request(self, seed: int):
-        """The vLLM sampling parameters of one path."""
+    def request(self, seed: int, delta: bool = False):
+        """The vLLM sampling parameters of one path; `delta`: each step's output holds only
+        the new tokens (a stepped run), else the whole completion at its end."""
         from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
 
         p = self.params
+        kind = {"output_kind": RequestOutputKind.DELTA} if delta else {}
         return SamplingParams(
             n=1, temperature=p.temperature if p.do_sample else 0.0, top_p=p.top_p, top_k=p.top_k,
             max_tokens=p.max_new_tokens, seed=seed if p.do_sample else None, stop=list(p.stop),
             stop_token_ids=list(self.eos_ids), logprobs=self.max_logprobs,
-            skip_special_tokens=True)
+            skip_special_tokens=True, **kind)
 
     def outputs(self, prompts: list[list[int]], seeds: list[int]):
         """vLLM's completion of each prompt (token ids), one request per path, in order."""

@@ -95,8 +95,8 @@ def bank_key(cfg) -> str:
     return config_hash(key)
 
 
-# engine keys that size memory only; they change no path
-ENGINE_MEMORY_KEYS = ("gpu_memory_utilization", "cpu_kvcache_space")
+# engine keys that size memory or a scheduler's step only; they change no path
+ENGINE_MEMORY_KEYS = ("gpu_memory_utilization", "cpu_kvcache_space", "max_num_batched_tokens")
 
 
 def engine_section(engine) -> dict:

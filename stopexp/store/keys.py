@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+from stopexp.core.evaluate_modules import module_script
 from stopexp.core.protocol import checkpoint_tokens
 from stopexp.core.text import decode_escapes, decoded_text
 from stopexp.runtime.artifacts import config_hash, plain
@@ -88,11 +89,20 @@ def bank_key(cfg) -> str:
            "search": sampling_section(cfg.search), "collect": collect, "seed": cfg.seed}
     reward = cfg.get("reward")
     if reward is not None and reward.name != "correct":  # the default: keys as before
-        key["reward"] = plain(reward)
+        key["reward"] = reward_section(reward)
     engine = cfg.get("engine")
     if engine is not None and engine.name != "hf":  # the default: keys as before
         key["engine"] = engine_section(engine)
     return config_hash(key)
+
+
+def reward_section(reward) -> dict:
+    """reward.* as it keys a bank: an evaluate module with its script's content (an edited
+    module makes other rewards); the evaluate keys only where set (other rewards: keys as before)."""
+    out = {k: v for k, v in plain(reward).items() if not (k in ("module", "key") and v is None)}
+    if reward.name == "evaluate":
+        out["module_sha256"] = file_sha256(module_script(reward.module))
+    return out
 
 
 # engine keys that size memory only; they change no path

@@ -70,6 +70,8 @@ def bank_key(cfg) -> str:
     model = {k: v for k, v in plain(cfg.model).items() if k != "max_batch_tokens"}
     if isinstance(model.get("toy"), dict) and not model["toy"].get("train_task", True):
         model["toy"] = {k: v for k, v in model["toy"].items() if k != "train_task"}  # unpinned: keys as before
+    if (model.get("thinking") or {}).get("enabled") is None:  # not read as thinking: keys as before
+        model.pop("thinking", None)
     if model.get("long_prompts", "error") == "error":  # refusing changes no bank's content
         model.pop("long_prompts", None)
         model.pop("max_prompt_tokens", None)

@@ -124,21 +124,23 @@ class Reward:
 
     def scores(self, task, problems, texts, logprobs=None) -> np.ndarray:
         texts = list(texts)
+        # a thinking model's text rewards compare its answer only (correct: task.check does)
+        answers = list(map(task.answer_text, texts)) if hasattr(task, "answer_text") else texts
         level, tokenize = getattr(task, "text_level", "word"), getattr(task, "tokenize", "13a")
         clipped = 0  # by the text metrics, which clip rounding into [0, 1]
         if self.name == "correct":
             out = [float(task.check(p, t)) for p, t in zip(problems, texts, strict=True)]
         elif self.name in ("rouge_l", "bleu"):
             metric = rouge_l_scores if self.name == "rouge_l" else bleu_scores
-            out, clipped = metric(texts, [references(task, p) for p in problems], level, tokenize)
+            out, clipped = metric(answers, [references(task, p) for p in problems], level, tokenize)
         elif self.name == "bertscore":
-            out, clipped = self._bertscore(task, problems, texts, level)
+            out, clipped = self._bertscore(task, problems, answers, level)
         elif self.name == "neg_perplexity":
             if logprobs is None:
                 raise ValueError("reward neg_perplexity needs the paths' per-token log-probs")
             out = [neg_perplexity(lp) for lp in logprobs]
         elif self.name == "evaluate":
-            out = self.module.scores(texts, [references(task, p) for p in problems])
+            out = self.module.scores(answers, [references(task, p) for p in problems])
         else:
             out = [self._external(p, t) for p, t in zip(problems, texts, strict=True)]
         self.clipped += clipped

@@ -37,6 +37,8 @@ class ThinkingTask:
         self.task, self.end_tag, self.step_separator = task, end_tag, step_separator
 
     def __getattr__(self, name):  # what thinking does not change
+        if name == "task":  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
         return getattr(self.task, name)
 
     def answer_text(self, text: str) -> str:

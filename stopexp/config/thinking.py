@@ -1,4 +1,4 @@
-"""model.thinking (conf/model/*.yaml): a model that reasons inside start_tag ... end_tag
+"""model.thinking (conf/model/*.yaml): a model that reasons inside <think> ... end_tag
 before its answer (DeepSeek-R1 and its distills, Qwen3, QwQ), and its checks.
 
 enabled: null (the default) reads the text as before and passes the chat template nothing;
@@ -20,7 +20,6 @@ from stopexp.config.ranges import at_least, fail
 @dataclass
 class ThinkingConfig:
     enabled: Optional[bool] = None   # null: not read as a thinking model; true | false: see above
-    start_tag: str = "<think>"
     end_tag: str = "</think>"
     # the reasoning's step end (tap.positions.step_ends); escapes (\\n) decoded where used
     step_separator: str = "\\n\\n"
@@ -37,7 +36,7 @@ def thinks(model_cfg) -> bool:
 
 
 def check_thinking(cfg) -> None:
-    """model.thinking.*: the tags are non-empty and distinct; the keys that only a thinking
+    """model.thinking.*: the end tag and the separator are non-empty; the keys that only a thinking
     model reads stay at their defaults otherwise; the budget leaves room for an answer."""
     t = cfg.model.thinking
     if t.enabled is not None and cfg.model.name == "toy":
@@ -46,16 +45,14 @@ def check_thinking(cfg) -> None:
         fail("model.thinking.enabled", "false turns thinking off through the chat template's "
                                        "enable_thinking switch, but model.chat_template=false")
     if not thinks(cfg.model):
-        for key in ("start_tag", "end_tag", "step_separator", "max_thinking_tokens"):
+        for key in ("end_tag", "step_separator", "max_thinking_tokens"):
             if t[key] != getattr(DEFAULTS, key):
                 fail(f"model.thinking.{key}", f"is read only with model.thinking.enabled=true, "
                                               f"not {t.enabled}; set that or leave this unset")
         return
-    for key in ("start_tag", "end_tag", "step_separator"):
+    for key in ("end_tag", "step_separator"):
         if not t[key]:
             fail(f"model.thinking.{key}", "must be a non-empty string")
-    if t.start_tag == t.end_tag:
-        fail("model.thinking.end_tag", f"{t.end_tag!r} equals start_tag; the closing tag must differ")
     if t.max_thinking_tokens is not None:
         at_least("model.thinking.max_thinking_tokens", t.max_thinking_tokens, 1)
         if t.max_thinking_tokens >= cfg.search.max_new_tokens:

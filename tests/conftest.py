@@ -1,4 +1,7 @@
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -13,6 +16,11 @@ ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# evaluate.load copies every module it loads into HF_MODULES_CACHE (read when evaluate is
+# first imported): the tests' copies go to a directory of their own, not the user's cache
+_MODULES = tempfile.mkdtemp(prefix="stopexp-hf-modules-")
+os.environ["HF_MODULES_CACHE"] = _MODULES
+atexit.register(shutil.rmtree, _MODULES, ignore_errors=True)
 torch.set_num_threads(1)  # tiny models gain nothing from more, and a shared CI box suffers
 
 # The tolerance for one float32 quantity computed by two code paths over the same model

@@ -72,7 +72,7 @@ def multi_eos_lm(eos_lm):
 @pytest.mark.parametrize("B", [1, 2, 4])
 def test_batched_prompts_equal_hf_generate_one_by_one(lm, B, request):
     """Prompts of different lengths, left-padded into one batch, give HF's hypotheses."""
-    from stopexp.search.decode import eos_ids
+    from stopexp.search.stops import eos_ids
 
     model, tok = request.getfixturevalue(lm)
     prompts = PROMPTS + ["7*7=", "3"]

@@ -46,6 +46,8 @@ def test_every_group_option_composes():
             extra = ["policy=quantile"] if (group_dir.name, option.stem) == ("search", "beam") else []
             if (group_dir.name, option.stem) == ("reward", "external"):  # it names its function
                 extra = ["reward.function=stopexp.tasks.datatotext:mentions"]
+            if (group_dir.name, option.stem) == ("reward", "evaluate"):  # it names its module
+                extra = [f"reward.module={CONF.parent / 'tests/data/evaluate/word_recall'}"]
             validate(compose("pipeline", [f"{group_dir.name}={option.stem}", *extra]))
 
 

@@ -122,7 +122,7 @@ def _fmt(v) -> str:
     return repr(v)
 
 
-SECTIONS = {"model", "model.toy", "task", "tap", "tap.positions", "predictor", "loss", "policy",
+SECTIONS = {"model", "model.toy", "model.thinking", "task", "tap", "tap.positions", "predictor", "loss", "policy",
             "search", "logger", "reward", "engine", "collect", "train", "evaluate", "adapt", "paths"}
 
 

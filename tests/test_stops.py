@@ -8,7 +8,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from stopexp.search.beam import beam_search
-from stopexp.search.decode import Engine, SamplingParams, eos_ids, make_engine
+from stopexp.search.decode import Engine, SamplingParams, make_engine
+from stopexp.search.stops import eos_ids
 
 PROMPTS = ["4+7*3-9?", "1-2?", "9*9*9+1-0?"]
 T = 24

@@ -16,7 +16,8 @@ pytest.importorskip("vllm", reason="vllm is not installed (scripts/setup.sh inst
 
 from stopexp.config import validate  # noqa: E402
 from stopexp.models.vllm_lm import vllm_settings  # noqa: E402
-from stopexp.search.decode import SamplingParams, eos_ids, make_engine  # noqa: E402
+from stopexp.search.decode import SamplingParams, make_engine  # noqa: E402
+from stopexp.search.stops import eos_ids  # noqa: E402
 from stopexp.search.sample import prompt_ids  # noqa: E402
 from stopexp.search.stops import StopStrings  # noqa: E402
 from stopexp.search.vllm_engine import VllmEngine, hf_token_columns, hold  # noqa: E402

@@ -33,9 +33,10 @@ from __future__ import annotations
 from omegaconf import OmegaConf
 
 from stopexp.config.ranges import fail, is_list, n_layers_of
+from stopexp.config.thinking import thinks
 from stopexp.core.names import BOUNDED_REWARDS, STEP_SEPARATORS
 from stopexp.core.protocol import check_values, checkpoint_tokens, resolve_layers
-from stopexp.core.text import stop_strings
+from stopexp.core.text import decode_escapes, stop_strings
 
 
 def fewshot_is_plain_text(cfg) -> None:
@@ -52,7 +53,8 @@ def step_ends_need_a_separator(cfg) -> None:
     stop string, so no step of it would end before the path does."""
     name = cfg.task.name
     with_steps = [n for n, sep in STEP_SEPARATORS.items() if sep]
-    sep = STEP_SEPARATORS.get(name)
+    # a thinking model's reasoning steps end at its own separator (model.thinking.step_separator)
+    sep = decode_escapes(cfg.model.thinking.step_separator) if thinks(cfg.model) else STEP_SEPARATORS.get(name)
     if not sep:
         fail("tap.positions.step_ends", f"task {name} has no step separator (a path is one "
                                         f"sentence); allowed with tasks {', '.join(with_steps)}, "
@@ -236,6 +238,9 @@ VLLM_UNSERVED = {
                        "the confidence column reads the unfiltered distribution, and vLLM "
                        "returns only the filtered one it samples from")
        for k, off in (("top_p", 1.0), ("top_k", 0))},
+    "model.thinking.max_thinking_tokens": (
+        lambda cfg: cfg.model.thinking.max_thinking_tokens is not None,
+        "budget forcing writes the end tag into a path between two decode steps"),
 }
 
 

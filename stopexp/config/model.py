@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 from stopexp.config.ranges import at_least, fail, within
 from stopexp.config.search import MIN_TEMPERATURE
 from stopexp.config.task import check_task
+from stopexp.config.thinking import ThinkingConfig, check_thinking
 from stopexp.core.errors import ConfigError
 
 DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
@@ -64,6 +65,8 @@ class ModelConfig:
     # prompts get fewer rows (with search.max_batch_rows, the smaller wins); None = no budget
     max_batch_tokens: Optional[int] = None
     chat_template: bool = True        # render prompts with the tokenizer's chat template, if any
+    # a model that reasons inside <think> ... </think> first (stopexp/config/thinking.py)
+    thinking: ThinkingConfig = field(default_factory=ThinkingConfig)
     toy: Optional[ToyLMConfig] = None
 
 
@@ -92,6 +95,7 @@ def check_model(cfg) -> None:
     for key in ("num_layers", "hidden_size", "max_batch_tokens", "max_prompt_tokens"):
         if m[key] is not None:
             at_least(f"model.{key}", m[key], 1)
+    check_thinking(cfg)
     s = cfg.search
     if m.max_batch_tokens is not None and m.max_batch_tokens < s.n_paths * (s.max_new_tokens + 1):
         fail("model.max_batch_tokens", f"{m.max_batch_tokens} cannot hold one prompt's N paths: "

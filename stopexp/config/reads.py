@@ -36,7 +36,8 @@ ALLOWED = {
     "evaluate.select": ("vote", "signal", "lm_score", "oracle"),
     "engine.name": ("hf", "vllm"),
     "engine.dtype": ("auto", "float32", "bfloat16", "float16"),
-    "reward.name": ("correct", "rouge_l", "bleu", "bertscore", "neg_perplexity", "external"),
+    "reward.name": ("correct", "rouge_l", "bleu", "bertscore", "neg_perplexity", "external",
+                    "evaluate"),
 }
 # Keys that only some options read: key -> (the key naming the option, the options that
 # read it; for evaluate.methods, the methods). Under another option the run would ignore

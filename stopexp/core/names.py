@@ -29,8 +29,9 @@ STOPPING_METHODS = ("esc", "adaptive_consistency", "deepconf_online", "deepconf_
                     "deepconf_top")
 ADAPT_VARIANTS = ("no_prune", "frozen", "kept_only", "explore", "mc_feedback", "retrained")
 # the rewards validate lets the regression losses (mse, reward_regression) use: the
-# built-in ones in [0, 1], and external, whose range only its values tell (stopexp.tasks.rewards)
-BOUNDED_REWARDS = ("correct", "rouge_l", "bleu", "bertscore", "external")
+# built-in ones in [0, 1], and external and evaluate, whose range only their values tell
+# (stopexp.tasks.rewards)
+BOUNDED_REWARDS = ("correct", "rouge_l", "bleu", "bertscore", "external", "evaluate")
 
 Scorer = Callable[[dict], Any]  # batch -> (B,) scores, higher = keep (stopexp.signals.methods)
 _EXTERNAL: dict[str, Scorer] = {}

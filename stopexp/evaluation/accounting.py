@@ -46,6 +46,7 @@ class Paths:
     reward: np.ndarray | None = None      # each path's reward (stopexp/tasks/rewards.py)
     lm_score: np.ndarray | None = None    # mean log-prob of its generated tokens (selection)
     answer_format: str | None = None      # equivalent answers vote as one (tasks.vote_format)
+    thinking: np.ndarray | None = None    # a thinking model's thinking tokens per path (None: not one)
 
 
 @dataclass
@@ -104,7 +105,8 @@ def replay_paths(root: Path, features: Path | None, split: str, checkpoint: int 
                  text=np.asarray(ds["text"][:], dtype=object), alive=t["alive"].numpy(),
                  batch=t, prompt_ids=prompt_ids, prompt_len=np.asarray(ds["prompt_len"][:]),
                  checks=checks, reward=bank.rewards_of(ds).astype(float),
-                 lm_score=lm_scores(ds["token_logprob"][:]), answer_format=answer_format)
+                 lm_score=lm_scores(ds["token_logprob"][:]), answer_format=answer_format,
+                 thinking=np.asarray(ds["thinking_tokens"][:]) if "thinking_tokens" in ds.column_names else None)
 
 
 def bank_paths_and_confs(root: Path, split: str, checkpoint: int, paths: Paths,
@@ -161,6 +163,8 @@ def outcome(paths: Paths, kept: np.ndarray, checkpoint, n: int, vote: str = "maj
             "seq_tokens": seq, "survival": survival, "pruned_at": pruned_at, "stopped": stopped,
             "alive_at_check": float((use & paths.alive).sum() / use.sum()), "spent": spent,
             "kv_peaks": kv_peaks(paths, spent),
+            # a thinking model: the tokens spent before each path's end tag (a pruned prefix's share)
+            **({"thinking": float(np.minimum(spent, paths.thinking).sum())} if paths.thinking is not None else {}),
             **({"reward": reward, "avg_reward": avg_reward} if paths.reward is not None else {})}
 
 
@@ -216,6 +220,8 @@ def summarize(o: dict, seconds_per_token: float, flops_per_token: float, n_boot:
             "wall_s": tokens * seconds_per_token, "wall_estimated": True,
             "mean_prune_step": float(o["pruned_at"].mean()) if len(o["pruned_at"]) else None,
             "alive_at_check": o["alive_at_check"],
+            **({"thinking_tokens": o["thinking"], "answer_tokens": tokens - o["thinking"]}
+               if "thinking" in o else {}),
             # the chosen output's reward, and the mean reward of the paths that finish
             **({"mean_reward": float(np.nanmean(o["reward"])),
                 "avg_reward_at_k": float(np.nanmean(o["avg_reward"]))} if "reward" in o else {})}
@@ -339,15 +345,16 @@ def add_text_metrics(cfg, prompt_ids: np.ndarray, chosen: dict, results: dict) -
     """BLEU / ROUGE / BERTScore of each method's chosen output (`chosen[name][g]` for the
     g-th prompt, whose task prompt id is `prompt_ids[g]`) against the reference solution
     (all of them, for a task with several) and against the no_prune output."""
-    task = build_task(cfg.task)
+    task = build_task(cfg.task, cfg.model.get("thinking"))
     problems = task.problems(cfg.evaluate.split, int(prompt_ids.max()) + 1)
     refs = [references(task, problems[i]) for i in prompt_ids]  # several where the task has them
     refs = [r[0] if len(r) == 1 else r for r in refs]
     scorer = BertScorer(cfg.evaluate.bertscore_model) if cfg.evaluate.bertscore_model else BertScorer()
-    base = list(chosen["no_prune"])
+    answer = getattr(task, "answer_text", None)  # a thinking model: its answer only
+    chosen = {k: [answer(h) for h in v] if answer else list(v) for k, v in chosen.items()}
+    base = chosen["no_prune"]
     level = getattr(task, "text_level", "word")  # characters for the arithmetic task only
     for name, hyps in chosen.items():
-        hyps = list(hyps)
         for key, against in (("text_vs_reference", refs), ("text_vs_no_prune", base)):
             m = results[name][key] = text_metrics(hyps, against, level=level, scorer=scorer,
                                                   tokenize=task.tokenize)

@@ -16,7 +16,8 @@ from stopexp.evaluation.accounting import add_text_metrics, prompts_in
 from stopexp.metrics import BertScorer, bootstrap_ci, text_metrics
 from stopexp.models import load_lm
 from stopexp.search.beam import beam_search_batch
-from stopexp.search.decode import SamplingParams, eos_ids
+from stopexp.search.decode import SamplingParams
+from stopexp.search.stops import eos_ids
 from stopexp.search.sample import fit_prompts, prompt_ids, prompt_limit
 from stopexp.search.taps import Taps
 from stopexp.stopping.replay import STOPPING_METHODS
@@ -91,7 +92,7 @@ def evaluate_beam(cfg, names: list[str], scorers: dict, n_prompts: int) -> tuple
     task's process check: a beam whose written steps already contain an error scores 0
     (only tasks in PROCESS_CHECKED_TASKS). Returns per method the metrics and the chosen
     output text of every prompt, and the prompts' ids."""
-    task = build_task(cfg.task)
+    task = build_task(cfg.task, cfg.model.get("thinking"))
     model, tokenizer = load_lm(cfg)
     problems = fit_prompts(tokenizer, task.problems(cfg.evaluate.split, n_prompts),
                            prompt_limit(cfg, model), cfg.model.long_prompts)
@@ -171,7 +172,7 @@ def compare_with_beam(cfg, prompt_ids: np.ndarray, chosen: dict, results: dict) 
     if missing:
         raise ValueError(f"beam search skipped prompts {missing[:5]} that the evaluation has")
     beam_texts = [by_id[int(p)] for p in prompt_ids]
-    task = build_task(cfg.task)
+    task = build_task(cfg.task, cfg.model.get("thinking"))
     level = getattr(task, "text_level", "word")
     scorer = BertScorer(cfg.evaluate.bertscore_model) if cfg.evaluate.bertscore_model else BertScorer()
     for name, hyps in chosen.items():

@@ -54,7 +54,7 @@ def online_paths(cfg, names, scorers, checkpoint, n_prompts: int):
     the first, is where the AUROC batch is read). Returns the paths as the no_prune run saw
     them, per method the paths as that method's run saw them with its `Decision` (None for
     no_prune), and per method the measured time."""
-    task = build_task(cfg.task)
+    task = build_task(cfg.task, cfg.model.get("thinking"))
     model, tokenizer = load_lm(cfg)
     problems = fit_prompts(tokenizer, task.problems(cfg.evaluate.split, n_prompts),
                            prompt_limit(cfg, model), cfg.model.long_prompts)

@@ -1,5 +1,7 @@
-"""Metrics: ranking (within-prompt AUROC first), calibration, voting and text similarity."""
+"""Metrics: ranking (within-prompt AUROC first), calibration, voting and text similarity;
+the field's metrics as `evaluate` modules (`evaluate_module`)."""
 from stopexp.metrics.calibration import brier, ece, reliability
+from stopexp.metrics.evaluate_modules import evaluate_module
 from stopexp.metrics.ranking import (auprc, auroc, bootstrap_ci, bootstrap_over_groups, is_binary,
                                      length_correlation, nonfinite, per_group_auroc, pooled_auroc,
                                      reward_ranking, within_prompt_auroc)
@@ -11,4 +13,4 @@ __all__ = ["auroc", "auprc", "pooled_auroc", "within_prompt_auroc", "per_group_a
            "reward_ranking", "is_binary",
            "ece", "brier", "reliability",
            "majority_vote", "cons_at_n", "avg_at_k", "pass_at_1",
-           "bleu", "rouge", "BertScorer", "text_metrics"]
+           "bleu", "rouge", "BertScorer", "text_metrics", "evaluate_module"]

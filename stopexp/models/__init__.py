@@ -81,13 +81,32 @@ def load_lm(cfg, progress: bool = True):
 
 def prepare_tokenizer(tokenizer, model_cfg):
     """The tokenizer as every engine uses it: the chat template off where model.chat_template
-    is false, a pad token (the EOS where it has none), left padding."""
+    is false, its thinking switch set as model.thinking.enabled says, a pad token (the EOS
+    where it has none), left padding."""
     if not model_cfg.chat_template:  # plain prompts even where the tokenizer ships a template
         tokenizer.chat_template = None
+    thinking = model_cfg.get("thinking")
+    if thinking is not None and thinking.enabled is not None:
+        set_thinking_switch(tokenizer, thinking.enabled)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     return tokenizer
+
+
+def set_thinking_switch(tokenizer, on: bool) -> None:
+    """Fix the chat template's `enable_thinking` switch (Qwen3's) to `on`, by a leading Jinja
+    `set`, so that every engine and every re-encoding of a prompt renders the same turn. A
+    template without the switch is left as it is when `on` (a model that always thinks,
+    as the R1 distills); turning it off there is a ConfigError naming model.thinking.enabled."""
+    template = tokenizer.chat_template
+    if not isinstance(template, str) or "enable_thinking" not in template:
+        if not on:
+            raise ConfigError("model.thinking.enabled: false sets the chat template's enable_thinking "
+                              f"switch, but {tokenizer.name_or_path or 'the tokenizer'}'s template has "
+                              "none; leave model.thinking.enabled unset (or true) for this model")
+        return
+    tokenizer.chat_template = f"{{%- set enable_thinking = {str(on).lower()} %}}" + template
 
 
 def not_available_message(source: str, error: Exception) -> str:

@@ -12,7 +12,7 @@ from stopexp.core.errors import ConfigError
 from stopexp.models import (ModelNotAvailable, check_sizes, model_dir, not_available_message,
                             pick_device, pick_dtype, prepare_tokenizer)
 from stopexp.runtime.hub import offline_unless_reachable
-from stopexp.search.decode import eos_ids
+from stopexp.search.stops import eos_ids
 from stopexp.search.vllm_engine import VllmEngine, open_llm, settings_of
 
 

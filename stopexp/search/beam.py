@@ -111,7 +111,7 @@ def beam_search_batch(model, prompts: list[list[int]], *, beam_width: int, max_n
                       refill: bool = True) -> list[BeamResult]:
     """Beam search for every prompt of `prompts` (token ids, unpadded) in one batch of at
     most len(prompts) * beam_width rows; one BeamResult per prompt, in order. `pad_id`
-    left-pads the shorter prompts. `eos_ids`: one id or several (stopexp.search.decode
+    left-pads the shorter prompts. `eos_ids`: one id or several (stopexp.search.stops
     .eos_ids). `scorer(batch) -> (R,)` scores the R live beams of all prompts (higher =
     better) from the batch of `_features`, whose "owner" (R,) gives each row's prompt
     index; it needs `policy` (asked prompt by prompt) and active `taps`. `check_steps`

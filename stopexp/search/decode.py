@@ -18,9 +18,10 @@ from typing import Callable, Sequence
 import torch
 from transformers import DynamicCache
 
-from stopexp.core.text import stop_strings
-from stopexp.search.stops import StopStrings
+from stopexp.core.text import decode_escapes, stop_strings
+from stopexp.search.stops import StopStrings, eos_ids
 from stopexp.search.taps import Taps
+from stopexp.search.thinking import ThinkingBudget, ThinkRows
 from stopexp.signals.confidence import entropy, token_confidence
 
 
@@ -33,33 +34,21 @@ class SamplingParams:
     do_sample: bool = True
     conf_topk: int = 5  # DeepConf's token confidence: -mean log-prob of the top-k tokens
     stop: tuple[str, ...] = ()  # stop strings (stopexp.search.stops): a path ends at one
+    # a thinking model's budget: then its end tag is forced (stopexp.search.thinking)
+    max_thinking_tokens: int | None = None
+    think_end: str = "</think>"
 
     @classmethod
     def from_config(cls, cfg) -> "SamplingParams":
         """From a composed config: its `search` section, and its stop strings
         (stopexp.core.text.stop_strings)."""
-        search = cfg.search
+        search, think = cfg.search, cfg.model.get("thinking")
+        budget = think.max_thinking_tokens if think is not None and think.enabled else None
         return cls(max_new_tokens=search.max_new_tokens, temperature=search.temperature,
                    top_p=search.top_p, top_k=search.top_k, do_sample=search.do_sample,
-                   conf_topk=search.conf_topk,
-                   stop=stop_strings(cfg.task, search))
-
-
-def eos_ids(model, tokenizer) -> tuple[int, ...]:
-    """Every token id that ends a path: `generation_config.eos_token_id` (an int or a list:
-    Llama 3 and Qwen 2.5 instruct models list several, and HF `generate` stops at any of
-    them) plus the tokenizer's EOS. Raises ValueError when there is none."""
-    ids: list[int] = []
-    gen = getattr(model, "generation_config", None)
-    for source in (getattr(gen, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)):
-        if source is None:
-            continue
-        for i in ([source] if isinstance(source, int) else list(source)):
-            if int(i) not in ids:
-                ids.append(int(i))
-    if not ids:
-        raise ValueError("the model's generation_config and its tokenizer name no EOS token")
-    return tuple(ids)
+                   conf_topk=search.conf_topk, stop=stop_strings(cfg.task, search),
+                   max_thinking_tokens=budget,
+                   think_end=decode_escapes(think.end_tag) if budget else "</think>")
 
 
 def make_engine(model, tokenizer, params: SamplingParams, taps: Taps | None = None,
@@ -150,6 +139,7 @@ class Decode:
     record_taps: bool = True               # forks (Monte Carlo rollouts) keep no features
     labels: list[str] | None = None        # (P,) names of the paths, for error messages
     tails: list[list[int]] | None = None   # (B,) recent tokens of each row, for stop strings
+    think: ThinkRows | None = None         # (B,) rows' thinking, under a thinking budget
 
     def label(self, row: int) -> str:
         p = int(self.paths[row])
@@ -174,6 +164,8 @@ class Decode:
             self.pool_sum = self.pool_sum[rows]
         if self.tails is not None:
             self.tails = [self.tails[r] for r in rows.tolist()]
+        if self.think is not None:
+            self.think = self.think.take(rows)
 
     def keep_paths(self, keep: torch.Tensor) -> None:
         """Keep the live rows whose path index is in `keep`; the others leave."""
@@ -205,6 +197,8 @@ class Engine:
         self.model, self.pad_id, self.params = model, pad_id, params
         self.eos_ids = (int(eos_id),) if isinstance(eos_id, int) else tuple(map(int, eos_id))
         self.stops = StopStrings(params.stop, tokenizer) if params.stop else None
+        self.budget = ThinkingBudget(tokenizer, params.think_end, params.max_thinking_tokens) \
+            if params.max_thinking_tokens else None
         self.taps, self.checkpoints = taps, tuple(sorted(set(checkpoints)))
         self.device = next(model.parameters()).device
         bad = [c for c in self.checkpoints if not 1 <= c < params.max_new_tokens]
@@ -248,7 +242,8 @@ class Engine:
                        positions=pos[:, -1] + 1, next_logits=torch.empty(0), n_generated=0,
                        n_paths=P, lengths=torch.zeros(P, dtype=torch.long),
                        finished=torch.zeros(P, dtype=torch.bool), labels=labels,
-                       tails=[[] for _ in range(P)] if self.stops else None)
+                       tails=[[] for _ in range(P)] if self.stops else None,
+                       think=self.budget.start(P) if self.budget else None)
         self._forward(state, ids, pos)
         if len(distinct) < P:
             state.cache.reorder_cache(rows)
@@ -265,6 +260,8 @@ class Engine:
         check_finite(logp, t, state.label)
         tokens = choose_tokens(logp, state.uniforms[:, t].to(logp.device), p.do_sample)
         chosen = logp.gather(-1, tokens[:, None]).squeeze(-1)
+        if self.budget is not None:
+            tokens, chosen = self.budget.apply(state.think, t, tokens, chosen, full)
         # the entropy of the distribution sampled from; the confidence of the unfiltered one
         state.steps.append(StepRecord(state.paths.clone(), tokens.cpu(), chosen.cpu(),
                                       entropy(logp).cpu(),
@@ -348,7 +345,7 @@ class Engine:
                       next_logits=state.next_logits[idx], n_generated=t, n_paths=P,
                       pool_sum=None, lengths=torch.full((P,), t, dtype=torch.long),
                       finished=torch.zeros(P, dtype=torch.bool), record_taps=False,
-                      labels=labels, tails=tails)
+                      labels=labels, tails=tails, think=state.think and state.think.take(idx))
 
     def merge(self, states: list[Decode]) -> Decode:
         """One state holding the rows of `states`, which stand at the same step: caches and
@@ -381,6 +378,6 @@ class Engine:
                       positions=torch.cat([s.positions for s in states]),
                       next_logits=torch.cat([s.next_logits for s in states]), n_generated=t,
                       n_paths=P, lengths=torch.full((P,), t, dtype=torch.long),
-                      finished=torch.zeros(P, dtype=torch.bool), record_taps=False,
-                      labels=labels, tails=tails)
+                      finished=torch.zeros(P, dtype=torch.bool), record_taps=False, labels=labels,
+                      tails=tails, think=self.budget and ThinkRows.cat([s.think for s in states]))
 

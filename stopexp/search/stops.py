@@ -1,4 +1,5 @@
-"""Stop sequences: a path ends once its decoded text contains one of the stop strings.
+"""What ends a path: any of the model's EOS ids (`eos_ids`), or a stop sequence: a path ends
+once its decoded text contains one of the stop strings.
 
 Semantics are those of HF `generate(stop_strings=...)`: the path ends at the first token
 whose text completes a stop string, and that whole token is kept (it may carry characters
@@ -58,3 +59,20 @@ class StopStrings:
         texts = self.tokenizer.batch_decode([self.trim(t) for t in tails],
                                             skip_special_tokens=True)
         return [any(s in text for s in self.stops) for text in texts]
+
+
+def eos_ids(model, tokenizer) -> tuple[int, ...]:
+    """Every token id that ends a path: `generation_config.eos_token_id` (an int or a list:
+    Llama 3 and Qwen 2.5 instruct models list several, and HF `generate` stops at any of
+    them) plus the tokenizer's EOS. Raises ValueError when there is none."""
+    ids: list[int] = []
+    gen = getattr(model, "generation_config", None)
+    for source in (getattr(gen, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)):
+        if source is None:
+            continue
+        for i in ([source] if isinstance(source, int) else list(source)):
+            if int(i) not in ids:
+                ids.append(int(i))
+    if not ids:
+        raise ValueError("the model's generation_config and its tokenizer name no EOS token")
+    return tuple(ids)

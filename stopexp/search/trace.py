@@ -10,6 +10,7 @@ import torch
 from stopexp.core.seeds import stream_seed
 from stopexp.search.decode import Decode, Engine
 from stopexp.search.sample import launch_lists, path_labels, prompt_chunks
+from stopexp.tasks.thinking import thinking_length
 
 
 def _decode_texts(tokenizer, tokens: torch.Tensor, lengths: torch.Tensor) -> list[str]:
@@ -68,6 +69,9 @@ def trace_problems(engine, tokenizer, task, problems, n_paths: int, seed: int,
         "split", "prompt_id", "prompt", "prompt_len", "path_id", "tokens", "text", "answer", "correct",
         "reward", "length", "finished", "style", "first_error", "token_logprob", "token_entropy",
         "token_conf", "mc")}
+    thinking = hasattr(task, "end_tag")  # a thinking model (stopexp.tasks.thinking)
+    if thinking:
+        cols["thinking_tokens"] = []
     C = len(checkpoints) if mc_rollouts else 0
     for chunk in prompt_chunks(len(problems), n_paths, max_rows):
         prompts, seeds, owners = launch_lists(tokenizer, problems, chunk, n_paths, seed)
@@ -118,4 +122,6 @@ def trace_problems(engine, tokenizer, task, problems, n_paths: int, seed: int,
             cols["token_entropy"].append(ent[p, :n].numpy())
             cols["token_conf"].append(conf[p, :n].numpy())
             cols["mc"].append(mc[p])
+            if thinking:
+                cols["thinking_tokens"].append(thinking_length(tokenizer, cols["tokens"][-1], task.end_tag))
     return cols, mc_tokens

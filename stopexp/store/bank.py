@@ -107,11 +107,13 @@ def shard_misfit(root: Path, name: str, rec: dict, plan: dict[int, dict], want: 
     return None
 
 
-def features(n_checkpoints: int) -> Features:
+def features(n_checkpoints: int, thinking: bool = False) -> Features:
     """The bank's columns; `mc` holds one rate per Monte Carlo checkpoint (none without
-    rollouts)."""
+    rollouts); a thinking model's bank also counts each path's thinking tokens
+    (`thinking_tokens`: stopexp.tasks.thinking.thinking_length)."""
     f32 = Value("float32")
     return Features({
+        **({"thinking_tokens": Value("int32")} if thinking else {}),
         "split": Value("string"), "prompt_id": Value("int32"), "prompt": Value("string"),
         "prompt_len": Value("int32"), "path_id": Value("int32"), "tokens": List(Value("int32")), "text": Value("string"),
         "answer": Value("string"), "correct": Value("bool"), "reward": Value("float32"),

@@ -67,10 +67,12 @@ def summarize(root: Path, answer_format: str | None = None) -> dict:
         clustered = np.asarray(vote_clusters(answers[sel], answer_format), dtype=object)
         winner = vote([a or None for a in clustered])
         votes.append(winner is not None and correct[sel][clustered == winner].any())
+    tokens = int(np.asarray(ds["length"][:]).sum())
+    thinking = int(np.asarray(ds["thinking_tokens"][:]).sum()) if "thinking_tokens" in ds.column_names else None
     return {"paths": int(len(correct)), "prompts": int(len(votes)),
             "path_accuracy": float(correct.mean()), "vote_accuracy": float(np.mean(votes)),
-            "mean_reward": float(bank.rewards_of(ds).mean()),
-            "tokens_total": int(np.asarray(ds["length"][:]).sum())}
+            "mean_reward": float(bank.rewards_of(ds).mean()), "tokens_total": tokens,
+            **({"thinking_tokens": thinking, "answer_tokens": tokens - thinking} if thinking is not None else {})}
 
 
 def plan_parts(shards: list) -> dict[int, dict]:
@@ -110,7 +112,7 @@ def collect(cfg, rank: int = 0, world: int = 1, run=None) -> dict:
     complete it raises BankDamaged; one job of an array (collect.rank/world) may end with
     it incomplete (the other jobs finish it), which it logs with the ranks still owing."""
     root = bank.bank_dir(cfg)
-    task = build_task(cfg.task)
+    task = build_task(cfg.task, cfg.model.get("thinking"))
     shards = plan(cfg, task)
     todo = [i for i in range(len(shards)) if i % world == rank]
     done = verified_shards(root, todo, plan_parts(shards), bank.expected_meta(cfg))
@@ -186,7 +188,7 @@ def _fill(cfg, root: Path, task, shards: list, pending: list[int], rank: int,
             tqdm(total=n_prompts, unit="prompt", desc="collect") as bar:
         start = time.time()  # the rates shown leave out loading the LM (or starting vLLM)
         text_cfg = model.config.get_text_config()
-        feats = bank.features(len(checkpoints))
+        feats = bank.features(len(checkpoints), hasattr(task, "end_tag"))
         measured = {"lm_parameters": sum(p.numel() for p in model.parameters()),
                     "hidden_size": text_cfg.hidden_size, "num_layers": text_cfg.num_hidden_layers,
                     "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),

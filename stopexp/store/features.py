@@ -58,7 +58,7 @@ def position_spec(cfg, task=None) -> dict:
     separator = None
     if pos.step_ends:
         if task is None:
-            task = build_task(cfg.task)
+            task = build_task(cfg.task, cfg.model.get("thinking"))
         separator = getattr(task, "step_separator", None)
         if not separator:  # validate refuses it first (stopexp.config.cross.step_ends_need_a_separator)
             raise ConfigError(f"tap.positions.step_ends: task {cfg.task.name} has no step separator")
@@ -143,7 +143,7 @@ def featurize(cfg, overrides: list[str] | None = None, run=None) -> dict:
     root = bank.require_bank(cfg, overrides)
     bmeta = bank.read_meta(root)
     out = features_dir(cfg)
-    spec = position_spec(cfg, build_task(cfg.task))
+    spec = position_spec(cfg, build_task(cfg.task, cfg.model.get("thinking")))
     want = expected_meta(cfg, bmeta, out, spec)
     old = _old_meta(out)
     problem = bank.misfit(old, want) if old is not None else None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+from stopexp.core.evaluate_modules import module_script
 from stopexp.core.protocol import checkpoint_tokens
 from stopexp.core.text import decode_escapes, decoded_text
 from stopexp.runtime.artifacts import config_hash, plain
@@ -69,6 +70,8 @@ def bank_key(cfg) -> str:
     model = {k: v for k, v in plain(cfg.model).items() if k != "max_batch_tokens"}
     if isinstance(model.get("toy"), dict) and not model["toy"].get("train_task", True):
         model["toy"] = {k: v for k, v in model["toy"].items() if k != "train_task"}  # unpinned: keys as before
+    if (model.get("thinking") or {}).get("enabled") is None:  # not read as thinking: keys as before
+        model.pop("thinking", None)
     if model.get("long_prompts", "error") == "error":  # refusing changes no bank's content
         model.pop("long_prompts", None)
         model.pop("max_prompt_tokens", None)
@@ -88,11 +91,20 @@ def bank_key(cfg) -> str:
            "search": sampling_section(cfg.search), "collect": collect, "seed": cfg.seed}
     reward = cfg.get("reward")
     if reward is not None and reward.name != "correct":  # the default: keys as before
-        key["reward"] = plain(reward)
+        key["reward"] = reward_section(reward)
     engine = cfg.get("engine")
     if engine is not None and engine.name != "hf":  # the default: keys as before
         key["engine"] = engine_section(engine)
     return config_hash(key)
+
+
+def reward_section(reward) -> dict:
+    """reward.* as it keys a bank: an evaluate module with its script's content (an edited
+    module makes other rewards); the evaluate keys only where set (other rewards: keys as before)."""
+    out = {k: v for k, v in plain(reward).items() if not (k in ("module", "key") and v is None)}
+    if reward.name == "evaluate":
+        out["module_sha256"] = file_sha256(module_script(reward.module))
+    return out
 
 
 # engine keys that size memory or a scheduler's step only; they change no path

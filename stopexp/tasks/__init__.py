@@ -1,10 +1,12 @@
-"""Tasks: prompts, references and a checker. `build_task(cfg.task)` picks one by name."""
+"""Tasks: prompts, references and a checker. `build_task(cfg.task, cfg.model.thinking)`
+picks one by name (read through a thinking model where model.thinking.enabled is true)."""
 from omegaconf import OmegaConf
 
-from stopexp.core.text import decoded_text
+from stopexp.core.text import decode_escapes, decoded_text
 from stopexp.tasks.arith import ArithTask, Problem
 from stopexp.tasks.datatotext import DataToTextTask, Record
 from stopexp.tasks.qa import QAProblem, QATask
+from stopexp.tasks.thinking import ThinkingTask
 from stopexp.tasks.wordprob import WordProblem, WordProblemTask
 
 TASKS = {"arith": ArithTask, "qa": QATask, "wordprob": WordProblemTask,
@@ -18,12 +20,16 @@ def vote_format(task) -> str | None:
     return task.answer_format if task.name == "qa" else None
 
 
-def build_task(task_cfg):
+def build_task(task_cfg, thinking=None):
+    """The task of `task_cfg`; with `thinking` (model.thinking) enabled, its paths' answers
+    are read after the end tag (stopexp.tasks.thinking.ThinkingTask)."""
     if task_cfg.name not in TASKS:
         raise ValueError(f"task.name: {task_cfg.name!r} unknown; allowed: {', '.join(TASKS)}")
     task_cfg = OmegaConf.create(decoded_text(OmegaConf.to_container(task_cfg, resolve=True)))
     task = _construct(task_cfg)
     task.tokenize = task_cfg.get("tokenize", "13a")  # how text metrics and rewards split words
+    if thinking is not None and thinking.enabled is True:
+        task = ThinkingTask(task, decode_escapes(thinking.end_tag), decode_escapes(thinking.step_separator))
     return task
 
 

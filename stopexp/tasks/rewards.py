@@ -9,13 +9,15 @@ label that the losses order or regress and that Monte Carlo rollouts average.
                     i.e. under the sampling distribution (temperature, top-k, top-p applied)
     external        fn(problem, text) -> float, registered with `register_reward` or given
                     as module:function
+    evaluate        a Hugging Face `evaluate` module by local path or cached name
+                    (reward.module, reward.key: stopexp.tasks.evaluate_reward)
 
 Text rewards compare words for natural language and characters for tasks whose outputs
 have no spaces (`task.text_level == "char"`, the arithmetic task), as stopexp.metrics.text
 does. References come from `task.references(problem)` when the task has several, else
 `[task.reference(problem)]`. `BOUNDED` (stopexp.core.names.BOUNDED_REWARDS, with the
 reward registry): the rewards validate lets the regression losses (mse,
-reward_regression) use: the built-in ones in [0, 1], and external, whose range only its
+reward_regression) use: the built-in ones in [0, 1], and external and evaluate, whose range only their
 values tell (train checks them: stopexp.training.data.check_reward_range). The text metrics
 clip a value that leaves their range by floating-point rounding only
 (stopexp.metrics.bounds) and refuse one further out; the values clipped while scoring are
@@ -32,6 +34,7 @@ from stopexp.core.names import BOUNDED_REWARDS as BOUNDED  # noqa: F401
 from stopexp.core.names import register_reward, resolve_external  # noqa: F401  (re-exported)
 from stopexp.metrics.bounds import clip_to_range
 from stopexp.metrics.text import BertScorer, check_script, check_tokenize, rouge_scorer
+from stopexp.tasks.evaluate_reward import EvaluateReward
 
 
 def references(task, problem) -> list[str]:
@@ -102,35 +105,42 @@ class Reward:
     logprobs[i] its generated tokens' log-probs, needed by neg_perplexity only)."""
 
     def __init__(self, name: str = "correct", function: str | None = None,
-                 bertscore_model: str | None = None):
+                 bertscore_model: str | None = None, module: str | None = None,
+                 key: str | None = None):
         if name not in (*BOUNDED, "neg_perplexity"):
             raise ConfigError(f"reward.name: {name!r} unknown; allowed: "
                               f"{', '.join((*BOUNDED, 'neg_perplexity'))}")
         self.name, self.bertscore_model = name, bertscore_model
         self.fn = resolve_external(function) if name == "external" else None
         self.function = function
+        self.module = EvaluateReward(module, key) if name == "evaluate" else None
         self.needs_logprobs = name == "neg_perplexity"
         self.clipped = 0  # metric values clipped into [0, 1] so far (rounding: stopexp.metrics.bounds)
 
     @classmethod
     def from_config(cls, reward_cfg) -> "Reward":
-        return cls(reward_cfg.name, reward_cfg.get("function"), reward_cfg.get("bertscore_model"))
+        return cls(reward_cfg.name, reward_cfg.get("function"), reward_cfg.get("bertscore_model"),
+                   reward_cfg.get("module"), reward_cfg.get("key"))
 
     def scores(self, task, problems, texts, logprobs=None) -> np.ndarray:
         texts = list(texts)
+        # a thinking model's text rewards compare its answer only (correct: task.check does)
+        answers = list(map(task.answer_text, texts)) if hasattr(task, "answer_text") else texts
         level, tokenize = getattr(task, "text_level", "word"), getattr(task, "tokenize", "13a")
         clipped = 0  # by the text metrics, which clip rounding into [0, 1]
         if self.name == "correct":
             out = [float(task.check(p, t)) for p, t in zip(problems, texts, strict=True)]
         elif self.name in ("rouge_l", "bleu"):
             metric = rouge_l_scores if self.name == "rouge_l" else bleu_scores
-            out, clipped = metric(texts, [references(task, p) for p in problems], level, tokenize)
+            out, clipped = metric(answers, [references(task, p) for p in problems], level, tokenize)
         elif self.name == "bertscore":
-            out, clipped = self._bertscore(task, problems, texts, level)
+            out, clipped = self._bertscore(task, problems, answers, level)
         elif self.name == "neg_perplexity":
             if logprobs is None:
                 raise ValueError("reward neg_perplexity needs the paths' per-token log-probs")
             out = [neg_perplexity(lp) for lp in logprobs]
+        elif self.name == "evaluate":
+            out = self.module.scores(answers, [references(task, p) for p in problems])
         else:
             out = [self._external(p, t) for p, t in zip(problems, texts, strict=True)]
         self.clipped += clipped

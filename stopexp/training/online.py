@@ -52,7 +52,7 @@ def online_decider(cfg, paths: Paths, checkpoint: int):
     stopexp.training.stream.run_stream that run the LM of `cfg` (the target config) on the prompts of
     `paths` (the target bank's split): the pruning step, and the Monte Carlo continuations
     of pruned prefixes (success rate, tokens per row and measured seconds)."""
-    task = build_task(cfg.task)
+    task = build_task(cfg.task, cfg.model.get("thinking"))
     model, tokenizer = load_lm(cfg, progress=False)
     ids = paths.prompt_ids if paths.prompt_ids is not None else np.arange(int(paths.group.max()) + 1)
     problems = fit_prompts(tokenizer, task.problems(cfg.adapt.split, int(ids.max()) + 1),

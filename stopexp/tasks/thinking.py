@@ -1,0 +1,56 @@
+"""A task read through a thinking model (model.thinking.enabled=true: stopexp/config/
+thinking.py): the path's text is its reasoning up to the first end tag, then its answer.
+Checking, answer extraction, diagnosis and the text rewards read the answer only; a path
+that never closes its thinking has no answer. Reasoning steps end at the thinking's step
+separator ("\\n\\n"), and each path's thinking tokens are counted (`thinking_length`)."""
+from __future__ import annotations
+
+
+def split_thinking(text: str, end_tag: str) -> tuple[str, str | None]:
+    """(the reasoning, the answer after the first `end_tag`); answer None when the text
+    has no end tag (the path was still thinking when it stopped)."""
+    head, tag, tail = text.partition(end_tag)
+    return (head + tag, tail) if tag else (text, None)
+
+
+def thinking_length(tokenizer, ids: list[int], end_tag: str) -> int:
+    """How many of the path's generated tokens `ids` its thinking spans: up to and including
+    the token whose text completes the first `end_tag` (all of them when none does). The
+    decoded prefix holds the tag from that token on, so a bisection finds it in log(n) decodes."""
+    def closed(k: int) -> bool:
+        return end_tag in tokenizer.decode(ids[:k], skip_special_tokens=True)
+
+    if not closed(len(ids)):
+        return len(ids)
+    lo, hi = 0, len(ids)  # closed(hi), not closed(lo)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if closed(mid) else (mid, hi)
+    return hi
+
+
+class ThinkingTask:
+    """`task` with each path's answer read after the thinking's end tag; everything else
+    (prompts, references, splits, the name) is the task's own."""
+
+    def __init__(self, task, end_tag: str = "</think>", step_separator: str = "\n\n"):
+        self.task, self.end_tag, self.step_separator = task, end_tag, step_separator
+
+    def __getattr__(self, name):  # what thinking does not change
+        if name == "task":  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.task, name)
+
+    def answer_text(self, text: str) -> str:
+        """The path's answer ("" while it has none)."""
+        return split_thinking(text, self.end_tag)[1] or ""
+
+    def check(self, problem, text: str) -> bool:
+        answer = split_thinking(text, self.end_tag)[1]
+        return answer is not None and self.task.check(problem, answer)
+
+    def answer_of(self, text: str):
+        return self.task.answer_of(self.answer_text(text))
+
+    def diagnose(self, problem, text: str) -> dict:
+        return self.task.diagnose(problem, self.answer_text(text))

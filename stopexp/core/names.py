@@ -1,8 +1,8 @@
 """The names config checks and the layers above share, kept here so that checking a name
-needs no torch import: methods, predictors, tasks, shipped benchmarks, splits, signals, rewards, adapt
-variants; and the two registries a user plugs into (external scorers for evaluate.methods,
-external rewards for reward.function), defined here and re-exported where they are used
-(stopexp.signals.methods, stopexp.tasks.rewards)."""
+needs no torch import: methods, predictors, tasks, shipped benchmarks, splits, signals,
+rewards, adapt variants; and the two registries a user plugs into (external scorers for
+evaluate.methods, external rewards for reward.function), defined here and re-exported
+where they are used (stopexp.signals.methods, stopexp.tasks.rewards)."""
 from __future__ import annotations
 
 import importlib

@@ -42,8 +42,8 @@ def sampling_section(search) -> dict:
 def task_content(task_cfg) -> str | None:
     """What a file-based task's questions are, for the bank's hash: the SHA-256 of a local
     or shipped file (a benchmark named by `task.path`, stopexp.tasks.benchmarks); for a hub
-    dataset id, the cached revision (commit) when the local Hugging Face
-    cache has one, else the id alone. None for tasks without a path (the embedded one)."""
+    dataset id, the cached revision (commit) when the local Hugging Face cache has one,
+    else the id alone. None for tasks without a path (the embedded one)."""
     path = task_cfg.get("path") if hasattr(task_cfg, "get") else None
     if not path:
         return None

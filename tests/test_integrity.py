@@ -239,7 +239,8 @@ def test_editing_the_task_file_changes_the_bank(tmp_path, monkeypatch):
     refs = tmp_path / "hub" / "datasets--openai--gsm8k" / "refs"
     refs.mkdir(parents=True)
     (refs / "main").write_text("0123abcd\n")
-    assert task_content(compose("collect", ["task=gsm8k"]).task) == "hub:openai/gsm8k@0123abcd"
+    assert task_content(compose("collect", ["task=gsm8k", "task.path=openai/gsm8k"]).task) == \
+        "hub:openai/gsm8k@0123abcd"
     assert key("openai/gsm8k") != plain
 
 

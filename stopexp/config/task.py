@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from stopexp.config.ranges import at_least, fail
-from stopexp.core.names import SPLITS
+from stopexp.core.names import BENCHMARKS, SPLITS
 
 __all__ = ["TaskConfig", "check_task"]
 
@@ -21,8 +21,10 @@ class TaskConfig:
         default_factory=lambda: {"train": 0.8, "val": 0.1, "test": 0.1})
     seed: int = 0
     # qa (stopexp/tasks/qa.py): questions and reference answers from a file or hub dataset
-    path: Optional[str] = None           # .jsonl / .json / .parquet file, or a hub dataset id
-    subset: Optional[str] = None         # hub dataset config name (e.g. "main" for gsm8k)
+    # a shipped benchmark (gsm8k, math500, aime24, aime25, hmmt25, amc23; stopexp/tasks/data),
+    # a .jsonl / .json / .parquet file, or a hub dataset id
+    path: Optional[str] = None
+    subset: Optional[str] = None         # hub dataset config name (e.g. "main" for openai/gsm8k)
     source_split: str = "test"           # which split of the hub dataset
     question_key: str = "question"
     answer_key: str = "answer"           # a bare answer or a solution ending in one
@@ -48,7 +50,8 @@ def check_task(t) -> None:
     if any(not x for x in t.stop):
         fail("task.stop", "every stop string must be non-empty")
     if t.name == "qa" and not t.path:
-        fail("task.path", "task qa needs a .jsonl / .json / .parquet file or a hub dataset id")
+        fail("task.path", f"task qa needs a shipped benchmark ({', '.join(BENCHMARKS)}), a .jsonl / "
+                          ".json / .parquet file or a hub dataset id")
     if "{question}" not in t.prompt_template:
         fail("task.prompt_template", f"must contain {{question}}, got {t.prompt_template!r}")
     at_least("task.n_steps", t.n_steps, 1)

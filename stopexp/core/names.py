@@ -1,8 +1,8 @@
 """The names config checks and the layers above share, kept here so that checking a name
-needs no torch import: methods, predictors, tasks, splits, signals, rewards, adapt
-variants; and the two registries a user plugs into (external scorers for evaluate.methods,
-external rewards for reward.function), defined here and re-exported where they are used
-(stopexp.signals.methods, stopexp.tasks.rewards)."""
+needs no torch import: methods, predictors, tasks, shipped benchmarks, splits, signals,
+rewards, adapt variants; and the two registries a user plugs into (external scorers for
+evaluate.methods, external rewards for reward.function), defined here and re-exported
+where they are used (stopexp.signals.methods, stopexp.tasks.rewards)."""
 from __future__ import annotations
 
 import importlib
@@ -10,6 +10,8 @@ from typing import Any, Callable
 
 SPLITS = ("train", "val", "test")
 TASK_NAMES = ("arith", "qa", "wordprob", "datatotext")  # stopexp.tasks.TASKS
+# the benchmarks shipped in stopexp/tasks/data/, which task.path may name (stopexp.tasks.benchmarks)
+BENCHMARKS = ("gsm8k", "math500", "aime24", "aime25", "hmmt25", "amc23")
 # the token that ends a reasoning step, of the tasks that have one (their `step_separator`,
 # read by tap.positions.step_ends); a task not named here has none
 STEP_SEPARATORS = {"arith": ";", "qa": "\n", "wordprob": "\n"}

@@ -12,6 +12,7 @@ from stopexp.core.protocol import checkpoint_tokens
 from stopexp.core.text import decode_escapes, decoded_text
 from stopexp.runtime.artifacts import config_hash, plain
 from stopexp.runtime.integrity import file_sha256
+from stopexp.tasks.benchmarks import shipped_file
 
 # 2: shard records in meta.json and shard.json; task content in the key
 # 3: signal columns hidden_mean and hidden_var; per-path prompt_len; kv_bytes_per_token
@@ -41,12 +42,13 @@ def sampling_section(search) -> dict:
 
 def task_content(task_cfg) -> str | None:
     """What a file-based task's questions are, for the bank's hash: the SHA-256 of a local
-    file; for a hub dataset id, the cached revision (commit) when the local Hugging Face
-    cache has one, else the id alone. None for tasks without a path (the embedded one)."""
+    or shipped file (a benchmark named by `task.path`, stopexp.tasks.benchmarks); for a hub
+    dataset id, the cached revision (commit) when the local Hugging Face cache has one,
+    else the id alone. None for tasks without a path (the embedded one)."""
     path = task_cfg.get("path") if hasattr(task_cfg, "get") else None
     if not path:
         return None
-    p = Path(path).expanduser()
+    p = shipped_file(path) or Path(path).expanduser()
     if p.is_file():
         st = p.stat()
         return "sha256:" + _file_digest(str(p.resolve()), st.st_size, st.st_mtime_ns)

@@ -1,6 +1,7 @@
 """Question answering from a file: GSM8K-style numeric answers (``#### 42``) and MATH-style
-``\\boxed{...}`` answers, read from a local JSONL / JSON / Parquet file or a `datasets` hub
-id (which must already be in the local cache when offline).
+``\\boxed{...}`` answers, read from a benchmark shipped with the package
+(`stopexp.tasks.benchmarks`: gsm8k, math500, aime24, ...), a local JSONL / JSON / Parquet
+file or a `datasets` hub id (which must already be in the local cache when offline).
 
 Answers are read and compared by `stopexp.tasks.answers` (strict or flexible extraction,
 one canonical string per equivalent answer, math-verify for LaTeX). A completion without a
@@ -23,6 +24,7 @@ from stopexp.core.errors import ConfigError, NotFound, UserError, error_text
 from stopexp.core.names import STEP_SEPARATORS
 from stopexp.runtime.hub import offline_unless_reachable
 from stopexp.tasks.answers import FORMATS, MODES, canonical, equivalent, extract_answer
+from stopexp.tasks.benchmarks import BENCHMARKS, shipped_file
 
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
 EXPECTED = ("one JSON object per line (JSON Lines), or a JSON list of objects, each with "
@@ -124,11 +126,12 @@ def _json_rows(path: Path) -> list[tuple[str, object]]:
 
 def read_rows(path: str, subset: str | None = None,
               source_split: str = "test") -> list[tuple[str, object]]:
-    """(where, row) pairs of a local file, or of a hub dataset (from the local cache when
-    offline). `where` names the row for messages: ``line 12`` (JSON Lines), ``line 40
-    (item 3)`` (JSON list), ``row 7`` (Parquet, hub). Raises FileNotFoundError for a
+    """(where, row) pairs of a shipped benchmark (`path` one of BENCHMARKS), a local file,
+    or a hub dataset (from the local cache when offline; `subset` and `source_split` apply
+    to hub datasets only). `where` names the row for messages: ``line 12`` (JSON Lines),
+    ``line 40 (item 3)`` (JSON list), ``row 7`` (Parquet, hub). Raises FileNotFoundError for a
     missing file or dataset, TaskFileError for one that cannot be read."""
-    p = Path(path).expanduser()
+    p = shipped_file(path) or Path(path).expanduser()
     if p.is_file() and p.suffix == ".parquet":
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -156,8 +159,9 @@ def read_rows(path: str, subset: str | None = None,
             return [(f"row {i}", r) for i, r in enumerate(load_dataset(path, subset, split=source_split))]
     except Exception as e:  # offline, unknown id, missing split: all mean "not available here"
         raise NotFound(
-            f"task.path: {path!r} is neither a local {'/'.join(FILE_SUFFIXES)} file nor a hub "
-            f"dataset available here ({error_text(e)}). Without "
+            f"task.path: {path!r} is neither a shipped benchmark ({', '.join(BENCHMARKS)}), a "
+            f"local {'/'.join(FILE_SUFFIXES)} file nor a hub dataset available here "
+            f"({error_text(e)}). Without "
             f"internet, save it as JSONL or Parquet where you have internet and set "
             f"task.path=/path/to/file.jsonl") from e
 

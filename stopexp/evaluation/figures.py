@@ -69,7 +69,7 @@ def order(names, studied=None) -> list[str]:
 def log_x_if_wide(ax, values) -> bool:
     """A log x-axis when the positive `values` span more than LOG_SPAN; whether it set one."""
     v = np.asarray([x for x in values if np.isfinite(x) and x > 0], dtype=float)
-    wide = bool(len(v)) and v.max() > LOG_SPAN * v.min()
+    wide = bool(len(v)) and bool(v.max() > LOG_SPAN * v.min())
     if wide:
         ax.set_xscale("log")
     return wide

@@ -201,18 +201,28 @@ def survival(curves: dict[str, list], path: Path, studied=None, caption: str | N
 
 def prune_steps(pruned_at: dict[str, np.ndarray], path: Path, studied=None,
                 caption: str | None = None) -> Path:
-    """Histogram (outlines) of the step at which paths were pruned, per method: the
-    `studied` ones only when given (the others' are in metrics.json)."""
+    """How many paths each method pruned at each step: the `studied` methods only when
+    given (the others' are in metrics.json). Checks at a few prefixes (the usual case)
+    give side-by-side bars per step, any other spread histogram outlines."""
     fig, ax = plt.subplots(figsize=(7, 3.6))
     data = {m: np.asarray(v) for m, v in pruned_at.items() if len(v) and (studied is None or m in studied)}
     if data:
-        style = figures.styles(list(data))
-        bins = np.histogram_bin_edges(np.concatenate(list(data.values())), bins=20)
-        for m, v in data.items():
-            ax.hist(v, bins=bins, histtype="step", lw=1.5, color=style[m]["color"], label=m)
+        style = figures.styles(list(data), studied)
+        steps = np.unique(np.concatenate(list(data.values())))
+        if len(steps) <= 12:
+            width = 0.8 / len(data)
+            for i, (m, v) in enumerate(data.items()):
+                counts = [(v == step).sum() for step in steps]
+                ax.bar(np.arange(len(steps)) + (i - (len(data) - 1) / 2) * width, counts, width,
+                       color=style[m]["color"], label=m)
+            ax.set_xticks(np.arange(len(steps)), [str(int(step)) for step in steps])
+        else:
+            bins = np.histogram_bin_edges(steps, bins=20)
+            for m, v in data.items():
+                ax.hist(v, bins=bins, histtype="step", lw=1.5, color=style[m]["color"], label=m)
         figures.legend_beside(ax)
-    ax.set_xlabel("prune step")
-    ax.set_ylabel("paths")
+    ax.set_xlabel("prune step (prefix tokens)")
+    ax.set_ylabel("paths pruned")
     figures.layout(fig, caption)
     return save_figure(fig, path, laid_out=True)
 

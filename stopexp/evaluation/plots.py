@@ -136,9 +136,10 @@ def auroc_by_prefix(curves: dict[str, dict], path: Path, title: str = "", studie
         probes = list(dict.fromkeys(p for p, _, _ in diffs))
         for probe, role, d in diffs:
             ci = np.asarray(d["ci"], dtype=float).reshape(-1, 2)
-            colour = figures.ROLE_COLOURS.get(role, "tab:orange")
+            colour = figures.ROLE_COLOURS[role]
+            label = f"{probe} - {role_label(role)}" + (" (per prefix)" if role == "best_non_learned" else "")
             low.plot(x, d["diff"], "o", ls=("-", "--", ":", "-.")[probes.index(probe) % 4], ms=2.5,
-                     lw=1.4, color=colour, label=f"{probe} - {role_label(role)}" + (" (per prefix)" if role == "best_non_learned" else ""))
+                     lw=1.4, color=colour, label=label)
             low.fill_between(x, ci[:, 0], ci[:, 1], color=colour, alpha=0.15, lw=0)
         low.axhline(0, color="black", lw=0.8)
         low.set_ylabel("AUROC difference\n(probe - control, 95% CI)")

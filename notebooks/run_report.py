@@ -87,8 +87,8 @@ print(f"replayed {len(outcomes)} methods on {p['prompts']} prompts: accuracies m
 # ## Figures
 
 # %%
-figs = make_plots(paths, outcomes, scores, metrics["points"], out, metrics["methods"])
-history = read_checkpoint(predictor_dir(cfg))["history"]  # names a damaged file
+figs = make_plots(paths, outcomes, scores, metrics["points"], out, metrics["methods"], metrics)
+history = read_checkpoint(predictor_dir(cfg), cfg.predictor)["history"]  # names a damaged file
 figs["loss_curve"] = plots.loss_curve(history, out / "loss_curve.png")
 for name, path in figs.items():
     print(name)

@@ -1,6 +1,9 @@
 import atexit
+import importlib
+import inspect
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -119,3 +122,17 @@ def read_only(monkeypatch):
     yield make
     for path, mode in made:
         path.chmod(mode)
+
+
+def run_stage(module: str, overrides: list[str]):
+    """Run a stage's @hydra.main in this process, as `python -m stopexp.<module> ...` does."""
+    main = importlib.import_module(f"stopexp.{module}").main
+    task = inspect.unwrap(main)  # the stage's own function, under @hydra.main and @user_errors
+    GlobalHydra.instance().clear()
+    argv, name = sys.argv, task.__module__
+    sys.argv, task.__module__ = [module, *overrides], "__main__"  # conf/ found by file, as -m does
+    try:
+        return main()
+    finally:
+        sys.argv, task.__module__ = argv, name
+        GlobalHydra.instance().clear()

@@ -8,9 +8,8 @@ import types
 
 import numpy as np
 import pytest
-from hydra.core.global_hydra import GlobalHydra
 
-from conftest import compose
+from conftest import compose, run_stage
 from stopexp.evaluation import plots
 from stopexp.runtime.artifacts import atomic_path, publish_dir, staging_dir, write_json
 
@@ -47,23 +46,6 @@ def broken_wandb(init_fails: bool = False):
     mod.init, mod.Settings = init, lambda **kw: None
     mod.Artifact = mod.Table = mod.Image = dead
     return mod
-
-
-def run_stage(module: str, overrides: list[str]):
-    """Run a stage's @hydra.main in this process, as `python -m stopexp.<module> ...` does."""
-    import importlib
-    import inspect
-
-    main = importlib.import_module(f"stopexp.{module}").main
-    task = inspect.unwrap(main)  # the stage's own function, under @hydra.main and @user_errors
-    GlobalHydra.instance().clear()
-    argv, name = sys.argv, task.__module__
-    sys.argv, task.__module__ = [module, *overrides], "__main__"  # conf/ found by file, as -m does
-    try:
-        return main()
-    finally:
-        sys.argv, task.__module__ = argv, name
-        GlobalHydra.instance().clear()
 
 
 def tracked(small_bank):

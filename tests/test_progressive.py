@@ -50,6 +50,10 @@ def test_progressive_replay_equals_online(trained3, check_at, keep, rule, vote):
     online = evaluate(cfg_for(trained3, *over, "evaluate.mode=online"))
     assert replay["protocol"]["checks"] == online["protocol"]["checks"]
     assert len(replay["protocol"]["checks"]) == check_at.count(",") + 1
+    # the paired statistics at every check in replay; online scores the first check only
+    assert [[c["tokens"], c["k"]] for c in replay["paired"]["checks"]] == replay["protocol"]["checks"]
+    assert [c["tokens"] for c in online["paired"]["checks"]] == [replay["protocol"]["checks"][0][0]]
+    assert online["paired"]["accuracy_diff"] == replay["paired"]["accuracy_diff"]
     for name, r in replay["methods"].items():
         o = online["methods"][name]
         assert (o["accuracy"], o["tokens_total"]) == (r["accuracy"], r["tokens_total"]), name

@@ -11,7 +11,7 @@ import torch
 
 from stopexp.core.policies import build_policy, policy_params
 from stopexp.core.protocol import checkpoint_tokens
-from stopexp.evaluation import plots
+from stopexp.evaluation import figures, plots
 from stopexp.evaluation.accounting import add_text_metrics, prompts_in
 from stopexp.metrics import BertScorer, bootstrap_ci, text_metrics
 from stopexp.models import load_lm
@@ -78,7 +78,8 @@ def beam_metrics(cfg, names: list[str], scorers: dict, root: Path, start: float,
                "bank": root.name, "eval_wall_s": round(time.time() - start, 2)}
     if run_dir is not None:
         metrics["plots"] = {"survival": str(plots.survival(
-            {m: r["survival"] for m, r in results.items()}, run_dir / "survival.png"))}
+            {m: r["survival"] for m, r in results.items()}, run_dir / "survival.png",
+            figures.studied_methods(results)))}
     if run is not None:
         run.summary_update({f"{m}/{k}": v for m, r in results.items() for k, v in r.items()
                             if isinstance(v, (int, float))})

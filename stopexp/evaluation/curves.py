@@ -10,7 +10,8 @@ from stopexp.config import checkpoint_tokens
 from stopexp.signals import methods as M
 from stopexp.signals.checkpoint import load_predictor
 from stopexp.training.data import predictor_dir
-from stopexp.training.per_step import curves_of, position_data
+from stopexp.evaluation.paired import by_prefix
+from stopexp.training.per_step import auroc_by_position, position_data, prefix_scores
 from stopexp.training.predictor import train
 
 
@@ -28,19 +29,25 @@ def single_checkpoint_baseline(cfg, spec) -> tuple[str, object] | None:
     return f"{cfg.predictor.name}@{tokens}", predictor
 
 
-def auroc_by_prefix(cfg, scorers: dict, split: str, spec) -> dict:
-    """Evaluate's curves: method -> auroc_by_position over the `split` paths of the bank,
-    for every scorer (learned, confidence, entropy, hidden-state statistics, random,
-    oracle; not the super token, which would re-run the LM at every position) and, with
-    train.positions=all, the single-checkpoint predictor scored at every position
-    (labelled "<predictor>@<tokens>")."""
+def auroc_by_prefix(cfg, scorers: dict, split: str, spec) -> tuple[dict, dict]:
+    """Evaluate's curves: (method -> auroc_by_position over the `split` paths of the bank,
+    the paired differences of the probes and the controls at every prefix,
+    `stopexp.evaluation.paired.by_prefix`), for every scorer (learned, confidence, entropy,
+    hidden-state statistics, random, oracle; not the super token, which would re-run the
+    LM at every position) and, with train.positions=all, the single-checkpoint predictor
+    scored at every position (labelled "<predictor>@<tokens>"). ({}, {}) without stored
+    positions."""
 
     ds, rows = position_data(cfg, split)
     if rows is None:
-        return {}
+        return {}, {}
     use = {k: v for k, v in scorers.items() if v is not None and k != "super_token"}
     base = single_checkpoint_baseline(cfg, spec)
     if base is not None:
         use[base[0]] = M.learned(base[1])
     keys = np.asarray([f"{p}/{j}" for p, j in zip(ds["prompt"][:], ds["path_id"][:])], dtype=object)
-    return curves_of(use, rows, keys)
+    scores = prefix_scores(use, rows, keys)
+    position, correct, group = rows["position"].numpy(), rows["correct"], rows["group"].numpy()
+    curves = {m: auroc_by_position(s, correct, group, position) for m, s in scores.items()}
+    return curves, by_prefix(scores, correct.numpy(), group, position, cfg.evaluate.bootstrap,
+                             cfg.evaluate.seed)

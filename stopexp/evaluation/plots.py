@@ -10,23 +10,25 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from stopexp.evaluation import figures  # noqa: E402
+from stopexp.evaluation.paired import in_order, is_probe, role_label  # noqa: E402
 from stopexp.metrics import reliability  # noqa: E402
 from stopexp.runtime.artifacts import atomic_path  # noqa: E402
 
 
-def save_figure(fig, path: Path) -> Path:
+def save_figure(fig, path: Path, laid_out: bool = False) -> Path:
     """Write `fig` to `path` atomically (temporary name, then rename; the format from the
-    suffix) and close it. A crash mid-write leaves the previous file, never half of one."""
+    suffix) and close it. A crash mid-write leaves the previous file, never half of one.
+    `laid_out`: the figure was laid out already (`figures.layout`, labels placed after it)."""
     path = Path(path)
     try:
-        fig.tight_layout()
+        if not laid_out:
+            fig.tight_layout()
         with atomic_path(path) as tmp:
             fig.savefig(tmp, dpi=110, format=path.suffix.lstrip(".") or "png")
     finally:
         plt.close(fig)
     return path
-
-
 
 
 def loss_curve(history: list[dict], path: Path) -> Path:
@@ -70,65 +72,160 @@ def reliability_diagram(probs, correct, path: Path, title: str = "") -> Path:
     return save_figure(fig, path)
 
 
-def _colour(i: int):
-    """Twenty distinct colours (tab20: pairs of shades), enough for every method at once."""
-    return plt.get_cmap("tab20")((2 * i) % 20 + (2 * i) // 20 % 2)
+def pareto(points: list[dict], path: Path, studied=None, caption: str | None = None) -> Path:
+    """Accuracy vs total tokens: no_prune at several N, each method at several K. With
+    `studied` methods among others, two panels: the studied ones alone (no_prune's and the
+    probes' points labelled N>K), and every method, the studied strong on top and the rest
+    faint; a log x-axis where a panel's tokens span more than 10x; `caption` under them."""
+    methods = list(dict.fromkeys(p["method"] for p in points))
+    split = studied is not None and not set(methods) <= set(studied)
+    fig, axes = plt.subplots(1, 2 if split else 1, figsize=(11.5 if split else 8, 4.6), squeeze=False,
+                             gridspec_kw={"width_ratios": [1.5, 1]} if split else None)
+    style = figures.styles(methods, studied)
+    shown = [[m for m in methods if m in studied], methods] if split else [methods]
+    labels = []
+    for ax, names in zip(axes[0], shown):
+        for method in figures.order(names, studied):
+            pts = sorted((p for p in points if p["method"] == method), key=lambda p: p["tokens_total"])
+            x, y = [p["tokens_total"] for p in pts], [p["accuracy"] for p in pts]
+            strong = style[method]["zorder"] > figures.FAINT["zorder"]
+            ax.plot(x, y, "o-" if method == "no_prune" else ("s-" if strong else "s:"),
+                    label=method, **style[method])
+            if ax is axes[0, 0] and (method == "no_prune" or is_probe(method) or studied is None):
+                labels += [(p["tokens_total"], p["accuracy"], f"N={p['n']}" if p["n"] == p["k"]
+                            else f"{p['n']}>{p['k']}", style[method]["color"]) for p in pts]
+        figures.log_x_if_wide(ax, [p["tokens_total"] for p in points if p["method"] in names])
+        ax.grid(alpha=0.3, lw=0.5)
+        ax.set_xlabel("total generated tokens")
+    axes[0, 0].set_ylabel("vote accuracy")
+    if split:
+        axes[0, 0].set_title("the studied methods", fontsize=9)
+        axes[0, 1].set_title("every method (the rest faint)", fontsize=9)
+    figures.legend_beside(axes[0, -1])
+    figures.layout(fig, caption)
+    figures.place_labels(axes[0, 0], labels)
+    return save_figure(fig, path, laid_out=True)
 
 
-def pareto(points: list[dict], path: Path) -> Path:
-    """Accuracy vs total tokens: no_prune at several N, each method at several K."""
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    for i, method in enumerate(dict.fromkeys(p["method"] for p in points)):
-        pts = sorted((p for p in points if p["method"] == method), key=lambda p: p["tokens_total"])
-        ax.plot([p["tokens_total"] for p in pts], [p["accuracy"] for p in pts],
-                "o-" if method == "no_prune" else "s:", color=_colour(i), label=method, ms=4)
-        for p in pts:
-            ax.annotate(f"{p['n']}>{p['k']}" if p["n"] != p["k"] else f"N={p['n']}",
-                        (p["tokens_total"], p["accuracy"]), fontsize=6, alpha=0.7)
-    ax.set_xlabel("total generated tokens")
-    ax.set_ylabel("vote accuracy")
-    ax.legend(fontsize=7, ncol=2)
-    return save_figure(fig, path)
-
-
-def auroc_by_prefix(curves: dict[str, dict], path: Path, title: str = "") -> Path:
+def auroc_by_prefix(curves: dict[str, dict], path: Path, title: str = "", studied=None,
+                    paired: dict | None = None, caption: str | None = None) -> Path:
     """Within-prompt AUROC against prefix length, one line per method (dashed: a predictor
-    trained at one checkpoint, "<name>@<tokens>"). `curves`: method ->
-    {"positions": [tokens], "auroc": [float]} (stopexp.training.per_step.auroc_by_position);
-    positions without a mixed prompt (NaN) leave a gap. Dotted: chance (0.5)."""
-    fig, ax = plt.subplots(figsize=(8, 4.2))
-    for i, (method, c) in enumerate(curves.items()):
-        ax.plot(c["positions"], c["auroc"], "o-" if "@" not in method else "s--",
-                color=_colour(i), label=method, ms=3, lw=1.2)
+    trained at one checkpoint, "<name>@<tokens>"; the `studied` ones strong, the rest
+    faint). `curves`: method -> {"positions": [tokens], "auroc": [float]}
+    (stopexp.training.per_step.auroc_by_position); positions without a mixed prompt (NaN)
+    leave a gap. Dotted: chance (0.5). With `paired` (metrics.json's "paired_by_prefix") a
+    second panel: each probe minus each control at every prefix, its 95% paired bootstrap
+    interval shaded; where the band leaves 0 the difference is distinguishable."""
+    diffs = [(p, r, roles[r]) for p, roles in (paired or {}).get("auroc_diff", {}).items()
+             for r in in_order(roles)]
+    fig, axes = plt.subplots(2 if diffs else 1, 1, figsize=(8.5, 6.4 if diffs else 4.2),
+                             sharex=True, squeeze=False)
+    ax = axes[0, 0]
+    style = figures.styles(list(curves), studied)
+    for method in figures.order(curves, studied):
+        c = curves[method]
+        ax.plot(c["positions"], c["auroc"], "o-" if "@" not in method else "s--", label=method,
+                **{**style[method], "ms": style[method]["ms"] - 2})
     ax.axhline(0.5, color="grey", lw=0.8, ls=":")
-    ax.set_xlabel("prefix (generated tokens)")
     ax.set_ylabel("within-prompt AUROC")
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))  # beside: lines cross everywhere
-    return save_figure(fig, path)
+    figures.legend_beside(ax)  # beside: lines cross everywhere
+    if diffs:
+        low = axes[1, 0]
+        x = paired["positions"]
+        probes = list(dict.fromkeys(p for p, _, _ in diffs))
+        for probe, role, d in diffs:
+            ci = np.asarray(d["ci"], dtype=float).reshape(-1, 2)
+            colour = figures.ROLE_COLOURS[role]
+            label = f"{probe} - {role_label(role)}" + (" (per prefix)" if role == "best_non_learned" else "")
+            low.plot(x, d["diff"], "o", ls=("-", "--", ":", "-.")[probes.index(probe) % 4], ms=2.5,
+                     lw=1.4, color=colour, label=label)
+            low.fill_between(x, ci[:, 0], ci[:, 1], color=colour, alpha=0.15, lw=0)
+        low.axhline(0, color="black", lw=0.8)
+        low.set_ylabel("AUROC difference\n(probe - control, 95% CI)")
+        figures.legend_beside(low)
+    axes[-1, 0].set_xlabel("prefix (generated tokens)")
+    figures.log_x_if_wide(ax, [p for c in curves.values() for p in c["positions"]])
+    figures.layout(fig, caption)
+    return save_figure(fig, path, laid_out=True)
 
 
-def survival(curves: dict[str, list], path: Path) -> Path:
-    """Share of launched paths still generating at each step."""
-    fig, ax = plt.subplots(figsize=(5.5, 3.5))
-    for i, (method, c) in enumerate(curves.items()):
-        ax.plot(np.arange(1, len(c) + 1), c, color=f"C{i % 10}", label=method, lw=1.2)
+def paired_intervals(paired: dict, path: Path, caption: str | None = None) -> Path:
+    """The paired differences of metrics.json's "paired": one row per probe and control,
+    the within-prompt AUROC difference at each check (left) and the vote-accuracy
+    difference of the run (right), each with its 95% bootstrap interval over prompts; an
+    interval that crosses 0 (the line) is a difference these prompts cannot tell."""
+    rows = [(p, r) for p, roles in paired["checks"][0]["auroc_diff"].items() for r in in_order(roles)]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 1.2 + 0.45 * len(rows)), sharey=True)
+    y = np.arange(len(rows))[::-1]
+    n_checks = len(paired["checks"])
+    for j, check in enumerate(paired["checks"]):
+        shift = 0.25 * (j - (n_checks - 1) / 2)
+        for yi, (probe, role) in zip(y, rows):
+            d = check["auroc_diff"][probe][role]
+            left.errorbar(d["diff"], yi + shift, xerr=[[d["diff"] - d["ci"][0]], [d["ci"][1] - d["diff"]]],
+                          fmt="o", ms=4, capsize=3, color=f"C{j}",
+                          label=f"at {check['tokens']} tokens" if yi == y[0] else None)
+    for yi, (probe, role) in zip(y, rows):
+        d = paired["accuracy_diff"].get(probe, {}).get(role)
+        if d is not None:
+            right.errorbar(d["diff"], yi, xerr=[[d["diff"] - d["ci"][0]], [d["ci"][1] - d["diff"]]],
+                           fmt="s", ms=4, capsize=3, color="black")
+    best = paired["checks"][0]["best_non_learned"]
+    left.set_yticks(y, [f"{p} - {role_label(r)}" + (f" ({best})" if r == "best_non_learned" else "")
+                        for p, r in rows], fontsize=8)
+    for ax, what in ((left, "within-prompt AUROC difference"), (right, "vote accuracy difference")):
+        ax.axvline(0, color="grey", lw=0.8)
+        ax.set_xlabel(what)
+        ax.grid(axis="x", alpha=0.3, lw=0.5)
+    left.legend(fontsize=7, loc="best")
+    right.set_title(f"the run's decision, {paired['prompts']} prompts", fontsize=8)
+    figures.layout(fig, caption)
+    return save_figure(fig, path, laid_out=True)
+
+
+def survival(curves: dict[str, list], path: Path, studied=None, caption: str | None = None) -> Path:
+    """Share of launched paths still generating at each step (the `studied` methods
+    strong, the rest faint)."""
+    fig, ax = plt.subplots(figsize=(7.5, 3.8))
+    style = figures.styles(list(curves), studied)
+    for method in figures.order(curves, studied):
+        c = curves[method]
+        st = {k: v for k, v in style[method].items() if k != "ms"}
+        ax.plot(np.arange(1, len(c) + 1), c, label=method, **st)
     ax.set_xlabel("generation step")
     ax.set_ylabel("share of paths alive")
-    ax.legend(fontsize=7, ncol=2)
-    return save_figure(fig, path)
+    figures.legend_beside(ax)
+    figures.layout(fig, caption)
+    return save_figure(fig, path, laid_out=True)
 
 
-def prune_steps(pruned_at: dict[str, np.ndarray], path: Path) -> Path:
-    """Histogram of the step at which paths were pruned, per method."""
-    fig, ax = plt.subplots(figsize=(5.5, 3.5))
-    data = {m: np.asarray(v) for m, v in pruned_at.items() if len(v)}
+def prune_steps(pruned_at: dict[str, np.ndarray], path: Path, studied=None,
+                caption: str | None = None) -> Path:
+    """How many paths each method pruned at each step: the `studied` methods only when
+    given (the others' are in metrics.json). Checks at a few prefixes (the usual case)
+    give side-by-side bars per step, any other spread histogram outlines."""
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    data = {m: np.asarray(v) for m, v in pruned_at.items() if len(v) and (studied is None or m in studied)}
     if data:
-        ax.hist(list(data.values()), bins=20, label=list(data), alpha=0.8)
-        ax.legend(fontsize=7, ncol=2)
-    ax.set_xlabel("prune step")
-    ax.set_ylabel("paths")
-    return save_figure(fig, path)
+        style = figures.styles(list(data), studied)
+        steps = np.unique(np.concatenate(list(data.values())))
+        if len(steps) <= 12:
+            width = 0.8 / len(data)
+            for i, (m, v) in enumerate(data.items()):
+                counts = [(v == step).sum() for step in steps]
+                ax.bar(np.arange(len(steps)) + (i - (len(data) - 1) / 2) * width, counts, width,
+                       color=style[m]["color"], label=m)
+            ax.set_xticks(np.arange(len(steps)), [str(int(step)) for step in steps])
+        else:
+            bins = np.histogram_bin_edges(steps, bins=20)
+            for m, v in data.items():
+                ax.hist(v, bins=bins, histtype="step", lw=1.5, color=style[m]["color"], label=m)
+        figures.legend_beside(ax)
+    ax.set_xlabel("prune step (prefix tokens)")
+    ax.set_ylabel("paths pruned")
+    figures.layout(fig, caption)
+    return save_figure(fig, path, laid_out=True)
 
 
 def signal_histograms(scores: dict[str, np.ndarray], correct, path: Path) -> Path:
@@ -204,16 +301,26 @@ def analyses(results: dict, path: Path) -> Path:
     return save_figure(fig, path)
 
 
-def reward_tokens(results: dict, path: Path, beam: dict | None = None, select: str = "vote") -> Path:
+def reward_tokens(results: dict, path: Path, beam: dict | None = None, select: str = "vote",
+                  studied=None, caption: str | None = None) -> Path:
     """Mean reward of each method's chosen output against its total tokens (one point per
-    method; plain beam search as a star when given): the open-ended tasks' Pareto view."""
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for i, (name, r) in enumerate(r for r in results.items() if "mean_reward" in r[1]):
-        ax.scatter(r["tokens_total"], r["mean_reward"], color=_colour(i), label=name)
+    method, the `studied` ones strong; plain beam search as a star when given): the
+    open-ended tasks' Pareto view."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    rewarded = {m: r for m, r in results.items() if "mean_reward" in r}
+    style = figures.styles(list(rewarded), studied)
+    for name in figures.order(rewarded, studied):
+        st = style[name]
+        ax.scatter(rewarded[name]["tokens_total"], rewarded[name]["mean_reward"], color=st["color"],
+                   alpha=st["alpha"], zorder=st["zorder"], s=8 * st["ms"] ** 2 / 4, label=name)
+    tokens = [r["tokens_total"] for r in rewarded.values()]
     if beam is not None and "mean_reward" in beam:
         ax.scatter(beam["tokens_total"], beam["mean_reward"], marker="*", s=160, color="black",
-                   label="beam search")
+                   label="beam search", zorder=4)
+        tokens.append(beam["tokens_total"])
+    figures.log_x_if_wide(ax, tokens)
     ax.set_xlabel("tokens generated (all prompts)")
     ax.set_ylabel(f"mean reward of the output ({select})")
-    ax.legend(fontsize=7)
-    return save_figure(fig, path)
+    figures.legend_beside(ax)
+    figures.layout(fig, caption)
+    return save_figure(fig, path, laid_out=True)

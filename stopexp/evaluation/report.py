@@ -5,21 +5,33 @@ from pathlib import Path
 
 import numpy as np
 
-from stopexp.evaluation import plots
+from stopexp.evaluation import figures, plots
 from stopexp.evaluation.accounting import Paths, keep_by_policy
+from stopexp.evaluation.paired import best_non_learned
+from stopexp.evaluation.table import protocol_line
 from stopexp.signals import methods as M
 
 
 def make_plots(paths: Paths, outcomes: dict, scores: dict, points: list, run_dir: Path,
-               results: dict | None = None, prefix_curves: dict | None = None) -> dict:
+               results: dict | None = None, metrics: dict | None = None) -> dict:
     """Write the standard figures into run_dir; returns name -> PNG path. With `results`
-    (metrics.json's "methods", the analyses added) the analyses figure too; with
-    `prefix_curves` (metrics.json's "auroc_by_prefix") the AUROC against prefix length."""
-    figs = {"pareto": plots.pareto(points, run_dir / "pareto.png"),
+    (metrics.json's "methods", the analyses added) the analyses figure too, and with a
+    reward and a selection other than the vote or a beam-search comparison the reward
+    against tokens; with `metrics`
+    (metrics.json's content) the studied methods drawn strongly (the probes, no_prune,
+    random, the controls and the oracle: `figures.studied_methods`), a caption line with
+    the protocol, the AUROC against prefix length and the paired differences."""
+    metrics = metrics or {}
+    paired = metrics.get("paired") or {}
+    best = paired["checks"][0]["best_non_learned"] if paired else best_non_learned(
+        {m: r["auroc"] for m, r in (results or {}).items() if "auroc" in r})
+    studied = figures.studied_methods([*outcomes, *metrics.get("auroc_by_prefix", {})], best)
+    caption = protocol_line(metrics) if "protocol" in metrics else None
+    figs = {"pareto": plots.pareto(points, run_dir / "pareto.png", studied, caption),
             "survival": plots.survival({m: o["survival"] for m, o in outcomes.items()},
-                                       run_dir / "survival.png"),
+                                       run_dir / "survival.png", studied, caption),
             "prune_steps": plots.prune_steps({m: o["pruned_at"] for m, o in outcomes.items()},
-                                             run_dir / "prune_steps.png")}
+                                             run_dir / "prune_steps.png", studied, caption)}
     figs["signal_histograms"] = plots.signal_histograms(
         {m: s[paths.alive] for m, s in scores.items()}, paths.correct[paths.alive],
         run_dir / "signal_histograms.png")
@@ -30,9 +42,16 @@ def make_plots(paths: Paths, outcomes: dict, scores: dict, points: list, run_dir
             1 / (1 + np.exp(-s)), paths.correct[paths.alive], run_dir / f"calibration_{m}.png", m)
     if results is not None:
         figs["analyses"] = plots.analyses(results, run_dir / "analyses.png")
-    if prefix_curves:
+    beam, select = metrics.get("beam_search"), metrics.get("select", "vote")
+    if results is not None and paths.reward is not None and (select != "vote" or beam):
+        figs["reward_tokens"] = plots.reward_tokens(results, run_dir / "reward_tokens.png", beam,
+                                                    select, studied, caption)
+    if paired:
+        figs["paired"] = plots.paired_intervals(paired, run_dir / "paired.png", caption)
+    if metrics.get("auroc_by_prefix"):
         figs["auroc_by_prefix"] = plots.auroc_by_prefix(
-            prefix_curves, run_dir / "auroc_by_prefix.png", "every method at every stored prefix")
+            metrics["auroc_by_prefix"], run_dir / "auroc_by_prefix.png",
+            "every method at every stored prefix", studied, metrics.get("paired_by_prefix"), caption)
     return figs
 
 

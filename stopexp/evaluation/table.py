@@ -6,7 +6,18 @@ columns."""
 from __future__ import annotations
 
 from stopexp.core.policies import kept_text
+from stopexp.evaluation.paired import in_order, role_label
 from stopexp.signals import methods as M
+
+
+def protocol_line(metrics: dict) -> str:
+    """"Launch-Check-Resume N -> K at T tokens, P split prompts (mode)": the protocol of
+    evaluate's `metrics`, every check of a progressive run, each with what it keeps."""
+    p = metrics["protocol"]
+    checks = p.get("checks") or [[p["check_tokens"], p["k"]]]  # progressive: every check
+    policy, params = p.get("policy", "topk"), p.get("policy_params", {})
+    at = " -> ".join(f"{kept_text(policy, params, k)} at {tokens} tokens" for tokens, k in checks)
+    return f"Launch-Check-Resume {p['n']} -> {at}, {p['prompts']} {p['split']} prompts ({metrics['mode']})"
 
 
 def print_table(metrics: dict) -> str:
@@ -25,11 +36,8 @@ def print_table(metrics: dict) -> str:
                          f"{r['tokens_ratio']:>7.2f}{r['pruned']:>8}{r['wall_s']:>8.1f}"
                          f"{100 * r['check_share']:>9.2f}")
         return "\n".join(lines)
-    checks = p.get("checks") or [[p["check_tokens"], p["k"]]]  # progressive: every check
-    policy, params = p.get("policy", "topk"), p.get("policy_params", {})
-    at = " -> ".join(f"{kept_text(policy, params, k)} at {tokens} tokens" for tokens, k in checks)
-    lines = [f"Launch-Check-Resume {p['n']} -> {at}, "
-             f"{p['prompts']} {p['split']} prompts ({metrics['mode']})",
+    policy = p.get("policy", "topk")
+    lines = [protocol_line(metrics),
              f"{'method':<{w}}{'accuracy':>9}{'95% CI':>16}{'avg@K':>8}{'tokens':>10}{'ratio':>7}"
              f"{'AUROC':>7}{'pooled':>8}{'wall s':>8}{'KV MiB':>8}"]
     for name, r in metrics["methods"].items():
@@ -65,4 +73,59 @@ def print_table(metrics: dict) -> str:
             lines.append(f"  policy={policy} has no K to sweep: a method's point is its run, K the "
                          "paths its rule kept per prompt (mean); evaluate.retention applies to "
                          "policy=topk")
-    return "\n".join(lines)
+    return "\n".join(lines + paired_lines(metrics))
+
+
+def _signed(d: dict) -> str:
+    return f"{d['diff']:+.3f} [{d['ci'][0]:+.3f},{d['ci'][1]:+.3f}]"
+
+
+def _runs(positions: list, where: list) -> str:
+    """The positions where `where` holds, consecutive stored positions joined: "3-8,12"."""
+    spans, start = [], None
+    for i, hit in enumerate([*where, False]):
+        if hit and start is None:
+            start = i
+        elif not hit and start is not None:
+            a, b = positions[start], positions[i - 1]
+            spans.append(f"{a}" if a == b else f"{a}-{b}")
+            start = None
+    return ",".join(spans) or "none"
+
+
+def paired_lines(metrics: dict) -> list[str]:
+    """The paired differences (probe - control) of metrics.json's "paired" and
+    "paired_by_prefix" (stopexp/evaluation/paired.py): per probe and control the AUROC
+    difference at each check and the vote-accuracy difference with their 95% bootstrap
+    intervals, and the prefixes where the interval lies above or below 0."""
+    paired = metrics.get("paired") or {}
+    if not paired:
+        return []
+    checks = paired["checks"]
+    lines = [f"paired differences, probe - control: mean over prompts, 95% bootstrap CI over "
+             f"prompts ({paired['bootstrap']} resamples, seed {paired['seed']}); an interval "
+             "with 0 inside: not distinguishable"]
+    for c in checks:
+        lines.append(f"  AUROC at {c['tokens']} tokens: {c['mixed_prompts']} prompts with mixed "
+                     f"outcomes ({c['excluded_prompts']} excluded: all paths right or all wrong)")
+    lines.append(f"  accuracy: the run's vote at the same kept K, {paired['prompts']} prompts")
+    for probe, roles in checks[0]["auroc_diff"].items():
+        for role in in_order(roles):
+            cells = []
+            for c in checks:
+                named = f" {c['best_non_learned']}" if role == "best_non_learned" else ""
+                cells.append(f"AUROC@{c['tokens']}{named} {_signed(c['auroc_diff'][probe][role])}")
+            acc = paired["accuracy_diff"].get(probe, {}).get(role)
+            if acc is not None:
+                named = f" {paired['accuracy_best_non_learned']}" if role == "best_non_learned" else ""
+                cells.append(f"accuracy{named} {_signed(acc)}")
+            lines.append(f"  {probe + ' - ' + role_label(role):<30}" + "  ".join(cells))
+    prefix = metrics.get("paired_by_prefix") or {}
+    for probe, roles in prefix.get("auroc_diff", {}).items():
+        for role in in_order(roles):
+            lo, hi = [c[0] for c in roles[role]["ci"]], [c[1] for c in roles[role]["ci"]]
+            lines.append(f"  by prefix, {probe} - {role_label(role)}: interval above 0 at "
+                         f"{_runs(prefix['positions'], [x > 0 for x in lo])}; below 0 at "
+                         f"{_runs(prefix['positions'], [x < 0 for x in hi])} "
+                         f"(tokens, of {len(prefix['positions'])} stored prefixes)")
+    return lines

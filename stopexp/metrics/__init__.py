@@ -3,13 +3,14 @@ the field's metrics as `evaluate` modules (`evaluate_module`)."""
 from stopexp.metrics.calibration import brier, ece, reliability
 from stopexp.metrics.evaluate_modules import evaluate_module
 from stopexp.metrics.ranking import (auprc, auroc, bootstrap_ci, bootstrap_over_groups, is_binary,
-                                     length_correlation, nonfinite, per_group_auroc, pooled_auroc,
-                                     reward_ranking, within_prompt_auroc)
+                                     length_correlation, nonfinite, paired_difference, per_group_auroc,
+                                     pooled_auroc, reward_ranking, within_prompt_auroc)
 from stopexp.metrics.text import BertScorer, bleu, rouge, text_metrics
 from stopexp.metrics.voting import avg_at_k, cons_at_n, majority_vote, pass_at_1
 
 __all__ = ["auroc", "auprc", "pooled_auroc", "within_prompt_auroc", "per_group_auroc",
-           "bootstrap_ci", "bootstrap_over_groups", "length_correlation", "nonfinite",
+           "bootstrap_ci", "bootstrap_over_groups", "paired_difference",
+           "length_correlation", "nonfinite",
            "reward_ranking", "is_binary",
            "ece", "brier", "reliability",
            "majority_vote", "cons_at_n", "avg_at_k", "pass_at_1",

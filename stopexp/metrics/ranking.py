@@ -140,6 +140,23 @@ def bootstrap_over_groups(fn, groups, n: int = 1000, seed: int = 0,
     return _interval([fn(idx) for idx in _resamples(n_groups, n, seed)], alpha)
 
 
+def paired_difference(a_per_group, b_per_group, n: int = 1000, seed: int = 0,
+                      alpha: float = 0.05) -> dict:
+    """The paired difference a - b of two methods measured on the same groups (prompts),
+    one value per group each (NaN where a group has no value, e.g. an AUROC of a prompt
+    whose paths all end right or all wrong): `diff` the mean over the groups where both
+    have a value, `ci` its percentile bootstrap CI (`bootstrap_ci` of the per-group
+    differences: the groups resampled once, each drawn with both methods' values),
+    `prompts` the groups used and `excluded` those left out. NaN where none is left."""
+    a, b = np.asarray(a_per_group, dtype=float), np.asarray(b_per_group, dtype=float)
+    if a.shape != b.shape or a.ndim != 1:
+        raise ValueError(f"paired values {a.shape} and {b.shape} must be equal-length 1-d")
+    d = (a - b)[~(np.isnan(a) | np.isnan(b))]
+    lo, hi = bootstrap_ci(d, n=n, seed=seed, alpha=alpha) if len(d) else (np.nan, np.nan)
+    return {"diff": float(d.mean()) if len(d) else float("nan"), "ci": [float(lo), float(hi)],
+            "prompts": int(len(d)), "excluded": int(len(a) - len(d))}
+
+
 def length_correlation(scores, lengths) -> float:
     """Pearson correlation of a score with path length (a score that merely tracks length
     is a cheap baseline in disguise), over the paths with a finite score; NaN when either

@@ -14,6 +14,8 @@ their own (ESC, Adaptive-Consistency, DeepConf online and its votes: stopexp/sto
 replay the bank in both modes; stopexp/evaluation/analyses.py adds the per-method analyses.
 Every scoring method is also scored at every stored position of the bank's paths
 (`auroc_by_prefix` in metrics.json and auroc_by_prefix.png: stopexp/training/per_step.py).
+Every probe-vs-control claim has its paired bootstrap over prompts (`paired` and
+`paired_by_prefix`, paired.png: stopexp/evaluation/paired.py).
 """
 from __future__ import annotations
 
@@ -25,13 +27,13 @@ import numpy as np
 
 from stopexp.config import check_plan
 from stopexp.core.policies import policy_params
-from stopexp.evaluation import plots
 from stopexp.evaluation.accounting import (account_methods, add_text_metrics, bank_paths_and_confs,
                                            pareto_points, prompts_in, replay_paths)
 from stopexp.evaluation.analyses import add_analyses
 from stopexp.evaluation.beam import beam_metrics, compare_with_beam
 from stopexp.evaluation.curves import auroc_by_prefix
 from stopexp.evaluation.online import online_paths
+from stopexp.evaluation.paired import paired_stats, scores_at_checks
 from stopexp.evaluation.report import make_plots, sample_table
 from stopexp.evaluation.scorers import (build_scorers, check_methods, cli_overrides, method_names,
                                         warn_off_checkpoint)
@@ -99,14 +101,14 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
                             "vote": cfg.evaluate.vote,
                             "prompts": int(paths.group.max()) + 1, "split": split},
                "bank": root.name}
-    metrics["auroc_by_prefix"] = auroc_by_prefix(cfg, scorers, split, feature_bank.spec_of(cfg, meta))
+    metrics["paired"] = paired_stats(paths, scores_at_checks(scorers, scores, paths), plan, N,
+                                     outcomes, cfg.evaluate.bootstrap, cfg.evaluate.seed)
+    metrics["auroc_by_prefix"], metrics["paired_by_prefix"] = auroc_by_prefix(
+        cfg, scorers, split, feature_bank.spec_of(cfg, meta))
     metrics["eval_wall_s"] = round(time.time() - start, 2)
     # plot, log
     if run_dir is not None:
-        figs = make_plots(paths, outcomes, scores, points, run_dir, results, metrics["auroc_by_prefix"])
-        if paths.reward is not None and (cfg.evaluate.select != "vote" or beam):
-            figs["reward_tokens"] = plots.reward_tokens(results, run_dir / "reward_tokens.png",
-                                                        beam, cfg.evaluate.select)
+        figs = make_plots(paths, outcomes, scores, points, run_dir, results, metrics)
         metrics["plots"] = {k: str(v) for k, v in figs.items()}
         if run is not None:
             run.log({f"plots/{k}": run.image(v) for k, v in figs.items()})

@@ -120,14 +120,14 @@ def split_data_all(meta: dict, cfg, overrides: list[str] | None = None) -> dict[
     return out
 
 
-def curves_of(scorers: dict, rows: dict, seed_keys: np.ndarray | None = None) -> dict:
-    """method -> auroc_by_position of its scorer on the position batch `rows` (alive rows;
+def prefix_scores(scorers: dict, rows: dict, seed_keys: np.ndarray | None = None) -> dict:
+    """method -> (B,) scores of its scorer on the position batch `rows` (alive rows;
     "group" the prompt). Each position is scored on its own, so a scorer that compares a
     path with its prompt's peers (st_bon) sees only the peers at the same position.
     `seed_keys`: the bank's per-path stream names, indexed by rows["path"] (the random
     scorer's; a path keeps its draw at every position)."""
     pos = rows["position"].numpy()
-    curves = {}
+    out = {}
     for name, scorer in scorers.items():
         scores = np.zeros(len(pos))
         for p in np.unique(pos):
@@ -136,5 +136,6 @@ def curves_of(scorers: dict, rows: dict, seed_keys: np.ndarray | None = None) ->
             if seed_keys is not None:
                 batch["seed_key"] = list(seed_keys[batch["path"].numpy()])
             scores[at] = np.asarray(scorer(batch), dtype=float)
-        curves[name] = auroc_by_position(scores, rows["correct"], rows["group"], pos)
-    return curves
+        out[name] = scores
+    return out
+

@@ -12,9 +12,9 @@ where intermediate answer i of a branch was read after (i + 1) * probe_freq of i
 and the probe after its last one reads its final answer (as the authors' simulator,
 evaluation/data_loader.py `Branch.explore`, replays it). The last intermediate answer may
 fall in the branch's last, partial probe interval (the public banks probe a branch of
-3,856 tokens 8 times); other keys (their `final_answers_trace`) are ignored. Answers are compared in the canonical form of
-`stopexp.tasks.answers` (``0.5``, ``1/2`` and ``\\frac{1}{2}`` are one answer); the gold
-answer is matched with `equivalent`, so math-verify also accepts forms that canonicalise
+3,856 tokens 8 times); other keys (their `final_answers_trace`, the final answers again)
+are ignored. Answers are compared in the canonical form of `stopexp.tasks.answers`
+(``0.5``, ``1/2`` and ``\\frac{1}{2}`` are one answer); the gold answer is matched with `equivalent`, so math-verify also accepts forms that canonicalise
 differently. Every cluster of equivalent answers of a prompt (`vote_clusters` over its
 answers in stored order, each branch's probes then its final answer: ``\\sqrt{2}/2`` and
 ``\\frac{1}{\\sqrt{2}}`` are one) gets an integer code (0 = no readable answer), its
@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -142,11 +143,11 @@ def parse_prompt(item, where: str, fmt: str, grader: str = "equivalent") -> Answ
     if not gold:
         _fail(f"{where}.gold_answer", f"no readable answer in {item['gold_answer']!r}")
     if grader == "equivalent":
-        def read(text: str) -> str: return canonical(text, fmt)
-        def right(answer: str) -> bool: return equivalent(answer, gold, fmt)
+        read = partial(canonical, fmt=fmt)
+        right = partial(equivalent, reference=gold, fmt=fmt)
     else:  # the stored string, when it holds a readable answer
-        def read(text: str) -> str: return text if canonical(text, fmt) else ""
-        def right(answer: str) -> bool: return bool(answer) and answer == raw_gold
+        read = lambda text: text if canonical(text, fmt) else ""  # noqa: E731
+        right = lambda answer: bool(answer) and answer == raw_gold  # noqa: E731
     final, tokens, probes = [], [], []
     for b, branch in enumerate(branches):
         w = f"{where}.each_branch[{b}]"

@@ -251,7 +251,9 @@ def test_exact_grader_and_the_prompts_that_move(tmp_path, capsys):
     assert m["graders"]["accuracy_exact"] == {"no_prune": 0.5, "esc": 0.5}
     assert m["graders"]["moved"] == [{"prompt": 0, "gold": "1-\\frac{2}{\\pi}", "no_prune": [1.0, 0.0],
                                       "esc": [1.0, 0.0]}]
-    assert "prompt 0 (gold 1-\\frac{2}{\\pi}): no_prune 1.00 -> 0.00, esc 1.00 -> 0.00" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "published grader): accuracy / tokens per prompt no_prune 0.500 / 20, esc 0.500 / 20" in text
+    assert "prompt 0 (gold 1-\\frac{2}{\\pi}): no_prune 1.00 -> 0.00, esc 1.00 -> 0.00" in text
     with pytest.raises(AnswersBankError, match="grader 'strict' unknown; allowed: equivalent, exact"):
         load_answers_bank(path, grader="strict")
 

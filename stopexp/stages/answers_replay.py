@@ -62,10 +62,12 @@ def print_table(metrics: dict) -> str:
         lines.append(f"{name:<22}{r['accuracy']:>9.3f}{r['accuracy_std']:>8.3f}"
                      f"{r['tokens_per_prompt']:>15.0f}{r['tokens_per_prompt_std']:>10.0f}{ratio:>7}"
                      f"{r['branches_launched']:>9.1f}{ws:>15}")
-    g = metrics["graders"]
-    if g:
+    g, methods = metrics["graders"], metrics["methods"]
+    if g["moved"] or any(t != methods[m]["tokens_per_prompt"] for m, t in g["tokens_per_prompt_exact"].items()):
         lines.append("by stored string and string equality with the gold answer (the published "
-                     "grader): accuracy " + ", ".join(f"{m} {a:.3f}" for m, a in g["accuracy_exact"].items()))
+                     "grader): accuracy / tokens per prompt " + ", ".join(
+                         f"{m} {a:.3f} / {g['tokens_per_prompt_exact'][m]:.0f}"
+                         for m, a in g["accuracy_exact"].items()))
         for row in g["moved"]:
             moves = {m: ab for m, ab in row.items() if m not in ("prompt", "gold") and ab[0] != ab[1]}
             lines.append(f"  prompt {row['prompt']} (gold {row['gold']}): "
@@ -76,14 +78,12 @@ def print_table(metrics: dict) -> str:
 def grader_difference(bank, results: dict, exact: dict) -> dict:
     """Where voting and grading by stored string (`exact`) differs from the equivalence of
     the answers: per method the exact accuracy and tokens, and the prompts whose accuracy over the
-    shuffles moves ({"prompt", "gold", method: [equivalent, exact]}); empty when none does."""
+    shuffles moves ({"prompt", "gold", method: [equivalent, exact]})."""
     moved = []
     for i, q in enumerate(bank.prompts):
         row = {m: [results[m]["prompt_accuracy"][i], exact[m]["prompt_accuracy"][i]] for m in results}
         if any(a != b for a, b in row.values()):
             moved.append({"prompt": i, "gold": q.gold, **row})
-    if not moved:
-        return {}
     return {"accuracy_exact": {m: r["accuracy"] for m, r in exact.items()},
             "tokens_per_prompt_exact": {m: r["tokens_per_prompt"] for m, r in exact.items()},
             "moved": moved}

@@ -14,7 +14,8 @@ evaluation/data_loader.py `Branch.explore`, replays it). The last intermediate a
 fall in the branch's last, partial probe interval (the public banks probe a branch of
 3,856 tokens 8 times); other keys (their `final_answers_trace`, the final answers again)
 are ignored. Answers are compared in the canonical form of `stopexp.tasks.answers`
-(``0.5``, ``1/2`` and ``\\frac{1}{2}`` are one answer); the gold answer is matched with `equivalent`, so math-verify also accepts forms that canonicalise
+(``0.5``, ``1/2`` and ``\\frac{1}{2}`` are one answer); the gold answer is matched with
+`equivalent`, so math-verify also accepts forms that canonicalise
 differently. Every cluster of equivalent answers of a prompt (`vote_clusters` over its
 answers in stored order, each branch's probes then its final answer: ``\\sqrt{2}/2`` and
 ``\\frac{1}{\\sqrt{2}}`` are one) gets an integer code (0 = no readable answer), its

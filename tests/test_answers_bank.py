@@ -62,8 +62,8 @@ def test_vote_ties_go_to_the_answer_seen_first():
        "each_branch": [[["1"] * 2, 8, "1"], [["1"] * 30, 4, "1"]]}],
      "prompt 0.each_branch[1][1] (total_tokens): 4 tokens, but its 30 intermediate answers are "
      "read every probe_freq=4 tokens, the last after 120"),
-    ([{"question": "q", "gold_answer": "1", "probe_freq": 5, "each_branch": [[["1"], 4, "1"]]}],
-     "each_branch[0][1] (total_tokens): 4 tokens, but its 1 intermediate answers"),
+    ([{"question": "q", "gold_answer": "1", "probe_freq": 5, "each_branch": [[["1", "1"], 4, "1"]]}],
+     "each_branch[0][1] (total_tokens): 4 tokens, but its 2 intermediate answers"),
     ([{"question": "q", "gold_answer": "1", "probe_freq": 5, "each_branch": [[[], 10**30, "1"]]}],
      f"each_branch[0][1] (total_tokens): must be an integer in 0..1099511627776, got {10**30}"),
     ([{"question": "q", "gold_answer": "1", "probe_freq": 5, "each_branch": [[[], 12.5, "1"]]}],
@@ -146,7 +146,7 @@ def test_random_keeps_k_of_the_running_branches(bank):
 def test_cli_prints_the_table_and_writes_metrics(tmp_path, capsys):
     out = tmp_path / "replay"
     metrics = main([str(FIXTURE), "n=6", "k=2", "check_tokens=10", "shuffles=5", "esc_window=2",
-                    "pp_warmup=1", f"out={out}"])
+                    "pp_stable=2", "pp_warmup=0", f"out={out}"])
     text = capsys.readouterr().out
     assert "3 prompts, n=6 of the stored branches, mean (std) over 5 shuffles" in text
     for m in ("no_prune", "random", "esc", "adaptive_consistency", "parallel_probe"):
@@ -208,10 +208,92 @@ def test_replay_counts_pruned_branches_and_flips(bank):
     from stopexp.stopping.parallel_probe import parallel_probe
 
     one = AnswersBank(prompts=bank.prompts[:1], fmt="boxed", source="prompt 0")
-    pp = partial(parallel_probe, stable=3, deviate=2, warmup=1)  # hand-traced in test_consensus
+    pp = partial(parallel_probe, stable=2, deviate=2, warmup=0)  # hand-traced in test_consensus
     r = replay(one, {"pp": pp}, [[np.arange(8)]])["pp"]
     assert r["tokens_per_prompt"] == 270 and r["pruned_paths"] == 4
     assert r["wrongly_pruned"] == 0.5  # branches 1 and 3 would have ended with 42
     # ESC stopping on two 13s turns no_prune's right vote wrong
     r = replay(one, {"esc": partial(esc, window=2)}, [[np.array([2, 4, 0, 1, 3, 5, 6, 7])]])["esc"]
     assert r["vs_no_prune"] == {"improved": 0, "worsened": 1} and r["accuracy"] == 0
+
+
+def test_the_last_probe_may_fall_in_the_last_partial_interval(tmp_path):
+    """As in the public Parallel-Probe banks (a branch of 3,856 tokens probed 8 times every
+    500): the branch ends at the probe after its last stored one, even when its list is
+    short, and a probe cut there spends at most the branch's total."""
+    from stopexp.stopping.parallel_probe import parallel_probe
+
+    data = [{"question": "q", "gold_answer": "1", "probe_freq": 10,
+             "each_branch": [[["2", "1"], 15, "1"], [["2"], 45, "1"], [["2", "2", "2"], 60, "2"]]}]
+    (tmp_path / "bank.json").write_text(json.dumps(data))
+    p = load_answers_bank(tmp_path / "bank.json").prompts[0]
+    assert p.end_probe.tolist() == [3, 2, 4]
+    assert p.answers == ["", "2", "1"] and p.answer_at(2).tolist() == p.answer_at(3).tolist() == [2, 2, 1]
+    # leader 1 at probes 2 and 3 (2 votes to 1): stop at probe 3; branch 2 deviates but
+    # is not pruned with deviate=3, and spends 30 of its 60
+    d = parallel_probe(p, np.arange(3), stable=1, deviate=3, warmup=0)
+    assert p.answers[d.answer] == "1" and d.spent.tolist() == [15, 45, 30]
+
+
+def test_exact_grader_and_the_prompts_that_move(tmp_path, capsys):
+    """By cluster, 1 - \\frac{2}{\\pi} and 1-\\frac{2}{\\pi} are one answer (3 votes of 4,
+    right); by string the spaced form wins (2 votes) and is not the gold string."""
+    forms = ["1 - \\frac{2}{\\pi}", "1 - \\frac{2}{\\pi}", "1-\\frac{2}{\\pi}", "3"]
+    data = [{"question": "q", "gold_answer": "1-\\frac{2}{\\pi}", "probe_freq": 10,
+             "each_branch": [[[], 5, a] for a in forms]},
+            {"question": "r", "gold_answer": "7", "probe_freq": 10, "each_branch": [[[], 5, "7"]] * 4}]
+    path = tmp_path / "bank.json"
+    path.write_text(json.dumps(data))
+    exact = load_answers_bank(path, grader="exact").prompts[0]
+    assert exact.answers == ["", *forms[::2], "3"] and exact.correct.tolist() == [False, False, True, False]
+    m = main([str(path), "methods=no_prune,esc", "esc_window=4", "shuffles=3"])
+    assert m["methods"]["no_prune"]["accuracy"] == 1.0
+    assert m["graders"]["accuracy_exact"] == {"no_prune": 0.5, "esc": 0.5}
+    assert m["graders"]["moved"] == [{"prompt": 0, "gold": "1-\\frac{2}{\\pi}", "no_prune": [1.0, 0.0],
+                                      "esc": [1.0, 0.0]}]
+    text = capsys.readouterr().out
+    assert "published grader): accuracy / tokens per prompt no_prune 0.500 / 20, esc 0.500 / 20" in text
+    assert "prompt 0 (gold 1-\\frac{2}{\\pi}): no_prune 1.00 -> 0.00, esc 1.00 -> 0.00" in text
+    with pytest.raises(AnswersBankError, match="grader 'strict' unknown; allowed: equivalent, exact"):
+        load_answers_bank(path, grader="strict")
+
+
+def test_python_shuffles_are_the_published_simulators_draws(bank):
+    import random
+
+    orders = draws(bank, 6, 2, seed=0, shuffler="python")
+    for s, draw in enumerate(orders):
+        for q, order in zip(bank.prompts, draw):
+            idx = list(range(q.n_branches))
+            random.Random(s).shuffle(idx)  # evaluation/data_loader.py Question(seed=s)
+            assert order.tolist() == idx[:6]
+
+
+@pytest.mark.slow
+def test_the_published_parallel_probe_table_on_aime24():
+    """Parallel-Probe's own AIME24 bank (zhengkid/Parallel-Probe, evaluation/Qwen3-8B-128/
+    aime24.json; no license, so it is not shipped: set STOPEXP_PARALLEL_PROBE_BANKS to the
+    folder holding it). Its draws (shuffler=python, 100 shuffles) and its string grader give
+    the published accuracies of matrix_results_Qwen3-8B-128/aime24_raw.csv exactly, and the
+    same tokens for SC@64 and Adaptive-Consistency (ESC: the csv truncates the mean).
+    Parallel-Probe's tokens differ by the accounting only: the simulator charges a probe's
+    full 500 tokens even past a branch's stored total."""
+    import os
+
+    folder = os.environ.get("STOPEXP_PARALLEL_PROBE_BANKS")
+    if not folder:
+        pytest.skip("STOPEXP_PARALLEL_PROBE_BANKS is not set")
+    from stopexp.stopping.branch_draws import build_methods
+
+    bank = load_answers_bank(os.path.join(folder, "aime24.json"), grader="exact")
+    orders = draws(bank, 64, 100, 0, "python")
+    names = ["no_prune", "esc", "adaptive_consistency", "parallel_probe"]
+    r = replay(bank, build_methods(names, 8, 1, 8, 0.95, 40, 7, 15), orders)
+    voted = replay(bank, build_methods(["parallel_probe"], 8, 1, 8, 0.95, 40, 7, 15, True), orders)
+    acc = {m: round(100 * v["accuracy"], 2) for m, v in r.items()}
+    assert acc == {"no_prune": 80.37, "esc": 80.37, "adaptive_consistency": 80.37, "parallel_probe": 81.47}
+    assert round(100 * voted["parallel_probe"]["accuracy"], 2) == 80.3
+    tokens = {m: int(v["tokens_per_prompt"]) for m, v in r.items()}
+    assert (tokens["no_prune"], tokens["esc"], tokens["adaptive_consistency"]) == (910813, 459359, 226033)
+    assert abs(tokens["parallel_probe"] / 730781 - 1) < 0.005
+    assert abs(voted["parallel_probe"]["tokens_per_prompt"] / 730225 - 1) < 0.005

@@ -75,24 +75,53 @@ def test_adaptive_consistency_stops_where_the_posterior_passes(prompts):
 
 
 def test_parallel_probe_by_hand(prompts):
-    p0 = prompts[0]
-    d = parallel_probe(p0, np.arange(8), stable=3, deviate=2, warmup=1)
-    # probe 1: leader 7 (a tie, seen first); 2: 42, branches 4 (13) and 6 (9) deviate once;
-    # 3: 42 again, they deviate twice -> pruned at 30; 4: 42 a third time -> stop at 40
+    p0 = prompts[0]  # leaders from probe 2 on: 42 at 20, 30, 40 ... tokens
+    d = parallel_probe(p0, np.arange(8), stable=2, deviate=2, warmup=0)
+    # probe 2: branches 2 (none), 4 (13) and 6 (9) deviate once; 3: twice -> pruned at 30
+    # (branch 2 has then spent all its 30); 4: 42 a second time again -> stop at 40
     assert d.answer == 1
     assert d.spent.tolist() == [35, 40, 30, 40, 30, 25, 30, 40]
     assert d.stopped(p0.tokens).tolist() == [False, True, False, True, True, False, True, False]
+    # a warm-up of one step: deviations count from probe 3, 4 and 6 are pruned at 40, branch 2
+    # has ended; the leader repeats at probes 3, 4 and 5 -> stop at 50 (branch 3, 60 tokens)
+    d = parallel_probe(p0, np.arange(8), stable=3, deviate=2, warmup=1)
+    assert d.answer == 1 and d.spent.tolist() == [35, 45, 30, 50, 40, 25, 40, 40]
     # never stable: only the pruning acts, and the pruned branches leave the vote
-    d = parallel_probe(p0, np.arange(8), stable=99, deviate=2, warmup=1)
+    d = parallel_probe(p0, np.arange(8), stable=99, deviate=2, warmup=0)
     assert d.spent.tolist() == [35, 45, 30, 60, 30, 25, 30, 40] and d.answer == 1
-    # stop on the first leader after the warm-up: 42 at 20 tokens; without a warm-up the
-    # first probe's leader, 7 (a wrong answer), at 10 tokens
-    d = parallel_probe(p0, np.arange(8), stable=1, deviate=2, warmup=1)
-    assert d.answer == 1 and d.spent.tolist() == [20] * 8
-    d = parallel_probe(p0, np.arange(8), stable=1, deviate=2, warmup=0)
-    assert d.answer == 2 and d.spent.tolist() == [10] * 8
     with pytest.raises(ValueError, match="parallel_probe needs stable >= 1"):
         parallel_probe(p0, np.arange(8), stable=0)
+
+
+def test_parallel_probe_pruned_branches_vote_or_not(tmp_path):
+    """Five branches probed every 10 tokens (60 tokens each); from probe 2 on: 1, 1, 2, 2, 1,
+    then 5, 5, 2, 2, 2. deviate=1, no warm-up, stop on one repeat of the leader."""
+    rows = [["1", "5"], ["1", "5"], ["2", "2"], ["2", "2"], ["1", "2"]]
+    data = [{"question": "q", "gold_answer": "2", "probe_freq": 10,
+             "each_branch": [[["", a, b, b, b], 60, b] for a, b in rows]}]
+    (tmp_path / "bank.json").write_text(json.dumps(data))
+    p = load_answers_bank(tmp_path / "bank.json").prompts[0]
+    # active voters (the published Parallel-Probe): probe 2 leads 1, prunes 2 and 3 at 20;
+    # probe 3 leads 5 (2 to 1), prunes 4 at 30; probe 4: 5 again -> stop, 5 (wrong)
+    d = parallel_probe(p, np.arange(5), stable=1, deviate=1, warmup=0)
+    assert p.answers[d.answer] == "5" and d.spent.tolist() == [40, 40, 20, 20, 30]
+    # pruned branches keep their vote (ParallelESTPruning): probe 3 leads 2 (3 to 2), prunes
+    # 0 and 1 at 30; probe 4: 2 again -> stop, 2 (right)
+    d = parallel_probe(p, np.arange(5), stable=1, deviate=1, warmup=0, vote_pruned=True)
+    assert p.answers[d.answer] == "2" and d.spent.tolist() == [30, 30, 20, 20, 40]
+
+
+def test_parallel_probe_defaults_are_the_published_settings():
+    import inspect
+
+    # zhengkid/Parallel-Probe evaluation/evaluation_main_table.py: T=40, prune_patience=7,
+    # warm_up=15 (the README's Parallel-Probe rows: majority over the branches not pruned)
+    sig = inspect.signature(parallel_probe).parameters
+    assert {k: sig[k].default for k in ("stable", "deviate", "warmup", "vote_pruned")} == \
+        {"stable": 40, "deviate": 7, "warmup": 15, "vote_pruned": False}
+    from stopexp.stages.answers_replay import DEFAULTS
+    assert (DEFAULTS["pp_stable"], DEFAULTS["pp_deviate"], DEFAULTS["pp_warmup"]) == (40, 7, 15)
+    assert (DEFAULTS["esc_window"], DEFAULTS["asc_threshold"]) == (8, 0.95)
 
 
 # DeepConf issue 15: six paths, four of them right in four different forms of sqrt(2)/2;
@@ -158,9 +187,9 @@ def test_answers_bank_codes_clusters_for_every_method(tmp_path):
     assert vote_codes(p.final) == 2 and no_prune(p, order).answer == 2
     assert esc(p, order, window=4).answer == 2
     assert adaptive_consistency(p, order).answer == 2
-    # the first probe's leader is the cluster (4 to 2): stable at once, all stop at 10 tokens
-    d = parallel_probe(p, order, stable=1, deviate=1, warmup=0)
-    assert d.answer == 2 and d.spent.tolist() == [10] * 6
+    # the leader is the cluster (4 to 2) at probes 2 and 3: stable, all stop at 30 tokens
+    d = parallel_probe(p, order, stable=1, deviate=3, warmup=0)
+    assert d.answer == 2 and d.spent.tolist() == [30] * 6
 
 
 def test_consensus_stops_on_equivalent_answers(tmp_path):

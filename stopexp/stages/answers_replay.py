@@ -17,7 +17,12 @@ every stored branch of such a prompt is drawn. Methods (none needs a hidden stat
   toy path), so that the check falls inside the paths of any bank;
 - esc (arXiv 2401.10480), adaptive_consistency (arXiv 2305.11860), parallel_probe
   (arXiv 2602.03845): see their modules under stopexp/stopping/ (the replay itself:
-  stopexp/stopping/branch_draws.py).
+  stopexp/stopping/branch_draws.py); their defaults are the published settings.
+Answers are voted by cluster of equivalent answers; the replay is also run with the
+stored strings and string equality with the gold answer (the published evaluation's
+grader), and where the two differ the exact accuracy and the prompts that move are
+reported too. shuffler=python draws as Parallel-Probe's simulator does (with seed=0 and
+shuffles=100, its very draws).
 """
 from __future__ import annotations
 
@@ -28,6 +33,7 @@ from stopexp.config.paths import probe_writable
 from stopexp.core.errors import CannotWrite, ConfigError, reported, writing
 from stopexp.evaluation import plots
 from stopexp.runtime.artifacts import write_json
+from stopexp.stopping import parallel_probe as pp
 from stopexp.stopping.adaptive_consistency import DEFAULT_THRESHOLD
 from stopexp.stopping.answers import load_answers_bank
 from stopexp.stopping.branch_draws import (METHOD_NAMES, build_methods, derived_check_tokens,
@@ -37,9 +43,10 @@ from stopexp.stopping.esc import DEFAULT_WINDOW
 # n, k and check_tokens: None = derived from the bank and from n (bank.min_branches,
 # derived_k, derived_check_tokens)
 DEFAULTS = {"methods": ",".join(METHOD_NAMES), "n": None, "k": None, "check_tokens": None,
-            "shuffles": 100, "seed": 0, "format": "boxed", "esc_window": DEFAULT_WINDOW,
-            "asc_threshold": DEFAULT_THRESHOLD, "pp_stable": 3, "pp_deviate": 3, "pp_warmup": 2,
-            "out": ""}
+            "shuffles": 100, "seed": 0, "shuffler": "numpy", "format": "boxed",
+            "esc_window": DEFAULT_WINDOW, "asc_threshold": DEFAULT_THRESHOLD,
+            **{f"pp_{k}": v for k, v in pp.DEFAULTS.items()}, "out": ""}
+BOOLS = {"true": True, "false": False}
 
 
 def print_table(metrics: dict) -> str:
@@ -55,7 +62,31 @@ def print_table(metrics: dict) -> str:
         lines.append(f"{name:<22}{r['accuracy']:>9.3f}{r['accuracy_std']:>8.3f}"
                      f"{r['tokens_per_prompt']:>15.0f}{r['tokens_per_prompt_std']:>10.0f}{ratio:>7}"
                      f"{r['branches_launched']:>9.1f}{ws:>15}")
+    g, methods = metrics["graders"], metrics["methods"]
+    if g["moved"] or any(t != methods[m]["tokens_per_prompt"] for m, t in g["tokens_per_prompt_exact"].items()):
+        lines.append("by stored string and string equality with the gold answer (the published "
+                     "grader): accuracy / tokens per prompt " + ", ".join(
+                         f"{m} {a:.3f} / {g['tokens_per_prompt_exact'][m]:.0f}"
+                         for m, a in g["accuracy_exact"].items()))
+        for row in g["moved"]:
+            moves = {m: ab for m, ab in row.items() if m not in ("prompt", "gold") and ab[0] != ab[1]}
+            lines.append(f"  prompt {row['prompt']} (gold {row['gold']}): "
+                         + ", ".join(f"{m} {a:.2f} -> {b:.2f}" for m, (a, b) in moves.items()))
     return "\n".join(lines)
+
+
+def grader_difference(bank, results: dict, exact: dict) -> dict:
+    """Where voting and grading by stored string (`exact`) differs from the equivalence of
+    the answers: per method the exact accuracy and tokens, and the prompts whose accuracy over the
+    shuffles moves ({"prompt", "gold", method: [equivalent, exact]})."""
+    moved = []
+    for i, q in enumerate(bank.prompts):
+        row = {m: [results[m]["prompt_accuracy"][i], exact[m]["prompt_accuracy"][i]] for m in results}
+        if any(a != b for a, b in row.values()):
+            moved.append({"prompt": i, "gold": q.gold, **row})
+    return {"accuracy_exact": {m: r["accuracy"] for m, r in exact.items()},
+            "tokens_per_prompt_exact": {m: r["tokens_per_prompt"] for m, r in exact.items()},
+            "moved": moved}
 
 
 def parse_args(argv: list[str]) -> dict:
@@ -71,6 +102,11 @@ def parse_args(argv: list[str]) -> dict:
         if key not in DEFAULTS:
             raise ConfigError(f"{key}: unknown setting; allowed: {', '.join(DEFAULTS)}")
         kind = int if key in ("n", "k", "check_tokens") else type(DEFAULTS[key])
+        if kind is bool:
+            if value.lower() not in BOOLS:
+                raise ConfigError(f"{key}={value!r}: must be true or false")
+            args[key] = BOOLS[value.lower()]
+            continue
         try:
             args[key] = kind(value)
         except ValueError:
@@ -91,10 +127,10 @@ def run(args: dict) -> dict:
                              else args["check_tokens"])}
     methods = build_methods(args["methods"], args["k"], args["check_tokens"], args["esc_window"],
                             args["asc_threshold"], args["pp_stable"], args["pp_deviate"],
-                            args["pp_warmup"])
+                            args["pp_warmup"], args["pp_vote_pruned"])
     if args["check_tokens"] < 1:
         raise ConfigError(f"check_tokens={args['check_tokens']}: must be >= 1")
-    orders = draws(bank, n, args["shuffles"], args["seed"])
+    orders = draws(bank, n, args["shuffles"], args["seed"], args["shuffler"])
     if not 1 <= args["k"] <= n:
         raise ConfigError(f"k={args['k']}: must be in 1..n={n} (or leave k unset: "
                           f"round(sqrt(n)) = {derived_k(n)})")
@@ -103,10 +139,12 @@ def run(args: dict) -> dict:
         with writing(Path(args["out"]) / "pareto.png"):
             probe_writable(Path(args["out"]))
     results = replay(bank, methods, orders)
+    exact = replay(load_answers_bank(args["path"], args["format"], "exact"), methods, orders)
+    graders = grader_difference(bank, results, exact)
     points = no_prune_points(bank, args["n"], orders) + [
         {"method": m, "n": args["n"], "k": round(r["branches_launched"], 1), "accuracy": r["accuracy"],
          "tokens_total": r["tokens_total"]} for m, r in results.items() if m != "no_prune"]
-    metrics = {"methods": results, "points": points,
+    metrics = {"methods": results, "points": points, "graders": graders,
                "protocol": {k: v for k, v in args.items() if k not in ("out", "path")}
                | {"source": bank.source, "prompts": len(bank.prompts)}}
     if args["out"]:

@@ -2,8 +2,10 @@
 
 Branches are sampled one at a time. After each, with a the count of the leading answer
 and b that of the runner-up (0 if none), the posterior probability that the leader is the
-true majority of the two is P(x > 1/2) for x ~ Beta(a + 1, b + 1) (uniform prior); sampling
-stops once it reaches the threshold (0.95 in the paper). The answer is the majority vote of
+true majority of the two is P(x > 1/2) for x ~ Beta(a + 1, b + 1) (the paper's Beta
+criterion with its uniform prior Beta(1, 1)); sampling stops once it reaches the threshold
+(the paper's 0.95, also Parallel-Probe's ASC baseline). The paper caps the samples at 40;
+here the cap is n, the branches drawn. The answer is the majority vote of
 the sampled branches. For integer counts the Beta tail is a binomial sum,
 P(x > 1/2) = P(Bin(a + b + 1, 1/2) <= a), so it is computed exactly.
 """

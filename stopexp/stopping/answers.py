@@ -1,28 +1,36 @@
 """Answers-only trace banks: published traces that keep, per branch, only the answers read
 along the way, the tokens it generated and its final answer (no tokens, no hidden state).
 
-The JSON shape of public releases (e.g. Parallel-Probe's, arXiv 2602.03845) is a list of
-prompts::
+The JSON shape of public releases (e.g. Parallel-Probe's, arXiv 2602.03845, repository
+zhengkid/Parallel-Probe, evaluation/Qwen3-8B-128/*.json) is a list of prompts::
 
     [{"question": str, "gold_answer": str, "probe_freq": int,
       "each_branch": [[intermediate_answers: list[str], total_tokens: int, final_answer: str],
                       ...]}, ...]
 
-where intermediate answer i of a branch was read after (i + 1) * probe_freq of its tokens.
-Answers are compared in the canonical form of `stopexp.tasks.answers` (``0.5``, ``1/2``
-and ``\\frac{1}{2}`` are one answer); the gold answer is matched with `equivalent`, so
-math-verify also accepts forms that canonicalise differently. Every cluster of equivalent
-answers of a prompt (`vote_clusters` over its answers in stored order, each branch's
-probes then its final answer: ``\\sqrt{2}/2`` and ``\\frac{1}{\\sqrt{2}}`` are one) gets an
-integer code (0 = no readable answer), its representative in `answers`, so that every
-vote and consensus of a replayed method counts equivalent answers as one and works on
-small integer arrays.
+where intermediate answer i of a branch was read after (i + 1) * probe_freq of its tokens
+and the probe after its last one reads its final answer (as the authors' simulator,
+evaluation/data_loader.py `Branch.explore`, replays it). The last intermediate answer may
+fall in the branch's last, partial probe interval (the public banks probe a branch of
+3,856 tokens 8 times); other keys (their `final_answers_trace`, the final answers again)
+are ignored. Answers are compared in the canonical form of `stopexp.tasks.answers`
+(``0.5``, ``1/2`` and ``\\frac{1}{2}`` are one answer); the gold answer is matched with
+`equivalent`, so math-verify also accepts forms that canonicalise
+differently. Every cluster of equivalent answers of a prompt (`vote_clusters` over its
+answers in stored order, each branch's probes then its final answer: ``\\sqrt{2}/2`` and
+``\\frac{1}{\\sqrt{2}}`` are one) gets an integer code (0 = no readable answer), its
+representative in `answers`, so that every vote and consensus of a replayed method counts
+equivalent answers as one and works on small integer arrays. With ``grader="exact"`` the
+codes are the stored strings themselves and an answer is right only when it equals the
+gold string character for character (the published evaluation's grader,
+evaluation/data_loader.py `Question.solve`).
 """
 from __future__ import annotations
 
 import json
 import math
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -42,7 +50,8 @@ class AnswersPrompt:
 
     final: (B,) int codes of the final answers; tokens: (B,) tokens each branch generated;
     probes: (B, P) int codes, probes[b, i] read after (i + 1) * probe_freq tokens (0 past
-    the branch's stored probes); correct: (A,) bool, whether answer code a is the gold one."""
+    the branch's stored probes); correct: (A,) bool, whether answer code a is the gold one;
+    n_probes: (B,) intermediate answers each branch stores (None: none stored)."""
     question: str
     gold: str
     probe_freq: int
@@ -51,17 +60,24 @@ class AnswersPrompt:
     tokens: np.ndarray
     probes: np.ndarray
     correct: np.ndarray
+    n_probes: np.ndarray | None = None
 
     @property
     def n_branches(self) -> int:
         return len(self.final)
 
+    @property
+    def end_probe(self) -> np.ndarray:
+        """(B,) the probe at which each branch ends: the one after its last stored
+        intermediate answer."""
+        stored = np.zeros_like(self.final) if self.n_probes is None else self.n_probes
+        return stored + 1
+
     def answer_at(self, t: int) -> np.ndarray:
-        """(B,) codes of every branch's answer after t * probe_freq tokens: its final answer
-        once it has finished, else its intermediate answer at that probe (0 if none)."""
-        done = self.tokens <= t * self.probe_freq
+        """(B,) codes of every branch's answer at probe t >= 1 (after t * probe_freq tokens):
+        its intermediate answer t while it has one, its final answer from its end probe on."""
         col = self.probes[:, t - 1] if 0 < t <= self.probes.shape[1] else np.zeros_like(self.final)
-        return np.where(done, self.final, col)
+        return np.where(t >= self.end_probe, self.final, col)
 
 
 @dataclass
@@ -80,11 +96,14 @@ class AnswersBank:
 MAX_TOKENS = 2**40
 
 
+GRADERS = ("equivalent", "exact")
+
+
 def _fail(where: str, what: str) -> None:
     raise AnswersBankError(f"{where}: {what}. Expected a list of {{\"question\": str, "
                            "\"gold_answer\": str, \"probe_freq\": int > 0, \"each_branch\": "
-                           "[[intermediate_answers: list[str], total_tokens: int >= probe_freq * "
-                           "len(intermediate_answers), final_answer: str], ...]}")
+                           "[[intermediate_answers: list[str], total_tokens: int > probe_freq * "
+                           "(len(intermediate_answers) - 1), final_answer: str], ...]}")
 
 
 def _count(value, where: str, low: int) -> int:
@@ -107,8 +126,10 @@ def _text(value, where: str) -> str:
     return value
 
 
-def parse_prompt(item, where: str, fmt: str) -> AnswersPrompt:
-    """One prompt of the JSON list as an AnswersPrompt; AnswersBankError names `where`."""
+def parse_prompt(item, where: str, fmt: str, grader: str = "equivalent") -> AnswersPrompt:
+    """One prompt of the JSON list as an AnswersPrompt; AnswersBankError names `where`.
+    grader: "equivalent" (one code per cluster of equivalent answers) or "exact" (one code
+    per stored string, right only when equal to the gold string)."""
     if not isinstance(item, dict):
         _fail(where, f"a prompt must be an object, got {type(item).__name__}")
     missing = [k for k in ("question", "gold_answer", "probe_freq", "each_branch") if k not in item]
@@ -118,9 +139,16 @@ def parse_prompt(item, where: str, fmt: str) -> AnswersPrompt:
     branches = item["each_branch"]
     if not isinstance(branches, list) or not branches:
         _fail(f"{where}.each_branch", "must be a non-empty list of branches")
-    gold = canonical(_text(item["gold_answer"], f"{where}.gold_answer"), fmt)
+    raw_gold = _text(item["gold_answer"], f"{where}.gold_answer")
+    gold = canonical(raw_gold, fmt)
     if not gold:
         _fail(f"{where}.gold_answer", f"no readable answer in {item['gold_answer']!r}")
+    if grader == "equivalent":
+        read = partial(canonical, fmt=fmt)
+        right = partial(equivalent, reference=gold, fmt=fmt)
+    else:  # the stored string, when it holds a readable answer
+        read = lambda text: text if canonical(text, fmt) else ""  # noqa: E731
+        right = lambda answer: bool(answer) and answer == raw_gold  # noqa: E731
     final, tokens, probes = [], [], []
     for b, branch in enumerate(branches):
         w = f"{where}.each_branch[{b}]"
@@ -130,17 +158,20 @@ def parse_prompt(item, where: str, fmt: str) -> AnswersPrompt:
         if not isinstance(inter, list):
             _fail(f"{w}[0]", f"intermediate_answers must be a list, got {type(inter).__name__}")
         _count(total, f"{w}[1] (total_tokens)", 0)
-        probes.append([canonical(_text(a, f"{w}[0][{i}]"), fmt) for i, a in enumerate(inter)])
-        if len(inter) * freq > total:  # answer i is read after (i + 1) * probe_freq tokens
+        probes.append([read(_text(a, f"{w}[0][{i}]")) for i, a in enumerate(inter)])
+        # answer i is read after (i + 1) * probe_freq tokens; the last may fall in the last,
+        # partial interval
+        if inter and (len(inter) - 1) * freq >= total:
             _fail(f"{w}[1] (total_tokens)", f"{total} tokens, but its {len(inter)} intermediate "
                                             f"answers are read every probe_freq={freq} tokens, "
                                             f"the last after {len(inter) * freq}")
         tokens.append(total)
-        final.append(canonical(_text(last, f"{w}[2]"), fmt))
+        final.append(read(_text(last, f"{w}[2]")))
     # one code per cluster of equivalent answers, in the order read (each branch's probes, then
     # its final answer)
     seen = [a for row, last in zip(probes, final) for a in (*row, last)]
-    cluster = dict(zip(seen, vote_clusters(seen, fmt)))
+    cluster = (dict(zip(seen, vote_clusters(seen, fmt))) if grader == "equivalent"
+               else {a: a for a in seen})
     codes = {"": 0}
     for a in seen:
         codes.setdefault(cluster[a], len(codes))
@@ -152,19 +183,23 @@ def parse_prompt(item, where: str, fmt: str) -> AnswersPrompt:
     answers = list(codes)
     return AnswersPrompt(question=str(item["question"]), gold=gold, probe_freq=freq, answers=answers,
                          final=np.asarray(final, np.int64), tokens=np.asarray(tokens, np.int64),
-                         probes=grid,
-                         correct=np.asarray([equivalent(a, gold, fmt) for a in answers], bool))
+                         probes=grid, n_probes=np.asarray([len(row) for row in probes], np.int64),
+                         correct=np.asarray([right(a) for a in answers], bool))
 
 
-def load_answers_bank(path: str | Path, fmt: str = "boxed") -> AnswersBank:
+def load_answers_bank(path: str | Path, fmt: str = "boxed",
+                      grader: str = "equivalent") -> AnswersBank:
     """Read an answers-only bank (JSON, the shape in the module docstring).
 
     fmt: the answer format of `stopexp.tasks.answers` used to canonicalise answers
-    ("boxed": LaTeX or numbers, the default for competition math; "numeric").
+    ("boxed": LaTeX or numbers, the default for competition math; "numeric"); grader:
+    "equivalent" or "exact" (`parse_prompt`).
     Raises NotFound (a FileNotFoundError) for a missing file and AnswersBankError naming the file, the
     line (for broken JSON) or the prompt / branch index and key that is wrong."""
     if fmt not in FORMATS:
         raise AnswersBankError(f"answers format {fmt!r} unknown; allowed: {', '.join(FORMATS)}")
+    if grader not in GRADERS:
+        raise AnswersBankError(f"grader {grader!r} unknown; allowed: {', '.join(GRADERS)}")
     path = Path(path)
     if not path.is_file():
         raise NotFound(f"answers-only bank {path} does not exist")
@@ -177,7 +212,7 @@ def load_answers_bank(path: str | Path, fmt: str = "boxed") -> AnswersBank:
                                "save the file as UTF-8") from e
     if not isinstance(data, list) or not data:
         _fail(str(path), "the file must hold a non-empty list of prompts")
-    prompts = [parse_prompt(item, f"{path}: prompt {i}", fmt) for i, item in enumerate(data)]
+    prompts = [parse_prompt(item, f"{path}: prompt {i}", fmt, grader) for i, item in enumerate(data)]
     return AnswersBank(prompts=prompts, fmt=fmt, source=str(path))
 
 

@@ -3,6 +3,7 @@ drawn over seeded shuffles (every method sees the same draws), each method's dec
 draw, and its accuracy and tokens as a mean and a standard deviation over the draws."""
 from __future__ import annotations
 
+import random
 from functools import partial
 from typing import Callable
 
@@ -48,7 +49,8 @@ def random_keep(prompt: AnswersPrompt, order: np.ndarray, k: int, check_tokens: 
 
 
 def build_methods(names: list[str], k: int, check_tokens: int, esc_window: int,
-                  asc_threshold: float, pp_stable: int, pp_deviate: int, pp_warmup: int) -> dict:
+                  asc_threshold: float, pp_stable: int, pp_deviate: int, pp_warmup: int,
+                  pp_vote_pruned: bool = False) -> dict:
     """name -> Method for the names in METHOD_NAMES; ConfigError naming an unknown one or
     a method setting out of range."""
     table = {"no_prune": no_prune,
@@ -56,7 +58,7 @@ def build_methods(names: list[str], k: int, check_tokens: int, esc_window: int,
              "esc": partial(esc, window=esc_window),
              "adaptive_consistency": partial(adaptive_consistency, threshold=asc_threshold),
              "parallel_probe": partial(parallel_probe, stable=pp_stable, deviate=pp_deviate,
-                                       warmup=pp_warmup)}
+                                       warmup=pp_warmup, vote_pruned=pp_vote_pruned)}
     unknown = [m for m in names if m not in table]
     if unknown:
         raise ConfigError(f"methods: {', '.join(unknown)} unknown; allowed: {', '.join(METHOD_NAMES)}")
@@ -70,21 +72,39 @@ def build_methods(names: list[str], k: int, check_tokens: int, esc_window: int,
     return {m: table[m] for m in names}
 
 
-def draws(bank: AnswersBank, n: int, shuffles: int, seed: int) -> list[list[np.ndarray]]:
-    """draws[s][p]: the n branches of prompt p in shuffle s, in sampling order (a seeded
-    permutation of the stored branches, the same for every method). The settings are
-    checked before what depends on the bank's content (n)."""
+SHUFFLERS = ("numpy", "python")
+
+
+def permutation(size: int, seed: int, s: int, p: int, shuffler: str) -> np.ndarray:
+    """Shuffle s of prompt p's `size` stored branches: numpy's generator seeded with
+    (seed, s, p), or (shuffler="python") `random.Random(seed + s).shuffle`, the draws of
+    Parallel-Probe's simulator (evaluation/data_loader.py: seeds 0..99, one per shuffle,
+    the same for every prompt)."""
+    if shuffler == "numpy":
+        return np.random.default_rng([seed, s, p]).permutation(size)
+    idx = list(range(size))
+    random.Random(seed + s).shuffle(idx)
+    return np.asarray(idx)
+
+
+def draws(bank: AnswersBank, n: int, shuffles: int, seed: int,
+          shuffler: str = "numpy") -> list[list[np.ndarray]]:
+    """draws[s][p]: the n branches of prompt p in shuffle s, in sampling order (the first n
+    of a seeded permutation of the stored branches, `permutation`; the same for every
+    method). The settings are checked before what depends on the bank's content (n)."""
     if shuffles < 1:
         raise ConfigError(f"shuffles must be >= 1, got {shuffles}")
     if seed < 0:
         raise ConfigError(f"seed={seed}: must be >= 0 (numpy's seeds are non-negative)")
+    if shuffler not in SHUFFLERS:
+        raise ConfigError(f"shuffler={shuffler!r} unknown; allowed: {', '.join(SHUFFLERS)}")
     if not 1 <= n <= bank.min_branches:
         small = min(range(len(bank.prompts)), key=lambda i: bank.prompts[i].n_branches)
         raise ConfigError(f"n={n} branches per prompt: must be in 1..{bank.min_branches} (prompt "
                           f"{small} of {bank.source} stores {bank.min_branches}; or leave n unset: "
                           "the bank's branch count)")
-    return [[np.random.default_rng([seed, s, p]).permutation(q.n_branches)[:n]
-             for p, q in enumerate(bank.prompts)] for s in range(shuffles)]
+    return [[permutation(q.n_branches, seed, s, p, shuffler)[:n] for p, q in enumerate(bank.prompts)]
+            for s in range(shuffles)]
 
 
 def replay(bank: AnswersBank, methods: dict[str, Method], orders: list[list[np.ndarray]]) -> dict:
@@ -92,15 +112,17 @@ def replay(bank: AnswersBank, methods: dict[str, Method], orders: list[list[np.n
     shuffles), the branches stopped before their end per shuffle (`pruned_paths`) and the
     share of them that would have ended correct (`wrongly_pruned`), and the prompts per
     shuffle whose vote the method turned right or wrong against no_prune on the same draw
-    (`vs_no_prune`: improved, worsened)."""
+    (`vs_no_prune`: improved, worsened), and each prompt's accuracy over the shuffles
+    (`prompt_accuracy`)."""
     per = {m: {"acc": [], "tok": [], "launched": [], "stopped": 0, "stopped_right": 0,
-               "to_right": 0, "to_wrong": 0} for m in methods}
+               "to_right": 0, "to_wrong": 0, "hits": np.zeros(len(bank.prompts))} for m in methods}
     for draw in orders:
         for name, method in methods.items():
             acc = tok = launched = 0.0
-            for q, order in zip(bank.prompts, draw):
+            for i, (q, order) in enumerate(zip(bank.prompts, draw)):
                 d = method(q, order)
                 right = bool(q.correct[d.answer])
+                per[name]["hits"][i] += right
                 base = bool(q.correct[vote_codes(q.final[order])])
                 acc += right
                 tok += float(d.spent.sum())
@@ -124,7 +146,8 @@ def replay(bank: AnswersBank, methods: dict[str, Method], orders: list[list[np.n
                      "branches_launched": float(np.mean(r["launched"])),
                      "pruned_paths": r["stopped"] / S,
                      "wrongly_pruned": r["stopped_right"] / r["stopped"] if r["stopped"] else None,
-                     "vs_no_prune": {"improved": r["to_right"] / S, "worsened": r["to_wrong"] / S}}
+                     "vs_no_prune": {"improved": r["to_right"] / S, "worsened": r["to_wrong"] / S},
+                     "prompt_accuracy": (r["hits"] / S).tolist()}
     if "no_prune" in out:
         for r in out.values():
             r["tokens_ratio"] = r["tokens_total"] / out["no_prune"]["tokens_total"]

@@ -7,12 +7,16 @@ confidence is the mean token confidence over a window of `window` tokens
 minimum over its full windows (the mean over the path when it is shorter), exactly as
 `stopexp.signals.confidence` computes it.
 
-- Online: the first `warmup` paths of a prompt (16 in the paper) run to the end; the
+- Online: the first `warmup` paths of a prompt (16 in the paper and in
+  facebookresearch/deepconf deepconf/wrapper.py `warmup_traces=16`) run to the end; the
   threshold is the (100 - keep_percent)-th percentile of their lowest group confidences
-  (keep_percent = 10: DeepConf-low, 90: DeepConf-high). Every other path stops after the
-  first token whose window (full, ending at that token) has a group confidence below the
-  threshold, and leaves the vote; the warm-up paths and the paths that finished vote,
-  weighted by their lowest group confidence.
+  (keep_percent = 10: DeepConf-low, 90: DeepConf-high; the paper reports both and leaves
+  the choice open, the wrapper defaults to 90, evaluate.deepconf_keep_percent to 10).
+  Every other path stops after the first token whose window (full, ending at that token)
+  has a group confidence below the threshold, and leaves the vote; the warm-up paths and
+  the paths that finished vote, weighted by their lowest group confidence.
+  evaluate.deepconf_warmup (a quarter of N), search.group_window (8) and search.conf_topk
+  (5; the wrapper reads 20 log-probs) are this project's, sized to the toy's short paths.
 - Offline votes over N finished paths: `weighted` (each path's vote weighs its lowest group
   confidence) and `top` (the weighted vote among the keep_percent % most confident paths,
   at least one).

@@ -4,6 +4,11 @@ Branches are sampled in windows of w (a window runs in parallel, to its end); sa
 stops after the first window whose w final answers are one and the same (a window with a
 branch without an answer is not unanimous); the answer is the majority vote over every
 branch sampled so far. At most n = len(order) branches are sampled.
+
+Default window 8: the ESC baseline at 64 branches in Parallel-Probe's evaluation
+(zhengkid/Parallel-Probe evaluation/evaluation_main_table.py, `window_sizes = [8]`), whose
+published rows stopexp reproduces; the ESC paper's own setting is w = 5 with at most
+L = 40 samples (Yiwei98/ESC control_scheme.py: `sc_num = 5`, `max_up = 40`).
 """
 from __future__ import annotations
 

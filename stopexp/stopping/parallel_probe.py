@@ -1,59 +1,78 @@
-"""Parallel-Probe (arXiv 2602.03845): probe every branch's intermediate answer every k
-tokens, stop on a stable consensus and prune the branches that deviate from it.
+"""Parallel-Probe (Zheng et al., arXiv 2602.03845): probe every branch's intermediate answer
+every probe_freq tokens, stop on a stable consensus and prune the branches that deviate
+from it, as the authors' simulator runs it (repository zhengkid/Parallel-Probe,
+evaluation/method.py `ParallelESTPruningBurstMajorityOnActiveBranches`, the README's
+Parallel-Probe rows; `vote_pruned=True`: `ParallelESTPruning`).
 
-All n branches run in parallel. At probe t (after t * probe_freq tokens) each branch that
-is not pruned gives its current answer (its final one once it has ended). The leader is the
-majority of these answers. Nothing is stopped during the first `warmup` probes (early
-probes read answers that are mostly guesses). After them, when the same leader has held for
-`stable` probes in a row (the warm-up probes count toward the streak), every branch still
-running stops and the leader is the answer; and a running branch whose answer differs from
-the leader for `deviate` probes in a row is pruned (a probe without a readable answer
-neither counts nor resets). If every branch ends first, the vote
-of the final answers of the branches not pruned decides. The published method's defaults
-are not stated here; these are this project's.
+All n branches run in parallel and are read at probes t = 1, 2, ... (after t * probe_freq
+tokens); a branch's answer at probe t is its intermediate answer, its final one from its
+end probe on (`AnswersPrompt.answer_at`). From the second probe on, with s = t - 2 the
+step of the authors' loop:
+- the leader is the plurality answer of the branches not pruned (with `vote_pruned`, of
+  every branch, a pruned one with the answer it had when pruned); ties go to the branch
+  first in the order, and a probe without a readable answer is nobody's vote;
+- from step `warmup` on, while more than one branch votes (with `vote_pruned`: is still
+  running), a running branch whose answer is not the leader's (an unreadable one included)
+  for `deviate` probes in a row is pruned there; the leader is then taken again over the
+  remaining voters (not with `vote_pruned`);
+- once the leader has been the same `stable` probes in a row after its first (stable + 1
+  probes), every running branch stops there and the leader is the answer.
+If every branch ends or is pruned first, the last probe's leader is the answer. A branch
+stopped at probe t has spent t * probe_freq tokens (at most its total); one that reached
+its end, its total. The authors' loop also ends after 100 steps (probe 101, 50,500 tokens
+at their probe_freq of 500), which no branch of their public banks reaches; here there is
+no such cap.
+
+Defaults: the published settings, evaluation/evaluation_main_table.py of that repository
+(T=40, prune_patience=7, warm_up=15, num_chains=64 at probe_freq=500, the runs behind
+evaluation/matrix_results_Qwen3-8B-128/*.csv and the README table).
 """
 from __future__ import annotations
-
-import math
 
 import numpy as np
 
 from stopexp.stopping.answers import AnswersPrompt, Decision, vote_codes
 
-DEFAULTS = {"stable": 3, "deviate": 3, "warmup": 2}
+DEFAULTS = {"stable": 40, "deviate": 7, "warmup": 15, "vote_pruned": False}
 
 
-def parallel_probe(prompt: AnswersPrompt, order: np.ndarray, stable: int = 3, deviate: int = 3,
-                   warmup: int = 2) -> Decision:
+def parallel_probe(prompt: AnswersPrompt, order: np.ndarray, stable: int = 40, deviate: int = 7,
+                   warmup: int = 15, vote_pruned: bool = False) -> Decision:
     """Parallel-Probe on one prompt's branches `order` (n,), all launched at once.
-    stable, deviate >= 1 and warmup >= 0 are counted in probes."""
+    stable, deviate >= 1 are counted in probes, warmup >= 0 in steps (probe warmup + 2 is
+    the first that may prune)."""
     if stable < 1 or deviate < 1 or warmup < 0:
         raise ValueError(f"parallel_probe needs stable >= 1, deviate >= 1, warmup >= 0; got "
                          f"{stable}, {deviate}, {warmup}")
     order = np.asarray(order)
-    tokens = prompt.tokens[order]
+    tokens, end = prompt.tokens[order], prompt.end_probe[order]
     n, freq = len(order), prompt.probe_freq
     pruned, spent = np.zeros(n, bool), tokens.copy()
-    streak_of = np.zeros(n, np.int64)  # probes in a row each branch deviated
+    held = np.zeros(n, np.int64)  # each branch's answer when it was pruned
+    off = np.zeros(n, np.int64)  # probes in a row each branch deviated
     leader = streak = 0
-    for t in range(1, math.ceil(int(tokens.max(initial=0)) / freq) + 1):
-        now = t * freq
-        answer = prompt.answer_at(t)[order]
-        running = ~pruned & (tokens > now)
+    for t in range(2, int(end.max(initial=1)) + 1):
+        answer = np.where(pruned, held, prompt.answer_at(t)[order])
+        running = ~pruned & (end > t)
+        voters = np.ones(n, bool) if vote_pruned else ~pruned
+        lead = vote_codes(answer[voters])
+        quorum = running.sum() if vote_pruned else voters.sum()
+        if t - 2 >= warmup and quorum > 1:
+            off = np.where(running, np.where(answer != lead, off + 1, 0), off)
+            cut = running & (off >= deviate)
+            pruned |= cut
+            held[cut] = answer[cut]
+            spent[cut] = np.minimum(t * freq, tokens[cut])
+            running &= ~cut
+            if not vote_pruned and pruned.all():  # nobody left to vote: the last leader
+                return Decision(answer=leader, spent=spent, launched=n)
+            if not vote_pruned and cut.any():
+                lead = vote_codes(answer[~pruned])
+        streak = streak + 1 if t > 2 and lead == leader else 0
+        leader = lead
+        if streak >= stable:
+            spent[running] = np.minimum(t * freq, tokens[running])
+            return Decision(answer=lead, spent=spent, launched=n)
         if not running.any():
             break
-        lead = vote_codes(answer[~pruned])
-        streak = streak + 1 if lead and lead == leader else int(lead > 0)
-        leader = lead
-        if t <= warmup:
-            continue
-        if streak >= stable:
-            spent[running] = now
-            return Decision(answer=lead, spent=spent, launched=n)
-        if lead:
-            off = running & (answer > 0) & (answer != lead)
-            streak_of = np.where(off, streak_of + 1, np.where(running & (answer == lead), 0, streak_of))
-            cut = off & (streak_of >= deviate)
-            pruned |= cut
-            spent[cut] = now
-    return Decision(answer=vote_codes(prompt.final[order][~pruned]), spent=spent, launched=n)
+    return Decision(answer=leader, spent=spent, launched=n)

@@ -62,6 +62,9 @@ def test_add_analyses_fills_every_method():
 
 
 def test_pareto_colours_stay_distinct_for_twenty_methods():
-    from stopexp.evaluation.plots import _colour
+    from stopexp.evaluation.figures import studied_methods, styles
 
-    assert len({_colour(i) for i in range(20)}) == 20
+    names = ["no_prune", "random", "confidence", "conf_features", "oracle", "mlp", "linear",
+             *[f"signal{i}" for i in range(13)]]
+    style = styles(names, studied_methods(names, "signal0"))
+    assert len({str(style[n]["color"]) for n in names}) == 20

@@ -1,5 +1,8 @@
 import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -203,6 +206,42 @@ def test_bertscore_reports_truncation():
         assert m["bleu"] < 100
     short = text_metrics(["the cat sat"], ["the cat sat"])
     assert short["truncated"] == 0
+
+
+# 150 pairs of 3-12 words: many sentences share a word count, more than one batch of 64
+PAIRS = """
+import random, sys
+from stopexp.metrics.text import BertScorer
+rng = random.Random(0)
+words = "the a cat dog ran sat on mat red blue green house tree river over under".split()
+say = lambda: " ".join(rng.choice(words) for _ in range(rng.randint(3, 12)))
+hyps, refs = [say() for _ in range(150)], [say() for _ in range(150)]
+print(" ".join(float(f).hex() for f in BertScorer().scores(hyps, refs)["f1"]))
+"""
+
+
+def test_bertscore_is_bit_identical_in_two_processes():
+    # bert_score batches sentences by word count, ties in set order: under two hash seeds
+    # the batches (and padded lengths) differed, and so did the last bits of the F1s.
+    runs = []
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(Path(__file__).parents[1])}
+        out = subprocess.run([sys.executable, "-c", PAIRS], env=env, capture_output=True,
+                             text=True, check=True).stdout.split()
+        runs.append([float.fromhex(x) for x in out])
+    assert len(runs[0]) == 150 and runs[0] == runs[1]
+
+
+def test_bertscore_pairs_equal_bert_score_where_its_order_is_total():
+    # every sentence has its own word count: bert_score's batches are then fixed, and ours
+    # (ties by text) are the same, so the F1s are bit-equal
+    from stopexp.metrics.text import pair_f1
+
+    scorer = BertScorer()
+    refs = [" ".join(["the cat sat"] * k) for k in range(1, 6)]
+    hyps = [" ".join(["a dog ran on the mat"] * k) + " x" for k in range(1, 6)]
+    _, _, direct = scorer.scorer.score(hyps, refs)
+    assert pair_f1(scorer.scorer, hyps, refs).tolist() == direct.tolist()
 
 
 BIG = 1e300  # a finite stand-in for inf that sklearn accepts: same order, same ties

@@ -17,7 +17,7 @@ from stopexp.signals import PREDICTORS
 from stopexp.signals import methods as M
 from stopexp.signals.checkpoint import CheckpointDamaged, CheckpointMismatch, load_predictor
 from stopexp.stopping.replay import STOPPING_METHODS
-from stopexp.training.data import predictor_dir
+from stopexp.training.data import predictor_dir, trained_on
 from stopexp.training.predictor import train
 
 log = logging.getLogger(__name__)
@@ -82,9 +82,10 @@ def build_scorers(cfg, names: list[str], spec) -> dict:
             try:
                 if name == "super_token":  # on its own copy of the LM; online it reads the engine's cache
                     predictor, _ = load_super_token(ckpt, *load_lm(sub, progress=False), spec,
-                                                    sub.predictor, cfg.search.max_batch_rows)
+                                                    sub.predictor, cfg.search.max_batch_rows,
+                                                    trained_on(sub))
                 else:
-                    predictor, _ = load_predictor(ckpt, spec, sub.predictor)
+                    predictor, _ = load_predictor(ckpt, spec, sub.predictor, trained_on(sub))
             except (CheckpointDamaged, CheckpointMismatch) as e:
                 raise type(e)(f"{e}; rebuild it with: {command}") from e
             scorers[name] = M.learned(predictor)

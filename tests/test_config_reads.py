@@ -47,6 +47,9 @@ README = "\n".join(p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "
      "search=beam reports one point per method"),
     ("evaluate", ["search.check_at=[0.08,0.25]", "evaluate.retention=[2,4]"], "evaluate.retention",
      "with several checks (search.check_at [0.08, 0.25]) each check keeps its K of policy.keep"),
+    ("collect", ["search.beam_width=8"], "search.beam_width", "8 is read only by search=beam or "
+     "evaluate.compare_beam=true, not under search=parallel without compare_beam; leave it unset "
+     "(default 4)"),
 ])
 def test_a_key_the_chosen_option_does_not_read_is_refused(stage, overrides, key, says):
     with pytest.raises(ConfigError) as e:
@@ -61,6 +64,8 @@ def test_the_same_keys_pass_under_the_options_that_read_them():
     validate(compose("evaluate", ["evaluate.methods=[esc]", "evaluate.esc_window=4"]))
     validate(compose("collect", ["task=wordprob", "task.shots=5"]))
     validate(compose("evaluate", ["evaluate.retention=[2,4]"]))  # policy=topk, one check
+    validate(compose("evaluate", ["search.beam_width=8", "evaluate.compare_beam=true"]))
+    validate(compose("evaluate", ["search=beam", "policy=quantile", "search.beam_width=8"]))
 
 
 @pytest.mark.parametrize("overrides", [

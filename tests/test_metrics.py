@@ -1,3 +1,4 @@
+import json
 import os
 import subprocess
 import sys
@@ -242,6 +243,26 @@ def test_bertscore_pairs_equal_bert_score_where_its_order_is_total():
     hyps = [" ".join(["a dog ran on the mat"] * k) + " x" for k in range(1, 6)]
     _, _, direct = scorer.scorer.score(hyps, refs)
     assert pair_f1(scorer.scorer, hyps, refs).tolist() == direct.tolist()
+
+
+
+def test_compare_runs_compares_bertscore_exactly(tmp_path, capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "compare_runs", Path(__file__).parents[1] / "scripts" / "compare_runs.py")
+    compare_runs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(compare_runs)
+    first = {"methods": {"mlp": {"text_vs_reference": {"bertscore": 0.8, "wall_s": 1.0}}}}
+    second = {"methods": {"mlp": {"text_vs_reference": {"bertscore": 0.8 + 6e-9, "wall_s": 2.0}}}}
+    files = [tmp_path / "a.json", tmp_path / "b.json"]
+    for f, m in zip(files, (first, second)):
+        f.write_text(json.dumps(m))
+    assert compare_runs.main([str(f) for f in files]) == 1  # once tolerated as float32 noise
+    said = capsys.readouterr().out
+    assert f"metrics.methods.mlp.text_vs_reference.bertscore: 0.8 vs {0.8 + 6e-9!r}" in said
+    assert "wall_s" not in said  # the machine's time, left out
+    assert compare_runs.main([str(files[0]), str(files[0])]) == 0
 
 
 BIG = 1e300  # a finite stand-in for inf that sklearn accepts: same order, same ties

@@ -48,7 +48,7 @@ ALLOWED = {
 # default, so that replacing the exp's option (+exp=toy_datatotext loss=mse) just works.
 # Not here: the policy knobs (a policy sweep sets every policy's budget at once, as
 # conf/hparams_search/optuna_toy.yaml does) and search.beam_width (evaluate.compare_beam
-# reads it under search=parallel).
+# reads it under search=parallel: check_beam_width_read).
 _ARITH, _QA, _WORDPROB = ("arith",), ("qa",), ("wordprob",)
 READ_ONLY_BY = {
     "loss.margin": ("loss.name", ("contrastive",)),
@@ -142,3 +142,14 @@ def check_sweeps_read(cfg) -> None:
             fail(key, f"{value}: with several checks (search.check_at {list(checks)}) each check "
                       "keeps its K of policy.keep and nothing sweeps K; leave evaluate.retention "
                       "unset")
+
+
+def check_beam_width_read(cfg) -> None:
+    """search.beam_width: read by search=beam, and under search=parallel by the plain beam
+    search that evaluate.compare_beam=true runs; anywhere else it would be ignored."""
+    s = cfg.search
+    if s.name != "beam" and not cfg.evaluate.compare_beam and is_set(cfg, "search.beam_width"):
+        fail("search.beam_width", f"{s.beam_width} is read only by search=beam or "
+                                  f"evaluate.compare_beam=true, not under search={s.name} without "
+                                  f"compare_beam; leave it unset (default "
+                                  f"{schema_default('search.beam_width')})")

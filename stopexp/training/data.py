@@ -28,17 +28,15 @@ def predictor_dir(cfg) -> Path:
 def trained_on(cfg) -> dict:
     """What a predictor of `cfg` learns from, by content: {"bank", "features"}, each a
     SHA-256 of the SHA-256s of the artifact's shard files as its meta.json records them
-    (stopexp.runtime.integrity), None where the artifact is not there. predictor.json
-    records it; a bank re-collected or features re-made under the same key change it."""
+    (stopexp.runtime.integrity), None where the artifact is not there or not complete.
+    predictor.json records it; a bank re-collected or features re-made under the key change it."""
     out = {}
     for name, root, kind in (("bank", bank.bank_dir(cfg), "trace bank"),
                              ("features", feature_bank.features_dir(cfg), feature_bank.KIND)):
-        if not (root / "meta.json").exists():
-            out[name] = None
-            continue
-        shards = bank.read_meta(root, kind=kind)["shards"]
-        out[name] = config_hash({n: {f: r["sha256"] for f, r in rec["files"].items()}
-                                 for n, rec in shards.items()}, length=64)
+        meta = bank.read_meta(root, kind=kind) if (root / "meta.json").exists() else {}
+        files = {n: {f: r["sha256"] for f, r in rec["files"].items()}
+                 for n, rec in meta["shards"].items()} if meta.get("complete") else None
+        out[name] = None if files is None else config_hash(files, length=64)
     return out
 
 

@@ -267,15 +267,16 @@ def test_a_predictor_of_a_bank_recollected_under_its_key_is_retrained_or_refused
              "its key")
     with pytest.raises(CheckpointStale, match=stale):  # before: loaded, trained on other labels
         load_predictor(predictor_dir(cfg), spec, cfg.predictor, now)
-    with pytest.raises(CheckpointStale, match=stale + r".*; rebuild it with: python -m stopexp.train") as e:
-        build_scorers(cfg, ["linear"], spec)  # evaluate
-    assert "\n" not in str(e.value)
-    # the features made from the old shard are refused too, with their repair
-    with pytest.raises(UserError, match=f"^features {features_dir(cfg)} were made from another copy "
-                                        rf"of the trace bank .*\(shards {name} differ\); repair: "
-                                        "python -m stopexp.featurize"):
-        train(cfg, progress=False)
+    # the features made from the old shard are refused first (train, evaluate), with their repair
+    for use in (lambda: train(cfg, progress=False), lambda: build_scorers(cfg, ["linear"], spec)):
+        with pytest.raises(UserError, match=f"^features {features_dir(cfg)} were made from another "
+                                            rf"copy of the trace bank .*\(shards {name} differ\); "
+                                            "repair: python -m stopexp.featurize"):
+            use()
     featurize(cfg)
+    with pytest.raises(CheckpointStale, match=stale + r".*; rebuild it with: python -m stopexp.train") as e:
+        build_scorers(cfg, ["linear"], spec)  # evaluate; before: scored with the stale predictor
+    assert "\n" not in str(e.value)
     with caplog.at_level("WARNING", logger="stopexp.training.predictor"):
         train(cfg, progress=False)
     said = [r.getMessage() for r in caplog.records if "retraining" in r.getMessage()]

@@ -6,11 +6,9 @@ Walks both metrics.json files and prints every value that differs (exit 1) or sa
 agree (exit 0). What depends on the machine or the moment, not on the code, is left out:
 wall time and rates (keys ending in `_s`, `seconds`, `per_s`, `wall`, and `check_share`, the check's share of the wall time), where files were
 written (string values that are paths under either run's output or cache dirs), and the
-process's memory (`rss`). BERTScore (keys named `bertscore`) is a float32 model whose
-value differs in its last bits between two runs of the same code on this CPU (measured:
-up to 6e-9 on the main job); it is compared within FLOAT32_RTOL, 8 float32 epsilons.
-Everything else must be equal; `--rtol` allows a relative difference for the other floats
-(0: bit-equal as printed by json).
+process's memory (`rss`). Everything else must be equal, BERTScore too (its batches
+depend on the texts only, stopexp.metrics.text); `--rtol` allows a relative difference
+for floats (0: bit-equal as printed by json).
 """
 from __future__ import annotations
 
@@ -21,8 +19,6 @@ import re
 import sys
 from pathlib import Path
 
-FLOAT32_RTOL = 8 * 2.0 ** -23
-FLOAT32_KEYS = re.compile(r"bertscore$")
 MACHINE_KEYS = re.compile(r"(_s|seconds|per_s|wall|rss|check_share|_dir|checkpoint|features)$")
 
 
@@ -43,8 +39,7 @@ def differences(a, b, where: str = "", rtol: float = 0.0) -> list[str]:
     if isinstance(a, str) and isinstance(b, str) and ("/" in a and "/" in b):
         return []  # a path: where this run wrote, not what it measured
     if isinstance(a, float) and isinstance(b, float):
-        tol = max(rtol, FLOAT32_RTOL) if FLOAT32_KEYS.search(where) else rtol
-        if (math.isnan(a) and math.isnan(b)) or a == b or abs(a - b) <= tol * max(abs(a), abs(b)):
+        if (math.isnan(a) and math.isnan(b)) or a == b or abs(a - b) <= rtol * max(abs(a), abs(b)):
             return []
     elif a == b:
         return []

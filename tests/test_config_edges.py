@@ -5,7 +5,7 @@ import pytest
 from conftest import compose
 from stopexp.config import ConfigError, validate
 
-SMALL = ["search.n_paths=16", "evaluate.n_points=[8]", "evaluate.retention=[4]"]
+SMALL = ["search.n_paths=16", "evaluate.n_points=[8]"]
 
 
 @pytest.mark.parametrize("overrides,key,msg", [

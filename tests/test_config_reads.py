@@ -34,6 +34,22 @@ README = "\n".join(p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "
      "read only by the method esc"),
     ("evaluate", ["evaluate.methods=[esc]", "evaluate.asc_threshold=0.9"], "evaluate.asc_threshold",
      "read only by the method adaptive_consistency"),
+    ("evaluate", ["policy=quantile", "evaluate.retention=[2,4]"], "evaluate.retention",
+     "[2, 4] is read only by policy=topk, not under policy=quantile; leave it unset (default [4, 8, 16])"),
+    ("pipeline", ["policy=fixed", "search.n_paths=8", "evaluate.retention=[2,4]"], "evaluate.retention",
+     "not under policy=fixed; leave it unset (default [1, 3, 6])"),
+    ("evaluate", ["+exp=toy_beam", "evaluate.retention=[2,4]"], "evaluate.retention",
+     "not under policy=quantile"),
+    ("evaluate", ["search=beam", "policy.keep=2", "evaluate.retention=[2,4]"], "evaluate.retention",
+     "[2, 4]: search=beam reports one point per method, with no Pareto sweep to read it; leave "
+     "evaluate.retention unset"),
+    ("evaluate", ["+exp=toy_beam", "evaluate.n_points=[4,8]"], "evaluate.n_points",
+     "search=beam reports one point per method"),
+    ("evaluate", ["search.check_at=[0.08,0.25]", "evaluate.retention=[2,4]"], "evaluate.retention",
+     "with several checks (search.check_at [0.08, 0.25]) each check keeps its K of policy.keep"),
+    ("collect", ["search.beam_width=8"], "search.beam_width", "8 is read only by search=beam or "
+     "evaluate.compare_beam=true, not under search=parallel without compare_beam; leave it unset "
+     "(default 4)"),
 ])
 def test_a_key_the_chosen_option_does_not_read_is_refused(stage, overrides, key, says):
     with pytest.raises(ConfigError) as e:
@@ -47,6 +63,20 @@ def test_the_same_keys_pass_under_the_options_that_read_them():
     validate(compose("evaluate", ["search=beam", "policy=quantile", "search.patience=3"]))
     validate(compose("evaluate", ["evaluate.methods=[esc]", "evaluate.esc_window=4"]))
     validate(compose("collect", ["task=wordprob", "task.shots=5"]))
+    validate(compose("evaluate", ["evaluate.retention=[2,4]"]))  # policy=topk, one check
+    validate(compose("evaluate", ["search.beam_width=8", "evaluate.compare_beam=true"]))
+    validate(compose("evaluate", ["search=beam", "policy=quantile", "search.beam_width=8"]))
+
+
+@pytest.mark.parametrize("overrides", [
+    ["policy=quantile"], ["+exp=toy_beam"], ["search.check_at=[0.08,0.25]"],
+    ["policy=quantile", "search.n_paths=8"],
+    # a value equal to the one derived from N is the default, set or not
+    ["policy=quantile", "search.n_paths=16", "evaluate.retention=[2,4,8]"],
+    ["+exp=toy_beam", "search.n_paths=16", "evaluate.n_points=[4,8,16]"],
+])
+def test_a_derived_default_is_no_value_set(overrides):
+    validate(compose("evaluate", overrides))
 
 
 @pytest.mark.parametrize("stage", ["collect", "train"])

@@ -13,8 +13,17 @@ FAST = ["evaluate.n_points=[4,8]", "evaluate.retention=[2,4]", "policy.keep=4",
         "evaluate.bootstrap=200", "train.epochs=3"]
 
 
+# beam search has no Pareto sweep: it reads neither evaluate.retention nor evaluate.n_points
+BEAM = ["+exp=toy_beam", *(o for o in FAST if not o.startswith(("evaluate.retention=",
+                                                                 "evaluate.n_points=")))]
+
+
 def cfg_for(small_bank, *extra, stage="evaluate"):
     return validate(compose(stage, [*small_bank, *FAST, *extra]))
+
+
+def beam_cfg(small_bank, *extra):
+    return validate(compose("evaluate", [*small_bank, *BEAM, *extra]))
 
 
 @pytest.fixture(scope="module")
@@ -147,8 +156,8 @@ def test_accounting_and_early_finishers_vote():
 
 
 def test_beam_search_evaluation(trained):
-    cfg = cfg_for(trained, "+exp=toy_beam", "search.beam_width=2", "search.max_new_tokens=64",
-                  "evaluate.methods=[confidence,oracle]")
+    cfg = beam_cfg(trained, "search.beam_width=2", "search.max_new_tokens=64",
+                   "evaluate.methods=[confidence,oracle]")
     m = evaluate(cfg)
     assert m["search"] == "beam" and set(m["methods"]) >= {"no_prune", "random", "confidence", "oracle"}
     assert m["methods"]["no_prune"]["pruned"] == 0
@@ -161,8 +170,8 @@ def test_beam_search_evaluation(trained):
 
 
 def test_beam_search_omits_stopping_protocols_and_runs_st_bon(trained):
-    cfg = cfg_for(trained, "+exp=toy_beam", "search.beam_width=2", "search.max_new_tokens=64",
-                  "evaluate.methods=[st_bon,esc,deepconf_online]", "evaluate.text_metrics=false")
+    cfg = beam_cfg(trained, "search.beam_width=2", "search.max_new_tokens=64",
+                   "evaluate.methods=[st_bon,esc,deepconf_online]", "evaluate.text_metrics=false")
     m = evaluate(cfg)
     assert set(m["omitted_methods"]) == {"esc", "deepconf_online"}
     assert "beam search has none" in m["omitted_methods"]["esc"]
@@ -174,9 +183,9 @@ def test_beam_search_batches_prompts_and_narrows_without_refill(trained):
     policy has no state); without refill the beam narrows and spends fewer tokens."""
     runs = {}
     for rows, refill in ((2, "true"), (1024, "true"), (1024, "false")):
-        cfg = cfg_for(trained, "+exp=toy_beam", "search.beam_width=2", "search.beam_checks=null",
-                      f"search.max_batch_rows={rows}", f"search.refill={refill}",
-                      "evaluate.methods=[confidence]", "evaluate.text_metrics=false")
+        cfg = beam_cfg(trained, "search.beam_width=2", "search.beam_checks=null",
+                       f"search.max_batch_rows={rows}", f"search.refill={refill}",
+                       "evaluate.methods=[confidence]", "evaluate.text_metrics=false")
         runs[rows, refill] = evaluate(cfg)
     one, batched, narrow = runs[2, "true"], runs[1024, "true"], runs[1024, "false"]
     for name, r in one["methods"].items():

@@ -1,5 +1,9 @@
+import json
 import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -203,6 +207,62 @@ def test_bertscore_reports_truncation():
         assert m["bleu"] < 100
     short = text_metrics(["the cat sat"], ["the cat sat"])
     assert short["truncated"] == 0
+
+
+# 150 pairs of 3-12 words: many sentences share a word count, more than one batch of 64
+PAIRS = """
+import random, sys
+from stopexp.metrics.text import BertScorer
+rng = random.Random(0)
+words = "the a cat dog ran sat on mat red blue green house tree river over under".split()
+say = lambda: " ".join(rng.choice(words) for _ in range(rng.randint(3, 12)))
+hyps, refs = [say() for _ in range(150)], [say() for _ in range(150)]
+print(" ".join(float(f).hex() for f in BertScorer().scores(hyps, refs)["f1"]))
+"""
+
+
+def test_bertscore_is_bit_identical_in_two_processes():
+    # bert_score batches sentences by word count, ties in set order: under two hash seeds
+    # the batches (and padded lengths) differed, and so did the last bits of the F1s.
+    runs = []
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(Path(__file__).parents[1])}
+        out = subprocess.run([sys.executable, "-c", PAIRS], env=env, capture_output=True,
+                             text=True, check=True).stdout.split()
+        runs.append([float.fromhex(x) for x in out])
+    assert len(runs[0]) == 150 and runs[0] == runs[1]
+
+
+def test_bertscore_pairs_equal_bert_score_where_its_order_is_total():
+    # every sentence has its own word count: bert_score's batches are then fixed, and ours
+    # (ties by text) are the same, so the F1s are bit-equal
+    from stopexp.metrics.text import pair_f1
+
+    scorer = BertScorer()
+    refs = [" ".join(["the cat sat"] * k) for k in range(1, 6)]
+    hyps = [" ".join(["a dog ran on the mat"] * k) + " x" for k in range(1, 6)]
+    _, _, direct = scorer.scorer.score(hyps, refs)
+    assert pair_f1(scorer.scorer, hyps, refs).tolist() == direct.tolist()
+
+
+
+def test_compare_runs_compares_bertscore_exactly(tmp_path, capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "compare_runs", Path(__file__).parents[1] / "scripts" / "compare_runs.py")
+    compare_runs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(compare_runs)
+    first = {"methods": {"mlp": {"text_vs_reference": {"bertscore": 0.8, "wall_s": 1.0}}}}
+    second = {"methods": {"mlp": {"text_vs_reference": {"bertscore": 0.8 + 6e-9, "wall_s": 2.0}}}}
+    files = [tmp_path / "a.json", tmp_path / "b.json"]
+    for f, m in zip(files, (first, second)):
+        f.write_text(json.dumps(m))
+    assert compare_runs.main([str(f) for f in files]) == 1  # once tolerated as float32 noise
+    said = capsys.readouterr().out
+    assert f"metrics.methods.mlp.text_vs_reference.bertscore: 0.8 vs {0.8 + 6e-9!r}" in said
+    assert "wall_s" not in said  # the machine's time, left out
+    assert compare_runs.main([str(files[0]), str(files[0])]) == 0
 
 
 BIG = 1e300  # a finite stand-in for inf that sklearn accepts: same order, same ties

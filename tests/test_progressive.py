@@ -11,7 +11,8 @@ from stopexp.evaluation.accounting import Paths, decide_by_checks, outcome
 from stopexp.stages.evaluate import evaluate
 from stopexp.training.predictor import train
 
-FAST = ["evaluate.n_points=[4,8]", "evaluate.retention=[2,4]", "evaluate.bootstrap=50",
+# no evaluate.retention: several checks sweep no K (validate refuses it there)
+FAST = ["evaluate.n_points=[4,8]", "evaluate.bootstrap=50",
         "train.epochs=3", "evaluate.text_metrics=false",
         "evaluate.methods=[entropy,confidence,mlp]"]
 THREE = "tap.checkpoints=[0.08,0.16,0.25]"
@@ -94,7 +95,7 @@ def test_decide_by_checks_prunes_at_each_check_with_the_running_mean():
     paths = _paths(alive)
     cfg = compose("evaluate", ["policy=topk", "search.n_paths=4", "policy.keep=[2,1]",
                                "search.check_at=[5,10]", "tap.checkpoints=[5,10]",
-                               "evaluate.retention=[2]", "evaluate.n_points=[4]"])
+                               "evaluate.n_points=[4]"])
     plan = check_plan(validate(cfg))
     assert plan == [(5, 2), (10, 1)]
     scores = [np.array([0.0, 1.0, 3.0, 2.0]), np.array([0.0, 4.0, -1.0, 9.0])]
@@ -153,7 +154,7 @@ def test_votes_and_what_unscored_paths_get():
 def test_bad_checks_and_votes_fail_naming_the_key(overrides, key, msg):
     with pytest.raises(ConfigError, match=key) as e:
         validate(compose("evaluate", ["search.n_paths=8", "policy.keep=4", "evaluate.n_points=[8]",
-                                      "evaluate.retention=[4]", *overrides]))
+                                      *overrides]))
     assert msg in str(e.value)
 
 

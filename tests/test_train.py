@@ -218,3 +218,76 @@ def test_train_refuses_a_bank_whose_val_split_has_no_mixed_prompt(small_bank, tm
                                              r"collect.keep_correct: all 6 val prompts)"):
         train(cfg, progress=False)
     assert not predictor_dir(cfg).exists()  # nothing saved
+
+
+def _recollect_with_other_labels(root, name):
+    """Rewrite shard `name` of the bank at `root` as a re-collect that graded its paths
+    otherwise would: every `correct` flipped, its record and meta.json's rewritten to match."""
+    from datasets import load_from_disk
+
+    from stopexp.runtime.integrity import set_aside
+
+    meta = bank.read_meta(root)
+    ds = load_from_disk(str(root / name))
+    cols = ds.to_dict()
+    cols["correct"] = [not c for c in cols["correct"]]
+    cols["reward"] = [float(c) for c in cols["correct"]]
+    old = meta["shards"][name]
+    set_aside(root / name)
+    info = {k: v for k, v in old.items() if k not in ("index", "rows", "splits", "files")}
+    meta["shards"][name] = bank.write_shard(root, name, cols, ds.features, info)
+    bank.write_meta(root, meta)
+
+
+def test_a_predictor_of_a_bank_recollected_under_its_key_is_retrained_or_refused(small_bank, tmp_path,
+                                                                                   caplog):
+    import shutil
+
+    from stopexp.core.errors import UserError
+    from stopexp.evaluation.scorers import build_scorers
+    from stopexp.signals.checkpoint import CheckpointStale
+    from stopexp.store.features import featurize, features_dir
+    from stopexp.training.data import trained_on
+
+    here = [f"paths.output_dir={tmp_path}", *small_bank[1:]]  # a copy of the bank: ours to change
+    cfg = cfg_for(here, "predictor=linear")
+    shutil.copytree(bank.require_bank(cfg_for(small_bank)), bank.bank_dir(cfg))
+    train(cfg, progress=False)
+    record = predictor_dir(cfg) / "predictor.json"
+    before = json.loads(record.read_text())["trained_on"]
+    assert before == trained_on(cfg) and None not in before.values()
+    root = bank.require_bank(cfg)
+    meta = bank.read_meta(root)
+    name = next(n for n, rec in sorted(meta["shards"].items()) if rec["split"] == "train")
+    _recollect_with_other_labels(root, name)
+    now = trained_on(cfg)
+    assert now["bank"] != before["bank"] and now["features"] == before["features"]
+    spec = spec_of(cfg, bank.read_meta(root))
+    stale = (f"^predictor checkpoint {record} was trained on another bank than the one now under "
+             "its key")
+    with pytest.raises(CheckpointStale, match=stale):  # before: loaded, trained on other labels
+        load_predictor(predictor_dir(cfg), spec, cfg.predictor, now)
+    # the features made from the old shard are refused first (train, evaluate), with their repair
+    for use in (lambda: train(cfg, progress=False), lambda: build_scorers(cfg, ["linear"], spec)):
+        with pytest.raises(UserError, match=f"^features {features_dir(cfg)} were made from another "
+                                            rf"copy of the trace bank .*\(shards {name} differ\); "
+                                            "repair: python -m stopexp.featurize"):
+            use()
+    featurize(cfg)
+    with pytest.raises(CheckpointStale, match=stale + r".*; rebuild it with: python -m stopexp.train") as e:
+        build_scorers(cfg, ["linear"], spec)  # evaluate; before: scored with the stale predictor
+    assert "\n" not in str(e.value)
+    with caplog.at_level("WARNING", logger="stopexp.training.predictor"):
+        train(cfg, progress=False)
+    said = [r.getMessage() for r in caplog.records if "retraining" in r.getMessage()]
+    assert said == [f"predictor {predictor_dir(cfg)} was trained on another bank than the one now "
+                    f"under its key (fingerprint {before['bank']}, now {now['bank']}: re-collected or "
+                    "re-made since): retraining it on the data now there"]
+    assert json.loads(record.read_text())["trained_on"] == trained_on(cfg)
+    load_predictor(predictor_dir(cfg), spec, cfg.predictor, trained_on(cfg))  # fits now
+    # a checkpoint that records no fingerprint cannot be told from another bank's
+    saved = json.loads(record.read_text())
+    del saved["trained_on"]
+    record.write_text(json.dumps(saved))
+    with pytest.raises(CheckpointStale, match=f"^predictor checkpoint {record} records no fingerprint"):
+        load_predictor(predictor_dir(cfg), spec, cfg.predictor, trained_on(cfg))

@@ -189,7 +189,7 @@ def test_online_launch_check_resume_on_vllm_equals_replay_of_its_bank(smol, bank
 
     common = [*SHARED, *VLLM, f"paths.output_dir={smol.cfg.paths.output_dir}",
               "evaluate.methods=[hidden_norm,oracle]", "evaluate.text_metrics=false",
-              "evaluate.retention=[2,4]", "evaluate.n_points=[4,8]", "evaluate.bootstrap=100", *check]
+              "evaluate.bootstrap=100", *check]
     replay = evaluate(validate(compose("evaluate", common)))["methods"]
     online = evaluate(validate(compose("evaluate", [*common, "evaluate.mode=online"])))["methods"]
     assert set(online) == set(replay) and len(online) >= 2

@@ -1,6 +1,8 @@
 """Which values are allowed, and which keys only some options read (`READ_ONLY_BY`): such a
 key is refused off its default where the chosen option ignores it (`check_unread`), and
-an exp sets it as ${stopexp_where_read:KEY,VALUE} (`where_read`)."""
+an exp sets it as ${stopexp_where_read:KEY,VALUE} (`where_read`). A default derived from
+other keys (evaluate.retention from search.n_paths) is the one this config derives
+(`default_in`)."""
 from __future__ import annotations
 
 from typing import Any
@@ -8,8 +10,9 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from stopexp.config.ranges import fail, is_list
-from stopexp.config.root import schema_default
+from stopexp.config.root import schema, schema_default
 from stopexp.core.names import PREDICTOR_NAMES, TASK_NAMES
+from stopexp.core.protocol import check_values
 from stopexp.core.text import TEXT_TOKENIZERS
 
 ALLOWED = {
@@ -46,7 +49,7 @@ ALLOWED = {
 # default, so that replacing the exp's option (+exp=toy_datatotext loss=mse) just works.
 # Not here: the policy knobs (a policy sweep sets every policy's budget at once, as
 # conf/hparams_search/optuna_toy.yaml does) and search.beam_width (evaluate.compare_beam
-# reads it under search=parallel).
+# reads it under search=parallel: check_beam_width_read).
 _ARITH, _QA, _WORDPROB = ("arith",), ("qa",), ("wordprob",)
 READ_ONLY_BY = {
     "loss.margin": ("loss.name", ("contrastive",)),
@@ -73,6 +76,9 @@ READ_ONLY_BY = {
     "evaluate.asc_threshold": ("evaluate.methods", ("adaptive_consistency",)),
     "evaluate.deepconf_warmup": ("evaluate.methods", ("deepconf_online",)),
     "evaluate.deepconf_keep_percent": ("evaluate.methods", ("deepconf_online", "deepconf_top")),
+    # the K sweep of the Pareto points: a threshold policy's one point is its run
+    # (evaluate.retention under search=beam or several checks: check_sweeps_read)
+    "evaluate.retention": ("policy.name", ("topk",)),
 }
 
 
@@ -82,17 +88,34 @@ def reads(cfg, key: str) -> bool:
     return bool(set(option) & set(readers)) if is_list(option) else option in readers
 
 
+def default_in(cfg, key: str) -> Any:
+    """The schema default of `key` in `cfg`: a derived one (an interpolation such as
+    ${stopexp_retention:${search.n_paths}}) resolved against this config's keys."""
+    parent, _, leaf = key.rpartition(".")
+    node = OmegaConf.select(schema(), parent) if parent else schema()
+    if not OmegaConf.is_interpolation(node, leaf):
+        return schema_default(key)
+    probe = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
+    OmegaConf.update(probe, key, node._get_node(leaf)._value(), merge=False)
+    return OmegaConf.select(probe, key)
+
+
+def is_set(cfg, key: str) -> bool:
+    """Whether `key` holds another value than its default in `cfg` (`default_in`)."""
+    return OmegaConf.select(cfg, key) != default_in(cfg, key)
+
+
 def where_read(key: str, value: Any, *, _root_) -> Any:
     """${stopexp_where_read:KEY,VALUE} in an exp: VALUE where the chosen option reads KEY
-    (READ_ONLY_BY), else the schema default."""
-    return value if reads(_root_, key) else schema_default(key)
+    (READ_ONLY_BY), else the default."""
+    return value if reads(_root_, key) else default_in(_root_, key)
 
 
 def check_unread(cfg) -> None:
     """Every READ_ONLY_BY key that the chosen option does not read is at its default."""
     for key, (option_key, readers) in READ_ONLY_BY.items():
-        value, default = OmegaConf.select(cfg, key), schema_default(key)
-        if value != default and not reads(cfg, key):
+        if is_set(cfg, key) and not reads(cfg, key):
+            value, default = OmegaConf.select(cfg, key), default_in(cfg, key)
             group = option_key.split(".")[-1] if option_key == "evaluate.methods" else option_key.split(".")[0]
             chosen = (f"evaluate.methods without {' or '.join(readers)}" if option_key == "evaluate.methods"
                       else f"{group}={OmegaConf.select(cfg, option_key)}")
@@ -101,3 +124,33 @@ def check_unread(cfg) -> None:
             shown = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
             fail(key, f"{shown!r} is read only by {readers_text}, not under {chosen}; leave it "
                       f"unset (default {default!r})")
+
+
+def check_sweeps_read(cfg) -> None:
+    """evaluate.retention (the K swept at one top-K check) and evaluate.n_points (no_prune's
+    Ns) are the Pareto points of Launch-Check-Resume: beam search has neither, several checks
+    no K sweep (each keeps its K of policy.keep). Set there, they would be ignored."""
+    s = cfg.search
+    checks = check_values(s.check_at)
+    for key in ("evaluate.retention", "evaluate.n_points"):
+        if not is_set(cfg, key):
+            continue
+        value = list(OmegaConf.select(cfg, key))
+        if s.name == "beam":
+            fail(key, f"{value}: search=beam reports one point per method, with no Pareto sweep "
+                      f"to read it; leave {key} unset")
+        if key == "evaluate.retention" and len(checks) > 1:
+            fail(key, f"{value}: with several checks (search.check_at {list(checks)}) each check "
+                      "keeps its K of policy.keep and nothing sweeps K; leave evaluate.retention "
+                      "unset")
+
+
+def check_beam_width_read(cfg) -> None:
+    """search.beam_width: read by search=beam, and under search=parallel by the plain beam
+    search that evaluate.compare_beam=true runs; anywhere else it would be ignored."""
+    s = cfg.search
+    if s.name != "beam" and not cfg.evaluate.compare_beam and is_set(cfg, "search.beam_width"):
+        fail("search.beam_width", f"{s.beam_width} is read only by search=beam or "
+                                  f"evaluate.compare_beam=true, not under search={s.name} without "
+                                  f"compare_beam; leave it unset (default "
+                                  f"{schema_default('search.beam_width')})")

@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from stopexp.config import (adapt, collect, cross, engine, evaluate, model, predictor, reward,
                             search, tap, task)
 from stopexp.config.ranges import at_least, fail, get, n_layers_of
-from stopexp.config.reads import ALLOWED, check_unread
+from stopexp.config.reads import ALLOWED, check_beam_width_read, check_sweeps_read, check_unread
 from stopexp.core.errors import ConfigError
 
 SEED_KEYS = ("seed", "task.seed", "collect.seed", "train.seed", "evaluate.seed", "model.toy.seed",
@@ -83,9 +83,11 @@ def validate(cfg: DictConfig) -> DictConfig:
     _check_reward(cfg)
     _check_engine(cfg)
     check_unread(cfg)  # after the range checks: a bad value is named as such first
+    check_beam_width_read(cfg)
     cross.bank_has_training_prompts(cfg)
     if cfg.stage in ("evaluate", "pipeline"):
         evaluate.check_evaluate(cfg)
+        check_sweeps_read(cfg)
     if cfg.stage == "adapt":
         adapt.check_adapt(cfg)
         # last, once the source config has passed: an error now comes from the target's values

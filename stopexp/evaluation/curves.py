@@ -7,10 +7,10 @@ import copy
 import numpy as np
 
 from stopexp.config import checkpoint_tokens
+from stopexp.evaluation.paired import by_prefix
 from stopexp.signals import methods as M
 from stopexp.signals.checkpoint import load_predictor
-from stopexp.training.data import predictor_dir
-from stopexp.evaluation.paired import by_prefix
+from stopexp.training.data import predictor_dir, trained_on
 from stopexp.training.per_step import auroc_by_position, position_data, prefix_scores
 from stopexp.training.predictor import train
 
@@ -24,7 +24,7 @@ def single_checkpoint_baseline(cfg, spec) -> tuple[str, object] | None:
     sub = copy.deepcopy(cfg)
     sub.train.positions, sub.predictor.position_input = "checkpoint", False
     train(sub, progress=False)
-    predictor, _ = load_predictor(predictor_dir(sub), spec, sub.predictor)
+    predictor, _ = load_predictor(predictor_dir(sub), spec, sub.predictor, trained_on(sub))
     tokens = checkpoint_tokens(cfg.train.checkpoint, cfg.search.max_new_tokens)
     return f"{cfg.predictor.name}@{tokens}", predictor
 

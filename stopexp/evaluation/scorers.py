@@ -17,7 +17,8 @@ from stopexp.signals import PREDICTORS
 from stopexp.signals import methods as M
 from stopexp.signals.checkpoint import CheckpointDamaged, CheckpointMismatch, load_predictor
 from stopexp.stopping.replay import STOPPING_METHODS
-from stopexp.training.data import predictor_dir
+from stopexp.store import features as feature_bank
+from stopexp.training.data import predictor_dir, trained_on
 from stopexp.training.predictor import train
 
 log = logging.getLogger(__name__)
@@ -82,15 +83,24 @@ def build_scorers(cfg, names: list[str], spec) -> dict:
             try:
                 if name == "super_token":  # on its own copy of the LM; online it reads the engine's cache
                     predictor, _ = load_super_token(ckpt, *load_lm(sub, progress=False), spec,
-                                                    sub.predictor, cfg.search.max_batch_rows)
+                                                    sub.predictor, cfg.search.max_batch_rows,
+                                                    _trained_on(sub))
                 else:
-                    predictor, _ = load_predictor(ckpt, spec, sub.predictor)
+                    predictor, _ = load_predictor(ckpt, spec, sub.predictor, _trained_on(sub))
             except (CheckpointDamaged, CheckpointMismatch) as e:
                 raise type(e)(f"{e}; rebuild it with: {command}") from e
             scorers[name] = M.learned(predictor)
         else:
             scorers[name] = M.external(name)
     return scorers
+
+
+def _trained_on(cfg) -> dict:
+    """trained_on(cfg), complete features first checked against their record, so that
+    features of another tap under the key are named as such, not as a stale predictor."""
+    if feature_bank.is_complete(feature_bank.features_dir(cfg)):
+        feature_bank.require_features(cfg, cli_overrides(), make=False)
+    return trained_on(cfg)
 
 
 def _with_predictor(cfg, name: str):

@@ -5,6 +5,7 @@ seconds to import and most callers of `stopexp.metrics` need neither.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import os
@@ -12,6 +13,8 @@ import os
 import numpy as np
 import regex
 import sacrebleu
+import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from stopexp.core.errors import ConfigError
 from stopexp.core.text import TEXT_TOKENIZERS
@@ -166,6 +169,55 @@ def _layers_of(model_type: str) -> int | None:
                           "in the local cache, or leave it unset for the bundled MiniLM") from e
 
 
+def _embeddings(scorer, sentences: list, batch_size: int = 64) -> dict:
+    """{sentence: (its token embeddings, idf weights)}, encoded `batch_size` at a time, for
+    bert_score's BERTScorer without idf (weight 1, none on [CLS] and [SEP]). bert_score
+    itself batches the sentences by word count with ties in set order, which hash
+    randomisation changes per process: a sentence then met other batch companions and
+    another padded length, and its embedding, hence the F1, changed in its last bits run
+    to run. Here ties go by the text, so the batches depend on the sentences only."""
+    from bert_score.utils import get_bert_embedding
+
+    tok = scorer._tokenizer
+    idf = collections.defaultdict(lambda: 1.0, {tok.sep_token_id: 0.0, tok.cls_token_id: 0.0})
+    order = sorted(set(sentences), key=lambda s: (-len(s.split(" ")), s))
+    out = {}
+    for start in range(0, len(order), batch_size):
+        batch = order[start:start + batch_size]
+        emb, mask, weight = get_bert_embedding(batch, scorer._model, tok, idf, device=scorer.device,
+                                               all_layers=scorer.all_layers)
+        for i, s in enumerate(batch):
+            n = int(mask[i].sum())
+            out[s] = (emb[i, :n].cpu(), weight[i, :n].cpu())
+    return out
+
+
+def _padded(stats: list, device) -> tuple:
+    """bert_score's padding of a batch of pairs: embeddings padded with 2.0, idf with 0."""
+    emb = pad_sequence([e.to(device) for e, _ in stats], batch_first=True, padding_value=2.0)
+    weight = pad_sequence([w.to(device) for _, w in stats], batch_first=True)
+    lens = torch.tensor([len(e) for e, _ in stats])
+    return emb, (torch.arange(int(lens.max()))[None, :] < lens[:, None]).to(device), weight
+
+
+def pair_f1(scorer, hyps: list, refs: list, batch_size: int = 64) -> torch.Tensor:
+    """BERTScore F1 of each (hypothesis, reference string) pair: bert_score's
+    BERTScorer.score (no idf, no baseline) with its sentences batched by `_embeddings`, so
+    the same inputs give the same bits in every process."""
+    from bert_score.utils import greedy_cos_idf
+
+    stats = _embeddings(scorer, refs + hyps, batch_size)
+    device = next(scorer._model.parameters()).device
+    f1 = []
+    with torch.no_grad():
+        for start in range(0, len(refs), batch_size):
+            pair = slice(start, start + batch_size)
+            ref = _padded([stats[s] for s in refs[pair]], device)
+            hyp = _padded([stats[s] for s in hyps[pair]], device)
+            f1.append(greedy_cos_idf(*ref, *hyp, scorer.all_layers)[2].cpu())
+    return torch.cat(f1)
+
+
 class BertScorer:
     """BERTScore F1 with a lazily built, process-wide cached encoder.
 
@@ -216,7 +268,7 @@ class BertScorer:
         truncated = clipped = 0
         if len(use):
             scorer = self.scorer
-            _, _, f = scorer.score([hyps[i] for i in use], [refs[i] for i in use])
+            f = pair_f1(scorer, [hyps[i] for i in use], [refs[i] for i in use])
             f1[use], clipped = clip_to_range(f.numpy(), "BERTScore F1")
             tok = scorer._tokenizer
             longest = tok.model_max_length

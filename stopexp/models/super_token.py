@@ -26,8 +26,8 @@ from transformers import DynamicCache
 
 from stopexp.models import load_lm
 from stopexp.search.sample import prompt_ids
-from stopexp.signals.checkpoint import (REBUILD, CheckpointMismatch, check_spec, load_weights,
-                                        read_checkpoint)
+from stopexp.signals.checkpoint import (REBUILD, CheckpointMismatch, check_spec, check_trained_on,
+                                        load_weights, read_checkpoint)
 from stopexp.signals.features import FeatureSpec
 
 ADAPTER = "stop"
@@ -126,22 +126,23 @@ def build_super_token(cfg) -> SuperTokenPredictor:
     return SuperTokenPredictor(cfg.predictor, lm, tokenizer, cfg.search.max_batch_rows)
 
 
-def checkpoint_meta(ckpt_dir: Path, spec: FeatureSpec, pred_cfg) -> dict:
-    """The checkpoint's metadata, its files checked and refused for another model or
-    another predictor config than `pred_cfg` (no LM needed); CheckpointDamaged /
-    CheckpointMismatch name the file or field."""
+def checkpoint_meta(ckpt_dir: Path, spec: FeatureSpec, pred_cfg, trained_on: dict | None = None) -> dict:
+    """The checkpoint's metadata, its files checked and refused for another model, another
+    predictor config than `pred_cfg` or other data than `trained_on` (no LM needed);
+    CheckpointDamaged / CheckpointMismatch name the file or field."""
     meta = read_checkpoint(ckpt_dir, pred_cfg)
     check_spec(meta["feature_spec"], spec, ckpt_dir)
+    check_trained_on(meta, trained_on, ckpt_dir)
     return meta
 
 
 def load_super_token(ckpt_dir: Path, lm, tokenizer, spec: FeatureSpec, pred_cfg,
-                     max_rows: int = 256):
-    """(predictor in eval mode, metadata) on `lm`; refused for another model or predictor
-    config than `pred_cfg`, naming the field."""
+                     max_rows: int = 256, trained_on: dict | None = None):
+    """(predictor in eval mode, metadata) on `lm`; refused for another model, predictor
+    config than `pred_cfg` or data than `trained_on`, naming the field."""
     from omegaconf import OmegaConf
 
-    meta = checkpoint_meta(ckpt_dir, spec, pred_cfg)
+    meta = checkpoint_meta(ckpt_dir, spec, pred_cfg, trained_on)
     hidden = lm.get_input_embeddings().weight.shape[1]
     if hidden != meta["feature_spec"]["hidden_size"]:
         raise CheckpointMismatch(f"super-token checkpoint {ckpt_dir} was trained for hidden_size="

@@ -4,7 +4,10 @@ size and SHA-256 of the weights file, and the key it was saved under. Loading on
 other features (model, hidden size, tap layers, signals), or one put under another key
 (another config's checkpoint), or one of another predictor config (another type: mlp where
 the config says linear), is refused with a message naming the file and the field that differs;
-a missing, truncated or garbled file is named with the way to rebuild it."""
+a missing, truncated or garbled file is named with the way to rebuild it. The JSON also
+records what the predictor learned from (`trained_on`: fingerprints of the trace bank and
+features it read); one trained on other data than the artifacts now under its key (a bank
+re-collected, features re-made) is refused as stale (CheckpointStale)."""
 from __future__ import annotations
 
 import json
@@ -27,6 +30,14 @@ REBUILD = ("rerun python -m stopexp.train with the same overrides as this run (t
 
 class CheckpointMismatch(UserError, ValueError):
     """A predictor checkpoint made for other features than the ones at hand."""
+
+
+class CheckpointStale(CheckpointMismatch):
+    """A predictor checkpoint trained on other data than the artifacts now under its key."""
+
+    def __init__(self, message: str, why: str | None = None):
+        super().__init__(message)
+        self.why = why or message  # what differs, without the file and the repair
 
 
 class CheckpointDamaged(UserError, ValueError):
@@ -79,6 +90,26 @@ def check_predictor(saved: dict, pred_cfg, where: Path) -> None:
             + REBUILD.format(dir=where))
 
 
+def check_trained_on(meta: dict, current: dict | None, where: Path) -> None:
+    """Refuse (CheckpointStale) a checkpoint whose `trained_on` differs from `current`
+    ({artifact: fingerprint} of the artifacts at hand; None: one not there now, not compared),
+    or that records none (saved before it was recorded: its data cannot be told)."""
+    if current is None:
+        return
+    saved, why = meta.get("trained_on"), None
+    if not isinstance(saved, dict):
+        why = ("records no fingerprint of the data it was trained on (saved by an older "
+               "version), so it may be another bank's")
+    else:
+        name = next((n for n, f in current.items() if f is not None and saved.get(n) != f), None)
+        if name is not None:
+            why = (f"was trained on another {name} than the one now under its key (fingerprint "
+                   f"{saved.get(name)}, now {current[name]}: re-collected or re-made since)")
+    if why:
+        raise CheckpointStale(f"predictor checkpoint {Path(where) / META} {why}; "
+                              + REBUILD.format(dir=where), why)
+
+
 def read_checkpoint(ckpt_dir: Path, pred_cfg) -> dict:
     """The checkpoint's metadata, its weights file checked against the recorded size and
     SHA-256 (checkpoints saved without a record: only that the file is there). Raises
@@ -119,12 +150,14 @@ def load_weights(ckpt_dir: Path, device: str = "cpu") -> dict:
                                 f"({error_text(e, 120)}); " + REBUILD.format(dir=Path(ckpt_dir))) from e
 
 
-def load_predictor(ckpt_dir: Path, spec: FeatureSpec, pred_cfg):
+def load_predictor(ckpt_dir: Path, spec: FeatureSpec, pred_cfg, trained_on: dict | None = None):
     """(predictor in eval mode, metadata); refuses a checkpoint for other features or of
-    another predictor config than `pred_cfg` (CheckpointMismatch) and a damaged one
+    another predictor config than `pred_cfg` (CheckpointMismatch), one trained on other data
+    than `trained_on` (CheckpointStale: `check_trained_on`) and a damaged one
     (CheckpointDamaged), naming the file."""
     ckpt_dir = Path(ckpt_dir)
     meta = read_checkpoint(ckpt_dir, pred_cfg)
+    check_trained_on(meta, trained_on, ckpt_dir)
     saved = meta["feature_spec"]
     check_spec(saved, spec, ckpt_dir)
     spec = FeatureSpec(saved["model_name"], saved["hidden_size"], list(saved["tap_layers"]),

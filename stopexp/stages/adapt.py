@@ -57,6 +57,7 @@ from stopexp.signals.checkpoint import load_predictor
 from stopexp.store import bank
 from stopexp.store.features import require_features, spec_of
 from stopexp.tasks import vote_format
+from stopexp.training.data import trained_on
 from stopexp.training.online import online_decider
 from stopexp.training.predictor import train
 from stopexp.training.shift import target_config, target_overrides
@@ -76,7 +77,7 @@ def load_predictors(cfg, tgt, overrides: list[str]) -> dict:
         root = bank.require_bank(c, ov)
         metrics = train(c, overrides=ov, progress=False)
         out[name], _ = load_predictor(Path(metrics["checkpoint"]), spec_of(c, bank.read_meta(root)),
-                                      c.predictor)
+                                      c.predictor, trained_on(c))
     return out
 
 

@@ -289,6 +289,12 @@ def summarize(out: Path, meta: dict, wall_s: float) -> dict:
             "nonfinite_features": sum(r.get("nonfinite", 0) for r in meta["shards"].values())}
 
 
+def is_complete(out: Path) -> bool:
+    """Whether the features at `out` have a meta.json that says they are complete."""
+    meta = _old_meta(out)
+    return bool(meta and meta.get("complete"))
+
+
 def require_features(cfg, overrides: list[str] | None = None, make: bool = True) -> Path:
     """The features of `cfg`, verified (cheaply) against their record, and their record
     against the config and the trace bank's (`expected_meta`). Missing ones are made from

@@ -25,6 +25,21 @@ def predictor_dir(cfg) -> Path:
     return Path(cfg.paths.cache_dir) / "predictors" / key
 
 
+def trained_on(cfg) -> dict:
+    """What a predictor of `cfg` learns from, by content: {"bank", "features"}, each a
+    SHA-256 of the SHA-256s of the artifact's shard files as its meta.json records them
+    (stopexp.runtime.integrity), None where the artifact is not there or not complete.
+    predictor.json records it; a bank re-collected or features re-made under the key change it."""
+    out = {}
+    for name, root, kind in (("bank", bank.bank_dir(cfg), "trace bank"),
+                             ("features", feature_bank.features_dir(cfg), feature_bank.KIND)):
+        meta = bank.read_meta(root, kind=kind) if (root / "meta.json").exists() else {}
+        files = {n: {f: r["sha256"] for f, r in rec["files"].items()}
+                 for n, rec in meta["shards"].items()} if meta.get("complete") else None
+        out[name] = None if files is None else config_hash(files, length=64)
+    return out
+
+
 def feature_spec(meta: dict) -> FeatureSpec:
     """The spec recorded in a features meta.json (`stopexp.store.features.feature_spec`)."""
     return feature_bank.feature_spec(meta)

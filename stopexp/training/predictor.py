@@ -17,12 +17,12 @@ from stopexp.models.super_token import build_super_token, checkpoint_meta
 from stopexp.runtime.integrity import set_aside
 from stopexp.runtime.threads import one_thread
 from stopexp.signals import build_predictor
-from stopexp.signals.checkpoint import (CheckpointDamaged, CheckpointMismatch, load_predictor,
-                                        save_predictor)
+from stopexp.signals.checkpoint import (CheckpointDamaged, CheckpointMismatch, CheckpointStale,
+                                        load_predictor, save_predictor)
 from stopexp.store import bank
 from stopexp.store import features as feature_bank
 from stopexp.training import per_step
-from stopexp.training.data import check_reward_range, predictor_dir, split_data
+from stopexp.training.data import check_reward_range, predictor_dir, split_data, trained_on
 from stopexp.training.fit import evaluate_scores, fit, learning_warnings, score
 
 log = logging.getLogger(__name__)
@@ -42,11 +42,14 @@ def train(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
         feature_bank.require_features(cfg, overrides)
         try:
             if lm_based:
-                saved = checkpoint_meta(out, spec, cfg.predictor)
+                saved = checkpoint_meta(out, spec, cfg.predictor, trained_on(cfg))
             else:
-                _, saved = load_predictor(out, spec, cfg.predictor)
+                _, saved = load_predictor(out, spec, cfg.predictor, trained_on(cfg))
             log.info("predictor already trained for this config: %s", out)
             return {"checkpoint": str(out), **saved["metrics"]}
+        except CheckpointStale as e:  # a bank re-collected or features re-made under the key
+            log.warning("predictor %s %s: retraining it on the data now there", out, e.why)
+            set_aside(out)
         except (CheckpointDamaged, CheckpointMismatch) as e:  # ours to rebuild: never loop
             log.warning("%s\nretraining it: the old checkpoint is deleted", e)
             set_aside(out)
@@ -57,6 +60,7 @@ def train(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
     else:
         data = split_data(root, meta, cfg, prefixes=lm_based, overrides=overrides)
     check_reward_range(cfg, data)
+    fingerprint = trained_on(cfg)  # of the artifacts just read
     torch.manual_seed(cfg.train.seed)
     if lm_based:
         predictor = build_super_token(cfg)
@@ -89,8 +93,8 @@ def train(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
                 metrics[split]["auroc_by_prefix"] = per_step.auroc_by_position(
                     score(predictor, rows), rows["correct"], rows["group"], rows["position"])
     save_predictor(out, predictor, cfg.predictor, spec, root.name, metrics,
-                   {"history": history, "checkpoint_tokens": checkpoint_tokens(
-                       cfg.train.checkpoint, cfg.search.max_new_tokens)})
+                   {"history": history, "trained_on": fingerprint, "checkpoint_tokens":
+                    checkpoint_tokens(cfg.train.checkpoint, cfg.search.max_new_tokens)})
     metrics["checkpoint"] = str(out)
     if run_dir is not None:
         figs = {"loss_curve": plots.loss_curve(history, run_dir / "loss_curve.png")}

@@ -176,20 +176,17 @@ def test_token_columns_equal_hf_over_the_same_paths(smol, banks):
     assert max(worst.values()) <= LOGPROB_ATOL, worst
 
 
-@pytest.mark.parametrize("check", [
-    ["policy.keep=2"],  # 8 -> 2 at 6 tokens
-    ["search.check_at=[6,15]", "policy.keep=[4,2]", "evaluate.methods=[confidence]"],
-], ids=["one_check", "progressive"])
-def test_online_launch_check_resume_on_vllm_equals_replay_of_its_bank(smol, banks, check):
-    """Online Launch-Check-Resume on a stepped vLLM engine, from the seeds collect used:
-    per method the accuracy, tokens and KV peaks that replay of the vLLM bank (with its
-    featurized hidden states) gives. A kept request just goes on, so its path is the
-    bank's; the check scores what featurize stored for the same prefix."""
+def test_online_launch_check_resume_on_vllm_equals_replay_of_its_bank(smol, banks):
+    """Online Launch-Check-Resume on a stepped vLLM engine, from the seeds collect used,
+    progressive (8 -> 4 at 6 tokens, -> 2 at 15): per method the accuracy, tokens and KV
+    peaks that replay of the vLLM bank (with its featurized hidden states) gives. A kept
+    request just goes on, so its path is the bank's; the check scores what featurize
+    stored for the same prefix; the oracle reads the outcomes of the no_prune run."""
     from stopexp.stages.evaluate import evaluate
 
     common = [*SHARED, *VLLM, f"paths.output_dir={smol.cfg.paths.output_dir}",
               "evaluate.methods=[hidden_norm,oracle]", "evaluate.text_metrics=false",
-              "evaluate.bootstrap=100", *check]
+              "evaluate.bootstrap=100", "search.check_at=[6,15]", "policy.keep=[4,2]"]
     replay = evaluate(validate(compose("evaluate", common)))["methods"]
     online = evaluate(validate(compose("evaluate", [*common, "evaluate.mode=online"])))["methods"]
     assert set(online) == set(replay) and len(online) >= 2

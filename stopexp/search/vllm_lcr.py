@@ -40,6 +40,7 @@ class _Path:
     logprobs: list = field(default_factory=list)  # vLLM's {token id: Logprob} per position
     finished: bool = False  # ended by EOS or a stop string (or max tokens)
     pruned: bool = False
+    request_id: str = ""
 
     def live_at(self, check: int) -> bool:
         """Alive at the check, as replay counts it: the path is longer than the check."""
@@ -59,9 +60,11 @@ class _Stepper:
         self.core, self.paths, self.meter = engine.llm.llm_engine, paths, meter
         if self.core.has_unfinished_requests():
             raise RuntimeError("the vLLM engine has unfinished requests: it is not free for a run")
-        self.ids = {f"lcr-{n}": p for n, p in enumerate(paths)}
-        for rid, p in self.ids.items():
-            self.core.add_request(rid, TokensPrompt(prompt_token_ids=list(p.prompt)),
+        self.ids = {}
+        for n, p in enumerate(paths):
+            p.request_id = f"lcr-{n}"
+            self.ids[p.request_id] = p
+            self.core.add_request(p.request_id, TokensPrompt(prompt_token_ids=list(p.prompt)),
                                   engine.request(p.seed, delta=True))
         meter.observe(torch.tensor([len(p.prompt) for p in paths]), [p.key[0] for p in paths])
 
@@ -80,8 +83,7 @@ class _Stepper:
                            [p.key[0] for p in live])
 
     def abort(self, paths: list[_Path]) -> None:
-        by_path = {id(p): rid for rid, p in self.ids.items()}
-        self.core.abort_request([by_path[id(p)] for p in paths])
+        self.core.abort_request([p.request_id for p in paths])
         for p in paths:
             p.pruned = True
 

@@ -26,7 +26,7 @@ SMALL = ["search.n_paths=16", "evaluate.n_points=[8]"]
     (["search.check_at=[0.08,0.25]", "policy.keep=4"], "policy.keep",
      "4 for the checks [0.08, 0.25] of search.check_at"),
     (["search.check_at=[0.08,0.25]", "policy=quantile", "policy.keep=[8,4]"], "policy.keep",
-     "[8, 4]: only policy=topk reads K, not policy=quantile"),
+     "[8, 4] is read only by policy=topk, not under policy=quantile"),
 ])
 def test_edge_inputs_fail_naming_the_key(overrides, key, msg):
     with pytest.raises(ConfigError, match=key) as e:

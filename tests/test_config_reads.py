@@ -47,6 +47,15 @@ README = "\n".join(p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "
      "search=beam reports one point per method"),
     ("evaluate", ["search.check_at=[0.08,0.25]", "evaluate.retention=[2,4]"], "evaluate.retention",
      "with several checks (search.check_at [0.08, 0.25]) each check keeps its K of policy.keep"),
+    ("evaluate", ["policy=fixed", "policy.keep=4"], "policy.keep",
+     "4 is read only by policy=topk, not under policy=fixed; leave it unset (default 8)"),
+    ("evaluate", ["policy.tau=0.3"], "policy.tau", "read only by policy=fixed|adaptive, not under "
+     "policy=topk"),
+    ("evaluate", ["policy=fixed", "policy.quantile=0.9"], "policy.quantile",
+     "read only by policy=quantile, not under policy=fixed"),
+    ("evaluate", ["policy=quantile", "policy.target_prune_rate=0.9"], "policy.target_prune_rate",
+     "read only by policy=adaptive"),
+    ("train", ["policy.gain=0.2"], "policy.gain", "read only by policy=adaptive"),
     ("collect", ["search.beam_width=8"], "search.beam_width", "8 is read only by search=beam or "
      "evaluate.compare_beam=true, not under search=parallel without compare_beam; leave it unset "
      "(default 4)"),
@@ -66,6 +75,12 @@ def test_the_same_keys_pass_under_the_options_that_read_them():
     validate(compose("evaluate", ["evaluate.retention=[2,4]"]))  # policy=topk, one check
     validate(compose("evaluate", ["search.beam_width=8", "evaluate.compare_beam=true"]))
     validate(compose("evaluate", ["search=beam", "policy=quantile", "search.beam_width=8"]))
+    validate(compose("evaluate", ["policy=fixed", "policy.tau=0.3"]))
+    validate(compose("evaluate", ["policy=adaptive", "policy.tau=0.3", "policy.gain=0.2",
+                                  "policy.target_prune_rate=0.9"]))
+    validate(compose("evaluate", ["policy=quantile", "policy.quantile=0.9"]))
+    validate(compose("evaluate", ["policy.keep=4"]))
+    validate(compose("evaluate", ["+exp=toy_beam", "policy=fixed"]))  # the exp's quantile drops
 
 
 @pytest.mark.parametrize("overrides", [

@@ -153,8 +153,8 @@ def test_votes_and_what_unscored_paths_get():
 ])
 def test_bad_checks_and_votes_fail_naming_the_key(overrides, key, msg):
     with pytest.raises(ConfigError, match=key) as e:
-        validate(compose("evaluate", ["search.n_paths=8", "policy.keep=4", "evaluate.n_points=[8]",
-                                      *overrides]))
+        validate(compose("evaluate", ["search.n_paths=8", "evaluate.n_points=[8]",
+                                      "policy.keep=${stopexp_where_read:policy.keep,4}", *overrides]))
     assert msg in str(e.value)
 
 

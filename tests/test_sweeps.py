@@ -76,7 +76,12 @@ def test_optuna_search_space_composes_and_validates_at_each_choice():
         c = validate(compose("pipeline", [*OPTUNA, f"predictor={predictor}", f"loss={loss}",
                                           f"policy={policy}", "train.lr=0.003"]))
         assert c.optimized_metric == f"methods.{predictor}.accuracy"
-        assert (c.policy.keep, c.policy.quantile, c.policy.target_prune_rate) == (8, 0.875, 0.875)
+        # each trial's policy gets the budget in its own knob; the others stay at default
+        budget = {"topk": ("keep", 8), "quantile": ("quantile", 0.875),
+                  "adaptive": ("target_prune_rate", 0.875)}[policy]
+        assert c.policy[budget[0]] == budget[1]
+        assert (c.policy.quantile, c.policy.target_prune_rate) == (
+            0.875 if policy == "quantile" else 0.5, 0.875 if policy == "adaptive" else 0.5)
 
 
 def test_slurm_and_joblib_launchers_compose_with_their_values():

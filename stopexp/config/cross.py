@@ -105,9 +105,6 @@ def keep_per_check(cfg) -> None:
                   "Launch-Check-Resume protocol of evaluate (search=parallel); "
                   f"{'adapt' if cfg.stage == 'adapt' else 'search=' + s.name} takes one prefix "
                   "and one K")
-    if is_list(keep) and cfg.policy.name != "topk":
-        fail("policy.keep", f"{list(keep)}: only policy=topk reads K, not policy="
-                            f"{cfg.policy.name}; leave policy.keep unset (a single number)")
     if cfg.policy.name == "topk" and len(checks) > 1:
         plan = keeps * len(checks) if len(keeps) == 1 else keeps
         if any(b >= a for a, b in zip(plan, plan[1:])):

@@ -47,15 +47,20 @@ ALLOWED = {
 # the key, so validate refuses any value but the schema default (`_check_unread`). An exp
 # sets such a key as ${stopexp_where_read:KEY,VALUE}: VALUE where it is read, else the
 # default, so that replacing the exp's option (+exp=toy_datatotext loss=mse) just works.
-# Not here: the policy knobs (a policy sweep sets every policy's budget at once, as
-# conf/hparams_search/optuna_toy.yaml does) and search.beam_width (evaluate.compare_beam
-# reads it under search=parallel: check_beam_width_read).
+# Not here: search.beam_width (evaluate.compare_beam reads it under search=parallel:
+# check_beam_width_read). A sweep over policies sets each policy's budget with
+# ${stopexp_where_read:...} (conf/hparams_search/optuna_toy.yaml, scripts/sweep_policies.sh).
 _ARITH, _QA, _WORDPROB = ("arith",), ("qa",), ("wordprob",)
 READ_ONLY_BY = {
     "loss.margin": ("loss.name", ("contrastive",)),
     "loss.min_gap": ("loss.name", ("contrastive", "pairwise")),
     "loss.discount": ("loss.name", ("mse",)),
     "search.patience": ("search.name", ("beam",)),
+    # what stopexp.core.policies.build_policy passes to each policy
+    "policy.keep": ("policy.name", ("topk",)),
+    "policy.tau": ("policy.name", ("fixed", "adaptive")),
+    "policy.quantile": ("policy.name", ("quantile",)),
+    **{f"policy.{k}": ("policy.name", ("adaptive",)) for k in ("target_prune_rate", "gain")},
     "predictor.statistic": ("predictor.name", ("statistic",)),
     **{f"predictor.{k}": ("predictor.name", ("super_token",))
        for k in ("n_tokens", "lora_rank", "lora_alpha", "lora_targets")},

@@ -10,8 +10,8 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from stopexp.config import (adapt, collect, cross, engine, evaluate, model, predictor, reward,
-                            search, tap, task)
+from stopexp.config import (adapt, collect, cross, engine, evaluate, model, policy, predictor,
+                            reward, search, tap, task)
 from stopexp.config.ranges import at_least, fail, get, n_layers_of
 from stopexp.config.reads import ALLOWED, check_beam_width_read, check_sweeps_read, check_unread
 from stopexp.core.errors import ConfigError
@@ -82,6 +82,7 @@ def validate(cfg: DictConfig) -> DictConfig:
     _check_predictor_loss_train(cfg)
     _check_reward(cfg)
     _check_engine(cfg)
+    policy.check_thresholds(cfg.policy)
     check_unread(cfg)  # after the range checks: a bad value is named as such first
     check_beam_width_read(cfg)
     cross.bank_has_training_prompts(cfg)

@@ -56,6 +56,19 @@ README = "\n".join(p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "
     ("evaluate", ["policy=quantile", "policy.target_prune_rate=0.9"], "policy.target_prune_rate",
      "read only by policy=adaptive"),
     ("train", ["policy.gain=0.2"], "policy.gain", "read only by policy=adaptive"),
+    ("train", ["predictor=linear", "predictor.hidden=64"], "predictor.hidden",
+     "64 is read only by predictor=mlp|fusion|conf_features, not under predictor=linear"),
+    ("pipeline", ["predictor=statistic", "predictor.dropout=0.1"], "predictor.dropout",
+     "not under predictor=statistic"),
+    ("train", ["predictor=statistic", "train.lr=0.1"], "train.lr", "0.1 is read only by "
+     "predictor=linear|mlp|fusion|conf_features|super_token, not under predictor=statistic; "
+     "leave it unset (default 0.001)"),
+    ("pipeline", ["predictor=statistic", "train.epochs=5"], "train.epochs", "not under predictor=statistic"),
+    ("train", ["predictor=statistic", "loss=mse"], "loss.name", "'mse' is read only by "
+     "predictor=linear|mlp|fusion|conf_features|super_token, not under predictor=statistic"),
+    ("evaluate", ["evaluate.text_metrics=false", "evaluate.bertscore_model=my/encoder"],
+     "evaluate.bertscore_model", "'my/encoder' is read only with evaluate.text_metrics=true or "
+     "evaluate.compare_beam=true"),
     ("collect", ["search.beam_width=8"], "search.beam_width", "8 is read only by search=beam or "
      "evaluate.compare_beam=true, not under search=parallel without compare_beam; leave it unset "
      "(default 4)"),
@@ -80,6 +93,8 @@ def test_the_same_keys_pass_under_the_options_that_read_them():
                                   "policy.target_prune_rate=0.9"]))
     validate(compose("evaluate", ["policy=quantile", "policy.quantile=0.9"]))
     validate(compose("evaluate", ["policy.keep=4"]))
+    validate(compose("train", ["predictor=fusion", "predictor.depth=2", "train.lr=0.01"]))
+    validate(compose("train", ["predictor=statistic", "train.checkpoint=0.25"]))  # the prefix it scores
     validate(compose("evaluate", ["+exp=toy_beam", "policy=fixed"]))  # the exp's quantile drops
 
 

@@ -194,22 +194,31 @@ def test_step_ends_and_the_bank_key_follow_the_thinking():
                                   "model.thinking.max_thinking_tokens=1536", "search.max_new_tokens=2048"]))
 
 
-def test_collect_with_a_thinking_model_counts_its_thinking(thinking_lm, tmp_path):
-    from stopexp.store import bank
+@pytest.fixture(scope="module")
+def thinking_bank(thinking_lm, tmp_path_factory):
+    """A bank of the tiny thinking LM under a budget of 6 thinking tokens: (the overrides
+    that compose its config, collect's summary)."""
     from stopexp.store.bank_fill import collect
 
     model, tok = thinking_lm
-    saved = tmp_path / "thinky"
-    model.save_pretrained(saved)
-    tok.save_pretrained(saved)  # with its chat template, which has the switch
-    cfg = validate(compose("collect", [
-        "model=llama", f"model.path={saved}", "model.name=thinky", "model.attn_implementation=null",
+    tmp = tmp_path_factory.mktemp("thinking")
+    model.save_pretrained(tmp / "thinky")
+    tok.save_pretrained(tmp / "thinky")  # with its chat template, which has the switch
+    overrides = [
+        "model=llama", f"model.path={tmp / 'thinky'}", "model.name=thinky", "model.attn_implementation=null",
         "model.thinking.enabled=true", "model.thinking.max_thinking_tokens=6", "search.max_new_tokens=20",
-        f"paths.output_dir={tmp_path / 'out'}", "logger=none", "search.n_paths=4", "collect.prompts.train=2",
-        "collect.prompts.val=1", "collect.prompts.test=1", "collect.shard_prompts=2",
-        "collect.mc_rollouts=2"]))
-    summary = collect(cfg)
-    ds = bank.load_bank(bank.bank_dir(cfg))
+        f"paths.output_dir={tmp / 'out'}", "logger=none", "search.n_paths=4", "collect.prompts.train=2",
+        "collect.prompts.val=1", "collect.prompts.test=2", "collect.shard_prompts=2",
+        "collect.mc_rollouts=2"]
+    return overrides, collect(validate(compose("collect", overrides)))
+
+
+def test_collect_with_a_thinking_model_counts_its_thinking(thinking_lm, thinking_bank):
+    from stopexp.store import bank
+
+    _, tok = thinking_lm
+    overrides, summary = thinking_bank
+    ds = bank.load_bank(bank.bank_dir(validate(compose("collect", overrides))))
     end = tok(END, add_special_tokens=False)["input_ids"]
     thinking = list(ds["thinking_tokens"][:])
     assert thinking == [thinking_length(tok, list(t), END) for t in ds["tokens"][:]]
@@ -218,3 +227,20 @@ def test_collect_with_a_thinking_model_counts_its_thinking(thinking_lm, tmp_path
             assert ids[6: 6 + len(end)] == end and n == 6 + len(end)
     assert summary["thinking_tokens"] == sum(thinking)
     assert summary["thinking_tokens"] + summary["answer_tokens"] == summary["tokens_total"] == sum(ds["length"][:])
+
+
+def test_online_evaluate_counts_thinking_as_replay_does(thinking_bank):
+    """Online Launch-Check-Resume of the thinking LM splits each method's tokens into
+    thinking and answer exactly as the replay of its bank does (the paths draw the same
+    tokens; a pruned path's share is its prefix's)."""
+    from stopexp.stages.evaluate import evaluate
+
+    overrides, _ = thinking_bank
+    common = [*overrides, "evaluate.methods=[confidence]", "evaluate.text_metrics=false",
+              "evaluate.bootstrap=10", "search.check_at=0.25", "policy.keep=2"]
+    replay = evaluate(validate(compose("evaluate", common)))["methods"]
+    online = evaluate(validate(compose("evaluate", [*common, "evaluate.mode=online"])))["methods"]
+    assert replay["no_prune"]["thinking_tokens"] > replay["confidence"]["thinking_tokens"] > 0
+    for name in ("no_prune", "random", "confidence", "oracle"):
+        for key in ("tokens_total", "thinking_tokens", "answer_tokens"):
+            assert online[name][key] == replay[name][key], (name, key)

@@ -14,7 +14,7 @@ from stopexp.training.predictor import train
 
 
 def cfg_for(small_bank, *extra, stage="train"):
-    return validate(compose(stage, [*small_bank, "train.epochs=3", *extra]))
+    return validate(compose(stage, [*small_bank, "train.epochs=${stopexp_where_read:train.epochs,3}", *extra]))
 
 
 def test_train_writes_a_checkpoint_that_reloads_with_identical_scores(small_bank, tmp_path):

@@ -61,7 +61,7 @@ def check_evaluate(cfg) -> None:
     check_method_names(ev.methods)
     cross.attn_entropy_method_is_tapped(cfg)
     bert = ev.bertscore_model
-    if ev.text_metrics and bert and bert.startswith(("/", ".", "~")) and not Path(bert).expanduser().is_dir():
+    if (ev.text_metrics or ev.compare_beam) and bert and bert.startswith(("/", ".", "~")) and not Path(bert).expanduser().is_dir():
         fail("evaluate.bertscore_model", f"{bert!r} is no model directory; give a local "
                                          "directory, a hub id, or leave it unset for the bundled MiniLM")
     if ev.split not in SPLITS:

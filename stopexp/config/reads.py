@@ -51,6 +51,7 @@ ALLOWED = {
 # check_beam_width_read). A sweep over policies sets each policy's budget with
 # ${stopexp_where_read:...} (conf/hparams_search/optuna_toy.yaml, scripts/sweep_policies.sh).
 _ARITH, _QA, _WORDPROB = ("arith",), ("qa",), ("wordprob",)
+LEARNED_PREDICTORS = tuple(p for p in PREDICTOR_NAMES if p != "statistic")
 READ_ONLY_BY = {
     "loss.margin": ("loss.name", ("contrastive",)),
     "loss.min_gap": ("loss.name", ("contrastive", "pairwise")),
@@ -64,6 +65,12 @@ READ_ONLY_BY = {
     "predictor.statistic": ("predictor.name", ("statistic",)),
     **{f"predictor.{k}": ("predictor.name", ("super_token",))
        for k in ("n_tokens", "lora_rank", "lora_alpha", "lora_targets")},
+    **{f"predictor.{k}": ("predictor.name", ("mlp", "fusion", "conf_features"))
+       for k in ("hidden", "depth", "dropout")},
+    # stopexp.training.fit: a statistic has no weights to fit (it is evaluated as is)
+    **{f"train.{k}": ("predictor.name", LEARNED_PREDICTORS)
+       for k in ("epochs", "batch_prompts", "lr", "weight_decay", "patience", "seed")},
+    "loss.name": ("predictor.name", LEARNED_PREDICTORS),
     # what stopexp.tasks.build_task passes to each task
     **{f"task.{k}": ("task.name", _ARITH) for k in ("n_steps", "operators", "multipliers", "styles")},
     **{f"task.{k}": ("task.name", _QA) for k in ("path", "subset", "source_split", "question_key",
@@ -159,3 +166,13 @@ def check_beam_width_read(cfg) -> None:
                                   f"evaluate.compare_beam=true, not under search={s.name} without "
                                   f"compare_beam; leave it unset (default "
                                   f"{schema_default('search.beam_width')})")
+
+
+def check_bertscore_model_read(cfg) -> None:
+    """evaluate.bertscore_model: read by the text metrics (evaluate.text_metrics=true) and by
+    the comparison with plain beam search (evaluate.compare_beam=true); off both, ignored."""
+    ev = cfg.evaluate
+    if ev.bertscore_model is not None and not (ev.text_metrics or ev.compare_beam):
+        fail("evaluate.bertscore_model", f"{ev.bertscore_model!r} is read only with "
+                                         "evaluate.text_metrics=true or evaluate.compare_beam=true; "
+                                         "leave it unset (default null)")

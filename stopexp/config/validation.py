@@ -13,7 +13,8 @@ from omegaconf import DictConfig, OmegaConf
 from stopexp.config import (adapt, collect, cross, engine, evaluate, model, policy, predictor,
                             reward, search, tap, task)
 from stopexp.config.ranges import at_least, fail, get, n_layers_of
-from stopexp.config.reads import ALLOWED, check_beam_width_read, check_sweeps_read, check_unread
+from stopexp.config.reads import (ALLOWED, check_beam_width_read, check_bertscore_model_read,
+                                  check_sweeps_read, check_unread)
 from stopexp.core.errors import ConfigError
 
 SEED_KEYS = ("seed", "task.seed", "collect.seed", "train.seed", "evaluate.seed", "model.toy.seed",
@@ -89,6 +90,7 @@ def validate(cfg: DictConfig) -> DictConfig:
     if cfg.stage in ("evaluate", "pipeline"):
         evaluate.check_evaluate(cfg)
         check_sweeps_read(cfg)
+        check_bertscore_model_read(cfg)
     if cfg.stage == "adapt":
         adapt.check_adapt(cfg)
         # last, once the source config has passed: an error now comes from the target's values

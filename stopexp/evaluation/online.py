@@ -19,6 +19,7 @@ from stopexp.search.sample import fit_prompts, prompt_limit, row_cap
 from stopexp.search.taps import Taps
 from stopexp.search.vllm_lcr import vllm_launch_check_resume
 from stopexp.tasks import build_task, vote_format
+from stopexp.tasks.thinking import ThinkingTask, thinking_length
 
 
 def run_launch_check_resume(cfg, model, tokenizer, task, problems, methods: dict,
@@ -66,6 +67,7 @@ def online_paths(cfg, names, scorers, checkpoint, n_prompts: int):
     run = run_on_vllm if cfg.engine.name == "vllm" else run_launch_check_resume
     runs, batch = run(cfg, model, tokenizer, task, problems, methods, checks)
     keys = [(i, j) for i in range(len(problems)) for j in range(N)]
+    thinking = thinking_tokens(runs["no_prune"], keys, tokenizer, task)
     views, timing = {}, {}
     for name, run in runs.items():
         text = np.asarray([run.text[k] for k in keys], dtype=object)
@@ -76,7 +78,7 @@ def online_paths(cfg, names, scorers, checkpoint, n_prompts: int):
             correct=np.asarray([task.check(problems[i], t) for (i, _), t in zip(keys, text)]),
             answer=answer, text=text, alive=np.asarray([k in batch["row"] for k in keys]),
             batch={}, prompt_ids=np.asarray([p.prompt_id for p in problems]),
-            answer_format=vote_format(task)),
+            answer_format=vote_format(task), thinking=thinking),
             None if name == "no_prune" else Decision(
                 kept=np.asarray([run.kept[k] for k in keys]),
                 pruned_at=np.asarray([run.pruned_at.get(k, 0) for k in keys], np.int64),
@@ -91,6 +93,16 @@ def online_paths(cfg, names, scorers, checkpoint, n_prompts: int):
     rows = [batch["row"][k] for k in keys if k in batch["row"]]
     paths.batch = scatter_batch(batch, rows, len(keys), paths)
     return paths, views, timing
+
+
+def thinking_tokens(no_prune, keys: list, tokenizer, task) -> np.ndarray | None:
+    """A thinking model's thinking tokens per path (as the bank stores them), from no_prune's
+    full paths: every method's path draws the same tokens as no_prune's up to where it was
+    pruned, so the accounting's min(spent, thinking) is its share, as in replay. None when
+    the task is no thinking task."""
+    if not isinstance(task, ThinkingTask):
+        return None
+    return np.asarray([thinking_length(tokenizer, no_prune.ids[k], task.end_tag) for k in keys])
 
 
 def scatter_batch(batch: dict, rows: list[int], n: int, paths: Paths) -> dict:

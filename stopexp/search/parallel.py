@@ -37,6 +37,7 @@ class OnlineRun:
     signal: dict = field(default_factory=dict)   # (prompt index, path id) -> score at its last check
     length: dict = field(default_factory=dict)   # (prompt index, path id) -> tokens generated
     text: dict = field(default_factory=dict)
+    ids: dict = field(default_factory=dict)      # a path that ran to its end -> its token ids
     kv: KVMeter = field(default_factory=KVMeter)  # cached tokens per prompt (stopexp.search.memory)
     prefix_s: float = 0.0
     check_s: float = 0.0
@@ -45,6 +46,11 @@ class OnlineRun:
     @property
     def wall_s(self) -> float:
         return self.prefix_s + self.check_s + self.resume_s
+
+    def finish(self, key, ids: list[int], tokenizer) -> None:
+        """A path that ended (not pruned): its token ids, their count and their text."""
+        self.ids[key], self.length[key] = ids, len(ids)
+        self.text[key] = tokenizer.decode(ids, skip_special_tokens=True)
 
 
 def run_metered(engine: Engine, state: Decode, meter: KVMeter, prompt_of_path: list,
@@ -82,9 +88,7 @@ def _finish(engine, tokenizer, child: Decode, origin: list, checkpoint: int,
     (prompt, path) key and its prefix token ids."""
     tok, *_, n = child.tensors(engine.pad_id)
     for r, (key, prefix) in enumerate(origin):
-        ids = prefix + tok[r, : n[r] - checkpoint].tolist()
-        out.length[key] = len(ids)
-        out.text[key] = tokenizer.decode(ids, skip_special_tokens=True)
+        out.finish(key, prefix + tok[r, : n[r] - checkpoint].tolist(), tokenizer)
 
 
 class _Pending:
@@ -184,9 +188,7 @@ def launch_check_resume(engine: Engine, tokenizer, task, problems, n_paths: int,
             for p in range(len(prompts)):
                 if p not in live_set:  # ended before the check: votes directly
                     run.kept[owners[p]] = False
-                    run.length[owners[p]] = int(prefix_len[p])
-                    run.text[owners[p]] = tokenizer.decode(
-                        prefix_tok[p, : prefix_len[p]].tolist(), skip_special_tokens=True)
+                    run.finish(owners[p], prefix_tok[p, : prefix_len[p]].tolist(), tokenizer)
         live, batch = check_batch(state, engine, first, keys, group_window)
         # the super token scores from the live cache; replaying it re-encodes prompt + tokens
         batch.update(lm_state=state, prompt=[problems[owners[p][0]].prompt for p in live.tolist()],
@@ -261,8 +263,7 @@ def _later_checks(engine, tokenizer, task, problems, child: Decode, keys: list, 
         live_set = set(child.paths.tolist())
         for p, key in enumerate(keys):
             if p not in live_set and key not in run.text:  # ended since the last check
-                run.length[key] = int(n[p])
-                run.text[key] = tokenizer.decode(tok[p, : n[p]].tolist(), skip_special_tokens=True)
+                run.finish(key, tok[p, : n[p]].tolist(), tokenizer)
         if not child.size:
             return
         seed_keys = [f"{problems[k[0]].prompt}/{k[1]}" for k in keys]

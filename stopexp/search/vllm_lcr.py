@@ -145,8 +145,10 @@ def _run(engine, tokenizer, paths, checks, decide, run: OnlineRun) -> None:
     run.check_s = checked
     run.resume_s = wall - run.prefix_s - checked
     for p in paths:
-        run.length[p.key] = len(p.tokens)
-        run.text[p.key] = "" if p.pruned else tokenizer.decode(p.tokens, skip_special_tokens=True)
+        if p.pruned:
+            run.length[p.key], run.text[p.key] = len(p.tokens), ""
+        else:
+            run.finish(p.key, list(p.tokens), tokenizer)
 
 
 def vllm_launch_check_resume(engine: VllmEngine, tokenizer, task, problems, n_paths: int, seed: int,

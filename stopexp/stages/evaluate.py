@@ -5,7 +5,9 @@
 
 Standard protocol (Launch-Check-Resume): N = search.n_paths paths per test prompt, check
 at search.check_at, keep K = policy.keep by each method's signal, finish the kept paths,
-majority vote (evaluate.vote); paths that end before the check vote directly. With a list
+majority vote (evaluate.vote); paths that end before the check vote directly. Under
+policy=risk each method's thresholds are first calibrated on the bank's validation split
+(stopexp/evaluation/risk.py), for replay and online alike. With a list
 of checks the live paths are checked at each (progressive), one K per check. `replay` re-scores the
 trace bank without the LM (exact, since every path has its own random stream);
 `online` really runs the LM and measures wall time. Replay joins the bank with its features

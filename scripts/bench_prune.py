@@ -16,7 +16,7 @@ import numpy as np
 from hydra import compose, initialize_config_dir
 
 from stopexp.config import project_root, validate
-from stopexp.core.policies import kept_text
+from stopexp.core.policies import build_policy, kept_text
 from stopexp.evaluation.accounting import Paths, keep_by_policy, outcome
 from stopexp.stages.evaluate import evaluate
 
@@ -32,7 +32,7 @@ def replay_seconds(cfg, prompts: int = 1000, n: int = 32, k: int = 8) -> float:
                   batch={})
     scores = rng.normal(size=size)
     start = time.perf_counter()
-    outcome(paths, keep_by_policy(paths, scores, cfg, k, n), 6, n)
+    outcome(paths, keep_by_policy(paths, scores, build_policy(cfg.policy, keep=k), n), 6, n)
     return time.perf_counter() - start
 
 

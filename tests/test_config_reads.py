@@ -303,6 +303,7 @@ def test_the_header_says_what_the_policy_keeps(policy, kept):
 def test_a_threshold_policy_has_no_retention_sweep_its_point_is_its_run(policy, k):
     """evaluate.retention sweeps K, which only policy=topk reads: under a threshold policy
     each method's one point is its run, K what its rule kept per prompt (mean)."""
+    from stopexp.core.policies import check_policies
     from stopexp.evaluation.accounting import Paths, account_methods, pareto_points
     from stopexp.evaluation.table import print_table
 
@@ -313,6 +314,7 @@ def test_a_threshold_policy_has_no_retention_sweep_its_point_is_its_run(policy, 
                   alive=np.ones(8, bool), batch={}, checks=[{}])
     cfg = compose("evaluate", [f"policy={policy}", "search.n_paths=4", "evaluate.bootstrap=10"])
     results, _, scored, points = account_methods(cfg, ["no_prune", "mine"], {"mine": lambda b: scores},
+                                                 {"mine": check_policies(cfg.policy, [(5, 4)])},
                                                  paths, 5, {}, None, None, {})
     assert points == [{"method": "mine", "n": 4, "k": k, "accuracy": results["mine"]["accuracy"],
                        "tokens_total": results["mine"]["tokens_total"]}]

@@ -4,6 +4,7 @@ import torch
 
 from conftest import compose
 from stopexp.config import STOPPING_METHODS, validate
+from stopexp.core.policies import TopK
 from stopexp.evaluation.accounting import Paths, keep_by_policy, outcome
 from stopexp.signals.methods import random_scorer, register_external
 from stopexp.stages.evaluate import evaluate, print_table
@@ -135,7 +136,7 @@ def test_random_pruning_keeps_avg_at_n():
     paths = _synthetic()
     cfg = compose("evaluate", ["policy.keep=4", "search.n_paths=16"])
     full = outcome(paths, paths.alive, 6, 16)["avg"].mean()
-    kept = keep_by_policy(paths, random_scorer(0)(paths.batch).numpy(), cfg, 4, 16)
+    kept = keep_by_policy(paths, random_scorer(0)(paths.batch).numpy(), TopK(4), 16)
     assert kept.reshape(300, 16).sum(1).tolist() == [4] * 300
     assert abs(outcome(paths, kept, 6, 16)["avg"].mean() - full) < 0.03
 

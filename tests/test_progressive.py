@@ -6,6 +6,7 @@ import torch
 
 from conftest import compose
 from stopexp.config import ConfigError, check_plan, validate
+from stopexp.core.policies import check_policies
 from stopexp.core.voting import elect, rule_score, weights
 from stopexp.evaluation.accounting import Paths, decide_by_checks, outcome
 from stopexp.stages.evaluate import evaluate
@@ -99,12 +100,13 @@ def test_decide_by_checks_prunes_at_each_check_with_the_running_mean():
     plan = check_plan(validate(cfg))
     assert plan == [(5, 2), (10, 1)]
     scores = [np.array([0.0, 1.0, 3.0, 2.0]), np.array([0.0, 4.0, -1.0, 9.0])]
-    last = decide_by_checks(paths, scores, cfg, plan, 4, "last")
+    last = decide_by_checks(paths, scores, check_policies(cfg.policy, plan), [5, 10], 4, "last")
     # check 1 keeps paths 2, 3; path 3 ends before check 2, so path 2 alone is checked: kept
     assert last.kept.tolist() == [False, False, True, True]
     assert last.pruned_at.tolist() == [0, 5, 0, 0]
     assert np.isnan(last.signal[0]) and last.signal[1:].tolist() == [1.0, -1.0, 2.0]
-    mean = decide_by_checks(paths, scores, cfg, plan, 4, "running_mean")
+    mean = decide_by_checks(paths, scores, check_policies(cfg.policy, plan), [5, 10], 4,
+                            "running_mean")
     assert mean.signal[2] == pytest.approx(1.0)  # (3 + -1) / 2
     o = outcome(paths, last.kept, last.pruned_at, 4)
     assert o["tokens"].tolist() == [3 + 5 + 20 + 8] and o["pruned_at"].tolist() == [5]

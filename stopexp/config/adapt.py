@@ -75,6 +75,9 @@ def check_adapt(cfg) -> None:
         fail("adapt.target", f"{bad} are not config keys under {', '.join(SHIFTABLE)} "
                              "(give dotted keys, e.g. {task.n_steps: 8})")
     check_mc_feedback(cfg)
+    if cfg.policy.name == "risk":
+        fail("policy.name", "risk calibrates evaluate's thresholds on the validation prompts; "
+                            "adapt keeps the top K of each check: use policy=topk")
     if cfg.engine.name == "vllm" and ev.mode == "online":
         fail("evaluate.mode", "'online' adapt forks the hf engine's decode state at the check "
                               "(stopexp.training.online), which engine=vllm does not expose; adapt "

@@ -98,6 +98,7 @@ def check_evaluate(cfg) -> None:
                                          + ("; set it to a count below search.n_paths" if s.n_paths > 1 else
                                             "; DeepConf online needs search.n_paths >= 2: drop "
                                             "deepconf_online from evaluate.methods"))
+    policy.check_risk_calibration(cfg)
     cross.beam_has_no_vote(cfg)
     cross.beam_scores_each_step(cfg)
     cross.beam_keep_below_width(cfg)

@@ -1,5 +1,6 @@
 """The policy group (conf/policy/): which paths a check keeps, and its checks (those on K
-per check of search.check_at: stopexp.config.cross.keep_per_check)."""
+per check of search.check_at: stopexp.config.cross.keep_per_check; policy=risk's data:
+`check_risk_calibration`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -11,7 +12,7 @@ from stopexp.core.protocol import check_values
 
 @dataclass
 class PolicyConfig:
-    name: str = "topk"             # fixed | quantile | topk | adaptive
+    name: str = "topk"             # fixed | quantile | topk | adaptive | risk
     # topk: K paths kept out of N (a list: one K per search.check_at); default derived from
     # search.n_paths: round(sqrt(N)), and with several checks one K per check (derived_keep)
     keep: Any = "${stopexp_keep:${search.n_paths},${search.check_at},${policy.name}}"
@@ -19,6 +20,12 @@ class PolicyConfig:
     quantile: float = 0.5          # quantile: prune below this quantile of live signals
     target_prune_rate: float = 0.5
     gain: float = 0.1              # adaptive: step of the controller
+    # risk: the threshold calibrated on the validation split (Learn-then-Test) so that the
+    # risk (voter: share of a prompt's majority voters pruned; answer: the voted answer
+    # changed) is <= alpha with probability >= 1 - delta (stopexp.evaluation.risk)
+    risk: str = "voter"
+    alpha: float = 0.1
+    delta: float = 0.1
 
 
 def check_keep_within(pol, n_paths: int) -> None:
@@ -34,3 +41,26 @@ def check_thresholds(pol) -> None:
     within("policy.quantile", pol.quantile, 0, 1, low_open=True, high_open=True)
     within("policy.target_prune_rate", pol.target_prune_rate, 0, 1, high_open=True)
     at_least("policy.gain", pol.gain, 0)
+    within("policy.alpha", pol.alpha, 0, 1, low_open=True, high_open=True)
+    within("policy.delta", pol.delta, 0, 1, low_open=True, high_open=True)
+
+
+def check_risk_calibration(cfg) -> None:
+    """policy=risk calibrates Launch-Check-Resume's thresholds on the bank's validation
+    prompts, which must be there, be exchangeable with the evaluated ones and not be them."""
+    if cfg.policy.name != "risk":
+        return
+    c = cfg.collect
+    if cfg.search.name != "parallel":
+        fail("policy.name", "risk calibrates Launch-Check-Resume's checks (search=parallel); "
+                            f"search={cfg.search.name} prunes at every step: use fixed or quantile")
+    if not c.prompts.get("val", 0) > 0:
+        fail("collect.prompts.val", "policy=risk calibrates its threshold on the validation "
+                                    "prompts; give the bank some (e.g. collect.prompts.val=50)")
+    if cfg.evaluate.split == "val":
+        fail("evaluate.split", "'val' is where policy=risk calibrates its threshold; evaluate "
+                               "on another split (test)")
+    if c.keep_correct is not None and "val" in c.keep_correct_splits:
+        fail("collect.keep_correct_splits", f"{list(c.keep_correct_splits)} filters the validation "
+                                            "prompts by difficulty, so they no longer stand for the "
+                                            "evaluated ones that policy=risk calibrates for; drop 'val'")

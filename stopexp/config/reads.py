@@ -29,7 +29,8 @@ ALLOWED = {
     "predictor.statistic": ("l2", "mean", "var"),
     "loss.name": ("contrastive", "pairwise", "reward_regression", "mse"),
     "train.positions": ("checkpoint", "all"),
-    "policy.name": ("fixed", "quantile", "topk", "adaptive"),
+    "policy.name": ("fixed", "quantile", "topk", "adaptive", "risk"),
+    "policy.risk": ("voter", "answer"),
     "search.name": ("parallel", "beam"),
     "logger.name": ("wandb", "none"),
     "logger.mode": ("offline", "online", "disabled"),
@@ -91,6 +92,8 @@ READ_ONLY_BY = {
     # the K sweep of the Pareto points: a threshold policy's one point is its run
     # (evaluate.retention under search=beam or several checks: check_sweeps_read)
     "evaluate.retention": ("policy.name", ("topk",)),
+    # policy=risk's guarantee
+    **{f"policy.{k}": ("policy.name", ("risk",)) for k in ("risk", "alpha", "delta")},
 }
 
 

@@ -51,6 +51,13 @@ class FixedThreshold(Policy):
         return self.tau
 
 
+class RiskControlled(FixedThreshold):
+    """A fixed threshold calibrated on the validation split so that pruning keeps a risk
+    (policy.risk) below policy.alpha with probability 1 - policy.delta: Learn-then-Test,
+    arXiv 2110.01052 (stopexp.evaluation.risk). -inf (nothing certified) prunes nothing."""
+    name = "risk"
+
+
 class Quantile(Policy):
     """Prune below the q-quantile of the current step's live signals."""
     name = "quantile"
@@ -93,8 +100,9 @@ class Adaptive(Policy):
         self.tau -= self.gain * (prune_rate - self.target)
 
 
-def build_policy(policy_cfg, keep: int | None = None) -> Policy:
-    """The configured policy; `keep` overrides policy.keep for top-K (retention sweeps)."""
+def build_policy(policy_cfg, keep: int | None = None, tau: float | None = None) -> Policy:
+    """The configured policy; `keep` overrides policy.keep for top-K (retention sweeps);
+    `tau` is policy=risk's calibrated threshold (stopexp.evaluation.risk)."""
     name = policy_cfg.name
     if name == "fixed":
         return FixedThreshold(policy_cfg.tau)
@@ -104,12 +112,25 @@ def build_policy(policy_cfg, keep: int | None = None) -> Policy:
         return TopK(keep if keep is not None else policy_cfg.keep)
     if name == "adaptive":
         return Adaptive(policy_cfg.tau, policy_cfg.target_prune_rate, policy_cfg.gain)
-    raise ValueError(f"policy.name: {name!r} unknown; allowed: fixed, quantile, topk, adaptive")
+    if name == "risk":
+        if tau is None:
+            raise ValueError("policy=risk: its threshold is calibrated on the validation split "
+                             "first (stopexp.evaluation.risk.calibrate_methods)")
+        return RiskControlled(tau)
+    raise ValueError(f"policy.name: {name!r} unknown; allowed: fixed, quantile, topk, adaptive, risk")
+
+
+def check_policies(policy_cfg, plan: list[tuple[int, int]],
+                   thresholds: list[float] | None = None) -> list[Policy]:
+    """One fresh policy per check of `plan` ((prefix tokens, K) each) for one method's run;
+    `thresholds`: policy=risk's calibrated one per check."""
+    return [build_policy(policy_cfg, keep=k, tau=None if thresholds is None else thresholds[i])
+            for i, (_, k) in enumerate(plan)]
 
 
 # the policy.* keys each policy reads; topk's K (policy.keep) is in every check's plan
 POLICY_KEYS = {"fixed": ("tau",), "quantile": ("quantile",), "topk": (),
-               "adaptive": ("tau", "target_prune_rate", "gain")}
+               "adaptive": ("tau", "target_prune_rate", "gain"), "risk": ("risk", "alpha", "delta")}
 
 
 def policy_params(policy_cfg) -> dict:
@@ -117,8 +138,15 @@ def policy_params(policy_cfg) -> dict:
     return {k: policy_cfg[k] for k in POLICY_KEYS[policy_cfg.name]}
 
 
-def kept_text(name: str, params: dict, k) -> str:
-    """What a check keeps, in words for a header: K under policy=topk, else the rule."""
+def kept_text(name: str, params: dict, k, check: int = 0) -> str:
+    """What a check (the check-th of the run) keeps, in words for a header: K under
+    policy=topk, else the rule; under policy=risk each method's calibrated threshold
+    (params["thresholds"]: method -> one per check)."""
+    if name == "risk":
+        taus = ", ".join(f"{m} {'none certified' if t[check] is None else f'{t[check]:.4g}'}"
+                         for m, t in params.get("thresholds", {}).items())
+        return (f"score >= tau ({taus}), calibrated on val for {params['risk']} risk <= "
+                f"{params['alpha']} w.p. {1 - params['delta']:.3g} (policy=risk)")
     if name == "topk":
         return str(k)
     if name == "fixed":

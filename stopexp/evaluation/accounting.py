@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from stopexp.core.errors import ConfigError
-from stopexp.core.policies import build_policy
+from stopexp.core.policies import Policy, build_policy
 from stopexp.core.protocol import check_plan
 from stopexp.core.voting import elect, rule_score
 from stopexp.evaluation.select import lm_scores, pick
@@ -118,6 +118,15 @@ def bank_paths_and_confs(root: Path, split: str, checkpoint: int, paths: Paths,
     return paths, list(bank.load_bank(root, split)["token_conf"][:])
 
 
+def prompt_vote(paths: Paths, rows: np.ndarray, signal: np.ndarray | None = None,
+                vote: str = "majority", vote_top: float = 0.5) -> tuple[np.ndarray, object]:
+    """The clustered answers of one prompt's voting `rows` and the answer they elect (None:
+    no voter has one), under `vote` (stopexp.core.voting)."""
+    answers = np.asarray(vote_clusters(paths.answer[rows], paths.answer_format), dtype=object)
+    return answers, elect([a or None for a in answers], None if signal is None else signal[rows],
+                          vote, vote_top)
+
+
 def outcome(paths: Paths, kept: np.ndarray, checkpoint, n: int, vote: str = "majority",
             signal: np.ndarray | None = None, vote_top: float = 0.5, select: str = "vote") -> dict:
     """Vote, accounting and survival for one pruning decision over the first n paths of
@@ -126,7 +135,7 @@ def outcome(paths: Paths, kept: np.ndarray, checkpoint, n: int, vote: str = "maj
     path (several checks). `vote`, `signal` (P,) final signals (NaN: never scored) and
     `vote_top`: the vote rule of stopexp.core.voting. `select` other than vote picks one
     finishing path per prompt instead (stopexp/evaluation/select.py; by the final `signal` for
-    select=signal); "reward" is the chosen output's reward."""
+    select=signal); "winner" is each prompt's voted answer, "reward" the chosen output's."""
     use = paths.path_id < n
     voter = use & (~paths.alive | kept)
     stop_at = np.broadcast_to(np.asarray(checkpoint), paths.length.shape)
@@ -136,12 +145,11 @@ def outcome(paths: Paths, kept: np.ndarray, checkpoint, n: int, vote: str = "maj
     chosen = np.full(G, "", dtype=object)
     avg = np.zeros(G)
     reward, avg_reward = np.full(G, np.nan), np.full(G, np.nan)
+    winners = np.full(G, None, dtype=object)
     for g in range(G):
         rows = np.nonzero((paths.group == g) & voter)[0]
-        answers = np.asarray(vote_clusters(paths.answer[rows], paths.answer_format), dtype=object)
-        winner = elect([a or None for a in answers], None if signal is None else signal[rows],
-                       vote, vote_top)
-        hit = rows[answers == winner] if winner is not None else rows[:0]
+        answers, winners[g] = prompt_vote(paths, rows, signal, vote, vote_top)
+        hit = rows[answers == winners[g]] if winners[g] is not None else rows[:0]
         correct[g] = bool(len(hit)) and bool(paths.correct[hit[0]])
         chosen[g] = paths.text[hit[0]] if len(hit) else (paths.text[rows[0]] if len(rows) else "")
         if select != "vote" and len(rows):
@@ -159,7 +167,7 @@ def outcome(paths: Paths, kept: np.ndarray, checkpoint, n: int, vote: str = "maj
     survival = ((spent[use][:, None] >= steps[None, :]).mean(0)).tolist()
     stopped = use & paths.alive & ~kept
     pruned_at = np.array(stop_at[stopped])
-    return {"correct": correct, "chosen": chosen, "avg": avg, "tokens": per_prompt_tokens,
+    return {"correct": correct, "chosen": chosen, "winner": winners, "avg": avg, "tokens": per_prompt_tokens,
             "seq_tokens": seq, "survival": survival, "pruned_at": pruned_at, "stopped": stopped,
             "alive_at_check": float((use & paths.alive).sum() / use.sum()), "spent": spent,
             "kv_peaks": kv_peaks(paths, spent),
@@ -168,11 +176,10 @@ def outcome(paths: Paths, kept: np.ndarray, checkpoint, n: int, vote: str = "maj
             **({"reward": reward, "avg_reward": avg_reward} if paths.reward is not None else {})}
 
 
-def keep_by_policy(paths: Paths, scores: np.ndarray, cfg, k: int, n: int,
+def keep_by_policy(paths: Paths, scores: np.ndarray, policy: Policy, n: int,
                    live: np.ndarray | None = None) -> np.ndarray:
-    """Apply the threshold policy prompt by prompt to the live paths among the first n
+    """Apply the threshold `policy` prompt by prompt to the live paths among the first n
     (`live`: (P,) mask of the paths the check sees; default those alive at the first)."""
-    policy = build_policy(cfg.policy, keep=k)
     kept = np.zeros(len(scores), bool)
     live = (paths.alive if live is None else live) & (paths.path_id < n)
     for g in range(int(paths.group.max()) + 1):
@@ -182,19 +189,19 @@ def keep_by_policy(paths: Paths, scores: np.ndarray, cfg, k: int, n: int,
     return kept
 
 
-def decide_by_checks(paths: Paths, scores: list[np.ndarray], cfg, plan: list[tuple[int, int]],
-                     n: int, rule: str = "last") -> Decision:
+def decide_by_checks(paths: Paths, scores: list[np.ndarray], policies: list[Policy],
+                     checks: list[int], n: int, rule: str = "last") -> Decision:
     """Launch-Check-Resume replayed with one check or several (progressive): at check i
-    (plan[i] = (prefix tokens, K)) the paths still generating and not yet pruned are
+    (after checks[i] prefix tokens) the paths still generating and not yet pruned are
     scored (scores[i]: (P,) raw scores of every path there) under `rule` (see
-    `rule_score`), and the policy keeps its share prompt by prompt (K for top-K). With one
-    check and rule `last` this is `keep_by_policy`."""
+    `rule_score`), and policies[i] keeps its share prompt by prompt. With one check and
+    rule `last` this is `keep_by_policy`."""
     first = paths.alive & (paths.path_id < n)
     live = first.copy()
     history = [[] for _ in range(len(live))]
     pruned_at = np.zeros(len(live), np.int64)
     signal = np.full(len(live), np.nan)
-    for i, (tokens, k) in enumerate(plan):
+    for i, (tokens, policy) in enumerate(zip(checks, policies)):
         if i:
             live &= paths.checks[i]["alive"].numpy().astype(bool)
         now = np.full(len(live), np.nan)
@@ -202,7 +209,7 @@ def decide_by_checks(paths: Paths, scores: list[np.ndarray], cfg, plan: list[tup
             history[r].append(float(scores[i][r]))
             now[r] = rule_score(history[r], rule)
         signal[live] = now[live]
-        kept = keep_by_policy(paths, now, cfg, k, n, live)
+        kept = keep_by_policy(paths, now, policy, n, live)
         pruned_at[live & ~kept] = tokens
         live &= kept
     return Decision(kept=first & (pruned_at == 0), pruned_at=pruned_at, signal=signal)
@@ -244,11 +251,12 @@ def signal_quality(paths: Paths, scores: np.ndarray, n: int, n_boot: int, seed: 
             "nonfinite_scores": nonfinite(s), **ranks}
 
 
-def account_methods(cfg, names: list[str], scorers: dict, paths: Paths, checkpoint: int,
-                    stops: dict, views: dict | None, timing: dict | None,
+def account_methods(cfg, names: list[str], scorers: dict, policies: dict, paths: Paths,
+                    checkpoint: int, stops: dict, views: dict | None, timing: dict | None,
                     meta: dict) -> tuple[dict, dict, dict, list]:
     """Score, prune and account every method in `names` on `paths` (N = search.n_paths per
-    prompt, keep K = policy.keep). stops: name -> outcome of the stopping-protocol methods
+    prompt, keep K = policy.keep); policies: name -> one threshold policy per check
+    (stopexp.core.policies.check_policies, built once by the stage). stops: name -> outcome of the stopping-protocol methods
     (replayed from the bank); views/timing: per method the online run's own paths, kept
     set and measured time (None in replay). Returns (results, outcomes, scores, points):
     name -> metrics, name -> `outcome` dict, name -> (P,) scores at the check, and the
@@ -284,7 +292,8 @@ def account_methods(cfg, names: list[str], scorers: dict, paths: Paths, checkpoi
             if name in scores:
                 at_checks = [scores[name]] + [scorers[name](b).numpy().astype(float)
                                               for b in paths.checks[1:]]
-                decision = decide_by_checks(paths, at_checks, cfg, plan, N, cfg.search.score_rule)
+                decision = decide_by_checks(paths, at_checks, policies[name], [c for c, _ in plan],
+                                            N, cfg.search.score_rule)
         check_s = time.perf_counter() - t0
         if decision is None:  # no_prune: every path runs to its end, majority vote
             o = outcome(view, all_rows, plan[0][0], N, select=cfg.evaluate.select)
@@ -333,7 +342,7 @@ def pareto_points(cfg, paths: Paths, scores: dict, checkpoint: int) -> list[dict
     vote = dict(vote=cfg.evaluate.vote, vote_top=cfg.evaluate.vote_top)
     for name, s in scores.items():
         for n, k in {(N, k) for k in cfg.evaluate.retention} | {(min(32, N), min(8, N))}:
-            kept = keep_by_policy(paths, s, cfg, k, n)
+            kept = keep_by_policy(paths, s, build_policy(cfg.policy, keep=k), n)
             signal = np.where(paths.alive & (paths.path_id < n), s, np.nan)
             o = outcome(paths, kept, checkpoint, n, signal=signal, select=cfg.evaluate.select, **vote)
             points.append({"method": name, "n": n, "k": k, "accuracy": float(o["correct"].mean()),

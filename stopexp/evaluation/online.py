@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from stopexp.core.policies import build_policy
 from stopexp.core.protocol import check_plan
 from stopexp.evaluation.accounting import Decision, Paths
 from stopexp.models import load_lm
@@ -50,9 +49,10 @@ def run_on_vllm(cfg, model, tokenizer, task, problems, methods: dict, checkpoint
                                         hidden_at, cfg.search.score_rule)
 
 
-def online_paths(cfg, names, scorers, checkpoint, n_prompts: int):
+def online_paths(cfg, names, scorers, policies: dict, checkpoint, n_prompts: int):
     """Run Launch-Check-Resume with the LM, at every check of search.check_at (`checkpoint`,
-    the first, is where the AUROC batch is read). Returns the paths as the no_prune run saw
+    the first, is where the AUROC batch is read), each method pruning by its `policies`
+    (name -> one per check, stopexp.core.policies.check_policies). Returns the paths as the no_prune run saw
     them, per method the paths as that method's run saw them with its `Decision` (None for
     no_prune), and per method the measured time."""
     task = build_task(cfg.task, cfg.model.get("thinking"))
@@ -61,8 +61,7 @@ def online_paths(cfg, names, scorers, checkpoint, n_prompts: int):
                            prompt_limit(cfg, model), cfg.model.long_prompts)
     plan = check_plan(cfg)
     N = cfg.search.n_paths
-    methods = {m: (scorers[m], lambda i=0: build_policy(cfg.policy, keep=plan[i][1]))
-               for m in names if m in scorers}
+    methods = {m: (scorers[m], lambda i=0, m=m: policies[m][i]) for m in names if m in scorers}
     checks = checkpoint if len(plan) == 1 else [c for c, _ in plan]
     run = run_on_vllm if cfg.engine.name == "vllm" else run_launch_check_resume
     runs, batch = run(cfg, model, tokenizer, task, problems, methods, checks)

@@ -55,13 +55,14 @@ def make_plots(paths: Paths, outcomes: dict, scores: dict, points: list, run_dir
     return figs
 
 
-def sample_table(run, paths: Paths, scores: dict, cfg, k: int, n: int, rows: int = 32):
+def sample_table(run, paths: Paths, scores: dict, policies: dict, n: int, rows: int = 32):
     """A W&B table of the first `rows` live paths: text, the first learned method's score
-    (confidence when none), whether the policy keeps it, whether it ends right."""
+    (confidence when none), whether its first check's policy (`policies`: name -> one per
+    check) keeps it, whether it ends right."""
     method = next((m for m in scores if m not in M.NON_LEARNABLE and m not in ("random", "oracle")),
                   "confidence")
     s = scores[method]
-    kept = keep_by_policy(paths, s, cfg, k, n)
+    kept = keep_by_policy(paths, s, policies[method][0], n)
     idx = np.nonzero(paths.alive)[0][:rows]
     return run.table(["text", f"score ({method})", "kept", "correct"],
                      [[paths.text[i], float(s[i]), bool(kept[i]), bool(paths.correct[i])] for i in idx])

@@ -16,7 +16,8 @@ def protocol_line(metrics: dict) -> str:
     p = metrics["protocol"]
     checks = p.get("checks") or [[p["check_tokens"], p["k"]]]  # progressive: every check
     policy, params = p.get("policy", "topk"), p.get("policy_params", {})
-    at = " -> ".join(f"{kept_text(policy, params, k)} at {tokens} tokens" for tokens, k in checks)
+    at = " -> ".join(f"{kept_text(policy, params, k, i)} at {tokens} tokens"
+                     for i, (tokens, k) in enumerate(checks))
     return f"Launch-Check-Resume {p['n']} -> {at}, {p['prompts']} {p['split']} prompts ({metrics['mode']})"
 
 
@@ -48,6 +49,7 @@ def print_table(metrics: dict) -> str:
         lines.append(f"{name:<{w}}{r['accuracy']:>9.3f}{ci:>16}{r['avg_at_k']:>8.3f}"
                      f"{r['tokens_total']:>10.0f}{r['tokens_ratio']:>7.2f}{au:>7}{pooled:>8}"
                      f"{r['wall_s']:>8.1f}{kv:>8}")
+    lines += risk_lines(metrics)
     rewarded = {m: r for m, r in metrics["methods"].items() if "mean_reward" in r}
     if rewarded and metrics.get("select", "vote") != "vote" or any("spearman_within" in r for r in rewarded.values()):
         lines.append(f"selection by {metrics.get('select', 'vote')}: reward of the chosen output "
@@ -74,6 +76,24 @@ def print_table(metrics: dict) -> str:
                          "paths its rule kept per prompt (mean); evaluate.retention applies to "
                          "policy=topk")
     return "\n".join(lines + paired_lines(metrics))
+
+
+def risk_lines(metrics: dict) -> list[str]:
+    """policy=risk: each method's realised risk on the evaluated split against alpha, with
+    its 95% interval, and the validation risk its threshold was certified at."""
+    p = metrics["protocol"]
+    if p.get("policy") != "risk":
+        return []
+    q = p["policy_params"]
+    lines = [f"{q['risk']} risk on the {p['split']} prompts (alpha {q['alpha']}, delta {q['delta']}): "
+             "realised [95% interval], validation risk at the certified quantile level"]
+    for name, r in metrics["methods"].items():
+        if "risk" in r:
+            k, c = r["risk"], r["risk"]["calibration"]
+            level = "none certified" if c["level"] is None else f"level {c['level']}"
+            lines.append(f"  {name:<22}{k['realised']:.4f} [{k['interval'][0]:.4f},{k['interval'][1]:.4f}]"
+                         f"  val {c['risk_hat']:.4f} ({level}, {c['prompts']} prompts)")
+    return lines
 
 
 def _signed(d: dict) -> str:

@@ -5,7 +5,9 @@
 
 Standard protocol (Launch-Check-Resume): N = search.n_paths paths per test prompt, check
 at search.check_at, keep K = policy.keep by each method's signal, finish the kept paths,
-majority vote (evaluate.vote); paths that end before the check vote directly. With a list
+majority vote (evaluate.vote); paths that end before the check vote directly. Under
+policy=risk each method's thresholds are first calibrated on the bank's validation split
+(stopexp/evaluation/risk.py), for replay and online alike. With a list
 of checks the live paths are checked at each (progressive), one K per check. `replay` re-scores the
 trace bank without the LM (exact, since every path has its own random stream);
 `online` really runs the LM and measures wall time. Replay joins the bank with its features
@@ -26,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from stopexp.config import check_plan
-from stopexp.core.policies import policy_params
+from stopexp.core.policies import check_policies, policy_params
 from stopexp.evaluation.accounting import (account_methods, add_text_metrics, bank_paths_and_confs,
                                            pareto_points, prompts_in, replay_paths)
 from stopexp.evaluation.analyses import add_analyses
@@ -35,6 +37,7 @@ from stopexp.evaluation.curves import auroc_by_prefix
 from stopexp.evaluation.online import online_paths
 from stopexp.evaluation.paired import paired_stats, scores_at_checks
 from stopexp.evaluation.report import make_plots, sample_table
+from stopexp.evaluation.risk import calibrate_methods, calibration_record, realised_risk
 from stopexp.evaluation.scorers import (build_scorers, check_methods, cli_overrides, method_names,
                                         warn_off_checkpoint)
 from stopexp.evaluation.select import attach_bank_columns
@@ -67,21 +70,31 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
     start = time.time()
     if cfg.search.name == "beam":
         return beam_metrics(cfg, names, scorers, root, start, run, run_dir)
+    # the threshold policies, one per check and method (policy=risk: calibrated on val first)
+    features = None if cfg.evaluate.mode == "online" and cfg.policy.name != "risk" else \
+        feature_bank.require_features(cfg, cli_overrides())  # made here when missing
+    calibrated = (calibrate_methods(cfg, scorers, root, features, plan, vote_format(cfg.task))
+                  if cfg.policy.name == "risk" else {})
+    policies = {m: check_policies(cfg.policy, plan, calibrated[m].thresholds if calibrated else None)
+                for m in scorers}
     # run: the paths (replayed from the bank, or online with the LM)
     views = timing = None
     if cfg.evaluate.mode == "online":  # the same test prompts as the bank
-        paths, views, timing = online_paths(cfg, names, scorers, checkpoint, prompts_in(root, split))
+        paths, views, timing = online_paths(cfg, names, scorers, policies, checkpoint,
+                                            prompts_in(root, split))
         attach_bank_columns(views, root, split)  # rewards and LM scores, checked text by text
-    else:  # replay reads the features of the bank's paths, made here when missing
-        features = feature_bank.require_features(cfg, cli_overrides())
+    else:  # replay reads the features of the bank's paths
         paths = replay_paths(root, features, split, [c for c, _ in plan], vote_format(cfg.task))
     stops = {}
     if set(names) & set(STOPPING_METHODS):
         stops = stopping_outcomes(*bank_paths_and_confs(root, split, checkpoint, paths, views),
                                   names, N, cfg.evaluate, cfg.search.group_window)
     # account, analyse
-    results, outcomes, scores, points = account_methods(cfg, names, scorers, paths, checkpoint,
-                                                        stops, views, timing, meta)
+    results, outcomes, scores, points = account_methods(cfg, names, scorers, policies, paths,
+                                                        checkpoint, stops, views, timing, meta)
+    for m, cal in calibrated.items():  # what policy=risk realised on the evaluated split
+        results[m]["risk"] = realised_risk(paths, outcomes[m], N, cfg.policy.risk, cal,
+                                           cfg.evaluate.bootstrap, cfg.evaluate.seed)
     add_analyses(results, outcomes, scores, paths, N)
     add_memory(results, outcomes, meta.get("kv_bytes_per_token"))
     points += pareto_points(cfg, paths, scores, checkpoint)
@@ -96,7 +109,9 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
     metrics = {"methods": results, "points": points, "mode": cfg.evaluate.mode,
                "select": cfg.evaluate.select, **({"beam_search": beam} if beam else {}),
                "protocol": {"n": N, "k": K, "check_tokens": checkpoint, "policy": cfg.policy.name,
-                            "policy_params": policy_params(cfg.policy),
+                            "policy_params": policy_params(cfg.policy) | ({"thresholds": {
+                                m: calibration_record(c)["thresholds"] for m, c in calibrated.items()}}
+                                if calibrated else {}),
                             "checks": [list(c) for c in plan], "score_rule": cfg.search.score_rule,
                             "vote": cfg.evaluate.vote,
                             "prompts": int(paths.group.max()) + 1, "split": split},
@@ -116,7 +131,7 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
         run.use_artifact(f"traces-{root.name}", type="trace_bank")
         run.summary_update({f"{m}/{k}": v for m, r in results.items() for k, v in r.items()
                             if isinstance(v, (int, float))})
-        run.log({"samples": sample_table(run, paths, scores, cfg, K, N)})
+        run.log({"samples": sample_table(run, paths, scores, policies, N)})
     return metrics
 
 

@@ -75,7 +75,7 @@ def online_decider(cfg, paths: Paths, checkpoint: int):
         if predictor is None:
             return view, None, kept, np.zeros(len(kept), bool), run.wall_s
         scores = _score(predictor, view.batch).numpy().astype(float)
-        top = keep_by_policy(view, scores, cfg, K, N)
+        top = keep_by_policy(view, scores, build_policy(cfg.policy, keep=K), N)
         return view, scores, kept & top, kept & ~top, run.wall_s
 
     def continue_(view: Paths, rows: np.ndarray):

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from stopexp.core.errors import ConfigError
+from stopexp.core.policies import build_policy
 from stopexp.evaluation.accounting import Paths, keep_by_policy, outcome
 from stopexp.metrics import within_prompt_auroc
 from stopexp.training.losses import build_loss
@@ -141,7 +142,7 @@ def replay_decider(paths: Paths, cfg):
         if predictor is None:
             return view, None, view.alive & (view.path_id < N), np.zeros(len(view.alive), bool), None
         scores = predictor_scores(predictor, view.batch)
-        kept = keep_by_policy(view, scores, cfg, K, N)
+        kept = keep_by_policy(view, scores, build_policy(cfg.policy, keep=K), N)
         return view, scores, kept, explore_draws(view, kept, epsilon, rng, N), None
 
     return decide

@@ -15,8 +15,9 @@ FAST = ["evaluate.n_points=[4,8]", "evaluate.retention=[2,4]", "policy.keep=4",
 
 
 # beam search has no Pareto sweep: it reads neither evaluate.retention nor evaluate.n_points
+# (nor, under toy_beam's policy=quantile, a K)
 BEAM = ["+exp=toy_beam", *(o for o in FAST if not o.startswith(("evaluate.retention=",
-                                                                 "evaluate.n_points=")))]
+                                                                 "evaluate.n_points=", "policy.keep=")))]
 
 
 def cfg_for(small_bank, *extra, stage="evaluate"):

@@ -11,7 +11,7 @@ trace bank without the LM (exact, since every path has its own random stream);
 `online` really runs the LM and measures wall time. Replay joins the bank with its features
 (`stopexp.store.features`), which it makes from the bank when they are missing. Methods with a stopping protocol of
 their own (ESC, Adaptive-Consistency, DeepConf online and its votes: stopexp/stopping/replay.py)
-replay the bank in both modes; stopexp/evaluation/analyses.py adds the per-method analyses.
+replay the bank in both modes (combined, which reads every check's scores, in replay); stopexp/evaluation/analyses.py adds the per-method analyses.
 Every scoring method is also scored at every stored position of the bank's paths
 (`auroc_by_prefix` in metrics.json and auroc_by_prefix.png: stopexp/training/per_step.py).
 Every probe-vs-control claim has its paired bootstrap over prompts (`paired` and
@@ -77,8 +77,14 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
         paths = replay_paths(root, features, split, [c for c, _ in plan], vote_format(cfg.task))
     stops = {}
     if set(names) & set(STOPPING_METHODS):
+        signal = None
+        if "combined" in names:  # its signal's scores at every check (replay: paths.checks)
+            sig = cfg.evaluate.combined_signal
+            sig = cfg.predictor.name if sig == "learned" else sig
+            signal = [scorers[sig](b).numpy().astype(float) for b in paths.checks]
         stops = stopping_outcomes(*bank_paths_and_confs(root, split, checkpoint, paths, views),
-                                  names, N, cfg.evaluate, cfg.search.group_window)
+                                  names, N, cfg.evaluate, cfg.search.group_window,
+                                  [c for c, _ in plan], signal)
     # account, analyse
     results, outcomes, scores, points = account_methods(cfg, names, scorers, paths, checkpoint,
                                                         stops, views, timing, meta)

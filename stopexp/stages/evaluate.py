@@ -33,7 +33,7 @@ from stopexp.evaluation.analyses import add_analyses
 from stopexp.evaluation.beam import beam_metrics, compare_with_beam
 from stopexp.evaluation.curves import auroc_by_prefix
 from stopexp.evaluation.online import online_paths
-from stopexp.evaluation.paired import paired_stats, scores_at_checks
+from stopexp.evaluation.paired import combined_pairs, paired_stats, scores_at_checks
 from stopexp.evaluation.report import make_plots, sample_table
 from stopexp.evaluation.scorers import (build_scorers, check_methods, cli_overrides, method_names,
                                         warn_off_checkpoint)
@@ -109,6 +109,7 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
                "bank": root.name}
     metrics["paired"] = paired_stats(paths, scores_at_checks(scorers, scores, paths), plan, N,
                                      outcomes, cfg.evaluate.bootstrap, cfg.evaluate.seed)
+    metrics["paired_combined"] = combined_pairs(outcomes, cfg.evaluate.bootstrap, cfg.evaluate.seed)
     metrics["auroc_by_prefix"], metrics["paired_by_prefix"] = auroc_by_prefix(
         cfg, scorers, split, feature_bank.spec_of(cfg, meta))
     metrics["eval_wall_s"] = round(time.time() - start, 2)

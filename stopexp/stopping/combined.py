@@ -41,25 +41,18 @@ from stopexp.stopping.answers import AnswersPrompt, Decision, vote_codes
 # SC@64's accuracy); settle and prune_below are in probes of stability (500 tokens there)
 DEFAULTS = {"first": 4, "wave": 2, "threshold": 0.95, "settle": 40.0, "prune_below": 8.0,
             "prune_confidence": 0.75}
-# the range of each knob: (low, high, low open); first and wave are counts >= 1
-RANGES = {"first": (1, None, False), "wave": (1, None, False), "threshold": (0, 1, True),
-          "settle": (None, None, False), "prune_below": (None, None, False),
-          "prune_confidence": (0, 1, True)}
 
 
 def knob_error(name: str, value) -> str | None:
     """Why `value` is out of range for knob `name` (None when it is fine): first and wave
     integers >= 1, threshold and prune_confidence in (0, 1], settle and prune_below any
     number (they are in the signal's units)."""
-    low, high, low_open = RANGES[name]
     if name in ("first", "wave"):
         whole = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
         return None if whole and value >= 1 else f"must be an integer >= 1, got {value!r}"
-    if value != value:  # NaN
+    if value != value:
         return "must be a number, got nan"
-    if low is not None and not (value > low if low_open else value >= low):
-        return f"must be {'in (0, 1]' if high else f'>= {low}'}, got {value}"
-    if high is not None and not value <= high:
+    if name in ("threshold", "prune_confidence") and not 0 < value <= 1:
         return f"must be in (0, 1], got {value}"
     return None
 

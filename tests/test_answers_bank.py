@@ -297,3 +297,37 @@ def test_the_published_parallel_probe_table_on_aime24():
     assert (tokens["no_prune"], tokens["esc"], tokens["adaptive_consistency"]) == (910813, 459359, 226033)
     assert abs(tokens["parallel_probe"] / 730781 - 1) < 0.005
     assert abs(voted["parallel_probe"]["tokens_per_prompt"] / 730225 - 1) < 0.005
+
+
+# Parallel-Probe's raw release (evaluation/preprocess/data_preprocess.py of
+# zhengkid/Parallel-Probe): parallel lists per prompt, each row of probe answers padded
+# with trailing nulls
+MATRIX = {"question": "q", "gold_answer": "\\boxed{12}", "probe_freq": 10,
+          "probe_matrix_mxn": [["3", None, "12", None, None], ["12", "12", None, None, None]],
+          "branch_tokens": [35, 25], "final_answers_trace": ["\\boxed{12}", "7"]}
+
+
+def test_the_probe_matrix_form_is_the_branch_form(tmp_path):
+    (tmp_path / "m.json").write_text(json.dumps([MATRIX]))
+    each = {k: MATRIX[k] for k in ("question", "gold_answer", "probe_freq")} | {
+        "each_branch": [[["3", None, "12"], 35, "\\boxed{12}"], [["12", "12"], 25, "7"]]}
+    (tmp_path / "b.json").write_text(json.dumps([each]))
+    m, b = (load_answers_bank(tmp_path / f).prompts[0] for f in ("m.json", "b.json"))
+    assert m.answers == b.answers == ["", "3", "12", "7"]
+    assert m.probes.tolist() == b.probes.tolist() == [[1, 0, 2], [2, 2, 0]]
+    assert m.n_probes.tolist() == [3, 2] and m.final.tolist() == [2, 3]
+    assert m.tokens.tolist() == [35, 25] and m.correct.tolist() == [False, False, True, False]
+    assert m.answer_at(3).tolist() == [2, 3]  # branch 1 ends at probe 3 with its final 7
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"branch_tokens": [35]}, r"prompt 0.branch_tokens: 1 entries for the 2 branches of probe_matrix_mxn"),
+    ({"final_answers_trace": None}, r"prompt 0.final_answers_trace: the probe-matrix form needs "
+                                    r"probe_matrix_mxn, branch_tokens, final_answers_trace as lists"),
+    ({"probe_matrix_mxn": [["3"], "12"]}, r"prompt 0.probe_matrix_mxn\[1\]: a branch's probe answers must be a list"),
+    ({"branch_tokens": [35, 4.5]}, r"prompt 0.each_branch\[1\]\[1\] \(total_tokens\): must be an integer"),
+])
+def test_a_bad_probe_matrix_fails_naming_file_prompt_and_key(tmp_path, change, message):
+    (tmp_path / "m.json").write_text(json.dumps([MATRIX | change]))
+    with pytest.raises(AnswersBankError, match=re.escape(str(tmp_path / "m.json")) + ": " + message):
+        load_answers_bank(tmp_path / "m.json")

@@ -40,6 +40,16 @@ class EvaluateConfig:
     asc_threshold: float = 0.95     # Adaptive-Consistency: posterior the leader is the majority
     deepconf_warmup: float = 0.25   # DeepConf online: warm-up paths per prompt (below 1: share of N)
     deepconf_keep_percent: float = 10.0  # DeepConf: threshold percentile 100 - this; top-share vote
+    # combined (stopexp.stopping.combined): the running paths' score, a scoring method of
+    # evaluate.methods (or an always-run one); paths in the first wave and in each later one;
+    # the leader's posterior that stops the prompt and the one from which a running path whose
+    # score is below combined_prune_below (in the score's units: a probe's logit) is pruned
+    combined_signal: str = "learned"
+    combined_first: int = 8
+    combined_wave: int = 8
+    combined_threshold: float = 0.95
+    combined_prune_below: float = 0.0
+    combined_prune_confidence: float = 0.75
     vote: str = "majority"          # majority | weighted (by the final signal) | filtered (stopexp.core.voting)
     vote_top: float = 0.5           # filtered: share of the scored kept paths that vote
 
@@ -99,6 +109,30 @@ def check_evaluate(cfg) -> None:
                                             "; DeepConf online needs search.n_paths >= 2: drop "
                                             "deepconf_online from evaluate.methods"))
     policy.check_risk_calibration(cfg)
+    if "combined" in ev.methods:
+        check_combined(ev, cfg.predictor.name)
     cross.beam_has_no_vote(cfg)
     cross.beam_scores_each_step(cfg)
     cross.beam_keep_below_width(cfg)
+
+
+def check_combined(ev, predictor_name: str) -> None:
+    """evaluate.combined_*: the signal is a scoring method that runs (`learned`: the
+    configured predictor, also by its name), the knobs in range, and the bank's features
+    are read (replay)."""
+    scoring = {*ALWAYS_METHODS, *ev.methods} - {"no_prune", *STOPPING_METHODS}
+    if "learned" in scoring:
+        scoring.add(predictor_name)
+    if ev.combined_signal not in scoring:
+        fail("evaluate.combined_signal", f"{ev.combined_signal!r} is not a scoring method that "
+                                         f"runs; allowed: {', '.join(sorted(scoring))} (add it "
+                                         "to evaluate.methods)")
+    if ev.mode != "replay":
+        fail("evaluate.methods", "combined reads every check's scores from the bank's features: "
+                                 "run it with evaluate.mode=replay")
+    at_least("evaluate.combined_first", ev.combined_first, 1)
+    at_least("evaluate.combined_wave", ev.combined_wave, 1)
+    within("evaluate.combined_threshold", ev.combined_threshold, 0, 1, low_open=True)
+    within("evaluate.combined_prune_confidence", ev.combined_prune_confidence, 0, 1, low_open=True)
+    if ev.combined_prune_below != ev.combined_prune_below:
+        fail("evaluate.combined_prune_below", "must be a number, got nan")

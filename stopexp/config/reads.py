@@ -88,6 +88,8 @@ READ_ONLY_BY = {
     "evaluate.esc_window": ("evaluate.methods", ("esc",)),
     "evaluate.asc_threshold": ("evaluate.methods", ("adaptive_consistency",)),
     "evaluate.deepconf_warmup": ("evaluate.methods", ("deepconf_online",)),
+    **{f"evaluate.combined_{k}": ("evaluate.methods", ("combined",)) for k in (
+        "signal", "first", "wave", "threshold", "prune_below", "prune_confidence")},
     "evaluate.deepconf_keep_percent": ("evaluate.methods", ("deepconf_online", "deepconf_top")),
     # the K sweep of the Pareto points: a threshold policy's one point is its run
     # (evaluate.retention under search=beam or several checks: check_sweeps_read)

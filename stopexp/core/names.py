@@ -28,7 +28,7 @@ BASELINE_METHODS = ("confidence", "min_logprob", "entropy", "deepconf", "hidden_
                     "hidden_mean", "hidden_var", "attn_entropy", "st_bon")
 # methods with their own stopping protocol (stopexp/stopping/replay.py), not a score at the check
 STOPPING_METHODS = ("esc", "adaptive_consistency", "deepconf_online", "deepconf_weighted",
-                    "deepconf_top")
+                    "deepconf_top", "combined")
 ADAPT_VARIANTS = ("no_prune", "frozen", "kept_only", "explore", "mc_feedback", "retrained")
 # the rewards validate lets the regression losses (mse, reward_regression) use: the
 # built-in ones in [0, 1], and external and evaluate, whose range only their values tell

@@ -142,3 +142,16 @@ def by_prefix(scores: dict, correct, group, position, n_boot: int, seed: int) ->
                 series["diff"].append(d["diff"])
                 series["ci"].append(d["ci"])
     return out
+
+
+def combined_pairs(outcomes: dict, n_boot: int, seed: int) -> dict:
+    """The combined controller against Adaptive-Consistency and each probe (the consensus
+    alone and the signal alone): per method the paired bootstrap over prompts of the
+    vote-accuracy and the token differences (combined - it). {} without combined."""
+    if "combined" not in outcomes:
+        return {}
+    c = outcomes["combined"]
+    return {m: {"accuracy": paired_difference(c["correct"].astype(float), o["correct"].astype(float),
+                                              n_boot, seed),
+                "tokens": paired_difference(c["tokens"], o["tokens"], n_boot, seed)}
+            for m, o in outcomes.items() if m == "adaptive_consistency" or is_probe(m)}

@@ -17,7 +17,11 @@ every stored branch of such a prompt is drawn. Methods (none needs a hidden stat
   toy path), so that the check falls inside the paths of any bank;
 - esc (arXiv 2401.10480), adaptive_consistency (arXiv 2305.11860), parallel_probe
   (arXiv 2602.03845): see their modules under stopexp/stopping/ (the replay itself:
-  stopexp/stopping/branch_draws.py); their defaults are the published settings.
+  stopexp/stopping/branch_draws.py); their defaults are the published settings;
+- combined: consensus and each branch's answer stability together, in waves
+  (stopexp/stopping/combined.py; knobs combined_first, combined_wave, combined_threshold,
+  combined_settle, combined_prune_below, combined_prune_confidence, chosen on AIME24 by
+  scripts/tune_combined.py).
 Answers are voted by cluster of equivalent answers; the replay is also run with the
 stored strings and string equality with the gold answer (the published evaluation's
 grader), and where the two differ the exact accuracy and the prompts that move are
@@ -33,6 +37,7 @@ from stopexp.config.paths import probe_writable
 from stopexp.core.errors import CannotWrite, ConfigError, reported, writing
 from stopexp.evaluation import plots
 from stopexp.runtime.artifacts import write_json
+from stopexp.stopping import combined as cb
 from stopexp.stopping import parallel_probe as pp
 from stopexp.stopping.adaptive_consistency import DEFAULT_THRESHOLD
 from stopexp.stopping.answers import load_answers_bank
@@ -45,7 +50,8 @@ from stopexp.stopping.esc import DEFAULT_WINDOW
 DEFAULTS = {"methods": ",".join(METHOD_NAMES), "n": None, "k": None, "check_tokens": None,
             "shuffles": 100, "seed": 0, "shuffler": "numpy", "format": "boxed",
             "esc_window": DEFAULT_WINDOW, "asc_threshold": DEFAULT_THRESHOLD,
-            **{f"pp_{k}": v for k, v in pp.DEFAULTS.items()}, "out": ""}
+            **{f"pp_{k}": v for k, v in pp.DEFAULTS.items()},
+            **{f"combined_{k}": v for k, v in cb.DEFAULTS.items()}, "out": ""}
 BOOLS = {"true": True, "false": False}
 
 
@@ -127,7 +133,8 @@ def run(args: dict) -> dict:
                              else args["check_tokens"])}
     methods = build_methods(args["methods"], args["k"], args["check_tokens"], args["esc_window"],
                             args["asc_threshold"], args["pp_stable"], args["pp_deviate"],
-                            args["pp_warmup"], args["pp_vote_pruned"])
+                            args["pp_warmup"], args["pp_vote_pruned"],
+                            {k: args[f"combined_{k}"] for k in cb.DEFAULTS})
     if args["check_tokens"] < 1:
         raise ConfigError(f"check_tokens={args['check_tokens']}: must be >= 1")
     orders = draws(bank, n, args["shuffles"], args["seed"], args["shuffler"])

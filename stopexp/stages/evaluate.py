@@ -13,7 +13,7 @@ trace bank without the LM (exact, since every path has its own random stream);
 `online` really runs the LM and measures wall time. Replay joins the bank with its features
 (`stopexp.store.features`), which it makes from the bank when they are missing. Methods with a stopping protocol of
 their own (ESC, Adaptive-Consistency, DeepConf online and its votes: stopexp/stopping/replay.py)
-replay the bank in both modes; stopexp/evaluation/analyses.py adds the per-method analyses.
+replay the bank in both modes (combined, which reads every check's scores, in replay); stopexp/evaluation/analyses.py adds the per-method analyses.
 Every scoring method is also scored at every stored position of the bank's paths
 (`auroc_by_prefix` in metrics.json and auroc_by_prefix.png: stopexp/training/per_step.py).
 Every probe-vs-control claim has its paired bootstrap over prompts (`paired` and
@@ -35,7 +35,7 @@ from stopexp.evaluation.analyses import add_analyses
 from stopexp.evaluation.beam import beam_metrics, compare_with_beam
 from stopexp.evaluation.curves import auroc_by_prefix
 from stopexp.evaluation.online import online_paths
-from stopexp.evaluation.paired import paired_stats, scores_at_checks
+from stopexp.evaluation.paired import combined_pairs, paired_stats, scores_at_checks
 from stopexp.evaluation.report import make_plots, sample_table
 from stopexp.evaluation.risk import calibrate_methods, calibration_record, realised_risk
 from stopexp.evaluation.scorers import (build_scorers, check_methods, cli_overrides, method_names,
@@ -87,8 +87,14 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
         paths = replay_paths(root, features, split, [c for c, _ in plan], vote_format(cfg.task))
     stops = {}
     if set(names) & set(STOPPING_METHODS):
+        signal = None
+        if "combined" in names:  # its signal's scores at every check (replay: paths.checks)
+            sig = cfg.evaluate.combined_signal
+            sig = cfg.predictor.name if sig == "learned" else sig
+            signal = [scorers[sig](b).numpy().astype(float) for b in paths.checks]
         stops = stopping_outcomes(*bank_paths_and_confs(root, split, checkpoint, paths, views),
-                                  names, N, cfg.evaluate, cfg.search.group_window)
+                                  names, N, cfg.evaluate, cfg.search.group_window,
+                                  [c for c, _ in plan], signal)
     # account, analyse
     results, outcomes, scores, points = account_methods(cfg, names, scorers, policies, paths,
                                                         checkpoint, stops, views, timing, meta)
@@ -118,6 +124,7 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
                "bank": root.name}
     metrics["paired"] = paired_stats(paths, scores_at_checks(scorers, scores, paths), plan, N,
                                      outcomes, cfg.evaluate.bootstrap, cfg.evaluate.seed)
+    metrics["paired_combined"] = combined_pairs(outcomes, cfg.evaluate.bootstrap, cfg.evaluate.seed)
     metrics["auroc_by_prefix"], metrics["paired_by_prefix"] = auroc_by_prefix(
         cfg, scorers, split, feature_bank.spec_of(cfg, meta))
     metrics["eval_wall_s"] = round(time.time() - start, 2)

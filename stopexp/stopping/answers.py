@@ -13,7 +13,16 @@ and the probe after its last one reads its final answer (as the authors' simulat
 evaluation/data_loader.py `Branch.explore`, replays it). The last intermediate answer may
 fall in the branch's last, partial probe interval (the public banks probe a branch of
 3,856 tokens 8 times); other keys (their `final_answers_trace`, the final answers again)
-are ignored. Answers are compared in the canonical form of `stopexp.tasks.answers`
+are ignored. The authors' raw release (the Hugging Face datasets
+EfficientReasoning/Qwen3-*-br128-*, read by their evaluation/preprocess/data_preprocess.py)
+keeps the same data as parallel lists, which are read too::
+
+    [{"question": str, "gold_answer": str, "probe_freq": int,
+      "probe_matrix_mxn": [[answer or null, ...] per branch], "branch_tokens": [int, ...],
+      "final_answers_trace": [str, ...]}, ...]
+
+where each branch's row of probe answers is padded with trailing nulls (dropped, as their
+`clean_data_list` drops them; a null inside a row is an unreadable answer). Answers are compared in the canonical form of `stopexp.tasks.answers`
 (``0.5``, ``1/2`` and ``\\frac{1}{2}`` are one answer); the gold answer is matched with
 `equivalent`, so math-verify also accepts forms that canonicalise
 differently. Every cluster of equivalent answers of a prompt (`vote_clusters` over its
@@ -126,12 +135,40 @@ def _text(value, where: str) -> str:
     return value
 
 
+MATRIX_KEYS = ("probe_matrix_mxn", "branch_tokens", "final_answers_trace")
+
+
+def branches_of_matrix(item: dict, where: str) -> list:
+    """The `each_branch` list of a prompt in the raw probe-matrix form: one
+    [probe answers without the trailing nulls, tokens, final answer] per branch;
+    AnswersBankError naming the key whose list is missing or of another length."""
+    for key in MATRIX_KEYS:
+        if not isinstance(item.get(key), list):
+            raise AnswersBankError(f"{where}.{key}: the probe-matrix form needs {', '.join(MATRIX_KEYS)} "
+                                   f"as lists (one entry per branch), got {type(item.get(key)).__name__}")
+    rows, tokens, finals = (item[k] for k in MATRIX_KEYS)
+    for key, values in zip(MATRIX_KEYS[1:], (tokens, finals)):
+        if len(values) != len(rows):
+            raise AnswersBankError(f"{where}.{key}: {len(values)} entries for the {len(rows)} "
+                                   "branches of probe_matrix_mxn")
+    branches = []
+    for b, row in enumerate(rows):
+        if not isinstance(row, list):
+            raise AnswersBankError(f"{where}.probe_matrix_mxn[{b}]: a branch's probe answers must "
+                                   f"be a list, got {type(row).__name__}")
+        last = max((i + 1 for i, a in enumerate(row) if a is not None), default=0)
+        branches.append([row[:last], tokens[b], finals[b]])
+    return branches
+
+
 def parse_prompt(item, where: str, fmt: str, grader: str = "equivalent") -> AnswersPrompt:
     """One prompt of the JSON list as an AnswersPrompt; AnswersBankError names `where`.
     grader: "equivalent" (one code per cluster of equivalent answers) or "exact" (one code
     per stored string, right only when equal to the gold string)."""
     if not isinstance(item, dict):
         _fail(where, f"a prompt must be an object, got {type(item).__name__}")
+    if "each_branch" not in item and "probe_matrix_mxn" in item:
+        item = {**item, "each_branch": branches_of_matrix(item, where)}
     missing = [k for k in ("question", "gold_answer", "probe_freq", "each_branch") if k not in item]
     if missing:
         _fail(where, f"missing key(s) {', '.join(missing)}")

@@ -13,10 +13,12 @@ from stopexp.config import derived_keep
 from stopexp.core.errors import ConfigError
 from stopexp.stopping.adaptive_consistency import adaptive_consistency
 from stopexp.stopping.answers import AnswersBank, AnswersPrompt, Decision, vote_codes
+from stopexp.stopping.combined import DEFAULTS as COMBINED_DEFAULTS
+from stopexp.stopping.combined import combined_answers, knob_error
 from stopexp.stopping.esc import esc
 from stopexp.stopping.parallel_probe import parallel_probe
 
-METHOD_NAMES = ("no_prune", "random", "esc", "adaptive_consistency", "parallel_probe")
+METHOD_NAMES = ("no_prune", "random", "esc", "adaptive_consistency", "parallel_probe", "combined")
 Method = Callable[[AnswersPrompt, np.ndarray], Decision]
 CHECK_SHARE = 0.15  # check_tokens' default: this share of the median stored branch length
 
@@ -50,15 +52,18 @@ def random_keep(prompt: AnswersPrompt, order: np.ndarray, k: int, check_tokens: 
 
 def build_methods(names: list[str], k: int, check_tokens: int, esc_window: int,
                   asc_threshold: float, pp_stable: int, pp_deviate: int, pp_warmup: int,
-                  pp_vote_pruned: bool = False) -> dict:
+                  pp_vote_pruned: bool = False, combined: dict | None = None) -> dict:
     """name -> Method for the names in METHOD_NAMES; ConfigError naming an unknown one or
-    a method setting out of range."""
+    a method setting out of range. combined: the knobs of `stopexp.stopping.combined`
+    (None: its defaults), named combined_<knob> in the errors."""
+    knobs = COMBINED_DEFAULTS | (combined or {})
     table = {"no_prune": no_prune,
              "random": partial(random_keep, k=k, check_tokens=check_tokens),
              "esc": partial(esc, window=esc_window),
              "adaptive_consistency": partial(adaptive_consistency, threshold=asc_threshold),
              "parallel_probe": partial(parallel_probe, stable=pp_stable, deviate=pp_deviate,
-                                       warmup=pp_warmup, vote_pruned=pp_vote_pruned)}
+                                       warmup=pp_warmup, vote_pruned=pp_vote_pruned),
+             "combined": partial(combined_answers, **knobs)}
     unknown = [m for m in names if m not in table]
     if unknown:
         raise ConfigError(f"methods: {', '.join(unknown)} unknown; allowed: {', '.join(METHOD_NAMES)}")
@@ -69,6 +74,10 @@ def build_methods(names: list[str], k: int, check_tokens: int, esc_window: int,
                                     ("pp_warmup", pp_warmup, pp_warmup >= 0, ">= 0")):
         if not ok:  # before the bank is read, not mid-replay
             raise ConfigError(f"{key}={value}: must be {allowed}")
+    for key, value in knobs.items():
+        why = knob_error(key, value)
+        if why:
+            raise ConfigError(f"combined_{key}={value}: {why}")
     return {m: table[m] for m in names}
 
 

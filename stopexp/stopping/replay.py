@@ -9,7 +9,9 @@ score: each decides, per prompt, how many tokens every path spends and which pat
 - deepconf_online: DeepConf's early termination from the stored per-token confidences,
   confidence-weighted vote (the warm-up paths run first, then the others together);
   deepconf_weighted and deepconf_top: DeepConf's offline votes over all N finished paths
-  (`stopexp.stopping.deepconf`).
+  (`stopexp.stopping.deepconf`);
+- combined: the controller of `stopexp.stopping.combined`, in waves, reading the finished
+  paths' answers and each running path's score at every check (evaluate.combined_signal).
 All are replayed from the trace bank (exact, and the same in evaluate.mode=online).
 """
 from __future__ import annotations
@@ -22,6 +24,7 @@ from stopexp.search.memory import schedule_peaks
 from stopexp.stopping import deepconf as dc
 from stopexp.stopping.adaptive_consistency import adaptive_consistency
 from stopexp.stopping.answers import AnswersPrompt
+from stopexp.stopping.combined import Timeline, combined
 from stopexp.stopping.esc import esc
 from stopexp.tasks.answers import vote_clusters
 
@@ -96,10 +99,46 @@ def _sequential(paths, n: int, method, window: int) -> tuple[np.ndarray, np.ndar
     return spent, voter, wave
 
 
-def stopping_outcomes(paths, confs: list, names: list[str], n: int, ev, group_window: int) -> dict:
+def trace_timeline(paths, rows: np.ndarray, marks: np.ndarray, signal: list[np.ndarray]) -> Timeline:
+    """The rows of one prompt (in sampling order) as the combined controller reads them: a
+    step per check (`marks`, tokens), no answer before a path ends, `signal[j]` the score of
+    every row of `paths` at check j."""
+    length = np.asarray(paths.length[rows], np.int64)
+    end = np.searchsorted(marks, length, side="left")  # the first check at or past its end
+    final = _answers_prompt(paths, rows).final
+    steps = np.arange(len(marks))
+    return Timeline(final=final, tokens=length, marks=marks, end=end,
+                    answers=np.where(steps[None, :] >= end[:, None], final[:, None], 0),
+                    signal=np.stack([np.asarray(s, float)[rows] for s in signal], axis=1))
+
+
+def _combined(paths, n: int, marks: list[int], signal: list[np.ndarray], knobs: dict):
+    """(spent, voter, wave) of the combined controller on every prompt's first n paths."""
+    spent, voter = np.zeros(len(paths.length), np.int64), np.zeros(len(paths.length), bool)
+    wave = np.zeros(len(paths.length), np.int64)
+    marks = np.asarray(marks, np.int64)
+    for g in range(int(paths.group.max()) + 1):
+        rows = np.nonzero((paths.group == g) & (paths.path_id < n))[0]
+        rows = rows[np.argsort(paths.path_id[rows], kind="stable")]
+        r = combined(trace_timeline(paths, rows, marks, signal), **knobs)
+        spent[rows], voter[rows], wave[rows] = r.spent, r.voter, r.wave
+    return spent, voter, wave
+
+
+def combined_knobs(ev) -> dict:
+    """The controller's knobs from the evaluate config section (evaluate.combined_*)."""
+    knobs = {k: getattr(ev, f"combined_{k}") for k in ("first", "wave", "threshold", "prune_below",
+                                                      "prune_confidence")}
+    return knobs | {"settle": 0}  # a running trace-bank path has no answer to settle
+
+
+def stopping_outcomes(paths, confs: list, names: list[str], n: int, ev, group_window: int,
+                      marks: list[int] | None = None, signal: list[np.ndarray] | None = None) -> dict:
     """name -> outcome dict for the names of STOPPING_METHODS among `names`. confs[i] holds
     the per-token confidences of row i of `paths`; ev: the evaluate config section
-    (esc_window, asc_threshold, deepconf_warmup, deepconf_keep_percent)."""
+    (esc_window, asc_threshold, deepconf_warmup, deepconf_keep_percent, combined_*); for
+    combined, marks: the checks (tokens) and signal[j]: evaluate.combined_signal's score of
+    every row at check j."""
     out = {}
     ones = np.ones(len(paths.length))
     lowest = np.asarray([dc.lowest_group_conf(c, group_window) for c in confs])
@@ -111,6 +150,9 @@ def stopping_outcomes(paths, confs: list, names: list[str], n: int, ev, group_wi
         elif name == "adaptive_consistency":
             spent, voter, wave = _sequential(
                 paths, n, lambda q, o: adaptive_consistency(q, o, ev.asc_threshold), 1)
+            out[name] = spent_outcome(paths, spent, voter, ones, n, wave)
+        elif name == "combined":
+            spent, voter, wave = _combined(paths, n, marks, signal, combined_knobs(ev))
             out[name] = spent_outcome(paths, spent, voter, ones, n, wave)
         elif name == "deepconf_weighted":
             out[name] = spent_outcome(paths, paths.length, np.ones(len(ones), bool), lowest, n)

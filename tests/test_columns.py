@@ -56,7 +56,7 @@ def test_features_give_the_statistics_of_their_hidden_states(small_bank):
 
     cfg = validate(compose("train", small_bank))
     root = bank.bank_dir(cfg)
-    assert bank.read_meta(root)["version"] == bank.BANK_VERSION == 4
+    assert bank.read_meta(root)["version"] == bank.BANK_VERSION == 5
     ds, feats = feature_rows.load_split(cfg, "test")
     batch = feature_rows.tensors_at(ds, feats, 5)
     hidden, signals = batch["hidden"].numpy(), batch["signals"].numpy()   # (P, L, H), (P, S)
@@ -78,5 +78,5 @@ def test_a_bank_of_the_old_layout_is_refused_by_name(tmp_path):
     from stopexp.store import bank
 
     (tmp_path / "meta.json").write_text(json.dumps({"version": 3, "shards": {}, "complete": True}))
-    with pytest.raises(bank.BankDamaged, match=r"bank version 3, 4 expected.*(?s:.*)rerun the collect"):
+    with pytest.raises(bank.BankDamaged, match=r"bank version 3, 5 expected.*(?s:.*)rerun the collect"):
         bank.verify_bank(tmp_path)

@@ -69,6 +69,8 @@ def test_features_give_the_statistics_of_their_hidden_states(small_bank):
     assert [first[n] for n in ("hidden_norm", "hidden_mean", "hidden_var", "attn_entropy")] == \
         pytest.approx([101.54023, 1.3266039, 105.640305, 0.0], rel=1e-5)
     assert (np.asarray(ds["prompt_len"][:8]) == 15).all()  # prompt tokens, for the KV estimate
+    assert (np.asarray(ds["first_wrong_value"][:]) == -1).all()  # arith has no intermediate values
+    assert "first_wrong_value" in batch and (batch["first_wrong_value"] == -1).all()
     assert bank.read_meta(root)["kv_bytes_per_token"] == 2 * 3 * 4 * 24 * 4  # the toy LM, float32
 
 

@@ -54,7 +54,7 @@ PROBLEM = WordProblem(0, "test", "q", "q", 11, "", "sub+add+add", (1, 8, 11))
     ("4 - 3 = 2. 2 + 7 = 9. 9 + 3 = 12. The answer is 12.", 9),     # the first value
     ("4 - 3 = 1. 1 + 7 = 9. 9 + 3 = 12. The answer is 12.", 20),    # arithmetic, second step
     ("4 - 3 = 1. 1 + 6 = 7. 7 + 3 = 10.", 20),                      # right sum, wrong operand
-    ("4 - 3 = 1. 1 + 7 = 8. 8 + 3 = 11. The answer is 12.", 51),    # only the answer
+    ("4 - 3 = 1. 1 + 7 = 8. 8 + 3 = 11. The answer is 12.", 50),    # only the answer
     ("4 - 3 = 1. 1 + 7 = 8. 8 + 3 = 11. 11 = 11 + 0 = 11.", None),  # restated: no wrong value
     ("4 - 3 = 1. 1 + 7 = 8. 8 + 3 = 11. 11 + 1 = 12.", 45),         # beyond the steps: the answer
     ("4 - 3 = 1. 1 + 7 = 8.", None),                                 # breaks off: nothing wrong
@@ -127,8 +127,8 @@ def test_multistep_experiment_validates():
       "evaluate.mode=online"],
      "evaluate.methods: error_oracle reads the trace bank's first_wrong_value, which only "
      "replayed paths carry"),
-    (["task=wordprob", "task.solution_style=table"],
-     "task.solution_style: 'table'; allowed: inline, lines"),
+    (["task=wordprob", "model.chat_template=false", "task.solution_style=table"],
+     "task.solution_style"),
 ])
 def test_refusals_name_the_key(overrides, message):
     with pytest.raises((ConfigError, ValueError), match=re.escape(message)):

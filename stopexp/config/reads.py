@@ -22,6 +22,7 @@ ALLOWED = {
     "task.format": ("fewshot", "chat"),
     "task.answer_format": ("numeric", "boxed"),
     "task.extraction": ("strict", "flexible"),
+    "task.solution_style": ("inline", "lines"),  # stopexp.tasks.wordprob.SOLUTION_STYLES
     "task.tokenize": TEXT_TOKENIZERS,
     "tap.pooling": ("last", "mean"),
     "tap.positions.dtype": ("float32", "float16"),

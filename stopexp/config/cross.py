@@ -18,6 +18,8 @@ each (validate checks it there):
   min_gap_below_reward_range      every stage   loss.min_gap x a reward in [0, 1]
   bank_has_training_prompts       train pipeline adapt   collect.prompts.train / val
   attn_entropy_method_is_tapped   evaluate pipeline   evaluate.methods x tap.attention_heads
+  error_oracle_reads_values       evaluate pipeline   evaluate.methods error_oracle x task.name,
+                                                model.thinking, evaluate.mode, search=beam
   beam_has_nothing_to_select      evaluate pipeline   search=beam x evaluate.select / compare_beam
   beam_has_no_vote                evaluate pipeline   search=beam x evaluate.vote
   beam_scores_each_step           evaluate pipeline   search=beam x search.score_rule
@@ -34,7 +36,7 @@ from omegaconf import OmegaConf
 
 from stopexp.config.ranges import fail, is_list, n_layers_of
 from stopexp.config.thinking import thinks
-from stopexp.core.names import BOUNDED_REWARDS, STEP_SEPARATORS
+from stopexp.core.names import BOUNDED_REWARDS, INTERMEDIATE_VALUE_TASKS, STEP_SEPARATORS
 from stopexp.core.protocol import check_values, checkpoint_tokens, resolve_layers
 from stopexp.core.text import decode_escapes, stop_strings
 
@@ -186,6 +188,24 @@ def attn_entropy_method_is_tapped(cfg) -> None:
     if "attn_entropy" in cfg.evaluate.methods and cfg.tap.attention_heads is None:
         fail("evaluate.methods", "attn_entropy needs the attention tap: set tap.attention_heads "
                                  "(all, or a list of layer:head)")
+
+
+def error_oracle_reads_values(cfg) -> None:
+    """error_oracle reads the bank's first_wrong_value: a task whose problems carry their
+    intermediate values, answered without thinking, on replayed paths (the paths of an
+    online run and beams carry no such label)."""
+    if "error_oracle" not in cfg.evaluate.methods:
+        return
+    name = cfg.task.name
+    if name not in INTERMEDIATE_VALUE_TASKS or thinks(cfg.model):
+        why = f"task {name!r} has none" if name not in INTERMEDIATE_VALUE_TASKS else \
+            "a thinking model's paths are not read for them"
+        fail("evaluate.methods", f"error_oracle needs paths whose intermediate values are known "
+                                 f"(tasks: {', '.join(INTERMEDIATE_VALUE_TASKS)}); {why}")
+    if cfg.evaluate.mode == "online" or cfg.search.name == "beam":
+        fail("evaluate.methods", "error_oracle reads the trace bank's first_wrong_value, which "
+                                 "only replayed paths carry; use evaluate.mode=replay and "
+                                 "search=parallel, or drop it")
 
 
 def beam_has_nothing_to_select(cfg) -> None:

@@ -8,8 +8,8 @@ from typing import List, Optional
 
 from stopexp.config import cross, policy
 from stopexp.config.ranges import TOGETHER, at_least, fail, within
-from stopexp.core.names import (ALWAYS_METHODS, BASELINE_METHODS, PREDICTOR_NAMES, SPLITS,
-                                STOPPING_METHODS, external)
+from stopexp.core.names import (ALWAYS_METHODS, BASELINE_METHODS, ORACLE_METHODS, PREDICTOR_NAMES,
+                                SPLITS, STOPPING_METHODS, external)
 from stopexp.core.protocol import warmup_paths
 
 
@@ -58,7 +58,8 @@ def check_method_names(names) -> None:
     """Every name in evaluate.methods is a built-in method, a predictor, `learned`, or a
     scorer registered with stopexp.signals.methods.register_external (its registry:
     stopexp.core.names); ConfigError otherwise."""
-    builtin = {*ALWAYS_METHODS, *BASELINE_METHODS, *STOPPING_METHODS, *PREDICTOR_NAMES, "learned"}
+    builtin = {*ALWAYS_METHODS, *BASELINE_METHODS, *ORACLE_METHODS, *STOPPING_METHODS,
+               *PREDICTOR_NAMES, "learned"}
     for name in names:
         if name not in builtin and external(name) is None:
             fail("evaluate.methods", f"{name!r} unknown; allowed: {', '.join(sorted(builtin))} or "
@@ -70,6 +71,7 @@ def check_evaluate(cfg) -> None:
     ev, s, pol = cfg.evaluate, cfg.search, cfg.policy
     check_method_names(ev.methods)
     cross.attn_entropy_method_is_tapped(cfg)
+    cross.error_oracle_reads_values(cfg)
     bert = ev.bertscore_model
     if (ev.text_metrics or ev.compare_beam) and bert and bert.startswith(("/", ".", "~")) and not Path(bert).expanduser().is_dir():
         fail("evaluate.bertscore_model", f"{bert!r} is no model directory; give a local "

@@ -22,6 +22,7 @@ ALLOWED = {
     "task.format": ("fewshot", "chat"),
     "task.answer_format": ("numeric", "boxed"),
     "task.extraction": ("strict", "flexible"),
+    "task.solution_style": ("inline", "lines"),  # stopexp.tasks.wordprob.SOLUTION_STYLES
     "task.tokenize": TEXT_TOKENIZERS,
     "tap.pooling": ("last", "mean"),
     "tap.positions.dtype": ("float32", "float16"),
@@ -76,7 +77,8 @@ READ_ONLY_BY = {
     **{f"task.{k}": ("task.name", _ARITH) for k in ("n_steps", "operators", "multipliers", "styles")},
     **{f"task.{k}": ("task.name", _QA) for k in ("path", "subset", "source_split", "question_key",
                                                 "answer_key", "answer_format", "prompt_template")},
-    **{f"task.{k}": ("task.name", _WORDPROB) for k in ("steps", "number_range", "operations")},
+    **{f"task.{k}": ("task.name", _WORDPROB) for k in ("steps", "number_range", "operations",
+                                                           "solution_style")},
     **{f"task.{k}": ("task.name", ("wordprob", "datatotext")) for k in ("shots", "format",
                                                                         "instruction")},
     "task.extraction": ("task.name", ("qa", "wordprob")),

@@ -40,6 +40,7 @@ class TaskConfig:
     shots: int = 3                       # solved examples before the question
     format: str = "fewshot"              # fewshot (plain text) | chat (one user turn)
     instruction: str = ""                # chat format: text before the examples
+    solution_style: str = "inline"       # wordprob: inline (one paragraph) | lines (a line per step)
     stop: List[str] = field(default_factory=list)  # the task's natural stop strings
     # how BLEU / ROUGE (metrics and rewards) split a word-level task's text into words:
     # 13a (scripts with spaces: Latin, Cyrillic, ...) | intl | zh (Chinese) | char

@@ -24,6 +24,12 @@ SIGNAL_NAMES = ("mean_logprob", "min_logprob", "mean_entropy", "group_conf", "hi
 # the methods evaluate always runs (evaluate.ALWAYS) and the non-learnable baselines
 # (stopexp.signals.methods.NON_LEARNABLE)
 ALWAYS_METHODS = ("no_prune", "random", "confidence", "oracle")
+# the controls that read what no check knows while generating: the path's outcome (oracle)
+# and whether a wrong intermediate value is written by the prefix (error_oracle)
+ORACLE_METHODS = ("oracle", "error_oracle")
+# the tasks whose problems carry their intermediate values, so that a path's first wrong one
+# is located (their `wrong_value_end`; the bank's first_wrong_value), which error_oracle reads
+INTERMEDIATE_VALUE_TASKS = ("wordprob",)
 BASELINE_METHODS = ("confidence", "min_logprob", "entropy", "deepconf", "hidden_norm",
                     "hidden_mean", "hidden_var", "attn_entropy", "st_bon")
 # methods with their own stopping protocol (stopexp/stopping/replay.py), not a score at the check

@@ -17,12 +17,12 @@ from matplotlib.transforms import Bbox  # noqa: E402
 from stopexp.evaluation.paired import is_probe  # noqa: E402
 
 # the reference points every comparison is read against, studied with the probes
-REFERENCES = ("no_prune", "random", "confidence", "conf_features", "oracle")
+REFERENCES = ("no_prune", "random", "confidence", "conf_features", "oracle", "error_oracle")
 STUDIED = dict(alpha=1.0, lw=1.8, ms=5, zorder=3)
 FAINT = dict(alpha=0.3, lw=0.8, ms=2.5, zorder=1)
 # one colour per role, the same in every figure: the references and the controls fixed,
 # the best non-learned signal orange, the probes from their own cycle
-ROLE_COLOURS = {"no_prune": "black", "oracle": "0.45", "random": "tab:brown",
+ROLE_COLOURS = {"no_prune": "black", "oracle": "0.45", "error_oracle": "0.7", "random": "tab:brown",
                 "confidence": "tab:blue", "conf_features": "tab:green",
                 "best_non_learned": "tab:orange"}
 PROBE_COLOURS = ("tab:red", "tab:purple", "tab:pink", "tab:olive", "tab:cyan")

@@ -68,6 +68,8 @@ def build_scorers(cfg, names: list[str], spec) -> dict:
             scorers[name] = M.random_scorer(cfg.evaluate.seed)
         elif name == "oracle":
             scorers[name] = M.oracle
+        elif name == "error_oracle":
+            scorers[name] = M.error_oracle
         elif name in M.BASELINES:
             scorers[name] = M.BASELINES[name]
         elif name in PREDICTORS or name == "super_token":

@@ -5,7 +5,9 @@ the Pareto points of no_prune and the first learned method; beam-search runs get
 columns."""
 from __future__ import annotations
 
+from stopexp.core.names import ORACLE_METHODS
 from stopexp.core.policies import kept_text
+from stopexp.evaluation.first_errors import timing_lines
 from stopexp.evaluation.paired import in_order, role_label
 from stopexp.signals import methods as M
 
@@ -65,7 +67,7 @@ def print_table(metrics: dict) -> str:
             lines.append(f"  {'beam search':<{w}}reward {b.get('mean_reward', float('nan')):.4f}  ROUGE-L "
                          f"{b['text_vs_reference']['rougeL']:.3f} vs reference, {b['tokens_total']:.0f} tokens")
     learned = [m for m in metrics["methods"] if m not in M.NON_LEARNABLE
-               and m not in ("no_prune", "random", "oracle", "conf_features")]
+               and m not in ("no_prune", "random", *ORACLE_METHODS, "conf_features")]
     pts = [q for q in metrics.get("points", []) if q["method"] in ("no_prune", *learned[:1])]
     if pts:
         lines.append("points (N -> K: accuracy / tokens): " + "   ".join(
@@ -75,7 +77,8 @@ def print_table(metrics: dict) -> str:
             lines.append(f"  policy={policy} has no K to sweep: a method's point is its run, K the "
                          "paths its rule kept per prompt (mean); evaluate.retention applies to "
                          "policy=topk")
-    return "\n".join(lines + paired_lines(metrics))
+    timing = timing_lines(metrics["first_wrong_value"]) if "first_wrong_value" in metrics else []
+    return "\n".join(lines + paired_lines(metrics) + timing)
 
 
 def risk_lines(metrics: dict) -> list[str]:

@@ -18,6 +18,27 @@ def _decode_texts(tokenizer, tokens: torch.Tensor, lengths: torch.Tensor) -> lis
                                   skip_special_tokens=True)
 
 
+def prefix_holding(tokenizer, ids: list[int], end: int) -> int:
+    """The fewest leading tokens of `ids` whose decoded text reaches character `end` of the
+    whole decoded text (a decoded prefix is a prefix of the text; bisection: ~log2 decodes)."""
+    lo, hi = 1, len(ids)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if len(tokenizer.decode(ids[:mid], skip_special_tokens=True)) >= end:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def first_wrong_value(tokenizer, task, problem, ids: list[int], text: str) -> int:
+    """The bank's `first_wrong_value`: the generated tokens up to and with the path's first
+    wrong intermediate value, i.e. the shortest prefix that shows it (-1: every written
+    value is right, or the task has no intermediate values: no `wrong_value_end`)."""
+    end = task.wrong_value_end(problem, text) if hasattr(task, "wrong_value_end") else None
+    return -1 if end is None else prefix_holding(tokenizer, ids, end)
+
+
 def mc_success(engine: Engine, tokenizer, task, state: Decode, problems, owners, seed: int,
                rollouts: int, max_rows: int, tokens_of: dict | None = None, reward=None
                ) -> tuple[dict[int, float], int]:
@@ -67,8 +88,8 @@ def trace_problems(engine, tokenizer, task, problems, n_paths: int, seed: int,
     mc_tokens = 0
     cols: dict[str, list] = {k: [] for k in (
         "split", "prompt_id", "prompt", "prompt_len", "path_id", "tokens", "text", "answer", "correct",
-        "reward", "length", "finished", "style", "first_error", "token_logprob", "token_entropy",
-        "token_conf", "mc")}
+        "reward", "length", "finished", "style", "first_error", "first_wrong_value", "token_logprob",
+        "token_entropy", "token_conf", "mc")}
     thinking = hasattr(task, "end_tag")  # a thinking model (stopexp.tasks.thinking)
     if thinking:
         cols["thinking_tokens"] = []
@@ -118,6 +139,8 @@ def trace_problems(engine, tokenizer, task, problems, n_paths: int, seed: int,
             cols["finished"].append(bool(finished[p]))
             cols["style"].append(diag["style"])
             cols["first_error"].append(diag["first_error"])
+            cols["first_wrong_value"].append(first_wrong_value(tokenizer, task, problem,
+                                                               cols["tokens"][-1], text))
             cols["token_logprob"].append(lp[p, :n].numpy())
             cols["token_entropy"].append(ent[p, :n].numpy())
             cols["token_conf"].append(conf[p, :n].numpy())

@@ -13,7 +13,9 @@ string per path, naming its random stream) and, for the oracle, "correct"/"rewar
   attention at the current token: focused attention is kept; needs the tap), st_bon (consistency of a path's
   hidden states with its prompt's other live paths, `stopexp.signals.st_bon`);
 - controls: random (a per-path seeded draw, the same in replay and online), oracle (the
-  path's final reward, i.e. its outcome under reward=correct: the upper bound);
+  path's final reward, i.e. its outcome under reward=correct: the upper bound),
+  error_oracle (whether the prefix already writes a wrong intermediate value: the ceiling
+  of a check at that prefix; replay only, on tasks with intermediate values);
 - learned: any trained predictor;
 - external: a callable registered with `register_external`, e.g. a verifier or PRM (the
   registry lives in stopexp.core.names, so config checks a name without torch).
@@ -72,6 +74,17 @@ def oracle(batch) -> torch.Tensor:
     the prefix that ranks a path that will fail above one that will succeed now and then."""
     label = batch.get("reward", batch["correct"])
     return label + 1e-3 * batch["correct"]  # equal rewards: the right path first
+
+
+def error_oracle(batch) -> torch.Tensor:
+    """0 where the path's first wrong intermediate value is written by the prefix (the
+    bank's first_wrong_value, in tokens, is at most "prefix_len"), else 1: what a check at
+    that prefix could know at best about the steps written so far."""
+    wrong = batch.get("first_wrong_value")
+    if wrong is None:
+        raise ValueError("error_oracle: these paths carry no first_wrong_value (a trace bank "
+                         "of task wordprob records it); rerun collect for this config")
+    return 1.0 - ((wrong >= 0) & (wrong <= batch["prefix_len"])).float()
 
 
 def learned(predictor) -> Scorer:

@@ -17,7 +17,9 @@ replay the bank in both modes (combined, which reads every check's scores, in re
 Every scoring method is also scored at every stored position of the bank's paths
 (`auroc_by_prefix` in metrics.json and auroc_by_prefix.png: stopexp/training/per_step.py).
 Every probe-vs-control claim has its paired bootstrap over prompts (`paired` and
-`paired_by_prefix`, paired.png: stopexp/evaluation/paired.py).
+`paired_by_prefix`, paired.png: stopexp/evaluation/paired.py). On a task with intermediate
+values, `first_wrong_value` says where the paths' first wrong values lie
+(stopexp/evaluation/first_errors.py).
 """
 from __future__ import annotations
 
@@ -28,12 +30,14 @@ from pathlib import Path
 import numpy as np
 
 from stopexp.config import check_plan
+from stopexp.core.names import INTERMEDIATE_VALUE_TASKS
 from stopexp.core.policies import check_policies, policy_params
 from stopexp.evaluation.accounting import (account_methods, add_text_metrics, bank_paths_and_confs,
                                            pareto_points, prompts_in, replay_paths)
 from stopexp.evaluation.analyses import add_analyses
 from stopexp.evaluation.beam import beam_metrics, compare_with_beam
 from stopexp.evaluation.curves import auroc_by_prefix
+from stopexp.evaluation.first_errors import bank_timing
 from stopexp.evaluation.online import online_paths
 from stopexp.evaluation.paired import combined_pairs, paired_stats, scores_at_checks
 from stopexp.evaluation.report import make_plots, sample_table
@@ -127,6 +131,8 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
     metrics["paired_combined"] = combined_pairs(outcomes, cfg.evaluate.bootstrap, cfg.evaluate.seed)
     metrics["auroc_by_prefix"], metrics["paired_by_prefix"] = auroc_by_prefix(
         cfg, scorers, split, feature_bank.spec_of(cfg, meta))
+    if cfg.task.name in INTERMEDIATE_VALUE_TASKS:  # where the paths' first wrong values lie
+        metrics["first_wrong_value"] = bank_timing(bank.load_bank(root, split), [c for c, _ in plan])
     metrics["eval_wall_s"] = round(time.time() - start, 2)
     # plot, log
     if run_dir is not None:

@@ -1,6 +1,7 @@
 """The trace bank: every collected path as generation produced it, with its labels.
 
-Per path: tokens, text, answer, outcome, its reward (`reward=`), per-token log-prob /
+Per path: tokens, text, answer, outcome, its reward (`reward=`), where its first wrong
+intermediate value appears (`first_wrong_value`, tasks that have them), per-token log-prob /
 entropy / confidence, the prompt's length in tokens and, when collect ran Monte Carlo
 rollouts, the mean reward of the rollouts at each of `tap.checkpoints`. Hidden features are
 not here: they are a second artifact made from the stored tokens (`stopexp.store.features`),
@@ -119,6 +120,7 @@ def features(n_checkpoints: int, thinking: bool = False) -> Features:
         "answer": Value("string"), "correct": Value("bool"), "reward": Value("float32"),
         "length": Value("int32"),
         "finished": Value("bool"), "style": Value("string"), "first_error": Value("int32"),
+        "first_wrong_value": Value("int32"),  # tokens up to the first wrong intermediate value; -1 none
         "token_logprob": List(f32), "token_entropy": List(f32), "token_conf": List(f32),
         "mc": List(f32, length=n_checkpoints) if n_checkpoints else List(f32),  # arrow: no 0-length lists
     })

@@ -17,7 +17,8 @@ from stopexp.tasks.benchmarks import shipped_file
 # 2: shard records in meta.json and shard.json; task content in the key
 # 3: signal columns hidden_mean and hidden_var; per-path prompt_len; kv_bytes_per_token
 # 4: paths only (no hidden, signals, alive): features live in <cache>/features
-BANK_VERSION = 4
+# 5: per-path first_wrong_value (tokens up to the first wrong intermediate value)
+BANK_VERSION = 5
 
 
 def checkpoints_of(cfg) -> list[int]:

@@ -45,7 +45,8 @@ def _construct(task_cfg):
         return WordProblemTask(steps=list(task_cfg.steps), number_range=list(task_cfg.number_range),
                                operations=dict(task_cfg.operations), shots=task_cfg.shots,
                                format=task_cfg.format, extraction=task_cfg.extraction,
-                               instruction=task_cfg.instruction, stop=list(task_cfg.stop), **common)
+                               instruction=task_cfg.instruction, stop=list(task_cfg.stop),
+                               solution_style=task_cfg.solution_style, **common)
     if task_cfg.name == "datatotext":
         return DataToTextTask(shots=task_cfg.shots, format=task_cfg.format,
                               instruction=task_cfg.instruction, stop=list(task_cfg.stop), **common)

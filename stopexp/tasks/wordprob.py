@@ -10,7 +10,15 @@ than someone else, ``count``: the total of three groups); every further step is 
 a loss (``add`` / ``sub``) applied before the question. The worked solution writes its
 reasoning before ``The answer is N.``, so an early prefix of a path shows the start of the
 reasoning, not the answer. Difficulty knobs: the number of steps (``steps``, drawn per
-problem), the number range and the operations mix.
+problem), the number range and the operations mix. ``solution_style=lines`` writes each
+step on a line of its own that ends by restating the new amount, for multi-step paths::
+
+    Answer: Mia has 7 pens and buys 5 more, so 7 + 5 = 12. Now Mia has 12 pens.
+    Then she gives 3 to Sam, so 12 - 3 = 9. Now Mia has 9 pens.
+    The answer is 9.
+
+Every problem carries its intermediate values (12, 9 above), so a path's first wrong one
+can be located (`first_wrong_value`): where an error is known to have happened.
 
 Two renderings: ``fewshot`` (plain text, ``shots`` solved training examples before the
 question, then ``Answer:`` for the model to continue; use it with
@@ -35,6 +43,8 @@ DEFAULT_OPERATIONS = {"add": 1.0, "sub": 1.0, "compare": 1.0, "count": 0.0}  # c
 FOLLOW_UPS = ("add", "sub")      # steps after the first change the person's amount
 FORMATS = ("fewshot", "chat")
 EXTRACTIONS = ("strict", "flexible")
+# inline: the steps as one paragraph; lines: one line per step, each ending in the new amount
+SOLUTION_STYLES = ("inline", "lines")
 MARKER = "The answer is"
 SHOT_POOL = 64                   # solved training examples the shots are drawn from
 STOP_SEQUENCES = ("\n\n", "\nQuestion:")  # the few-shot format: a new example starts there
@@ -63,6 +73,7 @@ class WordProblem:
     answer: int
     solution: str      # the worked solution, ending in "The answer is N."
     kind: str          # the operations, e.g. "add+sub"
+    values: tuple = () # the intermediate values, in the order the solution writes them
 
 
 def things(n: int, obj: str) -> str:
@@ -92,6 +103,29 @@ def first_wrong_equation(completion: str) -> int | None:
     return None
 
 
+def first_wrong_value(problem: WordProblem, completion: str) -> int | None:
+    """Where the first wrong intermediate value of `completion` ends (a character offset
+    just past its last digit), or None when every value it writes is right.
+
+    The values a completion writes are the results of its equations (``a + b = c``, as
+    `first_wrong_equation` reads them) and the number after its first ``The answer is``.
+    The i-th equation's result must be the problem's i-th intermediate value (any equation
+    beyond those: its answer, as when a path restates it); the answer must be the answer.
+    A value is wrong whether the arithmetic or the operands are; a value not written is
+    no wrong value (a path that breaks off has none there)."""
+    marked = _STRICT.search(completion)
+    written = [(m.start(6), m.end(6), m.group(6)) for m in _EQUATION.finditer(completion)
+               if not marked or m.start() < marked.start()]
+    want = [str(v) for v in problem.values[: len(written)]]
+    want += [str(problem.answer)] * (len(written) - len(want))
+    for (_, end, got), value in zip(written, want):
+        if got != value:
+            return end
+    if marked and answers.answer_of(marked.group(0), "numeric") != str(problem.answer):
+        return marked.end(1)
+    return None
+
+
 class WordProblemTask:
     """Prompts, references and the checker of the word-problem task (the interface of
     `ArithTask`), plus `stop_sequences`: the strings where a path's answer is over.
@@ -100,11 +134,12 @@ class WordProblemTask:
 
     name = "wordprob"
     step_separator = STEP_SEPARATORS["wordprob"]  # "\n" (tap.positions.step_ends)
+    wrong_value_end = staticmethod(first_wrong_value)  # the bank's first_wrong_value column
 
     def __init__(self, steps=(1,), number_range=(2, 9), operations: dict | None = None,
                  shots: int = 3, format: str = "fewshot", extraction: str = "strict",
                  instruction: str = "", stop=STOP_SEQUENCES, seed: int = 0,
-                 split_fractions: dict | None = None):
+                 split_fractions: dict | None = None, solution_style: str = "inline"):
         if len(number_range) != 2:
             raise ValueError(f"task.number_range: needs [low, high], got {list(number_range)}")
         self.steps = tuple(int(s) for s in steps)
@@ -112,6 +147,7 @@ class WordProblemTask:
         self.operations = dict(DEFAULT_OPERATIONS if operations is None else operations)
         self.shots, self.format, self.extraction = int(shots), format, extraction
         self.instruction = instruction
+        self.solution_style = solution_style
         self.stop_sequences = tuple(stop)
         self.seed = seed
         self.split_fractions = dict(split_fractions or {"train": 0.8, "val": 0.1, "test": 0.1})
@@ -132,6 +168,9 @@ class WordProblemTask:
                             f"all zero" + (f"; unknown: {unknown}" if unknown else ""))
         if self.format not in FORMATS:
             problems.append(f"task.format: {self.format!r}; allowed: {', '.join(FORMATS)}")
+        if self.solution_style not in SOLUTION_STYLES:
+            problems.append(f"task.solution_style: {self.solution_style!r}; allowed: "
+                            f"{', '.join(SOLUTION_STYLES)}")
         if self.extraction not in EXTRACTIONS:
             problems.append(f"task.extraction: {self.extraction!r}; allowed: {', '.join(EXTRACTIONS)}")
         if self.shots < 0:
@@ -149,8 +188,8 @@ class WordProblemTask:
         top = min(hi, value - 1)
         return rng.randint(lo, top) if lo <= top else rng.randint(1, value - 1)
 
-    def _draw(self, rng: random.Random) -> tuple[str, str, int, str]:
-        """One random problem: (question, worked solution, answer, kind)."""
+    def _draw(self, rng: random.Random) -> tuple[str, str, int, str, tuple]:
+        """One random problem: (question, worked solution, answer, kind, intermediate values)."""
         lo, hi = self.number_range
         (name, pron), (other, _), (friend, _) = rng.sample(NAMES, 3)  # friend: gifts go there
         obj = rng.choice(OBJECTS)
@@ -159,13 +198,14 @@ class WordProblemTask:
         follow = [k for k in FOLLOW_UPS if self.operations.get(k, 0) > 0] or list(FOLLOW_UPS)
         n_steps = rng.choice(self.steps)
         done = [] if first in FOLLOW_UPS else [first]  # the operations as applied
-        story, work = [], []
+        story, work, values = [], [], []
         if first == "count":
             a, b, c = (rng.randint(lo, hi) for _ in range(3))
             col = rng.sample(COLOURS, 3)
             value = a + b + c
             story.append(f"{name} has {things(a, col[0] + ' ' + obj)}, {things(b, col[1] + ' ' + obj)} and {things(c, col[2] + ' ' + obj)}.")
             work.append(f"{name} has {a} + {b} + {c} = {things(value, obj)}.")
+            values.append(value)
         else:
             value = max(rng.randint(lo, hi), 2)
             story.append(f"{name} has {things(value, obj)}.")
@@ -181,8 +221,10 @@ class WordProblemTask:
             said = rng.choice(_GAIN).format(n=b) if op == "add" else self._loss(rng, obj, friend, b)
             story.append(f"{then}{pron if then else pron.capitalize()} {said}.")
             lead = f"{name} has {things(value, obj)} and " if not work else f"Then {pron} "
-            work.append(f"{lead}{said}, so {value} {'+' if op == 'add' else '-'} {b} = {new}.")
+            work.append(f"{lead}{said}, so {value} {'+' if op == 'add' else '-'} {b} = {new}."
+                        + self._restate(name, new, obj))
             value = new
+            values.append(value)
         if first == "compare":
             c = self._below(rng, value) if value >= 2 else 0
             story.append(f"{other} has {things(c, obj)}.")
@@ -190,12 +232,18 @@ class WordProblemTask:
             lead = f"{name} has {things(value, obj)} and " if not work else ""
             work.append(f"{lead}{other} has {c}, so {value} - {c} = {value - c}.")
             value -= c
+            values.append(value)
         elif first == "count" and n_steps == 1:
             question = f"How many {obj} does {name} have in total?"
         else:
             question = f"How many {obj} does {name} have now?"
         work.append(f"{MARKER} {value}.")
-        return " ".join(story + [question]), " ".join(work), value, "+".join(done)
+        joint = "\n" if self.solution_style == "lines" else " "
+        return " ".join(story + [question]), joint.join(work), value, "+".join(done), tuple(values)
+
+    def _restate(self, name: str, value: int, obj: str) -> str:
+        """lines: the running amount said again after each change (the model copies it on)."""
+        return f" Now {name} has {things(value, obj)}." if self.solution_style == "lines" else ""
 
     @staticmethod
     def _loss(rng: random.Random, obj: str, other: str, n: int) -> str:
@@ -212,7 +260,8 @@ class WordProblemTask:
         """The solved training examples that precede questions (fixed by the seed)."""
         if self._shot_pool is None:
             drawn = self._problems("train", SHOT_POOL if self.shots else 0, "shots")
-            self._shot_pool = [WordProblem(i, "train", q, q, a, s, k) for i, (q, s, a, k) in enumerate(drawn)]
+            self._shot_pool = [WordProblem(i, "train", q, q, a, s, k, v)
+                               for i, (q, s, a, k, v) in enumerate(drawn)]
         return self._shot_pool
 
     def render(self, question: str, kind: str = "") -> str:
@@ -238,8 +287,8 @@ class WordProblemTask:
 
     def problems(self, split: str, n: int) -> list[WordProblem]:
         """The first `n` distinct problems of `split` for this task's seed (deterministic)."""
-        return [WordProblem(i, split, q, self.render(q, k), a, s, k)
-                for i, (q, s, a, k) in enumerate(self._problems(split, n, "problems"))]
+        return [WordProblem(i, split, q, self.render(q, k), a, s, k, v)
+                for i, (q, s, a, k, v) in enumerate(self._problems(split, n, "problems"))]
 
     # --- checking ---------------------------------------------------------------------
     def answer_of(self, completion: str) -> str:

@@ -31,11 +31,17 @@ def prefix_holding(tokenizer, ids: list[int], end: int) -> int:
     return lo
 
 
+def has_values(task) -> bool:
+    """Whether the task's problems have intermediate values a path can get wrong (its bank
+    then records `first_wrong_value`)."""
+    return hasattr(task, "wrong_value_end")
+
+
 def first_wrong_value(tokenizer, task, problem, ids: list[int], text: str) -> int:
-    """The bank's `first_wrong_value`: the generated tokens up to and with the path's first
-    wrong intermediate value, i.e. the shortest prefix that shows it (-1: every written
-    value is right, or the task has no intermediate values: no `wrong_value_end`)."""
-    end = task.wrong_value_end(problem, text) if hasattr(task, "wrong_value_end") else None
+    """The bank's `first_wrong_value` (tasks with `has_values`): the generated tokens up to
+    and with the path's first wrong intermediate value, i.e. the shortest prefix that shows
+    it (-1: every written value is right)."""
+    end = task.wrong_value_end(problem, text)
     return -1 if end is None else prefix_holding(tokenizer, ids, end)
 
 
@@ -88,8 +94,10 @@ def trace_problems(engine, tokenizer, task, problems, n_paths: int, seed: int,
     mc_tokens = 0
     cols: dict[str, list] = {k: [] for k in (
         "split", "prompt_id", "prompt", "prompt_len", "path_id", "tokens", "text", "answer", "correct",
-        "reward", "length", "finished", "style", "first_error", "first_wrong_value", "token_logprob",
-        "token_entropy", "token_conf", "mc")}
+        "reward", "length", "finished", "style", "first_error", "token_logprob", "token_entropy",
+        "token_conf", "mc")}
+    if has_values(task):
+        cols["first_wrong_value"] = []
     thinking = hasattr(task, "end_tag")  # a thinking model (stopexp.tasks.thinking)
     if thinking:
         cols["thinking_tokens"] = []
@@ -139,8 +147,9 @@ def trace_problems(engine, tokenizer, task, problems, n_paths: int, seed: int,
             cols["finished"].append(bool(finished[p]))
             cols["style"].append(diag["style"])
             cols["first_error"].append(diag["first_error"])
-            cols["first_wrong_value"].append(first_wrong_value(tokenizer, task, problem,
-                                                               cols["tokens"][-1], text))
+            if has_values(task):
+                cols["first_wrong_value"].append(first_wrong_value(tokenizer, task, problem,
+                                                                   cols["tokens"][-1], text))
             cols["token_logprob"].append(lp[p, :n].numpy())
             cols["token_entropy"].append(ent[p, :n].numpy())
             cols["token_conf"].append(conf[p, :n].numpy())

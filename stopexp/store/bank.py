@@ -108,19 +108,21 @@ def shard_misfit(root: Path, name: str, rec: dict, plan: dict[int, dict], want: 
     return None
 
 
-def features(n_checkpoints: int, thinking: bool = False) -> Features:
+def features(n_checkpoints: int, thinking: bool = False, wrong_values: bool = False) -> Features:
     """The bank's columns; `mc` holds one rate per Monte Carlo checkpoint (none without
     rollouts); a thinking model's bank also counts each path's thinking tokens
-    (`thinking_tokens`: stopexp.tasks.thinking.thinking_length)."""
+    (`thinking_tokens`: stopexp.tasks.thinking.thinking_length), and the bank of a task with
+    intermediate values where each path first writes a wrong one (`first_wrong_value`:
+    tokens up to it, -1 none; stopexp.search.trace.first_wrong_value)."""
     f32 = Value("float32")
     return Features({
         **({"thinking_tokens": Value("int32")} if thinking else {}),
+        **({"first_wrong_value": Value("int32")} if wrong_values else {}),
         "split": Value("string"), "prompt_id": Value("int32"), "prompt": Value("string"),
         "prompt_len": Value("int32"), "path_id": Value("int32"), "tokens": List(Value("int32")), "text": Value("string"),
         "answer": Value("string"), "correct": Value("bool"), "reward": Value("float32"),
         "length": Value("int32"),
         "finished": Value("bool"), "style": Value("string"), "first_error": Value("int32"),
-        "first_wrong_value": Value("int32"),  # tokens up to the first wrong intermediate value; -1 none
         "token_logprob": List(f32), "token_entropy": List(f32), "token_conf": List(f32),
         "mc": List(f32, length=n_checkpoints) if n_checkpoints else List(f32),  # arrow: no 0-length lists
     })

@@ -22,7 +22,7 @@ from stopexp.runtime.ranks import barrier, in_group
 from stopexp.search.decode import SamplingParams, make_engine
 from stopexp.search.memory import kv_bytes_per_token
 from stopexp.search.sample import fit_prompts, prompt_limit, row_cap
-from stopexp.search.trace import trace_problems
+from stopexp.search.trace import has_values, trace_problems
 from stopexp.store import bank
 from stopexp.store.keys import mc_checkpoints
 from stopexp.tasks import build_task, vote_format
@@ -188,7 +188,7 @@ def _fill(cfg, root: Path, task, shards: list, pending: list[int], rank: int,
             tqdm(total=n_prompts, unit="prompt", desc="collect") as bar:
         start = time.time()  # the rates shown leave out loading the LM (or starting vLLM)
         text_cfg = model.config.get_text_config()
-        feats = bank.features(len(checkpoints), hasattr(task, "end_tag"))
+        feats = bank.features(len(checkpoints), hasattr(task, "end_tag"), has_values(task))
         measured = {"lm_parameters": sum(p.numel() for p in model.parameters()),
                     "hidden_size": text_cfg.hidden_size, "num_layers": text_cfg.num_hidden_layers,
                     "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),

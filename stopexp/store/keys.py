@@ -8,6 +8,7 @@ import functools
 from pathlib import Path
 
 from stopexp.core.evaluate_modules import module_script
+from stopexp.core.names import INTERMEDIATE_VALUE_TASKS
 from stopexp.core.protocol import checkpoint_tokens
 from stopexp.core.text import decode_escapes, decoded_text
 from stopexp.runtime.artifacts import config_hash, plain
@@ -17,8 +18,8 @@ from stopexp.tasks.benchmarks import shipped_file
 # 2: shard records in meta.json and shard.json; task content in the key
 # 3: signal columns hidden_mean and hidden_var; per-path prompt_len; kv_bytes_per_token
 # 4: paths only (no hidden, signals, alive): features live in <cache>/features
-# 5: per-path first_wrong_value (tokens up to the first wrong intermediate value)
-BANK_VERSION = 5
+# (a bank of a task with intermediate values also holds first_wrong_value: keyed by the task)
+BANK_VERSION = 4
 
 
 def checkpoints_of(cfg) -> list[int]:
@@ -82,6 +83,10 @@ def bank_key(cfg) -> str:
     task = decoded_text(plain(cfg.task))  # text keys as the task reads them
     if task.get("tokenize") == "13a":  # the default: keys as before
         task.pop("tokenize")
+    # unread off wordprob: keys as before; a wordprob bank (which now records
+    # first_wrong_value) gets a new key
+    if task.get("name") not in INTERMEDIATE_VALUE_TASKS:
+        task.pop("solution_style", None)
     content = task_content(cfg.task)
     if content is not None:
         task = {**task, "content": content}

@@ -144,3 +144,10 @@ def test_evaluate_signal_may_be_an_always_run_method():
     assert validate(compose("evaluate", ["evaluate.methods=[combined]",
                                          "evaluate.combined_signal=confidence"]))
 
+
+
+def test_evaluate_signal_learned_is_the_configured_predictor_by_either_name():
+    validate(compose("evaluate", ["evaluate.methods=[mlp,combined]"]))  # combined_signal=learned
+    validate(compose("evaluate", ["evaluate.methods=[learned,combined]", "evaluate.combined_signal=mlp"]))
+    with pytest.raises(ConfigError, match="evaluate.combined_signal: 'learned' is not a scoring method"):
+        validate(compose("evaluate", ["evaluate.methods=[linear,combined]"]))  # predictor=mlp

@@ -123,8 +123,8 @@ def check_combined(ev, predictor_name: str) -> None:
     configured predictor, also by its name), the knobs in range, and the bank's features
     are read (replay)."""
     scoring = {*ALWAYS_METHODS, *ev.methods} - {"no_prune", *STOPPING_METHODS}
-    if "learned" in scoring:
-        scoring.add(predictor_name)
+    if "learned" in scoring or predictor_name in scoring:  # the configured predictor, either name
+        scoring |= {"learned", predictor_name}
     if ev.combined_signal not in scoring:
         fail("evaluate.combined_signal", f"{ev.combined_signal!r} is not a scoring method that "
                                          f"runs; allowed: {', '.join(sorted(scoring))} (add it "

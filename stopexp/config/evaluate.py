@@ -9,7 +9,7 @@ from typing import List, Optional
 from stopexp.config import cross, policy
 from stopexp.config.ranges import TOGETHER, at_least, fail, within
 from stopexp.core.names import (ALWAYS_METHODS, BASELINE_METHODS, ORACLE_METHODS, PREDICTOR_NAMES,
-                                SPLITS, STOPPING_METHODS, external)
+                                SPLITS, STOPPING_METHODS, external, method_name)
 from stopexp.core.protocol import warmup_paths
 
 
@@ -122,10 +122,9 @@ def check_combined(ev, predictor_name: str) -> None:
     """evaluate.combined_*: the signal is a scoring method that runs (`learned`: the
     configured predictor, also by its name), the knobs in range, and the bank's features
     are read (replay)."""
-    scoring = {*ALWAYS_METHODS, *ev.methods} - {"no_prune", *STOPPING_METHODS}
-    if "learned" in scoring or predictor_name in scoring:  # the configured predictor, either name
-        scoring |= {"learned", predictor_name}
-    if ev.combined_signal not in scoring:
+    scoring = {method_name(m, predictor_name) for m in (*ALWAYS_METHODS, *ev.methods)} - {
+        "no_prune", *STOPPING_METHODS}
+    if method_name(ev.combined_signal, predictor_name) not in scoring:
         fail("evaluate.combined_signal", f"{ev.combined_signal!r} is not a scoring method that "
                                          f"runs; allowed: {', '.join(sorted(scoring))} (add it "
                                          "to evaluate.methods)")

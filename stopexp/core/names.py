@@ -23,6 +23,11 @@ SIGNAL_NAMES = ("mean_logprob", "min_logprob", "mean_entropy", "group_conf", "hi
                 "hidden_mean", "hidden_var", "attn_entropy", "prefix_len")
 # the methods evaluate always runs (evaluate.ALWAYS) and the non-learnable baselines
 # (stopexp.signals.methods.NON_LEARNABLE)
+def method_name(name: str, predictor: str) -> str:
+    """A method of evaluate.methods by its own name: `learned` is the configured predictor."""
+    return predictor if name == "learned" else name
+
+
 ALWAYS_METHODS = ("no_prune", "random", "confidence", "oracle")
 # the controls that read what no check knows while generating: the path's outcome (oracle)
 # and whether a wrong intermediate value is written by the prefix (error_oracle)

@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 from stopexp.config import ALLOWED, PredictorConfig, check_method_names, checkpoint_tokens
 from stopexp.config import ALWAYS_METHODS as ALWAYS
 from stopexp.core.errors import NotFound
+from stopexp.core.names import method_name
 from stopexp.models import load_lm
 from stopexp.models.super_token import load_super_token
 from stopexp.signals import PREDICTORS
@@ -29,7 +30,7 @@ def method_names(cfg) -> list[str]:
     random, confidence, oracle) missing from evaluate.methods first, then evaluate.methods
     with `learned` as the configured predictor's name, no duplicates. So
     evaluate.methods=[] runs exactly the four always-run methods."""
-    names = [cfg.predictor.name if m == "learned" else m for m in cfg.evaluate.methods]
+    names = [method_name(m, cfg.predictor.name) for m in cfg.evaluate.methods]
     added = [m for m in ALWAYS if m not in names]
     if added:  # the contract of metrics.json: these four are always among the methods
         log.info("evaluate.methods: %s run too (%s always run)", ", ".join(added), ", ".join(ALWAYS))

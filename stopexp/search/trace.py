@@ -96,7 +96,8 @@ def trace_problems(engine, tokenizer, task, problems, n_paths: int, seed: int,
         "split", "prompt_id", "prompt", "prompt_len", "path_id", "tokens", "text", "answer", "correct",
         "reward", "length", "finished", "style", "first_error", "token_logprob", "token_entropy",
         "token_conf", "mc")}
-    if has_values(task):
+    values = has_values(task)
+    if values:
         cols["first_wrong_value"] = []
     thinking = hasattr(task, "end_tag")  # a thinking model (stopexp.tasks.thinking)
     if thinking:
@@ -147,7 +148,7 @@ def trace_problems(engine, tokenizer, task, problems, n_paths: int, seed: int,
             cols["finished"].append(bool(finished[p]))
             cols["style"].append(diag["style"])
             cols["first_error"].append(diag["first_error"])
-            if has_values(task):
+            if values:
                 cols["first_wrong_value"].append(first_wrong_value(tokenizer, task, problem,
                                                                    cols["tokens"][-1], text))
             cols["token_logprob"].append(lp[p, :n].numpy())

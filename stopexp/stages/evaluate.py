@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from stopexp.config import check_plan
-from stopexp.core.names import INTERMEDIATE_VALUE_TASKS
+from stopexp.core.names import INTERMEDIATE_VALUE_TASKS, method_name
 from stopexp.core.policies import check_policies, policy_params
 from stopexp.evaluation.accounting import (account_methods, add_text_metrics, bank_paths_and_confs,
                                            pareto_points, prompts_in, replay_paths)
@@ -93,8 +93,7 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
     if set(names) & set(STOPPING_METHODS):
         signal = None
         if "combined" in names:  # its signal's scores at every check (replay: paths.checks)
-            sig = cfg.evaluate.combined_signal
-            sig = cfg.predictor.name if sig == "learned" else sig
+            sig = method_name(cfg.evaluate.combined_signal, cfg.predictor.name)
             signal = [scorers[sig](b).numpy().astype(float) for b in paths.checks]
         stops = stopping_outcomes(*bank_paths_and_confs(root, split, checkpoint, paths, views),
                                   names, N, cfg.evaluate, cfg.search.group_window,

@@ -403,3 +403,24 @@ def test_bootstrap_leaves_nan_resamples_out_and_counts_them(caplog):
     assert none.nan_resamples == 50 and np.isnan(none).all()
     assert "is NaN (no resample has the statistic)" in caplog.text
     assert bootstrap_ci(np.linspace(0, 1, 20)).nan_resamples == 0
+
+
+def test_rouge_leaves_a_stream_it_does_not_own_open():
+    # absl (rouge_score's logging) closes its handler's stream at logging.shutdown unless it
+    # is the current sys.stderr; Hydra shuts logging down at every run. A stream that was
+    # sys.stderr when absl was imported, and has been swapped out since, must survive.
+    import contextlib
+    import io
+
+    from absl import logging as absl_logging
+
+    from stopexp.metrics.text import rouge_scorer
+
+    handler = absl_logging.get_absl_handler().python_handler
+    first, second = io.StringIO(), io.StringIO()
+    handler.stream = first  # as if absl had been imported while `first` was sys.stderr
+    rouge_scorer.cache_clear()
+    rouge_scorer(("rougeL",))
+    with contextlib.redirect_stderr(second):
+        handler.close()
+    assert not first.closed and not second.closed and handler.stream is sys.__stderr__

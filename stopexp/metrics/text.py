@@ -9,6 +9,7 @@ import collections
 import contextlib
 import functools
 import os
+import sys
 
 import numpy as np
 import regex
@@ -110,8 +111,14 @@ def rouge_scorer(types: tuple[str, ...], whitespace: bool = False, tokenize: str
     """rouge_score's RougeScorer for `types`, made once per process (each one logs its
     tokenizer); `whitespace`: tokens are whitespace-separated, as for character level; else
     words as `UnicodeTokenizer(tokenize)` splits them."""
+    from absl import logging as absl_logging
     from rouge_score.rouge_scorer import RougeScorer
 
+    # absl (rouge_score's logging) closes its handler's stream at logging.shutdown unless it
+    # is the current sys.stderr, and Hydra shuts logging down at every run: a stream swapped
+    # in since absl's import (a test's capture, a notebook's redirect) would be closed under
+    # its owner. The interpreter's own stderr is never closed.
+    absl_logging.get_absl_handler().python_handler.stream = sys.__stderr__
     return RougeScorer(list(types), tokenizer=WhitespaceTokenizer() if whitespace
                        else UnicodeTokenizer(tokenize))
 

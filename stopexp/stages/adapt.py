@@ -54,7 +54,7 @@ def adapt(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
     tgt, t_ov = target_config(cfg), target_overrides(cfg, overrides)
     root = bank.require_bank(tgt, t_ov)
     meta = bank.read_meta(root)
-    checkpoint = check_tokens(cfg)
+    checkpoint = check_tokens(cfg.search, cfg.train.checkpoint)
     predictors = load_predictors(cfg, overrides, tgt, t_ov)
     paths = replay_paths(root, require_features(tgt, t_ov), a.split, checkpoint, vote_format(tgt.task))
     order, held = stream_order(int(paths.group.max()) + 1, a.stream_prompts, a.heldout_prompts, a.seed)
@@ -90,11 +90,11 @@ def adapt(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
     return metrics
 
 
-def check_tokens(cfg) -> int:
+def check_tokens(search, trained_at) -> int:
     """The check's prefix length in tokens (search.check_at), warning when the predictor
-    learned on prefixes of another length (train.checkpoint)."""
-    checkpoint = checkpoint_tokens(cfg.search.check_at, cfg.search.max_new_tokens)
-    if checkpoint_tokens(cfg.train.checkpoint, cfg.search.max_new_tokens) != checkpoint:
+    learned on prefixes of another length (`trained_at`: train.checkpoint)."""
+    checkpoint = checkpoint_tokens(search.check_at, search.max_new_tokens)
+    if checkpoint_tokens(trained_at, search.max_new_tokens) != checkpoint:
         log.warning("train.checkpoint differs from search.check_at: the predictor scores prefixes "
                     "of another length than it learned on")
     return checkpoint

@@ -10,9 +10,9 @@ from omegaconf import OmegaConf
 from conftest import FP32_REORDER, compose
 from stopexp.config import ConfigError, checkpoint_tokens, validate
 from stopexp.evaluation.accounting import replay_paths
+from stopexp.stages.build import target_config, target_overrides
 from stopexp.store import bank
 from stopexp.training.losses import build_loss
-from stopexp.training.shift import target_config, target_overrides
 from stopexp.training.stream import (feedback, mc_draws, replay_continuations, replay_decider,
                                      run_stream, stream_order, take)
 
@@ -40,9 +40,10 @@ def _setup(small_bank, *extra):
 
 def _run(cfg, predictor, paths, order, heldout, ckpt, variant, decide=None, continue_=None):
     p = copy.deepcopy(predictor) if predictor is not None else None
-    return run_stream(p, decide or replay_decider(paths, cfg), order, heldout, cfg, variant=variant,
-                      checkpoint=ckpt, seconds_per_token=1e-3,
-                      continue_=continue_ or replay_continuations(cfg)), p
+    return run_stream(p, decide or replay_decider(paths, cfg.policy, cfg.search.n_paths), order,
+                      heldout, cfg.adapt, build_loss(cfg.loss), variant=variant,
+                      n_paths=cfg.search.n_paths, checkpoint=ckpt, seconds_per_token=1e-3,
+                      continue_=continue_ or replay_continuations(cfg.adapt.mc_rollouts)), p
 
 
 def test_a_seeded_stream_pins_its_first_updates(small_bank):
@@ -177,7 +178,8 @@ def test_a_missing_target_bank_names_the_collect_command(small_bank):
 
 
 def test_the_stage_writes_curves_plots_and_a_summary(small_bank, tmp_path):
-    from stopexp.stages.adapt import adapt, print_table, summarize
+    from stopexp.evaluation.learning_curves import summarize_variants, variants_table
+    from stopexp.stages.adapt import adapt
 
     cfg = validate(compose("adapt", [*small_bank, *ADAPT, *MC]))
     m = adapt(cfg, overrides=small_bank, run_dir=tmp_path)
@@ -191,9 +193,9 @@ def test_the_stage_writes_curves_plots_and_a_summary(small_bank, tmp_path):
     assert m["variants"]["kept_only"]["mc_tokens"] == 0
     curves = copy.deepcopy(m["curves"])  # no shift here: give the ceiling a gap to close
     curves["retrained"][-1]["heldout_auroc"] = m["variants"]["frozen"]["heldout_auroc"] + 0.1
-    assert set(summarize(curves, 2)["mc_feedback"]) >= {"gap_closed", "prompts_to_half_gap"}
+    assert set(summarize_variants(curves)["mc_feedback"]) >= {"gap_closed", "prompts_to_half_gap"}
     assert (tmp_path / "learning_curves.png").stat().st_size > 0
-    table = print_table(m)
+    table = variants_table(m)
     assert "explore" in table and "mc_feedback" in table and "MC tok" in table
 
 
@@ -266,11 +268,12 @@ def test_mc_feedback_labels_pruned_prefixes_by_the_banks_rate_and_counts_their_t
     for g, want in zip(got, PINNED_MC):
         assert g == pytest.approx(want, abs=1e-5)
     # the draws and the feedback batch of the first batch, by hand
-    view, scores, kept_rows, explored, _ = replay_decider(paths, cfg)(order[:2], predictor, 0.0, None)
+    view, scores, kept_rows, explored, _ = replay_decider(paths, cfg.policy, cfg.search.n_paths)(
+        order[:2], predictor, 0.0, None)
     rows, chance = mc_draws(view, kept_rows, explored, 3, np.random.default_rng(cfg.adapt.seed), 8)
     pruned = view.alive & (view.path_id < 8) & ~kept_rows
     assert chance == pytest.approx(3 / pruned.sum()) and pruned[rows].all() and len(rows) == 3
-    rate, tokens, _ = replay_continuations(cfg)(view, rows)
+    rate, tokens, _ = replay_continuations(cfg.adapt.mc_rollouts)(view, rows)
     assert rate.tolist() == view.batch["mc"][torch.as_tensor(rows)].tolist()
     assert tokens.tolist() == (2 * (view.length[rows] - ckpt)).tolist()
     weight = np.ones(len(kept_rows))

@@ -278,8 +278,8 @@ def test_the_table_header_shows_every_progressive_check():
 ])
 def test_the_header_says_what_the_policy_keeps(policy, kept):
     from stopexp.core.policies import policy_params
+    from stopexp.evaluation.learning_curves import variants_table as adapt_table
     from stopexp.evaluation.table import print_table
-    from stopexp.stages.adapt import print_table as adapt_table
 
     cfg = compose("evaluate", [f"policy={policy}", "search.n_paths=4"])
     row = {"accuracy": 1.0, "accuracy_ci": [1.0, 1.0], "avg_at_k": 1.0, "tokens_total": 10.0,

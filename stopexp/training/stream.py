@@ -1,7 +1,28 @@
 """The adaptation stream (python -m stopexp.adapt): prompts arrive in batches, each is
 pruned by the current predictor, the paths it finishes (kept, explored, or continued by
 Monte Carlo rollouts from pruned prefixes) are its feedback, and the predictor takes a few
-steps on that feedback before the next batch; replayed from the bank, or run online."""
+steps on that feedback before the next batch; replayed from the bank, or run online.
+
+Each batch is pruned with Launch-Check-Resume (N paths, the policy's top K at the check);
+the kept paths finish and are graded, and the predictor takes `adapt.steps` AdamW steps
+with the training loss (stopexp/training/losses.py) on that feedback, plus `adapt.buffer`
+earlier batches of it. In replay a finished path's outcome is looked up in the bank, not
+generated; online (stopexp/training/online.py) the LM runs, and since every path has its
+own random stream the curves are the same.
+
+Only kept paths reveal their outcome, so kept-only feedback is a sample the predictor's
+own decisions biased. With `adapt.explore` = epsilon each would-be-pruned live path is
+finished anyway with probability epsilon; it votes like a kept path, its tokens are
+counted, and its feedback is weighted by 1 / epsilon (inverse propensity; kept paths are
+kept with probability 1) when `adapt.importance_weight`. The costlier second option,
+Monte Carlo feedback (variant mc_feedback): after each check, `adapt.mc_prefixes` pruned
+prefixes of the batch, drawn at random, are continued `adapt.mc_rollouts` times from the
+check; their success rate is the prefix's soft label (the target of reward_regression and
+mse; contrastive and pairwise order pairs by it), weighted by 1 / its chance of being drawn.
+The rollouts' tokens are a cost (`mc_tokens`, in `tokens`); they do not vote. Replay reads
+the rates from the target bank's Monte Carlo labels and estimates their tokens as K x the
+path's own remaining length; online forks the check's prefix and counts them.
+"""
 from __future__ import annotations
 
 import math
@@ -14,7 +35,6 @@ from stopexp.core.errors import ConfigError
 from stopexp.core.policies import build_policy
 from stopexp.evaluation.accounting import Paths, keep_by_policy, outcome
 from stopexp.metrics import within_prompt_auroc
-from stopexp.training.losses import build_loss
 
 ONLINE = ("kept_only", "explore", "mc_feedback")  # the variants that learn from the stream
 # what the predictors and the losses read (stopexp/signals/features.py, stopexp/training/losses.py)
@@ -113,13 +133,13 @@ def mc_draws(view: Paths, kept: np.ndarray, explored: np.ndarray, count: int, rn
     return np.sort(rng.choice(pruned, size=take_n, replace=False)), take_n / len(pruned)
 
 
-def replay_continuations(cfg):
+def replay_continuations(rollouts: int):
     """Monte Carlo continuations from the trace bank: `continue_(view, rows)` -> (success
     rate per row, tokens per row, None). The rates are the bank's `mc` at the check (K =
-    collect.mc_rollouts rollouts); the bank keeps no rollout lengths, so each row's tokens
-    are estimated as K x its own remaining length. Raises ValueError naming
+    `rollouts` = collect.mc_rollouts rollouts); the bank keeps no rollout lengths, so each
+    row's tokens are estimated as K x its own remaining length. Raises ValueError naming
     collect.mc_rollouts when the bank has no label there."""
-    K = cfg.adapt.mc_rollouts
+    K = rollouts
 
     def continue_(view: Paths, rows: np.ndarray):
         rate = view.batch["mc"][torch.as_tensor(rows)].numpy().astype(float)
@@ -132,35 +152,37 @@ def replay_continuations(cfg):
     return continue_
 
 
-def replay_decider(paths: Paths, cfg):
-    """Prune a batch from the trace bank: (view, scores, kept, explored, measured seconds
-    or None)."""
-    N, K = cfg.search.n_paths, cfg.policy.keep
+def replay_decider(paths: Paths, policy, n_paths: int):
+    """Prune a batch from the trace bank: the `policy` section's policy (a fresh one per
+    batch, K = policy.keep) on the live paths among the first `n_paths` of each prompt.
+    Returns (view, scores, kept, explored, measured seconds or None)."""
+    N, K = n_paths, policy.keep
 
     def decide(groups, predictor, epsilon: float, rng):
         view = take(paths, groups)
         if predictor is None:
             return view, None, view.alive & (view.path_id < N), np.zeros(len(view.alive), bool), None
         scores = predictor_scores(predictor, view.batch)
-        kept = keep_by_policy(view, scores, build_policy(cfg.policy, keep=K), N)
+        kept = keep_by_policy(view, scores, build_policy(policy, keep=K), N)
         return view, scores, kept, explore_draws(view, kept, epsilon, rng, N), None
 
     return decide
 
 
-def run_stream(predictor, decide, order: np.ndarray, heldout: Paths | None, cfg, *,
-               variant: str, checkpoint: int, seconds_per_token: float,
+def run_stream(predictor, decide, order: np.ndarray, heldout: Paths | None, adapt, loss, *,
+               variant: str, n_paths: int, checkpoint: int, seconds_per_token: float,
                continue_=None) -> list[dict]:
-    """One variant over the stream; returns one record per batch. `decide` prunes a batch
-    (replay_decider, or stopexp.training.online for the LM in the loop); `continue_` runs the
-    Monte Carlo continuations of mc_feedback (replay_continuations, or the LM's);
-    `predictor` (None for no_prune) is updated in place for the online variants."""
-    a, N = cfg.adapt, cfg.search.n_paths
+    """One variant over the stream, with the settings of the `adapt` section and the
+    training `loss` (stopexp.training.losses.build_loss); returns one record per batch.
+    `decide` prunes a batch (replay_decider, or stopexp.training.online for the LM in the
+    loop); `continue_` runs the Monte Carlo continuations of mc_feedback
+    (replay_continuations, or the LM's); `predictor` (None for no_prune) is updated in
+    place for the online variants."""
+    a, N = adapt, n_paths
     online = variant in ONLINE
     epsilon = a.explore if variant == "explore" else 0.0
     if variant == "mc_feedback" and continue_ is None:
         raise ValueError("run_stream: the mc_feedback variant needs `continue_`")
-    loss_fn = build_loss(cfg.loss)
     opt = torch.optim.AdamW([p for p in predictor.parameters() if p.requires_grad], lr=a.lr,
                             weight_decay=a.weight_decay) if online and a.steps else None
     rng = np.random.default_rng(a.seed)  # the same exploration draws in every run of a config
@@ -201,11 +223,11 @@ def run_stream(predictor, decide, order: np.ndarray, heldout: Paths | None, cfg,
             predictor.train()
             losses = []
             for _ in range(a.steps):
-                loss = loss_fn(predictor(data), data)
+                value = loss(predictor(data), data)
                 opt.zero_grad(set_to_none=True)
-                loss.backward()
+                value.backward()
                 opt.step()
-                losses.append(loss.item())
+                losses.append(value.item())
             rec.update(update_s=time.perf_counter() - t1, loss_first=losses[0], loss_last=losses[-1],
                        feedback_paths=int(len(data["weight"])))
         if heldout is not None and predictor is not None:

@@ -1,5 +1,5 @@
-"""The distribution shift adaptation runs under: the target config (the source config with
-`adapt.target`'s keys in place) and the command-line overrides that make its bank."""
+"""Builders that read several sections of the whole config to make one object; a stage
+calls them in its first lines and passes what they make down."""
 from __future__ import annotations
 
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -8,6 +8,8 @@ from stopexp.config import shifted_config
 from stopexp.models.toy_lm import ARITH_KEYS
 
 
+# The distribution shift adapt runs under. Here, not in stopexp/config/adapt.py beside
+# shifted_config: pinning the toy LM needs the task keys it learns (stopexp.models.toy_lm).
 def target_config(cfg) -> DictConfig:
     """The stream's config: `cfg` with each `adapt.target` key (a dotted config key under
     task, model or search) set to its value. For the toy LM, task keys are pinned to the

@@ -1,0 +1,68 @@
+"""The report of online adaptation (python -m stopexp.adapt): per variant, a summary of
+its learning curves (stopexp.training.stream.run_stream's records, one per batch) and the
+console table of those summaries.
+
+Per batch a record holds the within-prompt AUROC of the scores that pruned it, the vote
+accuracy, the tokens (exploration and Monte Carlo rollouts included), the estimated wall
+seconds (tokens x the bank's seconds per token, plus the measured check and update time),
+and the within-prompt AUROC on the held-out prompts after the update (the cleaner
+learning curve)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from stopexp.core.policies import kept_text
+from stopexp.training.stream import ONLINE
+
+
+def summarize_variants(curves: dict, last: int = 5) -> dict:
+    """Per variant: accuracy and tokens over the stream, the tokens' share of no_prune's,
+    the mean AUROC of the last `last` batches, the final held-out AUROC, and (for the
+    online variants) the share of the frozen -> retrained held-out AUROC gap closed at the
+    end and the prompts seen when half of it first was."""
+    out = {}
+    for v, recs in curves.items():
+        w = np.asarray([r["prompts_seen"] - (recs[i - 1]["prompts_seen"] if i else 0)
+                        for i, r in enumerate(recs)], float)
+        out[v] = {"accuracy": float(np.average([r["accuracy"] for r in recs], weights=w)),
+                  "tokens_total": float(sum(r["tokens"] for r in recs)),
+                  "explore_tokens": float(sum(r["explore_tokens"] for r in recs)),
+                  "mc_tokens": float(sum(r.get("mc_tokens", 0.0) for r in recs)),
+                  "wall_s": float(sum(r["wall_s"] for r in recs)),
+                  "update_s": float(sum(r["update_s"] for r in recs)),
+                  "auroc_last": float(np.nanmean([r["auroc"] for r in recs[-last:]]))
+                  if any(np.isfinite(r["auroc"]) for r in recs[-last:]) else math.nan,
+                  "heldout_auroc": recs[-1].get("heldout_auroc", math.nan)}
+    if "no_prune" in out:
+        for s in out.values():
+            s["tokens_ratio"] = s["tokens_total"] / out["no_prune"]["tokens_total"]
+    if "frozen" in out and "retrained" in out:
+        lo, hi = out["frozen"]["heldout_auroc"], out["retrained"]["heldout_auroc"]
+        for v in ONLINE:
+            if v in out and hi != lo:
+                out[v]["gap_closed"] = (out[v]["heldout_auroc"] - lo) / (hi - lo)
+                half = [r["prompts_seen"] for r in curves[v]
+                        if (r["heldout_auroc"] - lo) / (hi - lo) >= 0.5]
+                out[v]["prompts_to_half_gap"] = half[0] if half else None
+    return out
+
+
+def variants_table(metrics: dict) -> str:
+    """The table of adapt's `metrics` (the dict written to metrics.json) as text."""
+    p = metrics["protocol"]
+    lines = [f"Online adaptation to {metrics['target']}: {p['stream_prompts']} prompts in batches of "
+             f"{p['batch_prompts']}, {p['n']} -> "
+             f"{kept_text(p.get('policy', 'topk'), p.get('policy_params', {}), p['k'])} at "
+             f"{p['check_tokens']} tokens",
+             f"{'variant':<12}{'accuracy':>9}{'tokens':>10}{'ratio':>7}{'explore':>9}{'MC tok':>8}"
+             f"{'AUROC last':>11}{'held-out':>9}{'gap closed':>11}{'update s':>9}{'wall s':>8}"]
+    for v, s in metrics["variants"].items():
+        gap = f"{s['gap_closed']:.2f}" if "gap_closed" in s else "-"
+        lines.append(f"{v:<12}{s['accuracy']:>9.3f}{s['tokens_total']:>10.0f}"
+                     f"{s.get('tokens_ratio', math.nan):>7.2f}{s['explore_tokens']:>9.0f}"
+                     f"{s.get('mc_tokens', 0.0):>8.0f}"
+                     f"{s['auroc_last']:>11.3f}{s['heldout_auroc']:>9.3f}{gap:>11}{s['update_s']:>9.2f}"
+                     f"{s['wall_s']:>8.1f}")
+    return "\n".join(lines)

@@ -21,8 +21,9 @@ log = logging.getLogger(__name__)
 def selection_prompts(prompts: np.ndarray, share: float) -> np.ndarray:
     """The prompt ids held out for epoch selection among the distinct `prompts`: k of the G
     of them, k = share * G rounded half up (at least 1), evenly spaced in sorted order (the
-    j-th at position floor((j + 1/2) G / k)). The training prompts are a hash split, so any
-    such choice is fixed before their content; spacing spreads it over a file's order."""
+    j-th at position floor((j + 1/2) G / k), exact in floats: (j + 1/2) G is). Which training
+    prompts they are does not bear on the guarantee (none is a validation prompt); spacing
+    spreads them over the bank's prompt order (a file's may follow difficulty)."""
     ids = np.unique(prompts)
     k = max(1, int(share * len(ids) + 0.5))
     return ids[((np.arange(k) + 0.5) * len(ids) / k).astype(np.int64)]

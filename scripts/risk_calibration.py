@@ -7,7 +7,8 @@ the checked paths it prunes, vote accuracy and tokens (against no_prune's), per 
     python scripts/risk_calibration.py +exp=toy_contrastive policy.risk=answer --alphas 0.05 0.1 0.2
 
 Arguments besides --alphas, --delta and --methods are evaluate's overrides; the methods
-shown default to the learned predictor and confidence.
+shown default to the learned predictor and confidence. The predictor policy=risk scores
+with (its epoch picked on training prompts: policy.selection_share) is trained when missing.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from hydra import compose, initialize_config_dir
 
 from stopexp.config import project_root, validate
 from stopexp.stages.evaluate import evaluate
+from stopexp.training.predictor import train
 
 
 def rows(alpha: float, delta: float, overrides: list[str], methods: list[str] | None) -> list[str]:
@@ -25,6 +27,7 @@ def rows(alpha: float, delta: float, overrides: list[str], methods: list[str] | 
                                             "evaluate.methods=[learned]", "policy=risk",
                                             f"policy.alpha={alpha}", f"policy.delta={delta}",
                                             *overrides]))
+    train(cfg, progress=False)  # found when trained
     m = evaluate(cfg)
     base, n = m["methods"]["no_prune"], m["protocol"]["n"]
     out = []

@@ -12,7 +12,12 @@ from stopexp.core.policies import FixedThreshold, build_policy
 from stopexp.evaluation.accounting import Paths, keep_by_policy, outcome
 from stopexp.evaluation.risk import calibrate, realised_risk
 from stopexp.metrics.risk import binomial_tail, clopper_pearson, fixed_sequence, hoeffding_bentkus
+from stopexp.stages import evaluate as evaluate_stage
 from stopexp.stages.evaluate import evaluate, print_table
+from stopexp.store.keys import bank_key
+from stopexp.training import predictor as training
+from stopexp.training.data import NothingToLearn, predictor_dir
+from stopexp.training.selection import hold_out_for_selection, selection_prompts
 
 
 def test_p_values_and_fixed_sequence_by_hand():
@@ -114,7 +119,8 @@ def test_realised_risk_stays_below_alpha_on_exchangeable_prompts(risk, levels):
     (["policy.delta=1.5"], "policy.delta"), (["policy.risk=pruned"], "policy.risk"),
     (["evaluate.split=val"], "evaluate.split"), (["collect.prompts.val=0"], "collect.prompts.val"),
     (["collect.keep_correct=[1,7]"], "collect.keep_correct_splits"),
-    (["search=beam"], "policy.name")])
+    (["policy.selection_share=1"], "policy.selection_share"),
+    (["policy.selection_share=-0.1"], "policy.selection_share"), (["search=beam"], "policy.name")])
 def test_bad_risk_settings_fail_naming_the_key(overrides, key):
     with pytest.raises(ConfigError, match=rf"^{key}: "):
         validate(compose("evaluate", ["policy=risk", "search.n_paths=8", *overrides]))
@@ -123,6 +129,8 @@ def test_bad_risk_settings_fail_naming_the_key(overrides, key):
 def test_risk_keys_are_refused_under_another_policy():
     with pytest.raises(ConfigError, match=r"^policy.alpha: .*policy=risk"):
         validate(compose("evaluate", ["policy=topk", "policy.alpha=0.2"]))
+    with pytest.raises(ConfigError, match=r"^policy.selection_share: .*policy=risk"):
+        validate(compose("evaluate", ["policy=topk", "policy.selection_share=0.3"]))
     with pytest.raises(ValueError, match="calibrated on the validation split"):
         build_policy(compose("evaluate", ["policy=risk"]).policy)
 
@@ -133,8 +141,9 @@ RISK = ["policy=risk", "policy.alpha=0.5", "policy.delta=0.5"]
 def test_risk_policy_on_the_toy_bank(trained3):
     """On the small bank (6 validation prompts): one calibrated threshold per check and
     method, in the protocol and the header; online prunes as replay does; one check's
-    threshold, given to policy=fixed, reproduces the method's run."""
-    bank = [*trained3, *RISK]
+    threshold, given to policy=fixed, reproduces the method's run (with selection_share 0
+    policy=risk scores with the predictor policy=fixed finds: the one trained3 made)."""
+    bank = [*trained3, *RISK, "policy.selection_share=0"]
     two = ["search.check_at=[0.08,0.25]"]
     replay = evaluate(cfg_for(bank, *two))
     online = evaluate(cfg_for(bank, *two, "evaluate.mode=online"))
@@ -157,3 +166,74 @@ def test_risk_policy_on_the_toy_bank(trained3):
                              f"policy.tau={tau}"))
     assert fixed["methods"]["mlp"]["tokens_total"] == one["methods"]["mlp"]["tokens_total"]
     assert fixed["methods"]["mlp"]["accuracy"] == one["methods"]["mlp"]["accuracy"]
+
+
+def _rows(prompts: list[int], correct: list[int], key: str = "group") -> dict:
+    return {key: torch.tensor(prompts), "correct": torch.tensor(correct, dtype=torch.float32),
+            "row": torch.arange(len(prompts))}
+
+
+def test_epoch_selection_prompts_by_hand():
+    """k = share * G rounded half up, evenly spaced: the j-th of the sorted ids at position
+    floor((j + 1/2) G / k). 10 ids at 0.2: k = 2, positions 2 and 7; 12 ids at 0.2: k = 2
+    (2.4), positions 3 and 9; 5 ids at 0.5: k = 3 (2.5 up), positions 0, 2, 4; at 0.01 still one."""
+    ids = np.arange(10) * 3
+    assert selection_prompts(np.repeat(ids, 4), 0.2).tolist() == [6, 21]
+    assert selection_prompts(np.arange(12)[::-1], 0.2).tolist() == [3, 9]
+    assert selection_prompts(np.arange(5), 0.5).tolist() == [0, 2, 4]
+    assert selection_prompts(np.arange(5), 0.01).tolist() == [2]
+    # 5 training prompts of two paths (one right, one wrong) at share 0.4: k = 2, prompts
+    # 1 and 3 pick the epoch in place of the validation rows; the test rows stay
+    train = _rows([0, 0, 1, 1, 2, 2, 3, 3, 4, 4], [1, 0] * 5)
+    data = {"train": train, "val": _rows([0, 0], [1, 0]), "test": _rows([0, 0], [0, 1])}
+    out = hold_out_for_selection(data, 0.4)
+    assert out["train"]["row"].tolist() == [0, 1, 4, 5, 8, 9]
+    assert out["val"]["row"].tolist() == [2, 3, 6, 7] and out["test"] is data["test"]
+    assert hold_out_for_selection(data, 0.0) is data
+    # every-position rows: the prompt is "prompt_group" (the pair id "group" is per position)
+    per_step = {"train": {**_rows([0, 0, 1, 1, 2, 2, 3, 3, 4, 4], [1, 0] * 5, "prompt_group"),
+                          "group": torch.arange(10) // 2}, "val": data["val"]}
+    assert hold_out_for_selection(per_step, 0.4)["val"]["row"].tolist() == [2, 3, 6, 7]
+    # the held-out prompts 1 and 3 are all right: nothing to pick an epoch by
+    data["train"] = _rows([0, 0, 1, 1, 2, 2, 3, 3, 4, 4], [1, 0, 1, 1, 1, 0, 1, 1, 1, 0])
+    with pytest.raises(NothingToLearn, match=r"^policy.selection_share: none of the 2 training prompts held out"):
+        hold_out_for_selection(data, 0.4)
+
+
+def test_the_predictor_never_saw_a_calibration_prompt(small_bank, monkeypatch):
+    """Under policy=risk (default selection_share 0.2) no path that calibrates the thresholds
+    is among the paths the predictor was fitted to or picked its epoch on (a path known by
+    its hidden state at the check, which is the training checkpoint); with selection_share 0
+    the epoch is picked on exactly those paths. Bank keys do not move; the predictor's key
+    moves only where the epoch is picked elsewhere."""
+    seen, calibrated_on = {}, []
+    fit = training.fit
+
+    def recording_fit(cfg, predictor, data, progress=True):
+        seen[cfg.policy.selection_share] = {k: data[k]["hidden"].numpy() for k in ("train", "val")}
+        return fit(cfg, predictor, data, progress)
+
+    def recording_calibration(policy, search, evaluate, scorers, checks, val):
+        calibrated_on.append(val)
+        return calibrate_methods(policy, search, evaluate, scorers, checks, val)
+
+    calibrate_methods = evaluate_stage.calibrate_methods
+    monkeypatch.setattr(training, "fit", recording_fit)
+    monkeypatch.setattr(evaluate_stage, "calibrate_methods", recording_calibration)
+    bank = [*small_bank, *RISK, "train.seed=31"]  # no other test trains these
+    held_out, on_val = cfg_for(bank), cfg_for(bank, "policy.selection_share=0")
+    topk = cfg_for([*small_bank, "train.seed=31"])
+    assert bank_key(held_out) == bank_key(on_val) == bank_key(topk)
+    assert predictor_dir(on_val) == predictor_dir(topk) != predictor_dir(held_out)
+    for cfg in (held_out, on_val):
+        training.train(cfg, progress=False)
+    m = evaluate(held_out)
+    assert m["methods"]["mlp"]["risk"]["calibration"]["prompts"] == 6
+
+    def fingerprints(hidden):
+        return {row.tobytes() for row in hidden if row.any()}  # zero rows: not alive there
+    calibration = fingerprints(calibrated_on[0].checks[0]["hidden"].numpy())
+    assert len(calibration) >= 6  # paths of a prompt with the same first tokens share one
+    fitted = fingerprints(seen[0.2]["train"]) | fingerprints(seen[0.2]["val"])
+    assert not calibration & fitted
+    assert calibration == fingerprints(seen[0.0]["val"])  # the overlap the hold-out removes

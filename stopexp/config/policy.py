@@ -26,6 +26,10 @@ class PolicyConfig:
     risk: str = "voter"
     alpha: float = 0.1
     delta: float = 0.1
+    # risk: the share of the training prompts a learned predictor picks its epoch on (and
+    # is not fitted to), so that no validation prompt it calibrates on shaped the predictor;
+    # 0: it picks its epoch on the validation prompts (the guarantee is then approximate)
+    selection_share: float = 0.2
 
 
 def check_keep_within(pol, n_paths: int) -> None:
@@ -43,6 +47,7 @@ def check_thresholds(pol) -> None:
     at_least("policy.gain", pol.gain, 0)
     within("policy.alpha", pol.alpha, 0, 1, low_open=True, high_open=True)
     within("policy.delta", pol.delta, 0, 1, low_open=True, high_open=True)
+    within("policy.selection_share", pol.selection_share, 0, 1, high_open=True)
 
 
 def check_risk_calibration(cfg) -> None:

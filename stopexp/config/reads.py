@@ -97,7 +97,8 @@ READ_ONLY_BY = {
     # (evaluate.retention under search=beam or several checks: check_sweeps_read)
     "evaluate.retention": ("policy.name", ("topk",)),
     # policy=risk's guarantee
-    **{f"policy.{k}": ("policy.name", ("risk",)) for k in ("risk", "alpha", "delta")},
+    **{f"policy.{k}": ("policy.name", ("risk",)) for k in ("risk", "alpha", "delta",
+                                                               "selection_share")},
 }
 
 

@@ -54,7 +54,8 @@ class FixedThreshold(Policy):
 class RiskControlled(FixedThreshold):
     """A fixed threshold calibrated on the validation split so that pruning keeps a risk
     (policy.risk) below policy.alpha with probability 1 - policy.delta: Learn-then-Test,
-    arXiv 2110.01052 (stopexp.evaluation.risk). -inf (nothing certified) prunes nothing."""
+    arXiv 2110.01052 (stopexp.evaluation.risk). -inf (nothing certified) prunes nothing.
+    Learned predictors pick their epoch on training prompts instead (`selection_share`)."""
     name = "risk"
 
 
@@ -130,7 +131,14 @@ def check_policies(policy_cfg, plan: list[tuple[int, int]],
 
 # the policy.* keys each policy reads; topk's K (policy.keep) is in every check's plan
 POLICY_KEYS = {"fixed": ("tau",), "quantile": ("quantile",), "topk": (),
-               "adaptive": ("tau", "target_prune_rate", "gain"), "risk": ("risk", "alpha", "delta")}
+               "adaptive": ("tau", "target_prune_rate", "gain"),
+               "risk": ("risk", "alpha", "delta", "selection_share")}
+
+
+def selection_share(policy_cfg) -> float:
+    """The share of the training prompts a learned predictor picks its epoch on instead of
+    the validation prompts: policy=risk's policy.selection_share (they calibrate it), else 0."""
+    return float(policy_cfg.selection_share) if policy_cfg.name == "risk" else 0.0
 
 
 def policy_params(policy_cfg) -> dict:

@@ -27,7 +27,7 @@ import torch
 
 from stopexp.core.policies import FixedThreshold, quantize
 from stopexp.core.voting import rule_score
-from stopexp.evaluation.accounting import Decision, Paths, decide_by_checks, prompt_vote, replay_paths
+from stopexp.evaluation.accounting import Decision, Paths, decide_by_checks, prompt_vote
 from stopexp.metrics import bootstrap_ci
 from stopexp.metrics.risk import binomial_tail, clopper_pearson, fixed_sequence, hoeffding_bentkus
 
@@ -121,22 +121,22 @@ def winners(paths: Paths, d: Decision, n: int, vote: str, vote_top: float) -> np
                                    vote_top)[1] for g in range(int(paths.group.max()) + 1)], dtype=object)
 
 
-def calibrate_methods(cfg, scorers: dict, root, features, plan: list[tuple[int, int]],
-                      answer_format: str | None) -> dict[str, Calibration]:
-    """Every scored method's `Calibration` on the bank's validation split (`root`, its
-    `features`), at the checks of `plan`, under policy.risk / alpha / delta."""
-    checks = [c for c, _ in plan]
-    val = replay_paths(root, features, "val", checks, answer_format)
-    pol, ev = cfg.policy, cfg.evaluate
+def calibrate_methods(policy, search, evaluate, scorers: dict, checks: list[int],
+                      val: Paths) -> dict[str, Calibration]:
+    """Every scored method's `Calibration` on the validation prompts `val` (the bank's val
+    split replayed at `checks`), under policy.risk / alpha / delta, search.n_paths /
+    score_rule and evaluate.vote / vote_top. No learned predictor saw them: under
+    policy=risk it picks its epoch on training prompts (stopexp.training.selection)."""
     out = {}
     for name, scorer in scorers.items():
         scores = [scorer(b).numpy().astype(float) for b in val.checks]
-        out[name] = calibrate(val, scores, checks, cfg.search.n_paths, cfg.search.score_rule,
-                              pol.risk, pol.alpha, pol.delta, ev.vote, ev.vote_top)
+        out[name] = calibrate(val, scores, checks, search.n_paths, search.score_rule,
+                              policy.risk, policy.alpha, policy.delta, evaluate.vote,
+                              evaluate.vote_top)
         if out[name].level is None:
             log.warning("policy=risk: %s: no threshold is certified for %s risk <= %s at delta %s "
-                        "on %d validation prompts; it prunes nothing", name, pol.risk, pol.alpha,
-                        pol.delta, out[name].prompts)
+                        "on %d validation prompts; it prunes nothing", name, policy.risk,
+                        policy.alpha, policy.delta, out[name].prompts)
     return out
 
 

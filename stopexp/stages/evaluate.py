@@ -77,7 +77,9 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
     # the threshold policies, one per check and method (policy=risk: calibrated on val first)
     features = None if cfg.evaluate.mode == "online" and cfg.policy.name != "risk" else \
         feature_bank.require_features(cfg, cli_overrides())  # made here when missing
-    calibrated = (calibrate_methods(cfg, scorers, root, features, plan, vote_format(cfg.task))
+    checks = [c for c, _ in plan]
+    calibrated = (calibrate_methods(cfg.policy, cfg.search, cfg.evaluate, scorers, checks,
+                                    replay_paths(root, features, "val", checks, vote_format(cfg.task)))
                   if cfg.policy.name == "risk" else {})
     policies = {m: check_policies(cfg.policy, plan, calibrated[m].thresholds if calibrated else None)
                 for m in scorers}

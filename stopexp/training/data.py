@@ -10,6 +10,7 @@ import numpy as np
 
 from stopexp.config import checkpoint_tokens
 from stopexp.core.errors import ConfigError, UserError
+from stopexp.core.policies import selection_share
 from stopexp.metrics import is_binary
 from stopexp.metrics.bounds import BOUND_SLACK, digits
 from stopexp.runtime.artifacts import config_hash
@@ -21,7 +22,10 @@ log = logging.getLogger(__name__)
 
 
 def predictor_dir(cfg) -> Path:
-    key = config_hash(feature_bank.feature_key(cfg), cfg.predictor, cfg.loss, cfg.train)
+    # epochs picked on training prompts (policy=risk) make another predictor; keys as before otherwise
+    share = selection_share(cfg.policy)
+    key = config_hash(feature_bank.feature_key(cfg), cfg.predictor, cfg.loss, cfg.train,
+                      *([{"selection_share": share}] if share else []))
     return Path(cfg.paths.cache_dir) / "predictors" / key
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from stopexp.config import checkpoint_tokens
+from stopexp.core.policies import selection_share
 from stopexp.evaluation import plots
 from stopexp.metrics import is_binary
 from stopexp.models.super_token import build_super_token, checkpoint_meta
@@ -22,8 +23,9 @@ from stopexp.signals.checkpoint import (CheckpointDamaged, CheckpointMismatch, C
 from stopexp.store import bank
 from stopexp.store import features as feature_bank
 from stopexp.training import per_step
-from stopexp.training.data import check_reward_range, predictor_dir, split_data, trained_on
+from stopexp.training.data import check_reward_range, pair_min_gap, predictor_dir, split_data, trained_on
 from stopexp.training.fit import evaluate_scores, fit, learning_warnings, score
+from stopexp.training.selection import hold_out_for_selection
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +62,7 @@ def train(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
     else:
         data = split_data(root, meta, cfg, prefixes=lm_based, overrides=overrides)
     check_reward_range(cfg, data)
+    data = hold_out_for_selection(data, selection_share(cfg.policy), pair_min_gap(cfg))
     fingerprint = trained_on(cfg)  # of the artifacts just read
     torch.manual_seed(cfg.train.seed)
     if lm_based:

@@ -10,11 +10,13 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from stopexp.config import (adapt, collect, cross, engine, evaluate, model, policy, predictor,
-                            reward, search, tap, task)
+from stopexp.config import (adapt, collect, cross, engine, evaluate, loss, model, policy,
+                            predictor, reward, search, tap, task)
+from stopexp.config.options import view_of
 from stopexp.config.ranges import at_least, fail, get, n_layers_of
 from stopexp.config.reads import (ALLOWED, check_beam_width_read, check_bertscore_model_read,
                                   check_sweeps_read, check_unread)
+from stopexp.config.root import GROUPS
 from stopexp.core.errors import ConfigError
 
 SEED_KEYS = ("seed", "task.seed", "collect.seed", "train.seed", "evaluate.seed", "model.toy.seed",
@@ -26,7 +28,7 @@ def unknown_keys(node: Any, prefix: str = "") -> list[str]:
     out = []
     if not isinstance(node, DictConfig):
         return out
-    schema = OmegaConf.get_type(node)
+    schema = view_of(OmegaConf.get_type(node), GROUPS)  # a section holds its group's view
     known = set(schema.__dataclass_fields__) if is_dataclass(schema) else None
     for key in node.keys():
         if key == "hydra":
@@ -120,7 +122,7 @@ def _check_predictor_loss_train(cfg) -> None:
     predictor.check_predictor(cfg.predictor)
     cross.signals_are_tapped(cfg)
     cross.predictor_layer_is_tapped(cfg)
-    predictor.check_loss(cfg.loss)
+    loss.check_loss(cfg.loss)
     predictor.check_train(cfg.train)
     predictor.check_position_input(cfg.predictor)
     cross.positions_fit_the_predictor(cfg)
@@ -132,7 +134,6 @@ def _check_reward(cfg) -> None:
     reward.check_reward(cfg.reward)
     cross.regression_needs_bounded_reward(cfg)
     cross.online_reward_needs_no_logprobs(cfg)
-    predictor.check_min_gap(cfg.loss)
     cross.min_gap_below_reward_range(cfg)
 
 

@@ -16,8 +16,6 @@ BENCHMARKS = ("gsm8k", "math500", "aime24", "aime25", "hmmt25", "amc23")
 # read by tap.positions.step_ends); a task not named here has none
 STEP_SEPARATORS = {"arith": ";", "qa": "\n", "wordprob": "\n"}
 PREDICTOR_NAMES = ("statistic", "linear", "mlp", "fusion", "conf_features", "super_token")
-# the predictors whose head takes the position as an extra input (predictor.position_input)
-POSITION_INPUT_PREDICTORS = ("linear", "mlp", "fusion")
 # the signal columns of a feature batch, in order (stopexp.signals.columns computes them)
 SIGNAL_NAMES = ("mean_logprob", "min_logprob", "mean_entropy", "group_conf", "hidden_norm",
                 "hidden_mean", "hidden_var", "attn_entropy", "prefix_len")

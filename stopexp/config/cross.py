@@ -30,6 +30,8 @@ def step_ends_need_a_separator(cfg) -> None:
     """tap.positions.step_ends needs a task with a step separator (its `step_separator`,
     stopexp.core.names.STEP_SEPARATORS) that is not itself a stop string: a path ends at a
     stop string, so no step of it would end before the path does."""
+    if not cfg.tap.positions.step_ends:
+        return
     name = cfg.task.name
     with_steps = [n for n, sep in STEP_SEPARATORS.items() if sep]
     # a thinking model's reasoning steps end at its own separator (model.thinking.step_separator)

@@ -1,6 +1,6 @@
 """The reward group (conf/reward/): a path's reward. One schema per reward with its checks
-beside it; `RewardConfig`, the view, holds every reward's keys (stopexp.config.options). An external reward's
-function is looked up in the registry of stopexp.core.names (register_reward, re-exported
+beside it; `RewardConfig`, the view, holds every reward's keys (stopexp.config.options).
+An external reward's function is looked up in the registry of stopexp.core.names (register_reward, re-exported
 by stopexp.tasks.rewards), which imports a `module:function` by name; an evaluate reward's
 module is loaded here (stopexp.core.evaluate_modules: local path or the evaluate cache), so
 that a missing one fails before any compute."""

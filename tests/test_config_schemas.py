@@ -16,7 +16,9 @@ from stopexp.core.names import PREDICTOR_NAMES, names
 from stopexp.runtime.artifacts import config_hash, plain
 
 # config_hash(plain(cfg.<section>)) of these compositions, recorded before the groups had
-# one schema per option: the keys and values every artifact key hashes
+# one schema per option: the keys and values every artifact key hashes. A deliberate change
+# of a section (which changes its artifacts' keys) updates the file with the new hashes
+# that the failing assertion shows.
 PINNED = json.loads((ROOT / "tests" / "data" / "config_sections.json").read_text())
 
 

@@ -1,9 +1,10 @@
 """Structured-config schemas for every config group, registered in Hydra's ConfigStore,
-and validate(). The package mirrors conf/: one module per group with its schema(s) and
-range checks (model, task, tap, predictor: predictor/loss/train, policy, search, reward,
-engine, collect, evaluate, adapt, paths: paths/logger), `reads` (allowed values, keys only some
-options read), `cross` (rules spanning groups), `root` (Config, register), `validation`
-(validate) and `resolvers` (the ${stopexp_*:} resolvers conf/ uses).
+and validate(). The package mirrors conf/: one module per group with its schemas and range
+checks (model, task, tap, predictor: predictor/train, loss, policy, search, reward, engine,
+collect, evaluate, adapt, paths: paths/logger); where a group's options read different keys,
+one schema per option (`options`: the mechanism); `reads` (allowed values, keys only another
+group's option reads), `cross` (rules spanning groups), `root` (Config, register),
+`validation` (validate, RULES) and `resolvers` (the ${stopexp_*:} resolvers conf/ uses).
 
 The main configs extend `base_config`, so a misspelt key or a value of the wrong type in
 a YAML file or on the command line fails at composition with a message naming the key.

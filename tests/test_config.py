@@ -253,7 +253,7 @@ def test_every_float_of_the_schema_is_checked_for_finiteness():
 
     def float_keys(schema, prefix):
         for f in dataclasses.fields(schema):
-            hint = typing.get_type_hints(schema)[f.name]
+            hint = f.metadata.get("view") or typing.get_type_hints(schema)[f.name]  # a group's view
             inner = [a for a in typing.get_args(hint) if a is not type(None)]
             base = inner[0] if typing.get_origin(hint) is typing.Union and inner else hint
             if dataclasses.is_dataclass(base):

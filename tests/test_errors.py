@@ -170,7 +170,7 @@ def test_answers_replay_refuses_a_negative_seed_before_reading_further(capsys):
 # checked before Hydra's own report (stopexp.runtime.cli.check_overrides); in a multirun every
 # swept value is composed before the first job runs.
 HYDRA_ERRORS = [
-    (["search.n_pathz=3"], "search.n_pathz: Key 'n_pathz' not in 'SearchConfig' (Could not "
+    (["search.n_pathz=3"], "search.n_pathz: Key 'n_pathz' not in 'ParallelSearchConfig' (Could not "
                            "override 'search.n_pathz'; To append to your config use +search.n_pathz=3)"),
     (["search.n_paths=abc"], "search.n_paths: Value 'abc' of type 'str' could not be converted to "
                              "Integer (Error merging override search.n_paths=abc)"),

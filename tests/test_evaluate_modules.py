@@ -113,8 +113,8 @@ def test_a_name_is_read_from_the_evaluate_cache_offline():
      "reward.module: '.*' is a directory without evaluate.py"),
     (["reward=evaluate", f"reward.module={evaluate_module('within_prompt_auroc')}"],
      "reward.module: '.*' reads the inputs groups, predictions, references; a reward module reads"),
-    (["reward=rouge_l", f"reward.module={WORD_RECALL}"], "reward.module: only reward=evaluate reads it"),
-    (["reward=bleu", "reward.key=bleu"], "reward.key: only reward=evaluate reads it"),
+    (["reward=rouge_l", f"reward.module={WORD_RECALL}"], "reward.module: '.*' is read only by reward=evaluate, not under reward=rouge_l"),
+    (["reward=bleu", "reward.key=bleu"], "reward.key: 'bleu' is read only by reward=evaluate, not under reward=bleu"),
 ])
 def test_reward_evaluate_errors_name_the_key_and_the_module(overrides, message):
     with pytest.raises(ConfigError, match=f"^{message}") as e:

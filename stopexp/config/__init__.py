@@ -1,9 +1,10 @@
 """Structured-config schemas for every config group, registered in Hydra's ConfigStore,
-and validate(). The package mirrors conf/: one module per group with its schema(s) and
-range checks (model, task, tap, predictor: predictor/loss/train, policy, search, reward,
-engine, collect, evaluate, adapt, paths: paths/logger), `reads` (allowed values, keys only some
-options read), `cross` (rules spanning groups), `root` (Config, register), `validation`
-(validate) and `resolvers` (the ${stopexp_*:} resolvers conf/ uses).
+and validate(). The package mirrors conf/: one module per group with its schemas and range
+checks (model, task, tap, predictor: predictor/train, loss, policy, search, reward, engine,
+collect, evaluate, adapt, paths: paths/logger); where a group's options read different keys,
+one schema per option (`options`: the mechanism); `reads` (allowed values, keys only another
+group's option reads), `cross` (rules spanning groups), `root` (Config, register),
+`validation` (validate, RULES) and `resolvers` (the ${stopexp_*:} resolvers conf/ uses).
 
 The main configs extend `base_config`, so a misspelt key or a value of the wrong type in
 a YAML file or on the command line fails at composition with a message naming the key.
@@ -19,7 +20,8 @@ from stopexp.config.evaluate import EvaluateConfig, check_method_names
 from stopexp.config.model import DEVICE, TOY_UNREAD, ModelConfig, ToyLMConfig
 from stopexp.config.paths import LoggerConfig, PathsConfig, check_output_dirs
 from stopexp.config.policy import PolicyConfig
-from stopexp.config.predictor import LossConfig, PredictorConfig, TrainConfig
+from stopexp.config.loss import LossConfig
+from stopexp.config.predictor import POSITION_INPUT_PREDICTORS, PredictorConfig, TrainConfig
 from stopexp.config.reads import ALLOWED, READ_ONLY_BY, where_read
 from stopexp.config.resolvers import model_name_of, project_root, run_id  # noqa: F401
 from stopexp.config.reward import RewardConfig
@@ -29,8 +31,8 @@ from stopexp.config.tap import TapConfig, TapPositionsConfig
 from stopexp.config.task import TaskConfig
 from stopexp.config.validation import SEED_KEYS, validate
 from stopexp.core.errors import ConfigError
-from stopexp.core.names import (ADAPT_VARIANTS, ALWAYS_METHODS, BASELINE_METHODS,
-                                POSITION_INPUT_PREDICTORS, SPLITS, STOPPING_METHODS)
+from stopexp.core.names import (ADAPT_VARIANTS, ALWAYS_METHODS, BASELINE_METHODS, SPLITS,
+                                STOPPING_METHODS)
 from stopexp.core.protocol import (SYMBOLIC_LAYERS, attention_heads, check_plan, check_values,
                                    checkpoint_tokens, derived_keep, derived_n_points,
                                    derived_retention, layer_index, resolve_layers, warmup_paths)

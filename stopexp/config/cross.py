@@ -1,34 +1,11 @@
-"""Rules spanning config groups: one option that forbids or requires another, or a rule
-that depends on the stage. A group's module checks its own keys, with bounds taken from
-other groups (N = search.n_paths, search.max_new_tokens, the task's splits); a rule is here
-when it ties choices of different groups together. Each rule is named for what it holds;
-stopexp.config.validation runs them in order among the group checks. The stages that need
-each (validate checks it there):
-
-  fewshot_is_plain_text           every stage   task.format=fewshot x model.chat_template
-  step_ends_need_a_separator      every stage   tap.positions.step_ends x task x stop strings
-  checks_are_tapped               every stage   search.check_at, train.checkpoint in tap.checkpoints
-  keep_per_check                  every stage   policy.keep x search.check_at / name, policy.name;
-                                                adapt takes one check
-  signals_are_tapped              every stage   predictor.signals attn_entropy x tap.attention_heads
-  predictor_layer_is_tapped       train evaluate pipeline adapt   predictor.layer x tap.layers
-  positions_fit_the_predictor     every stage   predictor.position_input / name x train.positions
-  regression_needs_bounded_reward every stage   loss=mse | reward_regression x reward.name
-  online_reward_needs_no_logprobs evaluate pipeline   reward=neg_perplexity x evaluate.mode
-  min_gap_below_reward_range      every stage   loss.min_gap x a reward in [0, 1]
-  bank_has_training_prompts       train pipeline adapt   collect.prompts.train / val
-  attn_entropy_method_is_tapped   evaluate pipeline   evaluate.methods x tap.attention_heads
-  error_oracle_reads_values       evaluate pipeline   evaluate.methods error_oracle x task.name,
-                                                model.thinking, evaluate.mode, search=beam
-  beam_has_nothing_to_select      evaluate pipeline   search=beam x evaluate.select / compare_beam
-  beam_has_no_vote                evaluate pipeline   search=beam x evaluate.vote
-  beam_scores_each_step           evaluate pipeline   search=beam x search.score_rule
-  beam_keep_below_width           evaluate pipeline   search=beam x policy=topk's keep
-  vllm_serves_it                  every stage   engine=vllm x search=beam, compare_beam,
-                                                collect.mc_rollouts, top-k / top-p
-
-adapt's own rules on the other groups (search=parallel, no super_token, evaluate's
-selection unused) are adapt's: stopexp.config.adapt.
+"""Rules spanning config groups: one option that forbids or requires another. A group's
+module checks its own keys, with bounds taken from other groups (N = search.n_paths,
+search.max_new_tokens, the task's splits); a rule is here when it ties choices of different
+groups together. Each rule is named for what it holds and takes the whole config; none
+asks which stage runs: stopexp.config.validation.RULES lists each with the stages that
+need it, and validate applies those of cfg.stage. adapt's own rules on the other groups
+(search=parallel, no super_token, evaluate's selection unused) are adapt's:
+stopexp.config.adapt.
 """
 from __future__ import annotations
 
@@ -53,6 +30,8 @@ def step_ends_need_a_separator(cfg) -> None:
     """tap.positions.step_ends needs a task with a step separator (its `step_separator`,
     stopexp.core.names.STEP_SEPARATORS) that is not itself a stop string: a path ends at a
     stop string, so no step of it would end before the path does."""
+    if not cfg.tap.positions.step_ends:
+        return
     name = cfg.task.name
     with_steps = [n for n, sep in STEP_SEPARATORS.items() if sep]
     # a thinking model's reasoning steps end at its own separator (model.thinking.step_separator)
@@ -69,10 +48,10 @@ def step_ends_need_a_separator(cfg) -> None:
                                         "stored; drop that stop string or use tap.positions.stride")
 
 
-def checks_are_tapped(cfg, tapped: list[int]) -> None:
-    """search.check_at (increasing) and train.checkpoint are among tap.checkpoints (`tapped`:
-    them in tokens)."""
+def checks_are_tapped(cfg) -> None:
+    """search.check_at (increasing) and train.checkpoint are among tap.checkpoints."""
     s, tap = cfg.search, cfg.tap
+    tapped = [checkpoint_tokens(c, s.max_new_tokens) for c in tap.checkpoints]
     checks = check_values(s.check_at)
     if not checks:
         fail("search.check_at", "give a prefix (one of tap.checkpoints) or a non-empty list of them")
@@ -101,12 +80,8 @@ def keep_per_check(cfg) -> None:
                                                           and len(checks) > 1):
         fail("policy.keep", f"{len(keeps)} values for the {len(checks)} checks of "
                             f"search.check_at {list(checks)}; give one K per check")
-    if (len(checks) > 1 or is_list(keep)) and (s.name != "parallel" or cfg.stage == "adapt"):
-        key = "search.check_at" if len(checks) > 1 else "policy.keep"
-        fail(key, "several checks (a list in search.check_at or policy.keep) are a "
-                  "Launch-Check-Resume protocol of evaluate (search=parallel); "
-                  f"{'adapt' if cfg.stage == 'adapt' else 'search=' + s.name} takes one prefix "
-                  "and one K")
+    if s.name != "parallel":
+        one_check(cfg, f"search={s.name}")
     if cfg.policy.name == "topk" and len(checks) > 1:
         plan = keeps * len(checks) if len(keeps) == 1 else keeps
         if any(b >= a for a, b in zip(plan, plan[1:])):
@@ -114,6 +89,20 @@ def keep_per_check(cfg) -> None:
                                 f"{list(checks)} of search.check_at: after keeping K paths a "
                                 "check sees at most K, so a later check keeping as many or more "
                                 "prunes nothing; give one decreasing K per check (e.g. [16, 8])")
+
+
+def one_check(cfg, who: str) -> None:
+    """One prefix and one K, where `who` (a search, a stage) takes no more."""
+    checks = check_values(cfg.search.check_at)
+    if len(checks) > 1 or is_list(cfg.policy.keep):
+        key = "search.check_at" if len(checks) > 1 else "policy.keep"
+        fail(key, "several checks (a list in search.check_at or policy.keep) are a "
+                  f"Launch-Check-Resume protocol of evaluate (search=parallel); {who} takes one "
+                  "prefix and one K")
+
+
+def adapt_takes_one_check(cfg) -> None:
+    one_check(cfg, "adapt")
 
 
 def signals_are_tapped(cfg) -> None:
@@ -125,8 +114,7 @@ def predictor_layer_is_tapped(cfg) -> None:
     """predictor.layer must be a tapped layer, or -1..-len(tap.layers) counted from the
     deepest tapped one (stopexp.signals.features.tap_index), as far as the config tells;
     for the stages that load a single-tap predictor (statistic, linear, mlp)."""
-    if cfg.stage not in ("train", "evaluate", "pipeline", "adapt") or \
-            cfg.predictor.name not in ("statistic", "linear", "mlp"):
+    if cfg.predictor.name not in ("statistic", "linear", "mlp"):
         return
     layer, entries = cfg.predictor.layer, list(cfg.tap.layers)
     n_layers = n_layers_of(cfg.model)
@@ -161,8 +149,7 @@ def regression_needs_bounded_reward(cfg) -> None:
 
 
 def online_reward_needs_no_logprobs(cfg) -> None:
-    if cfg.reward.name == "neg_perplexity" and cfg.evaluate.mode == "online" and \
-            cfg.stage in ("evaluate", "pipeline"):
+    if cfg.reward.name == "neg_perplexity" and cfg.evaluate.mode == "online":
         fail("evaluate.mode", "online paths carry text only; reward=neg_perplexity needs the per-token "
                               "log-probs of the bank: use evaluate.mode=replay")
 
@@ -177,11 +164,10 @@ def min_gap_below_reward_range(cfg) -> None:
 def bank_has_training_prompts(cfg) -> None:
     """train (and pipeline, and adapt, which trains the source and target predictors) fits
     on the train prompts and selects the epoch on the val ones."""
-    if cfg.stage in ("train", "pipeline", "adapt"):
-        for split in ("train", "val"):
-            if not cfg.collect.prompts.get(split, 0) > 0:
-                fail(f"collect.prompts.{split}", f"train needs {split} prompts in the trace bank, "
-                                                 f"got {cfg.collect.prompts.get(split, 0)}")
+    for split in ("train", "val"):
+        if not cfg.collect.prompts.get(split, 0) > 0:
+            fail(f"collect.prompts.{split}", f"train needs {split} prompts in the trace bank, "
+                                             f"got {cfg.collect.prompts.get(split, 0)}")
 
 
 def attn_entropy_method_is_tapped(cfg) -> None:

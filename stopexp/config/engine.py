@@ -1,5 +1,6 @@
-"""The engine group (conf/engine/): which engine generates the paths, hf or vllm, and the
-vllm knobs' checks (what engine=vllm cannot serve: stopexp.config.cross.vllm_serves_it)."""
+"""The engine group (conf/engine/): which engine generates the paths, hf or vllm, one schema
+each (`EngineConfig`, the view, holds both's keys: stopexp.config.options), and the vllm
+knobs' checks (what engine=vllm cannot serve: stopexp.config.cross.vllm_serves_it)."""
 from __future__ import annotations
 
 import importlib.util
@@ -7,15 +8,26 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
+from stopexp.config.options import Group
 from stopexp.config.ranges import at_least, fail, within
 
 
 @dataclass
-class EngineConfig:
-    """Which engine generates the paths: hf (stopexp/search/decode.py, the default) or
-    vllm (stopexp/search/vllm_engine.py; collect only, see `check_engine`). The vllm keys
-    are passed to vllm.LLM; under engine=hf they must stay at their defaults."""
+class EngineBaseConfig:
     name: str = "hf"                      # hf | vllm
+
+
+@dataclass
+class HFEngineConfig(EngineBaseConfig):
+    """stopexp's own decode engine (stopexp/search/decode.py), the default."""
+    name: str = "hf"
+
+
+@dataclass
+class VLLMEngineConfig(EngineBaseConfig):
+    """vllm (stopexp/search/vllm_engine.py; collect only, see `check_engine`): these keys are
+    passed to vllm.LLM."""
+    name: str = "vllm"
     dtype: str = "auto"                   # auto (as model.dtype=auto) | float32 | bfloat16 | float16
     max_model_len: Optional[int] = None   # prompt + generated tokens; None = the model's positions
     gpu_memory_utilization: float = 0.9   # share of GPU memory vLLM takes (CPU: of RAM, without cpu_kvcache_space)
@@ -28,6 +40,15 @@ class EngineConfig:
     seed: int = 0                         # vLLM's global seed; every path samples from its own seed
     # alternatives returned per token: the entropy column is over these, renormalised
     max_logprobs: int = 20
+
+
+@dataclass
+class EngineConfig(VLLMEngineConfig, HFEngineConfig):
+    """Every engine's keys (the view: what cfg.engine holds)."""
+    name: str = "hf"
+
+
+ENGINE = Group("engine", {"hf": HFEngineConfig, "vllm": VLLMEngineConfig}, EngineConfig)
 
 
 def check_engine(cfg) -> None:

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional
 
-from stopexp.config import cross, policy
+from stopexp.config import policy
 from stopexp.config.ranges import TOGETHER, at_least, fail, within
 from stopexp.core.names import (ALWAYS_METHODS, BASELINE_METHODS, ORACLE_METHODS, PREDICTOR_NAMES,
                                 SPLITS, STOPPING_METHODS, external, method_name)
@@ -70,8 +70,6 @@ def check_evaluate(cfg) -> None:
     """evaluate.* (and the policy knobs evaluate reads), for the evaluate and pipeline stages."""
     ev, s, pol = cfg.evaluate, cfg.search, cfg.policy
     check_method_names(ev.methods)
-    cross.attn_entropy_method_is_tapped(cfg)
-    cross.error_oracle_reads_values(cfg)
     bert = ev.bertscore_model
     if (ev.text_metrics or ev.compare_beam) and bert and bert.startswith(("/", ".", "~")) and not Path(bert).expanduser().is_dir():
         fail("evaluate.bertscore_model", f"{bert!r} is no model directory; give a local "
@@ -82,7 +80,6 @@ def check_evaluate(cfg) -> None:
         fail("evaluate.split", f"the trace bank holds no {ev.split!r} prompts "
                                f"(collect.prompts.{ev.split}={cfg.collect.prompts.get(ev.split, 0)})")
     at_least("evaluate.bootstrap", ev.bootstrap, 1)
-    cross.beam_has_nothing_to_select(cfg)
     policy.check_keep_within(pol, s.n_paths)
     within("evaluate.vote_top", ev.vote_top, 0, 1, low_open=True)
     if ev.vote_top != EvaluateConfig.vote_top and ev.vote != "filtered":
@@ -110,12 +107,8 @@ def check_evaluate(cfg) -> None:
                                          + ("; set it to a count below search.n_paths" if s.n_paths > 1 else
                                             "; DeepConf online needs search.n_paths >= 2: drop "
                                             "deepconf_online from evaluate.methods"))
-    policy.check_risk_calibration(cfg)
     if "combined" in ev.methods:
         check_combined(ev, cfg.predictor.name)
-    cross.beam_has_no_vote(cfg)
-    cross.beam_scores_each_step(cfg)
-    cross.beam_keep_below_width(cfg)
 
 
 def check_combined(ev, predictor_name: str) -> None:

@@ -1,5 +1,6 @@
 """The model group (conf/model/, conf/toy_lm.yaml): the LM (a hub model, a GGUF file or the
-embedded toy LM) and how it runs, and its checks."""
+embedded toy LM) and how it runs, one schema per kind (toy, hub: `ModelConfig`, the view,
+holds both's keys: stopexp.config.options), and its checks."""
 from __future__ import annotations
 
 import math
@@ -9,6 +10,7 @@ from typing import Any, Dict, Optional
 
 from omegaconf import OmegaConf
 
+from stopexp.config.options import Group
 from stopexp.config.ranges import at_least, fail, within
 from stopexp.config.search import MIN_TEMPERATURE
 from stopexp.config.task import check_task
@@ -16,9 +18,6 @@ from stopexp.config.thinking import ThinkingConfig, check_thinking
 from stopexp.core.errors import ConfigError
 
 DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
-# model.* keys the embedded toy LM (model=toy) never reads: it loads from its own
-# directory, sized by model.toy
-TOY_UNREAD = ("path", "gguf_file", "revision", "num_layers", "hidden_size")
 
 
 @dataclass
@@ -44,20 +43,13 @@ class ToyLMConfig:
 
 
 @dataclass
-class ModelConfig:
+class ModelBaseConfig:
+    """How any LM runs."""
     name: Optional[str] = "toy"       # recorded in every artifact (hub models: from the path)
-    path: Optional[str] = None        # hub id or local directory; None for the toy LM
-    # a GGUF checkpoint (a file path, or PACKAGE:FILE for a file shipped in an installed
-    # Python package), converted once into a plain HF directory in the cache; excludes `path`
-    gguf_file: Optional[str] = None
-    revision: Optional[str] = None
     # auto = float32 on a CPU, bfloat16 on a GPU that supports it (else float16)
     dtype: str = "auto"               # auto | float32 | bfloat16 | float16
     device: str = "auto"              # auto = cuda when present, else cpu
     attn_implementation: Optional[str] = None
-    # None = read from the loaded model; set them to check tap layers before loading
-    num_layers: Optional[int] = None
-    hidden_size: Optional[int] = None
     # longest prompt in tokens; None = the model's max_position_embeddings - max_new_tokens
     max_prompt_tokens: Optional[int] = None
     long_prompts: str = "error"       # error (names the prompt) | skip (drops it, logs a count)
@@ -67,7 +59,39 @@ class ModelConfig:
     chat_template: bool = True        # render prompts with the tokenizer's chat template, if any
     # a model that reasons inside <think> ... </think> first (stopexp/config/thinking.py)
     thinking: ThinkingConfig = field(default_factory=ThinkingConfig)
+
+
+@dataclass
+class HubModelConfig(ModelBaseConfig):
+    """A hub model or local directory (model=llama | qwen | smollm2), or a GGUF file."""
+    path: Optional[str] = None        # hub id or local directory
+    # a GGUF checkpoint (a file path, or PACKAGE:FILE for a file shipped in an installed
+    # Python package), converted once into a plain HF directory in the cache; excludes `path`
+    gguf_file: Optional[str] = None
+    revision: Optional[str] = None
+    # None = read from the loaded model; set them to check tap layers before loading
+    num_layers: Optional[int] = None
+    hidden_size: Optional[int] = None
+
+
+@dataclass
+class ToyModelConfig(ModelBaseConfig):
+    """The embedded toy LM (model=toy): loaded from its own directory, sized by `toy`."""
+    name: Optional[str] = "toy"
     toy: Optional[ToyLMConfig] = None
+
+
+@dataclass
+class ModelConfig(ToyModelConfig, HubModelConfig):
+    """Both kinds' keys (the view: what cfg.model holds)."""
+    name: Optional[str] = "toy"
+
+
+# check_model names the options by their files (model=llama|qwen|smollm2 are one schema)
+MODEL = Group("model", {"toy": ToyModelConfig, "hub": HubModelConfig}, ModelConfig,
+              chosen=lambda m: "toy" if m.name == "toy" else "hub", refuse_unread=False)
+# model.* keys the embedded toy LM (model=toy) never reads
+TOY_UNREAD = tuple(k for k in MODEL.keys("hub") if k not in MODEL.keys("toy"))
 
 
 def check_model(cfg) -> None:

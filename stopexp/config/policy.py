@@ -1,28 +1,65 @@
-"""The policy group (conf/policy/): which paths a check keeps, and its checks (those on K
-per check of search.check_at: stopexp.config.cross.keep_per_check; policy=risk's data:
-`check_risk_calibration`)."""
+"""The policy group (conf/policy/): which paths a check keeps. One schema per policy with its
+checks beside it; `PolicyConfig`, the view, holds every policy's keys (stopexp.config.options).
+K per check of search.check_at: stopexp.config.cross.keep_per_check; policy=risk's data:
+`check_risk_calibration`."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+from stopexp.config.options import Group
 from stopexp.config.ranges import TOGETHER, at_least, fail, within
 from stopexp.core.protocol import check_values
 
 
 @dataclass
-class PolicyConfig:
+class PolicyBaseConfig:
     name: str = "topk"             # fixed | quantile | topk | adaptive | risk
-    # topk: K paths kept out of N (a list: one K per search.check_at); default derived from
+
+
+@dataclass
+class FixedPolicyConfig(PolicyBaseConfig):
+    name: str = "fixed"
+    tau: float = 0.5               # prune paths scoring below tau (adaptive: its start)
+
+
+@dataclass
+class QuantilePolicyConfig(PolicyBaseConfig):
+    name: str = "quantile"
+    quantile: float = 0.5          # prune below this quantile of live signals
+
+    @staticmethod
+    def ranges(pol) -> None:
+        within("policy.quantile", pol.quantile, 0, 1, low_open=True, high_open=True)
+
+
+@dataclass
+class TopKPolicyConfig(PolicyBaseConfig):
+    name: str = "topk"
+    # K paths kept out of N (a list: one K per search.check_at); default derived from
     # search.n_paths: round(sqrt(N)), and with several checks one K per check (derived_keep)
     keep: Any = "${stopexp_keep:${search.n_paths},${search.check_at},${policy.name}}"
-    tau: float = 0.5               # fixed threshold (and the adaptive start)
-    quantile: float = 0.5          # quantile: prune below this quantile of live signals
+
+
+@dataclass
+class AdaptivePolicyConfig(FixedPolicyConfig):
+    """A threshold that a controller moves towards a target prune rate."""
+    name: str = "adaptive"
     target_prune_rate: float = 0.5
-    gain: float = 0.1              # adaptive: step of the controller
-    # risk: the threshold calibrated on the validation split (Learn-then-Test) so that the
-    # risk (voter: share of a prompt's majority voters pruned; answer: the voted answer
-    # changed) is <= alpha with probability >= 1 - delta (stopexp.evaluation.risk)
+    gain: float = 0.1              # step of the controller
+
+    @staticmethod
+    def ranges(pol) -> None:
+        within("policy.target_prune_rate", pol.target_prune_rate, 0, 1, high_open=True)
+        at_least("policy.gain", pol.gain, 0)
+
+
+@dataclass
+class RiskPolicyConfig(PolicyBaseConfig):
+    """The threshold calibrated on the validation split (Learn-then-Test) so that the risk
+    (voter: share of a prompt's majority voters pruned; answer: the voted answer changed)
+    is <= alpha with probability >= 1 - delta (stopexp.evaluation.risk)."""
+    name: str = "risk"
     risk: str = "voter"
     alpha: float = 0.1
     delta: float = 0.1
@@ -30,6 +67,23 @@ class PolicyConfig:
     # is not fitted to), so that no validation prompt it calibrates on shaped the predictor;
     # 0: it picks its epoch on the validation prompts (the guarantee is then approximate)
     selection_share: float = 0.2
+
+    @staticmethod
+    def ranges(pol) -> None:
+        within("policy.alpha", pol.alpha, 0, 1, low_open=True, high_open=True)
+        within("policy.delta", pol.delta, 0, 1, low_open=True, high_open=True)
+        within("policy.selection_share", pol.selection_share, 0, 1, high_open=True)
+
+
+@dataclass
+class PolicyConfig(RiskPolicyConfig, AdaptivePolicyConfig, TopKPolicyConfig, QuantilePolicyConfig):
+    """Every policy's keys (the view: what cfg.policy holds)."""
+    name: str = "topk"
+
+
+POLICY = Group("policy", {"fixed": FixedPolicyConfig, "quantile": QuantilePolicyConfig,
+                          "topk": TopKPolicyConfig, "adaptive": AdaptivePolicyConfig,
+                          "risk": RiskPolicyConfig}, PolicyConfig)
 
 
 def check_keep_within(pol, n_paths: int) -> None:
@@ -41,13 +95,8 @@ def check_keep_within(pol, n_paths: int) -> None:
 
 
 def check_thresholds(pol) -> None:
-    """The threshold policies' knobs."""
-    within("policy.quantile", pol.quantile, 0, 1, low_open=True, high_open=True)
-    within("policy.target_prune_rate", pol.target_prune_rate, 0, 1, high_open=True)
-    at_least("policy.gain", pol.gain, 0)
-    within("policy.alpha", pol.alpha, 0, 1, low_open=True, high_open=True)
-    within("policy.delta", pol.delta, 0, 1, low_open=True, high_open=True)
-    within("policy.selection_share", pol.selection_share, 0, 1, high_open=True)
+    """The threshold policies' knobs (every policy's ranges)."""
+    POLICY.check(pol)
 
 
 def check_risk_calibration(cfg) -> None:

@@ -1,6 +1,7 @@
-"""Which values are allowed, and which keys only some options read (`READ_ONLY_BY`): such a
-key is refused off its default where the chosen option ignores it (`check_unread`), and
-an exp sets it as ${stopexp_where_read:KEY,VALUE} (`where_read`). A default derived from
+"""Which values are allowed, and which keys only some options read (a group's own options:
+their schemas, stopexp.config.options; another group's: `READ_ONLY_BY`): such a key is
+refused off its default where the chosen option ignores it (`check_unread`), and an exp
+sets it as ${stopexp_where_read:KEY,VALUE} (`where_read`). A default derived from
 other keys (evaluate.retention from search.n_paths) is the one this config derives
 (`default_in`)."""
 from __future__ import annotations
@@ -9,16 +10,18 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from stopexp.config.options import by_name
+from stopexp.config.predictor import PREDICTOR
 from stopexp.config.ranges import fail, is_list
-from stopexp.config.root import schema, schema_default
-from stopexp.core.names import PREDICTOR_NAMES, TASK_NAMES
+from stopexp.config.root import GROUPS, schema, schema_default
 from stopexp.core.protocol import check_values
 from stopexp.core.text import TEXT_TOKENIZERS
 
 ALLOWED = {
     "model.dtype": ("auto", "float32", "bfloat16", "float16"),
     "model.long_prompts": ("error", "skip"),
-    "task.name": TASK_NAMES,
+    # a group's options: those with a schema (stopexp.config.options)
+    **{f"{g.name}.name": tuple(g.options) for g in GROUPS if g.chosen is by_name},
     "task.format": ("fewshot", "chat"),
     "task.answer_format": ("numeric", "boxed"),
     "task.extraction": ("strict", "flexible"),
@@ -26,67 +29,32 @@ ALLOWED = {
     "task.tokenize": TEXT_TOKENIZERS,
     "tap.pooling": ("last", "mean"),
     "tap.positions.dtype": ("float32", "float16"),
-    "predictor.name": PREDICTOR_NAMES,
     "predictor.statistic": ("l2", "mean", "var"),
-    "loss.name": ("contrastive", "pairwise", "reward_regression", "mse"),
     "train.positions": ("checkpoint", "all"),
-    "policy.name": ("fixed", "quantile", "topk", "adaptive", "risk"),
     "policy.risk": ("voter", "answer"),
-    "search.name": ("parallel", "beam"),
     "logger.name": ("wandb", "none"),
     "logger.mode": ("offline", "online", "disabled"),
     "evaluate.mode": ("replay", "online"),
     "evaluate.vote": ("majority", "weighted", "filtered"),
     "search.score_rule": ("last", "running_mean"),
     "evaluate.select": ("vote", "signal", "lm_score", "oracle"),
-    "engine.name": ("hf", "vllm"),
     "engine.dtype": ("auto", "float32", "bfloat16", "float16"),
-    "reward.name": ("correct", "rouge_l", "bleu", "bertscore", "neg_perplexity", "external",
-                    "evaluate"),
 }
-# Keys that only some options read: key -> (the key naming the option, the options that
-# read it; for evaluate.methods, the methods). Under another option the run would ignore
-# the key, so validate refuses any value but the schema default (`_check_unread`). An exp
-# sets such a key as ${stopexp_where_read:KEY,VALUE}: VALUE where it is read, else the
-# default, so that replacing the exp's option (+exp=toy_datatotext loss=mse) just works.
+# Keys that only some options of another group read (a group's own options' keys are their
+# schemas': `unread_by_option`): key -> (the key naming the option, the options that read
+# it; for evaluate.methods, the methods). Under another option the run would ignore the
+# key, so validate refuses any value but the schema default (`check_unread`). An exp sets
+# such a key as ${stopexp_where_read:KEY,VALUE}: VALUE where it is read, else the default,
+# so that replacing the exp's option (+exp=toy_datatotext loss=mse) just works.
 # Not here: search.beam_width (evaluate.compare_beam reads it under search=parallel:
 # check_beam_width_read). A sweep over policies sets each policy's budget with
 # ${stopexp_where_read:...} (conf/hparams_search/optuna_toy.yaml, scripts/sweep_policies.sh).
-_ARITH, _QA, _WORDPROB = ("arith",), ("qa",), ("wordprob",)
-LEARNED_PREDICTORS = tuple(p for p in PREDICTOR_NAMES if p != "statistic")
+LEARNED_PREDICTORS = tuple(p for p in PREDICTOR.options if p != "statistic")
 READ_ONLY_BY = {
-    "loss.margin": ("loss.name", ("contrastive",)),
-    "loss.min_gap": ("loss.name", ("contrastive", "pairwise")),
-    "loss.discount": ("loss.name", ("mse",)),
-    "search.patience": ("search.name", ("beam",)),
-    # what stopexp.core.policies.build_policy passes to each policy
-    "policy.keep": ("policy.name", ("topk",)),
-    "policy.tau": ("policy.name", ("fixed", "adaptive")),
-    "policy.quantile": ("policy.name", ("quantile",)),
-    **{f"policy.{k}": ("policy.name", ("adaptive",)) for k in ("target_prune_rate", "gain")},
-    "predictor.statistic": ("predictor.name", ("statistic",)),
-    **{f"predictor.{k}": ("predictor.name", ("super_token",))
-       for k in ("n_tokens", "lora_rank", "lora_alpha", "lora_targets")},
-    **{f"predictor.{k}": ("predictor.name", ("mlp", "fusion", "conf_features"))
-       for k in ("hidden", "depth", "dropout")},
     # stopexp.training.fit: a statistic has no weights to fit (it is evaluated as is)
     **{f"train.{k}": ("predictor.name", LEARNED_PREDICTORS)
        for k in ("epochs", "batch_prompts", "lr", "weight_decay", "patience", "seed")},
     "loss.name": ("predictor.name", LEARNED_PREDICTORS),
-    # what stopexp.tasks.build_task passes to each task
-    **{f"task.{k}": ("task.name", _ARITH) for k in ("n_steps", "operators", "multipliers", "styles")},
-    **{f"task.{k}": ("task.name", _QA) for k in ("path", "subset", "source_split", "question_key",
-                                                "answer_key", "answer_format", "prompt_template")},
-    **{f"task.{k}": ("task.name", _WORDPROB) for k in ("steps", "number_range", "operations",
-                                                           "solution_style")},
-    **{f"task.{k}": ("task.name", ("wordprob", "datatotext")) for k in ("shots", "format",
-                                                                        "instruction")},
-    "task.extraction": ("task.name", ("qa", "wordprob")),
-    "task.tokenize": ("task.name", ("qa", "wordprob", "datatotext")),  # arith compares characters
-    # what stopexp.search.vllm_engine passes to vllm.LLM
-    **{f"engine.{k}": ("engine.name", ("vllm",)) for k in (
-        "dtype", "max_model_len", "gpu_memory_utilization", "cpu_kvcache_space",
-        "tensor_parallel_size", "enable_prefix_caching", "enforce_eager", "seed", "max_logprobs")},
     "evaluate.esc_window": ("evaluate.methods", ("esc",)),
     "evaluate.asc_threshold": ("evaluate.methods", ("adaptive_consistency",)),
     "evaluate.deepconf_warmup": ("evaluate.methods", ("deepconf_online",)),
@@ -96,13 +64,17 @@ READ_ONLY_BY = {
     # the K sweep of the Pareto points: a threshold policy's one point is its run
     # (evaluate.retention under search=beam or several checks: check_sweeps_read)
     "evaluate.retention": ("policy.name", ("topk",)),
-    # policy=risk's guarantee
-    **{f"policy.{k}": ("policy.name", ("risk",)) for k in ("risk", "alpha", "delta",
-                                                               "selection_share")},
 }
+_GROUPS = {g.name: g for g in GROUPS if g.refuse_unread}
 
 
 def reads(cfg, key: str) -> bool:
+    """Whether the chosen options of `cfg` read `key`."""
+    group, _, leaf = key.partition(".")
+    if key not in READ_ONLY_BY and group in _GROUPS:
+        g = _GROUPS[group]
+        option = g.chosen(OmegaConf.select(cfg, group))
+        return option in g.options and leaf in g.keys(option)
     option_key, readers = READ_ONLY_BY[key]
     option = OmegaConf.select(cfg, option_key)
     return bool(set(option) & set(readers)) if is_list(option) else option in readers
@@ -131,18 +103,41 @@ def where_read(key: str, value: Any, *, _root_) -> Any:
     return value if reads(_root_, key) else default_in(_root_, key)
 
 
-def check_unread(cfg) -> None:
-    """Every READ_ONLY_BY key that the chosen option does not read is at its default."""
+def unread_by_option(cfg) -> list[tuple[str, str, str]]:
+    """The keys of a group's view that its chosen option's schema lacks: (key, the readers
+    as a message names them, the chosen option as it names it)."""
+    out = []
+    for g in _GROUPS.values():
+        option = g.chosen(cfg[g.name])
+        own = g.keys(option)
+        out += [(f"{g.name}.{k}", f"{g.name}={'|'.join(g.readers(k))}", f"{g.name}={option}")
+                for k in g.view_keys() if k not in own]
+    return out
+
+
+def unread_by_rule(cfg) -> list[tuple[str, str, str]]:
+    """READ_ONLY_BY's keys that the chosen options do not read, named as `unread_by_option`."""
+    out = []
     for key, (option_key, readers) in READ_ONLY_BY.items():
-        if is_set(cfg, key) and not reads(cfg, key):
+        if reads(cfg, key):
+            continue
+        if option_key == "evaluate.methods":
+            out.append((key, f"the method {' or '.join(readers)}",
+                        f"evaluate.methods without {' or '.join(readers)}"))
+        else:
+            group = option_key.split(".")[0]
+            out.append((key, f"{group}={'|'.join(readers)}",
+                        f"{group}={OmegaConf.select(cfg, option_key)}"))
+    return out
+
+
+def check_unread(cfg) -> None:
+    """Every key that the chosen options do not read is at its default."""
+    for key, readers, chosen in [*unread_by_option(cfg), *unread_by_rule(cfg)]:
+        if is_set(cfg, key):
             value, default = OmegaConf.select(cfg, key), default_in(cfg, key)
-            group = option_key.split(".")[-1] if option_key == "evaluate.methods" else option_key.split(".")[0]
-            chosen = (f"evaluate.methods without {' or '.join(readers)}" if option_key == "evaluate.methods"
-                      else f"{group}={OmegaConf.select(cfg, option_key)}")
-            readers_text = (f"the method {' or '.join(readers)}" if option_key == "evaluate.methods"
-                            else f"{group}={'|'.join(readers)}")
             shown = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
-            fail(key, f"{shown!r} is read only by {readers_text}, not under {chosen}; leave it "
+            fail(key, f"{shown!r} is read only by {readers}, not under {chosen}; leave it "
                       f"unset (default {default!r})")
 
 

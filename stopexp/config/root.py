@@ -1,6 +1,8 @@
 """The root schema: `Config`, of every group's schema, registered in Hydra's ConfigStore
-(`base_config`, which the main configs extend, and `<group>_schema` per group), and its
-defaults (`schema_default`). validate() is stopexp.config.validation's."""
+(`base_config`, which the main configs extend; `<option>_schema` per option of the groups
+whose options read different keys, `GROUPS`, which conf/<group>/<option>.yaml extends;
+`<group>_schema` for the others), and its defaults (`schema_default`). validate() is
+stopexp.config.validation's."""
 from __future__ import annotations
 
 import functools
@@ -12,32 +14,39 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from stopexp.config.adapt import AdaptConfig
 from stopexp.config.collect import CollectConfig
-from stopexp.config.engine import EngineConfig
+from stopexp.config.engine import ENGINE, EngineConfig
 from stopexp.config.evaluate import EvaluateConfig
-from stopexp.config.model import ModelConfig
+from stopexp.config.loss import LOSS, LossConfig
+from stopexp.config.model import MODEL, ModelConfig
+from stopexp.config.options import section
 from stopexp.config.paths import LoggerConfig, PathsConfig
-from stopexp.config.policy import PolicyConfig
-from stopexp.config.predictor import LossConfig, PredictorConfig, TrainConfig
-from stopexp.config.reward import RewardConfig
-from stopexp.config.search import SearchConfig
+from stopexp.config.policy import POLICY, PolicyConfig
+from stopexp.config.predictor import PREDICTOR, PredictorConfig, TrainConfig
+from stopexp.config.reward import REWARD, RewardConfig
+from stopexp.config.search import SEARCH, SearchConfig
 from stopexp.config.tap import TapConfig
-from stopexp.config.task import TaskConfig
+from stopexp.config.task import TASK, TaskConfig
+
+# the groups with one schema per option (stopexp.config.options)
+GROUPS = (MODEL, TASK, PREDICTOR, LOSS, POLICY, SEARCH, REWARD, ENGINE)
 
 
 @dataclass
 class Config:
     stage: str = MISSING
     seed: int = 0
-    model: ModelConfig = field(default_factory=ModelConfig)
-    task: TaskConfig = field(default_factory=TaskConfig)
+    # a group with one schema per option holds its view, typed once composed as the
+    # chosen option's schema (stopexp.config.options.section)
+    model: Any = section(ModelConfig)
+    task: Any = section(TaskConfig)
     tap: TapConfig = field(default_factory=TapConfig)
-    predictor: PredictorConfig = field(default_factory=PredictorConfig)
-    loss: LossConfig = field(default_factory=LossConfig)
-    policy: PolicyConfig = field(default_factory=PolicyConfig)
-    search: SearchConfig = field(default_factory=SearchConfig)
+    predictor: Any = section(PredictorConfig)
+    loss: Any = section(LossConfig)
+    policy: Any = section(PolicyConfig)
+    search: Any = section(SearchConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
-    reward: RewardConfig = field(default_factory=RewardConfig)
-    engine: EngineConfig = field(default_factory=EngineConfig)
+    reward: Any = section(RewardConfig)
+    engine: Any = section(EngineConfig)
     collect: CollectConfig = field(default_factory=CollectConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
@@ -49,12 +58,11 @@ class Config:
 def register() -> None:
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
-    for group, node in [("model", ModelConfig), ("task", TaskConfig), ("tap", TapConfig),
-                        ("predictor", PredictorConfig), ("loss", LossConfig),
-                        ("policy", PolicyConfig), ("search", SearchConfig),
-                        ("logger", LoggerConfig), ("reward", RewardConfig),
-                        ("engine", EngineConfig)]:
-        cs.store(group=group, name=f"{group}_schema", node=node)
+    for group in GROUPS:
+        for option, node in group.options.items():
+            cs.store(group=group.name, name=f"{option}_schema", node=node)
+    for name, node in [("tap", TapConfig), ("logger", LoggerConfig)]:
+        cs.store(group=name, name=f"{name}_schema", node=node)
 
 
 register()

@@ -1,11 +1,13 @@
 """The search group (conf/search/): how paths are sampled and checked (Launch-Check-Resume
-or beam search), and its checks. Where a check sits relative to the tap's ones, see
+or beam search), one schema each (`SearchConfig`, the view, holds both's keys:
+stopexp.config.options), and its checks. Where a check sits relative to the tap's ones, see
 stopexp.config.validation."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
+from stopexp.config.options import Group
 from stopexp.config.ranges import at_least, fail, within
 from stopexp.core.protocol import checkpoint_tokens
 
@@ -17,17 +19,15 @@ MIN_TEMPERATURE = 1e-4
 
 
 @dataclass
-class SearchConfig:
+class ParallelSearchConfig:
+    """parallel: Launch-Check-Resume (and what beam search reads too)."""
     name: str = "parallel"      # parallel (Launch-Check-Resume) | beam
     n_paths: int = 64           # N paths launched per prompt (parallel)
-    beam_width: int = 4
-    patience: int = 2           # beam: consecutive marks before a beam is pruned
-    beam_checks: Optional[List[float]] = None  # beam: prefixes checked (like tap.checkpoints); None = every step
-    refill: bool = True         # beam: a pruned beam's slot goes to the next best candidate; false = the beam narrows
-    # parallel: the prefix where Launch-Check-Resume checks (one of tap.checkpoints), or a
-    # list of them (progressive: policy=topk then takes one decreasing K per check in policy.keep)
+    beam_width: int = 4         # search=beam, and evaluate.compare_beam's plain beam search
+    # the prefix where Launch-Check-Resume checks (one of tap.checkpoints), or a list of
+    # them (progressive: policy=topk then takes one decreasing K per check in policy.keep)
     check_at: Any = 0.08
-    score_rule: str = "last"    # parallel, several checks: last | running_mean (STEP, arXiv 2601.09093)
+    score_rule: str = "last"    # several checks: last | running_mean (STEP, arXiv 2601.09093)
     max_new_tokens: int = 64
     temperature: float = 1.0
     top_p: float = 1.0
@@ -39,6 +39,30 @@ class SearchConfig:
     # stop strings: a path ends at the token that completes one (kept, as in HF
     # generate(stop_strings=...)); nothing after it is generated or counted
     stop: List[str] = field(default_factory=list)
+
+
+@dataclass
+class BeamSearchConfig(ParallelSearchConfig):
+    """beam: beam search pruned by the checks."""
+    name: str = "beam"
+    patience: int = 2           # consecutive marks before a beam is pruned
+    beam_checks: Optional[List[float]] = None  # prefixes checked (like tap.checkpoints); None = every step
+    refill: bool = True         # a pruned beam's slot goes to the next best candidate; false = the beam narrows
+
+    @staticmethod
+    def needs(s) -> None:
+        if s.beam_checks is not None and not len(s.beam_checks):
+            fail("search.beam_checks", "[]: give the prefixes where beams are checked, or null "
+                                       "for every step")
+
+
+@dataclass
+class SearchConfig(BeamSearchConfig):
+    """Both searches' keys (the view: what cfg.search holds)."""
+    name: str = "parallel"
+
+
+SEARCH = Group("search", {"parallel": ParallelSearchConfig, "beam": BeamSearchConfig}, SearchConfig)
 
 
 def check_lengths(s) -> None:
@@ -63,15 +87,8 @@ def check_sampling(s) -> None:
 
 
 def check_beam(s) -> None:
-    """search.beam_checks and search.refill: read by search=beam only."""
-    if s.beam_checks is not None and (s.name != "beam" or not len(s.beam_checks)):
-        fail("search.beam_checks", "[]: give the prefixes where beams are checked, or null for "
-                                   "every step" if s.name == "beam" else
-             f"only search=beam reads it, not search={s.name} (which checks at search.check_at); "
-             "leave it null")
-    if not s.refill and s.name != "beam":
-        fail("search.refill", f"false: only search=beam refills (or narrows), not search={s.name}; "
-                              "leave it true")
+    """search.beam_checks: prefixes within search.max_new_tokens, and what search=beam needs."""
+    SEARCH.check(s)
     for c in s.beam_checks or []:
         t = checkpoint_tokens(c, s.max_new_tokens) if c > 0 else 0
         if not 1 <= t < s.max_new_tokens or (c >= 1 and c != int(c)):

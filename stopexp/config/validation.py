@@ -1,7 +1,8 @@
 """validate(): every check that needs no compute, in order: the whole config's (unknown
-keys, allowed names, finite numbers, seeds), then each group's (stopexp.config.<group>)
-with the rules spanning groups (stopexp.config.cross) where they bear, the keys read
-unused (stopexp.config.reads), and the stage's own (evaluate, adapt)."""
+keys, allowed names, finite numbers, seeds), each group's (stopexp.config.<group>), then
+RULES: the rules spanning groups (stopexp.config.cross), the keys read unused
+(stopexp.config.reads) and the stages' own checks (evaluate, adapt), each listed with the
+stages that need it."""
 from __future__ import annotations
 
 import math
@@ -10,11 +11,13 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from stopexp.config import (adapt, collect, cross, engine, evaluate, model, policy, predictor,
-                            reward, search, tap, task)
+from stopexp.config import (adapt, collect, cross, engine, evaluate, loss, model, policy,
+                            predictor, reward, search, tap, task)
+from stopexp.config.options import view_of
 from stopexp.config.ranges import at_least, fail, get, n_layers_of
 from stopexp.config.reads import (ALLOWED, check_beam_width_read, check_bertscore_model_read,
                                   check_sweeps_read, check_unread)
+from stopexp.config.root import GROUPS
 from stopexp.core.errors import ConfigError
 
 SEED_KEYS = ("seed", "task.seed", "collect.seed", "train.seed", "evaluate.seed", "model.toy.seed",
@@ -26,7 +29,7 @@ def unknown_keys(node: Any, prefix: str = "") -> list[str]:
     out = []
     if not isinstance(node, DictConfig):
         return out
-    schema = OmegaConf.get_type(node)
+    schema = view_of(OmegaConf.get_type(node), GROUPS)  # a section holds its group's view
     known = set(schema.__dataclass_fields__) if is_dataclass(schema) else None
     for key in node.keys():
         if key == "hydra":
@@ -55,10 +58,78 @@ def nonfinite(node: Any, key: str) -> Optional[tuple[str, float]]:
     return None
 
 
+def group_checks(cfg) -> None:
+    """Each group's checks of its own keys (bounds from other groups where they bear)."""
+    model.check_model(cfg)
+    task.check_task(cfg.task)
+    search.check_lengths(cfg.search)
+    m = cfg.model
+    tap.check_layers(cfg.tap, n_layers_of(m), m.toy.num_heads if m.toy is not None else None)
+    search.check_sampling(cfg.search)
+    tap.check_checkpoints(cfg.tap, cfg.search.max_new_tokens)
+    search.check_beam(cfg.search)
+    collect.check_collect(cfg)
+    predictor.check_predictor(cfg.predictor)
+    loss.check_loss(cfg.loss)
+    predictor.check_train(cfg.train)
+    predictor.check_position_input(cfg.predictor)
+    reward.check_reward(cfg.reward)
+    engine.check_engine(cfg)
+    policy.check_thresholds(cfg.policy)
+
+
+def adapt_target_validates(cfg) -> None:
+    """The adapt stream's config (the source shifted by adapt.target) passes every check
+    too; an error then names the target's values."""
+    try:
+        if cfg.adapt.target:  # the stream's config has an empty target
+            validate(adapt.shifted_config(cfg))
+    except (ConfigError, ValueError) as e:
+        raise ConfigError(f"adapt.target: {e}") from None
+
+
+STAGES = ("collect", "featurize", "train", "evaluate", "pipeline", "adapt", "toy_lm")
+EVALUATING = ("evaluate", "pipeline")
+TRAINING = ("train", "pipeline", "adapt")
+# The rules spanning groups (stopexp.config.cross), the keys read unused
+# (stopexp.config.reads) and the stages' own checks, each with the stages that need it, in
+# the order validate applies them (after the group checks: a bad value is named as such first)
+RULES = (
+    (cross.fewshot_is_plain_text, STAGES),
+    (cross.step_ends_need_a_separator, STAGES),
+    (cross.checks_are_tapped, STAGES),
+    (cross.keep_per_check, STAGES),
+    (cross.adapt_takes_one_check, ("adapt",)),
+    (cross.signals_are_tapped, STAGES),
+    (cross.predictor_layer_is_tapped, ("train", "evaluate", "pipeline", "adapt")),
+    (cross.positions_fit_the_predictor, STAGES),
+    (cross.regression_needs_bounded_reward, STAGES),
+    (cross.online_reward_needs_no_logprobs, EVALUATING),
+    (cross.min_gap_below_reward_range, STAGES),
+    (cross.vllm_serves_it, STAGES),
+    (check_unread, STAGES),
+    (check_beam_width_read, STAGES),
+    (cross.bank_has_training_prompts, TRAINING),
+    (evaluate.check_evaluate, EVALUATING),
+    (cross.attn_entropy_method_is_tapped, EVALUATING),
+    (cross.error_oracle_reads_values, EVALUATING),
+    (cross.beam_has_nothing_to_select, EVALUATING),
+    (policy.check_risk_calibration, EVALUATING),
+    (cross.beam_has_no_vote, EVALUATING),
+    (cross.beam_scores_each_step, EVALUATING),
+    (cross.beam_keep_below_width, EVALUATING),
+    (check_sweeps_read, EVALUATING),
+    (check_bertscore_model_read, EVALUATING),
+    (adapt.check_adapt, ("adapt",)),
+    (adapt_target_validates, ("adapt",)),  # last: an error now comes from the target's values
+)
+
+
 def validate(cfg: DictConfig) -> DictConfig:
     """Every check that needs no compute, for the stages that `cfg.stage` will run: unknown
     keys, allowed names, finite floats (NaN and inf are refused everywhere), the range of
-    every numeric key and the cross-field rules. Raises ConfigError naming the key; returns cfg."""
+    every numeric key (the group checks) and the rules of RULES whose stages include
+    cfg.stage. Raises ConfigError naming the key; returns cfg."""
     unknown = unknown_keys(cfg)
     if unknown:
         fail(unknown[0], "no such key in the config schema (stopexp/config/); check the spelling")
@@ -76,68 +147,8 @@ def validate(cfg: DictConfig) -> DictConfig:
     for key in SEED_KEYS:  # numpy's generators refuse negative seeds
         if get(cfg, key) is not None:
             at_least(key, get(cfg, key), 0)
-    model.check_model(cfg)
-    task.check_task(cfg.task)
-    _check_search_and_taps(cfg)
-    collect.check_collect(cfg)
-    _check_predictor_loss_train(cfg)
-    _check_reward(cfg)
-    _check_engine(cfg)
-    policy.check_thresholds(cfg.policy)
-    check_unread(cfg)  # after the range checks: a bad value is named as such first
-    check_beam_width_read(cfg)
-    cross.bank_has_training_prompts(cfg)
-    if cfg.stage in ("evaluate", "pipeline"):
-        evaluate.check_evaluate(cfg)
-        check_sweeps_read(cfg)
-        check_bertscore_model_read(cfg)
-    if cfg.stage == "adapt":
-        adapt.check_adapt(cfg)
-        # last, once the source config has passed: an error now comes from the target's values
-        try:
-            if cfg.adapt.target:  # the stream's config passes every check too (its target is empty)
-                validate(adapt.shifted_config(cfg))
-        except (ConfigError, ValueError) as e:
-            raise ConfigError(f"adapt.target: {e}") from None
+    group_checks(cfg)
+    for rule, stages in RULES:
+        if cfg.stage in stages:
+            rule(cfg)
     return cfg
-
-
-def _check_search_and_taps(cfg) -> None:
-    m, s = cfg.model, cfg.search
-    search.check_lengths(s)
-    cross.fewshot_is_plain_text(cfg)
-    tap.check_layers(cfg.tap, n_layers_of(m), m.toy.num_heads if m.toy is not None else None)
-    search.check_sampling(s)
-    tapped = tap.check_checkpoints(cfg.tap, s.max_new_tokens)
-    if cfg.tap.positions.step_ends:
-        cross.step_ends_need_a_separator(cfg)
-    search.check_beam(s)
-    cross.checks_are_tapped(cfg, tapped)
-    cross.keep_per_check(cfg)
-
-
-def _check_predictor_loss_train(cfg) -> None:
-    predictor.check_predictor(cfg.predictor)
-    cross.signals_are_tapped(cfg)
-    cross.predictor_layer_is_tapped(cfg)
-    predictor.check_loss(cfg.loss)
-    predictor.check_train(cfg.train)
-    predictor.check_position_input(cfg.predictor)
-    cross.positions_fit_the_predictor(cfg)
-
-
-def _check_reward(cfg) -> None:
-    """reward.*: an external reward names a registered or importable function; the
-    regression losses need a reward in [0, 1]; nothing else is read unused."""
-    reward.check_reward(cfg.reward)
-    cross.regression_needs_bounded_reward(cfg)
-    cross.online_reward_needs_no_logprobs(cfg)
-    predictor.check_min_gap(cfg.loss)
-    cross.min_gap_below_reward_range(cfg)
-
-
-def _check_engine(cfg) -> None:
-    """engine.*: nothing asked of engine=vllm that only the hf engine serves, then the vllm
-    knobs' ranges and vllm importable, all before any model loads."""
-    cross.vllm_serves_it(cfg)
-    engine.check_engine(cfg)

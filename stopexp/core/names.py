@@ -1,23 +1,67 @@
 """The names config checks and the layers above share, kept here so that checking a name
-needs no torch import: methods, predictors, tasks, shipped benchmarks, splits, signals,
-rewards, adapt variants; and the two registries a user plugs into (external scorers for
-evaluate.methods, external rewards for reward.function), defined here and re-exported
-where they are used (stopexp.signals.methods, stopexp.tasks.rewards)."""
+needs no torch import: the registry of implementations by kind and name (tasks,
+predictors, losses, policies, rewards: "module:attr", imported on lookup), methods,
+shipped benchmarks, splits, signals, adapt variants; and the two registries a user plugs
+into (external scorers for evaluate.methods, external rewards for reward.function),
+defined here and re-exported where they are used (stopexp.signals.methods,
+stopexp.tasks.rewards)."""
 from __future__ import annotations
 
 import importlib
 from typing import Any, Callable
 
+# kind -> name -> "module:attr": what each name is, imported on `lookup` only, so that a
+# name is checked (stopexp.config) without importing its module (torch, for most)
+REGISTRY: dict[str, dict[str, str]] = {
+    "task": {"arith": "stopexp.tasks.arith:ArithTask", "qa": "stopexp.tasks.qa:QATask",
+             "wordprob": "stopexp.tasks.wordprob:WordProblemTask",
+             "datatotext": "stopexp.tasks.datatotext:DataToTextTask"},
+    # predictors of a feature batch: cls(predictor config, FeatureSpec) (stopexp.signals)
+    "predictor": {"statistic": "stopexp.signals.statistic:StatisticPredictor",
+                  "linear": "stopexp.signals.linear:LinearPredictor",
+                  "mlp": "stopexp.signals.mlp:MLPPredictor",
+                  "fusion": "stopexp.signals.fusion:FusionPredictor",
+                  "conf_features": "stopexp.signals.conf_features:ConfFeaturesPredictor"},
+    # predictors that run the LM on the prefix (stopexp.models.super_token)
+    "lm_predictor": {"super_token": "stopexp.models.super_token:SuperTokenPredictor"},
+    "loss": {"contrastive": "stopexp.training.losses:contrastive",
+             "pairwise": "stopexp.training.losses:pairwise",
+             "reward_regression": "stopexp.training.losses:reward_regression",
+             "mse": "stopexp.training.losses:mse"},
+    "policy": {"fixed": "stopexp.core.policies:FixedThreshold",
+               "quantile": "stopexp.core.policies:Quantile", "topk": "stopexp.core.policies:TopK",
+               "adaptive": "stopexp.core.policies:Adaptive",
+               "risk": "stopexp.core.policies:RiskControlled"},
+    "reward": {name: "stopexp.tasks.rewards:Reward" for name in (
+        "correct", "rouge_l", "bleu", "bertscore", "neg_perplexity", "external", "evaluate")},
+}
+
+
+def register(kind: str, name: str, target: str) -> None:
+    """Register `target` ("module:attr") as the `kind` named `name` (where it is defined)."""
+    REGISTRY.setdefault(kind, {})[name] = target
+
+
+def names(kind: str) -> tuple[str, ...]:
+    return tuple(REGISTRY.get(kind, ()))
+
+
+def lookup(kind: str, name: str) -> Any:
+    """The `kind` named `name`, its module imported now; ValueError naming what is allowed."""
+    if name not in REGISTRY.get(kind, {}):
+        raise ValueError(f"{kind}.name: {name!r} unknown; allowed: {', '.join(names(kind))}")
+    module, _, attr = REGISTRY[kind][name].partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
 SPLITS = ("train", "val", "test")
-TASK_NAMES = ("arith", "qa", "wordprob", "datatotext")  # stopexp.tasks.TASKS
+TASK_NAMES = names("task")
 # the benchmarks shipped in stopexp/tasks/data/, which task.path may name (stopexp.tasks.benchmarks)
 BENCHMARKS = ("gsm8k", "math500", "aime24", "aime25", "hmmt25", "amc23")
 # the token that ends a reasoning step, of the tasks that have one (their `step_separator`,
 # read by tap.positions.step_ends); a task not named here has none
 STEP_SEPARATORS = {"arith": ";", "qa": "\n", "wordprob": "\n"}
-PREDICTOR_NAMES = ("statistic", "linear", "mlp", "fusion", "conf_features", "super_token")
-# the predictors whose head takes the position as an extra input (predictor.position_input)
-POSITION_INPUT_PREDICTORS = ("linear", "mlp", "fusion")
+PREDICTOR_NAMES = (*names("predictor"), *names("lm_predictor"))
 # the signal columns of a feature batch, in order (stopexp.signals.columns computes them)
 SIGNAL_NAMES = ("mean_logprob", "min_logprob", "mean_entropy", "group_conf", "hidden_norm",
                 "hidden_mean", "hidden_var", "attn_entropy", "prefix_len")

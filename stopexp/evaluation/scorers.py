@@ -11,10 +11,9 @@ from omegaconf import OmegaConf
 from stopexp.config import ALLOWED, PredictorConfig, check_method_names, checkpoint_tokens
 from stopexp.config import ALWAYS_METHODS as ALWAYS
 from stopexp.core.errors import NotFound
-from stopexp.core.names import method_name
+from stopexp.core.names import PREDICTOR_NAMES, method_name
 from stopexp.models import load_lm
 from stopexp.models.super_token import load_super_token
-from stopexp.signals import PREDICTORS
 from stopexp.signals import methods as M
 from stopexp.signals.checkpoint import CheckpointDamaged, CheckpointMismatch, load_predictor
 from stopexp.stopping.replay import STOPPING_METHODS
@@ -73,7 +72,7 @@ def build_scorers(cfg, names: list[str], spec) -> dict:
             scorers[name] = M.error_oracle
         elif name in M.BASELINES:
             scorers[name] = M.BASELINES[name]
-        elif name in PREDICTORS or name == "super_token":
+        elif name in PREDICTOR_NAMES:
             sub = cfg if name == cfg.predictor.name else _with_predictor(cfg, name)
             ckpt = predictor_dir(sub)
             command = f"python -m stopexp.train {' '.join(cli_overrides())}".rstrip()

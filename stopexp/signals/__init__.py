@@ -2,21 +2,12 @@
 state (or, for the controls, from non-learnable signals). See features.py for the batch."""
 from __future__ import annotations
 
+from stopexp.core.names import lookup, names
 from stopexp.signals.base import Predictor
-from stopexp.signals.conf_features import ConfFeaturesPredictor
 from stopexp.signals.features import SIGNAL_NAMES, FeatureSpec
-from stopexp.signals.fusion import FusionPredictor
-from stopexp.signals.linear import LinearPredictor
-from stopexp.signals.mlp import MLPPredictor
-from stopexp.signals.statistic import StatisticPredictor
 
-PREDICTORS = {
-    "statistic": StatisticPredictor,
-    "linear": LinearPredictor,
-    "mlp": MLPPredictor,
-    "fusion": FusionPredictor,
-    "conf_features": ConfFeaturesPredictor,
-}
+# the predictors of a feature batch, by name (registered in stopexp.core.names)
+PREDICTORS = {name: lookup("predictor", name) for name in names("predictor")}
 
 __all__ = ["PREDICTORS", "SIGNAL_NAMES", "FeatureSpec", "Predictor", "build_predictor"]
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from stopexp.core.names import lookup, names
+
 
 def _label(batch: dict) -> torch.Tensor:
     """What pairs are ordered by and regressions aim at: the path's reward where the batch
@@ -82,8 +84,7 @@ def mse(scores, batch, cfg):
     return _mean((torch.sigmoid(scores) - target) ** 2, batch)
 
 
-LOSSES = {"contrastive": contrastive, "pairwise": pairwise,
-          "reward_regression": reward_regression, "mse": mse}
+LOSSES = names("loss")  # each registered in stopexp.core.names as this module's function
 
 
 def length_correlation(scores: torch.Tensor, prefix_len: torch.Tensor) -> torch.Tensor:
@@ -98,7 +99,7 @@ def build_loss(loss_cfg):
     length_reg > 0 (against the shortcut of scoring a path by its length)."""
     if loss_cfg.name not in LOSSES:
         raise ValueError(f"loss.name: {loss_cfg.name!r} unknown; allowed: {', '.join(LOSSES)}")
-    base, weight = LOSSES[loss_cfg.name], loss_cfg.length_reg
+    base, weight = lookup("loss", loss_cfg.name), loss_cfg.length_reg
 
     def loss(scores: torch.Tensor, batch: dict) -> torch.Tensor:
         value = base(scores, batch, loss_cfg)

@@ -1,0 +1,118 @@
+"""One schema per option: each option's yaml extends its own schema, a section holds its
+group's view (so that what artifact keys hash is unchanged), the cross-group rules are
+listed with their stages, and names are checked without importing torch."""
+import json
+import subprocess
+import sys
+
+import pytest
+from omegaconf import OmegaConf
+
+from conftest import CONF, ROOT, compose
+from stopexp.config import validate
+from stopexp.config.root import GROUPS
+from stopexp.config.validation import RULES, STAGES
+from stopexp.core.names import PREDICTOR_NAMES, names
+from stopexp.runtime.artifacts import config_hash, plain
+
+# config_hash(plain(cfg.<section>)) of these compositions, recorded before the groups had
+# one schema per option: the keys and values every artifact key hashes. A deliberate change
+# of a section (which changes its artifacts' keys) updates the file with the new hashes
+# that the failing assertion shows.
+PINNED = json.loads((ROOT / "tests" / "data" / "config_sections.json").read_text())
+
+
+def _case(name: str):
+    stage, *overrides = name.split(" ")
+    return stage, overrides
+
+
+@pytest.mark.parametrize("name", sorted(PINNED))
+def test_every_section_hashes_as_before_the_per_option_schemas(name):
+    cfg = compose(*_case(name))
+    assert {s: config_hash(plain(cfg[s])) for s in PINNED[name]} == PINNED[name]
+
+
+def test_the_pinned_compositions_cover_every_exp_and_option():
+    cases = set(PINNED)
+    assert {f"{'adapt' if p.stem == 'toy_shift' else 'pipeline'} +exp={p.stem}"
+            for p in (CONF / "exp").glob("*.yaml")} <= cases
+    for g in GROUPS:
+        for path in (CONF / g.name).glob("*.yaml"):
+            default = OmegaConf.load(CONF / "common.yaml").defaults
+            if {g.name: path.stem} not in default:
+                assert f"pipeline {g.name}={path.stem}" in cases or path.stem in (
+                    "aime25", "amc23", "hmmt25"), path  # the three are task=math's prompt and grader
+
+
+@pytest.mark.parametrize("group", GROUPS, ids=lambda g: g.name)
+def test_a_section_is_typed_as_its_options_schema_and_holds_the_view(group):
+    for path in sorted((CONF / group.name).glob("*.yaml")):
+        section = compose("pipeline", [f"{group.name}={path.stem}"])[group.name]
+        option = group.chosen(section)
+        assert OmegaConf.get_type(section) is group.options[option], path
+        assert set(section) == set(group.view_keys()), path
+
+
+@pytest.mark.parametrize("group", GROUPS, ids=lambda g: g.name)
+def test_an_options_defaults_are_the_views(group):
+    """A key shared by options has one default, so a section's values do not depend on
+    which schema declares it; each schema's name is its option's."""
+    view = OmegaConf.structured(group.view)
+    for option, schema in group.options.items():
+        own = OmegaConf.structured(schema)
+        assert {k: v for k, v in OmegaConf.to_container(own).items() if k != "name"} == {
+            k: OmegaConf.to_container(view)[k] for k in own if k != "name"}, option
+        if group.name != "model":
+            assert own.name == option
+
+
+def test_an_option_schema_lacks_the_other_options_keys():
+    task = {g.name: g for g in GROUPS}["task"]
+    assert "shots" not in task.keys("arith") and "n_steps" not in task.keys("wordprob")
+    assert task.readers("tokenize") == ["qa", "wordprob", "datatotext"]
+    assert {g.name: g for g in GROUPS}["predictor"].readers("hidden") == ["mlp", "fusion", "conf_features"]
+
+
+def test_an_options_yaml_sets_only_its_schemas_keys():
+    """A section holds the view, so a key of another option in an option's yaml composes;
+    at its default nothing reads it, off it validate refuses it: neither belongs there."""
+    for g in GROUPS:
+        for path in sorted((CONF / g.name).glob("*.yaml")):
+            raw = OmegaConf.load(path)
+            option = g.chosen(compose("collect", [f"{g.name}={path.stem}"])[g.name])
+            extra = set(raw) - {"defaults"} - set(g.keys(option))
+            assert not extra, f"{path}: {sorted(extra)} are not keys of {g.options[option].__name__}"
+
+
+def test_every_group_option_is_a_registered_name():
+    by_name = {g.name: tuple(g.options) for g in GROUPS}
+    assert by_name["task"] == names("task")
+    assert by_name["predictor"] == PREDICTOR_NAMES
+    assert by_name["loss"] == names("loss")
+    assert by_name["policy"] == names("policy")
+    assert by_name["reward"] == names("reward")
+
+
+def test_every_rule_names_real_stages_and_the_stage_decides_which_run():
+    assert {OmegaConf.load(p).stage for p in CONF.glob("*.yaml") if "stage" in OmegaConf.load(p)} == set(STAGES)
+    assert all(stages and set(stages) <= set(STAGES) for _, stages in RULES)
+    # train needs train prompts in the bank; collect does not check it
+    validate(compose("collect", ["collect.prompts.train=0"]))
+    with pytest.raises(Exception, match="^collect.prompts.train: train needs train prompts"):
+        validate(compose("train", ["collect.prompts.train=0"]))
+
+
+def test_config_validates_without_importing_torch():
+    code = f"""
+import sys
+from hydra import compose, initialize_config_dir
+from stopexp.config import validate
+from stopexp.core.names import lookup
+with initialize_config_dir(config_dir={str(CONF)!r}, version_base="1.3"):
+    for stage in ("collect", "train", "evaluate"):
+        validate(compose(config_name=stage, overrides=["logger=none"]))
+assert "torch" not in sys.modules, "validate imported torch"
+assert lookup("loss", "mse").__name__ == "mse" and "torch" in sys.modules  # imported on lookup
+"""
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

@@ -44,7 +44,7 @@ def main(argv: list[str]) -> None:
     with initialize_config_dir(str(project_root() / "conf"), version_base="1.3"):
         cfg = validate(compose("collect", ["logger=none", *argv]))
     root = bank.bank_dir(cfg)
-    checks = [c for c, _ in check_plan(cfg)]
+    checks = [c for c, _ in check_plan(cfg.search, cfg.policy)]
     print(f"bank {root} (temperature {cfg.search.temperature}, steps {list(cfg.task.steps)}, "
           f"checks at {checks} tokens)")
     task = build_task(cfg.task)

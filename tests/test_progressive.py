@@ -97,7 +97,8 @@ def test_decide_by_checks_prunes_at_each_check_with_the_running_mean():
     cfg = compose("evaluate", ["policy=topk", "search.n_paths=4", "policy.keep=[2,1]",
                                "search.check_at=[5,10]", "tap.checkpoints=[5,10]",
                                "evaluate.n_points=[4]"])
-    plan = check_plan(validate(cfg))
+    validate(cfg)
+    plan = check_plan(cfg.search, cfg.policy)
     assert plan == [(5, 2), (10, 1)]
     scores = [np.array([0.0, 1.0, 3.0, 2.0]), np.array([0.0, 4.0, -1.0, 9.0])]
     last = decide_by_checks(paths, scores, check_policies(cfg.policy, plan), [5, 10], 4, "last")

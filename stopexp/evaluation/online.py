@@ -59,7 +59,7 @@ def online_paths(cfg, names, scorers, policies: dict, checkpoint, n_prompts: int
     model, tokenizer = load_lm(cfg)
     problems = fit_prompts(tokenizer, task.problems(cfg.evaluate.split, n_prompts),
                            prompt_limit(cfg, model), cfg.model.long_prompts)
-    plan = check_plan(cfg)
+    plan = check_plan(cfg.search, cfg.policy)
     N = cfg.search.n_paths
     methods = {m: (scorers[m], lambda i=0, m=m: policies[m][i]) for m in names if m in scorers}
     checks = checkpoint if len(plan) == 1 else [c for c, _ in plan]

@@ -52,8 +52,8 @@ from stopexp.config import checkpoint_tokens
 from stopexp.core.policies import kept_text, policy_params
 from stopexp.evaluation import plots
 from stopexp.evaluation.accounting import replay_paths
-from stopexp.runtime.cli import Stage, stage_main
 from stopexp.signals.checkpoint import load_predictor
+from stopexp.stages.cli import Stage, stage_main
 from stopexp.store import bank
 from stopexp.store.features import require_features, spec_of
 from stopexp.tasks import vote_format

@@ -46,8 +46,8 @@ from stopexp.evaluation.scorers import (build_scorers, check_methods, cli_overri
                                         warn_off_checkpoint)
 from stopexp.evaluation.select import attach_bank_columns
 from stopexp.evaluation.table import print_table  # pipeline and notebooks import it from here
-from stopexp.runtime.cli import Stage, stage_main
 from stopexp.search.memory import add_memory
+from stopexp.stages.cli import Stage, stage_main
 from stopexp.stopping.replay import STOPPING_METHODS, stopping_outcomes
 from stopexp.store import bank
 from stopexp.store import features as feature_bank
@@ -64,7 +64,7 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
     check_methods(cfg)
     root = bank.require_bank(cfg, cli_overrides())
     meta = bank.read_meta(root)
-    plan = check_plan(cfg)  # (prefix tokens, K) per check; the first is where AUROC is read
+    plan = check_plan(cfg.search, cfg.policy)  # (prefix tokens, K) per check; the first is where AUROC is read
     checkpoint, K = plan[0][0], plan[-1][1]
     N, split = cfg.search.n_paths, cfg.evaluate.split
     names = method_names(cfg)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from stopexp.runtime.cli import Stage, stage_main
+from stopexp.stages.cli import Stage, stage_main
 from stopexp.store.features import featurize
 
 log = logging.getLogger(__name__)

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 from stopexp.runtime.artifacts import write_json
-from stopexp.runtime.cli import Stage, stage_main
-from stopexp.runtime.tracking import tracked_run
+from stopexp.stages.build import tracked
+from stopexp.stages.cli import Stage, stage_main
 from stopexp.stages.evaluate import evaluate, print_table
 from stopexp.store.bank_fill import collect
 from stopexp.store.features import featurize
@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 def run_pipeline(cfg, run_dir: Path) -> dict:
     timings, start = {}, time.time()
-    with tracked_run(cfg, "pipeline") as run:
+    with tracked(cfg, "pipeline") as run:
         collected = collect(cfg, run=run)
         timings["collect_s"] = round(time.time() - start, 1)
         featurized = featurize(cfg, run=run)

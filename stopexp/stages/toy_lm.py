@@ -14,9 +14,9 @@ from stopexp.core.errors import writing
 from stopexp.models import load_lm
 from stopexp.models.toy_lm import lm_task, toy_key, train_toy_lm
 from stopexp.runtime.artifacts import replace_dir, staging_dir
-from stopexp.runtime.cli import Stage, stage_main
 from stopexp.search.decode import SamplingParams, make_engine
 from stopexp.search.sample import sample_paths
+from stopexp.stages.cli import Stage, stage_main
 from stopexp.tasks import build_task
 from stopexp.tasks.answers import vote
 from stopexp.tasks.arith import extract_answer

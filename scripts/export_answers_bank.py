@@ -52,7 +52,7 @@ def main(argv: list[str]) -> None:
         cfg = validate(compose("collect", ["logger=none", *args.overrides]))
     root = bank.require_bank(cfg)
     ds = bank.load_bank(root, args.split)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir(cfg, progress=False))
+    tokenizer = AutoTokenizer.from_pretrained(model_dir(cfg.model, cfg.paths.cache_dir, cfg.task, progress=False))
     task = build_task(cfg.task)
     ids = ds["prompt_id"][:]
     problems = task.problems(args.split, int(ids.max()) + 1)

@@ -112,7 +112,7 @@ def test_features_and_online_see_the_same_entropy_and_off_changes_nothing(eager_
 
 
 def test_config_asks_for_the_tap_and_loads_eager(tmp_path, caplog):
-    from stopexp.models import load_lm
+    from stopexp.stages import build
     from stopexp.store.bank import bank_key
     from stopexp.store.features import feature_key
 
@@ -130,7 +130,7 @@ def test_config_asks_for_the_tap_and_loads_eager(tmp_path, caplog):
     off = validate(compose("evaluate", base))
     assert bank_key(on) == bank_key(off) and feature_key(on) != feature_key(off)  # a tap, not generation
     with caplog.at_level(logging.INFO, logger="stopexp.models"):
-        model, _ = load_lm(on, progress=False)
+        model, _ = build.lm(on, progress=False)
     assert model.config._attn_implementation == "eager"
     assert "loading with eager attention" in caplog.text
-    assert load_lm(off, progress=False)[0].config._attn_implementation != "eager"
+    assert build.lm(off, progress=False)[0].config._attn_implementation != "eager"

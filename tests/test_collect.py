@@ -77,11 +77,11 @@ def test_missing_bank_error_prints_the_collect_command(out_dir):
 def test_model_size_mismatch_is_refused(tiny_lm):
     from stopexp.models import check_sizes
     cfg = compose("collect", ["+exp=llama_contrastive", "model.hidden_size=64", "model.num_layers=2"])
-    check_sizes(cfg, tiny_lm[0].__class__(tiny_lm[0].config.__class__(
+    check_sizes(cfg.model, tiny_lm[0].__class__(tiny_lm[0].config.__class__(
         **{**tiny_lm[0].config.to_dict(), "hidden_size": 64})))
     cfg = compose("collect", ["+exp=llama_contrastive", "model.hidden_size=4096", "model.num_layers=2"])
     with pytest.raises(ValueError, match="model.hidden_size: the config says 4096"):
-        check_sizes(cfg, tiny_lm[0])
+        check_sizes(cfg.model, tiny_lm[0])
 
 
 def test_sigkill_then_rerun_loses_and_duplicates_nothing(tmp_path):

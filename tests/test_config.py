@@ -377,9 +377,9 @@ def test_prompts_longer_than_the_model_allows_are_refused_or_skipped(tiny_lm, ca
 
     model, tok = tiny_lm  # 128 positions; the char tokenizer adds <s>
     cfg = compose("collect", ["search.max_new_tokens=20"])
-    assert prompt_limit(cfg, model) == 128 - 20
+    assert prompt_limit(cfg.model, cfg.search, cfg.get("engine"), model) == 128 - 20
     cfg.model.max_prompt_tokens = 6
-    assert prompt_limit(cfg, model) == 6
+    assert prompt_limit(cfg.model, cfg.search, cfg.get("engine"), model) == 6
     problems = _problems("1+2?", "1" * 10**6, "1+2*3-4?", "9?")
     with pytest.raises(PromptTooLong) as e:
         fit_prompts(tok, problems, 108)

@@ -93,9 +93,9 @@ def test_tap_change_reextracts_without_regenerating(small_bank, monkeypatch, cap
 def test_step_ends_are_the_separator_tokens(small_bank):
     cfg = validate(compose("train", [*small_bank, "tap.positions.step_ends=true"]))
     ds, feats = feature_rows.load_split(cfg, "val")
-    from stopexp.models import load_lm
+    from stopexp.stages import build
 
-    _, tok = load_lm(cfg, progress=False)
+    _, tok = build.lm(cfg, progress=False)
     semi = tok.convert_tokens_to_ids(";")
     for i in range(len(ds)):
         toks, n = ds["tokens"][i], int(ds["length"][i])

@@ -337,13 +337,13 @@ def test_damaged_toy_lm_is_named_and_never_loaded(tmp_path, caplog):
     assert toy_lm_problem(committed) is None
     cached = tmp_path / "cache" / "toy_lm" / key
     shutil.copytree(committed, cached)
-    assert ensure_toy_lm(cfg) == cached
+    assert ensure_toy_lm(cfg.model.toy, cfg.task, cfg.paths.cache_dir) == cached
     size = (cached / "model.safetensors").stat().st_size
     os.truncate(cached / "model.safetensors", 1000)
     assert toy_lm_problem(cached) == (f"model.safetensors has 1000 bytes, {size} recorded "
                                       "(truncated or replaced)")
     with caplog.at_level("WARNING"):
-        assert ensure_toy_lm(cfg) == committed  # the damaged copy is deleted, the committed one used
+        assert ensure_toy_lm(cfg.model.toy, cfg.task, cfg.paths.cache_dir) == committed  # the damaged copy is deleted, the committed one used
     assert "cached toy LM" in caplog.text and "model.safetensors has 1000 bytes" in caplog.text
     assert not cached.exists() and not list(cached.parent.iterdir())
     # a directory saved before the record: its weights' header must cover the file

@@ -64,22 +64,22 @@ def test_token_budget_lowers_the_rows_per_forward(tiny_lm):
     _, tok = tiny_lm
     cfg = compose("collect", ["search.max_batch_rows=64", "search.max_new_tokens=20"])
     problems = [SimpleNamespace(prompt="1+2?"), SimpleNamespace(prompt="1+2*3-4?")]
-    assert row_cap(cfg, tok, problems) == 64  # no budget: the row cap alone
+    assert row_cap(cfg.search, cfg.model, tok, problems) == 64  # no budget: the row cap alone
     cfg.model.max_batch_tokens = 300  # longest prompt: <s> + 8 chars = 9 tokens
-    assert row_cap(cfg, tok, problems) == 300 // (9 + 20)
+    assert row_cap(cfg.search, cfg.model, tok, problems) == 300 // (9 + 20)
     cfg.model.max_batch_tokens = 10**6  # the smaller of the two wins
-    assert row_cap(cfg, tok, problems) == 64
+    assert row_cap(cfg.search, cfg.model, tok, problems) == 64
 
 
 def test_chat_template_renders_prompts_and_the_toy_keeps_plain_ones(tiny_lm, chat_lm_dir):
-    from stopexp.models import load_lm
+    from stopexp.stages import build
 
     _, tok = tiny_lm
     assert prompt_ids(tok, "4+7?") == tok("4+7?")["input_ids"]  # no template: plain
-    _, local = load_lm(compose("collect", local_model(chat_lm_dir)))
+    _, local = build.lm(compose("collect", local_model(chat_lm_dir)))
     assert local.chat_template == TEMPLATE
     assert prompt_ids(local, "4+7?") == tok("4+7?=")["input_ids"]  # one BOS, then the turn
-    _, plain = load_lm(compose("collect", [*local_model(chat_lm_dir), "model.chat_template=false"]))
+    _, plain = build.lm(compose("collect", [*local_model(chat_lm_dir), "model.chat_template=false"]))
     assert prompt_ids(plain, "4+7?") == tok("4+7?")["input_ids"]
 
 
@@ -101,11 +101,11 @@ def test_qa_task_collects_with_a_local_chat_model(chat_lm_dir, out_dir):
 
 
 def test_toy_lm_refuses_other_tasks(out_dir):
-    from stopexp.models import load_lm
+    from stopexp.stages import build
 
     cfg = compose("collect", ["task=gsm8k", f"task.path={GSM8K}", f"paths.output_dir={out_dir}"])
     with pytest.raises(ConfigError, match="task.name: the toy LM learns only task=arith"):
-        load_lm(cfg)
+        build.lm(cfg)
 
 
 def test_array_jobs_shard_like_one_process_and_the_last_one_completes(out_dir, tmp_path):

@@ -10,6 +10,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from stopexp.search.beam import beam_search
 from stopexp.search.decode import Engine, SamplingParams, make_engine
 from stopexp.search.stops import eos_ids
+from stopexp.stages.build import sampling
 
 PROMPTS = ["4+7*3-9?", "1-2?", "9*9*9+1-0?"]
 T = 24
@@ -429,14 +430,14 @@ def test_escapes_in_stop_strings_and_text_keys_are_decoded_once(tmp_path):
         *base, r'search.stop=["\n\nQuestion:","a\\nb","\boxed"]', r"task.stop=['\t']",
         r"task.instruction='Solve.\nThink.'"]))
     assert list(escaped.search.stop)[0] == "\\n\\nQuestion:"  # as Hydra delivers it
-    assert SamplingParams.from_config(escaped).stop == ("\t", "\n\nQuestion:", "a\\nb", "\\boxed")
+    assert sampling(escaped).stop == ("\t", "\n\nQuestion:", "a\\nb", "\\boxed")
     assert build_task(escaped.task).stop_sequences == ("\t",)
     assert build_task(escaped.task).instruction == "Solve.\nThink."
     # written with the characters themselves (a YAML "\n" is one): the same stops, one bank
     literal = validate(compose("collect", [*base, "task.stop=['\t']",
                                            "task.instruction='Solve.\nThink.'"]))
     literal.search.stop = ["\n\nQuestion:", "a\\\\nb", "\\boxed"]  # two backslashes: one
-    assert SamplingParams.from_config(literal).stop == SamplingParams.from_config(escaped).stop
+    assert sampling(literal).stop == sampling(escaped).stop
     assert bank_key(literal) == bank_key(escaped)
 
 

@@ -142,7 +142,7 @@ def test_config_and_bad_values():
 
 
 def test_train_and_evaluate_through_the_harness(small_bank):
-    from stopexp.models import load_lm
+    from stopexp.stages import build
     from stopexp.stages.evaluate import evaluate
     from stopexp.store import bank
     from stopexp.store.features import spec_of
@@ -156,7 +156,7 @@ def test_train_and_evaluate_through_the_harness(small_bank):
     assert metrics["parameters"] < 60_000 and np.isfinite(metrics["val"]["auroc_pooled"])
     root = bank.require_bank(cfg)
     meta = bank.read_meta(root)
-    st, _ = load_super_token(predictor_dir(cfg), *load_lm(cfg, progress=False), spec_of(cfg, meta),
+    st, _ = load_super_token(predictor_dir(cfg), *build.lm(cfg, progress=False), spec_of(cfg, meta),
                              cfg.predictor)
     test = split_data(root, meta, cfg, prefixes=True)["test"]
     assert evaluate_scores(score(st, test), test)["auroc_pooled"] == metrics["test"]["auroc_pooled"]

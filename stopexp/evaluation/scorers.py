@@ -85,7 +85,8 @@ def build_scorers(cfg, names: list[str], spec) -> dict:
                     f"{command} (or run python -m stopexp.pipeline, which makes it for you)")
             try:
                 if name == "super_token":  # on its own copy of the LM; online it reads the engine's cache
-                    predictor, _ = load_super_token(ckpt, *load_lm(sub, progress=False), spec,
+                    lm = load_lm(sub.model, sub.paths.cache_dir, sub.task, sub.tap, progress=False)
+                    predictor, _ = load_super_token(ckpt, *lm, spec,
                                                     sub.predictor, cfg.search.max_batch_rows,
                                                     _trained_on(sub))
                 else:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from omegaconf import OmegaConf
 
+from stopexp.models import load_lm
 from stopexp.runtime.tracking import tracked_run
+from stopexp.search.decode import SamplingParams
 
 
 def tracked(cfg, job_type: str, name: str | None = None):
@@ -13,3 +15,14 @@ def tracked(cfg, job_type: str, name: str | None = None):
     output directory and the resolved config as the run records it."""
     return tracked_run(cfg.logger, cfg.paths.output_dir, OmegaConf.to_container(cfg, resolve=True),
                        job_type, name)
+
+
+def sampling(cfg) -> SamplingParams:
+    """How paths are sampled: the search section, the task's stop strings and a thinking
+    model's budget."""
+    return SamplingParams.from_config(cfg.search, cfg.task, cfg.model.get("thinking"))
+
+
+def lm(cfg, progress: bool = True):
+    """(model, tokenizer): the LM of the model section, read through the tap section."""
+    return load_lm(cfg.model, cfg.paths.cache_dir, cfg.task, cfg.tap, progress)

@@ -4,7 +4,6 @@ rank), and the bank's meta.json with its summary. Shards are written atomically,
 interrupted collect resumes after the last finished one."""
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from contextlib import contextmanager
@@ -179,7 +178,7 @@ def _fill(cfg, root: Path, task, shards: list, pending: list[int], rank: int,
     """Generate the `pending` shards (Monte Carlo labels at `checkpoints`); returns the
     names written and the paths they hold."""
     reward = build_reward(cfg.reward) if cfg.reward.name != "correct" else None  # None: outcome
-    params = SamplingParams.from_config(cfg)
+    params = SamplingParams.from_config(cfg.search, cfg.task, cfg.model.get("thinking"))
     n_prompts = sum(len(shards[i]) for i in pending)
     log.info("collecting %d shards (%d prompts x %d paths) into %s", len(pending), n_prompts,
              cfg.search.n_paths, root)
@@ -193,14 +192,14 @@ def _fill(cfg, root: Path, task, shards: list, pending: list[int], rank: int,
                     "hidden_size": text_cfg.hidden_size, "num_layers": text_cfg.num_hidden_layers,
                     "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
                     "kv_bytes_per_token": kv_bytes_per_token(model), "engine": engine_record(engine)}
-        limit = prompt_limit(cfg, model)
+        limit = prompt_limit(cfg.model, cfg.search, cfg.get("engine"), model)
         for i in pending:
             shard_start = time.time()
             problems = fit_prompts(tokenizer, shards[i], limit, cfg.model.long_prompts)
             clipped_before = reward.clipped if reward is not None else 0
             cols, mc_tokens = trace_problems(engine, tokenizer, task, problems, cfg.search.n_paths,
                                              cfg.seed, checkpoints, cfg.collect.mc_rollouts,
-                                             row_cap(cfg, tokenizer, problems), reward)
+                                             row_cap(cfg.search, cfg.model, tokenizer, problems), reward)
             shard_tokens = int(sum(cols["length"])) + mc_tokens
             paths += len(cols["length"])
             tokens += shard_tokens
@@ -225,12 +224,14 @@ def _fill(cfg, root: Path, task, shards: list, pending: list[int], rank: int,
 def generation_engine(cfg, params):
     """(engine, model, tokenizer) that collect generates with: the hf engine over the loaded
     LM, or under engine=vllm a vLLM engine and the LM's weightless skeleton (its config,
-    sizes and EOS ids), the engine shut down on exit."""
+    sizes and EOS ids), the engine shut down on exit. The LM is loaded without the tap:
+    generation must not depend on it, and an attention tap would load it with eager
+    attention (`stopexp.models.load_lm`)."""
     if cfg.engine.name == "vllm":
-        with open_vllm_engine(cfg, params) as opened:
+        with open_vllm_engine(cfg.model, cfg.engine, cfg.paths.cache_dir, cfg.task, params) as opened:
             yield opened
         return
-    model, tokenizer = load_lm(generation_config(cfg))
+    model, tokenizer = load_lm(cfg.model, cfg.paths.cache_dir, cfg.task)  # no tap: see the docstring
     yield make_engine(model, tokenizer, params), model, tokenizer
 
 
@@ -243,16 +244,6 @@ def engine_record(engine) -> dict:
 
     return {"name": "hf", "version": __version__, "torch": torch.__version__,
             "transformers": transformers.__version__}
-
-
-def generation_config(cfg):
-    """`cfg` without the attention tap: generation must not depend on the tap, and the
-    tap would load the LM with eager attention (`stopexp.models.load_lm`)."""
-    if cfg.tap.get("attention_heads") is None:
-        return cfg
-    out = copy.deepcopy(cfg)
-    out.tap.attention_heads = None
-    return out
 
 
 def _write_meta(cfg, root: Path, task, shards: list, good: dict[int, str],

@@ -215,7 +215,7 @@ def _fill(cfg, root: Path, out: Path, todo: list[str], bmeta: dict, spec: dict,
 
     log.info("extracting features of %d bank shards into %s (teacher-forced forward, loads the LM)",
              len(todo), out)
-    model, tokenizer = load_lm(cfg)
+    model, tokenizer = load_lm(cfg.model, cfg.paths.cache_dir, cfg.task, cfg.tap)
     step_end = StepEnds(tokenizer, spec["separator"])
     budget = cfg.model.max_batch_tokens or DEFAULT_BATCH_TOKENS
     encoded: dict[str, list[int]] = {}

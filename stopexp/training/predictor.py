@@ -13,7 +13,8 @@ import torch
 from stopexp.config import checkpoint_tokens
 from stopexp.evaluation import plots
 from stopexp.metrics import is_binary
-from stopexp.models.super_token import build_super_token, checkpoint_meta
+from stopexp.models import load_lm
+from stopexp.models.super_token import SuperTokenPredictor, checkpoint_meta
 from stopexp.runtime.integrity import set_aside
 from stopexp.runtime.threads import one_thread
 from stopexp.signals import build_predictor
@@ -63,7 +64,8 @@ def train(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
     fingerprint = trained_on(cfg)  # of the artifacts just read
     torch.manual_seed(cfg.train.seed)
     if lm_based:
-        predictor = build_super_token(cfg)
+        lm, tokenizer = load_lm(cfg.model, cfg.paths.cache_dir, cfg.task, cfg.tap, progress=False)
+        predictor = SuperTokenPredictor(cfg.predictor, lm, tokenizer, cfg.search.max_batch_rows)
     else:
         predictor = build_predictor(cfg.predictor, spec)
     n_params = sum(p.numel() for p in predictor.parameters())

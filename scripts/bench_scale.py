@@ -19,7 +19,6 @@ import torch.multiprocessing as mp
 from hydra import compose, initialize_config_dir
 
 from stopexp.config import project_root, validate
-from stopexp.store.keys import mc_checkpoints
 
 WORK = ["logger=none", "search.n_paths=16", "collect.prompts.train=0", "collect.prompts.val=0",
         "collect.prompts.test=32", "collect.shard_prompts=2", "collect.mc_rollouts=0"]
@@ -40,9 +39,9 @@ def worker(rank: int, world: int, threads: int | None, overrides: list[str], rep
     with initialize_config_dir(str(project_root() / "conf"), version_base="1.3"):
         cfg = validate(compose("collect", [*WORK, *overrides]))
     task = build_task(cfg.task)
-    shards = plan(cfg, task)[rank::world]
+    shards = plan(cfg.collect, task)[rank::world]
     model, tok = build.lm(cfg, progress=False)
-    checkpoints = mc_checkpoints(cfg)
+    checkpoints = build.bank(cfg).checkpoints
     # collect runs without taps: features are extracted afterwards
     engine = make_engine(model, tok, build.sampling(cfg))
 

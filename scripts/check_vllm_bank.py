@@ -30,7 +30,7 @@ def main(argv: list[str]) -> None:
     args, overrides = parser.parse_known_args(argv)
     with initialize_config_dir(str(project_root() / "conf"), version_base="1.3"):
         cfg = validate(compose("collect", ["logger=none", *overrides]))
-    root = bank.bank_dir(cfg)
+    root = build.bank(cfg).root
     meta = bank.read_meta(root)
     if meta.get("engine", {}).get("name") != "vllm":
         sys.exit(f"{root}: not a bank made with engine=vllm (its meta.json records "

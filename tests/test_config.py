@@ -6,6 +6,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from conftest import CONF, compose
 from stopexp.config import ConfigError, validate
+from stopexp.stages import build
 
 EXPERIMENTS = sorted(p.relative_to(CONF / "exp").with_suffix("").as_posix()
                      for p in (CONF / "exp").rglob("*.yaml"))
@@ -406,5 +407,5 @@ def test_collect_refuses_a_long_prompt_before_generating(tmp_path):
                                        "model.max_prompt_tokens=5"]))
     with pytest.raises(PromptTooLong, match=r"^model.max_prompt_tokens: prompt train/0 is \d+ "
                                             r"tokens, longer than the 5 allowed"):
-        collect(cfg)
-    assert not bank.finished_shards(bank.bank_dir(cfg))
+        collect(build.collection(cfg))
+    assert not bank.finished_shards(build.bank(cfg).root)

@@ -25,6 +25,7 @@ from stopexp.stages.build import sampling  # noqa: E402
 from stopexp.store import bank  # noqa: E402
 from stopexp.tasks import build_task  # noqa: E402
 from tests.conftest import compose  # noqa: E402
+from stopexp.stages import build  # noqa: E402
 
 PROMPTS, PATHS = 8, 8
 SHARED = ["+exp=smollm2_contrastive", "logger=none", f"search.n_paths={PATHS}",
@@ -41,7 +42,6 @@ LOGPROB_ATOL = 1e-3
 @pytest.fixture(scope="session")
 def smol(tmp_path_factory):
     """The vLLM engine (held open for the session), the HF model and the configs."""
-    from stopexp.stages import build
 
     out = tmp_path_factory.mktemp("vllm") / "outputs"
     paths = [f"paths.output_dir={out}"]
@@ -62,8 +62,8 @@ def banks(smol):
 
     out = {}
     for name, cfg in (("vllm", smol.cfg), ("hf", smol.hf_cfg)):
-        collect(cfg)
-        out[name] = bank.bank_dir(cfg)
+        collect(build.collection(cfg))
+        out[name] = build.bank(cfg).root
     return out
 
 

@@ -53,6 +53,7 @@ from stopexp.core.policies import kept_text, policy_params
 from stopexp.evaluation import plots
 from stopexp.evaluation.accounting import replay_paths
 from stopexp.signals.checkpoint import load_predictor
+from stopexp.stages import build
 from stopexp.stages.cli import Stage, stage_main
 from stopexp.store import bank
 from stopexp.store.features import require_features, spec_of
@@ -74,9 +75,9 @@ def load_predictors(cfg, tgt, overrides: list[str]) -> dict:
     for name, c, ov in (("frozen", cfg, overrides), ("retrained", tgt, target_overrides(cfg, overrides))):
         if name == "retrained" and "retrained" not in cfg.adapt.variants:
             continue
-        root = bank.require_bank(c, ov)
+        root = bank.require_bank(build.bank(c), ov)
         metrics = train(c, overrides=ov, progress=False)
-        out[name], _ = load_predictor(Path(metrics["checkpoint"]), spec_of(c, bank.read_meta(root)),
+        out[name], _ = load_predictor(Path(metrics["checkpoint"]), spec_of(c.tap.layers, bank.read_meta(root)),
                                       c.predictor, trained_on(c))
     return out
 
@@ -87,14 +88,14 @@ def adapt(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
     overrides = list(overrides or [])
     tgt = target_config(cfg)
     t_ov = target_overrides(cfg, overrides)
-    root = bank.require_bank(tgt, t_ov)
+    root = bank.require_bank(build.bank(tgt), t_ov)
     meta = bank.read_meta(root)
     checkpoint = checkpoint_tokens(cfg.search.check_at, cfg.search.max_new_tokens)
     if checkpoint_tokens(cfg.train.checkpoint, cfg.search.max_new_tokens) != checkpoint:
         log.warning("train.checkpoint differs from search.check_at: the predictor scores prefixes "
                     "of another length than it learned on")
     predictors = load_predictors(cfg, tgt, overrides)
-    paths = replay_paths(root, require_features(tgt, t_ov), cfg.adapt.split, checkpoint,
+    paths = replay_paths(root, require_features(build.features(tgt), t_ov), cfg.adapt.split, checkpoint,
                          vote_format(tgt.task))
     n_groups = int(paths.group.max()) + 1
     order, held = stream_order(n_groups, cfg.adapt.stream_prompts, cfg.adapt.heldout_prompts,

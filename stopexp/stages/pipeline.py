@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from stopexp.runtime.artifacts import write_json
+from stopexp.stages import build
 from stopexp.stages.build import tracked
 from stopexp.stages.cli import Stage, stage_main
 from stopexp.stages.evaluate import evaluate, print_table
@@ -23,9 +24,9 @@ log = logging.getLogger(__name__)
 def run_pipeline(cfg, run_dir: Path) -> dict:
     timings, start = {}, time.time()
     with tracked(cfg, "pipeline") as run:
-        collected = collect(cfg, run=run)
+        collected = collect(build.collection(cfg), run=run)
         timings["collect_s"] = round(time.time() - start, 1)
-        featurized = featurize(cfg, run=run)
+        featurized = featurize(build.features(cfg), run=run)
         timings["featurize_s"] = round(time.time() - start - sum(timings.values()), 1)
         trained = train(cfg, run=run, run_dir=run_dir / "train")
         timings["train_s"] = round(time.time() - start - sum(timings.values()), 1)

@@ -23,7 +23,7 @@ from stopexp.signals.checkpoint import (CheckpointDamaged, CheckpointMismatch, C
 from stopexp.store import bank
 from stopexp.store import features as feature_bank
 from stopexp.training import per_step
-from stopexp.training.data import check_reward_range, predictor_dir, split_data, trained_on
+from stopexp.training.data import check_reward_range, features_of, predictor_dir, split_data, trained_on
 from stopexp.training.fit import evaluate_scores, fit, learning_warnings, score
 
 log = logging.getLogger(__name__)
@@ -32,15 +32,16 @@ log = logging.getLogger(__name__)
 def train(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | None = None,
           progress: bool = True) -> dict:
     """Train (or find) the predictor of `cfg`; returns its metrics and checkpoint path."""
-    root = bank.require_bank(cfg, overrides)
+    features = features_of(cfg)
+    root = bank.require_bank(features.bank, overrides)
     meta = bank.read_meta(root)
-    spec = feature_bank.spec_of(cfg, meta)
+    spec = feature_bank.spec_of(cfg.tap.layers, meta)
     out = predictor_dir(cfg)
     lm_based = cfg.predictor.name == "super_token"  # the one predictor that runs the LM
     if out.exists():
         # features replaced under the key (another tap, width or bank) are refused here as
         # evaluate refuses them, not passed over with the cached predictor
-        feature_bank.require_features(cfg, overrides)
+        feature_bank.require_features(features, overrides)
         try:
             if lm_based:
                 saved = checkpoint_meta(out, spec, cfg.predictor, trained_on(cfg))

@@ -22,7 +22,6 @@ from contextlib import nullcontext
 
 from stopexp.runtime.ranks import join_group, leave_group, shard_of
 from stopexp.stages import build
-from stopexp.stages.build import tracked
 from stopexp.stages.cli import Stage, stage_main
 from stopexp.store.bank_fill import collect
 
@@ -36,7 +35,7 @@ def main(stage: Stage) -> dict | None:
     grouped = join_group()
     start = time.time()
     try:
-        with tracked(cfg, "collect") if rank == 0 else nullcontext() as run:  # rank 0 logs
+        with build.tracked(cfg, "collect") if rank == 0 else nullcontext() as run:  # rank 0 logs
             result = collect(build.collection(cfg), rank, world, run=run)
     finally:
         leave_group()

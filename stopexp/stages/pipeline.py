@@ -11,7 +11,6 @@ from pathlib import Path
 
 from stopexp.runtime.artifacts import write_json
 from stopexp.stages import build
-from stopexp.stages.build import tracked
 from stopexp.stages.cli import Stage, stage_main
 from stopexp.stages.evaluate import evaluate, print_table
 from stopexp.store.bank_fill import collect
@@ -23,7 +22,7 @@ log = logging.getLogger(__name__)
 
 def run_pipeline(cfg, run_dir: Path) -> dict:
     timings, start = {}, time.time()
-    with tracked(cfg, "pipeline") as run:
+    with build.tracked(cfg, "pipeline") as run:
         collected = collect(build.collection(cfg), run=run)
         timings["collect_s"] = round(time.time() - start, 1)
         featurized = featurize(build.features(cfg), run=run)

@@ -45,6 +45,7 @@ from stopexp.stopping.replay import STOPPING_METHODS, stopping_outcomes
 from stopexp.store import bank
 from stopexp.store import features as feature_bank
 from stopexp.training.data import predictor_dir
+from stopexp.stages import build
 
 run = Path(run_dir) if run_dir else max((project_root() / "outputs/runs/pipeline").iterdir())
 out = Path(out_dir) if out_dir else run / "report"
@@ -63,11 +64,11 @@ print(print_table(metrics))
 
 # %%
 p = metrics["protocol"]
-root = bank.require_bank(cfg)
+root = bank.require_bank(build.bank(cfg))
 meta = bank.read_meta(root)
-paths = replay_paths(root, feature_bank.require_features(cfg), p["split"], p["check_tokens"])
+paths = replay_paths(root, feature_bank.require_features(build.features(cfg)), p["split"], p["check_tokens"])
 names = [m for m in metrics["methods"] if m != "no_prune" and m not in STOPPING_METHODS]
-scorers = build_scorers(cfg, names, feature_bank.spec_of(cfg, meta))
+scorers = build_scorers(cfg, names, feature_bank.spec_of(cfg.tap.layers, meta))
 scores = {m: scorers[m](paths.batch).numpy().astype(float) for m in names}
 outcomes = {"no_prune": outcome(paths, np.ones(len(paths.length), bool), p["check_tokens"], p["n"])}
 for m, s in scores.items():

@@ -29,8 +29,8 @@ from hydra import compose, initialize_config_dir
 
 from stopexp.config import project_root, validate
 from stopexp.core.protocol import checkpoint_tokens
-from stopexp.models import load_lm
-from stopexp.search.decode import SamplingParams, eos_ids, make_engine
+from stopexp.stages import build
+from stopexp.search.decode import eos_ids, make_engine
 from stopexp.search.sample import launch_lists
 from stopexp.search.taps import Taps
 from stopexp.tasks import build_task
@@ -106,10 +106,10 @@ def main(argv: list[str]) -> None:
     if cfg.engine.name == "vllm":
         return compare_vllm(cfg, args)
     rss_start = peak_rss_gib()
-    model, tok = load_lm(cfg)
+    model, tok = build.lm(cfg)
     rss_model = peak_rss_gib()
     device = next(model.parameters()).device
-    p = SamplingParams.from_config(cfg)
+    p = build.sampling(cfg)
     N, K = cfg.search.n_paths, args.keep or max(1, cfg.search.n_paths // 4)
     check = checkpoint_tokens(cfg.search.check_at, p.max_new_tokens)
     problems = build_task(cfg.task).problems("test", args.prompts)
@@ -173,9 +173,9 @@ def compare_vllm(cfg, args) -> None:
     from stopexp.models.vllm_lm import vllm_settings
     from stopexp.search.vllm_engine import VllmEngine, open_llm
 
-    p = SamplingParams.from_config(cfg)
+    p = build.sampling(cfg)
     N = cfg.search.n_paths
-    settings, skeleton, tok = vllm_settings(cfg)
+    settings, skeleton, tok = vllm_settings(cfg.model, cfg.engine, cfg.paths.cache_dir, cfg.task)
     problems = build_task(cfg.task).problems("test", args.prompts)
     prompts, seeds, _ = launch_lists(tok, problems, range(len(problems)), N, cfg.seed)
     rows, peaks = [], {}
@@ -195,7 +195,7 @@ def compare_vllm(cfg, args) -> None:
             t, n = timed(fn, args.repeats)
             rows.append((name, n, t))
             peaks[name] = peak_rss_gib() + children_peak_rss_gib()
-    model, hf_tok = load_lm(cfg)
+    model, hf_tok = build.lm(cfg)
     device = next(model.parameters()).device
     ends = torch.tensor(eos_ids(model, hf_tok), device=device)
 

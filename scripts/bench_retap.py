@@ -23,6 +23,7 @@ from hydra import compose, initialize_config_dir
 from stopexp.config import project_root, validate
 from stopexp.store import bank
 from stopexp.store import features as feature_bank
+from stopexp.stages import build
 
 
 def artifact_bytes(meta: dict) -> int:
@@ -51,13 +52,13 @@ def main() -> None:
     from stopexp.store.bank_fill import collect
 
     start = time.perf_counter()
-    collected = collect(cfg)
+    collected = collect(build.collection(cfg))
     regenerate_s = time.perf_counter() - start
     start = time.perf_counter()
-    made = feature_bank.featurize(retap)
+    made = feature_bank.featurize(build.features(retap))
     retap_s = time.perf_counter() - start
-    bmeta = bank.read_meta(bank.bank_dir(cfg))
-    fmeta = bank.read_meta(feature_bank.features_dir(retap), kind="features")
+    bmeta = bank.read_meta(build.bank(cfg).root)
+    fmeta = bank.read_meta(build.features(retap).root, kind="features")
     paths, tokens = collected["paths"], collected["tokens_total"]
     bank_b, feat_b = artifact_bytes(bmeta), artifact_bytes(fmeta)
     L, H = len(fmeta["tap_layers"]), fmeta["hidden_size"]

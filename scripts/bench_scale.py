@@ -19,7 +19,6 @@ import torch.multiprocessing as mp
 from hydra import compose, initialize_config_dir
 
 from stopexp.config import project_root, validate
-from stopexp.store.keys import mc_checkpoints
 
 WORK = ["logger=none", "search.n_paths=16", "collect.prompts.train=0", "collect.prompts.val=0",
         "collect.prompts.test=32", "collect.shard_prompts=2", "collect.mc_rollouts=0"]
@@ -27,8 +26,8 @@ WORK = ["logger=none", "search.n_paths=16", "collect.prompts.train=0", "collect.
 
 def worker(rank: int, world: int, threads: int | None, overrides: list[str], repeats: int,
            start, results) -> None:
-    from stopexp.models import load_lm
-    from stopexp.search.decode import SamplingParams, make_engine
+    from stopexp.stages import build
+    from stopexp.search.decode import make_engine
     from stopexp.search.sample import row_cap
     from stopexp.search.trace import trace_problems
     from stopexp.store.bank_fill import plan
@@ -40,15 +39,15 @@ def worker(rank: int, world: int, threads: int | None, overrides: list[str], rep
     with initialize_config_dir(str(project_root() / "conf"), version_base="1.3"):
         cfg = validate(compose("collect", [*WORK, *overrides]))
     task = build_task(cfg.task)
-    shards = plan(cfg, task)[rank::world]
-    model, tok = load_lm(cfg, progress=False)
-    checkpoints = mc_checkpoints(cfg)
+    shards = plan(cfg.collect, task)[rank::world]
+    model, tok = build.lm(cfg, progress=False)
+    checkpoints = build.bank(cfg).checkpoints
     # collect runs without taps: features are extracted afterwards
-    engine = make_engine(model, tok, SamplingParams.from_config(cfg))
+    engine = make_engine(model, tok, build.sampling(cfg))
 
     def trace(problems):
         cols, _ = trace_problems(engine, tok, task, problems, cfg.search.n_paths, cfg.seed,
-                                 checkpoints, 0, row_cap(cfg, tok, problems))
+                                 checkpoints, 0, row_cap(cfg.search, cfg.model, tok, problems))
         return len(cols["length"]), int(sum(cols["length"]))
 
     trace(shards[0][:1])  # warm-up: lazy initialisation stays out of the timing

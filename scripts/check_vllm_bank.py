@@ -18,7 +18,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from stopexp.config import project_root, validate
-from stopexp.models import load_lm
+from stopexp.stages import build
 from stopexp.search.sample import prompt_ids
 from stopexp.search.vllm_engine import hf_token_columns
 from stopexp.store import bank
@@ -30,7 +30,7 @@ def main(argv: list[str]) -> None:
     args, overrides = parser.parse_known_args(argv)
     with initialize_config_dir(str(project_root() / "conf"), version_base="1.3"):
         cfg = validate(compose("collect", ["logger=none", *overrides]))
-    root = bank.bank_dir(cfg)
+    root = build.bank(cfg).root
     meta = bank.read_meta(root)
     if meta.get("engine", {}).get("name") != "vllm":
         sys.exit(f"{root}: not a bank made with engine=vllm (its meta.json records "
@@ -38,7 +38,7 @@ def main(argv: list[str]) -> None:
     ds = bank.load_bank(root)
     rows = np.arange(len(ds)) if not args.paths else np.unique(
         np.linspace(0, len(ds) - 1, min(args.paths, len(ds))).astype(int))
-    model, tok = load_lm(cfg)
+    model, tok = build.lm(cfg)
     top, temperature = meta["engine"]["settings"]["max_logprobs"], cfg.search.temperature
     worst, full, topk = {"logprob": 0.0, "conf": 0.0, "entropy_topk": 0.0}, [], []
     for i in rows.tolist():

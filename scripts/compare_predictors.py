@@ -15,6 +15,7 @@ from stopexp.store import bank
 from stopexp.training.data import split_data
 from stopexp.training.fit import evaluate_scores
 from stopexp.training.predictor import train
+from stopexp.stages import build
 
 PREDICTORS = ("statistic", "linear", "mlp", "conf_features")
 LOSSES = ("contrastive", "pairwise", "reward_regression", "mse")
@@ -30,7 +31,7 @@ def main(overrides: list[str]) -> None:
                                                  f"predictor={pred}", f"loss={loss}"]))
             m = train(cfg, progress=False)
             rows.append((f"{pred} / {loss}", m["val"], m["test"]))
-    root = bank.require_bank(cfg)
+    root = bank.require_bank(build.bank(cfg))
     data = split_data(root, bank.read_meta(root), cfg)
     for name, scorer in BASELINES.items():
         rows.append((name, evaluate_scores(scorer(data["val"]), data["val"]),

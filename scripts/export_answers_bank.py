@@ -20,6 +20,7 @@ from hydra import compose, initialize_config_dir
 
 from stopexp.config import project_root, validate
 from stopexp.store import bank
+from stopexp.stages import build
 
 
 def probe_answers(tokens, tokenizer, task, probe_freq: int, pattern: re.Pattern) -> list[str]:
@@ -50,9 +51,9 @@ def main(argv: list[str]) -> None:
 
     with initialize_config_dir(str(project_root() / "conf"), version_base="1.3"):
         cfg = validate(compose("collect", ["logger=none", *args.overrides]))
-    root = bank.require_bank(cfg)
+    root = bank.require_bank(build.bank(cfg))
     ds = bank.load_bank(root, args.split)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir(cfg, progress=False))
+    tokenizer = AutoTokenizer.from_pretrained(model_dir(cfg.model, cfg.paths.cache_dir, cfg.task, progress=False))
     task = build_task(cfg.task)
     ids = ds["prompt_id"][:]
     problems = task.problems(args.split, int(ids.max()) + 1)

@@ -19,6 +19,7 @@ from stopexp.config import check_plan, project_root, validate
 from stopexp.evaluation.first_errors import bank_timing, timing_lines
 from stopexp.store import bank
 from stopexp.tasks import build_task
+from stopexp.stages import build
 
 
 def split_lines(ds, problems, checks) -> list[str]:
@@ -43,8 +44,8 @@ def split_lines(ds, problems, checks) -> list[str]:
 def main(argv: list[str]) -> None:
     with initialize_config_dir(str(project_root() / "conf"), version_base="1.3"):
         cfg = validate(compose("collect", ["logger=none", *argv]))
-    root = bank.bank_dir(cfg)
-    checks = [c for c, _ in check_plan(cfg)]
+    root = build.bank(cfg).root
+    checks = [c for c, _ in check_plan(cfg.search, cfg.policy)]
     print(f"bank {root} (temperature {cfg.search.temperature}, steps {list(cfg.task.steps)}, "
           f"checks at {checks} tokens)")
     task = build_task(cfg.task)

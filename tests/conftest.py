@@ -14,6 +14,7 @@ from hydra import initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
 import stopexp.config  # noqa: F401  (registers the structured-config schemas)
+from stopexp.stages import build
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
@@ -81,7 +82,7 @@ def small_bank(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("bank") / "outputs"
     overrides = [f"paths.output_dir={out}", *SMALL_BANK]
-    collect(validate(compose("collect", overrides)))
+    collect(build.collection(validate(compose("collect", overrides))))
     return overrides
 
 

@@ -13,6 +13,7 @@ from stopexp.evaluation.accounting import replay_paths
 from stopexp.stages.build import target_config, target_overrides
 from stopexp.store import bank
 from stopexp.training.losses import build_loss
+from stopexp.stages import build
 from stopexp.training.stream import (feedback, mc_draws, replay_continuations, replay_decider,
                                      run_stream, stream_order, take)
 
@@ -29,11 +30,11 @@ def _setup(small_bank, *extra):
 
     cfg = validate(compose("adapt", [*small_bank, *ADAPT, *extra]))
     train(cfg, progress=False)
-    root = bank.require_bank(cfg)
+    root = bank.require_bank(build.bank(cfg))
     meta = bank.read_meta(root)
-    predictor, _ = load_predictor(predictor_dir(cfg), spec_of(cfg, meta), cfg.predictor)
+    predictor, _ = load_predictor(predictor_dir(cfg), spec_of(cfg.tap.layers, meta), cfg.predictor)
     ckpt = checkpoint_tokens(cfg.search.check_at, cfg.search.max_new_tokens)
-    paths = replay_paths(root, require_features(cfg), "test", ckpt)
+    paths = replay_paths(root, require_features(build.features(cfg)), "test", ckpt)
     order, held = stream_order(int(paths.group.max()) + 1, 4, 2, cfg.adapt.seed)
     return cfg, predictor, paths, order, take(paths, held), ckpt
 
@@ -119,7 +120,7 @@ def test_the_target_config_shifts_the_lm_or_pins_it():
     tgt = target_config(validate(pinned))
     assert tgt.task.n_steps == 8 and OmegaConf.to_container(tgt.model.toy.train_task) == {"n_steps": 6}
     assert toy_key(tgt.model.toy, tgt.task) == toy_key(pinned.model.toy, pinned.task) == "27c2bc494cd4"
-    assert bank.bank_key(tgt) != bank.bank_key(pinned)
+    assert build.bank(tgt).key != build.bank(pinned).key
     assert target_overrides(pinned, []) == ['"task.n_steps=8"', '"+model.toy.train_task.n_steps=6"']
 
 

@@ -10,6 +10,7 @@ from conftest import ROOT
 from stopexp.stages.answers_replay import main
 from stopexp.stopping.answers import AnswersBankError, load_answers_bank, vote_codes
 from stopexp.stopping.branch_draws import draws, no_prune, random_keep, replay
+from stopexp.stages import build
 
 FIXTURE = ROOT / "tests" / "data" / "answers_bank.json"
 
@@ -188,7 +189,7 @@ def test_export_a_trace_bank_as_an_answers_only_bank(small_bank, tmp_path, capsy
     export.main([str(out), "--probe-freq", "4", "--", *small_bank])
     assert "wrote 6 prompts x 8 branches" in capsys.readouterr().out
     exported = load_answers_bank(out, "numeric")
-    ds = trace_bank.load_bank(trace_bank.require_bank(validate(compose("collect", small_bank))), "test")
+    ds = trace_bank.load_bank(trace_bank.require_bank(build.bank(validate(compose("collect", small_bank)))), "test")
     assert [q.n_branches for q in exported.prompts] == [8] * 6
     first = exported.prompts[0]
     assert first.tokens.tolist() == ds["length"][:8].tolist()

@@ -12,6 +12,7 @@ from stopexp.config import ConfigError, validate
 from stopexp.core.protocol import attention_heads
 from stopexp.search.taps import Taps
 from stopexp.signals.features import SIGNAL_NAMES
+from stopexp.stages import build
 
 ATTN = SIGNAL_NAMES.index("attn_entropy")
 
@@ -112,9 +113,6 @@ def test_features_and_online_see_the_same_entropy_and_off_changes_nothing(eager_
 
 
 def test_config_asks_for_the_tap_and_loads_eager(tmp_path, caplog):
-    from stopexp.models import load_lm
-    from stopexp.store.bank import bank_key
-    from stopexp.store.features import feature_key
 
     base = ["logger=none", f"paths.output_dir={tmp_path}"]
     with pytest.raises(ConfigError, match="evaluate.methods: attn_entropy needs the attention tap"):
@@ -128,9 +126,9 @@ def test_config_asks_for_the_tap_and_loads_eager(tmp_path, caplog):
     on = validate(compose("evaluate", [*base, "tap.attention_heads=[0:1,last:2]",
                                        "evaluate.methods=[attn_entropy]"]))
     off = validate(compose("evaluate", base))
-    assert bank_key(on) == bank_key(off) and feature_key(on) != feature_key(off)  # a tap, not generation
+    assert build.bank(on).key == build.bank(off).key and build.features(on).key != build.features(off).key  # a tap, not generation
     with caplog.at_level(logging.INFO, logger="stopexp.models"):
-        model, _ = load_lm(on, progress=False)
+        model, _ = build.lm(on, progress=False)
     assert model.config._attn_implementation == "eager"
     assert "loading with eager attention" in caplog.text
-    assert load_lm(off, progress=False)[0].config._attn_implementation != "eager"
+    assert build.lm(off, progress=False)[0].config._attn_implementation != "eager"

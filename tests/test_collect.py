@@ -11,6 +11,7 @@ from conftest import FP32_REORDER, ROOT, compose
 from stopexp.config import validate
 from stopexp.store import bank
 from stopexp.store.bank_fill import collect
+from stopexp.stages import build
 
 SMALL = ["logger=none", "search.n_paths=4", "collect.prompts.train=3", "collect.prompts.val=1",
          "collect.prompts.test=2", "collect.shard_prompts=2", "collect.mc_rollouts=2"]
@@ -22,9 +23,9 @@ def small_cfg(out_dir, *extra):
 
 def test_collect_writes_a_complete_bank_and_resumes_as_a_no_op(out_dir):
     cfg = small_cfg(out_dir)
-    result = collect(cfg)
+    result = collect(build.collection(cfg))
     assert result["complete"] and result["paths"] == 6 * 4 and result["prompts"] == 6
-    root = bank.bank_dir(cfg)
+    root = build.bank(cfg).root
     meta = bank.read_meta(root)
     assert meta["model_name"] == "toy" and meta["hidden_size"] == 96 and meta["num_layers"] == 3
     assert meta["checkpoints"] == [5, 16] and meta["key"] == root.name and "tap_layers" not in meta
@@ -42,24 +43,24 @@ def test_collect_writes_a_complete_bank_and_resumes_as_a_no_op(out_dir):
                 assert mc[i, c] == float(ds["correct"][i])
     assert len(ds["token_logprob"][0]) == length[0]
     mtime = {p.name: p.stat().st_mtime for p in root.glob("shard-*")}
-    assert collect(cfg)["paths"] == 24  # a rerun writes nothing
+    assert collect(build.collection(cfg))["paths"] == 24  # a rerun writes nothing
     assert {p.name: p.stat().st_mtime for p in root.glob("shard-*")} == mtime
 
 
 def test_bank_is_deterministic_and_independent_of_batching(out_dir, tmp_path):
     a = small_cfg(out_dir, "collect.mc_rollouts=0")
     b = small_cfg(tmp_path / "other", "collect.mc_rollouts=0", "search.max_batch_rows=4")
-    collect(a), collect(b)
-    da, db = (bank.load_bank(bank.bank_dir(c)) for c in (a, b))
-    assert bank.bank_dir(a).name == bank.bank_dir(b).name  # batch size is not content
+    collect(build.collection(a)), collect(build.collection(b))
+    da, db = (bank.load_bank(build.bank(c).root) for c in (a, b))
+    assert build.bank(a).root.name == build.bank(b).root.name  # batch size is not content
     assert list(da["text"][:]) == list(db["text"][:])
     assert np.allclose(np.concatenate(da["token_logprob"][:]), np.concatenate(db["token_logprob"][:]), **FP32_REORDER)
 
 
 def test_difficulty_filter_keeps_the_band(out_dir):
     cfg = small_cfg(out_dir, "collect.keep_correct=[1,3]", "collect.mc_rollouts=0")
-    collect(cfg)
-    ds = bank.load_bank(bank.bank_dir(cfg))
+    collect(build.collection(cfg))
+    ds = bank.load_bank(build.bank(cfg).root)
     for split in ("train", "val"):
         sel = ds["split"][:] == split
         for p in set(ds["prompt_id"][:][sel]):
@@ -71,17 +72,17 @@ def test_difficulty_filter_keeps_the_band(out_dir):
 def test_missing_bank_error_prints_the_collect_command(out_dir):
     cfg = small_cfg(out_dir)
     with pytest.raises(bank.BankMissing, match="python -m stopexp.collect search.n_paths=4"):
-        bank.require_bank(cfg, ["search.n_paths=4"])
+        bank.require_bank(build.bank(cfg), ["search.n_paths=4"])
 
 
 def test_model_size_mismatch_is_refused(tiny_lm):
     from stopexp.models import check_sizes
     cfg = compose("collect", ["+exp=llama_contrastive", "model.hidden_size=64", "model.num_layers=2"])
-    check_sizes(cfg, tiny_lm[0].__class__(tiny_lm[0].config.__class__(
+    check_sizes(cfg.model, tiny_lm[0].__class__(tiny_lm[0].config.__class__(
         **{**tiny_lm[0].config.to_dict(), "hidden_size": 64})))
     cfg = compose("collect", ["+exp=llama_contrastive", "model.hidden_size=4096", "model.num_layers=2"])
     with pytest.raises(ValueError, match="model.hidden_size: the config says 4096"):
-        check_sizes(cfg, tiny_lm[0])
+        check_sizes(cfg.model, tiny_lm[0])
 
 
 def test_sigkill_then_rerun_loses_and_duplicates_nothing(tmp_path):
@@ -94,7 +95,7 @@ def test_sigkill_then_rerun_loses_and_duplicates_nothing(tmp_path):
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     cfg = validate(compose("collect", args))
-    root = bank.bank_dir(cfg)
+    root = build.bank(cfg).root
     deadline = time.time() + 120
     while time.time() < deadline and len(bank.finished_shards(root)) < 3:
         time.sleep(0.05)

@@ -6,6 +6,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from conftest import CONF, compose
 from stopexp.config import ConfigError, validate
+from stopexp.stages import build
 
 EXPERIMENTS = sorted(p.relative_to(CONF / "exp").with_suffix("").as_posix()
                      for p in (CONF / "exp").rglob("*.yaml"))
@@ -377,9 +378,9 @@ def test_prompts_longer_than_the_model_allows_are_refused_or_skipped(tiny_lm, ca
 
     model, tok = tiny_lm  # 128 positions; the char tokenizer adds <s>
     cfg = compose("collect", ["search.max_new_tokens=20"])
-    assert prompt_limit(cfg, model) == 128 - 20
+    assert prompt_limit(cfg.model, cfg.search, cfg.get("engine"), model) == 128 - 20
     cfg.model.max_prompt_tokens = 6
-    assert prompt_limit(cfg, model) == 6
+    assert prompt_limit(cfg.model, cfg.search, cfg.get("engine"), model) == 6
     problems = _problems("1+2?", "1" * 10**6, "1+2*3-4?", "9?")
     with pytest.raises(PromptTooLong) as e:
         fit_prompts(tok, problems, 108)
@@ -406,5 +407,5 @@ def test_collect_refuses_a_long_prompt_before_generating(tmp_path):
                                        "model.max_prompt_tokens=5"]))
     with pytest.raises(PromptTooLong, match=r"^model.max_prompt_tokens: prompt train/0 is \d+ "
                                             r"tokens, longer than the 5 allowed"):
-        collect(cfg)
-    assert not bank.finished_shards(bank.bank_dir(cfg))
+        collect(build.collection(cfg))
+    assert not bank.finished_shards(build.bank(cfg).root)

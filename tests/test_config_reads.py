@@ -339,14 +339,14 @@ def test_a_probe_used_at_a_check_it_was_not_trained_at_is_warned_about(caplog):
 
     cfg = compose("evaluate", ["search.check_at=[0.08,0.25]"])
     with caplog.at_level(logging.WARNING, logger="stopexp.evaluation.scorers"):
-        msg = warn_off_checkpoint(cfg, ["no_prune", "mlp", "conf_features"], check_plan(cfg))
+        msg = warn_off_checkpoint(cfg, ["no_prune", "mlp", "conf_features"], check_plan(cfg.search, cfg.policy))
     assert msg == ("mlp, conf_features trained at 5 tokens (train.checkpoint) score the check(s) "
                    "at [16] tokens too, outside their training distribution; train.positions=all "
                    "trains them at every stored position")
     assert caplog.text.count("outside their training distribution") == 1
-    assert warn_off_checkpoint(cfg, ["no_prune", "confidence"], check_plan(cfg)) is None
+    assert warn_off_checkpoint(cfg, ["no_prune", "confidence"], check_plan(cfg.search, cfg.policy)) is None
     one = compose("evaluate")
-    assert warn_off_checkpoint(one, ["mlp"], check_plan(one)) is None
+    assert warn_off_checkpoint(one, ["mlp"], check_plan(one.search, one.policy)) is None
 
 
 def test_train_progress_shows_the_value_epochs_are_selected_by():

@@ -6,7 +6,7 @@ import pytest
 
 from stopexp.config import validate
 from stopexp.core.errors import ConfigError
-from stopexp.store.keys import bank_key
+from stopexp.stages import build
 from tests.conftest import compose
 
 # bank keys of banks collected before the engine group existed (a wordprob bank's key
@@ -16,20 +16,20 @@ PINNED_KEYS = {(): "0a385b2c1fa3", ("+exp=smollm2_contrastive",): "7b57cbeb0125"
 
 @pytest.mark.parametrize("overrides", list(PINNED_KEYS))
 def test_engine_hf_keeps_existing_bank_keys(overrides):
-    assert bank_key(compose("collect", list(overrides))) == PINNED_KEYS[overrides]
-    assert bank_key(compose("collect", [*overrides, "engine=hf"])) == PINNED_KEYS[overrides]
+    assert build.bank(compose("collect", list(overrides))).key == PINNED_KEYS[overrides]
+    assert build.bank(compose("collect", [*overrides, "engine=hf"])).key == PINNED_KEYS[overrides]
 
 
 def test_engine_vllm_keys_another_bank_and_memory_knobs_do_not():
     vllm = ["+exp=smollm2_contrastive", "engine=vllm"]
-    key = bank_key(compose("collect", vllm))
+    key = build.bank(compose("collect", vllm)).key
     assert key != PINNED_KEYS[("+exp=smollm2_contrastive",)]
     # memory sizes change no path
-    assert bank_key(compose("collect", [*vllm, "engine.cpu_kvcache_space=2",
-                                        "engine.gpu_memory_utilization=0.5"])) == key
+    assert build.bank(compose("collect", [*vllm, "engine.cpu_kvcache_space=2",
+                                        "engine.gpu_memory_utilization=0.5"])).key == key
     # what the paths depend on does
     for override in ("engine.max_logprobs=10", "engine.dtype=bfloat16", "engine.enforce_eager=true"):
-        assert bank_key(compose("collect", [*vllm, override])) != key, override
+        assert build.bank(compose("collect", [*vllm, override])).key != key, override
 
 
 def test_engine_vllm_dtype_follows_model_dtype():

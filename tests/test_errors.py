@@ -49,7 +49,7 @@ def test_an_output_dir_that_cannot_be_made_is_one_line_before_hydra_makes_the_ru
 @pytest.mark.parametrize("key", ["paths.output_dir", "paths.cache_dir"])
 def test_a_read_only_output_or_cache_dir_is_named_before_any_run_dir(tmp_path, read_only, key,
                                                                     capsys):
-    from stopexp.runtime.cli import OutputDirsCheck
+    from stopexp.stages.cli import OutputDirsCheck
 
     out = tmp_path / "out"
     (out / "cache").mkdir(parents=True)
@@ -167,7 +167,7 @@ def test_answers_replay_refuses_a_negative_seed_before_reading_further(capsys):
 
 
 # Overrides Hydra cannot compose: one line naming the key (or the override), exit code 2,
-# checked before Hydra's own report (stopexp.runtime.cli.check_overrides); in a multirun every
+# checked before Hydra's own report (stopexp.stages.cli.check_overrides); in a multirun every
 # swept value is composed before the first job runs.
 HYDRA_ERRORS = [
     (["search.n_pathz=3"], "search.n_pathz: Key 'n_pathz' not in 'ParallelSearchConfig' (Could not "
@@ -202,7 +202,7 @@ HYDRA_ERRORS = [
 
 @pytest.mark.parametrize("argv, message", HYDRA_ERRORS)
 def test_an_override_hydra_cannot_compose_is_one_line_naming_it(argv, message):
-    from stopexp.runtime.cli import check_overrides
+    from stopexp.stages.cli import check_overrides
 
     with pytest.raises(ConfigError) as e:
         check_overrides("collect", argv)
@@ -214,7 +214,7 @@ def test_an_override_hydra_cannot_compose_is_one_line_naming_it(argv, message):
     ["+exp=toy_shift"], ["+exp=smollm2_datatotext"], ["+model.toy.train_task.n_steps=6"],
     ["model=toy", "model.toy.hidden_size=8"], ["--cfg", "job", "+exp=toy_beam", "search.beam_checks.0=0.1"]])
 def test_overrides_hydra_composes_pass_the_check(argv):
-    from stopexp.runtime.cli import check_overrides
+    from stopexp.stages.cli import check_overrides
 
     check_overrides("pipeline", argv)
 

@@ -15,6 +15,7 @@ from stopexp.models import extract as feature_extract
 from stopexp.search.taps import Taps
 from stopexp.store import bank, feature_rows
 from stopexp.store import features as feature_bank
+from stopexp.stages import build
 
 
 @pytest.fixture(scope="module")
@@ -67,19 +68,19 @@ def test_tap_change_reextracts_without_regenerating(small_bank, monkeypatch, cap
     import stopexp.store.bank_fill
 
     cfg = validate(compose("train", small_bank))
-    first = feature_bank.require_features(cfg)
-    root = bank.bank_dir(cfg)
+    first = feature_bank.require_features(build.features(cfg))
+    root = build.bank(cfg).root
     before = _snapshot(root)
     monkeypatch.setattr(stopexp.store.bank_fill, "collect", lambda *a, **k: pytest.fail("regenerated"))
     other = validate(compose("train", [*small_bank, "tap.layers=[0,1]", "tap.pooling=mean",
                                        "tap.positions.stride=4", "tap.positions.step_ends=true"]))
-    assert bank.bank_dir(other) == root and feature_bank.features_dir(other) != first
+    assert build.bank(other).root == root and build.features(other).root != first
     with caplog.at_level("INFO", logger="stopexp.store.features"):
-        second = feature_bank.require_features(other)
+        second = feature_bank.require_features(build.features(other))
     assert "no features for this config" in caplog.text and _snapshot(root) == before
     meta = bank.read_meta(second)
     assert meta["tap_layers"] == [0, 1] and meta["bank"] == root.name and meta["pooling"] == "mean"
-    ds, feats = feature_rows.load_split(other, "train")
+    ds, feats = feature_rows.load_split(build.features(other), "train")
     for i in range(len(ds)):  # every stride multiple and checkpoint below the length
         n = int(ds["length"][i])
         pos = set(feats.positions[feats.offsets[i]:feats.offsets[i + 1]].tolist())
@@ -92,10 +93,9 @@ def test_tap_change_reextracts_without_regenerating(small_bank, monkeypatch, cap
 
 def test_step_ends_are_the_separator_tokens(small_bank):
     cfg = validate(compose("train", [*small_bank, "tap.positions.step_ends=true"]))
-    ds, feats = feature_rows.load_split(cfg, "val")
-    from stopexp.models import load_lm
+    ds, feats = feature_rows.load_split(build.features(cfg), "val")
 
-    _, tok = load_lm(cfg, progress=False)
+    _, tok = build.lm(cfg, progress=False)
     semi = tok.convert_tokens_to_ids(";")
     for i in range(len(ds)):
         toks, n = ds["tokens"][i], int(ds["length"][i])
@@ -107,7 +107,7 @@ def test_views_agree_and_signals_match_the_bank(small_bank):
     from stopexp.signals.features import SIGNAL_NAMES
 
     cfg = validate(compose("train", small_bank))
-    ds, feats = feature_rows.load_split(cfg, "test")
+    ds, feats = feature_rows.load_split(build.features(cfg), "test")
     at = feature_rows.tensors_at(ds, feats, 5)
     pb = feature_rows.position_batch(ds, feats, positions=[5])
     alive = at["alive"]
@@ -122,7 +122,7 @@ def test_views_agree_and_signals_match_the_bank(small_bank):
     assert torch.allclose(norm, at["hidden"][:, -1].norm(dim=-1))
     with pytest.raises(ValueError, match="hold no position 7 .* add it to tap.checkpoints or tap.positions"):
         feature_rows.tensors_at(ds, feats, 7)
-    other_ds = bank.load_bank(bank.bank_dir(cfg), "val")
+    other_ds = bank.load_bank(build.bank(cfg).root, "val")
     with pytest.raises(ValueError, match="not those of this bank split"):
         feature_rows.tensors_at(other_ds, feats, 5)
 
@@ -132,9 +132,9 @@ def test_float16_features_halve_the_bytes(small_bank):
     half = validate(compose("train", [*small_bank, "tap.positions.stride=2", "tap.positions.dtype=float16"]))
     sizes = {}
     for name, cfg in (("f32", base), ("f16", half)):
-        meta = bank.read_meta(feature_bank.require_features(cfg))
+        meta = bank.read_meta(feature_bank.require_features(build.features(cfg)))
         sizes[name] = sum(f["size"] for r in meta["shards"].values() for f in r["files"].values())
-        ds, feats = feature_rows.load_split(cfg, "val")
+        ds, feats = feature_rows.load_split(build.features(cfg), "val")
         sizes[name + "_hidden"] = feats.hidden
     assert sizes["f16_hidden"].dtype == np.float16 and sizes["f32_hidden"].dtype == np.float32
     np.testing.assert_allclose(sizes["f16_hidden"].astype(np.float32), sizes["f32_hidden"], rtol=2e-3, atol=2e-3)
@@ -145,7 +145,7 @@ def test_damaged_features_name_the_file_and_the_command(small_bank, tmp_path):
     import shutil
 
     cfg = validate(compose("train", small_bank))
-    out = feature_bank.require_features(cfg)
+    out = feature_bank.require_features(build.features(cfg))
     shard = sorted(p for p in out.glob("shard-*") if (p / "dataset_info.json").exists())[0]
     arrow = sorted(shard.glob("*.arrow"))[0]
     keep = tmp_path / "keep.arrow"
@@ -154,13 +154,13 @@ def test_damaged_features_name_the_file_and_the_command(small_bank, tmp_path):
         f.truncate(arrow.stat().st_size - 100)
     try:
         with pytest.raises(bank.BankDamaged) as err:
-            feature_bank.require_features(cfg, ["+exp=toy_contrastive"])
+            feature_bank.require_features(build.features(cfg), ["+exp=toy_contrastive"])
         msg = str(err.value)
         assert f"features {out} is damaged: {shard.name}: {arrow.name} has" in msg
         assert "python -m stopexp.featurize +exp=toy_contrastive" in msg
         with pytest.raises(bank.BankDamaged, match=f"(?s){arrow.name}.*python -m stopexp.featurize"):
-            feature_rows.load_split(cfg, "train", make=False)
-        feature_bank.featurize(cfg)  # repairs: recomputes the damaged shard only
+            feature_rows.load_split(build.features(cfg), "train", make=False)
+        feature_bank.featurize(build.features(cfg))  # repairs: recomputes the damaged shard only
         assert bank.verify_bank(out, full=True, kind="features", version=feature_bank.FEATURES_VERSION)
     finally:
         if not arrow.exists() or arrow.stat().st_size != keep.stat().st_size:
@@ -172,8 +172,8 @@ def _private_bank(small_bank, tmp_path):
     import shutil
 
     overrides = [*small_bank, f"paths.output_dir={tmp_path / 'out'}"]
-    shutil.copytree(bank.bank_dir(validate(compose("collect", small_bank))),
-                    bank.bank_dir(validate(compose("collect", overrides))))
+    shutil.copytree(build.bank(validate(compose("collect", small_bank))).root,
+                    build.bank(validate(compose("collect", overrides))).root)
     return overrides
 
 
@@ -191,21 +191,21 @@ def test_features_of_another_tap_under_this_key_are_refused_and_featurize_repair
     trained = train(cfg, progress=False)  # on the features of this tap (the last layer, 2)
     record = Path(trained["checkpoint"]) / "predictor.json"
     written = (record.stat().st_ino, record.stat().st_mtime_ns)
-    out = feature_bank.features_dir(cfg)
+    out = build.features(cfg).root
     reference = feature_rows.load_features(out, "test").hidden.copy()
     other = validate(compose("evaluate", [*overrides, "tap.layers=[0]"]))
     shutil.rmtree(out)
-    shutil.copytree(feature_bank.require_features(other), out)  # layer 0's, under this key
+    shutil.copytree(feature_bank.require_features(build.features(other)), out)  # layer 0's, under this key
     want = (f"features {out} does not fit this config: its meta.json records tap_layers=[0], this "
             "config expects [2]; repair: python -m stopexp.featurize +exp=toy_contrastive (it recomputes ")
     with pytest.raises(bank.ArtifactMismatch) as err:
-        feature_bank.require_features(cfg, ["+exp=toy_contrastive"])
+        feature_bank.require_features(build.features(cfg), ["+exp=toy_contrastive"])
     assert str(err.value).startswith(want)
     with pytest.raises(bank.ArtifactMismatch, match="records tap_layers=\\[0\\]"):
         evaluate(cfg)  # before: scored layer 0 with the layer-2 predictor, exit 0
     with pytest.raises(bank.ArtifactMismatch, match="records tap_layers=\\[0\\]"):
         train(cfg, progress=False)  # the cached predictor too; before: reused, exit 0
-    summary = feature_bank.featurize(cfg)  # every shard names the other features: recomputed
+    summary = feature_bank.featurize(build.features(cfg))  # every shard names the other features: recomputed
     assert bank.read_meta(out)["tap_layers"] == [2] and summary["paths"] == 24 * 8
     assert np.array_equal(feature_rows.load_features(out, "test").hidden, reference)
     assert set(evaluate(cfg)["methods"]) >= {"linear", "no_prune"}
@@ -216,22 +216,22 @@ def test_features_of_another_tap_under_this_key_are_refused_and_featurize_repair
 
 def test_a_features_record_with_another_width_is_refused_and_featurize_rewrites_it(small_bank, tmp_path):
     cfg = validate(compose("train", _private_bank(small_bank, tmp_path)))
-    out = feature_bank.require_features(cfg)
+    out = feature_bank.require_features(build.features(cfg))
     original = bank.read_meta(out)
     shards = _snapshot(out)
     (out / "meta.json").write_text(json.dumps({**original, "hidden_size": 64}))
-    for consumer in (lambda: feature_bank.require_features(cfg),
-                     lambda: feature_rows.load_split(cfg, "test", make=False)):
+    for consumer in (lambda: feature_bank.require_features(build.features(cfg)),
+                     lambda: feature_rows.load_split(build.features(cfg), "test", make=False)):
         with pytest.raises(bank.ArtifactMismatch, match=f"^features {out} does not fit this config: "
                                                         "its meta.json records hidden_size=64, this "
                                                         "config expects 96; repair: python -m "
                                                         "stopexp.featurize"):
             consumer()  # before: an IndexError in evaluate
-    feature_bank.featurize(cfg)  # before: "complete in 0.0 s", and the record stayed wrong
+    feature_bank.featurize(build.features(cfg))  # before: "complete in 0.0 s", and the record stayed wrong
     assert bank.read_meta(out) == original
     assert {k: v for k, v in _snapshot(out).items() if "meta.json" not in k} == \
         {k: v for k, v in shards.items() if "meta.json" not in k}  # the shards fit: kept
-    ds, feats = feature_rows.load_split(cfg, "test", make=False)
+    ds, feats = feature_rows.load_split(build.features(cfg), "test", make=False)
     assert feats.hidden.shape[1:] == (1, 96)
 
 
@@ -239,7 +239,7 @@ def test_a_features_record_with_another_width_is_refused_and_featurize_rewrites_
 def test_shards_written_before_they_named_their_features_are_judged_by_the_record(
         small_bank, tmp_path, record_fits):
     cfg = validate(compose("train", _private_bank(small_bank, tmp_path)))
-    out = feature_bank.require_features(cfg)
+    out = feature_bank.require_features(build.features(cfg))
     meta = bank.read_meta(out)
     for name in meta["shards"]:  # as written before shards recorded their features and tap
         rec = {k: v for k, v in meta["shards"][name].items()
@@ -250,16 +250,16 @@ def test_shards_written_before_they_named_their_features_are_judged_by_the_recor
         meta["tap_layers"] = [0]
     (out / "meta.json").write_text(json.dumps(meta))
     shards = {k: v for k, v in _snapshot(out).items() if "meta.json" not in k}
-    feature_bank.featurize(cfg)
+    feature_bank.featurize(build.features(cfg))
     kept = {k: v for k, v in _snapshot(out).items() if "meta.json" not in k} == shards
     assert kept == record_fits  # a record of another tap vouches for none of them
-    assert bank.read_meta(feature_bank.require_features(cfg))["tap_layers"] == [2]
+    assert bank.read_meta(feature_bank.require_features(build.features(cfg)))["tap_layers"] == [2]
 
 
 def test_old_bank_says_rerun_collect(small_bank, tmp_path):
     import shutil
 
-    root = bank.bank_dir(validate(compose("collect", small_bank)))
+    root = build.bank(validate(compose("collect", small_bank))).root
     old = tmp_path / "old"
     shutil.copytree(root, old)
     meta = json.loads((old / "meta.json").read_text())
@@ -288,14 +288,14 @@ def test_keys_split_generation_from_taps(tmp_path):
     for change in ("tap.layers=[0]", "tap.pooling=mean", "tap.attention_heads=all",
                    "tap.positions.stride=8", "tap.positions.dtype=float16", "tap.checkpoints=[0.1,0.25]"):
         other = validate(compose("train", [*base, change, "train.checkpoint=0.25", "search.check_at=0.25"]))
-        assert bank.bank_key(other) == bank.bank_key(plain), change
-        assert feature_bank.feature_key(other) != feature_bank.feature_key(plain), change
+        assert build.bank(other).key == build.bank(plain).key, change
+        assert build.features(other).key != build.features(plain).key, change
     # Monte Carlo labels are generated at the checkpoints: then they key the bank
     mc = [*base, "collect.mc_rollouts=2"]
     a = validate(compose("train", mc))
     b = validate(compose("train", [*mc, "tap.checkpoints=[0.1,0.25]", "train.checkpoint=0.25",
                                    "search.check_at=0.25"]))
-    assert bank.bank_key(a) != bank.bank_key(b)
+    assert build.bank(a).key != build.bank(b).key
 
 
 def test_a_shared_prefix_is_computed_once():

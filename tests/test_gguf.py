@@ -76,7 +76,7 @@ def test_smollm2_config_composes_and_uses_the_gguf(tmp_path, monkeypatch):
     assert cfg.model.gguf_file == SMOL and cfg.model.path is None
     assert (cfg.model.num_layers, cfg.model.hidden_size) == (30, 576)
     monkeypatch.setattr(gguf, "ensure_gguf", lambda spec, cache: tmp_path / "converted" / spec)
-    assert model_dir(cfg) == str(tmp_path / "converted" / SMOL)
+    assert model_dir(cfg.model, cfg.paths.cache_dir, cfg.task) == str(tmp_path / "converted" / SMOL)
     with pytest.raises(ConfigError, match="model.gguf_file: give either model.path or"):
         validate(compose("collect", ["model=smollm2", "model.path=/some/dir"]))
 

@@ -6,7 +6,8 @@ import time
 import pytest
 
 from conftest import compose
-from stopexp.models import ModelNotAvailable, load_lm
+from stopexp.models import ModelNotAvailable
+from stopexp.stages import build
 from stopexp.runtime import hub
 from stopexp.tasks.qa import read_rows
 
@@ -33,7 +34,7 @@ def test_missing_hub_model_fails_at_once_and_names_the_hf_command(no_hub, tmp_pa
                               f"paths.output_dir={tmp_path}"])
     start = time.time()
     with pytest.raises(ModelNotAvailable) as e:
-        load_lm(cfg)
+        build.lm(cfg)
     assert time.time() - start < 5
     msg = str(e.value)
     assert msg.startswith("model.path: cannot load 'nobody/not-a-model' - it is not in the local "
@@ -69,5 +70,5 @@ def test_a_local_model_dir_is_loaded_without_probing_the_hub(no_hub, monkeypatch
     probes = []
     monkeypatch.setattr(hub.socket, "create_connection", lambda *a, **k: probes.append(a))
     cfg = compose("collect", [f"paths.output_dir={tmp_path}", "logger=none"])  # the toy LM
-    load_lm(cfg)
+    build.lm(cfg)
     assert probes == []

@@ -18,6 +18,7 @@ from stopexp.store.bank_fill import collect
 from stopexp.store.keys import task_content
 from stopexp.training.data import predictor_dir
 from stopexp.training.predictor import train
+from stopexp.stages import build
 
 GSM8K = ROOT / "tests" / "data" / "gsm8k_sample.jsonl"
 COLUMNS = ("split", "prompt_id", "path_id", "text", "answer", "correct", "length", "tokens",
@@ -27,9 +28,9 @@ COLUMNS = ("split", "prompt_id", "path_id", "text", "answer", "correct", "length
 @pytest.fixture
 def copied(small_bank, tmp_path):
     """(collect config, bank dir) of a private copy of the session's small bank, safe to damage."""
-    original = bank.bank_dir(validate(compose("collect", small_bank)))
+    original = build.bank(validate(compose("collect", small_bank))).root
     cfg = validate(compose("collect", [*small_bank, f"paths.output_dir={tmp_path / 'out'}"]))
-    root = bank.bank_dir(cfg)
+    root = build.bank(cfg).root
     shutil.copytree(original, root, copy_function=shutil.copy2)
     return cfg, root
 
@@ -76,21 +77,21 @@ def test_bank_records_its_plan_rows_and_files(copied):
 
 def test_missing_shard_is_named_and_collect_recomputes_only_it(copied, small_bank):
     cfg, root = copied
-    reference = bank.bank_dir(validate(compose("collect", small_bank)))
+    reference = build.bank(validate(compose("collect", small_bank))).root
     lost = shard_of(root, "test")
     before = snapshot(root)
     shutil.rmtree(root / lost)
     # every consumer: the shard is named with the exact repair command, nothing is trained
     with pytest.raises(bank.BankDamaged, match=rf"{lost}: missing; repair: python -m stopexp.collect "
                                                 r"search.n_paths=8 \(collect recomputes only [^\n]*\)$"):
-        bank.require_bank(cfg, ["search.n_paths=8"])
+        bank.require_bank(build.bank(cfg), ["search.n_paths=8"])
     with pytest.raises(bank.BankDamaged, match=f"{lost}: missing"):
         train(validate(compose("train", [*small_bank, f"paths.output_dir={root.parents[2]}"])),
               progress=False)
     with pytest.raises(bank.BankDamaged, match=f"{lost}: missing"):
         bank.load_bank(root, "train")
     assert bank.main([str(root)]) == 1
-    result = collect(cfg)
+    result = collect(build.collection(cfg))
     assert result["complete"] and result["paths"] == 24 * 8
     after = snapshot(root)
     assert {n: v for n, v in after.items() if n != lost} == {n: v for n, v in before.items() if n != lost}
@@ -106,7 +107,7 @@ def test_missing_shard_is_named_and_collect_recomputes_only_it(copied, small_ban
 ])
 def test_damaged_shard_is_named_and_collect_repairs_it(copied, small_bank, damage, named):
     cfg, root = copied
-    reference = bank.bank_dir(validate(compose("collect", small_bank)))
+    reference = build.bank(validate(compose("collect", small_bank))).root
     bad = shard_of(root, "val")
     arrow = arrow_of(root, bad)
     size = arrow.stat().st_size
@@ -122,7 +123,7 @@ def test_damaged_shard_is_named_and_collect_repairs_it(copied, small_bank, damag
         (root / bad / "shard.json").write_text("{\"rows\": ")
     with pytest.raises(bank.BankDamaged, match=rf"damaged: {bad}: {named}"):
         bank.load_bank(root, "val")
-    result = collect(cfg)  # before: an endless "recomputed, then discarded" for dataset_info
+    result = collect(build.collection(cfg))  # before: an endless "recomputed, then discarded" for dataset_info
     assert result["complete"]
     assert bank.verify_bank(root, full=True)["complete"]
     assert not [p for p in root.iterdir() if p.name.startswith(".")]  # nothing half left
@@ -155,8 +156,8 @@ def test_truncated_meta_is_named_and_collect_rewrites_it(copied):
     (root / "meta.json").write_text(text[: len(text) // 3])
     with pytest.raises(bank.BankDamaged, match=r"meta.json is unreadable \(JSONDecodeError.*\)"
                                                 r"; repair: python -m stopexp.collect"):
-        bank.require_bank(cfg)
-    assert collect(cfg)["complete"]
+        bank.require_bank(build.bank(cfg))
+    assert collect(build.collection(cfg))["complete"]
     assert bank.read_meta(root) == original and snapshot(root) == before  # nothing recomputed
 
 
@@ -169,33 +170,33 @@ def test_a_bank_record_of_another_model_is_refused_and_collect_rewrites_it(copie
     want = (rf"^trace bank {root} does not fit this config: its meta.json records "
             r"model_name='SmolLM2-135M', this config expects 'toy'; repair: python -m stopexp.collect")
     with pytest.raises(bank.ArtifactMismatch, match=want):
-        bank.require_bank(cfg)
+        bank.require_bank(build.bank(cfg))
     train_cfg = validate(compose("train", [*small_bank, f"paths.output_dir={root.parents[2]}",
                                            "predictor=linear", "train.epochs=2"]))
     with pytest.raises(bank.ArtifactMismatch, match=want):
         train(train_cfg, progress=False)  # before: a shape error at the first batch
-    assert collect(cfg)["complete"]
+    assert collect(build.collection(cfg))["complete"]
     assert bank.read_meta(root) == original and snapshot(root) == before  # nothing recomputed
     assert train(train_cfg, progress=False)["val"]["paths"] > 0
 
 
 def test_a_shard_of_another_bank_is_refused_and_collect_recomputes_it(copied, small_bank, tmp_path):
     cfg, root = copied
-    reference = bank.bank_dir(validate(compose("collect", small_bank)))
+    reference = build.bank(validate(compose("collect", small_bank))).root
     other = validate(compose("collect", [*small_bank, f"paths.output_dir={tmp_path / 'other'}", "seed=1"]))
-    collect(other)
+    collect(build.collection(other))
     name = shard_of(root, "test")
     before = snapshot(root)
     shutil.rmtree(root / name)
-    shutil.copytree(bank.bank_dir(other) / name, root / name)  # byte for byte as it recorded
+    shutil.copytree(build.bank(other).root / name, root / name)  # byte for byte as it recorded
     meta = bank.read_meta(root)
     meta["shards"][name] = bank.read_record(root / name)  # as a collect that trusted it wrote
     (root / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(bank.ArtifactMismatch, match=rf"^trace bank {root} does not fit its own "
                                                      rf"record: shard {name} was written for the "
-                                                     rf"bank {bank.bank_dir(other).name}; repair: "):
-        bank.require_bank(cfg)
-    assert collect(cfg)["complete"]  # before: kept, it matched its own record
+                                                     rf"bank {build.bank(other).root.name}; repair: "):
+        bank.require_bank(build.bank(cfg))
+    assert collect(build.collection(cfg))["complete"]  # before: kept, it matched its own record
     after = snapshot(root)
     assert {n: v for n, v in after.items() if n != name} == {n: v for n, v in before.items() if n != name}
     assert after[name][1]["bank"] == root.name
@@ -210,7 +211,7 @@ def test_a_single_collect_never_ends_with_an_incomplete_bank(copied, monkeypatch
     monkeypatch.setattr(C, "_fill", lambda *a, **k: (set(), 0))  # the shard never arrives
     with pytest.raises(bank.BankDamaged, match=r"still incomplete after collect: 1 of 4 shards "
                                                 r"missing \(indices 3\)"):
-        collect(cfg)
+        collect(build.collection(cfg))
     assert not bank.read_meta(root)["complete"] and bank.read_meta(root)["missing"] == [3]
     with pytest.raises(bank.BankMissing, match=r"incomplete \(1 of 4 shards missing: indices 3\)"):
         bank.load_bank(root)
@@ -221,7 +222,7 @@ def test_editing_the_task_file_changes_the_bank(tmp_path, monkeypatch):
     shutil.copy(GSM8K, task)
 
     def key(path):
-        return bank.bank_dir(compose("collect", ["task=gsm8k", f"task.path={path}"])).name
+        return build.bank(compose("collect", ["task=gsm8k", f"task.path={path}"])).root.name
 
     first = key(task)
     rows = task.read_text().splitlines()
@@ -272,7 +273,7 @@ def test_damaged_predictor_is_named_and_train_rebuilds_it(copied, small_bank):
     first = train(cfg, progress=False)
     ckpt = predictor_dir(cfg)
     weights = (ckpt / "predictor.safetensors").read_bytes()
-    spec = spec_of(cfg, bank.read_meta(root))
+    spec = spec_of(cfg.tap.layers, bank.read_meta(root))
     os.truncate(ckpt / "predictor.safetensors", 100)
     with pytest.raises(CheckpointDamaged, match=rf"{ckpt}: predictor.safetensors has 100 bytes, "
                                                 rf"{len(weights)} recorded.*python -m stopexp.train"):
@@ -337,13 +338,13 @@ def test_damaged_toy_lm_is_named_and_never_loaded(tmp_path, caplog):
     assert toy_lm_problem(committed) is None
     cached = tmp_path / "cache" / "toy_lm" / key
     shutil.copytree(committed, cached)
-    assert ensure_toy_lm(cfg) == cached
+    assert ensure_toy_lm(cfg.model.toy, cfg.task, cfg.paths.cache_dir) == cached
     size = (cached / "model.safetensors").stat().st_size
     os.truncate(cached / "model.safetensors", 1000)
     assert toy_lm_problem(cached) == (f"model.safetensors has 1000 bytes, {size} recorded "
                                       "(truncated or replaced)")
     with caplog.at_level("WARNING"):
-        assert ensure_toy_lm(cfg) == committed  # the damaged copy is deleted, the committed one used
+        assert ensure_toy_lm(cfg.model.toy, cfg.task, cfg.paths.cache_dir) == committed  # the damaged copy is deleted, the committed one used
     assert "cached toy LM" in caplog.text and "model.safetensors has 1000 bytes" in caplog.text
     assert not cached.exists() and not list(cached.parent.iterdir())
     # a directory saved before the record: its weights' header must cover the file
@@ -375,11 +376,11 @@ def test_an_array_job_may_end_incomplete_and_says_which_ranks_owe_shards(copied,
     cfg, root = copied
     shutil.rmtree(root / shard_of(root, "test"))  # shard 3: rank 1's of 2
     with caplog.at_level("INFO"):
-        result = collect(cfg, 0, 2)
+        result = collect(build.collection(cfg), 0, 2)
     assert result == {"bank": str(root), "complete": False, "rank": 0, "world": 2,
                       "shards_written": 0, "paths_written": 0, "shards_total": 4, "shards_done": 3}
     assert "1 of 4 shards missing (indices 3), of ranks 1" in caplog.text
     meta = bank.read_meta(root)
     assert not meta["complete"] and meta["missing"] == [3] and len(meta["shards"]) == 3
     with pytest.raises(bank.BankMissing, match="incomplete"):
-        bank.require_bank(cfg)
+        bank.require_bank(build.bank(cfg))

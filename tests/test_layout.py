@@ -191,3 +191,72 @@ def test_no_stopexp_import_inside_a_function(tmp_path):
     (tmp_path / "m.py").write_text("def f():\n    from stopexp.core import errors\n")
     assert imports_inside_functions({"m": tmp_path / "m.py"}) == ["m:2"]
     assert imports_inside_functions(modules()) == []
+
+
+# Functions below the stages that still take the whole config, being converted elsewhere;
+# the set only shrinks: a function missing from the code fails the test too.
+WHOLE_CONFIG_ALLOWED = {
+    "stopexp.evaluation.accounting:account_methods", "stopexp.evaluation.accounting:add_text_metrics",
+    "stopexp.evaluation.accounting:pareto_points", "stopexp.evaluation.beam:beam_metrics",
+    "stopexp.evaluation.beam:compare_with_beam", "stopexp.evaluation.beam:evaluate_beam",
+    "stopexp.evaluation.curves:auroc_by_prefix", "stopexp.evaluation.curves:single_checkpoint_baseline",
+    "stopexp.evaluation.online:online_paths", "stopexp.evaluation.online:run_launch_check_resume",
+    "stopexp.evaluation.online:run_on_vllm", "stopexp.evaluation.risk:calibrate_methods",
+    "stopexp.evaluation.scorers:_trained_on", "stopexp.evaluation.scorers:_with_predictor",
+    "stopexp.evaluation.scorers:build_scorers", "stopexp.evaluation.scorers:check_methods",
+    "stopexp.evaluation.scorers:method_names", "stopexp.evaluation.scorers:warn_off_checkpoint",
+    "stopexp.training.data:_empty_split", "stopexp.training.data:check_reward_range",
+    "stopexp.training.data:features_of", "stopexp.training.data:pair_min_gap",
+    "stopexp.training.data:predictor_dir", "stopexp.training.data:split_data",
+    "stopexp.training.data:trained_on", "stopexp.training.fit:fit",
+    "stopexp.training.losses:_min_gap", "stopexp.training.losses:contrastive",
+    "stopexp.training.losses:mse", "stopexp.training.losses:pairwise",
+    "stopexp.training.losses:reward_regression", "stopexp.training.online:online_decider",
+    "stopexp.training.per_step:position_data", "stopexp.training.per_step:split_data_all",
+    "stopexp.training.predictor:train", "stopexp.training.shift:target_config",
+    "stopexp.training.shift:target_overrides", "stopexp.training.stream:replay_continuations",
+    "stopexp.training.stream:replay_decider", "stopexp.training.stream:run_stream",
+}
+WHOLE_CONFIG_NAMES = ("cfg", "config")
+
+
+def whole_config_takers(mods: dict[str, Path]) -> set[str]:
+    """`module:function` (`module:Class.method`) of every function below the stages (config/,
+    which validates the whole config, aside) with a parameter named cfg or config; a Hydra
+    callback's hook, whose `config` Hydra passes by that name, is not one."""
+    found = set()
+    for mod, path in mods.items():
+        if mod.split(".")[1:2] in (["stages"], ["config"]) or floor(mod) >= FLOORS["stages"]:
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        scopes = [("", tree)] + [(f"{c.name}.", c) for c in ast.walk(tree) if isinstance(c, ast.ClassDef)]
+        for prefix, scope in scopes:
+            hooks = prefix and any(getattr(b, "id", getattr(b, "attr", "")) == "Callback" for b in scope.bases)
+            for fn in scope.body if prefix else ast.walk(scope):
+                if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    continue
+                if not prefix and any(fn in c.body for _, c in scopes[1:]):
+                    continue  # a method: named with its class below
+                a = fn.args
+                names = {x.arg for x in a.posonlyargs + a.args + a.kwonlyargs}
+                if names & set(WHOLE_CONFIG_NAMES) and not (hooks and fn.name.startswith("on_")):
+                    found.add(f"{mod}:{prefix}{fn.name}")
+    return found
+
+
+def test_the_whole_config_finder_sees_a_function_and_a_method(tmp_path):
+    (tmp_path / "m.py").write_text("def f(cfg):\n    pass\n\n\nclass A:\n    def g(self, config):\n"
+                                   "        pass\n\n\nclass H(Callback):\n    def on_run_start(self, config):\n"
+                                   "        pass\n")
+    assert whole_config_takers({"stopexp.models.m": tmp_path / "m.py",
+                                "stopexp.stages.m": tmp_path / "m.py"}) == {
+        "stopexp.models.m:f", "stopexp.models.m:A.g"}
+
+
+def test_nothing_below_the_stages_takes_the_whole_config():
+    found = whole_config_takers(modules())
+    assert not found - WHOLE_CONFIG_ALLOWED, "below the stages, these take the whole config " \
+        "(pass its sections, plain values or objects built in stopexp/stages/build.py):\n" + \
+        "\n".join(sorted(found - WHOLE_CONFIG_ALLOWED))
+    assert not WHOLE_CONFIG_ALLOWED - found, "converted: remove from WHOLE_CONFIG_ALLOWED:\n" + \
+        "\n".join(sorted(WHOLE_CONFIG_ALLOWED - found))

@@ -3,7 +3,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from conftest import compose
-from stopexp.models import ModelNotAvailable, load_lm
+from stopexp.models import ModelNotAvailable
+from stopexp.stages import build
 from stopexp.models.tokenizer import CHARS, build_char_tokenizer
 from stopexp.models.toy_lm import train_toy_lm
 from stopexp.tasks import ArithTask
@@ -47,11 +48,11 @@ def test_hub_model_offline_fails_with_a_clear_message(tmp_path, monkeypatch):
     cfg = compose("collect", ["+exp=llama_contrastive", "model.path=nobody/not-a-model",
                               f"paths.output_dir={tmp_path}"])
     with pytest.raises(ModelNotAvailable, match="model.path") as e:
-        load_lm(cfg)
+        build.lm(cfg)
     assert "local copy" in str(e.value)
 
 
 def test_local_path_that_is_not_a_model_is_a_clear_error(tmp_path):
     cfg = compose("collect", ["+exp=llama_contrastive", f"model.path={tmp_path}"])
     with pytest.raises(ModelNotAvailable, match="from that directory"):
-        load_lm(cfg)
+        build.lm(cfg)

@@ -11,6 +11,7 @@ import yaml
 from conftest import ROOT, compose
 from stopexp.config import validate
 from stopexp.store import bank
+from stopexp.stages import build
 
 SMALL = ["search.n_paths=8", "collect.prompts.train=12", "collect.prompts.val=6",
          "collect.prompts.test=6", "collect.mc_rollouts=0", "evaluate.n_points=[4,8]",
@@ -66,7 +67,7 @@ def test_two_concurrent_collects_make_one_complete_bank(tmp_path):
     logs = [p.communicate(timeout=300)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], logs
     assert all("collecting 16 shards" in log for log in logs), "the two writers did not overlap"
-    root = bank.bank_dir(validate(compose("collect", args)))
+    root = build.bank(validate(compose("collect", args))).root
     ds = bank.load_bank(root)
     keys = list(zip(ds["prompt_id"][:], ds["path_id"][:]))
     assert len(keys) == 16 * 4 and len(set(keys)) == 16 * 4

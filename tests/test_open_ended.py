@@ -12,6 +12,7 @@ from stopexp.store.bank_fill import collect
 from stopexp.tasks import build_task
 from stopexp.tasks.rewards import Reward
 from stopexp.training.predictor import train
+from stopexp.stages import build
 
 TINY = ["+exp=toy_datatotext", "logger=none", "search.n_paths=8", "collect.prompts.train=8",
         "collect.prompts.val=4", "collect.prompts.test=4", "collect.shard_prompts=8",
@@ -24,14 +25,14 @@ TINY = ["+exp=toy_datatotext", "logger=none", "search.n_paths=8", "collect.promp
 def trained(tmp_path_factory):
     out = tmp_path_factory.mktemp("d2t") / "outputs"
     overrides = [f"paths.output_dir={out}", *TINY]
-    collect(validate(compose("collect", overrides)))
+    collect(build.collection(validate(compose("collect", overrides))))
     train(validate(compose("train", overrides)), progress=False)
     return overrides
 
 
 def test_bank_stores_rewards_and_mean_reward_mc_labels(trained):
     cfg = validate(compose("collect", trained))
-    ds = bank.load_bank(bank.bank_dir(cfg), "test")
+    ds = bank.load_bank(build.bank(cfg).root, "test")
     task = build_task(cfg.task)
     problems = task.problems("test", 4)
     texts = list(ds["text"][:])
@@ -40,7 +41,7 @@ def test_bank_stores_rewards_and_mean_reward_mc_labels(trained):
     assert np.asarray(ds["reward"][:]) == pytest.approx(want, abs=1e-6)  # float32 in the bank
     assert 0 < want.std() and not set(np.round(want, 6)) <= {0.0, 1.0}  # a real spread
     mc = ds["mc"][:]
-    at = bank.read_meta(bank.bank_dir(cfg))["checkpoints"]  # where the Monte Carlo labels are
+    at = bank.read_meta(build.bank(cfg).root)["checkpoints"]  # where the Monte Carlo labels are
     alive = np.asarray(ds["length"][:])[:, None] > np.asarray(at)[None, :]
     assert np.isfinite(mc).all()
     assert mc[~alive] == pytest.approx(np.repeat(np.asarray(ds["reward"][:])[:, None], mc.shape[1], 1)[~alive])
@@ -82,11 +83,11 @@ def test_neg_perplexity_bank_reads_the_token_logprobs(tmp_path):
     overrides = [f"paths.output_dir={tmp_path}", *TINY, "reward=neg_perplexity",
                  "collect.prompts.train=2", "collect.prompts.val=0", "collect.prompts.test=0"]
     cfg = validate(compose("collect", overrides))
-    collect(cfg)
-    ds = bank.load_bank(bank.bank_dir(cfg))
+    collect(build.collection(cfg))
+    ds = bank.load_bank(build.bank(cfg).root)
     want = [-np.exp(-np.mean(lp)) for lp in ds["token_logprob"][:]]
     assert np.asarray(ds["reward"][:]) == pytest.approx(want, rel=1e-6)
     mc = ds["mc"][:]
-    alive = np.asarray(ds["length"][:])[:, None] > np.asarray(bank.read_meta(bank.bank_dir(cfg))["checkpoints"])
+    alive = np.asarray(ds["length"][:])[:, None] > np.asarray(bank.read_meta(build.bank(cfg).root)["checkpoints"])
     # rollouts' mean -perplexity (prefix and continuation log-probs together): <= -1
     assert np.isfinite(mc).all() and (mc <= -1 + 1e-6).all() and alive.any()

@@ -12,6 +12,7 @@ import pytest
 from conftest import compose, run_stage
 from stopexp.evaluation import plots
 from stopexp.runtime.artifacts import atomic_path, publish_dir, staging_dir, write_json
+from stopexp.stages import build
 
 FAST = ["evaluate.n_points=[4,8]", "evaluate.retention=[2,4]", "policy.keep=4",
         "evaluate.bootstrap=50", "train.epochs=2", "evaluate.text_metrics=false"]
@@ -219,7 +220,7 @@ def test_a_full_disk_during_collect_names_the_shard_and_keeps_the_finished_ones(
     monkeypatch.setattr(Dataset, "save_to_disk", fills_the_disk)
     with pytest.raises(SystemExit) as e:
         run_stage("collect", [*args, f"hydra.run.dir={tmp_path / 'run'}"])
-    root = bank.bank_dir(validate(compose("collect", args)))
+    root = build.bank(validate(compose("collect", args))).root
     assert e.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1] == (  # under the progress bars
         f"error: cannot write {root / bank.shard_name(1)}: No space left on device; free space "

@@ -17,6 +17,7 @@ from stopexp.training.losses import _pair_mask
 from stopexp.training.per_step import (auroc_by_position, mean_over_positions, pair_groups,
                                        position_data, training_rows)
 from stopexp.training.predictor import train
+from stopexp.stages import build
 
 EVAL_FAST = ["evaluate.n_points=[4,8]", "evaluate.retention=[2,4]", "policy.keep=4",
              "evaluate.bootstrap=200", "evaluate.text_metrics=false"]
@@ -136,7 +137,7 @@ def test_position_data_holds_every_alive_row_at_each_checkpoint(small_bank):
 
     cfg = validate(compose("train", small_bank))
     ds, rows = position_data(cfg, "val")
-    feats = feature_rows.load_features(feature_bank.require_features(cfg), "val")
+    feats = feature_rows.load_features(feature_bank.require_features(build.features(cfg)), "val")
     for ckpt in (5, 16):
         t = feature_rows.tensors_at(ds, feats, ckpt)
         at = rows["position"] == ckpt

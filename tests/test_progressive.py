@@ -11,6 +11,7 @@ from stopexp.core.voting import elect, rule_score, weights
 from stopexp.evaluation.accounting import Paths, decide_by_checks, outcome
 from stopexp.stages.evaluate import evaluate
 from stopexp.training.predictor import train
+from stopexp.stages import build
 
 # no evaluate.retention: several checks sweep no K (validate refuses it there)
 FAST = ["evaluate.n_points=[4,8]", "evaluate.bootstrap=50",
@@ -30,7 +31,7 @@ def trained3(small_bank, tmp_path_factory):
     from stopexp.store.bank_fill import collect
 
     bank = [*small_bank, THREE]
-    collect(cfg_for(bank, stage="collect"))
+    collect(build.collection(cfg_for(bank, stage="collect")))
     train(cfg_for(bank, stage="train"), progress=False)
     return bank
 
@@ -97,7 +98,8 @@ def test_decide_by_checks_prunes_at_each_check_with_the_running_mean():
     cfg = compose("evaluate", ["policy=topk", "search.n_paths=4", "policy.keep=[2,1]",
                                "search.check_at=[5,10]", "tap.checkpoints=[5,10]",
                                "evaluate.n_points=[4]"])
-    plan = check_plan(validate(cfg))
+    validate(cfg)
+    plan = check_plan(cfg.search, cfg.policy)
     assert plan == [(5, 2), (10, 1)]
     scores = [np.array([0.0, 1.0, 3.0, 2.0]), np.array([0.0, 4.0, -1.0, 9.0])]
     last = decide_by_checks(paths, scores, check_policies(cfg.policy, plan), [5, 10], 4, "last")
@@ -167,4 +169,4 @@ def test_replay_refuses_checks_the_features_lack(small_bank):
 
     cfg = compose("evaluate", small_bank)  # the bank alone: no evaluate settings needed
     with pytest.raises(ValueError, match=r"no position 10 .*add it to tap.checkpoints or tap.positions"):
-        replay_paths(bank.require_bank(cfg), feature_bank.require_features(cfg), "test", [5, 10])
+        replay_paths(bank.require_bank(build.bank(cfg)), feature_bank.require_features(build.features(cfg)), "test", [5, 10])

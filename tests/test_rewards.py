@@ -16,12 +16,12 @@ from stopexp.evaluation.accounting import Paths, outcome
 from stopexp.evaluation.select import pick
 from stopexp.metrics import reward_ranking, within_prompt_auroc
 from stopexp.runtime.artifacts import plain
-from stopexp.store.bank import bank_key
 from stopexp.store.keys import sampling_section
 from stopexp.tasks import build_task
 from stopexp.tasks.datatotext import DataToTextTask
 from stopexp.tasks.rewards import Reward, bleu, neg_perplexity, register_reward, rouge_l
 from stopexp.training.losses import build_loss
+from stopexp.stages import build
 
 HYP = "The Eagle is a cheap French place in the riverside."
 REFS = ["The Eagle serves cheap French food in the riverside.",
@@ -209,9 +209,9 @@ def test_reward_is_in_the_bank_key_only_when_not_the_outcome():
                           "search": sampling_section(cfg.search),
                           "collect": {k: v for k, v in plain(cfg.collect).items() if k not in ("rank", "world")},
                           "seed": 0})
-    assert bank_key(cfg) == before  # reward=correct: the keys of existing banks
-    assert bank_key(compose("collect", ["reward=rouge_l"])) != before
-    assert bank_key(compose("collect", ["reward=rouge_l"])) != bank_key(compose("collect", ["reward=bleu"]))
+    assert build.bank(cfg).key == before  # reward=correct: the keys of existing banks
+    assert build.bank(compose("collect", ["reward=rouge_l"])).key != before
+    assert build.bank(compose("collect", ["reward=rouge_l"])).key != build.bank(compose("collect", ["reward=bleu"])).key
 
 
 def test_text_metrics_take_several_references_per_output():
@@ -335,7 +335,7 @@ def test_task_tokenize_is_validated_passed_to_the_task_and_keys_the_bank():
     base = ["+exp=toy_datatotext", "reward=bleu"]
     assert build_task(validate(compose("collect", [*base, "task.tokenize=zh"])).task).tokenize == "zh"
     assert build_task(validate(compose("collect", base)).task).tokenize == "13a"
-    assert bank_key(compose("collect", [*base, "task.tokenize=zh"])) != bank_key(compose("collect", base))
+    assert build.bank(compose("collect", [*base, "task.tokenize=zh"])).key != build.bank(compose("collect", base)).key
     with pytest.raises(ConfigError, match="task.tokenize: 'flores200' is not allowed; allowed: 13a, intl, zh, char"):
         validate(compose("collect", [*base, "task.tokenize=flores200"]))
     with pytest.raises(ConfigError, match=re.escape("task.tokenize: 'zh' is read only by "

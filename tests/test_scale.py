@@ -11,6 +11,7 @@ from stopexp.config import ConfigError, validate
 from stopexp.search.sample import prompt_ids, row_cap
 from stopexp.store import bank
 from stopexp.store.bank_fill import collect
+from stopexp.stages import build
 
 SHARDED = ["logger=none", "search.n_paths=4", "collect.prompts.train=4", "collect.prompts.val=2",
            "collect.prompts.test=4", "collect.shard_prompts=1", "collect.mc_rollouts=0"]
@@ -42,7 +43,7 @@ def sharded_cfg(out, *extra):
 
 
 def assert_same_bank(a, b):
-    da, db = bank.load_bank(bank.bank_dir(a)), bank.load_bank(bank.bank_dir(b))
+    da, db = bank.load_bank(build.bank(a).root), bank.load_bank(build.bank(b).root)
     for col in ("split", "prompt_id", "path_id", "text", "correct", "length"):
         assert list(da[col][:]) == list(db[col][:]), col
     assert list(map(list, da["tokens"][:])) == list(map(list, db["tokens"][:]))
@@ -64,22 +65,21 @@ def test_token_budget_lowers_the_rows_per_forward(tiny_lm):
     _, tok = tiny_lm
     cfg = compose("collect", ["search.max_batch_rows=64", "search.max_new_tokens=20"])
     problems = [SimpleNamespace(prompt="1+2?"), SimpleNamespace(prompt="1+2*3-4?")]
-    assert row_cap(cfg, tok, problems) == 64  # no budget: the row cap alone
+    assert row_cap(cfg.search, cfg.model, tok, problems) == 64  # no budget: the row cap alone
     cfg.model.max_batch_tokens = 300  # longest prompt: <s> + 8 chars = 9 tokens
-    assert row_cap(cfg, tok, problems) == 300 // (9 + 20)
+    assert row_cap(cfg.search, cfg.model, tok, problems) == 300 // (9 + 20)
     cfg.model.max_batch_tokens = 10**6  # the smaller of the two wins
-    assert row_cap(cfg, tok, problems) == 64
+    assert row_cap(cfg.search, cfg.model, tok, problems) == 64
 
 
 def test_chat_template_renders_prompts_and_the_toy_keeps_plain_ones(tiny_lm, chat_lm_dir):
-    from stopexp.models import load_lm
 
     _, tok = tiny_lm
     assert prompt_ids(tok, "4+7?") == tok("4+7?")["input_ids"]  # no template: plain
-    _, local = load_lm(compose("collect", local_model(chat_lm_dir)))
+    _, local = build.lm(compose("collect", local_model(chat_lm_dir)))
     assert local.chat_template == TEMPLATE
     assert prompt_ids(local, "4+7?") == tok("4+7?=")["input_ids"]  # one BOS, then the turn
-    _, plain = load_lm(compose("collect", [*local_model(chat_lm_dir), "model.chat_template=false"]))
+    _, plain = build.lm(compose("collect", [*local_model(chat_lm_dir), "model.chat_template=false"]))
     assert prompt_ids(plain, "4+7?") == tok("4+7?")["input_ids"]
 
 
@@ -91,8 +91,8 @@ def test_qa_task_collects_with_a_local_chat_model(chat_lm_dir, out_dir):
         "search.check_at=2", "train.checkpoint=2", "collect.prompts.train=2", "collect.prompts.val=1",
         "collect.prompts.test=1", "collect.mc_rollouts=0", f"paths.output_dir={out_dir}",
         "model.max_prompt_tokens=1024"]))  # char-level questions outrun the tiny model's 128 positions
-    assert collect(cfg)["paths"] == 8
-    root = bank.bank_dir(cfg)
+    assert collect(build.collection(cfg))["paths"] == 8
+    root = build.bank(cfg).root
     meta = bank.read_meta(root)
     assert meta["complete"] and sorted(r for s in meta["split_rows"].values() for r in s) == list(range(16))
     assert meta["task"]["seed"] == 0 and meta["task"]["path"] == str(GSM8K)
@@ -101,22 +101,21 @@ def test_qa_task_collects_with_a_local_chat_model(chat_lm_dir, out_dir):
 
 
 def test_toy_lm_refuses_other_tasks(out_dir):
-    from stopexp.models import load_lm
 
     cfg = compose("collect", ["task=gsm8k", f"task.path={GSM8K}", f"paths.output_dir={out_dir}"])
     with pytest.raises(ConfigError, match="task.name: the toy LM learns only task=arith"):
-        load_lm(cfg)
+        build.lm(cfg)
 
 
 def test_array_jobs_shard_like_one_process_and_the_last_one_completes(out_dir, tmp_path):
     single = sharded_cfg(tmp_path / "single")
-    collect(single)
+    collect(build.collection(single))
     cfg = sharded_cfg(out_dir, "collect.rank=0", "collect.world=2")
-    root = bank.bank_dir(cfg)
-    assert root.name == bank.bank_dir(single).name  # rank and world are not content
-    assert not collect(cfg, 0, 2)["complete"] and not bank.read_meta(root)["complete"]
+    root = build.bank(cfg).root
+    assert root.name == build.bank(single).root.name  # rank and world are not content
+    assert not collect(build.collection(cfg), 0, 2)["complete"] and not bank.read_meta(root)["complete"]
     assert {bank.shard_index(n) % 2 for n in bank.finished_shards(root)} == {0}
-    assert collect(cfg, 1, 2)["complete"] and bank.read_meta(root)["complete"]
+    assert collect(build.collection(cfg), 1, 2)["complete"] and bank.read_meta(root)["complete"]
     assert {n[-4:] for n in bank.finished_shards(root)} == {"r000", "r001"}
     assert_same_bank(cfg, single)
 
@@ -136,8 +135,8 @@ def test_torchrun_two_processes_equal_one_process_and_resume_per_shard(out_dir, 
            "-m", "stopexp.collect", *args]
     subprocess.run(cmd, cwd=ROOT, env=env, check=True, capture_output=True)
     cfg, single = sharded_cfg(out_dir), sharded_cfg(tmp_path / "single")
-    collect(single)
-    root = bank.bank_dir(cfg)
+    collect(build.collection(single))
+    root = build.bank(cfg).root
     assert bank.read_meta(root)["complete"]
     assert {n[-4:] for n in bank.finished_shards(root)} == {"r000", "r001"}
     assert_same_bank(cfg, single)
@@ -145,6 +144,6 @@ def test_torchrun_two_processes_equal_one_process_and_resume_per_shard(out_dir, 
     lost = sorted(bank.finished_shards(root))[3]
     mtimes = {n: (root / n).stat().st_mtime for n in bank.finished_shards(root) if n != lost}
     shutil.rmtree(root / lost)
-    collect(cfg)
+    collect(build.collection(cfg))
     assert {n: (root / n).stat().st_mtime for n in mtimes} == mtimes
     assert_same_bank(cfg, single)

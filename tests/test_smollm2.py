@@ -5,7 +5,7 @@ import pytest
 
 from stopexp.config import validate
 from stopexp.store import bank
-from stopexp.store.features import features_dir
+from stopexp.stages import build
 from tests.conftest import compose
 
 SHRUNK = ["logger=none", "search.n_paths=8", "policy.keep=2", "collect.prompts.train=8",
@@ -22,11 +22,11 @@ def test_smollm2_experiment_end_to_end(tmp_path):
     cfg = validate(compose("pipeline", ["+exp=smollm2_contrastive", *SHRUNK,
                                         f"paths.output_dir={tmp_path}"]))
     metrics = run_pipeline(cfg, tmp_path / "run")
-    root = bank.bank_dir(cfg)
+    root = build.bank(cfg).root
     meta = bank.read_meta(root)
     assert meta["complete"] and meta["model_name"] == "smollm2-135m-instruct"
     assert meta["num_layers"] == 30 and meta["hidden_size"] == 576
-    assert bank.read_meta(features_dir(cfg), kind="features")["tap_layers"] == [15, 29]
+    assert bank.read_meta(build.features(cfg).root, kind="features")["tap_layers"] == [15, 29]
     assert meta["task"]["extraction"] == "strict" and meta["task"]["name"] == "wordprob"
 
     ds = bank.load_bank(root)

@@ -10,6 +10,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from stopexp.search.beam import beam_search
 from stopexp.search.decode import Engine, SamplingParams, make_engine
 from stopexp.search.stops import eos_ids
+from stopexp.stages.build import sampling
+from stopexp.stages import build
 
 PROMPTS = ["4+7*3-9?", "1-2?", "9*9*9+1-0?"]
 T = 24
@@ -327,12 +329,11 @@ def test_traced_paths_and_rollouts_end_at_the_stop(sharp_lm):
 def test_stop_strings_change_the_bank_and_are_validated(tmp_path):
     from conftest import compose
     from stopexp.config import ConfigError, validate
-    from stopexp.store.bank import bank_key
 
     base = ["logger=none", f"paths.output_dir={tmp_path}"]
     plain = validate(compose("collect", base))
     stopped = validate(compose("collect", [*base, "search.stop=['Question:']"]))
-    assert list(stopped.search.stop) == ["Question:"] and bank_key(plain) != bank_key(stopped)
+    assert list(stopped.search.stop) == ["Question:"] and build.bank(plain).key != build.bank(stopped).key
     with pytest.raises(ConfigError, match="search.stop: every stop string must be non-empty"):
         validate(compose("collect", [*base, "search.stop=['#','']"]))
 
@@ -421,7 +422,6 @@ def test_escapes_in_stop_strings_and_text_keys_are_decoded_once(tmp_path):
     form stops where a newline-written config does, in the same bank."""
     from conftest import compose
     from stopexp.config import validate
-    from stopexp.store.bank import bank_key
     from stopexp.tasks import build_task
 
     base = ["logger=none", f"paths.output_dir={tmp_path}", "task=wordprob", "task.format=chat"]
@@ -429,15 +429,15 @@ def test_escapes_in_stop_strings_and_text_keys_are_decoded_once(tmp_path):
         *base, r'search.stop=["\n\nQuestion:","a\\nb","\boxed"]', r"task.stop=['\t']",
         r"task.instruction='Solve.\nThink.'"]))
     assert list(escaped.search.stop)[0] == "\\n\\nQuestion:"  # as Hydra delivers it
-    assert SamplingParams.from_config(escaped).stop == ("\t", "\n\nQuestion:", "a\\nb", "\\boxed")
+    assert sampling(escaped).stop == ("\t", "\n\nQuestion:", "a\\nb", "\\boxed")
     assert build_task(escaped.task).stop_sequences == ("\t",)
     assert build_task(escaped.task).instruction == "Solve.\nThink."
     # written with the characters themselves (a YAML "\n" is one): the same stops, one bank
     literal = validate(compose("collect", [*base, "task.stop=['\t']",
                                            "task.instruction='Solve.\nThink.'"]))
     literal.search.stop = ["\n\nQuestion:", "a\\\\nb", "\\boxed"]  # two backslashes: one
-    assert SamplingParams.from_config(literal).stop == SamplingParams.from_config(escaped).stop
-    assert bank_key(literal) == bank_key(escaped)
+    assert sampling(literal).stop == sampling(escaped).stop
+    assert build.bank(literal).key == build.bank(escaped).key
 
 
 def test_smollm2_stop_split_by_many_special_tokens(smol_tok):

@@ -12,6 +12,7 @@ from stopexp.search.decode import Engine, SamplingParams
 from stopexp.signals.checkpoint import CheckpointMismatch, save_predictor
 from stopexp.signals.features import FeatureSpec
 from stopexp.training.losses import build_loss
+from stopexp.stages import build
 
 PROMPTS = ["4+7*3-9?", "1-2?", "9*9*9+1-0-3*7?"]  # different lengths: left padding matters
 
@@ -142,7 +143,6 @@ def test_config_and_bad_values():
 
 
 def test_train_and_evaluate_through_the_harness(small_bank):
-    from stopexp.models import load_lm
     from stopexp.stages.evaluate import evaluate
     from stopexp.store import bank
     from stopexp.store.features import spec_of
@@ -154,9 +154,9 @@ def test_train_and_evaluate_through_the_harness(small_bank):
     cfg = validate(compose("train", [*small_bank, *extra]))
     metrics = train(cfg, progress=False)
     assert metrics["parameters"] < 60_000 and np.isfinite(metrics["val"]["auroc_pooled"])
-    root = bank.require_bank(cfg)
+    root = bank.require_bank(build.bank(cfg))
     meta = bank.read_meta(root)
-    st, _ = load_super_token(predictor_dir(cfg), *load_lm(cfg, progress=False), spec_of(cfg, meta),
+    st, _ = load_super_token(predictor_dir(cfg), *build.lm(cfg, progress=False), spec_of(cfg.tap.layers, meta),
                              cfg.predictor)
     test = split_data(root, meta, cfg, prefixes=True)["test"]
     assert evaluate_scores(score(st, test), test)["auroc_pooled"] == metrics["test"]["auroc_pooled"]

@@ -48,10 +48,10 @@ def hydra_job(monkeypatch, tmp_path):
 
 
 def test_multirun_jobs_share_a_wandb_group_named_after_the_sweep(hydra_job):
-    assert run_group(compose("pipeline")) is None  # no Hydra job at all
-    assert run_group(hydra_job()) == "sweep-7"
-    assert run_group(hydra_job(["logger.group=mine"])) == "mine"
-    assert run_group(hydra_job(mode=RunMode.RUN)) is None
+    assert run_group(compose("pipeline").logger) is None  # no Hydra job at all
+    assert run_group(hydra_job().logger) == "sweep-7"
+    assert run_group(hydra_job(["logger.group=mine"]).logger) == "mine"
+    assert run_group(hydra_job(mode=RunMode.RUN).logger) is None
 
 
 def test_objective_counts_nan_as_the_worst_value_and_refuses_a_typo(hydra_job):

@@ -16,9 +16,9 @@ from stopexp.models import prepare_tokenizer
 from stopexp.models.tokenizer import CHARS, build_char_tokenizer
 from stopexp.search.decode import Engine, SamplingParams
 from stopexp.search.sample import prompt_ids
-from stopexp.store.bank import bank_key
 from stopexp.tasks import build_task
 from stopexp.tasks.thinking import ThinkingTask, split_thinking, thinking_length
+from stopexp.stages import build
 
 END = "</think>"
 # Qwen3's switch, in a template for the char tokenizer: on (the default) the turn opens the
@@ -186,7 +186,7 @@ def test_step_ends_and_the_bank_key_follow_the_thinking():
     with pytest.raises(ConfigError, match="^tap.positions.step_ends: task datatotext has no step separator"):
         validate(compose("collect", base))
     cfg = validate(compose("collect", [*base, "model.thinking.enabled=true"]))  # "\n\n" now
-    keys = {bank_key(validate(compose("collect", ["model=smollm2", *o]))) for o in (
+    keys = {build.bank(validate(compose("collect", ["model=smollm2", *o]))).key for o in (
         [], ["model.thinking.enabled=true"], ["model.thinking.enabled=true", "model.thinking.max_thinking_tokens=8"])}
     assert len(keys) == 3 and cfg.model.thinking.step_separator == "\\n\\n"
     # the overrides docs/thinking.md shows for the R1 distill
@@ -210,7 +210,7 @@ def thinking_bank(thinking_lm, tmp_path_factory):
         f"paths.output_dir={tmp / 'out'}", "logger=none", "search.n_paths=4", "collect.prompts.train=2",
         "collect.prompts.val=1", "collect.prompts.test=2", "collect.shard_prompts=2",
         "collect.mc_rollouts=2"]
-    return overrides, collect(validate(compose("collect", overrides)))
+    return overrides, collect(build.collection(validate(compose("collect", overrides))))
 
 
 def test_collect_with_a_thinking_model_counts_its_thinking(thinking_lm, thinking_bank):
@@ -218,7 +218,7 @@ def test_collect_with_a_thinking_model_counts_its_thinking(thinking_lm, thinking
 
     _, tok = thinking_lm
     overrides, summary = thinking_bank
-    ds = bank.load_bank(bank.bank_dir(validate(compose("collect", overrides))))
+    ds = bank.load_bank(build.bank(validate(compose("collect", overrides))).root)
     end = tok(END, add_special_tokens=False)["input_ids"]
     thinking = list(ds["thinking_tokens"][:])
     assert thinking == [thinking_length(tok, list(t), END) for t in ds["tokens"][:]]

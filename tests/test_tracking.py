@@ -1,12 +1,13 @@
 import pytest
 
 from conftest import compose
-from stopexp.runtime.tracking import NullRun, tracked_run
+from stopexp.runtime.tracking import NullRun
+from stopexp.stages.build import tracked
 
 
 def test_null_run_has_the_run_methods():
     cfg = compose("collect", ["logger=none"])
-    with tracked_run(cfg, "collect") as run:
+    with tracked(cfg, "collect") as run:
         assert isinstance(run, NullRun)
         run.log({"a": 1})
         run.summary_update({"b": 2})
@@ -19,7 +20,7 @@ def test_wandb_offline_writes_under_outputs(tmp_path, monkeypatch):
         monkeypatch.delenv(var, raising=False)
     out = tmp_path / "outputs"
     cfg = compose("collect", [f"paths.output_dir={out}", "logger.mode=offline"])
-    with tracked_run(cfg, "collect") as run:
+    with tracked(cfg, "collect") as run:
         run.log({"loss": 1.0})
         f = tmp_path / "x.json"
         f.write_text("{}")
@@ -35,9 +36,9 @@ def test_run_is_finished_and_marked_failed_on_error(tmp_path, monkeypatch):
     out = tmp_path / "outputs"
     cfg = compose("collect", [f"paths.output_dir={out}", "logger.mode=offline"])
     with pytest.raises(RuntimeError):
-        with tracked_run(cfg, "collect"):
+        with tracked(cfg, "collect"):
             raise RuntimeError("boom")
-    with tracked_run(cfg, "collect"):
+    with tracked(cfg, "collect"):
         pass
     assert len(list((out / "wandb" / "wandb").glob("offline-run-*"))) == 2
 
@@ -90,7 +91,7 @@ def test_an_unusable_wandb_dir_gives_a_null_run_and_one_warning(shape, tmp_path,
         read_only(out / "wandb")
     cfg = compose("collect", [f"paths.output_dir={out}", "logger.mode=offline"])
     with caplog.at_level("WARNING", logger="stopexp.runtime.tracking"):
-        with tracked_run(cfg, "collect") as run:
+        with tracked(cfg, "collect") as run:
             assert type(run) is NullRun
             run.log({"loss": 1.0})
     error = (f"FileExistsError: [Errno 17] File exists: '{out / 'wandb'}'" if shape == "a file"

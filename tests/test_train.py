@@ -11,6 +11,7 @@ from stopexp.store.features import spec_of
 from stopexp.training.data import predictor_dir, split_data
 from stopexp.training.fit import score
 from stopexp.training.predictor import train
+from stopexp.stages import build
 
 
 def cfg_for(small_bank, *extra, stage="train"):
@@ -29,9 +30,9 @@ def test_train_writes_a_checkpoint_that_reloads_with_identical_scores(small_bank
         assert 0 <= m["auroc_pooled"] <= 1 and 0 <= m["brier"] <= 1 and 0 <= m["ece"] <= 1
     assert metrics["parameters"] == 96 * 2 + 96 * 128 + 128 + 128 + 1
     assert (tmp_path / "loss_curve.png").exists() and (tmp_path / "reliability.png").exists()
-    root = bank.require_bank(cfg)
+    root = bank.require_bank(build.bank(cfg))
     meta = bank.read_meta(root)
-    predictor, saved = load_predictor(predictor_dir(cfg), spec_of(cfg, meta), cfg.predictor)
+    predictor, saved = load_predictor(predictor_dir(cfg), spec_of(cfg.tap.layers, meta), cfg.predictor)
     assert saved["bank_key"] == root.name and saved["feature_spec"]["hidden_size"] == 96
     data = split_data(root, meta, cfg)
     again = score(predictor, data["test"])
@@ -46,8 +47,8 @@ def test_train_writes_a_checkpoint_that_reloads_with_identical_scores(small_bank
 def test_checkpoint_for_other_features_is_refused(small_bank):
     cfg = cfg_for(small_bank, "predictor=linear")
     train(cfg, progress=False)
-    meta = bank.read_meta(bank.require_bank(cfg))
-    spec = spec_of(cfg, meta)
+    meta = bank.read_meta(bank.require_bank(build.bank(cfg)))
+    spec = spec_of(cfg.tap.layers, meta)
     for field, value in (("hidden_size", 64), ("tap_layers", [0]), ("model_name", "llama")):
         other = type(spec)(**{**spec.__dict__, field: value})
         with pytest.raises(CheckpointMismatch, match=field):
@@ -63,7 +64,7 @@ def test_a_checkpoint_of_another_predictor_config_is_refused_on_every_load(small
     linear, mlp = cfg_for(small_bank, "predictor=linear", seed), cfg_for(small_bank, "predictor=mlp", seed)
     first = train(linear, progress=False)
     train(mlp, progress=False)
-    ckpt, spec = predictor_dir(linear), spec_of(linear, bank.read_meta(bank.require_bank(linear)))
+    ckpt, spec = predictor_dir(linear), spec_of(linear.tap.layers, bank.read_meta(bank.require_bank(build.bank(linear))))
     record = ckpt / "predictor.json"
     weights = (ckpt / "predictor.safetensors").read_bytes()
     # the mlp's checkpoint under the linear key, its record's key edited to match
@@ -89,7 +90,7 @@ def test_a_checkpoint_of_another_predictor_config_is_refused_on_every_load(small
 
 def test_splits_share_no_prompt(small_bank):
     cfg = cfg_for(small_bank)
-    root = bank.require_bank(cfg)
+    root = bank.require_bank(build.bank(cfg))
     data = split_data(root, bank.read_meta(root), cfg)
     prompts = {}
     ds = bank.load_bank(root)
@@ -105,7 +106,7 @@ def test_statistic_and_controls_run_through_the_same_path(small_bank):
         extra = ["tap=multi"] if pred == "fusion" else []  # another tap: new features, same bank
         cfg = cfg_for(small_bank, f"predictor={pred}", *extra)
         m = train(cfg, progress=False)
-        assert np.isfinite(m["val"]["auroc_pooled"]) and bank.bank_dir(cfg) == bank.bank_dir(cfg_for(small_bank))
+        assert np.isfinite(m["val"]["auroc_pooled"]) and build.bank(cfg).root == build.bank(cfg_for(small_bank)).root
 
 
 def test_training_is_seeded(small_bank):
@@ -128,14 +129,14 @@ def test_two_losses_train_different_weights_and_scores(small_bank):
     initial direction. Ties now go to the later epoch and the probe starts at zero."""
     from safetensors.torch import load_file
 
-    root = bank.require_bank(cfg_for(small_bank))
+    root = bank.require_bank(build.bank(cfg_for(small_bank)))
     meta = bank.read_meta(root)
     weights, scores, metrics = {}, {}, {}
     for loss in ("contrastive", "pairwise", "reward_regression"):
         cfg = cfg_for(small_bank, "predictor=linear", f"loss={loss}")
         metrics[loss] = train(cfg, progress=False)
         weights[loss] = load_file(str(predictor_dir(cfg) / "predictor.safetensors"))["head.weight"]
-        predictor, _ = load_predictor(predictor_dir(cfg), spec_of(cfg, meta), cfg.predictor)
+        predictor, _ = load_predictor(predictor_dir(cfg), spec_of(cfg.tap.layers, meta), cfg.predictor)
         scores[loss] = score(predictor, split_data(root, meta, cfg)["test"]).numpy()
     for other in ("pairwise", "reward_regression"):
         assert (weights[other] - weights["contrastive"]).abs().max() > 1e-6, other
@@ -163,12 +164,12 @@ def test_nan_validation_never_selects_the_untrained_state(small_bank, monkeypatc
     from stopexp.signals import build_predictor
 
     cfg = cfg_for(small_bank)
-    root = bank.require_bank(cfg)
+    root = bank.require_bank(build.bank(cfg))
     meta = bank.read_meta(root)
     data = split_data(root, meta, cfg)
     real = T.evaluate_scores
     monkeypatch.setattr(T, "evaluate_scores", lambda s, d: {**real(s, d), "auroc": float("nan")})
-    predictor = build_predictor(cfg.predictor, spec_of(cfg, meta))
+    predictor = build_predictor(cfg.predictor, spec_of(cfg.tap.layers, meta))
     with pytest.raises(ValueError, match=r"^train: the validation within-prompt AUROC was not "
                                          r"finite after any of 3 epochs"):
         T.fit(cfg, predictor, data, progress=False)
@@ -208,7 +209,7 @@ def test_train_refuses_a_bank_whose_val_split_has_no_mixed_prompt(small_bank, tm
     # keep only the validation prompts that no path solves
     extra = [f"paths.output_dir={tmp_path}", "collect.keep_correct=[0,0]",
              "collect.keep_correct_splits=[val]"]
-    collect(compose("collect", [*small_bank, *extra]))  # validate refuses the band: bypass it
+    collect(build.collection(compose("collect", [*small_bank, *extra])))  # validate refuses the band: bypass it
     cfg = compose("train", [*small_bank, "train.epochs=3", *extra])
     with pytest.raises(ConfigError, match=r"^collect.keep_correct: \[0, 0\] keeps only val prompts "
                                           r"whose N=8 paths all fail or all succeed"):
@@ -246,34 +247,34 @@ def test_a_predictor_of_a_bank_recollected_under_its_key_is_retrained_or_refused
     from stopexp.core.errors import UserError
     from stopexp.evaluation.scorers import build_scorers
     from stopexp.signals.checkpoint import CheckpointStale
-    from stopexp.store.features import featurize, features_dir
+    from stopexp.store.features import featurize
     from stopexp.training.data import trained_on
 
     here = [f"paths.output_dir={tmp_path}", *small_bank[1:]]  # a copy of the bank: ours to change
     cfg = cfg_for(here, "predictor=linear")
-    shutil.copytree(bank.require_bank(cfg_for(small_bank)), bank.bank_dir(cfg))
+    shutil.copytree(bank.require_bank(build.bank(cfg_for(small_bank))), build.bank(cfg).root)
     train(cfg, progress=False)
     record = predictor_dir(cfg) / "predictor.json"
     before = json.loads(record.read_text())["trained_on"]
     assert before == trained_on(cfg) and None not in before.values()
-    root = bank.require_bank(cfg)
+    root = bank.require_bank(build.bank(cfg))
     meta = bank.read_meta(root)
     name = next(n for n, rec in sorted(meta["shards"].items()) if rec["split"] == "train")
     _recollect_with_other_labels(root, name)
     now = trained_on(cfg)
     assert now["bank"] != before["bank"] and now["features"] == before["features"]
-    spec = spec_of(cfg, bank.read_meta(root))
+    spec = spec_of(cfg.tap.layers, bank.read_meta(root))
     stale = (f"^predictor checkpoint {record} was trained on another bank than the one now under "
              "its key")
     with pytest.raises(CheckpointStale, match=stale):  # before: loaded, trained on other labels
         load_predictor(predictor_dir(cfg), spec, cfg.predictor, now)
     # the features made from the old shard are refused first (train, evaluate), with their repair
     for use in (lambda: train(cfg, progress=False), lambda: build_scorers(cfg, ["linear"], spec)):
-        with pytest.raises(UserError, match=f"^features {features_dir(cfg)} were made from another "
+        with pytest.raises(UserError, match=f"^features {build.features(cfg).root} were made from another "
                                             rf"copy of the trace bank .*\(shards {name} differ\); "
                                             "repair: python -m stopexp.featurize"):
             use()
-    featurize(cfg)
+    featurize(build.features(cfg))
     with pytest.raises(CheckpointStale, match=stale + r".*; rebuild it with: python -m stopexp.train") as e:
         build_scorers(cfg, ["linear"], spec)  # evaluate; before: scored with the stale predictor
     assert "\n" not in str(e.value)

@@ -16,14 +16,16 @@ pytest.importorskip("vllm", reason="vllm is not installed (scripts/setup.sh inst
 
 from stopexp.config import validate  # noqa: E402
 from stopexp.models.vllm_lm import vllm_settings  # noqa: E402
-from stopexp.search.decode import SamplingParams, make_engine  # noqa: E402
+from stopexp.search.decode import make_engine  # noqa: E402
 from stopexp.search.stops import eos_ids  # noqa: E402
 from stopexp.search.sample import prompt_ids  # noqa: E402
 from stopexp.search.stops import StopStrings  # noqa: E402
 from stopexp.search.vllm_engine import VllmEngine, hf_token_columns, hold  # noqa: E402
+from stopexp.stages.build import sampling  # noqa: E402
 from stopexp.store import bank  # noqa: E402
 from stopexp.tasks import build_task  # noqa: E402
 from tests.conftest import compose  # noqa: E402
+from stopexp.stages import build  # noqa: E402
 
 PROMPTS, PATHS = 8, 8
 SHARED = ["+exp=smollm2_contrastive", "logger=none", f"search.n_paths={PATHS}",
@@ -40,14 +42,14 @@ LOGPROB_ATOL = 1e-3
 @pytest.fixture(scope="session")
 def smol(tmp_path_factory):
     """The vLLM engine (held open for the session), the HF model and the configs."""
-    from stopexp.models import load_lm
 
     out = tmp_path_factory.mktemp("vllm") / "outputs"
     paths = [f"paths.output_dir={out}"]
     cfg = validate(compose("collect", [*SHARED, *VLLM, *paths]))
     hf_cfg = validate(compose("collect", [*SHARED, *paths]))
-    settings, skeleton, tokenizer = vllm_settings(cfg)  # converts the GGUF file once
-    model, hf_tokenizer = load_lm(hf_cfg)
+    # converts the GGUF file once
+    settings, skeleton, tokenizer = vllm_settings(cfg.model, cfg.engine, cfg.paths.cache_dir, cfg.task)
+    model, hf_tokenizer = build.lm(hf_cfg)
     with hold(settings) as llm:
         yield SimpleNamespace(cfg=cfg, hf_cfg=hf_cfg, llm=llm, settings=settings, model=model,
                               tokenizer=hf_tokenizer, eos=eos_ids(model, hf_tokenizer))
@@ -60,8 +62,8 @@ def banks(smol):
 
     out = {}
     for name, cfg in (("vllm", smol.cfg), ("hf", smol.hf_cfg)):
-        collect(cfg)
-        out[name] = bank.bank_dir(cfg)
+        collect(build.collection(cfg))
+        out[name] = build.bank(cfg).root
     return out
 
 
@@ -76,7 +78,7 @@ def full_logprobs(model, prompt: list[int], tokens: list[int]) -> torch.Tensor:
 def test_greedy_tokens_equal_the_hf_engine_or_differ_at_a_float_tie(smol):
     """Greedy (float32): the same tokens, ends and log-probs as the hf engine; a path that
     differs does so where HF's two best tokens lie within the engines' float noise."""
-    params = replace(SamplingParams.from_config(smol.cfg), do_sample=False, max_new_tokens=16)
+    params = replace(sampling(smol.cfg), do_sample=False, max_new_tokens=16)
     tok = smol.tokenizer
     problems = build_task(smol.cfg.task).problems("test", PROMPTS)
     prompts = [prompt_ids(tok, p.prompt) for p in problems]
@@ -114,7 +116,7 @@ def test_bank_schema_meta_and_path_ends_match_the_hf_engine(smol, banks):
     assert bank.read_meta(banks["hf"])["engine"]["name"] == "hf"
     # a path ends as the hf engine ends it: at the first token completing a stop string or
     # at an EOS id, that token kept, else at max length; its text is its tokens' decoding
-    tok, params = smol.tokenizer, SamplingParams.from_config(smol.cfg)
+    tok, params = smol.tokenizer, sampling(smol.cfg)
     stops = StopStrings(params.stop, tok)
     for tokens, text, n, finished in zip(vl["tokens"][:], vl["text"][:], vl["length"][:],
                                          vl["finished"][:]):
@@ -209,4 +211,4 @@ def test_a_tensor_parallel_size_that_does_not_divide_the_heads_fails_before_vllm
     cfg = validate(compose("collect", [*SHARED, *VLLM, f"paths.output_dir={smol.cfg.paths.output_dir}",
                                        "engine.tensor_parallel_size=2"]))
     with pytest.raises(ConfigError, match="^engine.tensor_parallel_size: 2 does not divide the 9 "):
-        vllm_settings(cfg)  # the weightless skeleton only
+        vllm_settings(cfg.model, cfg.engine, cfg.paths.cache_dir, cfg.task)  # the weightless skeleton only

@@ -63,14 +63,14 @@ def check_values(value) -> list:
     return list(value) if is_list(value) else [value]
 
 
-def check_plan(cfg) -> list[tuple[int, int]]:
+def check_plan(search, policy) -> list[tuple[int, int]]:
     """Launch-Check-Resume's checks in order, as (prefix tokens, K kept): search.check_at
     (one prefix, or a list of them: progressive) and policy.keep (a list of one K per
     check, decreasing, under policy=topk; a single K is repeated, which validate allows
     only where K is not read: the threshold policies). `validate` has checked both."""
-    s = cfg.search
+    s = search
     checks = check_values(s.check_at)
-    keeps = check_values(cfg.policy.keep)
+    keeps = check_values(policy.keep)
     keeps = keeps * len(checks) if len(keeps) == 1 else keeps
     return [(checkpoint_tokens(c, s.max_new_tokens), int(k)) for c, k in zip(checks, keeps)]
 

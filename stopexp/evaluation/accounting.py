@@ -265,7 +265,7 @@ def account_methods(cfg, names: list[str], scorers: dict, policies: dict, paths:
     vote: search.check_at, policy.keep, search.score_rule, evaluate.vote (stopexp.core.protocol.check_plan,
     `decide_by_checks`, stopexp.core.voting); online, views[name] = (the run's paths, its
     `Decision`, None for no_prune)."""
-    plan = check_plan(cfg)
+    plan = check_plan(cfg.search, cfg.policy)
     N, K = cfg.search.n_paths, plan[-1][1]
     topk, n_prompts = cfg.policy.name == "topk", int(paths.group.max()) + 1
     vote = dict(vote=cfg.evaluate.vote, vote_top=cfg.evaluate.vote_top)
@@ -337,7 +337,7 @@ def pareto_points(cfg, paths: Paths, scores: dict, checkpoint: int) -> list[dict
         o = outcome(paths, np.ones(len(paths.length), bool), checkpoint, n, select=cfg.evaluate.select)
         points.append({"method": "no_prune", "n": n, "k": n, "accuracy": float(o["correct"].mean()),
                        "tokens_total": float(o["tokens"].sum())})
-    if len(check_plan(cfg)) > 1 or cfg.policy.name != "topk":  # account_methods gives each method's point
+    if len(check_plan(cfg.search, cfg.policy)) > 1 or cfg.policy.name != "topk":  # account_methods gives each method's point
         return points
     vote = dict(vote=cfg.evaluate.vote, vote_top=cfg.evaluate.vote_top)
     for name, s in scores.items():

@@ -94,16 +94,16 @@ def evaluate_beam(cfg, names: list[str], scorers: dict, n_prompts: int) -> tuple
     (only tasks in PROCESS_CHECKED_TASKS). Returns per method the metrics and the chosen
     output text of every prompt, and the prompts' ids."""
     task = build_task(cfg.task, cfg.model.get("thinking"))
-    model, tokenizer = load_lm(cfg)
+    model, tokenizer = load_lm(cfg.model, cfg.paths.cache_dir, cfg.task, cfg.tap)
     problems = fit_prompts(tokenizer, task.problems(cfg.evaluate.split, n_prompts),
-                           prompt_limit(cfg, model), cfg.model.long_prompts)
+                           prompt_limit(cfg.model, cfg.search, cfg.get("engine"), model), cfg.model.long_prompts)
     s, B = cfg.search, cfg.search.beam_width
     checks = None if s.beam_checks is None else {
         checkpoint_tokens(c, s.max_new_tokens) for c in s.beam_checks}
     results, texts, eos = {}, {}, eos_ids(model, tokenizer)
     per_batch = max(1, s.max_batch_rows // B)  # rows of a forward: prompts x beam width
     chunks = [problems[i: i + per_batch] for i in range(0, len(problems), per_batch)]
-    stop = SamplingParams.from_config(cfg).stop
+    stop = SamplingParams.from_config(cfg.search, cfg.task, cfg.model.get("thinking")).stop
     with Taps.from_config(model, cfg.tap) as taps:
         for name in names:
             correct, tokens, steps, alive = [], 0, [], np.zeros(s.max_new_tokens)

@@ -29,19 +29,21 @@ def run_launch_check_resume(cfg, model, tokenizer, task, problems, methods: dict
     stopexp.search.parallel.launch_check_resume's runs and check batch."""
     with Taps.from_config(model, cfg.tap) as taps:
         checks = (checkpoint,) if isinstance(checkpoint, int) else tuple(checkpoint)
-        engine = make_engine(model, tokenizer, SamplingParams.from_config(cfg), taps, checks)
+        params = SamplingParams.from_config(cfg.search, cfg.task, cfg.model.get("thinking"))
+        engine = make_engine(model, tokenizer, params, taps, checks)
         return launch_check_resume(engine, tokenizer, task, problems, cfg.search.n_paths,
                                    cfg.seed, checkpoint, methods, cfg.search.group_window,
-                                   row_cap(cfg, tokenizer, problems), cfg.search.score_rule)
+                                   row_cap(cfg.search, cfg.model, tokenizer, problems), cfg.search.score_rule)
 
 
 def run_on_vllm(cfg, model, tokenizer, task, problems, methods: dict, checkpoint):
     """`run_launch_check_resume` under engine=vllm: paths from a stepped vLLM engine
     (stopexp.search.vllm_lcr), the check's features from `model`'s teacher-forced forward."""
-    params = SamplingParams.from_config(cfg)
+    params = SamplingParams.from_config(cfg.search, cfg.task, cfg.model.get("thinking"))
     budget = cfg.model.max_batch_tokens or DEFAULT_BATCH_TOKENS
     with Taps(model, list(cfg.tap.layers), cfg.tap.pooling, cfg.tap.get("attention_heads"),
-              sequence=True) as taps, open_vllm_engine(cfg, params, stepped=True) as (engine, *_):
+              sequence=True) as taps, open_vllm_engine(cfg.model, cfg.engine, cfg.paths.cache_dir, cfg.task, params,
+                                                               stepped=True) as (engine, *_):
         hidden_at = prefix_features(model, taps, tokenizer.pad_token_id, cfg.tap.positions.dtype,
                                     budget, cfg.search.max_batch_rows)
         return vllm_launch_check_resume(engine, tokenizer, task, problems, cfg.search.n_paths,
@@ -56,10 +58,10 @@ def online_paths(cfg, names, scorers, policies: dict, checkpoint, n_prompts: int
     them, per method the paths as that method's run saw them with its `Decision` (None for
     no_prune), and per method the measured time."""
     task = build_task(cfg.task, cfg.model.get("thinking"))
-    model, tokenizer = load_lm(cfg)
+    model, tokenizer = load_lm(cfg.model, cfg.paths.cache_dir, cfg.task, cfg.tap)
     problems = fit_prompts(tokenizer, task.problems(cfg.evaluate.split, n_prompts),
-                           prompt_limit(cfg, model), cfg.model.long_prompts)
-    plan = check_plan(cfg)
+                           prompt_limit(cfg.model, cfg.search, cfg.get("engine"), model), cfg.model.long_prompts)
+    plan = check_plan(cfg.search, cfg.policy)
     N = cfg.search.n_paths
     methods = {m: (scorers[m], lambda i=0, m=m: policies[m][i]) for m in names if m in scorers}
     checks = checkpoint if len(plan) == 1 else [c for c, _ in plan]

@@ -18,7 +18,7 @@ from stopexp.signals import methods as M
 from stopexp.signals.checkpoint import CheckpointDamaged, CheckpointMismatch, load_predictor
 from stopexp.stopping.replay import STOPPING_METHODS
 from stopexp.store import features as feature_bank
-from stopexp.training.data import predictor_dir, trained_on
+from stopexp.training.data import features_of, predictor_dir, trained_on
 from stopexp.training.predictor import train
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,8 @@ def build_scorers(cfg, names: list[str], spec) -> dict:
                     f"{command} (or run python -m stopexp.pipeline, which makes it for you)")
             try:
                 if name == "super_token":  # on its own copy of the LM; online it reads the engine's cache
-                    predictor, _ = load_super_token(ckpt, *load_lm(sub, progress=False), spec,
+                    lm = load_lm(sub.model, sub.paths.cache_dir, sub.task, sub.tap, progress=False)
+                    predictor, _ = load_super_token(ckpt, *lm, spec,
                                                     sub.predictor, cfg.search.max_batch_rows,
                                                     _trained_on(sub))
                 else:
@@ -100,8 +101,9 @@ def build_scorers(cfg, names: list[str], spec) -> dict:
 def _trained_on(cfg) -> dict:
     """trained_on(cfg), complete features first checked against their record, so that
     features of another tap under the key are named as such, not as a stale predictor."""
-    if feature_bank.is_complete(feature_bank.features_dir(cfg)):
-        feature_bank.require_features(cfg, cli_overrides(), make=False)
+    features = features_of(cfg)
+    if feature_bank.is_complete(features.root):
+        feature_bank.require_features(features, cli_overrides(), make=False)
     return trained_on(cfg)
 
 

@@ -6,7 +6,6 @@ import os
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 
 from stopexp.core.errors import ConfigError, UserError
 from stopexp.models import gguf, toy_lm
@@ -38,23 +37,26 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
     return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
 
 
-def model_dir(cfg, progress: bool = True) -> str:
-    """Where the weights come from: the toy LM's directory (trained if needed), the
-    directory converted from `model.gguf_file` (converted if needed) or `model.path`
-    (hub id or local directory)."""
-    if cfg.model.name == "toy":
-        return str(toy_lm.ensure_toy_lm(cfg, progress))
-    if cfg.model.gguf_file:
-        return str(gguf.ensure_gguf(cfg.model.gguf_file, cfg.paths.cache_dir))
-    return cfg.model.path
+def model_dir(model, cache_dir, task, progress: bool = True) -> str:
+    """Where the weights of the `model` section come from: the toy LM's directory (trained
+    on `task` if needed, under `cache_dir`), the directory converted from
+    `model.gguf_file` (converted if needed, there too) or `model.path` (hub id or local
+    directory)."""
+    if model.name == "toy":
+        return str(toy_lm.ensure_toy_lm(model.toy, task, cache_dir, progress))
+    if model.gguf_file:
+        return str(gguf.ensure_gguf(model.gguf_file, cache_dir))
+    return model.path
 
 
-def load_lm(cfg, progress: bool = True):
-    """(model, tokenizer) for `cfg.model`, checked against the sizes the config states."""
+def load_lm(model, cache_dir, task, tap=None, progress: bool = True):
+    """(model, tokenizer) for the `model` section (weights: `model_dir`), checked against
+    the sizes it states; `tap`: the tap section the LM is read through (None: it only
+    generates), whose attention heads need eager attention."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    m = cfg.model
-    source = model_dir(cfg, progress)
+    m = model
+    source = model_dir(model, cache_dir, task, progress)
     device = pick_device(m.device)
     kwargs = {"dtype": pick_dtype(m.dtype, device)}
     log.info("loading %s on %s as %s (model.dtype=%s)", source, device,
@@ -63,20 +65,20 @@ def load_lm(cfg, progress: bool = True):
         kwargs["revision"] = m.revision
     if m.attn_implementation:
         kwargs["attn_implementation"] = m.attn_implementation
-    if OmegaConf.select(cfg, "tap.attention_heads") is not None and m.attn_implementation != "eager":
+    if tap is not None and tap.get("attention_heads") is not None and m.attn_implementation != "eager":
         log.info("tap.attention_heads is set: loading with eager attention (model.attn_implementation "
                  "%s -> eager), the only one that returns attention weights", m.attn_implementation)
         kwargs["attn_implementation"] = "eager"
     try:
         with offline_unless_reachable(source):  # no hub: the cache only, failing at once
             tokenizer = AutoTokenizer.from_pretrained(source, revision=m.revision)
-            model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+            lm = AutoModelForCausalLM.from_pretrained(source, **kwargs)
     except (OSError, ValueError) as e:
         raise ModelNotAvailable(not_available_message(source, e)) from e
     prepare_tokenizer(tokenizer, m)
-    model.to(device).eval().requires_grad_(False)
-    check_sizes(cfg, model)
-    return model, tokenizer
+    lm.to(device).eval().requires_grad_(False)
+    check_sizes(m, lm)
+    return lm, tokenizer
 
 
 def prepare_tokenizer(tokenizer, model_cfg):
@@ -126,15 +128,15 @@ def not_available_message(source: str, error: Exception) -> str:
             f"model.path=/path/to/{source.rstrip('/').split('/')[-1]}")
 
 
-def check_sizes(cfg, model) -> None:
-    """The loaded model must match the sizes the config (and the tap layers) assume."""
-    c = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    expected = {"model.hidden_size": cfg.model.hidden_size, "model.num_layers": cfg.model.num_layers}
-    if cfg.model.toy is not None:
-        expected = {"model.toy.hidden_size": cfg.model.toy.hidden_size,
-                    "model.toy.num_layers": cfg.model.toy.num_layers}
+def check_sizes(model, lm) -> None:
+    """The loaded `lm` must match the sizes the `model` section (and the tap layers) assume."""
+    c = lm.config.get_text_config() if hasattr(lm.config, "get_text_config") else lm.config
+    expected = {"model.hidden_size": model.hidden_size, "model.num_layers": model.num_layers}
+    if model.toy is not None:
+        expected = {"model.toy.hidden_size": model.toy.hidden_size,
+                    "model.toy.num_layers": model.toy.num_layers}
     actual = dict(zip(expected, (c.hidden_size, c.num_hidden_layers)))
     for key, want in expected.items():
         if want is not None and want != actual[key]:
             raise ConfigError(f"{key}: the config says {want} but the loaded model "
-                              f"{cfg.model.name!r} has {actual[key]}")
+                              f"{model.name!r} has {actual[key]}")

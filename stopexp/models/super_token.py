@@ -24,7 +24,6 @@ from peft.tuners.tuners_utils import BaseTunerLayer
 from torch import nn
 from transformers import DynamicCache
 
-from stopexp.models import load_lm
 from stopexp.search.sample import prompt_ids
 from stopexp.signals.checkpoint import (REBUILD, CheckpointMismatch, check_spec, check_trained_on,
                                         load_weights, read_checkpoint)
@@ -34,15 +33,15 @@ ADAPTER = "stop"
 
 
 class SuperTokenPredictor(nn.Module):
-    def __init__(self, cfg, lm, tokenizer, max_rows: int = 256):
+    def __init__(self, predictor, lm, tokenizer, max_rows: int = 256):
         super().__init__()
         if any(isinstance(m, BaseTunerLayer) for m in lm.modules()):
             raise ValueError("the LM already carries an adapter; give the super token its own LM")
         # not a submodule: the frozen LM stays out of state_dict(), .train() and .to()
         object.__setattr__(self, "lm", lm)
-        self.tokenizer, self.n_tokens, self.max_rows = tokenizer, cfg.n_tokens, max_rows
-        inject_adapter_in_model(LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha,
-                                           target_modules=list(cfg.lora_targets), lora_dropout=0.0),
+        self.tokenizer, self.n_tokens, self.max_rows = tokenizer, predictor.n_tokens, max_rows
+        inject_adapter_in_model(LoraConfig(r=predictor.lora_rank, lora_alpha=predictor.lora_alpha,
+                                           target_modules=list(predictor.lora_targets), lora_dropout=0.0),
                                 lm, adapter_name=ADAPTER)
         self._layers = [m for m in lm.modules() if isinstance(m, BaseTunerLayer)]
         # registered here (shared with the LM) so the optimizer and state_dict() see them
@@ -118,12 +117,6 @@ class SuperTokenPredictor(nn.Module):
             return torch.zeros(0, device=self.stop.device)
         return torch.cat([self.score_cache(*self.encode(prefixes[i : i + self.max_rows]))
                           for i in range(0, len(prefixes), self.max_rows)])
-
-
-def build_super_token(cfg) -> SuperTokenPredictor:
-    """The super-token predictor of `cfg.predictor` on a freshly loaded LM of `cfg.model`."""
-    lm, tokenizer = load_lm(cfg, progress=False)
-    return SuperTokenPredictor(cfg.predictor, lm, tokenizer, cfg.search.max_batch_rows)
 
 
 def checkpoint_meta(ckpt_dir: Path, spec: FeatureSpec, pred_cfg, trained_on: dict | None = None) -> dict:

@@ -167,12 +167,13 @@ def toy_lm_problem(directory: Path) -> str | None:
     return None
 
 
-def ensure_toy_lm(cfg, progress=True) -> Path:
-    """The toy LM's directory for this config: the cache, else the committed checkpoint,
-    else trained now (and cached). A damaged cached copy is deleted and trained again, a
-    damaged committed one is passed over (both with a warning naming the file)."""
-    key = toy_key(cfg.model.toy, cfg.task)
-    final = Path(cfg.paths.cache_dir) / "toy_lm" / key
+def ensure_toy_lm(toy, task, cache_dir, progress=True) -> Path:
+    """The directory of the toy LM of `toy` (model.toy) trained on `task` (the task
+    section): under `cache_dir`, else the committed checkpoint, else trained now (and
+    cached). A damaged cached copy is deleted and trained again, a damaged committed one
+    is passed over (both with a warning naming the file)."""
+    key = toy_key(toy, task)
+    final = Path(cache_dir) / "toy_lm" / key
     committed = COMMITTED / f"toy-{key}"
     if final.exists():
         problem = toy_lm_problem(final)
@@ -191,7 +192,7 @@ def ensure_toy_lm(cfg, progress=True) -> Path:
     tmp = staging_dir(final)
     try:
         with writing(final):  # a full disk names the model, not its temporary dir
-            train_toy_lm(cfg.model.toy, build_task(OmegaConf.create(lm_task(cfg.model.toy, cfg.task))),
+            train_toy_lm(toy, build_task(OmegaConf.create(lm_task(toy, task))),
                          tmp, progress)
             publish_dir(tmp, final)
     except BaseException:

@@ -16,14 +16,15 @@ from stopexp.search.stops import eos_ids
 from stopexp.search.vllm_engine import VllmEngine, open_llm, settings_of
 
 
-def model_skeleton(cfg):
-    """(model, tokenizer) without weights: the model's modules on the meta device, for its
-    config, parameter count, dtype and EOS ids (vLLM holds the weights, in its own process)."""
+def model_skeleton(model, engine, cache_dir, task):
+    """(model, tokenizer) of the `model` section without weights (`model_dir` says where
+    from): the model's modules on the meta device, for its config, parameter count, dtype
+    (engine.dtype) and EOS ids (vLLM holds the weights, in its own process)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-    m = cfg.model
-    source = model_dir(cfg)
-    dtype = pick_dtype(cfg.engine.dtype, pick_device(m.device))
+    m = model
+    source = model_dir(model, cache_dir, task)
+    dtype = pick_dtype(engine.dtype, pick_device(m.device))
     try:
         with offline_unless_reachable(source):
             tokenizer = AutoTokenizer.from_pretrained(source, revision=m.revision)
@@ -35,32 +36,33 @@ def model_skeleton(cfg):
     except (OSError, ValueError) as e:
         raise ModelNotAvailable(not_available_message(source, e)) from e
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        lm = AutoModelForCausalLM.from_config(config, dtype=dtype)
     if generation is not None:
-        model.generation_config = generation
-    check_sizes(cfg, model)
-    return model, prepare_tokenizer(tokenizer, m), source, dtype
+        lm.generation_config = generation
+    check_sizes(m, lm)
+    return lm, prepare_tokenizer(tokenizer, m), source, dtype
 
 
-def vllm_settings(cfg):
-    """(settings, model skeleton, tokenizer) for `cfg` under engine=vllm: what `hold` and
-    `open_llm` take, and what the engine needs beside the LLM."""
-    model, tokenizer, source, dtype = model_skeleton(cfg)
-    text = model.config.get_text_config()
-    tp = cfg.engine.tensor_parallel_size
+def vllm_settings(model, engine, cache_dir, task):
+    """(settings, model skeleton, tokenizer) of the `model` section under the `engine`
+    section (engine=vllm): what `hold` and `open_llm` take, and what the engine needs
+    beside the LLM."""
+    lm, tokenizer, source, dtype = model_skeleton(model, engine, cache_dir, task)
+    text = lm.config.get_text_config()
+    tp = engine.tensor_parallel_size
     if text.num_attention_heads % tp:  # vLLM splits the attention heads over the GPUs
         raise ConfigError(f"engine.tensor_parallel_size: {tp} does not divide the "
-                          f"{text.num_attention_heads} attention heads of {cfg.model.name!r}; give "
+                          f"{text.num_attention_heads} attention heads of {model.name!r}; give "
                           "a divisor of them")
-    return settings_of(cfg.engine, source, dtype, text.max_position_embeddings), model, tokenizer
+    return settings_of(engine, source, dtype, text.max_position_embeddings), lm, tokenizer
 
 
 @contextmanager
-def open_vllm_engine(cfg, params, stepped: bool = False):
-    """(engine, model skeleton, tokenizer) under engine=vllm, for collect or, `stepped`,
-    for online Launch-Check-Resume (an in-process engine core: VllmSettings.stepped); the
-    LLM is shut down on exit unless `hold` keeps it open."""
-    s, model, tokenizer = vllm_settings(cfg)
+def open_vllm_engine(model, engine, cache_dir, task, params, stepped: bool = False):
+    """(engine, model skeleton, tokenizer) under engine=vllm (`vllm_settings`), for collect
+    or, `stepped`, for online Launch-Check-Resume (an in-process engine core:
+    VllmSettings.stepped); the LLM is shut down on exit unless `hold` keeps it open."""
+    s, model, tokenizer = vllm_settings(model, engine, cache_dir, task)
     with open_llm(replace(s, stepped=stepped)) as llm:
         yield VllmEngine(llm, s, params, eos_ids(model, tokenizer), tokenizer.pad_token_id), \
             model, tokenizer

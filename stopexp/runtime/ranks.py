@@ -14,10 +14,10 @@ import torch.distributed as dist
 from stopexp.core.errors import ConfigError
 
 
-def shard_of(cfg) -> tuple[int, int]:
+def shard_of(collect) -> tuple[int, int]:
     """(rank, world) of this process: collect.rank / collect.world (a launcher's job array),
     else RANK / WORLD_SIZE (torchrun, accelerate launch), else a single process."""
-    c = cfg.collect
+    c = collect
     rank = c.rank if c.rank is not None else int(os.environ.get("RANK", 0))
     world = c.world if c.world is not None else int(os.environ.get("WORLD_SIZE", 1))
     if not 0 <= rank < world:

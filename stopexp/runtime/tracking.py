@@ -17,8 +17,6 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
-from omegaconf import OmegaConf
-
 log = logging.getLogger(__name__)
 
 
@@ -130,10 +128,10 @@ def wandb_dirs(output_dir: str | os.PathLike) -> Path:
     return root
 
 
-def run_group(cfg) -> str | None:
+def run_group(logger) -> str | None:
     """logger.group, else under Hydra multirun the sweep dir's name (one group per sweep)."""
-    if cfg.logger.group:
-        return cfg.logger.group
+    if logger.group:
+        return logger.group
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
@@ -143,19 +141,22 @@ def run_group(cfg) -> str | None:
     return Path(hc.sweep.dir).name if hc.mode == RunMode.MULTIRUN else None
 
 
-def start_run(cfg, job_type: str, name: str | None = None) -> NullRun:
-    """A W&B run for `cfg.logger`, or a NullRun (logger=none, mode=disabled, or W&B could
-    not start: then with a warning saying why, and the stage goes on)."""
-    lg = cfg.logger
+def start_run(logger, output_dir: str | os.PathLike, record: dict, job_type: str,
+              name: str | None = None) -> NullRun:
+    """A W&B run for the `logger` section, its directories under `output_dir`, recording
+    `record` (the resolved config, plain) as the run's config; or a NullRun (logger=none,
+    mode=disabled, or W&B could not start: then with a warning saying why, and the stage
+    goes on)."""
+    lg = logger
     if lg.name == "none" or lg.mode == "disabled":
         return NullRun()
     try:  # the W&B dirs too: one that is a file or read-only costs tracking, not outputs
-        root = wandb_dirs(cfg.paths.output_dir)
+        root = wandb_dirs(output_dir)
         import wandb
 
-        run = wandb.init(project=lg.project, entity=lg.entity, mode=lg.mode, group=run_group(cfg),
+        run = wandb.init(project=lg.project, entity=lg.entity, mode=lg.mode, group=run_group(lg),
                          tags=list(lg.tags), job_type=job_type, name=name, dir=str(root),
-                         config=OmegaConf.to_container(cfg, resolve=True), reinit="create_new",
+                         config=record, reinit="create_new",
                          settings=wandb.Settings(silent=True, x_disable_stats=True))
         return WandbRun(run, wandb)
     except Exception as e:  # noqa: BLE001  (no tracking is better than no results)
@@ -165,9 +166,10 @@ def start_run(cfg, job_type: str, name: str | None = None) -> NullRun:
 
 
 @contextlib.contextmanager
-def tracked_run(cfg, job_type: str, name: str | None = None) -> Iterator[NullRun]:
-    """A run that is finished in all cases and marked failed (exit code 1) on error."""
-    run = start_run(cfg, job_type, name)
+def tracked_run(logger, output_dir: str | os.PathLike, record: dict, job_type: str,
+                name: str | None = None) -> Iterator[NullRun]:
+    """A run (`start_run`) that is finished in all cases and marked failed (exit code 1) on error."""
+    run = start_run(logger, output_dir, record, job_type, name)
     try:
         yield run
     except BaseException:

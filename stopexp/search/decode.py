@@ -39,14 +39,15 @@ class SamplingParams:
     think_end: str = "</think>"
 
     @classmethod
-    def from_config(cls, cfg) -> "SamplingParams":
-        """From a composed config: its `search` section, and its stop strings
-        (stopexp.core.text.stop_strings)."""
-        search, think = cfg.search, cfg.model.get("thinking")
+    def from_config(cls, search, task, thinking=None) -> "SamplingParams":
+        """From the `search` section, the stop strings of it and the `task`
+        (stopexp.core.text.stop_strings) and a thinking model's budget (model.thinking,
+        None: not a thinking model)."""
+        think = thinking
         budget = think.max_thinking_tokens if think is not None and think.enabled else None
         return cls(max_new_tokens=search.max_new_tokens, temperature=search.temperature,
                    top_p=search.top_p, top_k=search.top_k, do_sample=search.do_sample,
-                   conf_topk=search.conf_topk, stop=stop_strings(cfg.task, search),
+                   conf_topk=search.conf_topk, stop=stop_strings(task, search),
                    max_thinking_tokens=budget,
                    think_end=decode_escapes(think.end_tag) if budget else "</think>")
 

@@ -38,18 +38,17 @@ class PromptTooLong(UserError, ValueError):
     """A prompt longer than the model can take (model.max_prompt_tokens)."""
 
 
-def prompt_limit(cfg, model) -> int | None:
-    """The longest prompt in tokens: model.max_prompt_tokens, else the model's
-    max_position_embeddings (engine=vllm: engine.max_model_len where set) minus
-    search.max_new_tokens (None when the model states none)."""
-    if cfg.model.max_prompt_tokens is not None:
-        return int(cfg.model.max_prompt_tokens)
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+def prompt_limit(model, search, engine, lm) -> int | None:
+    """The longest prompt in tokens for the loaded `lm`: model.max_prompt_tokens, else the
+    LM's max_position_embeddings (engine=vllm: engine.max_model_len where set; `engine`
+    None: hf) minus search.max_new_tokens (None when the LM states none)."""
+    if model.max_prompt_tokens is not None:
+        return int(model.max_prompt_tokens)
+    config = lm.config.get_text_config() if hasattr(lm.config, "get_text_config") else lm.config
     positions = getattr(config, "max_position_embeddings", None)
-    engine = cfg.get("engine")
     if engine is not None and engine.name == "vllm" and engine.max_model_len is not None:
         positions = int(engine.max_model_len)  # vLLM refuses a request longer than that
-    return None if positions is None else max(0, positions - cfg.search.max_new_tokens)
+    return None if positions is None else max(0, positions - search.max_new_tokens)
 
 
 def fit_prompts(tokenizer, problems: list, limit: int | None, mode: str = "error") -> list:
@@ -78,14 +77,14 @@ def fit_prompts(tokenizer, problems: list, limit: int | None, mode: str = "error
     return [p for p, _ in kept]
 
 
-def row_cap(cfg, tokenizer, problems) -> int:
+def row_cap(search, model, tokenizer, problems) -> int:
     """Rows per forward: search.max_batch_rows, lowered so that rows x (longest prompt +
     max_new_tokens) stays within model.max_batch_tokens (the KV cache of a batch)."""
-    rows, budget = cfg.search.max_batch_rows, cfg.model.max_batch_tokens
+    rows, budget = search.max_batch_rows, model.max_batch_tokens
     if budget is None or not problems:
         return rows
     longest = max(len(prompt_ids(tokenizer, p.prompt)) for p in problems)
-    return max(1, min(rows, budget // (longest + cfg.search.max_new_tokens)))
+    return max(1, min(rows, budget // (longest + search.max_new_tokens)))
 
 
 def prompt_chunks(n_problems: int, n_paths: int, max_rows: int):

@@ -25,10 +25,10 @@ class OnTappedLayer(Predictor):
     subclass makes `self.head` on `self.in_dim` inputs."""
     inputs = ("hidden",)
 
-    def __init__(self, cfg, spec: FeatureSpec, affine_norm: bool):
+    def __init__(self, predictor, spec: FeatureSpec, affine_norm: bool):
         super().__init__(spec)
-        self.tap = tap_index(cfg.layer, spec)
-        self.position_input = bool(getattr(cfg, "position_input", False))  # older checkpoints: off
+        self.tap = tap_index(predictor.layer, spec)
+        self.position_input = bool(getattr(predictor, "position_input", False))  # older checkpoints: off
         if self.position_input:
             self.inputs = ("hidden", "prefix_len")
         self.norm = nn.LayerNorm(spec.hidden_size, elementwise_affine=affine_norm)

@@ -24,15 +24,15 @@ CONF_SIGNALS = ("mean_logprob", "min_logprob", "mean_entropy", "group_conf", "pr
 class ConfFeaturesPredictor(Predictor):
     inputs = ("signals",)
 
-    def __init__(self, cfg, spec: FeatureSpec):
+    def __init__(self, predictor, spec: FeatureSpec):
         super().__init__(spec)
-        extra = getattr(cfg, "signals", None) or []  # a checkpoint saved without the key: none
+        extra = getattr(predictor, "signals", None) or []  # a checkpoint saved without the key: none
         names = (*CONF_SIGNALS, *[n for n in extra if n not in CONF_SIGNALS])
         self.register_buffer("columns", torch.tensor(signal_columns(names, spec)),
                              persistent=False)
         # momentum=None: the running stats are the plain average over all training batches
         self.norm = nn.BatchNorm1d(len(names), affine=False, momentum=None)
-        self.head = mlp_head(len(names), cfg.hidden, cfg.depth, cfg.dropout)
+        self.head = mlp_head(len(names), predictor.hidden, predictor.depth, predictor.dropout)
 
     def forward(self, batch: dict) -> torch.Tensor:
         return self.head(self.norm(batch["signals"][:, self.columns])).squeeze(-1)

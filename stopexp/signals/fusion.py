@@ -18,17 +18,17 @@ from stopexp.signals.mlp import mlp_head
 class FusionPredictor(Predictor):
     inputs = ("hidden",)
 
-    def __init__(self, cfg, spec: FeatureSpec):
+    def __init__(self, predictor, spec: FeatureSpec):
         super().__init__(spec)
         n_taps, size = len(spec.tap_layers), spec.hidden_size
-        self.position_input = bool(getattr(cfg, "position_input", False))  # older checkpoints: off
+        self.position_input = bool(getattr(predictor, "position_input", False))  # older checkpoints: off
         if self.position_input:
             self.inputs = ("hidden", "prefix_len")
         self.projections = nn.ModuleList(
-            nn.Sequential(nn.LayerNorm(size), nn.Linear(size, cfg.hidden)) for _ in range(n_taps))
-        mixed = n_taps * cfg.hidden + self.position_input
-        self.mixer = nn.Sequential(nn.GELU(), nn.Dropout(cfg.dropout),
-                                   mlp_head(mixed, cfg.hidden, cfg.depth, cfg.dropout))
+            nn.Sequential(nn.LayerNorm(size), nn.Linear(size, predictor.hidden)) for _ in range(n_taps))
+        mixed = n_taps * predictor.hidden + self.position_input
+        self.mixer = nn.Sequential(nn.GELU(), nn.Dropout(predictor.dropout),
+                                   mlp_head(mixed, predictor.hidden, predictor.depth, predictor.dropout))
 
     def forward(self, batch: dict) -> torch.Tensor:
         hidden = hidden_of(batch, self.spec)

@@ -15,8 +15,8 @@ from stopexp.signals.features import FeatureSpec
 
 
 class LinearPredictor(OnTappedLayer):
-    def __init__(self, cfg, spec: FeatureSpec):
-        super().__init__(cfg, spec, affine_norm=False)
+    def __init__(self, predictor, spec: FeatureSpec):
+        super().__init__(predictor, spec, affine_norm=False)
         self.head = nn.Linear(self.in_dim, 1)
         # zero weights (as in logistic regression): the untrained probe ties every path, so
         # the ranking it ends with comes from the loss, not from a random initial direction

@@ -22,6 +22,6 @@ def mlp_head(in_dim: int, hidden: int, depth: int, dropout: float) -> nn.Sequent
 
 
 class MLPPredictor(OnTappedLayer):
-    def __init__(self, cfg, spec: FeatureSpec):
-        super().__init__(cfg, spec, affine_norm=True)
-        self.head = mlp_head(self.in_dim, cfg.hidden, cfg.depth, cfg.dropout)
+    def __init__(self, predictor, spec: FeatureSpec):
+        super().__init__(predictor, spec, affine_norm=True)
+        self.head = mlp_head(self.in_dim, predictor.hidden, predictor.depth, predictor.dropout)

@@ -19,13 +19,13 @@ STATISTICS = {
 class StatisticPredictor(Predictor):
     inputs = ("hidden",)
 
-    def __init__(self, cfg, spec: FeatureSpec):
+    def __init__(self, predictor, spec: FeatureSpec):
         super().__init__(spec)
-        if cfg.statistic not in STATISTICS:
-            raise ValueError(f"predictor.statistic: {cfg.statistic!r} unknown; allowed: "
+        if predictor.statistic not in STATISTICS:
+            raise ValueError(f"predictor.statistic: {predictor.statistic!r} unknown; allowed: "
                              f"{', '.join(STATISTICS)}")
-        self.statistic = cfg.statistic
-        self.tap = tap_index(cfg.layer, spec)
+        self.statistic = predictor.statistic
+        self.tap = tap_index(predictor.layer, spec)
 
     def forward(self, batch: dict) -> torch.Tensor:
         return STATISTICS[self.statistic](hidden_of(batch, self.spec)[:, self.tap])

@@ -31,9 +31,9 @@ from stopexp.core.policies import policy_params
 from stopexp.evaluation import plots
 from stopexp.evaluation.accounting import replay_paths
 from stopexp.evaluation.learning_curves import summarize_variants, variants_table
-from stopexp.runtime.cli import Stage, stage_main
 from stopexp.signals.checkpoint import load_predictor
-from stopexp.stages.build import target_config, target_overrides
+from stopexp.stages import build
+from stopexp.stages.cli import Stage, stage_main
 from stopexp.store import bank
 from stopexp.store.features import require_features, spec_of
 from stopexp.tasks import vote_format
@@ -51,12 +51,12 @@ def adapt(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
     """Run every variant of `adapt.variants` over the same seeded stream; returns the
     per-batch curves and a summary per variant (see the module docstring)."""
     a, overrides = cfg.adapt, list(overrides or [])
-    tgt, t_ov = target_config(cfg), target_overrides(cfg, overrides)
-    root = bank.require_bank(tgt, t_ov)
+    tgt, t_ov = build.target_config(cfg), build.target_overrides(cfg, overrides)
+    root = bank.require_bank(build.bank(tgt), t_ov)
     meta = bank.read_meta(root)
     checkpoint = check_tokens(cfg.search, cfg.train.checkpoint)
     predictors = load_predictors(cfg, overrides, tgt, t_ov)
-    paths = replay_paths(root, require_features(tgt, t_ov), a.split, checkpoint, vote_format(tgt.task))
+    paths = replay_paths(root, require_features(build.features(tgt), t_ov), a.split, checkpoint, vote_format(tgt.task))
     order, held = stream_order(int(paths.group.max()) + 1, a.stream_prompts, a.heldout_prompts, a.seed)
     heldout = take(paths, held) if len(held) else None
     if cfg.evaluate.mode == "online":  # the target LM in the loop, on the same prompts
@@ -108,9 +108,9 @@ def load_predictors(cfg, overrides: list[str], tgt, t_ov: list[str]) -> dict:
     for name, c, ov in (("frozen", cfg, overrides), ("retrained", tgt, t_ov)):
         if name == "retrained" and "retrained" not in cfg.adapt.variants:
             continue
-        root = bank.require_bank(c, ov)
+        root = bank.require_bank(build.bank(c), ov)
         metrics = train(c, overrides=ov, progress=False)
-        out[name], _ = load_predictor(Path(metrics["checkpoint"]), spec_of(c, bank.read_meta(root)),
+        out[name], _ = load_predictor(Path(metrics["checkpoint"]), spec_of(c.tap.layers, bank.read_meta(root)),
                                       c.predictor, trained_on(c))
     return out
 

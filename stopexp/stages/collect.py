@@ -20,9 +20,9 @@ import logging
 import time
 from contextlib import nullcontext
 
-from stopexp.runtime.cli import Stage, stage_main
 from stopexp.runtime.ranks import join_group, leave_group, shard_of
-from stopexp.runtime.tracking import tracked_run
+from stopexp.stages import build
+from stopexp.stages.cli import Stage, stage_main
 from stopexp.store.bank_fill import collect
 
 log = logging.getLogger(__name__)
@@ -31,12 +31,12 @@ log = logging.getLogger(__name__)
 @stage_main("collect", tracked=False)
 def main(stage: Stage) -> dict | None:
     cfg = stage.cfg
-    rank, world = shard_of(cfg)
+    rank, world = shard_of(cfg.collect)
     grouped = join_group()
     start = time.time()
     try:
-        with tracked_run(cfg, "collect") if rank == 0 else nullcontext() as run:  # rank 0 logs
-            result = collect(cfg, rank, world, run=run)
+        with build.tracked(cfg, "collect") if rank == 0 else nullcontext() as run:  # rank 0 logs
+            result = collect(build.collection(cfg), rank, world, run=run)
     finally:
         leave_group()
     result["wall_s"] = round(time.time() - start, 1)

@@ -46,8 +46,9 @@ from stopexp.evaluation.scorers import (build_scorers, check_methods, cli_overri
                                         warn_off_checkpoint)
 from stopexp.evaluation.select import attach_bank_columns
 from stopexp.evaluation.table import print_table  # pipeline and notebooks import it from here
-from stopexp.runtime.cli import Stage, stage_main
 from stopexp.search.memory import add_memory
+from stopexp.stages import build
+from stopexp.stages.cli import Stage, stage_main
 from stopexp.stopping.replay import STOPPING_METHODS, stopping_outcomes
 from stopexp.store import bank
 from stopexp.store import features as feature_bank
@@ -62,21 +63,22 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
     figures are written there, with `run` (a tracked run) the summary, figures and a sample
     table are logged. Unknown methods, a missing bank or predictor fail before compute."""
     check_methods(cfg)
-    root = bank.require_bank(cfg, cli_overrides())
+    feats = build.features(cfg)
+    root = bank.require_bank(feats.bank, cli_overrides())
     meta = bank.read_meta(root)
-    plan = check_plan(cfg)  # (prefix tokens, K) per check; the first is where AUROC is read
+    plan = check_plan(cfg.search, cfg.policy)  # (prefix tokens, K) per check; the first is where AUROC is read
     checkpoint, K = plan[0][0], plan[-1][1]
     N, split = cfg.search.n_paths, cfg.evaluate.split
     names = method_names(cfg)
     if cfg.search.name == "parallel":
         warn_off_checkpoint(cfg, names, plan)
-    scorers = build_scorers(cfg, names, feature_bank.spec_of(cfg, meta))
+    scorers = build_scorers(cfg, names, feature_bank.spec_of(cfg.tap.layers, meta))
     start = time.time()
     if cfg.search.name == "beam":
         return beam_metrics(cfg, names, scorers, root, start, run, run_dir)
     # the threshold policies, one per check and method (policy=risk: calibrated on val first)
     features = None if cfg.evaluate.mode == "online" and cfg.policy.name != "risk" else \
-        feature_bank.require_features(cfg, cli_overrides())  # made here when missing
+        feature_bank.require_features(feats, cli_overrides())  # made here when missing
     checks = [c for c, _ in plan]
     calibrated = (calibrate_methods(cfg.policy, cfg.search, cfg.evaluate, scorers, checks,
                                     replay_paths(root, features, "val", checks, vote_format(cfg.task)))
@@ -131,7 +133,7 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
                                      outcomes, cfg.evaluate.bootstrap, cfg.evaluate.seed)
     metrics["paired_combined"] = combined_pairs(outcomes, cfg.evaluate.bootstrap, cfg.evaluate.seed)
     metrics["auroc_by_prefix"], metrics["paired_by_prefix"] = auroc_by_prefix(
-        cfg, scorers, split, feature_bank.spec_of(cfg, meta))
+        cfg, scorers, split, feature_bank.spec_of(cfg.tap.layers, meta))
     if cfg.task.name in INTERMEDIATE_VALUE_TASKS:  # where the paths' first wrong values lie
         metrics["first_wrong_value"] = bank_timing(bank.load_bank(root, split), [c for c, _ in plan])
     metrics["eval_wall_s"] = round(time.time() - start, 2)

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import logging
 
-from stopexp.runtime.cli import Stage, stage_main
+from stopexp.stages import build
+from stopexp.stages.cli import Stage, stage_main
 from stopexp.store.features import featurize
 
 log = logging.getLogger(__name__)
@@ -20,7 +21,7 @@ log = logging.getLogger(__name__)
 
 @stage_main("featurize", tracked=False)
 def main(stage: Stage) -> dict:
-    result = featurize(stage.cfg, stage.overrides)
+    result = featurize(build.features(stage.cfg), stage.overrides)
     log.info("features %s: %d paths, %d positions, %.1f MB, tap layers %s, in %.1f s",
              result["features"], result["paths"], result["positions"], result["bytes"] / 1e6,
              result["tap_layers"], result["wall_s"])

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 from stopexp.runtime.artifacts import write_json
-from stopexp.runtime.cli import Stage, stage_main
-from stopexp.runtime.tracking import tracked_run
+from stopexp.stages import build
+from stopexp.stages.cli import Stage, stage_main
 from stopexp.stages.evaluate import evaluate, print_table
 from stopexp.store.bank_fill import collect
 from stopexp.store.features import featurize
@@ -22,10 +22,10 @@ log = logging.getLogger(__name__)
 
 def run_pipeline(cfg, run_dir: Path) -> dict:
     timings, start = {}, time.time()
-    with tracked_run(cfg, "pipeline") as run:
-        collected = collect(cfg, run=run)
+    with build.tracked(cfg, "pipeline") as run:
+        collected = collect(build.collection(cfg), run=run)
         timings["collect_s"] = round(time.time() - start, 1)
-        featurized = featurize(cfg, run=run)
+        featurized = featurize(build.features(cfg), run=run)
         timings["featurize_s"] = round(time.time() - start - sum(timings.values()), 1)
         trained = train(cfg, run=run, run_dir=run_dir / "train")
         timings["train_s"] = round(time.time() - start - sum(timings.values()), 1)

@@ -11,12 +11,12 @@ from pathlib import Path
 
 from stopexp.config import ConfigError
 from stopexp.core.errors import writing
-from stopexp.models import load_lm
 from stopexp.models.toy_lm import lm_task, toy_key, train_toy_lm
 from stopexp.runtime.artifacts import replace_dir, staging_dir
-from stopexp.runtime.cli import Stage, stage_main
-from stopexp.search.decode import SamplingParams, make_engine
+from stopexp.search.decode import make_engine
 from stopexp.search.sample import sample_paths
+from stopexp.stages import build
+from stopexp.stages.cli import Stage, stage_main
 from stopexp.tasks import build_task
 from stopexp.tasks.answers import vote
 from stopexp.tasks.arith import extract_answer
@@ -28,7 +28,7 @@ def solve_report(cfg, model, tokenizer, n_prompts: int = 100, n_paths: int = 32)
     """Per-path and majority-vote accuracy on test prompts at the search's sampling."""
     task = build_task(cfg.task)
     problems = task.problems("test", n_prompts)
-    params = SamplingParams.from_config(cfg)
+    params = build.sampling(cfg)
     engine = make_engine(model, tokenizer, params)
     start = time.time()
     paths = sample_paths(engine, tokenizer, task, problems, n_paths, seed=cfg.seed,
@@ -64,7 +64,7 @@ def main(stage: Stage) -> dict:
         replace_dir(tmp, final)  # the old model stays whole until the new one is in place
     log.info("toy LM saved to %s (%d parameters, %d steps, %.0f s)", final,
              info["parameters"], info["steps"], info["train_seconds"])
-    model, tokenizer = load_lm(cfg)
+    model, tokenizer = build.lm(cfg)
     report = solve_report(cfg, model, tokenizer)
     return {"toy_lm": {k: v for k, v in info.items() if k != "history"}, "test": report,
             "checkpoint": str(final)}

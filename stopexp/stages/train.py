@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 
-from stopexp.runtime.cli import Stage, stage_main
+from stopexp.stages.cli import Stage, stage_main
 from stopexp.training.predictor import train
 
 log = logging.getLogger(__name__)

@@ -35,7 +35,7 @@ from datasets.utils.logging import disable_progress_bar
 from stopexp.core.errors import UserError, error_text, writing
 from stopexp.runtime.artifacts import publish_dir, staging_dir, write_json
 from stopexp.runtime.integrity import dir_problem, records
-from stopexp.store.keys import BANK_VERSION, bank_dir, bank_key, mc_checkpoints
+from stopexp.store.keys import BANK_VERSION, BankSpec
 
 disable_progress_bar()  # one bar per shard save would drown the collect progress bar
 
@@ -73,18 +73,6 @@ def check_fit(kind: str, root: Path, meta: dict, want: dict, repair: str) -> Non
     problem = misfit(meta, want)
     if problem:
         raise ArtifactMismatch(f"{kind} {root} does not fit this config: {problem}; repair: {repair}")
-
-
-def expected_meta(cfg) -> dict:
-    """What the bank of `cfg` must record, from the config alone: the LM's name, its width
-    and depth where the config gives them (the toy LM's always), the sampling and the
-    labels the consumers rely on, and the key the bank sits under."""
-    size = cfg.model.toy if cfg.model.get("toy") is not None else cfg.model
-    want = {"model_name": cfg.model.name}
-    want.update({k: size[k] for k in ("hidden_size", "num_layers") if size.get(k) is not None})
-    return {**want, "n_paths": cfg.search.n_paths, "seed": cfg.seed,
-            "mc_rollouts": cfg.collect.mc_rollouts, "checkpoints": mc_checkpoints(cfg),
-            "key": bank_key(cfg)}
 
 
 # what collect measures on the loaded LM and no two shards of one bank differ in (the dtype
@@ -303,11 +291,11 @@ def planned_prompts(meta: dict, split: str) -> int:
     return sum(p["prompts"] for p in meta.get("plan", []) if p["split"] == split)
 
 
-def require_bank(cfg, overrides: list[str] | None = None) -> Path:
-    """The bank for this config, verified (cheaply) against its record, and its record
-    against the config (`expected_meta`) and its shards' records (`shard_misfit`), or an
-    error that names what is missing, damaged or misfitting and prints the collect command."""
-    root = bank_dir(cfg)
+def require_bank(spec: BankSpec, overrides: list[str] | None = None) -> Path:
+    """The bank of `spec`, verified (cheaply) against its record, and its record against
+    the config (`spec.want`) and its shards' records (`shard_misfit`), or an error that
+    names what is missing, damaged or misfitting and prints the collect command."""
+    root = spec.root
     command = f"python -m stopexp.collect {' '.join(overrides or [])}".rstrip()
     if not (root / "meta.json").exists():
         raise BankMissing(f"no complete trace bank for this config at {root}; make it with: "
@@ -315,8 +303,7 @@ def require_bank(cfg, overrides: list[str] | None = None) -> Path:
     repair = (f"{command} (collect recomputes only the damaged, missing or misfitting shards "
               "and rewrites meta.json; python -m stopexp.pipeline does too)")
     meta = verify_bank(root, repair=repair)
-    want = expected_meta(cfg)
-    check_fit("trace bank", root, meta, want, repair)
+    check_fit("trace bank", root, meta, spec.want, repair)
     plan = {p["index"]: p for p in meta.get("plan", [])}
     measured = {k: meta.get(k) for k in MEASURED}  # the bank's record and its shards' agree
     for name, rec in sorted(meta["shards"].items()):

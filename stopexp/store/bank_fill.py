@@ -4,11 +4,12 @@ rank), and the bank's meta.json with its summary. Shards are written atomically,
 interrupted collect resumes after the last finished one."""
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from omegaconf import OmegaConf
@@ -24,7 +25,7 @@ from stopexp.search.memory import kv_bytes_per_token
 from stopexp.search.sample import fit_prompts, prompt_limit, row_cap
 from stopexp.search.trace import has_values, trace_problems
 from stopexp.store import bank
-from stopexp.store.keys import mc_checkpoints
+from stopexp.store.keys import BankSpec
 from stopexp.tasks import build_task, vote_format
 from stopexp.tasks.answers import vote, vote_clusters
 from stopexp.tasks.rewards import build_reward
@@ -32,20 +33,21 @@ from stopexp.tasks.rewards import build_reward
 log = logging.getLogger(__name__)
 
 
-def plan(cfg, task) -> list[list]:
-    """The shards of the collection: lists of problems, split by split, in a fixed order."""
+def plan(collect, task) -> list[list]:
+    """The shards of the collection (the `collect` section: prompts per split, prompts per
+    shard): lists of the `task`'s problems, split by split, in a fixed order."""
     shards = []
-    for split, n in cfg.collect.prompts.items():
+    for split, n in collect.prompts.items():
         problems = task.problems(split, n) if n else []
-        size = cfg.collect.shard_prompts
+        size = collect.shard_prompts
         shards += [problems[i : i + size] for i in range(0, len(problems), size)]
     return shards
 
 
-def difficulty_filter(cfg, cols: dict) -> dict:
+def difficulty_filter(collect, cols: dict) -> dict:
     """Keep the prompts whose number of correct paths lies in collect.keep_correct."""
-    band = cfg.collect.keep_correct
-    if band is None or not cols["split"] or cols["split"][0] not in cfg.collect.keep_correct_splits:
+    band = collect.keep_correct
+    if band is None or not cols["split"] or cols["split"][0] not in collect.keep_correct_splits:
         return cols
     prompts = np.asarray(cols["prompt_id"])
     correct = np.asarray(cols["correct"])
@@ -103,22 +105,37 @@ def verified_shards(root: Path, indices, plan: dict[int, dict], want: dict,
     return good
 
 
-def collect(cfg, rank: int = 0, world: int = 1, run=None) -> dict:
-    """Fill the bank for `cfg` (this rank's shards), repairing damaged shards and a
+@dataclass(frozen=True)
+class Collection:
+    """What collect fills a bank with: the bank, and the sections its paths are made by;
+    a stage builds it once (stopexp.stages.build.collection)."""
+    bank: BankSpec
+    model: Any      # the LM
+    task: Any       # its questions
+    search: Any     # the sampling
+    collect: Any    # prompts per split and shard, Monte Carlo rollouts, the difficulty band
+    reward: Any
+    engine: Any     # hf or vllm
+    seed: int
+    cache_dir: str  # where the LM's converted or trained weights are cached
+
+
+def collect(job: Collection, rank: int = 0, world: int = 1, run=None) -> dict:
+    """Fill the bank of `job` (this rank's shards), repairing damaged shards and a
     damaged meta.json; returns the summary of the bank.
 
     The bank is marked complete only when every shard of the plan is there and matches
     its record byte for byte. A single process (world 1) or a launcher group that cannot
     complete it raises BankDamaged; one job of an array (collect.rank/world) may end with
     it incomplete (the other jobs finish it), which it logs with the ranks still owing."""
-    root = bank.bank_dir(cfg)
-    task = build_task(cfg.task, cfg.model.get("thinking"))
-    shards = plan(cfg, task)
+    root = job.bank.root
+    task = build_task(job.task, job.model.get("thinking"))
+    shards = plan(job.collect, task)
     todo = [i for i in range(len(shards)) if i % world == rank]
-    done = verified_shards(root, todo, plan_parts(shards), bank.expected_meta(cfg))
+    done = verified_shards(root, todo, plan_parts(shards), job.bank.want)
     pending = [i for i in todo if i not in done]
-    checkpoints = mc_checkpoints(cfg)
-    written, paths = _fill(cfg, root, task, shards, pending, rank, checkpoints) if pending else (set(), 0)
+    checkpoints = job.bank.checkpoints
+    written, paths = _fill(job, root, task, shards, pending, rank, checkpoints) if pending else (set(), 0)
     # what this process did, for its log line (a rank that is not last sees no summary)
     mine = {"rank": rank, "world": world, "shards_written": len(pending), "paths_written": paths,
             "shards_total": len(shards)}
@@ -129,7 +146,7 @@ def collect(cfg, rank: int = 0, world: int = 1, run=None) -> dict:
         barrier()  # rank 0 has written meta.json: report what it found
         complete, lost = bank.read_meta(root).get("complete", False), "see rank 0's log"
     else:
-        missing = _settle(cfg, root, task, shards, set(done.values()) | written, rank)
+        missing = _settle(job, root, task, shards, set(done.values()) | written, rank)
         if grouped:
             barrier()
         complete = not missing
@@ -147,7 +164,7 @@ def collect(cfg, rank: int = 0, world: int = 1, run=None) -> dict:
                 "shards_done": len(shards) - len(missing)}
     if grouped and rank:
         return {"bank": str(root), "complete": True, **mine}
-    summary = summarize(root, vote_format(cfg.task))
+    summary = summarize(root, vote_format(job.task))
     if run is not None:
         meta = bank.read_meta(root)
         run.summary_update({f"collect/{k}": v for k, v in summary.items()})
@@ -158,33 +175,33 @@ def collect(cfg, rank: int = 0, world: int = 1, run=None) -> dict:
     return {"bank": str(root), "complete": True, **mine, **summary}
 
 
-def _settle(cfg, root: Path, task, shards: list, trusted: set[str], rank: int) -> list[int]:
+def _settle(job, root: Path, task, shards: list, trusted: set[str], rank: int) -> list[int]:
     """Verify every shard of the plan (byte for byte, except the `trusted` ones this
     process has just checked or written) and write meta.json if this process may: rank 0,
     or any process that finds the bank complete. Returns the indices still missing."""
-    parts, want = plan_parts(shards), bank.expected_meta(cfg)
+    parts, want = plan_parts(shards), job.bank.want
     good = verified_shards(root, range(len(shards)), parts, want, trusted)
     missing = [i for i in range(len(shards)) if i not in good]
     if rank == 0 or not missing:
-        missing = _write_meta(cfg, root, task, shards, good, missing)
+        missing = _write_meta(job, root, task, shards, good, missing)
         if missing:  # another job of an array may have finished meanwhile: never leave
             good = verified_shards(root, range(len(shards)), parts, want, set(good.values()))
             if len(good) == len(shards):  # a stale "incomplete" behind
-                missing = _write_meta(cfg, root, task, shards, good, [])
+                missing = _write_meta(job, root, task, shards, good, [])
     return missing
 
 
-def _fill(cfg, root: Path, task, shards: list, pending: list[int], rank: int,
+def _fill(job, root: Path, task, shards: list, pending: list[int], rank: int,
           checkpoints: list[int]) -> set[str]:
     """Generate the `pending` shards (Monte Carlo labels at `checkpoints`); returns the
     names written and the paths they hold."""
-    reward = build_reward(cfg.reward) if cfg.reward.name != "correct" else None  # None: outcome
-    params = SamplingParams.from_config(cfg)
+    reward = build_reward(job.reward) if job.reward.name != "correct" else None  # None: outcome
+    params = SamplingParams.from_config(job.search, job.task, job.model.get("thinking"))
     n_prompts = sum(len(shards[i]) for i in pending)
     log.info("collecting %d shards (%d prompts x %d paths) into %s", len(pending), n_prompts,
-             cfg.search.n_paths, root)
+             job.search.n_paths, root)
     paths, tokens, written = 0, 0, set()
-    with generation_engine(cfg, params) as (engine, model, tokenizer), \
+    with generation_engine(job, params) as (engine, model, tokenizer), \
             tqdm(total=n_prompts, unit="prompt", desc="collect") as bar:
         start = time.time()  # the rates shown leave out loading the LM (or starting vLLM)
         text_cfg = model.config.get_text_config()
@@ -193,14 +210,14 @@ def _fill(cfg, root: Path, task, shards: list, pending: list[int], rank: int,
                     "hidden_size": text_cfg.hidden_size, "num_layers": text_cfg.num_hidden_layers,
                     "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
                     "kv_bytes_per_token": kv_bytes_per_token(model), "engine": engine_record(engine)}
-        limit = prompt_limit(cfg, model)
+        limit = prompt_limit(job.model, job.search, job.engine, model)
         for i in pending:
             shard_start = time.time()
-            problems = fit_prompts(tokenizer, shards[i], limit, cfg.model.long_prompts)
+            problems = fit_prompts(tokenizer, shards[i], limit, job.model.long_prompts)
             clipped_before = reward.clipped if reward is not None else 0
-            cols, mc_tokens = trace_problems(engine, tokenizer, task, problems, cfg.search.n_paths,
-                                             cfg.seed, checkpoints, cfg.collect.mc_rollouts,
-                                             row_cap(cfg, tokenizer, problems), reward)
+            cols, mc_tokens = trace_problems(engine, tokenizer, task, problems, job.search.n_paths,
+                                             job.seed, checkpoints, job.collect.mc_rollouts,
+                                             row_cap(job.search, job.model, tokenizer, problems), reward)
             shard_tokens = int(sum(cols["length"])) + mc_tokens
             paths += len(cols["length"])
             tokens += shard_tokens
@@ -210,7 +227,7 @@ def _fill(cfg, root: Path, task, shards: list, pending: list[int], rank: int,
             if clipped.get("rewards_clipped"):
                 log.info("shard %s: %d rewards clipped into [0, 1] (rounding)", name,
                          clipped["rewards_clipped"])
-            bank.write_shard(root, name, difficulty_filter(cfg, cols), feats,
+            bank.write_shard(root, name, difficulty_filter(job.collect, cols), feats,
                              {"bank": root.name, "split": shards[i][0].split, "prompts": len(shards[i]),
                               "tokens": shard_tokens, "seconds": time.time() - shard_start,
                               **measured, **clipped})
@@ -222,15 +239,17 @@ def _fill(cfg, root: Path, task, shards: list, pending: list[int], rank: int,
 
 
 @contextmanager
-def generation_engine(cfg, params):
+def generation_engine(job, params):
     """(engine, model, tokenizer) that collect generates with: the hf engine over the loaded
     LM, or under engine=vllm a vLLM engine and the LM's weightless skeleton (its config,
-    sizes and EOS ids), the engine shut down on exit."""
-    if cfg.engine.name == "vllm":
-        with open_vllm_engine(cfg, params) as opened:
+    sizes and EOS ids), the engine shut down on exit. The LM is loaded without the tap:
+    generation must not depend on it, and an attention tap would load it with eager
+    attention (`stopexp.models.load_lm`)."""
+    if job.engine.name == "vllm":
+        with open_vllm_engine(job.model, job.engine, job.cache_dir, job.task, params) as opened:
             yield opened
         return
-    model, tokenizer = load_lm(generation_config(cfg))
+    model, tokenizer = load_lm(job.model, job.cache_dir, job.task)  # no tap: see the docstring
     yield make_engine(model, tokenizer, params), model, tokenizer
 
 
@@ -245,17 +264,7 @@ def engine_record(engine) -> dict:
             "transformers": transformers.__version__}
 
 
-def generation_config(cfg):
-    """`cfg` without the attention tap: generation must not depend on the tap, and the
-    tap would load the LM with eager attention (`stopexp.models.load_lm`)."""
-    if cfg.tap.get("attention_heads") is None:
-        return cfg
-    out = copy.deepcopy(cfg)
-    out.tap.attention_heads = None
-    return out
-
-
-def _write_meta(cfg, root: Path, task, shards: list, good: dict[int, str],
+def _write_meta(job, root: Path, task, shards: list, good: dict[int, str],
                 missing: list[int]) -> list[int]:
     """Write the bank's metadata and its record: the plan, and per shard present its own
     record (rows, files, sizes, checksums). Sizes and timings come from the shards' records
@@ -265,7 +274,7 @@ def _write_meta(cfg, root: Path, task, shards: list, good: dict[int, str],
     records = {good[i]: bank.read_record(root / good[i]) for i in sorted(good)}
     missing = sorted({*missing, *(i for i in good if records[good[i]] is None)})
     records = {name: rec for name, rec in records.items() if rec is not None}
-    size = cfg.model.toy if cfg.model.toy is not None else cfg.model
+    size = job.model.toy if job.model.toy is not None else job.model
     known = {"hidden_size": size.hidden_size, "num_layers": getattr(size, "num_layers", None)}
     with_data = [r for r in records.values() if "hidden_size" in r]
     if with_data:
@@ -275,10 +284,10 @@ def _write_meta(cfg, root: Path, task, shards: list, good: dict[int, str],
         known.update({"engine": r["engine"] for r in with_data[:1] if "engine" in r})
         known["seconds_per_token"] = sum(r["seconds"] for r in with_data) / max(tokens, 1)
     bank.write_meta(root, {
-        "key": root.name, "complete": not missing, "model_name": cfg.model.name,
-        "checkpoints": mc_checkpoints(cfg),  # where the Monte Carlo labels are
-        "n_paths": cfg.search.n_paths, "task": OmegaConf.to_container(cfg.task),
-        "seed": cfg.seed, "mc_rollouts": cfg.collect.mc_rollouts,
+        "key": root.name, "complete": not missing, "model_name": job.model.name,
+        "checkpoints": job.bank.checkpoints,  # where the Monte Carlo labels are
+        "n_paths": job.search.n_paths, "task": OmegaConf.to_container(job.task),
+        "seed": job.seed, "mc_rollouts": job.collect.mc_rollouts,
         "version": bank.BANK_VERSION, **known,
         "plan": [{"index": i, **part} for i, part in plan_parts(shards).items()],
         "shards": records, **({"missing": missing} if missing else {}),

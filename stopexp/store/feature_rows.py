@@ -16,7 +16,7 @@ from stopexp.core.errors import error_text
 from stopexp.signals.columns import signal_matrix
 from stopexp.signals.features import SIGNAL_NAMES
 from stopexp.store import bank
-from stopexp.store.features import FEATURES_VERSION, KIND, repair_text, require_features
+from stopexp.store.features import FEATURES_VERSION, KIND, FeatureSet, repair_text, require_features
 
 log = logging.getLogger(__name__)
 
@@ -242,8 +242,8 @@ def _signals(ds, rows, prefix: np.ndarray, hidden: np.ndarray, attn: np.ndarray,
     return torch.cat(parts)
 
 
-def load_split(cfg, split: str, overrides: list[str] | None = None, make: bool = True):
+def load_split(features: FeatureSet, split: str, overrides: list[str] | None = None, make: bool = True):
     """A bank split and its features, joined row for row: (ds, feats). The features are
     made when missing (`require_features`)."""
-    out = require_features(cfg, overrides, make)
-    return bank.load_bank(bank.bank_dir(cfg), split), load_features(out, split, repair_text(overrides))
+    out = require_features(features, overrides, make)
+    return bank.load_bank(features.bank.root, split), load_features(out, split, repair_text(overrides))

@@ -20,9 +20,12 @@ batches; the confidence columns are computed from the bank's per-token arrays by
 """
 from __future__ import annotations
 
+import functools
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 from datasets import Array3D, Features, List, Value, load_from_disk
@@ -37,6 +40,7 @@ from stopexp.search.sample import prompt_ids
 from stopexp.search.taps import Taps
 from stopexp.signals.features import SIGNAL_NAMES, FeatureSpec
 from stopexp.store import bank
+from stopexp.store.keys import BankSpec
 from stopexp.tasks import build_task
 
 log = logging.getLogger(__name__)
@@ -49,33 +53,54 @@ KIND = "features"
 
 
 # ---- what the features are ---------------------------------------------------------------
-def position_spec(cfg, task=None) -> dict:
+@dataclass(frozen=True)
+class FeatureSet:
+    """The features of one trace bank under one tap: where they live and what they hold;
+    a stage builds it once (stopexp.stages.build.features, from `feature_set`)."""
+    bank: BankSpec
+    root: Path                 # <cache>/features/<feature_key>
+    tap: Any                   # the tap section: layers, pooling, attention heads, dtype
+    positions: dict            # position_spec
+    group_window: int          # search.group_window (the confidence columns)
+    max_batch_rows: int        # search.max_batch_rows
+    max_batch_tokens: int | None  # model.max_batch_tokens
+    load_lm: Callable          # () -> (model, tokenizer), called only when a shard is computed
+
+    @property
+    def key(self) -> str:
+        return self.root.name
+
+
+def feature_set(bank_spec: BankSpec, *, tap, search, model, task, cache_dir) -> FeatureSet:
+    """The FeatureSet of `bank_spec` under the `tap` section, read from the LM of `model`
+    (weights cached under `cache_dir`) at the positions of `tap`, `search` and `task`."""
+    positions = position_spec(tap, search.max_new_tokens, task, model.get("thinking"))
+    return FeatureSet(bank_spec, Path(cache_dir) / "features" / feature_key(bank_spec.key, tap, positions),
+                      tap, positions, search.group_window, search.max_batch_rows,
+                      model.max_batch_tokens, functools.partial(load_lm, model, cache_dir, task, tap))
+
+
+def position_spec(tap, max_new_tokens: int, task, thinking=None) -> dict:
     """The positions the features hold, as recorded and hashed: the checkpoints in tokens
     (tap.checkpoints with tap.positions.checkpoints), the stride (None: none) and the step
-    separator (None: step ends off)."""
-    pos, m = cfg.tap.positions, cfg.search.max_new_tokens
-    checkpoints = sorted({checkpoint_tokens(c, m) for c in [*cfg.tap.checkpoints, *pos.checkpoints]})
+    separator of the `task` section (None: step ends off; the task is built only then)."""
+    pos, m = tap.positions, max_new_tokens
+    checkpoints = sorted({checkpoint_tokens(c, m) for c in [*tap.checkpoints, *pos.checkpoints]})
     separator = None
     if pos.step_ends:
-        if task is None:
-            task = build_task(cfg.task, cfg.model.get("thinking"))
-        separator = getattr(task, "step_separator", None)
+        separator = getattr(build_task(task, thinking), "step_separator", None)
         if not separator:  # validate refuses it first (stopexp.config.cross.step_ends_need_a_separator)
-            raise ConfigError(f"tap.positions.step_ends: task {cfg.task.name} has no step separator")
+            raise ConfigError(f"tap.positions.step_ends: task {task.name} has no step separator")
     return {"checkpoints": checkpoints, "stride": pos.stride, "separator": separator}
 
 
-def feature_key(cfg) -> str:
+def feature_key(bank_key: str, tap, positions: dict) -> str:
     """What the features depend on: the bank they are made from and the tap."""
-    heads = cfg.tap.get("attention_heads")
-    tap = {"layers": list(cfg.tap.layers), "pooling": cfg.tap.pooling,
-           "attention_heads": heads if heads is None or isinstance(heads, str) else list(heads),
-           "positions": position_spec(cfg), "dtype": cfg.tap.positions.dtype}
-    return config_hash({"version": FEATURES_VERSION, "bank": bank.bank_key(cfg), "tap": plain(tap)})
-
-
-def features_dir(cfg) -> Path:
-    return Path(cfg.paths.cache_dir) / "features" / feature_key(cfg)
+    heads = tap.get("attention_heads")
+    taps = {"layers": list(tap.layers), "pooling": tap.pooling,
+            "attention_heads": heads if heads is None or isinstance(heads, str) else list(heads),
+            "positions": positions, "dtype": tap.positions.dtype}
+    return config_hash({"version": FEATURES_VERSION, "bank": bank_key, "tap": plain(taps)})
 
 
 def feature_spec(meta: dict) -> FeatureSpec:
@@ -84,29 +109,30 @@ def feature_spec(meta: dict) -> FeatureSpec:
                        tuple(meta["signal_names"]))
 
 
-def spec_of(cfg, bank_meta: dict) -> FeatureSpec:
-    """What a predictor of `cfg` is built for, from the bank's record of the LM (its name,
-    width and depth) and tap.layers: no features needed (online evaluate)."""
+def spec_of(tap_layers, bank_meta: dict) -> FeatureSpec:
+    """What a predictor on `tap_layers` (tap.layers) is built for, from the bank's record of
+    the LM (its name, width and depth): no features needed (online evaluate)."""
     return FeatureSpec(bank_meta["model_name"], bank_meta["hidden_size"],
-                       resolve_layers(list(cfg.tap.layers), bank_meta["num_layers"]), SIGNAL_NAMES)
+                       resolve_layers(list(tap_layers), bank_meta["num_layers"]), SIGNAL_NAMES)
 
 
-def expected_meta(cfg, bank_meta: dict, out: Path, positions: dict | None = None) -> dict:
-    """What the features of `cfg` at `out` must record, from the config and the bank's
-    record of the LM (its name, width, depth and Monte Carlo checkpoints); `positions`:
-    `position_spec(cfg)`. Attention heads are checked when listed: "all" is every head of
-    the LM, which only the loaded model knows (the key covers it)."""
-    layers = list(cfg.tap.layers)
+def expected_meta(feats: FeatureSet, bank_meta: dict) -> dict:
+    """What the features `feats` must record, from the config and the bank's record of the
+    LM (its name, width, depth and Monte Carlo checkpoints). Attention heads are checked
+    when listed: "all" is every head of the LM, which only the loaded model knows (the key
+    covers it)."""
+    tap = feats.tap
+    layers = list(tap.layers)
     want = {"tap_layers": resolve_layers(layers, bank_meta["num_layers"]),
-            "hidden_size": bank_meta["hidden_size"], "pooling": cfg.tap.pooling}
-    heads = cfg.tap.get("attention_heads")
+            "hidden_size": bank_meta["hidden_size"], "pooling": tap.pooling}
+    heads = tap.get("attention_heads")
     if heads != "all":
         want["attention_heads"] = [list(h) for h in attention_heads(heads, layers, bank_meta["num_layers"], None)]
-    return {**want, "positions": positions or position_spec(cfg), "dtype": cfg.tap.positions.dtype,
+    return {**want, "positions": feats.positions, "dtype": tap.positions.dtype,
             "model_name": bank_meta["model_name"], "signal_names": list(SIGNAL_NAMES),
-            "group_window": cfg.search.group_window,
+            "group_window": feats.group_window,
             "mc_checkpoints": list(bank_meta.get("checkpoints", [])),
-            "bank": bank.bank_key(cfg), "key": out.name}
+            "bank": feats.bank.key, "key": feats.key}
 
 
 TAP_INFO = ("tap_layers", "hidden_size", "attention_heads")  # measured on the loaded LM
@@ -132,19 +158,18 @@ def repair_text(overrides: list[str] | None = None) -> str:
             "stopexp.pipeline does too)")
 
 
-def featurize(cfg, overrides: list[str] | None = None, run=None) -> dict:
-    """Make (or complete, or repair) the features of `cfg` from its trace bank; returns a
+def featurize(feats: FeatureSet, overrides: list[str] | None = None, run=None) -> dict:
+    """Make (or complete, or repair) the features `feats` from their trace bank; returns a
     summary. Shards already there and matching their record byte for byte, made from the
     current bank shard for these features, are kept; damaged, stale or misfitting ones
     (made for other features: their record names them) are set aside and recomputed, and a
     meta.json that does not fit the config is rewritten. The LM is loaded only when a shard
     must be computed. BankMissing when there is no bank; ArtifactMismatch when what the LM
     gave differs from the bank's record of it."""
-    root = bank.require_bank(cfg, overrides)
+    root = bank.require_bank(feats.bank, overrides)
     bmeta = bank.read_meta(root)
-    out = features_dir(cfg)
-    spec = position_spec(cfg, build_task(cfg.task, cfg.model.get("thinking")))
-    want = expected_meta(cfg, bmeta, out, spec)
+    out = feats.root
+    want = expected_meta(feats, bmeta)
     old = _old_meta(out)
     problem = bank.misfit(old, want) if old is not None else None
     # shards written before they recorded their features are trusted by a meta.json that fits
@@ -170,9 +195,9 @@ def featurize(cfg, overrides: list[str] | None = None, run=None) -> dict:
             pass
     if problem:
         log.warning("features %s: %s; meta.json is rewritten", out, problem)
-    info = _fill(cfg, root, out, todo, bmeta, spec, good) if todo else \
-        _tap_info(good, old if legacy else None, cfg, bmeta)
-    meta = _write_meta(cfg, out, root, bmeta, spec, good, info)
+    info = _fill(feats, root, todo, bmeta, good) if todo else \
+        _tap_info(good, old if legacy else None, feats.tap, bmeta)
+    meta = _write_meta(feats, root, bmeta, good, info)
     bank.check_fit(KIND, out, meta, want, repair_text(overrides))  # the LM is the bank's
     summary = summarize(out, meta, time.time() - start)
     if run is not None:
@@ -190,39 +215,39 @@ def _old_meta(out: Path) -> dict | None:
         return None
 
 
-def _tap_info(good: dict, old: dict | None, cfg, bmeta: dict) -> dict:
+def _tap_info(good: dict, old: dict | None, tap, bmeta: dict) -> dict:
     """The tap as measured on the LM, when no shard is computed now: from a kept shard's
     record, else from the old meta.json (`old`, when it fits), else from the config and the
     bank's record (a bank of empty shards)."""
     for rec in good.values():
         if all(k in rec for k in TAP_INFO):
             return {k: rec[k] for k in TAP_INFO}
-    return {k: old[k] for k in TAP_INFO} if old is not None else _model_info(cfg, bmeta)
+    return {k: old[k] for k in TAP_INFO} if old is not None else _model_info(tap, bmeta)
 
 
-def _model_info(cfg, bmeta: dict) -> dict:
+def _model_info(tap, bmeta: dict) -> dict:
     """What the meta records of the tap without loading the LM (a bank of empty shards)."""
-    layers = resolve_layers(list(cfg.tap.layers), bmeta["num_layers"])
+    layers = resolve_layers(list(tap.layers), bmeta["num_layers"])
     return {"tap_layers": layers, "hidden_size": bmeta["hidden_size"],
             "attention_heads": [list(h) for h in attention_heads(
-                cfg.tap.get("attention_heads"), list(cfg.tap.layers), bmeta["num_layers"], None)]}
+                tap.get("attention_heads"), list(tap.layers), bmeta["num_layers"], None)]}
 
 
-def _fill(cfg, root: Path, out: Path, todo: list[str], bmeta: dict, spec: dict,
-          good: dict) -> dict:
+def _fill(feats: FeatureSet, root: Path, todo: list[str], bmeta: dict, good: dict) -> dict:
     """Compute the `todo` shards with the LM; records go into `good`."""
     from tqdm import tqdm
 
+    out, spec, tap = feats.root, feats.positions, feats.tap
     log.info("extracting features of %d bank shards into %s (teacher-forced forward, loads the LM)",
              len(todo), out)
-    model, tokenizer = load_lm(cfg)
+    model, tokenizer = feats.load_lm()
     step_end = StepEnds(tokenizer, spec["separator"])
-    budget = cfg.model.max_batch_tokens or DEFAULT_BATCH_TOKENS
+    budget = feats.max_batch_tokens or DEFAULT_BATCH_TOKENS
     encoded: dict[str, list[int]] = {}
-    with Taps(model, list(cfg.tap.layers), cfg.tap.pooling, cfg.tap.get("attention_heads"),
+    with Taps(model, list(tap.layers), tap.pooling, tap.get("attention_heads"),
               sequence=True) as taps:
         hidden = model.config.get_text_config().hidden_size
-        feats = columns(len(taps.layers), hidden, cfg.tap.positions.dtype)
+        schema = columns(len(taps.layers), hidden, tap.positions.dtype)
         info = {"tap_layers": list(taps.layers), "hidden_size": hidden,
                 "attention_heads": [list(h) for h in taps.heads]}
         for name in tqdm(todo, desc="featurize", unit="shard"):
@@ -240,14 +265,14 @@ def _fill(cfg, root: Path, out: Path, todo: list[str], bmeta: dict, spec: dict,
                         f"tokens now, {rows['prompt_len'][r]} when collected (another tokenizer or "
                         f"chat template?); repair: {bank.REPAIR}")
                 seqs.append((ids, rows["tokens"][r], path_positions(rows["tokens"][r], spec, step_end)))
-            got = extract(model, taps, seqs, tokenizer.pad_token_id, budget, cfg.search.max_batch_rows)
+            got = extract(model, taps, seqs, tokenizer.pad_token_id, budget, feats.max_batch_rows)
             n_layers = len(taps.layers)
             cols = {k: list(rows[k]) for k in ("split", "prompt_id", "path_id", "length")}
             cols["positions"] = [s[2] for s in seqs]
             cols["hidden"] = [h if len(pos) else np.zeros((0, n_layers, hidden), np.float32)
                               for (h, _), (_, _, pos) in zip(got, seqs)]
             cols["attn"] = [a if a is not None else np.zeros(0, np.float32) for _, a in got]
-            rec = bank.write_shard(out, name, cols, feats, {
+            rec = bank.write_shard(out, name, cols, schema, {
                 "features": out.name, **info,
                 "bank_files": bmeta["shards"][name]["files"], "seconds": time.time() - shard_start,
                 "positions": int(sum(map(len, cols["positions"]))),
@@ -265,14 +290,14 @@ def _bank_shard(root: Path, name: str) -> dict:
     return {k: table.column(k).to_pylist() for k in keys}
 
 
-def _write_meta(cfg, out: Path, root: Path, bmeta: dict, spec: dict, good: dict,
-                info: dict) -> dict:
+def _write_meta(feats: FeatureSet, root: Path, bmeta: dict, good: dict, info: dict) -> dict:
+    out = feats.root
     missing = [n for n in sorted(bmeta["shards"]) if n not in good]
     seconds = sum(r.get("seconds", 0.0) for r in good.values())
     meta = {"key": out.name, "bank": root.name, "version": FEATURES_VERSION,
             "complete": not missing, "model_name": bmeta["model_name"], **info,
-            "pooling": cfg.tap.pooling, "positions": spec, "dtype": cfg.tap.positions.dtype,
-            "signal_names": list(SIGNAL_NAMES), "group_window": cfg.search.group_window,
+            "pooling": feats.tap.pooling, "positions": feats.positions, "dtype": feats.tap.positions.dtype,
+            "signal_names": list(SIGNAL_NAMES), "group_window": feats.group_window,
             "mc_checkpoints": list(bmeta.get("checkpoints", [])),
             "plan": [{"index": i, "name": n} for i, n in enumerate(sorted(bmeta["shards"]))],
             "shards": good, "seconds": seconds, **({"missing": missing} if missing else {})}
@@ -295,26 +320,26 @@ def is_complete(out: Path) -> bool:
     return bool(meta and meta.get("complete"))
 
 
-def require_features(cfg, overrides: list[str] | None = None, make: bool = True) -> Path:
-    """The features of `cfg`, verified (cheaply) against their record, and their record
+def require_features(feats: FeatureSet, overrides: list[str] | None = None, make: bool = True) -> Path:
+    """The features `feats`, verified (cheaply) against their record, and their record
     against the config and the trace bank's (`expected_meta`). Missing ones are made from
     the trace bank when `make` (a log line says so; the LM loads only then), else
     BankMissing gives the featurize command; damaged ones raise BankDamaged naming the
     shard and file, misfitting ones ArtifactMismatch naming the field, each with the
     command that repairs them."""
-    out = features_dir(cfg)
+    out = feats.root
     repair = repair_text(overrides)
-    broot = bank.require_bank(cfg, overrides)
+    broot = bank.require_bank(feats.bank, overrides)
     if not (out / "meta.json").exists() or not bank.read_meta(out, repair, KIND).get("complete"):
         if not make:
             raise bank.BankMissing(f"no features for this config at {out}; make them with: "
                                    f"{featurize_command(overrides)}")
         log.info("no features for this config at %s: extracting them from the trace bank "
                  "(python -m stopexp.featurize)", out)
-        featurize(cfg, overrides)
+        featurize(feats, overrides)
     meta = bank.verify_bank(out, repair=repair, kind=KIND, version=FEATURES_VERSION)
     bmeta = bank.read_meta(broot)
-    bank.check_fit(KIND, out, meta, expected_meta(cfg, bmeta, out), repair)
+    bank.check_fit(KIND, out, meta, expected_meta(feats, bmeta), repair)
     stale = [n for n, rec in meta["shards"].items()
              if rec.get("bank_files") != bmeta["shards"].get(n, {}).get("files")]
     if stale or set(meta["shards"]) != set(bmeta["shards"]):

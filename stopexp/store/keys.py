@@ -5,6 +5,7 @@ stages), so that any config that would make the same paths finds them."""
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from pathlib import Path
 
 from stopexp.core.evaluate_modules import module_script
@@ -22,15 +23,49 @@ from stopexp.tasks.benchmarks import shipped_file
 BANK_VERSION = 4
 
 
-def checkpoints_of(cfg) -> list[int]:
+@dataclass(frozen=True)
+class BankSpec:
+    """Where a trace bank lives and what its meta.json must record (`expected_meta`), from
+    the config alone; a stage builds it once (stopexp.stages.build.bank, from `bank_spec`)."""
+    root: Path                  # <cache>/traces/<bank_key>
+    want: dict                  # expected_meta
+    checkpoints: list[int]      # where the bank holds Monte Carlo labels (mc_checkpoints)
+
+    @property
+    def key(self) -> str:
+        return self.root.name
+
+
+def bank_spec(*, model, task, search, collect, tap, seed: int, reward, engine, cache_dir) -> BankSpec:
+    """The BankSpec of these sections (reward, engine: None where the config has none),
+    under `cache_dir`."""
+    key = bank_key(model=model, task=task, search=search, collect=collect, tap=tap, seed=seed,
+                   reward=reward, engine=engine)
+    checkpoints = mc_checkpoints(tap, search, collect)
+    return BankSpec(Path(cache_dir) / "traces" / key,
+                    expected_meta(model, search, collect, seed, checkpoints, key), checkpoints)
+
+
+def expected_meta(model, search, collect, seed: int, checkpoints: list[int], key: str) -> dict:
+    """What the bank must record, from the config alone: the LM's name, its width and depth
+    where the `model` section gives them (the toy LM's always), the sampling and the labels
+    the consumers rely on (Monte Carlo labels at `checkpoints`), and the `key` it sits under."""
+    size = model.toy if model.get("toy") is not None else model
+    want = {"model_name": model.name}
+    want.update({k: size[k] for k in ("hidden_size", "num_layers") if size.get(k) is not None})
+    return {**want, "n_paths": search.n_paths, "seed": seed,
+            "mc_rollouts": collect.mc_rollouts, "checkpoints": checkpoints, "key": key}
+
+
+def checkpoints_of(checkpoints, max_new_tokens: int) -> list[int]:
     """tap.checkpoints in generated tokens, sorted and distinct."""
-    return sorted({checkpoint_tokens(c, cfg.search.max_new_tokens) for c in cfg.tap.checkpoints})
+    return sorted({checkpoint_tokens(c, max_new_tokens) for c in checkpoints})
 
 
-def mc_checkpoints(cfg) -> list[int]:
+def mc_checkpoints(tap, search, collect) -> list[int]:
     """Where the bank holds Monte Carlo labels: tap.checkpoints when collect runs rollouts,
     else none (the bank then does not depend on the checkpoints at all)."""
-    return checkpoints_of(cfg) if cfg.collect.mc_rollouts > 0 else []
+    return checkpoints_of(tap.checkpoints, search.max_new_tokens) if collect.mc_rollouts > 0 else []
 
 
 def sampling_section(search) -> dict:
@@ -68,39 +103,38 @@ def _file_digest(path: str, size: int, mtime_ns: int) -> str:
     return file_sha256(Path(path))
 
 
-def bank_key(cfg) -> str:
+def bank_key(*, model, task, search, collect, tap, seed: int, reward=None, engine=None) -> str:
     """What the bank's content depends on (not batch sizes, the rank that wrote a shard,
-    loggers or later stages); a file-based task counts by its content, not its path alone."""
-    model = {k: v for k, v in plain(cfg.model).items() if k != "max_batch_tokens"}
-    if isinstance(model.get("toy"), dict) and not model["toy"].get("train_task", True):
-        model["toy"] = {k: v for k, v in model["toy"].items() if k != "train_task"}  # unpinned: keys as before
-    if (model.get("thinking") or {}).get("enabled") is None:  # not read as thinking: keys as before
-        model.pop("thinking", None)
-    if model.get("long_prompts", "error") == "error":  # refusing changes no bank's content
-        model.pop("long_prompts", None)
-        model.pop("max_prompt_tokens", None)
-    collect = {k: v for k, v in plain(cfg.collect).items() if k not in ("rank", "world")}
-    task = decoded_text(plain(cfg.task))  # text keys as the task reads them
-    if task.get("tokenize") == "13a":  # the default: keys as before
-        task.pop("tokenize")
+    loggers or later stages); a file-based task counts by its content, not its path alone.
+    `reward`, `engine`: None where the config has none (the defaults)."""
+    lm = {k: v for k, v in plain(model).items() if k != "max_batch_tokens"}
+    if isinstance(lm.get("toy"), dict) and not lm["toy"].get("train_task", True):
+        lm["toy"] = {k: v for k, v in lm["toy"].items() if k != "train_task"}  # unpinned: keys as before
+    if (lm.get("thinking") or {}).get("enabled") is None:  # not read as thinking: keys as before
+        lm.pop("thinking", None)
+    if lm.get("long_prompts", "error") == "error":  # refusing changes no bank's content
+        lm.pop("long_prompts", None)
+        lm.pop("max_prompt_tokens", None)
+    labels = {k: v for k, v in plain(collect).items() if k not in ("rank", "world")}
+    questions = decoded_text(plain(task))  # text keys as the task reads them
+    if questions.get("tokenize") == "13a":  # the default: keys as before
+        questions.pop("tokenize")
     # unread off wordprob: keys as before; a wordprob bank (which now records
     # first_wrong_value) gets a new key
-    if task.get("name") not in INTERMEDIATE_VALUE_TASKS:
-        task.pop("solution_style", None)
-    content = task_content(cfg.task)
+    if questions.get("name") not in INTERMEDIATE_VALUE_TASKS:
+        questions.pop("solution_style", None)
+    content = task_content(task)
     if content is not None:
-        task = {**task, "content": content}
+        questions = {**questions, "content": content}
     # Tap layers, pooling, attention heads and feature positions are not generation: they
     # key the features (stopexp.store.features). The checkpoints count only when collect runs
     # Monte Carlo rollouts there (the labels are generated); without rollouts the same
     # paths serve any checkpoints.
-    tap = {"mc_checkpoints": mc_checkpoints(cfg)} if cfg.collect.mc_rollouts > 0 else {}
-    key = {"version": BANK_VERSION, "model": model, "task": task, "tap": tap,
-           "search": sampling_section(cfg.search), "collect": collect, "seed": cfg.seed}
-    reward = cfg.get("reward")
+    mc = {"mc_checkpoints": mc_checkpoints(tap, search, collect)} if collect.mc_rollouts > 0 else {}
+    key = {"version": BANK_VERSION, "model": lm, "task": questions, "tap": mc,
+           "search": sampling_section(search), "collect": labels, "seed": seed}
     if reward is not None and reward.name != "correct":  # the default: keys as before
         key["reward"] = reward_section(reward)
-    engine = cfg.get("engine")
     if engine is not None and engine.name != "hf":  # the default: keys as before
         key["engine"] = engine_section(engine)
     return config_hash(key)
@@ -123,6 +157,3 @@ def engine_section(engine) -> dict:
     """What of `engine` the paths depend on (for the bank's key)."""
     return {k: v for k, v in plain(engine).items() if k not in ENGINE_MEMORY_KEYS}
 
-
-def bank_dir(cfg) -> Path:
-    return Path(cfg.paths.cache_dir) / "traces" / bank_key(cfg)

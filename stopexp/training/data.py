@@ -17,14 +17,25 @@ from stopexp.runtime.artifacts import config_hash
 from stopexp.signals import FeatureSpec
 from stopexp.store import bank, feature_rows
 from stopexp.store import features as feature_bank
+from stopexp.store.keys import bank_spec
 
 log = logging.getLogger(__name__)
+
+
+def features_of(cfg) -> feature_bank.FeatureSet:
+    """The features (and bank) of `cfg`, for the helpers here that still hold the whole
+    config; the stages build theirs with stopexp.stages.build.features."""
+    spec = bank_spec(model=cfg.model, task=cfg.task, search=cfg.search, collect=cfg.collect,
+                     tap=cfg.tap, seed=cfg.seed, reward=cfg.get("reward"), engine=cfg.get("engine"),
+                     cache_dir=cfg.paths.cache_dir)
+    return feature_bank.feature_set(spec, tap=cfg.tap, search=cfg.search, model=cfg.model,
+                                    task=cfg.task, cache_dir=cfg.paths.cache_dir)
 
 
 def predictor_dir(cfg) -> Path:
     # epochs picked on training prompts (policy=risk) make another predictor; keys as before otherwise
     share = selection_share(cfg.policy)
-    key = config_hash(feature_bank.feature_key(cfg), cfg.predictor, cfg.loss, cfg.train,
+    key = config_hash(features_of(cfg).key, cfg.predictor, cfg.loss, cfg.train,
                       *([{"selection_share": share}] if share else []))
     return Path(cfg.paths.cache_dir) / "predictors" / key
 
@@ -34,9 +45,9 @@ def trained_on(cfg) -> dict:
     SHA-256 of the SHA-256s of the artifact's shard files as its meta.json records them
     (stopexp.runtime.integrity), None where the artifact is not there or not complete.
     predictor.json records it; a bank re-collected or features re-made under the key change it."""
-    out = {}
-    for name, root, kind in (("bank", bank.bank_dir(cfg), "trace bank"),
-                             ("features", feature_bank.features_dir(cfg), feature_bank.KIND)):
+    out, features = {}, features_of(cfg)
+    for name, root, kind in (("bank", features.bank.root, "trace bank"),
+                             ("features", features.root, feature_bank.KIND)):
         meta = bank.read_meta(root, kind=kind) if (root / "meta.json").exists() else {}
         files = {n: {f: r["sha256"] for f, r in rec["files"].items()}
                  for n, rec in meta["shards"].items()} if meta.get("complete") else None
@@ -56,7 +67,7 @@ def split_data(root: Path, meta: dict, cfg, prefixes: bool = False,
     meta.json) and its features (made when missing). The splits are the task's, which are
     disjoint by prompt, so no prompt is in two parts."""
     ckpt = checkpoint_tokens(cfg.train.checkpoint, cfg.search.max_new_tokens)
-    features = feature_bank.require_features(cfg, overrides)
+    features = feature_bank.require_features(features_of(cfg), overrides)
     out = {}
     for split in ("train", "val", "test"):
         if not bank.split_rows(meta, split):

@@ -53,10 +53,10 @@ def online_decider(cfg, paths: Paths, checkpoint: int):
     `paths` (the target bank's split): the pruning step, and the Monte Carlo continuations
     of pruned prefixes (success rate, tokens per row and measured seconds)."""
     task = build_task(cfg.task, cfg.model.get("thinking"))
-    model, tokenizer = load_lm(cfg, progress=False)
+    model, tokenizer = load_lm(cfg.model, cfg.paths.cache_dir, cfg.task, cfg.tap, progress=False)
     ids = paths.prompt_ids if paths.prompt_ids is not None else np.arange(int(paths.group.max()) + 1)
     problems = fit_prompts(tokenizer, task.problems(cfg.adapt.split, int(ids.max()) + 1),
-                           prompt_limit(cfg, model), cfg.model.long_prompts)
+                           prompt_limit(cfg.model, cfg.search, cfg.get("engine"), model), cfg.model.long_prompts)
     by_id = {p.prompt_id: p for p in problems}
     N, K = cfg.search.n_paths, cfg.policy.keep
 
@@ -82,7 +82,8 @@ def online_decider(cfg, paths: Paths, checkpoint: int):
         problems = [by_id[int(view.prompt_ids[view.group[r]])] for r in rows]
         owners = [(k, int(view.path_id[r])) for k, r in enumerate(rows)]
         with Taps.from_config(model, cfg.tap) as taps:
-            engine = make_engine(model, tokenizer, SamplingParams.from_config(cfg), taps,
+            params = SamplingParams.from_config(cfg.search, cfg.task, cfg.model.get("thinking"))
+            engine = make_engine(model, tokenizer, params, taps,
                                  (checkpoint,))
             state = engine.run(engine.launch([prompt_ids(tokenizer, p.prompt) for p in problems],
                                              [stream_seed(cfg.seed, p.prompt, j) for p, (_, j)
@@ -93,7 +94,7 @@ def online_decider(cfg, paths: Paths, checkpoint: int):
                                    "check although the loop saw it live")
             start, tokens = time.perf_counter(), {}
             rates, _ = mc_success(engine, tokenizer, task, state, problems, owners, cfg.seed,
-                                  cfg.adapt.mc_rollouts, row_cap(cfg, tokenizer, problems), tokens)
+                                  cfg.adapt.mc_rollouts, row_cap(cfg.search, cfg.model, tokenizer, problems), tokens)
             seconds = time.perf_counter() - start
         return (np.asarray([rates[k] for k in range(len(rows))]),
                 np.asarray([tokens[k] for k in range(len(rows))], float), seconds)

@@ -24,7 +24,7 @@ import torch
 from stopexp.metrics import is_binary
 from stopexp.metrics.ranking import per_group_auroc
 from stopexp.store import bank, feature_rows
-from stopexp.training.data import NothingToLearn, pair_min_gap
+from stopexp.training.data import NothingToLearn, features_of, pair_min_gap
 
 
 def position_data(cfg, split: str, overrides: list[str] | None = None):
@@ -32,7 +32,7 @@ def position_data(cfg, split: str, overrides: list[str] | None = None):
     stored position), or (ds, None) when the bank holds no path of `split`. The features
     are made when missing. The one source of position batches: every consumer below reads
     what this returns."""
-    ds, feats = feature_rows.load_split(cfg, split, overrides)
+    ds, feats = feature_rows.load_split(features_of(cfg), split, overrides)
     if not len(ds):
         return ds, None
     rows = feature_rows.position_batch(ds, feats)

@@ -14,7 +14,8 @@ from stopexp.config import checkpoint_tokens
 from stopexp.core.policies import selection_share
 from stopexp.evaluation import plots
 from stopexp.metrics import is_binary
-from stopexp.models.super_token import build_super_token, checkpoint_meta
+from stopexp.models import load_lm
+from stopexp.models.super_token import SuperTokenPredictor, checkpoint_meta
 from stopexp.runtime.integrity import set_aside
 from stopexp.runtime.threads import one_thread
 from stopexp.signals import build_predictor
@@ -23,7 +24,8 @@ from stopexp.signals.checkpoint import (CheckpointDamaged, CheckpointMismatch, C
 from stopexp.store import bank
 from stopexp.store import features as feature_bank
 from stopexp.training import per_step
-from stopexp.training.data import check_reward_range, pair_min_gap, predictor_dir, split_data, trained_on
+from stopexp.training.data import (check_reward_range, features_of, pair_min_gap, predictor_dir,
+                                   split_data, trained_on)
 from stopexp.training.fit import evaluate_scores, fit, learning_warnings, score
 from stopexp.training.selection import hold_out_for_selection
 
@@ -33,15 +35,16 @@ log = logging.getLogger(__name__)
 def train(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | None = None,
           progress: bool = True) -> dict:
     """Train (or find) the predictor of `cfg`; returns its metrics and checkpoint path."""
-    root = bank.require_bank(cfg, overrides)
+    features = features_of(cfg)
+    root = bank.require_bank(features.bank, overrides)
     meta = bank.read_meta(root)
-    spec = feature_bank.spec_of(cfg, meta)
+    spec = feature_bank.spec_of(cfg.tap.layers, meta)
     out = predictor_dir(cfg)
     lm_based = cfg.predictor.name == "super_token"  # the one predictor that runs the LM
     if out.exists():
         # features replaced under the key (another tap, width or bank) are refused here as
         # evaluate refuses them, not passed over with the cached predictor
-        feature_bank.require_features(cfg, overrides)
+        feature_bank.require_features(features, overrides)
         try:
             if lm_based:
                 saved = checkpoint_meta(out, spec, cfg.predictor, trained_on(cfg))
@@ -66,7 +69,8 @@ def train(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
     fingerprint = trained_on(cfg)  # of the artifacts just read
     torch.manual_seed(cfg.train.seed)
     if lm_based:
-        predictor = build_super_token(cfg)
+        lm, tokenizer = load_lm(cfg.model, cfg.paths.cache_dir, cfg.task, cfg.tap, progress=False)
+        predictor = SuperTokenPredictor(cfg.predictor, lm, tokenizer, cfg.search.max_batch_rows)
     else:
         predictor = build_predictor(cfg.predictor, spec)
     n_params = sum(p.numel() for p in predictor.parameters())

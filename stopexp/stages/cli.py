@@ -35,7 +35,7 @@ from stopexp.core.errors import CannotWrite, reported
 from stopexp.runtime.artifacts import write_json
 from stopexp.runtime.overrides import CONF_DIR, check_overrides
 from stopexp.runtime.sweeps import objective, worst_value
-from stopexp.runtime.tracking import tracked_run
+from stopexp.stages import build
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ def stage_main(config_name: str, tracked: bool = True):
             hc = HydraConfig.get()
             stage = Stage(cfg, Path(hc.runtime.output_dir), list(hc.overrides.task))
             try:
-                with tracked_run(cfg, config_name) if tracked else nullcontext() as run:
+                with build.tracked(cfg, config_name) if tracked else nullcontext() as run:
                     stage.run = run
                     metrics = recipe(stage)
                     if metrics is not None:

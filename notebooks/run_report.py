@@ -38,13 +38,13 @@ from stopexp.config import Config, project_root, validate
 from stopexp.evaluation import plots
 from stopexp.evaluation.accounting import keep_by_policy, outcome, replay_paths
 from stopexp.evaluation.report import make_plots
-from stopexp.evaluation.scorers import build_scorers
 from stopexp.signals.checkpoint import read_checkpoint
+from stopexp.stages.build import predictor_dir
 from stopexp.stages.evaluate import print_table
+from stopexp.stages.scorers import build_scorers
 from stopexp.stopping.replay import STOPPING_METHODS, stopping_outcomes
 from stopexp.store import bank
 from stopexp.store import features as feature_bank
-from stopexp.training.data import predictor_dir
 
 run = Path(run_dir) if run_dir else max((project_root() / "outputs/runs/pipeline").iterdir())
 out = Path(out_dir) if out_dir else run / "report"

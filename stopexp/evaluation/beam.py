@@ -17,8 +17,8 @@ from stopexp.metrics import BertScorer, bootstrap_ci, text_metrics
 from stopexp.models import load_lm
 from stopexp.search.beam import beam_search_batch
 from stopexp.search.decode import SamplingParams
-from stopexp.search.stops import eos_ids
 from stopexp.search.sample import fit_prompts, prompt_ids, prompt_limit
+from stopexp.search.stops import eos_ids
 from stopexp.search.taps import Taps
 from stopexp.stopping.replay import STOPPING_METHODS
 from stopexp.tasks import build_task
@@ -65,7 +65,8 @@ def beam_metrics(cfg, names: list[str], scorers: dict, root: Path, start: float,
     results, texts, prompt_ids = evaluate_beam(cfg, names, scorers, n_prompts)
     not_reported = dict(NOT_REPORTED)
     if cfg.evaluate.text_metrics:
-        add_text_metrics(cfg, np.asarray(prompt_ids), texts, results)
+        add_text_metrics(build_task(cfg.task, cfg.model.get("thinking")), cfg.evaluate.split,
+                         cfg.evaluate.bertscore_model, np.asarray(prompt_ids), texts, results)
     else:
         not_reported["text_metrics"] = "evaluate.text_metrics=false"
     metrics = {"methods": results, "mode": "online", "search": "beam",

@@ -54,12 +54,12 @@ from stopexp.evaluation import plots
 from stopexp.evaluation.accounting import replay_paths
 from stopexp.runtime.cli import Stage, stage_main
 from stopexp.signals.checkpoint import load_predictor
+from stopexp.stages.build import trained_on
+from stopexp.stages.train import train
 from stopexp.store import bank
 from stopexp.store.features import require_features, spec_of
 from stopexp.tasks import vote_format
-from stopexp.training.data import trained_on
 from stopexp.training.online import online_decider
-from stopexp.training.predictor import train
 from stopexp.training.shift import target_config, target_overrides
 from stopexp.training.stream import (ONLINE, replay_continuations, replay_decider, run_stream,
                                      stream_order, take)

@@ -1,0 +1,47 @@
+"""What the stages build from several sections of the whole config at once, one small
+function per object; a stage calls them in its first lines and passes the objects down."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from stopexp.core.protocol import checkpoint_tokens
+from stopexp.runtime.artifacts import config_hash
+from stopexp.store import bank, feature_rows
+from stopexp.store import features as feature_bank
+from stopexp.training import data, per_step
+
+
+# ---- the predictor's artifacts and data (train, evaluate, adapt) ----------------------------
+def predictor_dir(cfg) -> Path:
+    """Where the predictor of `cfg` is saved: a hash of its features, predictor, loss and
+    train sections under paths.cache_dir."""
+    key = config_hash(feature_bank.feature_key(cfg), cfg.predictor, cfg.loss, cfg.train)
+    return Path(cfg.paths.cache_dir) / "predictors" / key
+
+
+def trained_on(cfg) -> dict:
+    """What a predictor of `cfg` learns from (stopexp.training.data.trained_on): its trace
+    bank and its features, by content."""
+    return data.trained_on(bank.bank_dir(cfg), feature_bank.features_dir(cfg))
+
+
+def training_data(cfg, root: Path, meta: dict, overrides: list[str] | None = None,
+                  prefixes: bool = False) -> dict[str, dict]:
+    """The predictor's splits from the bank at `root` (`meta` its meta.json) and its
+    features (made when missing): at train.checkpoint (with `prefixes`, also the prompts
+    and tokens), or with train.positions=all at every stored position."""
+    min_gap = data.pair_min_gap(cfg.loss)
+    if cfg.train.positions == "all":
+        return per_step.split_data_all({s: feature_rows.load_split(cfg, s, overrides)
+                                        for s in ("train", "val", "test")
+                                        if bank.split_rows(meta, s)}, min_gap)
+    ckpt = checkpoint_tokens(cfg.train.checkpoint, cfg.search.max_new_tokens)
+    return data.split_data(root, meta, feature_bank.require_features(cfg, overrides), ckpt,
+                           cfg.search.n_paths, min_gap, cfg.collect.keep_correct, prefixes)
+
+
+def position_rows(cfg, split: str, overrides: list[str] | None = None) -> tuple:
+    """(the `split` paths of the bank, their position batch: per_step.position_data, None
+    when the bank holds none), the features made when missing."""
+    ds, feats = feature_rows.load_split(cfg, split, overrides)
+    return ds, per_step.position_data(ds, feats)

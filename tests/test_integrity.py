@@ -254,10 +254,10 @@ def test_empty_split_messages_say_which_setting_to_change():
                        "shard-00001-r000": {"rows": 0, "splits": {}}}}
     assert _empty_split(meta, "test", 5, cfg.collect.keep_correct).startswith(
         "collect.prompts.test: the trace bank holds no test prompts (0 were collected)")
-    assert _empty_split(meta, "val", 5, cfg).startswith(
+    assert _empty_split(meta, "val", 5, cfg.collect.keep_correct).startswith(
         "collect.keep_correct: all 3 val prompts of the trace bank were dropped by the "
         "difficulty filter [2, 6]")
-    assert _empty_split(meta, "train", 5, cfg).startswith(
+    assert _empty_split(meta, "train", 5, cfg.collect.keep_correct).startswith(
         "train.checkpoint: none of the 40 train paths of the trace bank is still generating "
         "at checkpoint 5 tokens")
 

@@ -3,36 +3,51 @@ every method on the bank's test prompts and measures wall time and KV memory, on
 engine (stopexp.search.parallel) or on vLLM (stopexp.search.vllm_lcr)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any, Callable
+
 import numpy as np
 import torch
 
-from stopexp.core.protocol import check_plan
 from stopexp.evaluation.accounting import Decision, Paths
-from stopexp.models import load_lm
 from stopexp.models.extract import DEFAULT_BATCH_TOKENS, prefix_features
 from stopexp.models.vllm_lm import open_vllm_engine
 from stopexp.search.decode import SamplingParams, make_engine
 from stopexp.search.memory import kv_bytes_per_token, memory_summary
 from stopexp.search.parallel import launch_check_resume
-from stopexp.search.sample import fit_prompts, prompt_limit, row_cap
 from stopexp.search.taps import Taps
 from stopexp.search.vllm_lcr import vllm_launch_check_resume
-from stopexp.tasks import build_task, vote_format
+from stopexp.tasks import vote_format
 from stopexp.tasks.thinking import ThinkingTask, thinking_length
 
 
-def run_launch_check_resume(cfg, model, tokenizer, task, problems, methods: dict,
-                            checkpoint):
+@dataclass
+class OnlineLM:
+    """What an online evaluation runs: the LM and its tokenizer, the task and its prompts
+    (`problems`, those that fit the model), the sampling (`params`), and `launch(methods,
+    checks) -> (runs, check batch)`, Launch-Check-Resume of the prompts on the configured
+    engine (`run_launch_check_resume` or `run_on_vllm`, built by the stage)."""
+    model: Any
+    tokenizer: Any
+    task: Any
+    problems: list
+    params: SamplingParams
+    launch: Callable
+
+
+def run_launch_check_resume(model, tokenizer, task, problems, methods: dict, checkpoint,
+                            params: SamplingParams, search, tap, seed: int, max_rows: int):
     """Launch-Check-Resume of `problems` with the LM for `methods` (name -> (scorer,
-    policy factory)) plus no_prune, with the taps, sampling, row cap and score rule of
-    `cfg`, checked at `checkpoint` (tokens) or at each of a list of them; returns
-    stopexp.search.parallel.launch_check_resume's runs and check batch."""
-    with Taps.from_config(model, cfg.tap) as taps:
+    policy factory)) plus no_prune, with the `tap` and `search` sections (paths per prompt,
+    group window, score rule), the sampling `params`, `seed` and `max_rows` rows per forward
+    (stopexp.search.sample.row_cap), checked at `checkpoint` (tokens) or at each of a list
+    of them; returns stopexp.search.parallel.launch_check_resume's runs and check batch."""
+    with Taps.from_config(model, tap) as taps:
         checks = (checkpoint,) if isinstance(checkpoint, int) else tuple(checkpoint)
-        engine = make_engine(model, tokenizer, SamplingParams.from_config(cfg), taps, checks)
-        return launch_check_resume(engine, tokenizer, task, problems, cfg.search.n_paths,
-                                   cfg.seed, checkpoint, methods, cfg.search.group_window,
-                                   row_cap(cfg, tokenizer, problems), cfg.search.score_rule)
+        engine = make_engine(model, tokenizer, params, taps, checks)
+        return launch_check_resume(engine, tokenizer, task, problems, search.n_paths,
+                                   seed, checkpoint, methods, search.group_window,
+                                   max_rows, search.score_rule)
 
 
 def run_on_vllm(cfg, model, tokenizer, task, problems, methods: dict, checkpoint):
@@ -49,22 +64,18 @@ def run_on_vllm(cfg, model, tokenizer, task, problems, methods: dict, checkpoint
                                         hidden_at, cfg.search.score_rule)
 
 
-def online_paths(cfg, names, scorers, policies: dict, checkpoint, n_prompts: int):
-    """Run Launch-Check-Resume with the LM, at every check of search.check_at (`checkpoint`,
-    the first, is where the AUROC batch is read), each method pruning by its `policies`
-    (name -> one per check, stopexp.core.policies.check_policies). Returns the paths as the no_prune run saw
+def online_paths(lm: OnlineLM, names, scorers, policies: dict, plan: list[tuple[int, int]],
+                 n_paths: int):
+    """Run Launch-Check-Resume with the LM of `lm` on its prompts, `n_paths` per prompt, at
+    every check of `plan` (stopexp.core.protocol.check_plan; the first is where the AUROC
+    batch is read), each method pruning by its `policies` (name -> one per check,
+    stopexp.core.policies.check_policies). Returns the paths as the no_prune run saw
     them, per method the paths as that method's run saw them with its `Decision` (None for
     no_prune), and per method the measured time."""
-    task = build_task(cfg.task, cfg.model.get("thinking"))
-    model, tokenizer = load_lm(cfg)
-    problems = fit_prompts(tokenizer, task.problems(cfg.evaluate.split, n_prompts),
-                           prompt_limit(cfg, model), cfg.model.long_prompts)
-    plan = check_plan(cfg)
-    N = cfg.search.n_paths
+    model, tokenizer, task, problems, N = lm.model, lm.tokenizer, lm.task, lm.problems, n_paths
     methods = {m: (scorers[m], lambda i=0, m=m: policies[m][i]) for m in names if m in scorers}
-    checks = checkpoint if len(plan) == 1 else [c for c, _ in plan]
-    run = run_on_vllm if cfg.engine.name == "vllm" else run_launch_check_resume
-    runs, batch = run(cfg, model, tokenizer, task, problems, methods, checks)
+    checks = plan[0][0] if len(plan) == 1 else [c for c, _ in plan]
+    runs, batch = lm.launch(methods, checks)
     keys = [(i, j) for i in range(len(problems)) for j in range(N)]
     thinking = thinking_tokens(runs["no_prune"], keys, tokenizer, task)
     views, timing = {}, {}

@@ -2,12 +2,18 @@
 function per object; a stage calls them in its first lines and passes the objects down."""
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from stopexp.core.protocol import checkpoint_tokens
+from stopexp.evaluation.online import OnlineLM, run_launch_check_resume, run_on_vllm
+from stopexp.models import load_lm
 from stopexp.runtime.artifacts import config_hash
+from stopexp.search.decode import SamplingParams
+from stopexp.search.sample import fit_prompts, prompt_limit, row_cap
 from stopexp.store import bank, feature_rows
 from stopexp.store import features as feature_bank
+from stopexp.tasks import build_task
 from stopexp.training import data, per_step
 
 
@@ -45,3 +51,22 @@ def position_rows(cfg, split: str, overrides: list[str] | None = None) -> tuple:
     when the bank holds none), the features made when missing."""
     ds, feats = feature_rows.load_split(cfg, split, overrides)
     return ds, per_step.position_data(ds, feats)
+
+
+# ---- the LM run online (evaluate: mode=online, search=beam, compare_beam) ------------------
+def online_lm(cfg, split: str, n_prompts: int) -> OnlineLM:
+    """The LM of `cfg`, its task, the first `n_prompts` prompts of the task's `split` that
+    fit the model (model.long_prompts), the sampling, and Launch-Check-Resume of those
+    prompts on the configured engine (engine=vllm: a stepped vLLM engine)."""
+    task = build_task(cfg.task, cfg.model.get("thinking"))
+    model, tokenizer = load_lm(cfg)
+    problems = fit_prompts(tokenizer, task.problems(split, n_prompts), prompt_limit(cfg, model),
+                           cfg.model.long_prompts)
+    params = SamplingParams.from_config(cfg)
+    if cfg.engine.name == "vllm":
+        launch = functools.partial(run_on_vllm, cfg, model, tokenizer, task, problems)
+    else:
+        launch = functools.partial(run_launch_check_resume, model, tokenizer, task, problems,
+                                   params=params, search=cfg.search, tap=cfg.tap, seed=cfg.seed,
+                                   max_rows=row_cap(cfg, tokenizer, problems))
+    return OnlineLM(model, tokenizer, task, problems, params, launch)

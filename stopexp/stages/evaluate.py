@@ -78,7 +78,8 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
     scorers = build_scorers(cfg, names, spec)
     start = time.time()
     if cfg.search.name == "beam":
-        return beam_metrics(cfg, names, scorers, root, start, run, run_dir)
+        return beam_metrics(build.online_lm(cfg, split, prompts_in(root, split)), names, scorers,
+                            root.name, start, cfg.search, cfg.tap, cfg.policy, ev, run, run_dir)
     # the threshold policies, one per check and method (policy=risk: calibrated on val first)
     features = None if ev.mode == "online" and cfg.policy.name != "risk" else \
         feature_bank.require_features(cfg, cli_overrides())  # made here when missing
@@ -89,8 +90,8 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
     # run: the paths (replayed from the bank, or online with the LM)
     views = timing = None
     if ev.mode == "online":  # the same test prompts as the bank
-        paths, views, timing = online_paths(cfg, names, scorers, policies, checkpoint,
-                                            prompts_in(root, split))
+        paths, views, timing = online_paths(build.online_lm(cfg, split, prompts_in(root, split)),
+                                            names, scorers, policies, plan, N)
         attach_bank_columns(views, root, split)  # rewards and LM scores, checked text by text
     else:  # replay reads the features of the bank's paths
         paths = replay_paths(root, features, split, [c for c, _ in plan], vote_format(cfg.task))
@@ -118,7 +119,8 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
         add_text_metrics(build_task(cfg.task, cfg.model.get("thinking")), split, ev.bertscore_model,
                          ids, chosen, results)
     # plain beam search on the same prompts: the seed's comparison
-    beam = compare_with_beam(cfg, ids, chosen, results) if ev.compare_beam else None
+    beam = compare_with_beam(build.online_lm(cfg, split, int(np.max(ids)) + 1), ids, chosen, results,
+                             cfg.search, cfg.tap, cfg.reward, ev) if ev.compare_beam else None
     metrics = {"methods": results, "points": points, "mode": ev.mode,
                "select": ev.select, **({"beam_search": beam} if beam else {}),
                "protocol": {"n": N, "k": K, "check_tokens": checkpoint, "policy": cfg.policy.name,

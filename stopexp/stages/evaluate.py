@@ -68,8 +68,7 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
     root = bank.require_bank(cfg, cli_overrides())
     meta = bank.read_meta(root)
     plan = check_plan(cfg)  # (prefix tokens, K) per check; the first is where AUROC is read
-    checkpoint, K = plan[0][0], plan[-1][1]
-    N, split = cfg.search.n_paths, ev.split
+    checkpoint, K, N, split = plan[0][0], plan[-1][1], cfg.search.n_paths, ev.split
     names = method_names(ev.methods, cfg.predictor.name)
     if cfg.search.name == "parallel":
         warn_off_checkpoint(names, plan, checkpoint_tokens(cfg.train.checkpoint, cfg.search.max_new_tokens),
@@ -118,9 +117,10 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
     if ev.text_metrics:
         add_text_metrics(build_task(cfg.task, cfg.model.get("thinking")), split, ev.bertscore_model,
                          ids, chosen, results)
-    # plain beam search on the same prompts: the seed's comparison
-    beam = compare_with_beam(build.online_lm(cfg, split, int(np.max(ids)) + 1), ids, chosen, results,
-                             cfg.search, cfg.tap, cfg.reward, ev) if ev.compare_beam else None
+    beam = None
+    if ev.compare_beam:  # plain beam search on the same prompts: the seed's comparison
+        beam = compare_with_beam(build.online_lm(cfg, split, int(np.max(ids)) + 1), ids, chosen,
+                                 results, cfg.search, cfg.tap, cfg.reward, ev)
     metrics = {"methods": results, "points": points, "mode": ev.mode,
                "select": ev.select, **({"beam_search": beam} if beam else {}),
                "protocol": {"n": N, "k": K, "check_tokens": checkpoint, "policy": cfg.policy.name,
@@ -128,8 +128,7 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
                                 m: calibration_record(c)["thresholds"] for m, c in calibrated.items()}}
                                 if calibrated else {}),
                             "checks": [list(c) for c in plan], "score_rule": cfg.search.score_rule,
-                            "vote": ev.vote,
-                            "prompts": int(paths.group.max()) + 1, "split": split},
+                            "vote": ev.vote, "prompts": int(paths.group.max()) + 1, "split": split},
                "bank": root.name}
     metrics["paired"] = paired_stats(paths, scores_at_checks(scorers, scores, paths), plan, N,
                                      outcomes, ev.bootstrap, ev.seed)

@@ -38,14 +38,13 @@ from stopexp.config import Config, project_root, validate
 from stopexp.evaluation import plots
 from stopexp.evaluation.accounting import keep_by_policy, outcome, replay_paths
 from stopexp.evaluation.report import make_plots
-from stopexp.evaluation.scorers import build_scorers
 from stopexp.signals.checkpoint import read_checkpoint
+from stopexp.stages import build
 from stopexp.stages.evaluate import print_table
+from stopexp.stages.scorers import build_scorers
 from stopexp.stopping.replay import STOPPING_METHODS, stopping_outcomes
 from stopexp.store import bank
 from stopexp.store import features as feature_bank
-from stopexp.training.data import predictor_dir
-from stopexp.stages import build
 
 run = Path(run_dir) if run_dir else max((project_root() / "outputs/runs/pipeline").iterdir())
 out = Path(out_dir) if out_dir else run / "report"
@@ -89,7 +88,7 @@ print(f"replayed {len(outcomes)} methods on {p['prompts']} prompts: accuracies m
 
 # %%
 figs = make_plots(paths, outcomes, scores, metrics["points"], out, metrics["methods"], metrics)
-history = read_checkpoint(predictor_dir(cfg), cfg.predictor)["history"]  # names a damaged file
+history = read_checkpoint(build.predictor_dir(cfg), cfg.predictor)["history"]  # names a damaged file
 figs["loss_curve"] = plots.loss_curve(history, out / "loss_curve.png")
 for name, path in figs.items():
     print(name)

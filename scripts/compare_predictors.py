@@ -11,11 +11,10 @@ from hydra import compose, initialize_config_dir
 
 from stopexp.config import project_root, validate
 from stopexp.signals.methods import BASELINES
-from stopexp.store import bank
-from stopexp.training.data import split_data
-from stopexp.training.fit import evaluate_scores
-from stopexp.training.predictor import train
 from stopexp.stages import build
+from stopexp.stages.train import train
+from stopexp.store import bank
+from stopexp.training.fit import evaluate_scores
 
 PREDICTORS = ("statistic", "linear", "mlp", "conf_features")
 LOSSES = ("contrastive", "pairwise", "reward_regression", "mse")
@@ -32,7 +31,7 @@ def main(overrides: list[str]) -> None:
             m = train(cfg, progress=False)
             rows.append((f"{pred} / {loss}", m["val"], m["test"]))
     root = bank.require_bank(build.bank(cfg))
-    data = split_data(root, bank.read_meta(root), cfg)
+    data = build.training_data(cfg, root, bank.read_meta(root))
     for name, scorer in BASELINES.items():
         rows.append((name, evaluate_scores(scorer(data["val"]), data["val"]),
                      evaluate_scores(scorer(data["test"]), data["test"])))

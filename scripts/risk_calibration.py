@@ -18,7 +18,7 @@ from hydra import compose, initialize_config_dir
 
 from stopexp.config import project_root, validate
 from stopexp.stages.evaluate import evaluate
-from stopexp.training.predictor import train
+from stopexp.stages.train import train
 
 
 def rows(alpha: float, delta: float, overrides: list[str], methods: list[str] | None) -> list[str]:

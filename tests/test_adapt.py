@@ -25,8 +25,8 @@ ADAPT = ["adapt.stream_prompts=4", "adapt.heldout_prompts=2", "adapt.batch_promp
 def _setup(small_bank, *extra):
     from stopexp.signals.checkpoint import load_predictor
     from stopexp.store.features import require_features, spec_of
-    from stopexp.training.data import predictor_dir
-    from stopexp.training.predictor import train
+    from stopexp.stages.build import predictor_dir
+    from stopexp.stages.train import train
 
     cfg = validate(compose("adapt", [*small_bank, *ADAPT, *extra]))
     train(cfg, progress=False)

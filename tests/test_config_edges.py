@@ -205,7 +205,7 @@ def test_regression_losses_refuse_an_external_reward_outside_0_1():
     with pytest.raises(ValueError, match=r"loss.name: mse regresses a probability on the reward, "
                                          r"but the val paths' rewards \(reward=external\) span "
                                          r"\[0.2, 3.5\], outside \[0, 1\]"):
-        check_reward_range(cfg, data)
-    check_reward_range(cfg, {"train": data["train"]})
+        check_reward_range(cfg.loss, cfg.reward.name, data)
+    check_reward_range(cfg.loss, cfg.reward.name, {"train": data["train"]})
     cfg.loss.name = "contrastive"
-    check_reward_range(cfg, data)  # orders pairs: any range
+    check_reward_range(cfg.loss, cfg.reward.name, data)  # orders pairs: any range

@@ -124,11 +124,13 @@ def test_evaluate_methods_lists_what_runs_besides_the_four_always_run(caplog):
     from stopexp.evaluation.scorers import method_names
 
     assert ALWAYS_METHODS == ("no_prune", "random", "confidence", "oracle")
+    none = compose("evaluate", ["evaluate.methods=[]"])
     with caplog.at_level(logging.INFO, logger="stopexp.evaluation.scorers"):
-        assert method_names(compose("evaluate", ["evaluate.methods=[]"])) == list(ALWAYS_METHODS)
+        assert method_names(none.evaluate.methods, none.predictor.name) == list(ALWAYS_METHODS)
     assert "no_prune, random, confidence, oracle run too" in caplog.text
     # `learned` is the configured predictor
-    assert method_names(compose("evaluate", ["evaluate.methods=[learned,entropy]", "predictor=linear"])) == [
+    linear = compose("evaluate", ["evaluate.methods=[learned,entropy]", "predictor=linear"])
+    assert method_names(linear.evaluate.methods, linear.predictor.name) == [
         "no_prune", "random", "confidence", "oracle", "linear", "entropy"]
     assert "`evaluate.methods=[]` runs exactly these four" in README
     assert "`learned` is the configured predictor" in README
@@ -304,6 +306,7 @@ def test_a_threshold_policy_has_no_retention_sweep_its_point_is_its_run(policy, 
     """evaluate.retention sweeps K, which only policy=topk reads: under a threshold policy
     each method's one point is its run, K what its rule kept per prompt (mean)."""
     from stopexp.core.policies import check_policies
+    from stopexp.core.protocol import check_plan
     from stopexp.evaluation.accounting import Paths, account_methods, pareto_points
     from stopexp.evaluation.table import print_table
 
@@ -313,17 +316,22 @@ def test_a_threshold_policy_has_no_retention_sweep_its_point_is_its_run(policy, 
                   answer=np.array(list("12121122"), dtype=object), text=np.array(["t"] * 8, dtype=object),
                   alive=np.ones(8, bool), batch={}, checks=[{}])
     cfg = compose("evaluate", [f"policy={policy}", "search.n_paths=4", "evaluate.bootstrap=10"])
-    results, _, scored, points = account_methods(cfg, ["no_prune", "mine"], {"mine": lambda b: scores},
+    results, _, scored, points = account_methods(["no_prune", "mine"], {"mine": lambda b: scores},
                                                  {"mine": check_policies(cfg.policy, [(5, 4)])},
-                                                 paths, 5, {}, None, None, {})
+                                                 paths, check_plan(cfg.search, cfg.policy), {}, None, None, {},
+                                                 cfg.search, cfg.policy, cfg.evaluate)
+
+    def pareto_points_of(c):
+        return pareto_points(paths, scored, 5, check_plan(c.search, c.policy), c.search, c.policy, c.evaluate)
+
     assert points == [{"method": "mine", "n": 4, "k": k, "accuracy": results["mine"]["accuracy"],
                        "tokens_total": results["mine"]["tokens_total"]}]
     assert results["mine"]["k"] == k and results["no_prune"]["k"] == 4
-    assert {p["method"] for p in pareto_points(cfg, paths, scored, 5)} == {"no_prune"}
+    assert {p["method"] for p in pareto_points_of(cfg)} == {"no_prune"}
     topk = compose("evaluate", ["search.n_paths=4", "evaluate.bootstrap=10"])
-    assert {(p["method"], p["k"]) for p in pareto_points(topk, paths, scored, 5)} >= {
+    assert {(p["method"], p["k"]) for p in pareto_points_of(topk)} >= {
         ("mine", 1), ("mine", 2), ("mine", 4)}  # the sweep over evaluate.retention [1, 2, 4]
-    metrics = {"methods": results, "mode": "replay", "points": points + pareto_points(cfg, paths, scored, 5),
+    metrics = {"methods": results, "mode": "replay", "points": points + pareto_points_of(cfg),
                "protocol": {"n": 4, "k": 2, "check_tokens": 5, "prompts": 2, "split": "test",
                             "policy": policy, "policy_params": {"tau": 0.5, "quantile": 0.5,
                                                                 "target_prune_rate": 0.5, "gain": 0.1}}}
@@ -334,19 +342,23 @@ def test_a_threshold_policy_has_no_retention_sweep_its_point_is_its_run(policy, 
 
 
 def test_a_probe_used_at_a_check_it_was_not_trained_at_is_warned_about(caplog):
-    from stopexp.config import check_plan
+    from stopexp.config import check_plan, checkpoint_tokens
     from stopexp.evaluation.scorers import warn_off_checkpoint
+
+    def warn(c, names):
+        return warn_off_checkpoint(names, check_plan(c.search, c.policy), checkpoint_tokens(c.train.checkpoint,
+                                   c.search.max_new_tokens), c.train.positions)
 
     cfg = compose("evaluate", ["search.check_at=[0.08,0.25]"])
     with caplog.at_level(logging.WARNING, logger="stopexp.evaluation.scorers"):
-        msg = warn_off_checkpoint(cfg, ["no_prune", "mlp", "conf_features"], check_plan(cfg.search, cfg.policy))
+        msg = warn(cfg, ["no_prune", "mlp", "conf_features"])
     assert msg == ("mlp, conf_features trained at 5 tokens (train.checkpoint) score the check(s) "
                    "at [16] tokens too, outside their training distribution; train.positions=all "
                    "trains them at every stored position")
     assert caplog.text.count("outside their training distribution") == 1
-    assert warn_off_checkpoint(cfg, ["no_prune", "confidence"], check_plan(cfg.search, cfg.policy)) is None
+    assert warn(cfg, ["no_prune", "confidence"]) is None
     one = compose("evaluate")
-    assert warn_off_checkpoint(one, ["mlp"], check_plan(one.search, one.policy)) is None
+    assert warn(one, ["mlp"]) is None
 
 
 def test_train_progress_shows_the_value_epochs_are_selected_by():

@@ -8,7 +8,7 @@ from stopexp.core.policies import TopK
 from stopexp.evaluation.accounting import Paths, keep_by_policy, outcome
 from stopexp.signals.methods import random_scorer, register_external
 from stopexp.stages.evaluate import evaluate, print_table
-from stopexp.training.predictor import train
+from stopexp.stages.train import train
 
 FAST = ["evaluate.n_points=[4,8]", "evaluate.retention=[2,4]", "policy.keep=4",
         "evaluate.bootstrap=200", "train.epochs=3"]

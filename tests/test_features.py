@@ -181,7 +181,7 @@ def test_features_of_another_tap_under_this_key_are_refused_and_featurize_repair
     import shutil
 
     from stopexp.stages.evaluate import evaluate
-    from stopexp.training.predictor import train
+    from stopexp.stages.train import train
 
     fast = ["predictor=linear", "train.epochs=2", "evaluate.methods=[learned]",
             "evaluate.text_metrics=false", "evaluate.n_points=[4,8]", "evaluate.retention=[2,4]",

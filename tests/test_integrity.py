@@ -13,11 +13,11 @@ from conftest import ROOT, compose
 from stopexp.config import validate
 from stopexp.runtime import integrity
 from stopexp.signals.checkpoint import CheckpointDamaged, CheckpointMismatch, load_predictor
+from stopexp.stages.build import predictor_dir
+from stopexp.stages.train import train
 from stopexp.store import bank
 from stopexp.store.bank_fill import collect
 from stopexp.store.keys import task_content
-from stopexp.training.data import predictor_dir
-from stopexp.training.predictor import train
 from stopexp.stages import build
 
 GSM8K = ROOT / "tests" / "data" / "gsm8k_sample.jsonl"
@@ -253,18 +253,18 @@ def test_empty_split_messages_say_which_setting_to_change():
                      {"index": 1, "split": "val", "prompts": 3}],
             "shards": {"shard-00000-r000": {"rows": 40, "splits": {"train": 40}},
                        "shard-00001-r000": {"rows": 0, "splits": {}}}}
-    assert _empty_split(meta, "test", 5, cfg).startswith(
+    assert _empty_split(meta, "test", 5, cfg.collect.keep_correct).startswith(
         "collect.prompts.test: the trace bank holds no test prompts (0 were collected)")
-    assert _empty_split(meta, "val", 5, cfg).startswith(
+    assert _empty_split(meta, "val", 5, cfg.collect.keep_correct).startswith(
         "collect.keep_correct: all 3 val prompts of the trace bank were dropped by the "
         "difficulty filter [2, 6]")
-    assert _empty_split(meta, "train", 5, cfg).startswith(
+    assert _empty_split(meta, "train", 5, cfg.collect.keep_correct).startswith(
         "train.checkpoint: none of the 40 train paths of the trace bank is still generating "
         "at checkpoint 5 tokens")
 
 
 def test_damaged_predictor_is_named_and_train_rebuilds_it(copied, small_bank):
-    from stopexp.evaluation.scorers import build_scorers
+    from stopexp.stages.scorers import build_scorers
     from stopexp.store.features import spec_of
 
     _, root = copied

@@ -7,11 +7,11 @@ import pytest
 from conftest import compose
 from stopexp.config import validate
 from stopexp.stages.evaluate import evaluate, print_table
+from stopexp.stages.train import train
 from stopexp.store import bank
 from stopexp.store.bank_fill import collect
 from stopexp.tasks import build_task
 from stopexp.tasks.rewards import Reward
-from stopexp.training.predictor import train
 from stopexp.stages import build
 
 TINY = ["+exp=toy_datatotext", "logger=none", "search.n_paths=8", "collect.prompts.train=8",

@@ -11,7 +11,7 @@ from stopexp.config import validate
 from stopexp.evaluation.paired import at_check, by_prefix, is_probe
 from stopexp.evaluation.table import paired_lines
 from stopexp.metrics import bootstrap_ci, paired_difference
-from stopexp.training.predictor import train
+from stopexp.stages.train import train
 
 # Four prompts of four paths (two right, two wrong, except prompt 3: all right). Within each
 # prompt the AUROC is (pairs ranked right) / 4, so every value is exact in binary:

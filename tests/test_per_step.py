@@ -10,13 +10,13 @@ import torch
 from conftest import compose
 from stopexp.config import ConfigError, validate
 from stopexp.signals import FeatureSpec, build_predictor
+from stopexp.stages.build import position_rows, predictor_dir
+from stopexp.stages.train import train
 from stopexp.store import bank
-from stopexp.training.data import predictor_dir
 from stopexp.training.fit import fit
 from stopexp.training.losses import _pair_mask
 from stopexp.training.per_step import (auroc_by_position, mean_over_positions, pair_groups,
-                                       position_data, training_rows)
-from stopexp.training.predictor import train
+                                       training_rows)
 from stopexp.stages import build
 
 EVAL_FAST = ["evaluate.n_points=[4,8]", "evaluate.retention=[2,4]", "policy.keep=4",
@@ -118,7 +118,7 @@ def test_fit_on_every_position_is_pinned():
     data = {"train": training_rows(tiny_positions(0)), "val": training_rows(val)}
     torch.manual_seed(0)
     predictor = build_predictor(cfg.predictor, FeatureSpec("toy", 8, [0]))
-    best, history = fit(cfg, predictor, data, progress=False)
+    best, history = fit(predictor, data, cfg.train, cfg.loss, progress=False)
     assert [round(h["train_loss"], 6) for h in history] == [1.042452, 1.002413, 0.988817, 0.978564]
     assert [round(h["val_auroc"], 6) for h in history] == [0.625, 0.652778, 0.680556, 0.694444]
     assert all(set(h) == set(history[0]) and "val_auroc_by_prefix" not in h for h in history)
@@ -136,7 +136,7 @@ def test_position_data_holds_every_alive_row_at_each_checkpoint(small_bank):
     from stopexp.store import features as feature_bank
 
     cfg = validate(compose("train", small_bank))
-    ds, rows = position_data(cfg, "val")
+    ds, rows = position_rows(cfg, "val")
     feats = feature_rows.load_features(feature_bank.require_features(build.features(cfg)), "val")
     for ckpt in (5, 16):
         t = feature_rows.tensors_at(ds, feats, ckpt)

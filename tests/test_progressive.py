@@ -10,7 +10,7 @@ from stopexp.core.policies import check_policies
 from stopexp.core.voting import elect, rule_score, weights
 from stopexp.evaluation.accounting import Paths, decide_by_checks, outcome
 from stopexp.stages.evaluate import evaluate
-from stopexp.training.predictor import train
+from stopexp.stages.train import train
 from stopexp.stages import build
 
 # no evaluate.retention: several checks sweep no K (validate refuses it there)

@@ -296,12 +296,12 @@ def test_regression_losses_clip_rounded_rewards_and_name_real_violations_in_full
     cfg = compose("train", ["loss=mse", "reward=bertscore"])
     data = {"train": {"reward": torch.tensor([0.7773, 1.0000001, 1.0]),
                       "mc": torch.tensor([float("nan"), 1.0000002, 0.5])}}
-    assert check_reward_range(cfg, data) == 2
+    assert check_reward_range(cfg.loss, cfg.reward.name, data) == 2
     assert data["train"]["reward"].tolist() == torch.tensor([0.7773, 1.0, 1.0]).tolist()
     assert data["train"]["mc"][1:].tolist() == [1.0, 0.5] and data["train"]["mc"][0].isnan()
     with pytest.raises(ValueError, match=r"the val paths' rewards \(reward=bertscore\) span "
                                          r"\[0.7773, 1.0001\], outside \[0, 1\] by more than rounding"):
-        check_reward_range(cfg, {"val": {"reward": torch.tensor([0.7773, 1.0001])}})
+        check_reward_range(cfg.loss, cfg.reward.name, {"val": {"reward": torch.tensor([0.7773, 1.0001])}})
 
 
 # ---- text rewards of non-Latin text ---------------------------------------------------------

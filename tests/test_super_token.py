@@ -146,9 +146,9 @@ def test_train_and_evaluate_through_the_harness(small_bank):
     from stopexp.stages.evaluate import evaluate
     from stopexp.store import bank
     from stopexp.store.features import spec_of
-    from stopexp.training.data import predictor_dir, split_data
+    from stopexp.stages.build import predictor_dir, training_data
     from stopexp.training.fit import evaluate_scores, score
-    from stopexp.training.predictor import train
+    from stopexp.stages.train import train
 
     extra = ["predictor=super_token", "loss=reward_regression", "train.epochs=2"]
     cfg = validate(compose("train", [*small_bank, *extra]))
@@ -158,7 +158,7 @@ def test_train_and_evaluate_through_the_harness(small_bank):
     meta = bank.read_meta(root)
     st, _ = load_super_token(predictor_dir(cfg), *build.lm(cfg, progress=False), spec_of(cfg.tap.layers, meta),
                              cfg.predictor)
-    test = split_data(root, meta, cfg, prefixes=True)["test"]
+    test = training_data(cfg, root, meta, prefixes=True)["test"]
     assert evaluate_scores(score(st, test), test)["auroc_pooled"] == metrics["test"]["auroc_pooled"]
     ev = validate(compose("evaluate", [*small_bank, *extra, "evaluate.methods=[learned]",
                                        "evaluate.text_metrics=false", "evaluate.bootstrap=50",

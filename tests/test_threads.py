@@ -7,8 +7,8 @@ from safetensors.torch import load_file
 from conftest import compose
 from stopexp.config import validate
 from stopexp.runtime.threads import one_thread
-from stopexp.training.data import predictor_dir
-from stopexp.training.predictor import train
+from stopexp.stages.build import predictor_dir
+from stopexp.stages.train import train
 
 
 def test_training_gives_the_same_bits_at_one_and_at_two_threads(small_bank):

@@ -6,11 +6,11 @@ import pytest
 from conftest import compose
 from stopexp.config import ConfigError, validate
 from stopexp.signals.checkpoint import CheckpointMismatch, load_predictor
+from stopexp.stages.build import predictor_dir, training_data
+from stopexp.stages.train import train
 from stopexp.store import bank
 from stopexp.store.features import spec_of
-from stopexp.training.data import predictor_dir, split_data
 from stopexp.training.fit import score
-from stopexp.training.predictor import train
 from stopexp.stages import build
 
 
@@ -34,7 +34,7 @@ def test_train_writes_a_checkpoint_that_reloads_with_identical_scores(small_bank
     meta = bank.read_meta(root)
     predictor, saved = load_predictor(predictor_dir(cfg), spec_of(cfg.tap.layers, meta), cfg.predictor)
     assert saved["bank_key"] == root.name and saved["feature_spec"]["hidden_size"] == 96
-    data = split_data(root, meta, cfg)
+    data = training_data(cfg, root, meta)
     again = score(predictor, data["test"])
     assert np.isclose(json.loads((predictor_dir(cfg) / "predictor.json").read_text())
                       ["metrics"]["test"]["auroc_pooled"], metrics["test"]["auroc_pooled"])
@@ -58,7 +58,7 @@ def test_checkpoint_for_other_features_is_refused(small_bank):
 def test_a_checkpoint_of_another_predictor_config_is_refused_on_every_load(small_bank):
     import shutil
 
-    from stopexp.evaluation.scorers import build_scorers
+    from stopexp.stages.scorers import build_scorers
 
     seed = "train.seed=23"  # no other test trains these: the copies below harm nobody
     linear, mlp = cfg_for(small_bank, "predictor=linear", seed), cfg_for(small_bank, "predictor=mlp", seed)
@@ -91,7 +91,7 @@ def test_a_checkpoint_of_another_predictor_config_is_refused_on_every_load(small
 def test_splits_share_no_prompt(small_bank):
     cfg = cfg_for(small_bank)
     root = bank.require_bank(build.bank(cfg))
-    data = split_data(root, bank.read_meta(root), cfg)
+    data = training_data(cfg, root, bank.read_meta(root))
     prompts = {}
     ds = bank.load_bank(root)
     for split in ("train", "val", "test"):
@@ -137,7 +137,7 @@ def test_two_losses_train_different_weights_and_scores(small_bank):
         metrics[loss] = train(cfg, progress=False)
         weights[loss] = load_file(str(predictor_dir(cfg) / "predictor.safetensors"))["head.weight"]
         predictor, _ = load_predictor(predictor_dir(cfg), spec_of(cfg.tap.layers, meta), cfg.predictor)
-        scores[loss] = score(predictor, split_data(root, meta, cfg)["test"]).numpy()
+        scores[loss] = score(predictor, training_data(cfg, root, meta)["test"]).numpy()
     for other in ("pairwise", "reward_regression"):
         assert (weights[other] - weights["contrastive"]).abs().max() > 1e-6, other
         assert not np.allclose(scores[other], scores["contrastive"], rtol=0, atol=1e-6), other
@@ -166,13 +166,13 @@ def test_nan_validation_never_selects_the_untrained_state(small_bank, monkeypatc
     cfg = cfg_for(small_bank)
     root = bank.require_bank(build.bank(cfg))
     meta = bank.read_meta(root)
-    data = split_data(root, meta, cfg)
+    data = training_data(cfg, root, meta)
     real = T.evaluate_scores
     monkeypatch.setattr(T, "evaluate_scores", lambda s, d: {**real(s, d), "auroc": float("nan")})
     predictor = build_predictor(cfg.predictor, spec_of(cfg.tap.layers, meta))
     with pytest.raises(ValueError, match=r"^train: the validation within-prompt AUROC was not "
                                          r"finite after any of 3 epochs"):
-        T.fit(cfg, predictor, data, progress=False)
+        T.fit(predictor, data, cfg.train, cfg.loss, progress=False)
 
 
 def _split(groups, correct):
@@ -245,10 +245,10 @@ def test_a_predictor_of_a_bank_recollected_under_its_key_is_retrained_or_refused
     import shutil
 
     from stopexp.core.errors import UserError
-    from stopexp.evaluation.scorers import build_scorers
+    from stopexp.stages.scorers import build_scorers
     from stopexp.signals.checkpoint import CheckpointStale
     from stopexp.store.features import featurize
-    from stopexp.training.data import trained_on
+    from stopexp.stages.build import trained_on
 
     here = [f"paths.output_dir={tmp_path}", *small_bank[1:]]  # a copy of the bank: ours to change
     cfg = cfg_for(here, "predictor=linear")

@@ -14,14 +14,12 @@ import torch
 
 from stopexp.core.errors import ConfigError
 from stopexp.core.policies import Policy, build_policy
-from stopexp.core.protocol import check_plan
 from stopexp.core.voting import elect, rule_score
 from stopexp.evaluation.select import lm_scores, pick
 from stopexp.metrics import (BertScorer, auprc, bootstrap_ci, is_binary, nonfinite, per_group_auroc,
                              pooled_auroc, reward_ranking, text_metrics, within_prompt_auroc)
 from stopexp.stopping.replay import kv_peaks
 from stopexp.store import bank, feature_rows
-from stopexp.tasks import build_task
 from stopexp.tasks.answers import vote_clusters
 from stopexp.tasks.rewards import references
 
@@ -251,11 +249,13 @@ def signal_quality(paths: Paths, scores: np.ndarray, n: int, n_boot: int, seed: 
             "nonfinite_scores": nonfinite(s), **ranks}
 
 
-def account_methods(cfg, names: list[str], scorers: dict, policies: dict, paths: Paths,
-                    checkpoint: int, stops: dict, views: dict | None, timing: dict | None,
-                    meta: dict) -> tuple[dict, dict, dict, list]:
+def account_methods(names: list[str], scorers: dict, policies: dict, paths: Paths,
+                    plan: list[tuple[int, int]], stops: dict, views: dict | None,
+                    timing: dict | None, meta: dict, search, policy,
+                    evaluate) -> tuple[dict, dict, dict, list]:
     """Score, prune and account every method in `names` on `paths` (N = search.n_paths per
-    prompt, keep K = policy.keep); policies: name -> one threshold policy per check
+    prompt, keep K of the last check of `plan`, stopexp.core.protocol.check_plan; `search`,
+    `policy` and `evaluate`: the config's sections); policies: name -> one threshold policy per check
     (stopexp.core.policies.check_policies, built once by the stage). stops: name -> outcome of the stopping-protocol methods
     (replayed from the bank); views/timing: per method the online run's own paths, kept
     set and measured time (None in replay). Returns (results, outcomes, scores, points):
@@ -265,13 +265,12 @@ def account_methods(cfg, names: list[str], scorers: dict, policies: dict, paths:
     vote: search.check_at, policy.keep, search.score_rule, evaluate.vote (stopexp.core.protocol.check_plan,
     `decide_by_checks`, stopexp.core.voting); online, views[name] = (the run's paths, its
     `Decision`, None for no_prune)."""
-    plan = check_plan(cfg.search, cfg.policy)
-    N, K = cfg.search.n_paths, plan[-1][1]
-    topk, n_prompts = cfg.policy.name == "topk", int(paths.group.max()) + 1
-    vote = dict(vote=cfg.evaluate.vote, vote_top=cfg.evaluate.vote_top)
+    N, K = search.n_paths, plan[-1][1]
+    topk, n_prompts = policy.name == "topk", int(paths.group.max()) + 1
+    vote = dict(vote=evaluate.vote, vote_top=evaluate.vote_top)
     sec_tok = meta.get("seconds_per_token", 0.0)
     flops_tok = 2.0 * meta.get("lm_parameters", 0)
-    n_boot, seed = cfg.evaluate.bootstrap, cfg.evaluate.seed
+    n_boot, seed = evaluate.bootstrap, evaluate.seed
     results, outcomes, scores, points, ks = {}, {}, {}, [], {}
     all_rows = np.ones(len(paths.length), bool)
     for name in names:
@@ -293,13 +292,13 @@ def account_methods(cfg, names: list[str], scorers: dict, policies: dict, paths:
                 at_checks = [scores[name]] + [scorers[name](b).numpy().astype(float)
                                               for b in paths.checks[1:]]
                 decision = decide_by_checks(paths, at_checks, policies[name], [c for c, _ in plan],
-                                            N, cfg.search.score_rule)
+                                            N, search.score_rule)
         check_s = time.perf_counter() - t0
         if decision is None:  # no_prune: every path runs to its end, majority vote
-            o = outcome(view, all_rows, plan[0][0], N, select=cfg.evaluate.select)
+            o = outcome(view, all_rows, plan[0][0], N, select=evaluate.select)
         else:
             o = outcome(view, decision.kept, decision.pruned_at, N, signal=decision.signal,
-                        select=cfg.evaluate.select, **vote)
+                        select=evaluate.select, **vote)
         outcomes[name] = o
         r = summarize(o, sec_tok, flops_tok, n_boot, seed)
         r["check_s"] = check_s
@@ -326,39 +325,42 @@ def account_methods(cfg, names: list[str], scorers: dict, policies: dict, paths:
     return results, outcomes, scores, points
 
 
-def pareto_points(cfg, paths: Paths, scores: dict, checkpoint: int) -> list[dict]:
-    """The Pareto points: no_prune at every N of evaluate.n_points, every scored method at
-    every K of evaluate.retention (N = search.n_paths), and 32 -> 8, under evaluate.vote;
-    with several checks or a threshold policy (fixed, quantile, adaptive: no K to sweep)
-    only no_prune's (the methods' own come from account_methods)."""
-    N = cfg.search.n_paths
+def pareto_points(paths: Paths, scores: dict, checkpoint: int, plan: list[tuple[int, int]],
+                  search, policy, evaluate) -> list[dict]:
+    """The Pareto points at the check of `checkpoint` tokens: no_prune at every N of
+    evaluate.n_points, every scored method at every K of evaluate.retention (N =
+    search.n_paths), and 32 -> 8, under evaluate.vote; with several checks in `plan` or a
+    threshold policy (fixed, quantile, adaptive: no K to sweep) only no_prune's (the
+    methods' own come from account_methods)."""
+    N = search.n_paths
     points = []
-    for n in cfg.evaluate.n_points:
-        o = outcome(paths, np.ones(len(paths.length), bool), checkpoint, n, select=cfg.evaluate.select)
+    for n in evaluate.n_points:
+        o = outcome(paths, np.ones(len(paths.length), bool), checkpoint, n, select=evaluate.select)
         points.append({"method": "no_prune", "n": n, "k": n, "accuracy": float(o["correct"].mean()),
                        "tokens_total": float(o["tokens"].sum())})
-    if len(check_plan(cfg.search, cfg.policy)) > 1 or cfg.policy.name != "topk":  # account_methods gives each method's point
+    if len(plan) > 1 or policy.name != "topk":  # account_methods gives each method's point
         return points
-    vote = dict(vote=cfg.evaluate.vote, vote_top=cfg.evaluate.vote_top)
+    vote = dict(vote=evaluate.vote, vote_top=evaluate.vote_top)
     for name, s in scores.items():
-        for n, k in {(N, k) for k in cfg.evaluate.retention} | {(min(32, N), min(8, N))}:
-            kept = keep_by_policy(paths, s, build_policy(cfg.policy, keep=k), n)
+        for n, k in {(N, k) for k in evaluate.retention} | {(min(32, N), min(8, N))}:
+            kept = keep_by_policy(paths, s, build_policy(policy, keep=k), n)
             signal = np.where(paths.alive & (paths.path_id < n), s, np.nan)
-            o = outcome(paths, kept, checkpoint, n, signal=signal, select=cfg.evaluate.select, **vote)
+            o = outcome(paths, kept, checkpoint, n, signal=signal, select=evaluate.select, **vote)
             points.append({"method": name, "n": n, "k": k, "accuracy": float(o["correct"].mean()),
                            "tokens_total": float(o["tokens"].sum())})
     return points
 
 
-def add_text_metrics(cfg, prompt_ids: np.ndarray, chosen: dict, results: dict) -> None:
-    """BLEU / ROUGE / BERTScore of each method's chosen output (`chosen[name][g]` for the
-    g-th prompt, whose task prompt id is `prompt_ids[g]`) against the reference solution
-    (all of them, for a task with several) and against the no_prune output."""
-    task = build_task(cfg.task, cfg.model.get("thinking"))
-    problems = task.problems(cfg.evaluate.split, int(prompt_ids.max()) + 1)
+def add_text_metrics(task, split: str, bertscore_model: str | None, prompt_ids: np.ndarray,
+                     chosen: dict, results: dict) -> None:
+    """BLEU / ROUGE / BERTScore (with evaluate.bertscore_model, None: the default encoder)
+    of each method's chosen output (`chosen[name][g]` for the g-th prompt, whose prompt id
+    in the task's `split` is `prompt_ids[g]`) against the reference solution (all of them,
+    for a task with several) and against the no_prune output."""
+    problems = task.problems(split, int(prompt_ids.max()) + 1)
     refs = [references(task, problems[i]) for i in prompt_ids]  # several where the task has them
     refs = [r[0] if len(r) == 1 else r for r in refs]
-    scorer = BertScorer(cfg.evaluate.bertscore_model) if cfg.evaluate.bertscore_model else BertScorer()
+    scorer = BertScorer(bertscore_model) if bertscore_model else BertScorer()
     answer = getattr(task, "answer_text", None)  # a thinking model: its answer only
     chosen = {k: [answer(h) for h in v] if answer else list(v) for k, v in chosen.items()}
     base = chosen["no_prune"]

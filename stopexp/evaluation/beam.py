@@ -12,16 +12,14 @@ import torch
 from stopexp.core.policies import build_policy, policy_params
 from stopexp.core.protocol import checkpoint_tokens
 from stopexp.evaluation import figures, plots
-from stopexp.evaluation.accounting import add_text_metrics, prompts_in
+from stopexp.evaluation.accounting import add_text_metrics
+from stopexp.evaluation.online import OnlineLM
 from stopexp.metrics import BertScorer, bootstrap_ci, text_metrics
-from stopexp.models import load_lm
 from stopexp.search.beam import beam_search_batch
-from stopexp.search.decode import SamplingParams
+from stopexp.search.sample import prompt_ids
 from stopexp.search.stops import eos_ids
-from stopexp.search.sample import fit_prompts, prompt_ids, prompt_limit
 from stopexp.search.taps import Taps
 from stopexp.stopping.replay import STOPPING_METHODS
-from stopexp.tasks import build_task
 from stopexp.tasks.rewards import build_reward, references
 
 log = logging.getLogger(__name__)
@@ -47,35 +45,37 @@ def oracle_refusal(task_name: str) -> str | None:
             "oracle is left out of beam search for it")
 
 
-def beam_metrics(cfg, names: list[str], scorers: dict, root: Path, start: float, run=None,
-                 run_dir: Path | None = None) -> dict:
+def beam_metrics(lm: OnlineLM, names: list[str], scorers: dict, bank_name: str, start: float,
+                 search, tap, policy, evaluate, run=None, run_dir: Path | None = None) -> dict:
     """metrics.json of the evaluate stage for search=beam: every method but those it cannot
-    run (said in "omitted_methods") steers a beam search on the bank's test prompts (root:
-    the trace bank; start: time.time() when the stage began). Writes the survival plot into
-    run_dir and the summary to `run` when given."""
-    n_prompts = prompts_in(root, cfg.evaluate.split)
+    run (said in "omitted_methods") steers a beam search (`evaluate_beam`) on the bank's
+    test prompts (`lm`: the LM, task and prompts; bank_name: the trace bank's; start:
+    time.time() when the stage began; `search`, `tap`, `policy`, `evaluate`: the config's
+    sections). Writes the survival plot into run_dir and the summary to `run` when given."""
     omitted = {}
-    if oracle_refusal(cfg.task.name):
-        omitted["oracle"] = oracle_refusal(cfg.task.name)
+    if oracle_refusal(lm.task.name):
+        omitted["oracle"] = oracle_refusal(lm.task.name)
         log.warning("oracle: %s", omitted["oracle"])
         names = [n for n in names if n != "oracle"]
     for n in (n for n in names if n in STOPPING_METHODS):
         omitted[n] = "a stopping protocol over parallel paths; beam search has none"
     names = [n for n in names if n not in STOPPING_METHODS]
-    results, texts, prompt_ids = evaluate_beam(cfg, names, scorers, n_prompts)
+    results, texts, prompt_ids = evaluate_beam(lm, names, scorers, search, tap, policy,
+                                               evaluate.bootstrap, evaluate.seed)
     not_reported = dict(NOT_REPORTED)
-    if cfg.evaluate.text_metrics:
-        add_text_metrics(cfg, np.asarray(prompt_ids), texts, results)
+    if evaluate.text_metrics:
+        add_text_metrics(lm.task, evaluate.split, evaluate.bertscore_model, np.asarray(prompt_ids),
+                         texts, results)
     else:
         not_reported["text_metrics"] = "evaluate.text_metrics=false"
     metrics = {"methods": results, "mode": "online", "search": "beam",
-               "protocol": {"beam_width": cfg.search.beam_width, "patience": cfg.search.patience,
-                            "refill": cfg.search.refill,
-                            "policy": cfg.policy.name, "k": cfg.policy.keep,
-                            "policy_params": policy_params(cfg.policy), "prompts": len(prompt_ids),
-                            "split": cfg.evaluate.split},
+               "protocol": {"beam_width": search.beam_width, "patience": search.patience,
+                            "refill": search.refill,
+                            "policy": policy.name, "k": policy.keep,
+                            "policy_params": policy_params(policy), "prompts": len(prompt_ids),
+                            "split": evaluate.split},
                "omitted_methods": omitted, "not_reported": not_reported,
-               "bank": root.name, "eval_wall_s": round(time.time() - start, 2)}
+               "bank": bank_name, "eval_wall_s": round(time.time() - start, 2)}
     if run_dir is not None:
         metrics["plots"] = {"survival": str(plots.survival(
             {m: r["survival"] for m, r in results.items()}, run_dir / "survival.png",
@@ -86,30 +86,29 @@ def beam_metrics(cfg, names: list[str], scorers: dict, root: Path, start: float,
     return metrics
 
 
-def evaluate_beam(cfg, names: list[str], scorers: dict, n_prompts: int) -> tuple[dict, dict, list]:
-    """Beam search with per-step pruning, online, per method, the beams of up to
-    search.max_batch_rows // search.beam_width prompts in one forward (search.refill: keep
-    the width or narrow it). The oracle here is the
+def evaluate_beam(lm: OnlineLM, names: list[str], scorers: dict, search, tap, policy,
+                  n_boot: int, seed: int) -> tuple[dict, dict, list]:
+    """Beam search with per-step pruning, online, per method, on the prompts of `lm`, the
+    beams of up to search.max_batch_rows // search.beam_width prompts in one forward
+    (search.refill: keep the width or narrow it), taps of `tap`, pruning by `policy`, the
+    accuracy's interval from `n_boot` resamples from `seed`. The oracle here is the
     task's process check: a beam whose written steps already contain an error scores 0
     (only tasks in PROCESS_CHECKED_TASKS). Returns per method the metrics and the chosen
     output text of every prompt, and the prompts' ids."""
-    task = build_task(cfg.task, cfg.model.get("thinking"))
-    model, tokenizer = load_lm(cfg.model, cfg.paths.cache_dir, cfg.task, cfg.tap)
-    problems = fit_prompts(tokenizer, task.problems(cfg.evaluate.split, n_prompts),
-                           prompt_limit(cfg.model, cfg.search, cfg.get("engine"), model), cfg.model.long_prompts)
-    s, B = cfg.search, cfg.search.beam_width
+    task, model, tokenizer, problems = lm.task, lm.model, lm.tokenizer, lm.problems
+    s, B = search, search.beam_width
     checks = None if s.beam_checks is None else {
         checkpoint_tokens(c, s.max_new_tokens) for c in s.beam_checks}
     results, texts, eos = {}, {}, eos_ids(model, tokenizer)
     per_batch = max(1, s.max_batch_rows // B)  # rows of a forward: prompts x beam width
     chunks = [problems[i: i + per_batch] for i in range(0, len(problems), per_batch)]
-    stop = SamplingParams.from_config(cfg.search, cfg.task, cfg.model.get("thinking")).stop
-    with Taps.from_config(model, cfg.tap) as taps:
+    stop = lm.params.stop
+    with Taps.from_config(model, tap) as taps:
         for name in names:
             correct, tokens, steps, alive = [], 0, [], np.zeros(s.max_new_tokens)
             texts[name] = []
             check_s, start = 0.0, time.perf_counter()
-            policy = None if name == "no_prune" else build_policy(cfg.policy, keep=cfg.policy.keep)
+            prune = None if name == "no_prune" else build_policy(policy, keep=policy.keep)
             for chunk in chunks:
                 scorer = None if name == "no_prune" else scorers[name]
                 if name == "oracle":
@@ -117,7 +116,7 @@ def evaluate_beam(cfg, names: list[str], scorers: dict, n_prompts: int) -> tuple
                 ids = [prompt_ids(tokenizer, problem.prompt) for problem in chunk]
                 found = beam_search_batch(
                     model, ids, beam_width=B, max_new_tokens=s.max_new_tokens, eos_ids=eos,
-                    pad_id=tokenizer.pad_token_id, scorer=scorer, policy=policy,
+                    pad_id=tokenizer.pad_token_id, scorer=scorer, policy=prune,
                     patience=s.patience, taps=taps if scorer else None,
                     group_window=s.group_window, conf_topk=s.conf_topk, check_steps=checks,
                     stop=stop, tokenizer=tokenizer, refill=s.refill)
@@ -130,7 +129,7 @@ def evaluate_beam(cfg, names: list[str], scorers: dict, n_prompts: int) -> tuple
                     check_s += r.check_seconds
             wall = time.perf_counter() - start
             c = np.asarray(correct, float)
-            lo, hi = bootstrap_ci(c, n=cfg.evaluate.bootstrap, seed=cfg.evaluate.seed)
+            lo, hi = bootstrap_ci(c, n=n_boot, seed=seed)
             results[name] = {"accuracy": float(c.mean()), "accuracy_ci": [lo, hi],
                              "tokens_total": float(tokens), "wall_s": wall, "check_s": check_s,
                              "check_share": check_s / max(wall - check_s, 1e-9),
@@ -157,35 +156,33 @@ def _prefix_oracle(task, problems, tokenizer):
     return score
 
 
-def compare_with_beam(cfg, prompt_ids: np.ndarray, chosen: dict, results: dict) -> dict:
-    """Run plain beam search (search=beam, no pruning: stopexp.evaluation.beam's no_prune) on
-    the evaluated prompts and add to every method's results `text_vs_beam` (BLEU / ROUGE /
-    BERTScore of its chosen outputs against beam search's). Returns beam search's own
-    summary: tokens, its outputs' text metrics against the reference and mean reward."""
-    from omegaconf import open_dict
-
-    beam_cfg = cfg.copy()
-    with open_dict(beam_cfg):
-        beam_cfg.search.name = "beam"
-    beam, texts, ids = evaluate_beam(beam_cfg, ["no_prune"], {}, int(np.max(prompt_ids)) + 1)
+def compare_with_beam(lm: OnlineLM, prompt_ids: np.ndarray, chosen: dict, results: dict,
+                      search, tap, reward, evaluate) -> dict:
+    """Run plain beam search (search=beam, no pruning: `evaluate_beam`'s no_prune) on the
+    evaluated prompts (`lm`: the LM and those prompts, ids up to max(prompt_ids)) and add
+    to every method's results `text_vs_beam` (BLEU / ROUGE / BERTScore of its chosen
+    outputs against beam search's). Returns beam search's own summary: tokens, its outputs'
+    text metrics against the reference and mean reward (`reward`: the reward section)."""
+    beam, texts, ids = evaluate_beam(lm, ["no_prune"], {}, search, tap, None, evaluate.bootstrap,
+                                     evaluate.seed)
     by_id = dict(zip(ids, texts["no_prune"]))
     missing = [int(p) for p in prompt_ids if int(p) not in by_id]
     if missing:
         raise ValueError(f"beam search skipped prompts {missing[:5]} that the evaluation has")
     beam_texts = [by_id[int(p)] for p in prompt_ids]
-    task = build_task(cfg.task, cfg.model.get("thinking"))
+    task = lm.task
     level = getattr(task, "text_level", "word")
-    scorer = BertScorer(cfg.evaluate.bertscore_model) if cfg.evaluate.bertscore_model else BertScorer()
+    scorer = BertScorer(evaluate.bertscore_model) if evaluate.bertscore_model else BertScorer()
     for name, hyps in chosen.items():
         results[name]["text_vs_beam"] = text_metrics(list(hyps), beam_texts, level=level, scorer=scorer,
                                                      tokenize=task.tokenize)
-    problems = task.problems(cfg.evaluate.split, int(np.max(prompt_ids)) + 1)
+    problems = task.problems(evaluate.split, int(np.max(prompt_ids)) + 1)
     probs = [problems[int(p)] for p in prompt_ids]
-    reward = build_reward(cfg.reward)
-    out = {"beam_width": cfg.search.beam_width, "tokens_total": beam["no_prune"]["tokens_total"],
+    reward_fn = build_reward(reward)
+    out = {"beam_width": search.beam_width, "tokens_total": beam["no_prune"]["tokens_total"],
            "accuracy": beam["no_prune"]["accuracy"],
            "text_vs_reference": text_metrics(beam_texts, [references(task, p) for p in probs],
                                              level=level, scorer=scorer, tokenize=task.tokenize)}
-    if not reward.needs_logprobs:  # beam hypotheses carry no sampled log-probs
-        out["mean_reward"] = float(reward.scores(task, probs, beam_texts).mean())
+    if not reward_fn.needs_logprobs:  # beam hypotheses carry no sampled log-probs
+        out["mean_reward"] = float(reward_fn.scores(task, probs, beam_texts).mean())
     return out

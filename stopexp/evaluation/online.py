@@ -3,70 +3,78 @@ every method on the bank's test prompts and measures wall time and KV memory, on
 engine (stopexp.search.parallel) or on vLLM (stopexp.search.vllm_lcr)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any, Callable
+
 import numpy as np
 import torch
 
-from stopexp.core.protocol import check_plan
 from stopexp.evaluation.accounting import Decision, Paths
-from stopexp.models import load_lm
-from stopexp.models.extract import DEFAULT_BATCH_TOKENS, prefix_features
-from stopexp.models.vllm_lm import open_vllm_engine
+from stopexp.models.extract import prefix_features
 from stopexp.search.decode import SamplingParams, make_engine
 from stopexp.search.memory import kv_bytes_per_token, memory_summary
 from stopexp.search.parallel import launch_check_resume
-from stopexp.search.sample import fit_prompts, prompt_limit, row_cap
 from stopexp.search.taps import Taps
 from stopexp.search.vllm_lcr import vllm_launch_check_resume
-from stopexp.tasks import build_task, vote_format
+from stopexp.tasks import vote_format
 from stopexp.tasks.thinking import ThinkingTask, thinking_length
 
 
-def run_launch_check_resume(cfg, model, tokenizer, task, problems, methods: dict,
-                            checkpoint):
+@dataclass
+class OnlineLM:
+    """What an online evaluation runs: the LM and its tokenizer, the task and its prompts
+    (`problems`, those that fit the model), the sampling (`params`), and `launch(methods,
+    checks) -> (runs, check batch)`, Launch-Check-Resume of the prompts on the configured
+    engine (`run_launch_check_resume` or `run_on_vllm`, built by the stage)."""
+    model: Any
+    tokenizer: Any
+    task: Any
+    problems: list
+    params: SamplingParams
+    launch: Callable
+
+
+def run_launch_check_resume(model, tokenizer, task, problems, methods: dict, checkpoint,
+                            params: SamplingParams, search, tap, seed: int, max_rows: int):
     """Launch-Check-Resume of `problems` with the LM for `methods` (name -> (scorer,
-    policy factory)) plus no_prune, with the taps, sampling, row cap and score rule of
-    `cfg`, checked at `checkpoint` (tokens) or at each of a list of them; returns
-    stopexp.search.parallel.launch_check_resume's runs and check batch."""
-    with Taps.from_config(model, cfg.tap) as taps:
+    policy factory)) plus no_prune, with the `tap` and `search` sections (paths per prompt,
+    group window, score rule), the sampling `params`, `seed` and `max_rows` rows per forward
+    (stopexp.search.sample.row_cap), checked at `checkpoint` (tokens) or at each of a list
+    of them; returns stopexp.search.parallel.launch_check_resume's runs and check batch."""
+    with Taps.from_config(model, tap) as taps:
         checks = (checkpoint,) if isinstance(checkpoint, int) else tuple(checkpoint)
-        params = SamplingParams.from_config(cfg.search, cfg.task, cfg.model.get("thinking"))
         engine = make_engine(model, tokenizer, params, taps, checks)
-        return launch_check_resume(engine, tokenizer, task, problems, cfg.search.n_paths,
-                                   cfg.seed, checkpoint, methods, cfg.search.group_window,
-                                   row_cap(cfg.search, cfg.model, tokenizer, problems), cfg.search.score_rule)
+        return launch_check_resume(engine, tokenizer, task, problems, search.n_paths,
+                                   seed, checkpoint, methods, search.group_window,
+                                   max_rows, search.score_rule)
 
 
-def run_on_vllm(cfg, model, tokenizer, task, problems, methods: dict, checkpoint):
-    """`run_launch_check_resume` under engine=vllm: paths from a stepped vLLM engine
-    (stopexp.search.vllm_lcr), the check's features from `model`'s teacher-forced forward."""
-    params = SamplingParams.from_config(cfg.search, cfg.task, cfg.model.get("thinking"))
-    budget = cfg.model.max_batch_tokens or DEFAULT_BATCH_TOKENS
-    with Taps(model, list(cfg.tap.layers), cfg.tap.pooling, cfg.tap.get("attention_heads"),
-              sequence=True) as taps, open_vllm_engine(cfg.model, cfg.engine, cfg.paths.cache_dir, cfg.task, params,
-                                                               stepped=True) as (engine, *_):
-        hidden_at = prefix_features(model, taps, tokenizer.pad_token_id, cfg.tap.positions.dtype,
-                                    budget, cfg.search.max_batch_rows)
-        return vllm_launch_check_resume(engine, tokenizer, task, problems, cfg.search.n_paths,
-                                        cfg.seed, checkpoint, methods, cfg.search.group_window,
-                                        hidden_at, cfg.search.score_rule)
+def run_on_vllm(model, tokenizer, task, problems, methods: dict, checkpoint, *, open_engine,
+                search, tap, seed: int, batch_tokens: int):
+    """`run_launch_check_resume` under engine=vllm: paths from the stepped vLLM engine that
+    `open_engine()` opens (stopexp.models.vllm_lm.open_vllm_engine; stopexp.search.vllm_lcr),
+    the check's features from `model`'s teacher-forced forward in `batch_tokens` per batch."""
+    with Taps(model, list(tap.layers), tap.pooling, tap.get("attention_heads"),
+              sequence=True) as taps, open_engine() as (engine, *_):
+        hidden_at = prefix_features(model, taps, tokenizer.pad_token_id, tap.positions.dtype,
+                                    batch_tokens, search.max_batch_rows)
+        return vllm_launch_check_resume(engine, tokenizer, task, problems, search.n_paths,
+                                        seed, checkpoint, methods, search.group_window,
+                                        hidden_at, search.score_rule)
 
 
-def online_paths(cfg, names, scorers, policies: dict, checkpoint, n_prompts: int):
-    """Run Launch-Check-Resume with the LM, at every check of search.check_at (`checkpoint`,
-    the first, is where the AUROC batch is read), each method pruning by its `policies`
-    (name -> one per check, stopexp.core.policies.check_policies). Returns the paths as the no_prune run saw
+def online_paths(lm: OnlineLM, names, scorers, policies: dict, plan: list[tuple[int, int]],
+                 n_paths: int):
+    """Run Launch-Check-Resume with the LM of `lm` on its prompts, `n_paths` per prompt, at
+    every check of `plan` (stopexp.core.protocol.check_plan; the first is where the AUROC
+    batch is read), each method pruning by its `policies` (name -> one per check,
+    stopexp.core.policies.check_policies). Returns the paths as the no_prune run saw
     them, per method the paths as that method's run saw them with its `Decision` (None for
     no_prune), and per method the measured time."""
-    task = build_task(cfg.task, cfg.model.get("thinking"))
-    model, tokenizer = load_lm(cfg.model, cfg.paths.cache_dir, cfg.task, cfg.tap)
-    problems = fit_prompts(tokenizer, task.problems(cfg.evaluate.split, n_prompts),
-                           prompt_limit(cfg.model, cfg.search, cfg.get("engine"), model), cfg.model.long_prompts)
-    plan = check_plan(cfg.search, cfg.policy)
-    N = cfg.search.n_paths
+    model, tokenizer, task, problems, N = lm.model, lm.tokenizer, lm.task, lm.problems, n_paths
     methods = {m: (scorers[m], lambda i=0, m=m: policies[m][i]) for m in names if m in scorers}
-    checks = checkpoint if len(plan) == 1 else [c for c, _ in plan]
-    run = run_on_vllm if cfg.engine.name == "vllm" else run_launch_check_resume
-    runs, batch = run(cfg, model, tokenizer, task, problems, methods, checks)
+    checks = plan[0][0] if len(plan) == 1 else [c for c, _ in plan]
+    runs, batch = lm.launch(methods, checks)
     keys = [(i, j) for i in range(len(problems)) for j in range(N)]
     thinking = thinking_tokens(runs["no_prune"], keys, tokenizer, task)
     views, timing = {}, {}

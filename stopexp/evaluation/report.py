@@ -67,3 +67,21 @@ def sample_table(run, paths: Paths, scores: dict, policies: dict, n: int, rows: 
     idx = np.nonzero(paths.alive)[0][:rows]
     return run.table(["text", f"score ({method})", "kept", "correct"],
                      [[paths.text[i], float(s[i]), bool(kept[i]), bool(paths.correct[i])] for i in idx])
+
+
+def record(metrics: dict, paths: Paths, outcomes: dict, scores: dict, policies: dict, n: int,
+           bank_name: str, run=None, run_dir: Path | None = None) -> None:
+    """The evaluate stage's figures into `run_dir` (their paths under metrics["plots"]) and,
+    with a tracked `run`, the figures, the bank used, the per-method summary and the sample
+    table (`n` paths per prompt, each method pruning by its `policies`)."""
+    results = metrics["methods"]
+    if run_dir is not None:
+        figs = make_plots(paths, outcomes, scores, metrics["points"], run_dir, results, metrics)
+        metrics["plots"] = {k: str(v) for k, v in figs.items()}
+        if run is not None:
+            run.log({f"plots/{k}": run.image(v) for k, v in figs.items()})
+    if run is not None:
+        run.use_artifact(f"traces-{bank_name}", type="trace_bank")
+        run.summary_update({f"{m}/{k}": v for m, r in results.items() for k, v in r.items()
+                            if isinstance(v, (int, float))})
+        run.log({"samples": sample_table(run, paths, scores, policies, n)})

@@ -2,7 +2,7 @@
 tokens and their ratio to no_prune, within-prompt and pooled AUROC, wall seconds, peak
 KV-cache MiB of one prompt's run: `peak_kv_bytes`, stopexp.search.memory), then
 the Pareto points of no_prune and the first learned method; beam-search runs get their own
-columns."""
+columns. Also the table of a replay on an answers-only bank (`answers_table`)."""
 from __future__ import annotations
 
 from stopexp.core.names import ORACLE_METHODS
@@ -152,3 +152,32 @@ def paired_lines(metrics: dict) -> list[str]:
                          f"{_runs(prefix['positions'], [x < 0 for x in hi])} "
                          f"(tokens, of {len(prefix['positions'])} stored prefixes)")
     return lines
+
+
+def answers_table(metrics: dict) -> str:
+    """The console table of a replay on an answers-only bank (python -m
+    stopexp.answers_replay): per method the mean (std) over the shuffles, then where the
+    published grader (stored strings) differs."""
+    p = metrics["protocol"]
+    lines = [f"Answers-only replay of {p['source']}: {p['prompts']} prompts, n={p['n']} of the stored "
+             f"branches, mean (std) over {p['shuffles']} shuffles; random keeps k={p['k']} at "
+             f"{p['check_tokens']} tokens",
+             f"{'method':<22}{'accuracy':>9}{'(std)':>8}{'tokens/prompt':>15}{'(std)':>10}"
+             f"{'ratio':>7}{'launched':>9}{'wrongly pruned':>15}"]
+    for name, r in metrics["methods"].items():
+        ws = f"{r['wrongly_pruned']:.3f}" if r["wrongly_pruned"] is not None else "-"
+        ratio = f"{r['tokens_ratio']:.2f}" if "tokens_ratio" in r else "-"
+        lines.append(f"{name:<22}{r['accuracy']:>9.3f}{r['accuracy_std']:>8.3f}"
+                     f"{r['tokens_per_prompt']:>15.0f}{r['tokens_per_prompt_std']:>10.0f}{ratio:>7}"
+                     f"{r['branches_launched']:>9.1f}{ws:>15}")
+    g, methods = metrics["graders"], metrics["methods"]
+    if g["moved"] or any(t != methods[m]["tokens_per_prompt"] for m, t in g["tokens_per_prompt_exact"].items()):
+        lines.append("by stored string and string equality with the gold answer (the published "
+                     "grader): accuracy / tokens per prompt " + ", ".join(
+                         f"{m} {a:.3f} / {g['tokens_per_prompt_exact'][m]:.0f}"
+                         for m, a in g["accuracy_exact"].items()))
+        for row in g["moved"]:
+            moves = {m: ab for m, ab in row.items() if m not in ("prompt", "gold") and ab[0] != ab[1]}
+            lines.append(f"  prompt {row['prompt']} (gold {row['gold']}): "
+                         + ", ".join(f"{m} {a:.2f} -> {b:.2f}" for m, (a, b) in moves.items()))
+    return "\n".join(lines)

@@ -34,13 +34,12 @@ from stopexp.evaluation.learning_curves import summarize_variants, variants_tabl
 from stopexp.signals.checkpoint import load_predictor
 from stopexp.stages import build
 from stopexp.stages.cli import Stage, stage_main
+from stopexp.stages.train import train
 from stopexp.store import bank
 from stopexp.store.features import require_features, spec_of
 from stopexp.tasks import vote_format
-from stopexp.training.data import trained_on
 from stopexp.training.losses import build_loss
 from stopexp.training.online import online_decider
-from stopexp.training.predictor import train
 from stopexp.training.stream import (replay_continuations, replay_decider, run_stream,
                                      stream_order, take)
 
@@ -111,7 +110,7 @@ def load_predictors(cfg, overrides: list[str], tgt, t_ov: list[str]) -> dict:
         root = bank.require_bank(build.bank(c), ov)
         metrics = train(c, overrides=ov, progress=False)
         out[name], _ = load_predictor(Path(metrics["checkpoint"]), spec_of(c.tap.layers, bank.read_meta(root)),
-                                      c.predictor, trained_on(c))
+                                      c.predictor, build.trained_on(c))
     return out
 
 

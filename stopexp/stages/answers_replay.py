@@ -36,13 +36,15 @@ from pathlib import Path
 from stopexp.config.paths import probe_writable
 from stopexp.core.errors import CannotWrite, ConfigError, reported, writing
 from stopexp.evaluation import plots
+from stopexp.evaluation.table import answers_table
 from stopexp.runtime.artifacts import write_json
 from stopexp.stopping import combined as cb
 from stopexp.stopping import parallel_probe as pp
 from stopexp.stopping.adaptive_consistency import DEFAULT_THRESHOLD
 from stopexp.stopping.answers import load_answers_bank
 from stopexp.stopping.branch_draws import (METHOD_NAMES, build_methods, derived_check_tokens,
-                                           derived_k, draws, no_prune_points, replay)
+                                           derived_k, draws, grader_difference, no_prune_points,
+                                           replay)
 from stopexp.stopping.esc import DEFAULT_WINDOW
 
 # n, k and check_tokens: None = derived from the bank and from n (bank.min_branches,
@@ -53,46 +55,6 @@ DEFAULTS = {"methods": ",".join(METHOD_NAMES), "n": None, "k": None, "check_toke
             **{f"pp_{k}": v for k, v in pp.DEFAULTS.items()},
             **{f"combined_{k}": v for k, v in cb.DEFAULTS.items()}, "out": ""}
 BOOLS = {"true": True, "false": False}
-
-
-def print_table(metrics: dict) -> str:
-    p = metrics["protocol"]
-    lines = [f"Answers-only replay of {p['source']}: {p['prompts']} prompts, n={p['n']} of the stored "
-             f"branches, mean (std) over {p['shuffles']} shuffles; random keeps k={p['k']} at "
-             f"{p['check_tokens']} tokens",
-             f"{'method':<22}{'accuracy':>9}{'(std)':>8}{'tokens/prompt':>15}{'(std)':>10}"
-             f"{'ratio':>7}{'launched':>9}{'wrongly pruned':>15}"]
-    for name, r in metrics["methods"].items():
-        ws = f"{r['wrongly_pruned']:.3f}" if r["wrongly_pruned"] is not None else "-"
-        ratio = f"{r['tokens_ratio']:.2f}" if "tokens_ratio" in r else "-"
-        lines.append(f"{name:<22}{r['accuracy']:>9.3f}{r['accuracy_std']:>8.3f}"
-                     f"{r['tokens_per_prompt']:>15.0f}{r['tokens_per_prompt_std']:>10.0f}{ratio:>7}"
-                     f"{r['branches_launched']:>9.1f}{ws:>15}")
-    g, methods = metrics["graders"], metrics["methods"]
-    if g["moved"] or any(t != methods[m]["tokens_per_prompt"] for m, t in g["tokens_per_prompt_exact"].items()):
-        lines.append("by stored string and string equality with the gold answer (the published "
-                     "grader): accuracy / tokens per prompt " + ", ".join(
-                         f"{m} {a:.3f} / {g['tokens_per_prompt_exact'][m]:.0f}"
-                         for m, a in g["accuracy_exact"].items()))
-        for row in g["moved"]:
-            moves = {m: ab for m, ab in row.items() if m not in ("prompt", "gold") and ab[0] != ab[1]}
-            lines.append(f"  prompt {row['prompt']} (gold {row['gold']}): "
-                         + ", ".join(f"{m} {a:.2f} -> {b:.2f}" for m, (a, b) in moves.items()))
-    return "\n".join(lines)
-
-
-def grader_difference(bank, results: dict, exact: dict) -> dict:
-    """Where voting and grading by stored string (`exact`) differs from the equivalence of
-    the answers: per method the exact accuracy and tokens, and the prompts whose accuracy over the
-    shuffles moves ({"prompt", "gold", method: [equivalent, exact]})."""
-    moved = []
-    for i, q in enumerate(bank.prompts):
-        row = {m: [results[m]["prompt_accuracy"][i], exact[m]["prompt_accuracy"][i]] for m in results}
-        if any(a != b for a, b in row.values()):
-            moved.append({"prompt": i, "gold": q.gold, **row})
-    return {"accuracy_exact": {m: r["accuracy"] for m, r in exact.items()},
-            "tokens_per_prompt_exact": {m: r["tokens_per_prompt"] for m, r in exact.items()},
-            "moved": moved}
 
 
 def parse_args(argv: list[str]) -> dict:
@@ -170,7 +132,7 @@ def main(argv: list[str] | None = None) -> dict:
         except CannotWrite as e:
             e.setting = "out"
             raise
-    print(print_table(metrics))
+    print(answers_table(metrics))
     return metrics
 
 

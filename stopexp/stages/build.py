@@ -3,16 +3,31 @@ object, so that nothing below the stages takes the whole config: each reads the 
 it needs and hands the library one object or a few plain values."""
 from __future__ import annotations
 
+import functools
+from pathlib import Path
+
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from stopexp.config import shifted_config
+from stopexp.core.policies import selection_share
+from stopexp.core.protocol import checkpoint_tokens
+from stopexp.evaluation.online import OnlineLM, run_launch_check_resume, run_on_vllm
 from stopexp.models import load_lm
+from stopexp.models.extract import DEFAULT_BATCH_TOKENS
 from stopexp.models.toy_lm import ARITH_KEYS
+from stopexp.models.vllm_lm import open_vllm_engine
+from stopexp.runtime.artifacts import config_hash
 from stopexp.runtime.tracking import tracked_run
 from stopexp.search.decode import SamplingParams
+from stopexp.search.sample import fit_prompts, prompt_limit, row_cap
+from stopexp.store import bank as bank_store
+from stopexp.store import feature_rows
+from stopexp.store import features as feature_bank
 from stopexp.store.bank_fill import Collection
 from stopexp.store.features import FeatureSet, feature_set
 from stopexp.store.keys import BankSpec, bank_spec
+from stopexp.tasks import build_task
+from stopexp.training import data, per_step
 
 
 def tracked(cfg, job_type: str, name: str | None = None):
@@ -50,7 +65,6 @@ def features(cfg) -> FeatureSet:
     """The features of the bank of `cfg` under its tap."""
     return feature_set(bank(cfg), tap=cfg.tap, search=cfg.search, model=cfg.model, task=cfg.task,
                        cache_dir=cfg.paths.cache_dir)
-
 
 
 # The distribution shift adapt runs under. Here, not in stopexp/config/adapt.py beside
@@ -91,3 +105,66 @@ def target_overrides(cfg, overrides: list[str]) -> list[str]:
                 for k, v in OmegaConf.to_container(tgt.model.toy.train_task).items()
                 if k not in cfg.model.toy.train_task]
     return out
+
+
+# ---- the predictor's artifacts and data (train, evaluate, adapt) ----------------------------
+def predictor_dir(cfg) -> Path:
+    """Where the predictor of `cfg` is saved: a hash of its features, predictor, loss and
+    train sections under paths.cache_dir."""
+    # epochs picked on training prompts (policy=risk) make another predictor; keys as before otherwise
+    share = selection_share(cfg.policy)
+    key = config_hash(features(cfg).key, cfg.predictor, cfg.loss, cfg.train,
+                      *([{"selection_share": share}] if share else []))
+    return Path(cfg.paths.cache_dir) / "predictors" / key
+
+
+def trained_on(cfg) -> dict:
+    """What a predictor of `cfg` learns from (stopexp.training.data.trained_on): its trace
+    bank and its features, by content."""
+    return data.trained_on(bank(cfg).root, features(cfg).root)
+
+
+def training_data(cfg, root: Path, meta: dict, overrides: list[str] | None = None,
+                  prefixes: bool = False) -> dict[str, dict]:
+    """The predictor's splits from the bank at `root` (`meta` its meta.json) and its
+    features (made when missing): at train.checkpoint (with `prefixes`, also the prompts
+    and tokens), or with train.positions=all at every stored position."""
+    min_gap = data.pair_min_gap(cfg.loss)
+    if cfg.train.positions == "all":
+        return per_step.split_data_all({s: feature_rows.load_split(features(cfg), s, overrides)
+                                        for s in ("train", "val", "test")
+                                        if bank_store.split_rows(meta, s)}, min_gap)
+    ckpt = checkpoint_tokens(cfg.train.checkpoint, cfg.search.max_new_tokens)
+    return data.split_data(root, meta, feature_bank.require_features(features(cfg), overrides), ckpt,
+                           cfg.search.n_paths, min_gap, cfg.collect.keep_correct, prefixes)
+
+
+def position_rows(cfg, split: str, overrides: list[str] | None = None) -> tuple:
+    """(the `split` paths of the bank, their position batch: per_step.position_data, None
+    when the bank holds none), the features made when missing."""
+    ds, feats = feature_rows.load_split(features(cfg), split, overrides)
+    return ds, per_step.position_data(ds, feats)
+
+
+# ---- the LM run online (evaluate: mode=online, search=beam, compare_beam) ------------------
+def online_lm(cfg, split: str, n_prompts: int) -> OnlineLM:
+    """The LM of `cfg`, its task, the first `n_prompts` prompts of the task's `split` that
+    fit the model (model.long_prompts), the sampling, and Launch-Check-Resume of those
+    prompts on the configured engine (engine=vllm: a stepped vLLM engine)."""
+    task = build_task(cfg.task, cfg.model.get("thinking"))
+    model, tokenizer = lm(cfg)
+    problems = fit_prompts(tokenizer, task.problems(split, n_prompts),
+                           prompt_limit(cfg.model, cfg.search, cfg.get("engine"), model),
+                           cfg.model.long_prompts)
+    params = sampling(cfg)
+    if cfg.engine.name == "vllm":
+        engine = functools.partial(open_vllm_engine, cfg.model, cfg.engine, cfg.paths.cache_dir,
+                                   cfg.task, params, stepped=True)
+        launch = functools.partial(run_on_vllm, model, tokenizer, task, problems, open_engine=engine,
+                                   search=cfg.search, tap=cfg.tap, seed=cfg.seed,
+                                   batch_tokens=cfg.model.max_batch_tokens or DEFAULT_BATCH_TOKENS)
+    else:
+        launch = functools.partial(run_launch_check_resume, model, tokenizer, task, problems,
+                                   params=params, search=cfg.search, tap=cfg.tap, seed=cfg.seed,
+                                   max_rows=row_cap(cfg.search, cfg.model, tokenizer, problems))
+    return OnlineLM(model, tokenizer, task, problems, params, launch)

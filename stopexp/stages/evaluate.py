@@ -29,9 +29,10 @@ from pathlib import Path
 
 import numpy as np
 
-from stopexp.config import check_plan
+from stopexp.config import check_method_names, check_plan
 from stopexp.core.names import INTERMEDIATE_VALUE_TASKS, method_name
 from stopexp.core.policies import check_policies, policy_params
+from stopexp.core.protocol import checkpoint_tokens
 from stopexp.evaluation.accounting import (account_methods, add_text_metrics, bank_paths_and_confs,
                                            pareto_points, prompts_in, replay_paths)
 from stopexp.evaluation.analyses import add_analyses
@@ -40,19 +41,19 @@ from stopexp.evaluation.curves import auroc_by_prefix
 from stopexp.evaluation.first_errors import bank_timing
 from stopexp.evaluation.online import online_paths
 from stopexp.evaluation.paired import combined_pairs, paired_stats, scores_at_checks
-from stopexp.evaluation.report import make_plots, sample_table
+from stopexp.evaluation.report import record
 from stopexp.evaluation.risk import calibrate_methods, calibration_record, realised_risk
-from stopexp.evaluation.scorers import (build_scorers, check_methods, cli_overrides, method_names,
-                                        warn_off_checkpoint)
+from stopexp.evaluation.scorers import cli_overrides, method_names, warn_off_checkpoint
 from stopexp.evaluation.select import attach_bank_columns
 from stopexp.evaluation.table import print_table  # pipeline and notebooks import it from here
 from stopexp.search.memory import add_memory
 from stopexp.stages import build
 from stopexp.stages.cli import Stage, stage_main
+from stopexp.stages.scorers import build_scorers, single_checkpoint_baseline
 from stopexp.stopping.replay import STOPPING_METHODS, stopping_outcomes
 from stopexp.store import bank
 from stopexp.store import features as feature_bank
-from stopexp.tasks import vote_format
+from stopexp.tasks import build_task, vote_format
 
 log = logging.getLogger(__name__)
 
@@ -62,34 +63,37 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
     trace bank's `evaluate.split` prompts; returns metrics.json's content. With run_dir the
     figures are written there, with `run` (a tracked run) the summary, figures and a sample
     table are logged. Unknown methods, a missing bank or predictor fail before compute."""
-    check_methods(cfg)
+    ev = cfg.evaluate
+    check_method_names(ev.methods)  # unknown names fail before any compute (as validate does)
     feats = build.features(cfg)
     root = bank.require_bank(feats.bank, cli_overrides())
     meta = bank.read_meta(root)
     plan = check_plan(cfg.search, cfg.policy)  # (prefix tokens, K) per check; the first is where AUROC is read
-    checkpoint, K = plan[0][0], plan[-1][1]
-    N, split = cfg.search.n_paths, cfg.evaluate.split
-    names = method_names(cfg)
+    checkpoint, K, N, split = plan[0][0], plan[-1][1], cfg.search.n_paths, ev.split
+    names = method_names(ev.methods, cfg.predictor.name)
     if cfg.search.name == "parallel":
-        warn_off_checkpoint(cfg, names, plan)
-    scorers = build_scorers(cfg, names, feature_bank.spec_of(cfg.tap.layers, meta))
+        warn_off_checkpoint(names, plan, checkpoint_tokens(cfg.train.checkpoint, cfg.search.max_new_tokens),
+                            cfg.train.positions)
+    spec = feature_bank.spec_of(cfg.tap.layers, meta)
+    scorers = build_scorers(cfg, names, spec)
     start = time.time()
     if cfg.search.name == "beam":
-        return beam_metrics(cfg, names, scorers, root, start, run, run_dir)
+        return beam_metrics(build.online_lm(cfg, split, prompts_in(root, split)), names, scorers,
+                            root.name, start, cfg.search, cfg.tap, cfg.policy, ev, run, run_dir)
     # the threshold policies, one per check and method (policy=risk: calibrated on val first)
-    features = None if cfg.evaluate.mode == "online" and cfg.policy.name != "risk" else \
+    features = None if ev.mode == "online" and cfg.policy.name != "risk" else \
         feature_bank.require_features(feats, cli_overrides())  # made here when missing
     checks = [c for c, _ in plan]
-    calibrated = (calibrate_methods(cfg.policy, cfg.search, cfg.evaluate, scorers, checks,
+    calibrated = (calibrate_methods(cfg.policy, cfg.search, ev, scorers, checks,
                                     replay_paths(root, features, "val", checks, vote_format(cfg.task)))
                   if cfg.policy.name == "risk" else {})
     policies = {m: check_policies(cfg.policy, plan, calibrated[m].thresholds if calibrated else None)
                 for m in scorers}
     # run: the paths (replayed from the bank, or online with the LM)
     views = timing = None
-    if cfg.evaluate.mode == "online":  # the same test prompts as the bank
-        paths, views, timing = online_paths(cfg, names, scorers, policies, checkpoint,
-                                            prompts_in(root, split))
+    if ev.mode == "online":  # the same test prompts as the bank
+        paths, views, timing = online_paths(build.online_lm(cfg, split, prompts_in(root, split)),
+                                            names, scorers, policies, plan, N)
         attach_bank_columns(views, root, split)  # rewards and LM scores, checked text by text
     else:  # replay reads the features of the bank's paths
         paths = replay_paths(root, features, split, [c for c, _ in plan], vote_format(cfg.task))
@@ -97,57 +101,49 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
     if set(names) & set(STOPPING_METHODS):
         signal = None
         if "combined" in names:  # its signal's scores at every check (replay: paths.checks)
-            sig = method_name(cfg.evaluate.combined_signal, cfg.predictor.name)
+            sig = method_name(ev.combined_signal, cfg.predictor.name)
             signal = [scorers[sig](b).numpy().astype(float) for b in paths.checks]
         stops = stopping_outcomes(*bank_paths_and_confs(root, split, checkpoint, paths, views),
-                                  names, N, cfg.evaluate, cfg.search.group_window,
+                                  names, N, ev, cfg.search.group_window,
                                   [c for c, _ in plan], signal)
     # account, analyse
-    results, outcomes, scores, points = account_methods(cfg, names, scorers, policies, paths,
-                                                        checkpoint, stops, views, timing, meta)
+    results, outcomes, scores, points = account_methods(names, scorers, policies, paths, plan, stops,
+                                                        views, timing, meta, cfg.search, cfg.policy, ev)
     for m, cal in calibrated.items():  # what policy=risk realised on the evaluated split
         results[m]["risk"] = realised_risk(paths, outcomes[m], N, cfg.policy.risk, cal,
-                                           cfg.evaluate.bootstrap, cfg.evaluate.seed)
+                                           ev.bootstrap, ev.seed)
     add_analyses(results, outcomes, scores, paths, N)
     add_memory(results, outcomes, meta.get("kv_bytes_per_token"))
-    points += pareto_points(cfg, paths, scores, checkpoint)
-    if cfg.evaluate.text_metrics:
-        ids = paths.prompt_ids if paths.prompt_ids is not None else np.arange(int(paths.group.max()) + 1)
-        add_text_metrics(cfg, ids, {name: list(o["chosen"]) for name, o in outcomes.items()}, results)
+    points += pareto_points(paths, scores, checkpoint, plan, cfg.search, cfg.policy, ev)
+    ids = paths.prompt_ids if paths.prompt_ids is not None else np.arange(int(paths.group.max()) + 1)
+    chosen = {name: list(o["chosen"]) for name, o in outcomes.items()}
+    if ev.text_metrics:
+        add_text_metrics(build_task(cfg.task, cfg.model.get("thinking")), split, ev.bertscore_model,
+                         ids, chosen, results)
     beam = None
-    if cfg.evaluate.compare_beam:  # plain beam search on the same prompts: the seed's comparison
-        ids = paths.prompt_ids if paths.prompt_ids is not None else np.arange(int(paths.group.max()) + 1)
-        beam = compare_with_beam(cfg, ids, {name: list(o["chosen"]) for name, o in outcomes.items()},
-                                 results)
-    metrics = {"methods": results, "points": points, "mode": cfg.evaluate.mode,
-               "select": cfg.evaluate.select, **({"beam_search": beam} if beam else {}),
+    if ev.compare_beam:  # plain beam search on the same prompts: the seed's comparison
+        beam = compare_with_beam(build.online_lm(cfg, split, int(np.max(ids)) + 1), ids, chosen,
+                                 results, cfg.search, cfg.tap, cfg.reward, ev)
+    metrics = {"methods": results, "points": points, "mode": ev.mode,
+               "select": ev.select, **({"beam_search": beam} if beam else {}),
                "protocol": {"n": N, "k": K, "check_tokens": checkpoint, "policy": cfg.policy.name,
                             "policy_params": policy_params(cfg.policy) | ({"thresholds": {
                                 m: calibration_record(c)["thresholds"] for m, c in calibrated.items()}}
                                 if calibrated else {}),
                             "checks": [list(c) for c in plan], "score_rule": cfg.search.score_rule,
-                            "vote": cfg.evaluate.vote,
-                            "prompts": int(paths.group.max()) + 1, "split": split},
+                            "vote": ev.vote, "prompts": int(paths.group.max()) + 1, "split": split},
                "bank": root.name}
     metrics["paired"] = paired_stats(paths, scores_at_checks(scorers, scores, paths), plan, N,
-                                     outcomes, cfg.evaluate.bootstrap, cfg.evaluate.seed)
-    metrics["paired_combined"] = combined_pairs(outcomes, cfg.evaluate.bootstrap, cfg.evaluate.seed)
+                                     outcomes, ev.bootstrap, ev.seed)
+    metrics["paired_combined"] = combined_pairs(outcomes, ev.bootstrap, ev.seed)
+    ds, rows = build.position_rows(cfg, split)  # every stored position of the split's paths
+    baseline = single_checkpoint_baseline(cfg, spec) if rows is not None else None
     metrics["auroc_by_prefix"], metrics["paired_by_prefix"] = auroc_by_prefix(
-        cfg, scorers, split, feature_bank.spec_of(cfg.tap.layers, meta))
+        ds, rows, scorers, baseline, ev.bootstrap, ev.seed)
     if cfg.task.name in INTERMEDIATE_VALUE_TASKS:  # where the paths' first wrong values lie
         metrics["first_wrong_value"] = bank_timing(bank.load_bank(root, split), [c for c, _ in plan])
     metrics["eval_wall_s"] = round(time.time() - start, 2)
-    # plot, log
-    if run_dir is not None:
-        figs = make_plots(paths, outcomes, scores, points, run_dir, results, metrics)
-        metrics["plots"] = {k: str(v) for k, v in figs.items()}
-        if run is not None:
-            run.log({f"plots/{k}": run.image(v) for k, v in figs.items()})
-    if run is not None:
-        run.use_artifact(f"traces-{root.name}", type="trace_bank")
-        run.summary_update({f"{m}/{k}": v for m, r in results.items() for k, v in r.items()
-                            if isinstance(v, (int, float))})
-        run.log({"samples": sample_table(run, paths, scores, policies, N)})
+    record(metrics, paths, outcomes, scores, policies, N, root.name, run, run_dir)  # plot, log
     return metrics
 
 

@@ -13,9 +13,9 @@ from stopexp.runtime.artifacts import write_json
 from stopexp.stages import build
 from stopexp.stages.cli import Stage, stage_main
 from stopexp.stages.evaluate import evaluate, print_table
+from stopexp.stages.train import train
 from stopexp.store.bank_fill import collect
 from stopexp.store.features import featurize
-from stopexp.training.predictor import train
 
 log = logging.getLogger(__name__)
 

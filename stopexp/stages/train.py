@@ -14,11 +14,70 @@ plotted) and saves a checkpoint that evaluate finds by hash.
 from __future__ import annotations
 
 import logging
+import time
+from pathlib import Path
 
+import torch
+
+from stopexp.core.policies import selection_share
+from stopexp.core.protocol import checkpoint_tokens
+from stopexp.models.super_token import SuperTokenPredictor
+from stopexp.signals import build_predictor
+from stopexp.signals.checkpoint import save_predictor
+from stopexp.stages import build
 from stopexp.stages.cli import Stage, stage_main
-from stopexp.training.predictor import train
+from stopexp.store import bank
+from stopexp.store import features as feature_bank
+from stopexp.training.data import check_reward_range, pair_min_gap
+from stopexp.training.predictor import fit_and_score, prefix_curve, report, trained_checkpoint
+from stopexp.training.selection import hold_out_for_selection
 
 log = logging.getLogger(__name__)
+
+
+def train(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | None = None,
+          progress: bool = True) -> dict:
+    """Train (or find) the predictor of `cfg`; returns its metrics and checkpoint path.
+    What evaluate and adapt call for a predictor that is missing."""
+    features = build.features(cfg)
+    root = bank.require_bank(features.bank, overrides)
+    meta = bank.read_meta(root)
+    spec = feature_bank.spec_of(cfg.tap.layers, meta)
+    out = build.predictor_dir(cfg)
+    lm_based = cfg.predictor.name == "super_token"  # the one predictor that runs the LM
+    if out.exists():
+        # features replaced under the key (another tap, width or bank) are refused here as
+        # evaluate refuses them, not passed over with the cached predictor
+        feature_bank.require_features(features, overrides)
+        found = trained_checkpoint(out, spec, cfg.predictor, build.trained_on(cfg), lm_based)
+        if found is not None:
+            return found
+    start = time.time()
+    every_position = cfg.train.positions == "all"
+    data = build.training_data(cfg, root, meta, overrides, prefixes=lm_based)
+    check_reward_range(cfg.loss, cfg.reward.name, data)
+    # policy=risk: the epoch is picked on training prompts, so no calibration prompt shapes it
+    data = hold_out_for_selection(data, selection_share(cfg.policy), pair_min_gap(cfg.loss))
+    fingerprint = build.trained_on(cfg)  # of the artifacts just read
+    torch.manual_seed(cfg.train.seed)
+    if lm_based:
+        predictor = SuperTokenPredictor(cfg.predictor, *build.lm(cfg, progress=False),
+                                        cfg.search.max_batch_rows)
+    else:
+        predictor = build_predictor(cfg.predictor, spec)
+    metrics, scores, history = fit_and_score(predictor, cfg.predictor.name, data, cfg.train,
+                                             cfg.loss, start, progress)
+    if not every_position and not lm_based:  # the checkpoint's predictor at every position
+        for split in data:
+            metrics[split]["auroc_by_prefix"] = prefix_curve(
+                predictor, build.position_rows(cfg, split, overrides)[1])
+    save_predictor(out, predictor, cfg.predictor, spec, root.name, metrics,
+                   {"history": history, "trained_on": fingerprint, "checkpoint_tokens":
+                    checkpoint_tokens(cfg.train.checkpoint, cfg.search.max_new_tokens)})
+    metrics["checkpoint"] = str(out)
+    report(metrics, history, scores, data, cfg.predictor.name, every_position, out, root.name,
+           run, run_dir)
+    return metrics
 
 
 @stage_main("train")

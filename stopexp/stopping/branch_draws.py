@@ -171,3 +171,17 @@ def no_prune_points(bank: AnswersBank, n: int, orders: list[list[np.ndarray]]) -
         points.append({"method": "no_prune", "n": m, "k": m, "accuracy": r["accuracy"],
                        "tokens_total": r["tokens_total"]})
     return points
+
+
+def grader_difference(bank, results: dict, exact: dict) -> dict:
+    """Where voting and grading by stored string (`exact`) differs from the equivalence of
+    the answers: per method the exact accuracy and tokens, and the prompts whose accuracy over the
+    shuffles moves ({"prompt", "gold", method: [equivalent, exact]})."""
+    moved = []
+    for i, q in enumerate(bank.prompts):
+        row = {m: [results[m]["prompt_accuracy"][i], exact[m]["prompt_accuracy"][i]] for m in results}
+        if any(a != b for a, b in row.values()):
+            moved.append({"prompt": i, "gold": q.gold, **row})
+    return {"accuracy_exact": {m: r["accuracy"] for m, r in exact.items()},
+            "tokens_per_prompt_exact": {m: r["tokens_per_prompt"] for m, r in exact.items()},
+            "moved": moved}

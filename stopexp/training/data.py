@@ -1,4 +1,4 @@
-"""The predictor's data: its checkpoint directory (found by hash), the feature spec, the
+"""The predictor's data: what it learns from (`trained_on`), the feature spec, the
 splits' rows at the training checkpoint, and the checks that the data can teach anything
 (`NothingToLearn`) and that rewards lie in the loss's range."""
 from __future__ import annotations
@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 
-from stopexp.config import checkpoint_tokens
 from stopexp.core.errors import ConfigError, UserError
 from stopexp.core.policies import selection_share
 from stopexp.metrics import is_binary
@@ -22,32 +21,15 @@ from stopexp.store.keys import bank_spec
 log = logging.getLogger(__name__)
 
 
-def features_of(cfg) -> feature_bank.FeatureSet:
-    """The features (and bank) of `cfg`, for the helpers here that still hold the whole
-    config; the stages build theirs with stopexp.stages.build.features."""
-    spec = bank_spec(model=cfg.model, task=cfg.task, search=cfg.search, collect=cfg.collect,
-                     tap=cfg.tap, seed=cfg.seed, reward=cfg.get("reward"), engine=cfg.get("engine"),
-                     cache_dir=cfg.paths.cache_dir)
-    return feature_bank.feature_set(spec, tap=cfg.tap, search=cfg.search, model=cfg.model,
-                                    task=cfg.task, cache_dir=cfg.paths.cache_dir)
-
-
-def predictor_dir(cfg) -> Path:
-    # epochs picked on training prompts (policy=risk) make another predictor; keys as before otherwise
-    share = selection_share(cfg.policy)
-    key = config_hash(features_of(cfg).key, cfg.predictor, cfg.loss, cfg.train,
-                      *([{"selection_share": share}] if share else []))
-    return Path(cfg.paths.cache_dir) / "predictors" / key
-
-
-def trained_on(cfg) -> dict:
-    """What a predictor of `cfg` learns from, by content: {"bank", "features"}, each a
-    SHA-256 of the SHA-256s of the artifact's shard files as its meta.json records them
-    (stopexp.runtime.integrity), None where the artifact is not there or not complete.
-    predictor.json records it; a bank re-collected or features re-made under the key change it."""
-    out, features = {}, features_of(cfg)
-    for name, root, kind in (("bank", features.bank.root, "trace bank"),
-                             ("features", features.root, feature_bank.KIND)):
+def trained_on(bank_root: Path, features_root: Path) -> dict:
+    """What a predictor learns from, by content: {"bank", "features"} (the trace bank at
+    `bank_root` and its features at `features_root`), each a SHA-256 of the SHA-256s of the
+    artifact's shard files as its meta.json records them (stopexp.runtime.integrity), None
+    where the artifact is not there or not complete. predictor.json records it; a bank
+    re-collected or features re-made under the key change it."""
+    out = {}
+    for name, root, kind in (("bank", bank_root, "trace bank"),
+                             ("features", features_root, feature_bank.KIND)):
         meta = bank.read_meta(root, kind=kind) if (root / "meta.json").exists() else {}
         files = {n: {f: r["sha256"] for f, r in rec["files"].items()}
                  for n, rec in meta["shards"].items()} if meta.get("complete") else None
@@ -60,14 +42,14 @@ def feature_spec(meta: dict) -> FeatureSpec:
     return feature_bank.feature_spec(meta)
 
 
-def split_data(root: Path, meta: dict, cfg, prefixes: bool = False,
-               overrides: list[str] | None = None) -> dict[str, dict]:
-    """Per split, the tensors of the paths still alive at the training checkpoint (with
-    `prefixes`, also their prompts and tokens), from the bank at `root` (`meta` its
-    meta.json) and its features (made when missing). The splits are the task's, which are
-    disjoint by prompt, so no prompt is in two parts."""
-    ckpt = checkpoint_tokens(cfg.train.checkpoint, cfg.search.max_new_tokens)
-    features = feature_bank.require_features(features_of(cfg), overrides)
+def split_data(root: Path, meta: dict, features: Path, ckpt: int, n_paths: int,
+               min_gap: float, keep_correct, prefixes: bool = False) -> dict[str, dict]:
+    """Per split, the tensors of the paths still alive at the training checkpoint `ckpt`
+    (tokens; with `prefixes`, also their prompts and tokens), from the bank at `root`
+    (`meta` its meta.json) and its features at `features`. The splits are the task's, which
+    are disjoint by prompt, so no prompt is in two parts. `n_paths` (search.n_paths),
+    `min_gap` (`pair_min_gap`) and `keep_correct` (collect.keep_correct) word the error
+    when a split cannot teach anything (NothingToLearn)."""
     out = {}
     for split in ("train", "val", "test"):
         if not bank.split_rows(meta, split):
@@ -79,27 +61,27 @@ def split_data(root: Path, meta: dict, cfg, prefixes: bool = False,
         out[split] = bank.select_rows(t, t["alive"])
     for needed in ("train", "val"):
         if needed not in out or not len(out[needed]["correct"]):
-            raise NothingToLearn(_empty_split(meta, needed, ckpt, cfg))
-        check_usable(needed, out.get(needed), ckpt, cfg.search.n_paths, pair_min_gap(cfg))
+            raise NothingToLearn(_empty_split(meta, needed, ckpt, keep_correct))
+        check_usable(needed, out.get(needed), ckpt, n_paths, min_gap)
     return out
 
 
 REGRESSION_LOSSES = ("reward_regression", "mse")
 
 
-def pair_min_gap(cfg) -> float:
+def pair_min_gap(loss) -> float:
     """loss.min_gap where the loss mines pairs by it (contrastive, pairwise), else 0."""
-    return float(cfg.loss.min_gap) if cfg.loss.name in ("contrastive", "pairwise") else 0.0
+    return float(loss.min_gap) if loss.name in ("contrastive", "pairwise") else 0.0
 
 
-def check_reward_range(cfg, data: dict) -> int:
-    """The regression losses aim sigmoid(score) at the reward, so it must lie in [0, 1];
+def check_reward_range(loss, reward: str, data: dict) -> int:
+    """The regression losses (`loss`: the loss section; `reward`: reward.name) aim sigmoid(score) at the reward, so it must lie in [0, 1];
     validate refuses the unbounded built-in rewards, an external one is checked here, on
     the loaded splits (`data`: split -> tensors with "reward" and "mc", the Monte Carlo
     labels: mean rewards, NaN where none). Values within rounding of [0, 1]
     (stopexp.metrics.bounds.BOUND_SLACK, as BERTScore's 1.0000001) are clipped into it, in place;
     returns how many. ValueError naming loss.name and the range found, in full digits."""
-    if cfg.loss.name not in REGRESSION_LOSSES:
+    if loss.name not in REGRESSION_LOSSES:
         return 0
     clipped = 0
     for split, d in data.items():
@@ -112,8 +94,8 @@ def check_reward_range(cfg, data: dict) -> int:
             lo, hi = v.min(), v.max()
             if not (lo >= -BOUND_SLACK and hi <= 1 + BOUND_SLACK):
                 what = "rewards" if key == "reward" else "Monte Carlo labels (mean rewards)"
-                raise ConfigError(f"loss.name: {cfg.loss.name} regresses a probability on the reward, "
-                                  f"but the {split} paths' {what} (reward={cfg.reward.name}) span "
+                raise ConfigError(f"loss.name: {loss.name} regresses a probability on the reward, "
+                                  f"but the {split} paths' {what} (reward={reward}) span "
                                   f"[{digits(lo)}, {digits(hi)}], outside [0, 1] by more than rounding "
                                   f"({BOUND_SLACK:g}); use loss=contrastive or pairwise, or a reward "
                                   "in [0, 1]")
@@ -163,7 +145,7 @@ def check_usable(split: str, data: dict | None, ckpt: int, n_paths: int,
         f"{max(n_paths - 1, 1)}]), or try another task.seed or seed.")
 
 
-def _empty_split(meta: dict, split: str, ckpt: int, cfg) -> str:
+def _empty_split(meta: dict, split: str, ckpt: int, keep_correct) -> str:
     """Why a split the predictor needs has no path alive at the checkpoint, and the fix."""
     planned, rows = bank.planned_prompts(meta, split), bank.split_rows(meta, split)
     if not planned:
@@ -171,7 +153,7 @@ def _empty_split(meta: dict, split: str, ckpt: int, cfg) -> str:
                 f"collected); collect some, e.g. collect.prompts.{split}=100")
     if not rows:
         return (f"collect.keep_correct: all {planned} {split} prompts of the trace bank were "
-                f"dropped by the difficulty filter {list(cfg.collect.keep_correct or [])}; "
+                f"dropped by the difficulty filter {list(keep_correct or [])}; "
                 f"widen it or collect more {split} prompts (collect.prompts.{split})")
     return (f"train.checkpoint: none of the {rows} {split} paths of the trace bank is still "
             f"generating at checkpoint {ckpt} tokens (all ended earlier); choose an earlier "

@@ -72,13 +72,13 @@ def selection_name(metrics: dict) -> str:
     return "val_spearman" if "spearman_within" in metrics else "val_auroc"
 
 
-def fit(cfg, predictor, data: dict, progress: bool = True) -> tuple[dict, list[dict]]:
-    """AdamW with early stopping on validation within-prompt AUROC (Spearman's rho with the
+def fit(predictor, data: dict, train, loss, progress: bool = True) -> tuple[dict, list[dict]]:
+    """AdamW (the `train` section's settings, the `loss` section's loss) with early stopping on validation within-prompt AUROC (Spearman's rho with the
     reward where it is continuous: `selection_value`); returns the best state and the
     per-epoch history. Only a trained epoch with a finite validation AUROC
     is ever selected; `best["init_auroc"]` is the untrained initialisation's, for
     comparison. Raises ValueError when no epoch has a finite validation AUROC."""
-    loss_fn = build_loss(cfg.loss)
+    loss_fn = build_loss(loss)
     params = [p for p in predictor.parameters() if p.requires_grad]
     init_auroc = selection_value(evaluate_scores(score(predictor, data["val"]), data["val"]))
     best = {"state": {k: v.clone() for k, v in predictor.state_dict().items()},
@@ -87,19 +87,19 @@ def fit(cfg, predictor, data: dict, progress: bool = True) -> tuple[dict, list[d
     if not params:  # a statistic: nothing to fit, evaluated as is
         return best, [{"epoch": 0, "train_loss": math.nan, "val_auroc": init_auroc}]
     best["auroc"] = -math.inf
-    opt = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
-    rng, stale = random.Random(cfg.train.seed), 0
-    bar = tqdm(range(1, cfg.train.epochs + 1), desc="train", unit="epoch", disable=not progress)
+    opt = torch.optim.AdamW(params, lr=train.lr, weight_decay=train.weight_decay)
+    rng, stale = random.Random(train.seed), 0
+    bar = tqdm(range(1, train.epochs + 1), desc="train", unit="epoch", disable=not progress)
     for epoch in bar:
         predictor.train()
         losses = []
-        for rows in prompt_batches(data["train"]["group"], cfg.train.batch_prompts, rng):
+        for rows in prompt_batches(data["train"]["group"], train.batch_prompts, rng):
             batch = bank.select_rows(data["train"], rows)
-            loss = loss_fn(predictor(batch), batch)
+            batch_loss = loss_fn(predictor(batch), batch)
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            batch_loss.backward()
             opt.step()
-            losses.append(loss.item())
+            losses.append(batch_loss.item())
         val = evaluate_scores(score(predictor, data["val"]), data["val"])
         history.append({"epoch": epoch, "train_loss": float(np.mean(losses)),
                         **{f"val_{k}": v for k, v in val.items()
@@ -117,7 +117,7 @@ def fit(cfg, predictor, data: dict, progress: bool = True) -> tuple[dict, list[d
             stale = 0
         else:
             stale += 1
-            if stale >= cfg.train.patience:
+            if stale >= train.patience:
                 break
     if best["epoch"] == 0:
         raise ValueError(

@@ -48,26 +48,26 @@ def _mean(per_path: torch.Tensor, batch: dict) -> torch.Tensor:
     return (per_path * batch["weight"]).sum() / batch["weight"].sum().clamp(min=1e-12)
 
 
-def contrastive(scores, batch, cfg):
+def contrastive(scores, batch, loss):
     """relu(margin * (r_i - r_j) - (s_i - s_j)) over pairs of one prompt with
     r_i - r_j > loss.min_gap: the margin grows with the reward gap (a 0/1 outcome has gap 1,
     the plain margin); with batch["reward"] absent, the plain margin over outcome pairs."""
     diff = scores[:, None] - scores[None, :]
-    margin = cfg.margin * _gap(batch) if "reward" in batch else cfg.margin
-    return _mean_over_pairs(F.relu(margin - diff), _pair_mask(batch, _min_gap(cfg)), batch)
+    margin = loss.margin * _gap(batch) if "reward" in batch else loss.margin
+    return _mean_over_pairs(F.relu(margin - diff), _pair_mask(batch, _min_gap(loss)), batch)
 
 
-def pairwise(scores, batch, cfg):
+def pairwise(scores, batch, loss):
     """softplus(-(s_i - s_j)) over the pairs of `contrastive` (pairwise logistic)."""
     diff = scores[:, None] - scores[None, :]
-    return _mean_over_pairs(F.softplus(-diff), _pair_mask(batch, _min_gap(cfg)), batch)
+    return _mean_over_pairs(F.softplus(-diff), _pair_mask(batch, _min_gap(loss)), batch)
 
 
-def _min_gap(cfg) -> float:
-    return float(getattr(cfg, "min_gap", 0.0) or 0.0)
+def _min_gap(loss) -> float:
+    return float(getattr(loss, "min_gap", 0.0) or 0.0)
 
 
-def reward_regression(scores, batch, cfg):
+def reward_regression(scores, batch, loss):
     """Soft binary cross-entropy of sigmoid(score) on the Monte Carlo label (the mean reward
     of rollouts from the prefix) where there is one, else the path's reward (in [0, 1])."""
     mc, label = batch["mc"], _label(batch)
@@ -77,10 +77,10 @@ def reward_regression(scores, batch, cfg):
     return _mean(F.binary_cross_entropy_with_logits(scores, target, reduction="none"), batch)
 
 
-def mse(scores, batch, cfg):
+def mse(scores, batch, loss):
     """Discounted future reward regression: (sigmoid(score) - reward * discount**remaining)^2,
     remaining = the path's tokens still to go after the prefix (the reward lies in [0, 1])."""
-    target = _label(batch) * cfg.discount ** batch["remaining"]
+    target = _label(batch) * loss.discount ** batch["remaining"]
     return _mean((torch.sigmoid(scores) - target) ** 2, batch)
 
 

@@ -66,8 +66,9 @@ def online_decider(cfg, paths: Paths, checkpoint: int):
         if predictor is not None:
             methods["adapt"] = (lambda b: _score(predictor, b),
                                 lambda: Exploring(build_policy(cfg.policy, keep=K), epsilon, rng))
-        runs, batch = run_launch_check_resume(cfg, model, tokenizer, task, batch_problems,
-                                              methods, checkpoint)
+        runs, batch = run_launch_check_resume(model, tokenizer, task, batch_problems, methods,
+                                              checkpoint, SamplingParams.from_config(cfg.search, cfg.task, cfg.model.get("thinking")), cfg.search,
+                                              cfg.tap, cfg.seed, row_cap(cfg.search, cfg.model, tokenizer, batch_problems))
         view = _view(runs["no_prune"], batch, batch_problems, task, N, checkpoint)
         run = runs["adapt" if predictor is not None else "no_prune"]
         keys = [(i, j) for i in range(len(batch_problems)) for j in range(N)]

@@ -24,19 +24,18 @@ import torch
 from stopexp.metrics import is_binary
 from stopexp.metrics.ranking import per_group_auroc
 from stopexp.store import bank, feature_rows
-from stopexp.training.data import NothingToLearn, features_of, pair_min_gap
+from stopexp.training.data import NothingToLearn
 
 
-def position_data(cfg, split: str, overrides: list[str] | None = None):
-    """(the split's bank rows, its position batch: `feature_rows.position_batch` at every
-    stored position), or (ds, None) when the bank holds no path of `split`. The features
-    are made when missing. The one source of position batches: every consumer below reads
-    what this returns."""
-    ds, feats = feature_rows.load_split(features_of(cfg), split, overrides)
+def position_data(ds, feats) -> dict | None:
+    """The position batch of a bank split `ds` and its features `feats` (as
+    `feature_rows.load_split` returns them): `feature_rows.position_batch` at every stored
+    position, alive rows only; None when the split holds no path. The one source of
+    position batches: every consumer below reads what this returns."""
     if not len(ds):
-        return ds, None
+        return None
     rows = feature_rows.position_batch(ds, feats)
-    return ds, bank.select_rows(rows, rows["alive"])
+    return bank.select_rows(rows, rows["alive"])
 
 
 def pair_groups(group: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
@@ -95,20 +94,20 @@ def usable_groups(rows: dict, min_gap: float = 0.0) -> int:
     return int((np.maximum.reduceat(v, starts) - np.minimum.reduceat(v, starts) > gap).sum())
 
 
-def split_data_all(meta: dict, cfg, overrides: list[str] | None = None) -> dict[str, dict]:
-    """train.positions=all: per split, the training rows of every stored position.
-    Raises NothingToLearn when train or val has no (prompt, position) with both a correct
-    and a wrong path."""
+def split_data_all(loaded: dict, min_gap: float) -> dict[str, dict]:
+    """train.positions=all: per split, the training rows of every stored position, from
+    `loaded` (split -> (ds, feats) of `feature_rows.load_split`, the splits the bank holds);
+    `min_gap`: `stopexp.training.data.pair_min_gap`. Raises NothingToLearn when train or val
+    has no (prompt, position) with both a correct and a wrong path."""
     out = {}
-    for split in ("train", "val", "test"):
-        if bank.split_rows(meta, split):
-            _, rows = position_data(cfg, split, overrides)
-            if rows is not None and len(rows["correct"]):
-                out[split] = training_rows(rows)
+    for split, (ds, feats) in loaded.items():
+        rows = position_data(ds, feats)
+        if rows is not None and len(rows["correct"]):
+            out[split] = training_rows(rows)
     for split in ("train", "val"):
         data = out.get(split)
         n = len(data["correct"]) if data else 0
-        if n and usable_groups(data, pair_min_gap(cfg)):
+        if n and usable_groups(data, min_gap):
             continue
         raise NothingToLearn(
             f"train.positions: all: the {split} split has no usable pair at any of the bank's "

@@ -1,0 +1,95 @@
+"""Every evaluated method as a scorer of the paths at the check: the baselines, the
+external signals and the learned predictors (each loaded from its checkpoint; the
+controls such as conf_features, and under train.positions=all the single-checkpoint
+predictor, are trained here when missing, as they need no LM)."""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from stopexp.config import PredictorConfig
+from stopexp.core.errors import NotFound
+from stopexp.core.protocol import checkpoint_tokens
+from stopexp.evaluation.scorers import cli_overrides
+from stopexp.models.super_token import load_super_token
+from stopexp.signals import PREDICTORS
+from stopexp.signals import methods as M
+from stopexp.signals.checkpoint import CheckpointDamaged, CheckpointMismatch, load_predictor
+from stopexp.stages import build
+from stopexp.stages.train import train
+from stopexp.stopping.replay import STOPPING_METHODS
+from stopexp.store import features as feature_bank
+
+
+def build_scorers(cfg, names: list[str], spec) -> dict:
+    """name -> scorer for every method but no_prune; learned ones load their checkpoint
+    (the conf_features control is trained here if missing: it needs no LM)."""
+    scorers = {}
+    for name in names:
+        if name == "no_prune" or name in STOPPING_METHODS:  # no scorer: their own protocol
+            continue
+        if name == "random":
+            scorers[name] = M.random_scorer(cfg.evaluate.seed)
+        elif name == "oracle":
+            scorers[name] = M.oracle
+        elif name == "error_oracle":
+            scorers[name] = M.error_oracle
+        elif name in M.BASELINES:
+            scorers[name] = M.BASELINES[name]
+        elif name in PREDICTORS or name == "super_token":
+            sub = cfg if name == cfg.predictor.name else _with_predictor(cfg, name)
+            ckpt = build.predictor_dir(sub)
+            command = f"python -m stopexp.train {' '.join(cli_overrides())}".rstrip()
+            if name != cfg.predictor.name:  # a control: made here, a damaged one remade
+                train(sub, progress=False)
+            elif not (ckpt / "predictor.json").exists():
+                raise NotFound(
+                    f"no trained {name} predictor for this config at {ckpt}; make it with: "
+                    f"{command} (or run python -m stopexp.pipeline, which makes it for you)")
+            try:
+                if name == "super_token":  # on its own copy of the LM; online it reads the engine's cache
+                    predictor, _ = load_super_token(ckpt, *build.lm(sub, progress=False), spec,
+                                                    sub.predictor, cfg.search.max_batch_rows,
+                                                    _trained_on(sub))
+                else:
+                    predictor, _ = load_predictor(ckpt, spec, sub.predictor, _trained_on(sub))
+            except (CheckpointDamaged, CheckpointMismatch) as e:
+                raise type(e)(f"{e}; rebuild it with: {command}") from e
+            scorers[name] = M.learned(predictor)
+        else:
+            scorers[name] = M.external(name)
+    return scorers
+
+
+def single_checkpoint_baseline(cfg, spec) -> tuple[str, object] | None:
+    """With train.positions=all: (label, predictor) of the same predictor trained the
+    standard way, at train.checkpoint only and without the position input (trained here
+    when missing, as the controls are), to be scored at every position. None otherwise."""
+    if cfg.train.positions != "all":
+        return None
+    sub = copy.deepcopy(cfg)
+    sub.train.positions, sub.predictor.position_input = "checkpoint", False
+    train(sub, progress=False)
+    predictor, _ = load_predictor(build.predictor_dir(sub), spec, sub.predictor, build.trained_on(sub))
+    tokens = checkpoint_tokens(cfg.train.checkpoint, cfg.search.max_new_tokens)
+    return f"{cfg.predictor.name}@{tokens}", predictor
+
+
+def _trained_on(cfg) -> dict:
+    """trained_on(cfg), complete features first checked against their record, so that
+    features of another tap under the key are named as such, not as a stale predictor."""
+    features = build.features(cfg)
+    if feature_bank.is_complete(features.root):
+        feature_bank.require_features(features, cli_overrides(), make=False)
+    return build.trained_on(cfg)
+
+
+def _with_predictor(cfg, name: str):
+    """cfg with conf/predictor/<name>.yaml as its predictor (the controls' config)."""
+    node = OmegaConf.load(Path(__file__).resolve().parents[2] / "conf" / "predictor" / f"{name}.yaml")
+    node.pop("defaults", None)
+    sub = cfg.copy()
+    sub.predictor = OmegaConf.merge(OmegaConf.structured(PredictorConfig), node)
+    return sub

@@ -25,13 +25,15 @@ class OnlineLM:
     """What an online evaluation runs: the LM and its tokenizer, the task and its prompts
     (`problems`, those that fit the model), the sampling (`params`), and `launch(methods,
     checks) -> (runs, check batch)`, Launch-Check-Resume of the prompts on the configured
-    engine (`run_launch_check_resume` or `run_on_vllm`, built by the stage)."""
+    engine (`run_launch_check_resume` or `run_on_vllm`, built by the stage), and
+    `rows_for(problems)`, the rows per forward for those prompts (stopexp.search.sample.row_cap)."""
     model: Any
     tokenizer: Any
     task: Any
     problems: list
     params: SamplingParams
     launch: Callable
+    rows_for: Callable
 
 
 def run_launch_check_resume(model, tokenizer, task, problems, methods: dict, checkpoint,

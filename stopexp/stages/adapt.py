@@ -39,7 +39,7 @@ from stopexp.store import bank
 from stopexp.store.features import require_features, spec_of
 from stopexp.tasks import vote_format
 from stopexp.training.losses import build_loss
-from stopexp.training.online import online_decider
+from stopexp.training.online import online_decider, prompt_ids_of
 from stopexp.training.stream import (replay_continuations, replay_decider, run_stream,
                                      stream_order, take)
 
@@ -59,7 +59,10 @@ def adapt(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
     order, held = stream_order(int(paths.group.max()) + 1, a.stream_prompts, a.heldout_prompts, a.seed)
     heldout = take(paths, held) if len(held) else None
     if cfg.evaluate.mode == "online":  # the target LM in the loop, on the same prompts
-        decide, continue_ = online_decider(tgt, paths, checkpoint)
+        lm = build.online_lm(tgt, a.split, int(prompt_ids_of(paths).max()) + 1, progress=False)
+        decide, continue_ = online_decider(lm, paths, checkpoint, search=tgt.search, tap=tgt.tap,
+                                           policy=tgt.policy, seed=tgt.seed,
+                                           mc_rollouts=tgt.adapt.mc_rollouts)
     else:
         decide, continue_ = replay_decider(paths, cfg.policy, cfg.search.n_paths), \
             replay_continuations(a.mc_rollouts)

@@ -147,12 +147,12 @@ def position_rows(cfg, split: str, overrides: list[str] | None = None) -> tuple:
 
 
 # ---- the LM run online (evaluate: mode=online, search=beam, compare_beam) ------------------
-def online_lm(cfg, split: str, n_prompts: int) -> OnlineLM:
+def online_lm(cfg, split: str, n_prompts: int, progress: bool = True) -> OnlineLM:
     """The LM of `cfg`, its task, the first `n_prompts` prompts of the task's `split` that
     fit the model (model.long_prompts), the sampling, and Launch-Check-Resume of those
     prompts on the configured engine (engine=vllm: a stepped vLLM engine)."""
     task = build_task(cfg.task, cfg.model.get("thinking"))
-    model, tokenizer = lm(cfg)
+    model, tokenizer = lm(cfg, progress)
     problems = fit_prompts(tokenizer, task.problems(split, n_prompts),
                            prompt_limit(cfg.model, cfg.search, cfg.get("engine"), model),
                            cfg.model.long_prompts)
@@ -167,4 +167,5 @@ def online_lm(cfg, split: str, n_prompts: int) -> OnlineLM:
         launch = functools.partial(run_launch_check_resume, model, tokenizer, task, problems,
                                    params=params, search=cfg.search, tap=cfg.tap, seed=cfg.seed,
                                    max_rows=row_cap(cfg.search, cfg.model, tokenizer, problems))
-    return OnlineLM(model, tokenizer, task, problems, params, launch)
+    return OnlineLM(model, tokenizer, task, problems, params, launch,
+                    functools.partial(row_cap, cfg.search, cfg.model, tokenizer))

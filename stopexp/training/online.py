@@ -24,13 +24,12 @@ import torch
 from stopexp.core.policies import build_policy
 from stopexp.core.seeds import stream_seed
 from stopexp.evaluation.accounting import Paths, keep_by_policy
-from stopexp.evaluation.online import run_launch_check_resume, scatter_batch
-from stopexp.models import load_lm
-from stopexp.search.decode import SamplingParams, make_engine
-from stopexp.search.sample import fit_prompts, path_labels, prompt_ids, prompt_limit, row_cap
+from stopexp.evaluation.online import OnlineLM, run_launch_check_resume, scatter_batch
+from stopexp.search.decode import make_engine
+from stopexp.search.sample import path_labels, prompt_ids
 from stopexp.search.taps import Taps
 from stopexp.search.trace import mc_success
-from stopexp.tasks import build_task, vote_format
+from stopexp.tasks import vote_format
 
 
 class Exploring:
@@ -47,28 +46,33 @@ class Exploring:
         return kept | torch.as_tensor(self.rng.random(len(scores)) < self.epsilon)
 
 
-def online_decider(cfg, paths: Paths, checkpoint: int):
+def prompt_ids_of(paths: Paths) -> np.ndarray:
+    """The task's prompt id of each group of `paths` (the stream's prompts)."""
+    return paths.prompt_ids if paths.prompt_ids is not None else np.arange(int(paths.group.max()) + 1)
+
+
+def online_decider(lm: OnlineLM, paths: Paths, checkpoint: int, *, search, tap, policy,
+                   seed: int, mc_rollouts: int):
     """(`decide(groups, predictor, epsilon, rng)`, `continue_(view, rows)`) for
-    stopexp.training.stream.run_stream that run the LM of `cfg` (the target config) on the prompts of
-    `paths` (the target bank's split): the pruning step, and the Monte Carlo continuations
-    of pruned prefixes (success rate, tokens per row and measured seconds)."""
-    task = build_task(cfg.task, cfg.model.get("thinking"))
-    model, tokenizer = load_lm(cfg.model, cfg.paths.cache_dir, cfg.task, cfg.tap, progress=False)
-    ids = paths.prompt_ids if paths.prompt_ids is not None else np.arange(int(paths.group.max()) + 1)
-    problems = fit_prompts(tokenizer, task.problems(cfg.adapt.split, int(ids.max()) + 1),
-                           prompt_limit(cfg.model, cfg.search, cfg.get("engine"), model), cfg.model.long_prompts)
-    by_id = {p.prompt_id: p for p in problems}
-    N, K = cfg.search.n_paths, cfg.policy.keep
+    stopexp.training.stream.run_stream that run the LM of `lm` (the target config's, with
+    its task, the split's first prompts and the sampling) on the prompts of `paths` (the
+    target bank's split, `prompt_ids_of`), with the `search`, `tap` and `policy` sections:
+    the pruning step, and the Monte Carlo continuations of pruned prefixes, `mc_rollouts`
+    each (success rate, tokens per row and measured seconds)."""
+    model, tokenizer, task, params = lm.model, lm.tokenizer, lm.task, lm.params
+    ids = prompt_ids_of(paths)
+    by_id = {p.prompt_id: p for p in lm.problems}
+    N, K = search.n_paths, policy.keep
 
     def decide(groups, predictor, epsilon: float, rng):
         batch_problems = [by_id[int(ids[g])] for g in groups]
         methods = {}
         if predictor is not None:
             methods["adapt"] = (lambda b: _score(predictor, b),
-                                lambda: Exploring(build_policy(cfg.policy, keep=K), epsilon, rng))
+                                lambda: Exploring(build_policy(policy, keep=K), epsilon, rng))
         runs, batch = run_launch_check_resume(model, tokenizer, task, batch_problems, methods,
-                                              checkpoint, SamplingParams.from_config(cfg.search, cfg.task, cfg.model.get("thinking")), cfg.search,
-                                              cfg.tap, cfg.seed, row_cap(cfg.search, cfg.model, tokenizer, batch_problems))
+                                              checkpoint, params, search, tap, seed,
+                                              lm.rows_for(batch_problems))
         view = _view(runs["no_prune"], batch, batch_problems, task, N, checkpoint)
         run = runs["adapt" if predictor is not None else "no_prune"]
         keys = [(i, j) for i in range(len(batch_problems)) for j in range(N)]
@@ -76,26 +80,24 @@ def online_decider(cfg, paths: Paths, checkpoint: int):
         if predictor is None:
             return view, None, kept, np.zeros(len(kept), bool), run.wall_s
         scores = _score(predictor, view.batch).numpy().astype(float)
-        top = keep_by_policy(view, scores, build_policy(cfg.policy, keep=K), N)
+        top = keep_by_policy(view, scores, build_policy(policy, keep=K), N)
         return view, scores, kept & top, kept & ~top, run.wall_s
 
     def continue_(view: Paths, rows: np.ndarray):
         problems = [by_id[int(view.prompt_ids[view.group[r]])] for r in rows]
         owners = [(k, int(view.path_id[r])) for k, r in enumerate(rows)]
-        with Taps.from_config(model, cfg.tap) as taps:
-            params = SamplingParams.from_config(cfg.search, cfg.task, cfg.model.get("thinking"))
-            engine = make_engine(model, tokenizer, params, taps,
-                                 (checkpoint,))
+        with Taps.from_config(model, tap) as taps:
+            engine = make_engine(model, tokenizer, params, taps, (checkpoint,))
             state = engine.run(engine.launch([prompt_ids(tokenizer, p.prompt) for p in problems],
-                                             [stream_seed(cfg.seed, p.prompt, j) for p, (_, j)
+                                             [stream_seed(seed, p.prompt, j) for p, (_, j)
                                               in zip(problems, owners)],
                                              path_labels(problems, owners)), until=checkpoint)
             if state.size != len(rows):
                 raise RuntimeError("Monte Carlo feedback: a relaunched prefix ended before the "
                                    "check although the loop saw it live")
             start, tokens = time.perf_counter(), {}
-            rates, _ = mc_success(engine, tokenizer, task, state, problems, owners, cfg.seed,
-                                  cfg.adapt.mc_rollouts, row_cap(cfg.search, cfg.model, tokenizer, problems), tokens)
+            rates, _ = mc_success(engine, tokenizer, task, state, problems, owners, seed,
+                                  mc_rollouts, lm.rows_for(problems), tokens)
             seconds = time.perf_counter() - start
         return (np.asarray([rates[k] for k in range(len(rows))]),
                 np.asarray([tokens[k] for k in range(len(rows))], float), seconds)

@@ -14,9 +14,10 @@ from stopexp.evaluation.risk import calibrate, realised_risk
 from stopexp.metrics.risk import binomial_tail, clopper_pearson, fixed_sequence, hoeffding_bentkus
 from stopexp.stages import evaluate as evaluate_stage
 from stopexp.stages.evaluate import evaluate, print_table
-from stopexp.store.keys import bank_key
+from stopexp.stages import build
+from stopexp.stages.train import train
 from stopexp.training import predictor as training
-from stopexp.training.data import NothingToLearn, predictor_dir
+from stopexp.training.data import NothingToLearn
 from stopexp.training.selection import hold_out_for_selection, selection_prompts
 
 
@@ -206,12 +207,12 @@ def test_the_predictor_never_saw_a_calibration_prompt(small_bank, monkeypatch):
     its hidden state at the check, which is the training checkpoint); with selection_share 0
     the epoch is picked on exactly those paths. Bank keys do not move; the predictor's key
     moves only where the epoch is picked elsewhere."""
-    seen, calibrated_on = {}, []
+    seen, calibrated_on = [], []
     fit = training.fit
 
-    def recording_fit(cfg, predictor, data, progress=True):
-        seen[cfg.policy.selection_share] = {k: data[k]["hidden"].numpy() for k in ("train", "val")}
-        return fit(cfg, predictor, data, progress)
+    def recording_fit(predictor, data, train, loss, progress=True):
+        seen.append({k: data[k]["hidden"].numpy() for k in ("train", "val")})
+        return fit(predictor, data, train, loss, progress)
 
     def recording_calibration(policy, search, evaluate, scorers, checks, val):
         calibrated_on.append(val)
@@ -223,10 +224,10 @@ def test_the_predictor_never_saw_a_calibration_prompt(small_bank, monkeypatch):
     bank = [*small_bank, *RISK, "train.seed=31"]  # no other test trains these
     held_out, on_val = cfg_for(bank), cfg_for(bank, "policy.selection_share=0")
     topk = cfg_for([*small_bank, "train.seed=31"])
-    assert bank_key(held_out) == bank_key(on_val) == bank_key(topk)
-    assert predictor_dir(on_val) == predictor_dir(topk) != predictor_dir(held_out)
-    for cfg in (held_out, on_val):
-        training.train(cfg, progress=False)
+    assert build.bank(held_out).root == build.bank(on_val).root == build.bank(topk).root
+    assert build.predictor_dir(on_val) == build.predictor_dir(topk) != build.predictor_dir(held_out)
+    for cfg in (held_out, on_val):  # seen[0]: selection_share 0.2, seen[1]: 0
+        train(cfg, progress=False)
     m = evaluate(held_out)
     assert m["methods"]["mlp"]["risk"]["calibration"]["prompts"] == 6
 
@@ -234,6 +235,6 @@ def test_the_predictor_never_saw_a_calibration_prompt(small_bank, monkeypatch):
         return {row.tobytes() for row in hidden if row.any()}  # zero rows: not alive there
     calibration = fingerprints(calibrated_on[0].checks[0]["hidden"].numpy())
     assert len(calibration) >= 6  # paths of a prompt with the same first tokens share one
-    fitted = fingerprints(seen[0.2]["train"]) | fingerprints(seen[0.2]["val"])
+    fitted = fingerprints(seen[0]["train"]) | fingerprints(seen[0]["val"])
     assert not calibration & fitted
-    assert calibration == fingerprints(seen[0.0]["val"])  # the overlap the hold-out removes
+    assert calibration == fingerprints(seen[1]["val"])  # the overlap the hold-out removes

@@ -10,10 +10,10 @@ from omegaconf import OmegaConf
 from conftest import FP32_REORDER, compose
 from stopexp.config import ConfigError, checkpoint_tokens, validate
 from stopexp.evaluation.accounting import replay_paths
+from stopexp.stages import build
 from stopexp.stages.build import target_config, target_overrides
 from stopexp.store import bank
 from stopexp.training.losses import build_loss
-from stopexp.stages import build
 from stopexp.training.stream import (feedback, mc_draws, replay_continuations, replay_decider,
                                      run_stream, stream_order, take)
 
@@ -226,10 +226,13 @@ def _with_bank_features(decide, paths):
 
 
 def test_replay_equals_online(small_bank):
-    from stopexp.training.online import online_decider
+    from stopexp.training.online import online_decider, prompt_ids_of
 
     cfg, predictor, paths, order, heldout, ckpt = _setup(small_bank, *MC)
-    online, continue_ = online_decider(cfg, paths, ckpt)
+    lm = build.online_lm(cfg, cfg.adapt.split, int(prompt_ids_of(paths).max()) + 1, progress=False)
+    online, continue_ = online_decider(lm, paths, ckpt, search=cfg.search, tap=cfg.tap,
+                                       policy=cfg.policy, seed=cfg.seed,
+                                       mc_rollouts=cfg.adapt.mc_rollouts)
     online = _with_bank_features(online, paths)
     for variant in ("no_prune", "explore", "mc_feedback"):
         replay, p_replay = _run(cfg, predictor, paths, order, heldout, ckpt, variant)

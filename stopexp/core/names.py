@@ -1,7 +1,7 @@
 """The names config checks and the layers above share, kept here so that checking a name
 needs no torch import: the registry of implementations by kind and name (tasks,
-predictors, losses, policies, rewards: "module:attr", imported on lookup), methods,
-shipped benchmarks, splits, signals, adapt variants; and the two registries a user plugs
+predictors, losses, policies, rewards, evaluate's methods: "module:attr", imported on
+lookup), shipped benchmarks, splits, signals, adapt variants; and the two registries a user plugs
 into (external scorers for evaluate.methods, external rewards for reward.function),
 defined here and re-exported where they are used (stopexp.signals.methods,
 stopexp.tasks.rewards)."""
@@ -34,6 +34,23 @@ REGISTRY: dict[str, dict[str, str]] = {
                "risk": "stopexp.core.policies:RiskControlled"},
     "reward": {name: "stopexp.tasks.rewards:Reward" for name in (
         "correct", "rouge_l", "bleu", "bertscore", "neg_perplexity", "external", "evaluate")},
+    # evaluate.methods that score a path at a check, batch -> (B,) (stopexp.signals.methods):
+    # the non-learnable baselines, and the controls (random: a factory of evaluate.seed)
+    "baseline": {name: f"stopexp.signals.methods:{name}" for name in (
+        "confidence", "min_logprob", "entropy", "deepconf", "hidden_norm", "hidden_mean",
+        "hidden_var", "attn_entropy", "st_bon")},
+    "control": {"random": "stopexp.signals.methods:random_scorer",
+                "oracle": "stopexp.signals.methods:oracle",
+                "error_oracle": "stopexp.signals.methods:error_oracle"},
+    # evaluate.methods with their own stopping protocol, not a score at the check: each
+    # one's rule (stopexp.stopping; replayed on a bank by stopexp.stopping.replay)
+    "stopping": {"esc": "stopexp.stopping.esc:esc",
+                 "adaptive_consistency":
+                     "stopexp.stopping.adaptive_consistency:adaptive_consistency",
+                 "deepconf_online": "stopexp.stopping.deepconf:online",
+                 "deepconf_weighted": "stopexp.stopping.deepconf:weighted_vote",
+                 "deepconf_top": "stopexp.stopping.deepconf:top_share",
+                 "combined": "stopexp.stopping.combined:combined"},
 }
 
 
@@ -79,11 +96,8 @@ ORACLE_METHODS = ("oracle", "error_oracle")
 # the tasks whose problems carry their intermediate values, so that a path's first wrong one
 # is located (their `wrong_value_end`; the bank's first_wrong_value), which error_oracle reads
 INTERMEDIATE_VALUE_TASKS = ("wordprob",)
-BASELINE_METHODS = ("confidence", "min_logprob", "entropy", "deepconf", "hidden_norm",
-                    "hidden_mean", "hidden_var", "attn_entropy", "st_bon")
-# methods with their own stopping protocol (stopexp/stopping/replay.py), not a score at the check
-STOPPING_METHODS = ("esc", "adaptive_consistency", "deepconf_online", "deepconf_weighted",
-                    "deepconf_top", "combined")
+BASELINE_METHODS = names("baseline")
+STOPPING_METHODS = names("stopping")
 ADAPT_VARIANTS = ("no_prune", "frozen", "kept_only", "explore", "mc_feedback", "retrained")
 # the rewards validate lets the regression losses (mse, reward_regression) use: the
 # built-in ones in [0, 1], and external and evaluate, whose range only their values tell

@@ -47,17 +47,17 @@ def _signal(name: str, sign: float = 1.0) -> Scorer:
     return lambda batch: sign * batch["signals"][:, col]
 
 
-BASELINES: dict[str, Scorer] = {
-    "confidence": _signal("mean_logprob"),
-    "min_logprob": _signal("min_logprob"),
-    "entropy": _signal("mean_entropy", -1.0),
-    "deepconf": _signal("group_conf"),
-    "hidden_norm": _signal("hidden_norm"),
-    "hidden_mean": _signal("hidden_mean"),
-    "hidden_var": _signal("hidden_var"),
-    "attn_entropy": _signal("attn_entropy", -1.0),
-    "st_bon": st_bon,
-}
+# the baselines by name (stopexp.core.names registers each as stopexp.signals.methods:<name>)
+confidence = _signal("mean_logprob")
+min_logprob = _signal("min_logprob")
+entropy = _signal("mean_entropy", -1.0)
+deepconf = _signal("group_conf")
+hidden_norm = _signal("hidden_norm")
+hidden_mean = _signal("hidden_mean")
+hidden_var = _signal("hidden_var")
+attn_entropy = _signal("attn_entropy", -1.0)
+# (st_bon is imported above)
+BASELINES: dict[str, Scorer] = {name: globals()[name] for name in BASELINE_METHODS}
 
 
 def random_scorer(seed: int) -> Scorer:

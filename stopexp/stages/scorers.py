@@ -11,15 +11,14 @@ from omegaconf import OmegaConf
 
 from stopexp.config import PredictorConfig
 from stopexp.core.errors import NotFound
+from stopexp.core.names import PREDICTOR_NAMES, REGISTRY, STOPPING_METHODS, lookup
 from stopexp.core.protocol import checkpoint_tokens
 from stopexp.evaluation.scorers import cli_overrides
 from stopexp.models.super_token import load_super_token
-from stopexp.signals import PREDICTORS
 from stopexp.signals import methods as M
 from stopexp.signals.checkpoint import CheckpointDamaged, CheckpointMismatch, load_predictor
 from stopexp.stages import build
 from stopexp.stages.train import train
-from stopexp.stopping.replay import STOPPING_METHODS
 from stopexp.store import features as feature_bank
 
 
@@ -30,15 +29,13 @@ def build_scorers(cfg, names: list[str], spec) -> dict:
     for name in names:
         if name == "no_prune" or name in STOPPING_METHODS:  # no scorer: their own protocol
             continue
-        if name == "random":
-            scorers[name] = M.random_scorer(cfg.evaluate.seed)
-        elif name == "oracle":
-            scorers[name] = M.oracle
-        elif name == "error_oracle":
-            scorers[name] = M.error_oracle
-        elif name in M.BASELINES:
-            scorers[name] = M.BASELINES[name]
-        elif name in PREDICTORS or name == "super_token":
+        if name == "random":  # a seeded draw per path
+            scorers[name] = lookup("control", name)(cfg.evaluate.seed)
+        elif name in REGISTRY["control"]:
+            scorers[name] = lookup("control", name)
+        elif name in REGISTRY["baseline"]:
+            scorers[name] = lookup("baseline", name)
+        elif name in PREDICTOR_NAMES:
             sub = cfg if name == cfg.predictor.name else _with_predictor(cfg, name)
             ckpt = build.predictor_dir(sub)
             command = f"python -m stopexp.train {' '.join(cli_overrides())}".rstrip()

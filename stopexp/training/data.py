@@ -9,14 +9,12 @@ from pathlib import Path
 import numpy as np
 
 from stopexp.core.errors import ConfigError, UserError
-from stopexp.core.policies import selection_share
 from stopexp.metrics import is_binary
 from stopexp.metrics.bounds import BOUND_SLACK, digits
 from stopexp.runtime.artifacts import config_hash
 from stopexp.signals import FeatureSpec
 from stopexp.store import bank, feature_rows
 from stopexp.store import features as feature_bank
-from stopexp.store.keys import bank_spec
 
 log = logging.getLogger(__name__)
 

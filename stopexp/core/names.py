@@ -99,6 +99,7 @@ INTERMEDIATE_VALUE_TASKS = ("wordprob",)
 BASELINE_METHODS = names("baseline")
 STOPPING_METHODS = names("stopping")
 ADAPT_VARIANTS = ("no_prune", "frozen", "kept_only", "explore", "mc_feedback", "retrained")
+ONLINE_VARIANTS = ("kept_only", "explore", "mc_feedback")  # the variants that learn from the stream
 # the rewards validate lets the regression losses (mse, reward_regression) use: the
 # built-in ones in [0, 1], and external and evaluate, whose range only their values tell
 # (stopexp.tasks.rewards)

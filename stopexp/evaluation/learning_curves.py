@@ -13,8 +13,8 @@ import math
 
 import numpy as np
 
+from stopexp.core.names import ONLINE_VARIANTS
 from stopexp.core.policies import kept_text
-from stopexp.training.stream import ONLINE
 
 
 def summarize_variants(curves: dict, last: int = 5) -> dict:
@@ -40,7 +40,7 @@ def summarize_variants(curves: dict, last: int = 5) -> dict:
             s["tokens_ratio"] = s["tokens_total"] / out["no_prune"]["tokens_total"]
     if "frozen" in out and "retrained" in out:
         lo, hi = out["frozen"]["heldout_auroc"], out["retrained"]["heldout_auroc"]
-        for v in ONLINE:
+        for v in ONLINE_VARIANTS:
             if v in out and hi != lo:
                 out[v]["gap_closed"] = (out[v]["heldout_auroc"] - lo) / (hi - lo)
                 half = [r["prompts_seen"] for r in curves[v]

@@ -30,6 +30,7 @@ from stopexp.search.sample import path_labels, prompt_ids
 from stopexp.search.taps import Taps
 from stopexp.search.trace import mc_success
 from stopexp.tasks import vote_format
+from stopexp.training.stream import predictor_scores, predictor_tensor
 
 
 class Exploring:
@@ -68,7 +69,7 @@ def online_decider(lm: OnlineLM, paths: Paths, checkpoint: int, *, search, tap, 
         batch_problems = [by_id[int(ids[g])] for g in groups]
         methods = {}
         if predictor is not None:
-            methods["adapt"] = (lambda b: _score(predictor, b),
+            methods["adapt"] = (lambda b: predictor_tensor(predictor, b),
                                 lambda: Exploring(build_policy(policy, keep=K), epsilon, rng))
         runs, batch = run_launch_check_resume(model, tokenizer, task, batch_problems, methods,
                                               checkpoint, params, search, tap, seed,
@@ -79,7 +80,7 @@ def online_decider(lm: OnlineLM, paths: Paths, checkpoint: int, *, search, tap, 
         kept = np.asarray([bool(run.kept[k]) for k in keys]) & view.alive
         if predictor is None:
             return view, None, kept, np.zeros(len(kept), bool), run.wall_s
-        scores = _score(predictor, view.batch).numpy().astype(float)
+        scores = predictor_scores(predictor, view.batch)
         top = keep_by_policy(view, scores, build_policy(policy, keep=K), N)
         return view, scores, kept & top, kept & ~top, run.wall_s
 
@@ -103,12 +104,6 @@ def online_decider(lm: OnlineLM, paths: Paths, checkpoint: int, *, search, tap, 
                 np.asarray([tokens[k] for k in range(len(rows))], float), seconds)
 
     return decide, continue_
-
-
-@torch.no_grad()
-def _score(predictor, batch: dict) -> torch.Tensor:
-    predictor.eval()
-    return predictor(batch)
 
 
 def _view(run, batch: dict, problems: list, task, n: int, checkpoint: int) -> Paths:

@@ -32,11 +32,11 @@ import numpy as np
 import torch
 
 from stopexp.core.errors import ConfigError
+from stopexp.core.names import ONLINE_VARIANTS
 from stopexp.core.policies import build_policy
 from stopexp.evaluation.accounting import Paths, keep_by_policy, outcome
 from stopexp.metrics import within_prompt_auroc
 
-ONLINE = ("kept_only", "explore", "mc_feedback")  # the variants that learn from the stream
 # what the predictors and the losses read (stopexp/signals/features.py, stopexp/training/losses.py)
 FEEDBACK_KEYS = ("hidden", "signals", "prefix_len", "group", "correct", "mc", "remaining")
 
@@ -97,9 +97,14 @@ def concat(batches: list[dict]) -> dict:
 
 
 @torch.no_grad()
-def predictor_scores(predictor, batch: dict) -> np.ndarray:
+def predictor_tensor(predictor, batch: dict) -> torch.Tensor:
+    """The predictor's scores of `batch`, in eval mode, without gradients."""
     predictor.eval()
-    return predictor(batch).numpy().astype(float)
+    return predictor(batch)
+
+
+def predictor_scores(predictor, batch: dict) -> np.ndarray:
+    return predictor_tensor(predictor, batch).numpy().astype(float)
 
 
 def batch_auroc(view: Paths, scores: np.ndarray, n: int) -> float:
@@ -179,7 +184,7 @@ def run_stream(predictor, decide, order: np.ndarray, heldout: Paths | None, adap
     (replay_continuations, or the LM's); `predictor` (None for no_prune) is updated in
     place for the online variants."""
     a, N = adapt, n_paths
-    online = variant in ONLINE
+    online = variant in ONLINE_VARIANTS
     epsilon = a.explore if variant == "explore" else 0.0
     if variant == "mc_feedback" and continue_ is None:
         raise ValueError("run_stream: the mc_feedback variant needs `continue_`")

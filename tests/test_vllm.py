@@ -1,7 +1,8 @@
 """engine=vllm against engine=hf on SmolLM2-135M-Instruct in float32, on the CPU.
 
-One vLLM engine serves the whole session (`smol`: starting one takes 20-100 s); collect
-reuses it through `stopexp.search.vllm_engine.hold`. Tiny prompts sets and few tokens keep
+One vLLM engine serves the whole session (`smol`: starting one takes 20-100 s): a stepped
+one, which online Launch-Check-Resume needs, held open by `stopexp.search.vllm_engine.hold`;
+collect's plain requests reuse it. Tiny prompts sets and few tokens keep
 the module at a few minutes on 2 cores, most of it vLLM's start and the GGUF conversion.
 """
 import math
@@ -50,7 +51,7 @@ def smol(tmp_path_factory):
     # converts the GGUF file once
     settings, skeleton, tokenizer = vllm_settings(cfg.model, cfg.engine, cfg.paths.cache_dir, cfg.task)
     model, hf_tokenizer = build.lm(hf_cfg)
-    with hold(settings) as llm:
+    with hold(replace(settings, stepped=True)) as llm:
         yield SimpleNamespace(cfg=cfg, hf_cfg=hf_cfg, llm=llm, settings=settings, model=model,
                               tokenizer=hf_tokenizer, eos=eos_ids(model, hf_tokenizer))
 

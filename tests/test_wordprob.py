@@ -1,3 +1,4 @@
+import hashlib
 import re
 
 import pytest
@@ -92,7 +93,8 @@ def test_number_range_and_operations_knobs():
                                          ({"operations": {"add": 0}}, "task.operations"),
                                          ({"format": "markdown"}, "task.format"),
                                          ({"extraction": "loose"}, "task.extraction"),
-                                         ({"shots": -1}, "task.shots")])
+                                         ({"shots": -1}, "task.shots"),
+                                         ({"shot_match": "kind"}, "task.shot_match")])
 def test_bad_knobs_name_the_key(kwargs, key):
     with pytest.raises(ValueError, match=re.escape(key)):
         WordProblemTask(**kwargs)
@@ -156,6 +158,23 @@ def test_fewshot_prompt_has_k_training_examples_then_the_question(task):
         assert next(s for s in task.shot_pool() if s.question == last_q).kind.split("+")[0] == \
             p.kind.split("+")[0]
     assert len(train) == 400  # the pool is drawn from the training split's own stream
+
+
+def test_structure_shots_share_the_questions_first_step_and_number_of_steps():
+    """shot_match=structure: every example has the question's number of steps (the pool of
+    64 holds at least 3 of each), the last one also its first operation; the default
+    (first_operation) prompts are those before the knob existed (pinned)."""
+    task = WordProblemTask(steps=(2, 3, 4), solution_style="lines", shot_match="structure")
+    kind = {s.question: s.kind.split("+") for s in task.shot_pool()}
+    for p in task.problems("test", 30):
+        ops = p.kind.split("+")
+        shots = [kind[b.split("\nAnswer: ")[0].removeprefix("Question: ")]
+                 for b in p.prompt.split("\n\n")[:-1]]
+        assert len(shots) == 3 and all(len(s) == len(ops) for s in shots), (ops, shots)
+        assert shots[-1][0] == ops[0]
+    default = WordProblemTask(steps=(2, 3, 4), solution_style="lines", number_range=(1, 5))
+    digest = hashlib.sha256("\0".join(p.prompt for p in default.problems("test", 50)).encode())
+    assert digest.hexdigest()[:16] == "e5c9c51d72221d7c"
 
 
 def test_zero_shots_and_chat_format():

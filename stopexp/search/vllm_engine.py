@@ -20,7 +20,8 @@ The LM's weightless skeleton and the engine opened for a config (`vllm_settings`
 
 The engine core runs in a spawned process: a script using it needs the
 `if __name__ == "__main__":` guard. Starting it takes tens of seconds, so an LLM held open
-by `hold` (a test session, a benchmark) is reused by every `open_llm` of the same settings.
+by `hold` (a test session, a benchmark) is reused by every `open_llm` of the same settings;
+a held stepped one (its core in this process) also serves the plain requests of collect.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ import importlib.metadata
 import logging
 import os
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import torch
@@ -144,9 +145,12 @@ _HELD: dict = {}  # VllmSettings -> an LLM that `hold` keeps open
 
 @contextmanager
 def open_llm(s: VllmSettings):
-    """The LLM for `s`: one held open by `hold`, else a new one, shut down on exit."""
-    if s in _HELD:
-        yield _HELD[s]
+    """The LLM for `s`: one held open by `hold`, else a new one, shut down on exit. A held
+    stepped LLM of the same settings serves `s` unstepped too: its `generate` gives the same
+    paths (every request has its own seed), so a session that collects and steps starts one."""
+    held = _HELD.get(s) or (None if s.stepped else _HELD.get(replace(s, stepped=True)))
+    if held is not None:
+        yield held
         return
     llm = build_llm(s)
     try:

@@ -123,6 +123,8 @@ def bank_key(*, model, task, search, collect, tap, seed: int, reward=None, engin
     # first_wrong_value) gets a new key
     if questions.get("name") not in INTERMEDIATE_VALUE_TASKS:
         questions.pop("solution_style", None)
+    if questions.get("shot_match") == "first_operation":  # the default: keys as before
+        questions.pop("shot_match")
     content = task_content(task)
     if content is not None:
         questions = {**questions, "content": content}

@@ -47,7 +47,7 @@ def _arguments(task_cfg) -> dict:
                     operations=dict(task_cfg.operations), shots=task_cfg.shots,
                     format=task_cfg.format, extraction=task_cfg.extraction,
                     instruction=task_cfg.instruction, stop=list(task_cfg.stop),
-                    solution_style=task_cfg.solution_style)
+                    solution_style=task_cfg.solution_style, shot_match=task_cfg.shot_match)
     if task_cfg.name == "datatotext":
         return dict(shots=task_cfg.shots, format=task_cfg.format,
                     instruction=task_cfg.instruction, stop=list(task_cfg.stop))

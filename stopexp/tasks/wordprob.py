@@ -45,6 +45,10 @@ FORMATS = ("fewshot", "chat")
 EXTRACTIONS = ("strict", "flexible")
 # inline: the steps as one paragraph; lines: one line per step, each ending in the new amount
 SOLUTION_STYLES = ("inline", "lines")
+# which solved examples precede a question: first_operation: the last one shares its first
+# operation; structure: the examples share its first operation and number of steps where
+# the pool has such, nearest last (a small model copies the example's line structure)
+SHOT_MATCHES = ("first_operation", "structure")
 MARKER = "The answer is"
 SHOT_POOL = 64                   # solved training examples the shots are drawn from
 STOP_SEQUENCES = ("\n\n", "\nQuestion:")  # the few-shot format: a new example starts there
@@ -139,7 +143,8 @@ class WordProblemTask:
     def __init__(self, steps=(1,), number_range=(2, 9), operations: dict | None = None,
                  shots: int = 3, format: str = "fewshot", extraction: str = "strict",
                  instruction: str = "", stop=STOP_SEQUENCES, seed: int = 0,
-                 split_fractions: dict | None = None, solution_style: str = "inline"):
+                 split_fractions: dict | None = None, solution_style: str = "inline",
+                 shot_match: str = "first_operation"):
         if len(number_range) != 2:
             raise ValueError(f"task.number_range: needs [low, high], got {list(number_range)}")
         self.steps = tuple(int(s) for s in steps)
@@ -148,6 +153,7 @@ class WordProblemTask:
         self.shots, self.format, self.extraction = int(shots), format, extraction
         self.instruction = instruction
         self.solution_style = solution_style
+        self.shot_match = shot_match
         self.stop_sequences = tuple(stop)
         self.seed = seed
         self.split_fractions = dict(split_fractions or {"train": 0.8, "val": 0.1, "test": 0.1})
@@ -171,6 +177,8 @@ class WordProblemTask:
         if self.solution_style not in SOLUTION_STYLES:
             problems.append(f"task.solution_style: {self.solution_style!r}; allowed: "
                             f"{', '.join(SOLUTION_STYLES)}")
+        if self.shot_match not in SHOT_MATCHES:
+            problems.append(f"task.shot_match: {self.shot_match!r}; allowed: {', '.join(SHOT_MATCHES)}")
         if self.extraction not in EXTRACTIONS:
             problems.append(f"task.extraction: {self.extraction!r}; allowed: {', '.join(EXTRACTIONS)}")
         if self.shots < 0:
@@ -267,10 +275,21 @@ class WordProblemTask:
     def render(self, question: str, kind: str = "") -> str:
         """The prompt for `question`: `shots` solved examples and the question, in this
         task's format. The examples are drawn by a hash of the question (never the question
-        itself); the last one shares the question's first operation when the pool has one,
-        so a small model sees how that kind of problem is worked."""
+        itself) and chosen by `shot_match` (SHOT_MATCHES): a small model sees how that kind
+        of problem is worked."""
         rng = random.Random(f"{self.seed}:shots:{question}")
         pool = [p for p in self.shot_pool() if p.question != question]
+        shots = (self._alike(pool, kind, rng) if self.shot_match == "structure"
+                 else self._same_first(pool, kind, rng))
+        blocks = [f"Question: {p.question}\nAnswer: {p.solution}" for p in shots]
+        if self.format == "fewshot":
+            return "\n\n".join(blocks + [f"Question: {question}\nAnswer:"])
+        head = [self.instruction] if self.instruction else []
+        return "\n\n".join(head + blocks + [f"Question: {question}"])
+
+    def _same_first(self, pool: list, kind: str, rng: random.Random) -> list:
+        """`shots` random examples, the last one sharing the question's first operation when
+        the pool has one."""
         shots = rng.sample(pool, min(self.shots, len(pool)))
         same = [p for p in pool if p.kind.split("+")[0] == kind.split("+")[0]]
         if shots and same and not any(p in same for p in shots):
@@ -279,11 +298,20 @@ class WordProblemTask:
             match = next(p for p in reversed(shots) if p in same)
             shots.remove(match)
             shots.append(match)
-        blocks = [f"Question: {p.question}\nAnswer: {p.solution}" for p in shots]
-        if self.format == "fewshot":
-            return "\n\n".join(blocks + [f"Question: {question}\nAnswer:"])
-        head = [self.instruction] if self.instruction else []
-        return "\n\n".join(head + blocks + [f"Question: {question}"])
+        return shots
+
+    def _alike(self, pool: list, kind: str, rng: random.Random) -> list:
+        """`shots` examples, those sharing the question's first operation and number of
+        steps first, then those sharing its number of steps, then any (random within each
+        rank); the most alike is the last, next to the question."""
+        ops = kind.split("+")
+
+        def rank(p: WordProblem) -> int:
+            theirs = p.kind.split("+")
+            return 0 if theirs[0] == ops[0] and len(theirs) == len(ops) else 1 + (len(theirs) != len(ops))
+
+        ranked = sorted(pool, key=lambda p: (rank(p), rng.random()))
+        return ranked[: self.shots][::-1]
 
     def problems(self, split: str, n: int) -> list[WordProblem]:
         """The first `n` distinct problems of `split` for this task's seed (deterministic)."""

@@ -41,8 +41,6 @@ def test_engine_vllm_dtype_follows_model_dtype():
     (["engine=gpu"], None),  # not an option of the group: Hydra refuses it when composing
     (["engine.max_logprobs=10"], "engine.max_logprobs"),  # read only under engine=vllm
     (["engine.enforce_eager=true"], "engine.enforce_eager"),
-    (["engine=vllm", "search=beam"], "search.name"),
-    (["engine=vllm", "evaluate.compare_beam=true"], "evaluate.compare_beam"),
     (["engine=vllm", "collect.mc_rollouts=2"], "collect.mc_rollouts"),
     (["engine=vllm", "search.top_p=0.9"], "search.top_p"),
     (["engine=vllm", "search.top_k=5"], "search.top_k"),
@@ -90,3 +88,18 @@ def test_engine_vllm_without_vllm_installed_names_the_key(monkeypatch):
                         lambda name, *a: None if name == "vllm" else real(name, *a))
     with pytest.raises(ConfigError, match="^engine.name: vllm is not installed"):
         validate(compose("collect", ["+exp=smollm2_contrastive", "engine=vllm"]))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
+@pytest.mark.parametrize("beam", [["search=beam", "search.beam_checks=null", "policy=quantile",
+                                   "search.check_at=14", "policy.keep=4",
+                                   "evaluate.methods=[no_prune,confidence,conf_features,learned]"],
+                                  ["evaluate.compare_beam=true"]])
+def test_beam_search_under_engine_vllm_reads_the_predictor_of_the_vllm_bank(beam):
+    """vLLM is asked for no beam: the beams run on stopexp's engine (the hidden states of
+    every step), with the predictor trained on the vLLM bank of the same sampling."""
+    sampled = compose("evaluate", ["+exp=smollm2_multistep"])
+    cfg = validate(compose("evaluate", ["+exp=smollm2_multistep", *beam]))
+    assert cfg.engine.name == "vllm" and build.predictor_dir(cfg) == build.predictor_dir(sampled)
+    hf = compose("evaluate", ["+exp=smollm2_multistep", *beam, "engine=hf"])
+    assert build.bank(hf).key != build.bank(cfg).key

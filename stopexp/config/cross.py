@@ -225,14 +225,12 @@ def beam_keep_below_width(cfg) -> None:
 
 
 # what engine=vllm cannot serve: it generates paths and stops them (collect, online
-# Launch-Check-Resume: stopexp.search.vllm_lcr), so anything that reorders or forks the LM's
-# state between decode steps (per-step beam checks, forked rollouts) needs the hf engine;
+# Launch-Check-Resume: stopexp.search.vllm_lcr); forking the LM's state between decode steps
+# (rollouts) needs the hf engine. Beam search is not asked of vLLM: under either engine its
+# beams run on stopexp's engine, which has the hidden states of every step, with the
+# predictor trained on the configured engine's bank (stopexp.evaluation.beam).
 # key -> (is it asked for?, why). adapt's online loop is adapt's rule (stopexp.config.adapt)
 VLLM_UNSERVED = {
-    "search.name": (lambda cfg: cfg.search.name == "beam",
-                    "search=beam scores and reorders beams at every check step"),
-    "evaluate.compare_beam": (lambda cfg: bool(cfg.evaluate.compare_beam),
-                              "the plain beam search it compares with runs step by step"),
     "collect.mc_rollouts": (lambda cfg: cfg.collect.mc_rollouts > 0,
                             "Monte Carlo rollouts fork each path's KV cache at the checkpoints"),
     # vLLM returns the log-probs of one distribution: the filtered one it samples from, but

@@ -28,6 +28,7 @@ README = "\n".join(p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "
     ("train", ["loss.discount=0.5"], "loss.discount", "read only by loss=mse, not under loss=contrastive"),
     ("train", ["loss=pairwise", "loss.margin=2"], "loss.margin", "read only by loss=contrastive"),
     ("evaluate", ["search.patience=3"], "search.patience", "read only by search=beam"),
+    ("evaluate", ["evaluate.max_prompts=3"], "evaluate.max_prompts", "read only by search=beam"),
     ("train", ["predictor.lora_rank=4"], "predictor.lora_rank", "read only by predictor=super_token"),
     ("train", ["predictor.statistic=var"], "predictor.statistic", "read only by predictor=statistic"),
     ("evaluate", ["evaluate.methods=[confidence]", "evaluate.esc_window=4"], "evaluate.esc_window",

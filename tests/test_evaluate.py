@@ -197,3 +197,10 @@ def test_beam_search_batches_prompts_and_narrows_without_refill(trained):
     c, base = narrow["methods"]["confidence"], narrow["methods"]["no_prune"]
     assert c["pruned"] > 0 and c["tokens_total"] < batched["methods"]["confidence"]["tokens_total"]
     assert c["tokens_total"] < base["tokens_total"] == batched["methods"]["no_prune"]["tokens_total"]
+    # the first 3 prompts alone: each prompt's beams decide alone, so their tokens are the
+    # first 3 prompts' share of the whole run's
+    first = evaluate(beam_cfg(trained, "search.beam_width=2", "search.beam_checks=null",
+                              "search.refill=true", "evaluate.methods=[confidence]",
+                              "evaluate.text_metrics=false", "evaluate.max_prompts=3"))
+    assert first["protocol"]["prompts"] == 3 < batched["protocol"]["prompts"]
+    assert 0 < first["methods"]["no_prune"]["tokens_total"] < base["tokens_total"]

@@ -34,6 +34,8 @@ class EvaluateConfig:
     # at the check), the best LM score (mean token log-prob) or, as an oracle, the best reward
     select: str = "vote"            # vote | signal | lm_score | oracle
     compare_beam: bool = False      # also run plain beam search (no pruning) and compare outputs
+    # search=beam (which runs the LM online): the first N prompts of the split; None: all
+    max_prompts: Optional[int] = None
     bertscore_model: Optional[str] = None  # None = the offline MiniLM encoder
     seed: int = 0
     esc_window: int = 8             # ESC: paths sampled per window
@@ -80,6 +82,8 @@ def check_evaluate(cfg) -> None:
         fail("evaluate.split", f"the trace bank holds no {ev.split!r} prompts "
                                f"(collect.prompts.{ev.split}={cfg.collect.prompts.get(ev.split, 0)})")
     at_least("evaluate.bootstrap", ev.bootstrap, 1)
+    if ev.max_prompts is not None:
+        at_least("evaluate.max_prompts", ev.max_prompts, 1)
     policy.check_keep_within(pol, s.n_paths)
     within("evaluate.vote_top", ev.vote_top, 0, 1, low_open=True)
     if ev.vote_top != EvaluateConfig.vote_top and ev.vote != "filtered":

@@ -65,6 +65,8 @@ READ_ONLY_BY = {
     # the K sweep of the Pareto points: a threshold policy's one point is its run
     # (evaluate.retention under search=beam or several checks: check_sweeps_read)
     "evaluate.retention": ("policy.name", ("topk",)),
+    # replay and online Launch-Check-Resume evaluate every prompt of the bank's split
+    "evaluate.max_prompts": ("search.name", ("beam",)),
 }
 _GROUPS = {g.name: g for g in GROUPS if g.refuse_unread}
 

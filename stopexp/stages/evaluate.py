@@ -78,7 +78,8 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
     scorers = build_scorers(cfg, names, spec)
     start = time.time()
     if cfg.search.name == "beam":
-        return beam_metrics(build.online_lm(cfg, split, prompts_in(root, split)), names, scorers,
+        n = min(prompts_in(root, split), ev.max_prompts or prompts_in(root, split))
+        return beam_metrics(build.online_lm(cfg, split, n), names, scorers,
                             root.name, start, cfg.search, cfg.tap, cfg.policy, ev, run, run_dir)
     # the threshold policies, one per check and method (policy=risk: calibrated on val first)
     features = None if ev.mode == "online" and cfg.policy.name != "risk" else \

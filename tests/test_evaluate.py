@@ -204,3 +204,10 @@ def test_beam_search_batches_prompts_and_narrows_without_refill(trained):
                               "evaluate.text_metrics=false", "evaluate.max_prompts=3"))
     assert first["protocol"]["prompts"] == 3 < batched["protocol"]["prompts"]
     assert 0 < first["methods"]["no_prune"]["tokens_total"] < base["tokens_total"]
+    # pruned against plain beam search on the same prompts: a paired difference
+    d = batched["methods"]["confidence"]["accuracy_vs_no_prune"]
+    assert d["prompts"] == batched["protocol"]["prompts"] and d["ci"][0] <= d["diff"] <= d["ci"][1]
+    assert d["diff"] == pytest.approx(batched["methods"]["confidence"]["accuracy"]
+                                      - batched["methods"]["no_prune"]["accuracy"], abs=1e-12)
+    assert "accuracy_vs_no_prune" not in batched["methods"]["no_prune"]
+    assert "accuracy - no_prune, paired 95% CI" in print_table(batched)

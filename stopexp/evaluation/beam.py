@@ -14,7 +14,7 @@ from stopexp.core.protocol import checkpoint_tokens
 from stopexp.evaluation import figures, plots
 from stopexp.evaluation.accounting import add_text_metrics
 from stopexp.evaluation.online import OnlineLM
-from stopexp.metrics import BertScorer, bootstrap_ci, text_metrics
+from stopexp.metrics import BertScorer, bootstrap_ci, paired_difference, text_metrics
 from stopexp.search.beam import beam_search_batch
 from stopexp.search.sample import prompt_ids
 from stopexp.search.stops import eos_ids
@@ -130,14 +130,17 @@ def evaluate_beam(lm: OnlineLM, names: list[str], scorers: dict, search, tap, po
             wall = time.perf_counter() - start
             c = np.asarray(correct, float)
             lo, hi = bootstrap_ci(c, n=n_boot, seed=seed)
-            results[name] = {"accuracy": float(c.mean()), "accuracy_ci": [lo, hi],
+            results[name] = {"accuracy": float(c.mean()), "accuracy_ci": [lo, hi], "correct": c,
                              "tokens_total": float(tokens), "wall_s": wall, "check_s": check_s,
                              "check_share": check_s / max(wall - check_s, 1e-9),
                              "pruned": len(steps), "survival": (alive / len(problems)).tolist(),
                              "mean_prune_step": float(np.mean(steps)) if steps else None}
     base = results["no_prune"]["tokens_total"]
+    plain = results["no_prune"].pop("correct")
     for r in results.values():
         r["tokens_ratio"] = r["tokens_total"] / base
+        if "correct" in r:  # on the same prompts as plain beam search of the same width
+            r["accuracy_vs_no_prune"] = paired_difference(r.pop("correct"), plain, n_boot, seed)
     return results, texts, [p.prompt_id for p in problems]
 
 

@@ -32,12 +32,14 @@ def print_table(metrics: dict) -> str:
         lines = [f"Beam search B={p['beam_width']}, patience {p['patience']}, each step keeps {kept}, "
                  f"{p['prompts']} {p['split']} prompts",
                  f"{'method':<{w}}{'accuracy':>9}{'95% CI':>16}{'tokens':>10}{'ratio':>7}"
-                 f"{'pruned':>8}{'wall s':>8}{'check %':>9}"]
+                 f"{'pruned':>8}{'wall s':>8}{'check %':>9}   accuracy - no_prune, paired 95% CI"]
         for name, r in metrics["methods"].items():
             ci = f"[{r['accuracy_ci'][0]:.3f},{r['accuracy_ci'][1]:.3f}]"
+            d = r.get("accuracy_vs_no_prune")
+            vs = f"   {d['diff']:+.3f} [{d['ci'][0]:+.3f},{d['ci'][1]:+.3f}]" if d else ""
             lines.append(f"{name:<{w}}{r['accuracy']:>9.3f}{ci:>16}{r['tokens_total']:>10.0f}"
                          f"{r['tokens_ratio']:>7.2f}{r['pruned']:>8}{r['wall_s']:>8.1f}"
-                         f"{100 * r['check_share']:>9.2f}")
+                         f"{100 * r['check_share']:>9.2f}{vs}")
         return "\n".join(lines)
     policy = p.get("policy", "topk")
     lines = [protocol_line(metrics),

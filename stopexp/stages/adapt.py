@@ -34,6 +34,7 @@ from stopexp.evaluation.learning_curves import summarize_variants, variants_tabl
 from stopexp.signals.checkpoint import load_predictor
 from stopexp.stages import build
 from stopexp.stages.cli import Stage, stage_main
+from stopexp.stages.shift import target_config, target_overrides
 from stopexp.stages.train import train
 from stopexp.store import bank
 from stopexp.store.features import require_features, spec_of
@@ -51,7 +52,7 @@ def adapt(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
     """Run every variant of `adapt.variants` over the same seeded stream; returns the
     per-batch curves and a summary per variant (see the module docstring)."""
     a, overrides = cfg.adapt, list(overrides or [])
-    tgt, t_ov = build.target_config(cfg), build.target_overrides(cfg, overrides)
+    tgt, t_ov = target_config(cfg), target_overrides(cfg, overrides)
     src_feats, tgt_feats = build.features(cfg), build.features(tgt)
     root = bank.require_bank(tgt_feats.bank, t_ov)
     meta = bank.read_meta(root)

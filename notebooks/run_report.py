@@ -63,11 +63,12 @@ print(print_table(metrics))
 
 # %%
 p = metrics["protocol"]
-root = bank.require_bank(build.bank(cfg))
+feats = build.features(cfg)
+root = bank.require_bank(feats.bank)
 meta = bank.read_meta(root)
-paths = replay_paths(root, feature_bank.require_features(build.features(cfg)), p["split"], p["check_tokens"])
+paths = replay_paths(root, feature_bank.require_features(feats), p["split"], p["check_tokens"])
 names = [m for m in metrics["methods"] if m != "no_prune" and m not in STOPPING_METHODS]
-scorers = build_scorers(cfg, names, feature_bank.spec_of(cfg.tap.layers, meta))
+scorers = build_scorers(cfg, names, feature_bank.spec_of(cfg.tap.layers, meta), feats)
 scores = {m: scorers[m](paths.batch).numpy().astype(float) for m in names}
 outcomes = {"no_prune": outcome(paths, np.ones(len(paths.length), bool), p["check_tokens"], p["n"])}
 for m, s in scores.items():
@@ -88,7 +89,7 @@ print(f"replayed {len(outcomes)} methods on {p['prompts']} prompts: accuracies m
 
 # %%
 figs = make_plots(paths, outcomes, scores, metrics["points"], out, metrics["methods"], metrics)
-history = read_checkpoint(build.predictor_dir(cfg), cfg.predictor)["history"]  # names a damaged file
+history = read_checkpoint(build.predictor_dir(cfg, feats), cfg.predictor)["history"]  # names a damaged file
 figs["loss_curve"] = plots.loss_curve(history, out / "loss_curve.png")
 for name, path in figs.items():
     print(name)

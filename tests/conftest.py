@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from absl import logging as absl_logging
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
@@ -25,6 +26,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 _MODULES = tempfile.mkdtemp(prefix="stopexp-hf-modules-")
 os.environ["HF_MODULES_CACHE"] = _MODULES
 atexit.register(shutil.rmtree, _MODULES, ignore_errors=True)
+# rouge_score's absl logging (imported by test modules at collection) writes to the stderr
+# of its import, a capture of pytest's, and closes it when Hydra shuts logging down after an
+# in-process stage (run_stage); the interpreter's own stderr it never closes (as
+# stopexp.metrics.text.rouge_scorer sets it for a run)
+absl_logging.get_absl_handler().python_handler.stream = sys.__stderr__
 torch.set_num_threads(1)  # tiny models gain nothing from more, and a shared CI box suffers
 
 # The tolerance for one float32 quantity computed by two code paths over the same model

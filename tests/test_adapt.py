@@ -11,7 +11,7 @@ from conftest import FP32_REORDER, compose
 from stopexp.config import ConfigError, checkpoint_tokens, validate
 from stopexp.evaluation.accounting import replay_paths
 from stopexp.stages import build
-from stopexp.stages.build import target_config, target_overrides
+from stopexp.stages.shift import target_config, target_overrides
 from stopexp.store import bank
 from stopexp.training.losses import build_loss
 from stopexp.training.stream import (feedback, mc_draws, replay_continuations, replay_decider,
@@ -32,7 +32,7 @@ def _setup(small_bank, *extra):
     train(cfg, progress=False)
     root = bank.require_bank(build.bank(cfg))
     meta = bank.read_meta(root)
-    predictor, _ = load_predictor(predictor_dir(cfg), spec_of(cfg.tap.layers, meta), cfg.predictor)
+    predictor, _ = load_predictor(predictor_dir(cfg, build.features(cfg)), spec_of(cfg.tap.layers, meta), cfg.predictor)
     ckpt = checkpoint_tokens(cfg.search.check_at, cfg.search.max_new_tokens)
     paths = replay_paths(root, require_features(build.features(cfg)), "test", ckpt)
     order, held = stream_order(int(paths.group.max()) + 1, 4, 2, cfg.adapt.seed)

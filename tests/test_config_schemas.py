@@ -8,8 +8,8 @@ import sys
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import CONF, ROOT, compose
-from stopexp.config import validate
+from conftest import CONF, ROOT, compose, run_stage
+from stopexp.config import ConfigError, validate
 from stopexp.config.root import GROUPS
 from stopexp.config.validation import RULES, STAGES
 from stopexp.core.names import PREDICTOR_NAMES, names
@@ -75,14 +75,49 @@ def test_an_option_schema_lacks_the_other_options_keys():
 
 
 def test_an_options_yaml_sets_only_its_schemas_keys():
-    """A section holds the view, so a key of another option in an option's yaml composes;
-    at its default nothing reads it, off it validate refuses it: neither belongs there."""
+    """The shipped yamls pass the check that validate makes of a user's (next test)."""
     for g in GROUPS:
         for path in sorted((CONF / g.name).glob("*.yaml")):
             raw = OmegaConf.load(path)
             option = g.chosen(compose("collect", [f"{g.name}={path.stem}"])[g.name])
             extra = set(raw) - {"defaults"} - set(g.keys(option))
             assert not extra, f"{path}: {sorted(extra)} are not keys of {g.options[option].__name__}"
+
+
+MYTASK = "defaults:\n  - arith_schema\n  - _self_\n\nname: arith\nn_steps: 4\nshots: {shots}\n"
+ARITH_KEYS = "name, split_fractions, seed, stop, n_steps, operators, multipliers, styles"
+
+
+@pytest.mark.parametrize("shots", [3, 5])  # wordprob's default, and another value
+def test_another_options_key_in_an_options_yaml_fails_naming_file_and_key(tmp_path, shots):
+    """A section holds the view, so Hydra composes a key of another option (wordprob's
+    shots) in a yaml that extends arith_schema; validate refuses it, at its default too."""
+    (tmp_path / "task").mkdir()
+    (tmp_path / "task" / "mytask.yaml").write_text(MYTASK.format(shots=shots))
+    (tmp_path / "task" / "child.yaml").write_text("defaults:\n  - mytask\n  - _self_\n\nn_steps: 5\n")
+    search = f"hydra.searchpath=[file://{tmp_path}]"
+    for choice in ("mytask", "child"):  # the key set in the yaml an option extends is named too
+        cfg = compose("collect", [f"task={choice}", search], return_hydra_config=True)
+        assert cfg.task.shots == shots and OmegaConf.get_type(cfg.task).__name__ == "ArithTaskConfig"
+        with pytest.raises(ConfigError) as e:
+            validate(cfg)
+        assert str(e.value) == (
+            f"task.shots: set in {tmp_path}/task/mytask.yaml (task={choice}, which extends "
+            f"arith_schema), but only task=wordprob|datatotext read it; task=arith's keys: {ARITH_KEYS}")
+    (tmp_path / "task" / "mytask.yaml").write_text(MYTASK.replace("shots: {shots}\n", ""))
+    validate(compose("collect", ["task=child", search], return_hydra_config=True))  # its own keys: fine
+
+
+def test_a_stage_checks_the_option_files_it_was_composed_from(tmp_path, capsys):
+    (tmp_path / "task").mkdir()
+    (tmp_path / "task" / "mytask.yaml").write_text(MYTASK.format(shots=3))
+    with pytest.raises(SystemExit) as e:
+        run_stage("collect", ["logger=none", "task=mytask", f"hydra.searchpath=[file://{tmp_path}]",
+                              f"paths.output_dir={tmp_path}/out", f"hydra.run.dir={tmp_path}/run"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1
+    assert err.startswith(f"error: task.shots: set in {tmp_path}/task/mytask.yaml (task=mytask, ")
+    assert not list(tmp_path.rglob("meta.json"))  # no artifact: refused before any compute
 
 
 def test_every_group_option_is_a_registered_name():

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import compose
+from conftest import compose, run_stage
 from stopexp.config import STOPPING_METHODS, validate
 from stopexp.core.policies import TopK
 from stopexp.evaluation.accounting import Paths, keep_by_policy, outcome
@@ -102,6 +102,17 @@ def test_unknown_method_and_missing_predictor_fail_before_compute(trained, tmp_p
     with pytest.raises(FileNotFoundError, match="python -m stopexp.train"):
         # a training seed no other test trains with: the predictor is missing in any test order
         evaluate(cfg_for(trained, "predictor=linear", "train.seed=987654"))
+
+
+def test_the_stage_prints_the_train_command_with_the_command_lines_overrides(trained, tmp_path,
+                                                                           capsys):
+    over = [*trained, *FAST, "predictor=linear", "train.seed=987655"]  # no test trains this seed
+    with pytest.raises(SystemExit) as e:
+        run_stage("evaluate", [*over, f"hydra.run.dir={tmp_path}"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1
+    assert f"; make it with: python -m stopexp.train {' '.join(over)} (or run python -m " \
+           "stopexp.pipeline, which makes it for you)\n" in err
 
 
 def test_external_scorer_plugs_in(trained):

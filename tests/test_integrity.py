@@ -271,7 +271,7 @@ def test_damaged_predictor_is_named_and_train_rebuilds_it(copied, small_bank):
     cfg = validate(compose("train", [*small_bank, f"paths.output_dir={root.parents[2]}",
                                      "predictor=linear", "train.epochs=2"]))
     first = train(cfg, progress=False)
-    ckpt = predictor_dir(cfg)
+    ckpt = predictor_dir(cfg, build.features(cfg))
     weights = (ckpt / "predictor.safetensors").read_bytes()
     spec = spec_of(cfg.tap.layers, bank.read_meta(root))
     os.truncate(ckpt / "predictor.safetensors", 100)
@@ -279,7 +279,7 @@ def test_damaged_predictor_is_named_and_train_rebuilds_it(copied, small_bank):
                                                 rf"{len(weights)} recorded.*python -m stopexp.train"):
         load_predictor(ckpt, spec, cfg.predictor)
     with pytest.raises(CheckpointDamaged, match=r"; rebuild it with: python -m stopexp.train"):
-        build_scorers(cfg, ["linear"], spec)
+        build_scorers(cfg, ["linear"], spec, build.features(cfg))
     assert train(cfg, progress=False)["val"] == first["val"]  # rebuilt, not refused
     assert (ckpt / "predictor.safetensors").read_bytes() == weights
     other = validate(compose("train", [*small_bank, f"paths.output_dir={root.parents[2]}",
@@ -301,14 +301,14 @@ def test_damaged_predictor_is_named_and_train_rebuilds_it(copied, small_bank):
                 load_predictor(ckpt, spec, cfg.predictor)
         else:  # before: loaded, its spec is the same
             shutil.rmtree(ckpt)
-            shutil.copytree(predictor_dir(other), ckpt)
+            shutil.copytree(predictor_dir(other, build.features(other)), ckpt)
             with pytest.raises(CheckpointMismatch, match=rf"^predictor checkpoint {ckpt} does not fit "
                                                          rf"this config: its predictor.json records "
-                                                         rf"key='{predictor_dir(other).name}', this "
+                                                         rf"key='{predictor_dir(other, build.features(other)).name}', this "
                                                          rf"config expects '{ckpt.name}'"):
                 load_predictor(ckpt, spec, cfg.predictor)
             with pytest.raises(CheckpointMismatch, match=r"; rebuild it with: python -m stopexp.train"):
-                build_scorers(cfg, ["linear"], spec)
+                build_scorers(cfg, ["linear"], spec, build.features(cfg))
         assert train(cfg, progress=False)["val"] == first["val"]
         predictor, saved = load_predictor(ckpt, spec, cfg.predictor)
         assert saved["weights"]["size"] == len(weights)

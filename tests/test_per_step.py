@@ -10,12 +10,12 @@ import torch
 from conftest import compose
 from stopexp.config import ConfigError, validate
 from stopexp.signals import FeatureSpec, build_predictor
-from stopexp.stages.build import position_rows, predictor_dir
+from stopexp.stages.build import predictor_dir
 from stopexp.stages.train import train
 from stopexp.store import bank
 from stopexp.training.fit import fit
 from stopexp.training.losses import _pair_mask
-from stopexp.training.per_step import (auroc_by_position, mean_over_positions, pair_groups,
+from stopexp.training.per_step import (auroc_by_position, mean_over_positions, pair_groups, position_rows,
                                        training_rows)
 from stopexp.stages import build
 
@@ -136,7 +136,7 @@ def test_position_data_holds_every_alive_row_at_each_checkpoint(small_bank):
     from stopexp.store import features as feature_bank
 
     cfg = validate(compose("train", small_bank))
-    ds, rows = position_rows(cfg, "val")
+    ds, rows = position_rows(build.features(cfg), "val")
     feats = feature_rows.load_features(feature_bank.require_features(build.features(cfg)), "val")
     for ckpt in (5, 16):
         t = feature_rows.tensors_at(ds, feats, ckpt)
@@ -156,7 +156,7 @@ def test_train_on_every_position_reports_and_plots_the_curve(small_bank, tmp_pat
         assert curve["positions"] == [5, 16]
         assert m[split]["auroc"] == mean_over_positions(curve)
     assert (tmp_path / "auroc_by_prefix.png").exists()
-    saved = json.loads((predictor_dir(cfg) / "predictor.json").read_text())
+    saved = json.loads((predictor_dir(cfg, build.features(cfg)) / "predictor.json").read_text())
     assert saved["predictor"]["position_input"] is True
     assert saved["metrics"]["test"]["auroc_by_prefix"] == m["test"]["auroc_by_prefix"]
 
@@ -179,7 +179,7 @@ def test_evaluate_writes_every_methods_curve_and_the_single_checkpoint_baseline(
         if name != "mlp@5":
             assert c["auroc"][0] == pytest.approx(m["methods"][name]["auroc"], abs=1e-12), name
     # the baseline is the standard predictor, scored at every position
-    saved = json.loads((predictor_dir(one) / "predictor.json").read_text())
+    saved = json.loads((predictor_dir(one, build.features(one)) / "predictor.json").read_text())
     assert curves["mlp@5"] == saved["metrics"]["test"]["auroc_by_prefix"]
     assert curves["mlp@5"]["auroc"][0] == saved["metrics"]["test"]["auroc"]
     assert (tmp_path / "auroc_by_prefix.png").exists()

@@ -156,9 +156,9 @@ def test_train_and_evaluate_through_the_harness(small_bank):
     assert metrics["parameters"] < 60_000 and np.isfinite(metrics["val"]["auroc_pooled"])
     root = bank.require_bank(build.bank(cfg))
     meta = bank.read_meta(root)
-    st, _ = load_super_token(predictor_dir(cfg), *build.lm(cfg, progress=False), spec_of(cfg.tap.layers, meta),
+    st, _ = load_super_token(predictor_dir(cfg, build.features(cfg)), *build.lm(cfg, progress=False), spec_of(cfg.tap.layers, meta),
                              cfg.predictor)
-    test = training_data(cfg, root, meta, prefixes=True)["test"]
+    test = training_data(cfg, build.features(cfg), meta, prefixes=True)["test"]
     assert evaluate_scores(score(st, test), test)["auroc_pooled"] == metrics["test"]["auroc_pooled"]
     ev = validate(compose("evaluate", [*small_bank, *extra, "evaluate.methods=[learned]",
                                        "evaluate.text_metrics=false", "evaluate.bootstrap=50",

@@ -1,13 +1,15 @@
 """Groups whose options read different keys: one schema (a dataclass) per option, which the
-option's yaml extends (`defaults: [<option>_schema, _self_]`, so a key that its option does
-not read fails in that file at composition), and the group's view: a dataclass that
-inherits every option's schema, i.e. every option's keys at their defaults.
+option's yaml extends (`defaults: [<option>_schema, _self_]`), and the group's view: a
+dataclass that inherits every option's schema, i.e. every option's keys at their defaults.
 
 A composed config holds the view, typed as the chosen option's schema: the section's keys
 and values, which the artifact keys hash (stopexp.store.keys), are the same as before the
 group had per-option schemas, and code reading a key of another option finds its default.
-A key outside the chosen option's schema that is set off its default is refused at
-validate, naming the options that read it (stopexp.config.reads.check_unread).
+Hydra merges the option's yaml into that section, so a key of no option (a typo) fails in
+that file at composition, but a key of another option composes: validate refuses it in an
+option's yaml whatever its value, naming the file (stopexp.config.option_files), and
+anywhere else off its default, naming the options that read it
+(stopexp.config.reads.check_unread).
 
 A schema checks itself beside its fields: `ranges(node)`, the values its keys may take, is
 run for every option of the group (a bad value is named as such, whichever option is

@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from stopexp.config import (adapt, collect, cross, engine, evaluate, loss, model, policy,
                             predictor, reward, search, tap, task)
+from stopexp.config.option_files import check_option_files
 from stopexp.config.options import view_of
 from stopexp.config.ranges import at_least, fail, get, n_layers_of
 from stopexp.config.reads import (ALLOWED, check_beam_width_read, check_bertscore_model_read,
@@ -125,14 +126,20 @@ RULES = (
 )
 
 
-def validate(cfg: DictConfig) -> DictConfig:
+def validate(cfg: DictConfig, runtime=None) -> DictConfig:
     """Every check that needs no compute, for the stages that `cfg.stage` will run: unknown
-    keys, allowed names, finite floats (NaN and inf are refused everywhere), the range of
-    every numeric key (the group checks) and the rules of RULES whose stages include
-    cfg.stage. Raises ConfigError naming the key; returns cfg."""
+    keys, the option files' keys (with `runtime`, Hydra's runtime of the composition, or
+    cfg.hydra.runtime where cfg carries it: stopexp.config.option_files), allowed names,
+    finite floats (NaN and inf are refused everywhere), the range of every numeric key (the
+    group checks) and the rules of RULES whose stages include cfg.stage. Raises ConfigError
+    naming the key; returns cfg."""
     unknown = unknown_keys(cfg)
     if unknown:
         fail(unknown[0], "no such key in the config schema (stopexp/config/); check the spelling")
+    if runtime is None and "hydra" in cfg:
+        runtime = cfg.hydra.runtime
+    if runtime is not None:
+        check_option_files(cfg, runtime)
     for key, allowed in ALLOWED.items():
         v = get(cfg, key)
         if v is not None and v not in allowed:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from stopexp.core.names import lookup
+
 RESOLUTION = 1e-4
 
 
@@ -21,7 +23,21 @@ def quantize(scores: torch.Tensor) -> torch.Tensor:
 
 
 class Policy:
+    """A threshold policy. Each one is an entry of the registry (stopexp.core.names,
+    "policy"): the policy.* keys it reads besides K (`reads`, metrics' protocol, in the
+    order its constructor takes them, so that `from_config` builds it) and, in words, what
+    a check keeps (`text`, filled with those settings by `describe`)."""
     name = "policy"
+    reads: tuple[str, ...] = ()
+    text = ""
+
+    @classmethod
+    def from_config(cls, policy_cfg, keep: int | None, tau: float | None) -> "Policy":
+        return cls(*(policy_cfg[k] for k in cls.reads))
+
+    @classmethod
+    def describe(cls, params: dict, k, check: int) -> str:
+        return cls.text.format(**params)
 
     def threshold(self, scores: torch.Tensor) -> float:
         raise NotImplementedError
@@ -42,7 +58,7 @@ class Policy:
 
 
 class FixedThreshold(Policy):
-    name = "fixed"
+    name, reads, text = "fixed", ("tau",), "score >= {tau} (policy=fixed)"
 
     def __init__(self, tau: float):
         self.tau = tau
@@ -56,12 +72,29 @@ class RiskControlled(FixedThreshold):
     (policy.risk) below policy.alpha with probability 1 - policy.delta: Learn-then-Test,
     arXiv 2110.01052 (stopexp.evaluation.risk). -inf (nothing certified) prunes nothing.
     Learned predictors pick their epoch on training prompts instead (`selection_share`)."""
-    name = "risk"
+    name, reads = "risk", ("risk", "alpha", "delta", "selection_share")
+
+    @classmethod
+    def from_config(cls, policy_cfg, keep, tau):
+        if tau is None:
+            raise ValueError("policy=risk: its threshold is calibrated on the validation split "
+                             "first (stopexp.evaluation.risk.calibrate_methods)")
+        return cls(tau)
+
+    @classmethod
+    def describe(cls, params, k, check):
+        """Each method's calibrated threshold at this check (params["thresholds"]: method
+        -> one per check)."""
+        taus = ", ".join(f"{m} {'none certified' if t[check] is None else f'{t[check]:.4g}'}"
+                         for m, t in params.get("thresholds", {}).items())
+        return (f"score >= tau ({taus}), calibrated on val for {params['risk']} risk <= "
+                f"{params['alpha']} w.p. {1 - params['delta']:.3g} (policy=risk)")
 
 
 class Quantile(Policy):
     """Prune below the q-quantile of the current step's live signals."""
-    name = "quantile"
+    name, reads = "quantile", ("quantile",)
+    text = "score >= the {quantile} quantile of the live paths (policy=quantile)"
 
     def __init__(self, q: float):
         self.q = q
@@ -72,11 +105,20 @@ class Quantile(Policy):
 
 
 class TopK(Policy):
-    """Keep the K best (retention K/N); ties go to the earlier path."""
+    """Keep the K best (retention K/N); ties go to the earlier path. K: the check's own
+    (`keep`: each check of the plan, a retention sweep), else policy.keep."""
     name = "topk"
 
     def __init__(self, k: int):
         self.k = k
+
+    @classmethod
+    def from_config(cls, policy_cfg, keep, tau):
+        return cls(keep if keep is not None else policy_cfg.keep)
+
+    @classmethod
+    def describe(cls, params, k, check):
+        return str(k)
 
     def keep(self, scores):
         mask = torch.zeros(scores.numel(), dtype=torch.bool)
@@ -89,7 +131,9 @@ class TopK(Policy):
 class Adaptive(Policy):
     """A fixed threshold that a proportional controller moves toward a target prune rate:
     after pruning more than the target, tau goes down, after pruning less, it goes up."""
-    name = "adaptive"
+    name, reads = "adaptive", ("tau", "target_prune_rate", "gain")
+    text = ("score >= tau, from {tau} toward prune rate {target_prune_rate} (policy=adaptive, "
+            "gain {gain})")
 
     def __init__(self, tau: float, target: float, gain: float):
         self.tau, self.target, self.gain = tau, target, gain
@@ -102,23 +146,10 @@ class Adaptive(Policy):
 
 
 def build_policy(policy_cfg, keep: int | None = None, tau: float | None = None) -> Policy:
-    """The configured policy; `keep` overrides policy.keep for top-K (retention sweeps);
-    `tau` is policy=risk's calibrated threshold (stopexp.evaluation.risk)."""
-    name = policy_cfg.name
-    if name == "fixed":
-        return FixedThreshold(policy_cfg.tau)
-    if name == "quantile":
-        return Quantile(policy_cfg.quantile)
-    if name == "topk":
-        return TopK(keep if keep is not None else policy_cfg.keep)
-    if name == "adaptive":
-        return Adaptive(policy_cfg.tau, policy_cfg.target_prune_rate, policy_cfg.gain)
-    if name == "risk":
-        if tau is None:
-            raise ValueError("policy=risk: its threshold is calibrated on the validation split "
-                             "first (stopexp.evaluation.risk.calibrate_methods)")
-        return RiskControlled(tau)
-    raise ValueError(f"policy.name: {name!r} unknown; allowed: fixed, quantile, topk, adaptive, risk")
+    """The configured policy (policy.name's class in the registry); `keep` overrides
+    policy.keep for top-K (retention sweeps); `tau` is policy=risk's calibrated threshold
+    (stopexp.evaluation.risk). An unknown name: ValueError listing the policies."""
+    return lookup("policy", policy_cfg.name).from_config(policy_cfg, keep, tau)
 
 
 def check_policies(policy_cfg, plan: list[tuple[int, int]],
@@ -129,12 +160,6 @@ def check_policies(policy_cfg, plan: list[tuple[int, int]],
             for i, (_, k) in enumerate(plan)]
 
 
-# the policy.* keys each policy reads; topk's K (policy.keep) is in every check's plan
-POLICY_KEYS = {"fixed": ("tau",), "quantile": ("quantile",), "topk": (),
-               "adaptive": ("tau", "target_prune_rate", "gain"),
-               "risk": ("risk", "alpha", "delta", "selection_share")}
-
-
 def selection_share(policy_cfg) -> float:
     """The share of the training prompts a learned predictor picks its epoch on instead of
     the validation prompts: policy=risk's policy.selection_share (they calibrate it), else 0."""
@@ -143,23 +168,11 @@ def selection_share(policy_cfg) -> float:
 
 def policy_params(policy_cfg) -> dict:
     """The settings the configured policy reads, besides K (metrics' protocol)."""
-    return {k: policy_cfg[k] for k in POLICY_KEYS[policy_cfg.name]}
+    return {k: policy_cfg[k] for k in lookup("policy", policy_cfg.name).reads}
 
 
 def kept_text(name: str, params: dict, k, check: int = 0) -> str:
     """What a check (the check-th of the run) keeps, in words for a header: K under
-    policy=topk, else the rule; under policy=risk each method's calibrated threshold
-    (params["thresholds"]: method -> one per check)."""
-    if name == "risk":
-        taus = ", ".join(f"{m} {'none certified' if t[check] is None else f'{t[check]:.4g}'}"
-                         for m, t in params.get("thresholds", {}).items())
-        return (f"score >= tau ({taus}), calibrated on val for {params['risk']} risk <= "
-                f"{params['alpha']} w.p. {1 - params['delta']:.3g} (policy=risk)")
-    if name == "topk":
-        return str(k)
-    if name == "fixed":
-        return f"score >= {params['tau']} (policy=fixed)"
-    if name == "quantile":
-        return f"score >= the {params['quantile']} quantile of the live paths (policy=quantile)"
-    return (f"score >= tau, from {params['tau']} toward prune rate {params['target_prune_rate']} "
-            f"(policy=adaptive, gain {params['gain']})")
+    policy=topk, else the rule (`params`: the policy's settings, as `policy_params` and
+    metrics' protocol hold them)."""
+    return lookup("policy", name).describe(params, k, check)

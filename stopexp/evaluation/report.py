@@ -6,11 +6,24 @@ from pathlib import Path
 import numpy as np
 
 from stopexp.core.names import ORACLE_METHODS
+from stopexp.core.policies import policy_params
 from stopexp.evaluation import figures, plots
 from stopexp.evaluation.accounting import Paths, keep_by_policy
 from stopexp.evaluation.paired import best_non_learned
 from stopexp.evaluation.table import protocol_line
 from stopexp.signals import methods as M
+
+
+def protocol_record(plan: list[tuple[int, int]], n: int, policy, search, evaluate, prompts: int,
+                    thresholds: dict) -> dict:
+    """metrics.json's protocol of Launch-Check-Resume: N, the last check's K, where AUROC is
+    read (the first check), the policy and its settings (`thresholds`: policy=risk's
+    calibrated ones per method, empty otherwise), every check, the score rule, the vote and
+    the evaluated prompts of evaluate.split."""
+    return {"n": n, "k": plan[-1][1], "check_tokens": plan[0][0], "policy": policy.name,
+            "policy_params": policy_params(policy) | ({"thresholds": thresholds} if thresholds else {}),
+            "checks": [list(c) for c in plan], "score_rule": search.score_rule,
+            "vote": evaluate.vote, "prompts": prompts, "split": evaluate.split}
 
 
 def make_plots(paths: Paths, outcomes: dict, scores: dict, points: list, run_dir: Path,

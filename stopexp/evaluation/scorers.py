@@ -40,12 +40,3 @@ def warn_off_checkpoint(names: list[str], plan: list[tuple[int, int]], trained: 
     log.warning(message)
     return message
 
-
-def cli_overrides() -> list[str]:
-    """The command line's Hydra overrides ([] outside a Hydra run), to print the command
-    that rebuilds a missing or damaged artifact."""
-    try:
-        from hydra.core.hydra_config import HydraConfig
-        return list(HydraConfig.get().overrides.task)
-    except ValueError:
-        return []

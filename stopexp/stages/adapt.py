@@ -34,11 +34,13 @@ from stopexp.evaluation.learning_curves import summarize_variants, variants_tabl
 from stopexp.signals.checkpoint import load_predictor
 from stopexp.stages import build
 from stopexp.stages.cli import Stage, stage_main
+from stopexp.stages.shift import target_config, target_overrides
 from stopexp.stages.train import train
 from stopexp.store import bank
 from stopexp.store.features import require_features, spec_of
 from stopexp.tasks import vote_format
 from stopexp.training.losses import build_loss
+from stopexp.training.data import trained_on
 from stopexp.training.online import online_decider, prompt_ids_of
 from stopexp.training.stream import (replay_continuations, replay_decider, run_stream,
                                      stream_order, take)
@@ -50,12 +52,13 @@ def adapt(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
     """Run every variant of `adapt.variants` over the same seeded stream; returns the
     per-batch curves and a summary per variant (see the module docstring)."""
     a, overrides = cfg.adapt, list(overrides or [])
-    tgt, t_ov = build.target_config(cfg), build.target_overrides(cfg, overrides)
-    root = bank.require_bank(build.bank(tgt), t_ov)
+    tgt, t_ov = target_config(cfg), target_overrides(cfg, overrides)
+    src_feats, tgt_feats = build.features(cfg), build.features(tgt)
+    root = bank.require_bank(tgt_feats.bank, t_ov)
     meta = bank.read_meta(root)
     checkpoint = check_tokens(cfg.search, cfg.train.checkpoint)
-    predictors = load_predictors(cfg, overrides, tgt, t_ov)
-    paths = replay_paths(root, require_features(build.features(tgt), t_ov), a.split, checkpoint, vote_format(tgt.task))
+    predictors = load_predictors(a.variants, (cfg, overrides, src_feats), (tgt, t_ov, tgt_feats))
+    paths = replay_paths(root, require_features(tgt_feats, t_ov), a.split, checkpoint, vote_format(tgt.task))
     order, held = stream_order(int(paths.group.max()) + 1, a.stream_prompts, a.heldout_prompts, a.seed)
     heldout = take(paths, held) if len(held) else None
     if cfg.evaluate.mode == "online":  # the target LM in the loop, on the same prompts
@@ -102,18 +105,19 @@ def check_tokens(search, trained_at) -> int:
     return checkpoint
 
 
-def load_predictors(cfg, overrides: list[str], tgt, t_ov: list[str]) -> dict:
-    """The source predictor (trained on the source bank) and the ceiling (trained on the
-    target bank `tgt`, composed by the overrides `t_ov`), each trained here when missing,
-    like train would."""
+def load_predictors(variants, source: tuple, target: tuple) -> dict:
+    """The source predictor ("frozen": trained on the source bank) and, when `variants`
+    (adapt.variants) hold it, the ceiling ("retrained": trained on the target bank), each
+    trained here when missing, like train would. `source`, `target`: (config, the
+    overrides that compose it, its features)."""
     out = {}
-    for name, c, ov in (("frozen", cfg, overrides), ("retrained", tgt, t_ov)):
-        if name == "retrained" and "retrained" not in cfg.adapt.variants:
+    for name, (c, ov, feats) in (("frozen", source), ("retrained", target)):
+        if name == "retrained" and "retrained" not in variants:
             continue
-        root = bank.require_bank(build.bank(c), ov)
+        root = bank.require_bank(feats.bank, ov)
         metrics = train(c, overrides=ov, progress=False)
         out[name], _ = load_predictor(Path(metrics["checkpoint"]), spec_of(c.tap.layers, bank.read_meta(root)),
-                                      c.predictor, build.trained_on(c))
+                                      c.predictor, trained_on(feats))
     return out
 
 

@@ -6,15 +6,13 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import OmegaConf
 
-from stopexp.config import shifted_config
 from stopexp.core.policies import selection_share
 from stopexp.core.protocol import checkpoint_tokens
 from stopexp.evaluation.online import OnlineLM, run_launch_check_resume, run_on_vllm
 from stopexp.models import load_lm
 from stopexp.models.extract import DEFAULT_BATCH_TOKENS
-from stopexp.models.toy_lm import ARITH_KEYS
 from stopexp.models.vllm_lm import open_vllm_engine
 from stopexp.runtime.artifacts import config_hash
 from stopexp.runtime.tracking import tracked_run
@@ -67,83 +65,31 @@ def features(cfg) -> FeatureSet:
                        cache_dir=cfg.paths.cache_dir)
 
 
-# The distribution shift adapt runs under. Here, not in stopexp/config/adapt.py beside
-# shifted_config: pinning the toy LM needs the task keys it learns (stopexp.models.toy_lm).
-def target_config(cfg) -> DictConfig:
-    """The stream's config: `cfg` with each `adapt.target` key (a dotted config key under
-    task, model or search) set to its value. For the toy LM, task keys are pinned to the
-    source task (`model.toy.train_task`) when `adapt.pin_lm`, so the target bank is made by
-    the same LM, which never saw the target task; without it the LM is the one trained on
-    the target (a style mix, `task.styles`, only changes the LM: pinned, it shifts nothing)."""
-    tgt = shifted_config(cfg)
-    if cfg.adapt.pin_lm and cfg.model.name == "toy" and cfg.model.toy is not None:
-        source = OmegaConf.to_container(cfg.task, resolve=True)
-        pinned = {k[5:]: source[k[5:]] for k in cfg.adapt.target
-                  if k.startswith("task.") and k[5:] in ARITH_KEYS}
-        with open_dict(tgt):
-            tgt.model.toy.train_task = {**pinned, **dict(cfg.model.toy.train_task)}
-    return tgt
-
-
-def _value(v) -> str:
-    if isinstance(v, (list, tuple)):
-        return "[" + ",".join(_value(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{" + ",".join(f"{k}:{_value(x)}" for k, x in v.items()) + "}"
-    return f"'{v}'" if isinstance(v, str) else str(v)
-
-
-def target_overrides(cfg, overrides: list[str]) -> list[str]:
-    """The command-line overrides that compose the target bank's config (for the collect
-    and train commands printed when it or its predictor is missing)."""
-    out = [o for o in overrides if not o.lstrip("+~").startswith("adapt.")]  # also ++adapt.target=...
-    tgt = target_config(cfg)
-    out += [f'"{k}={_value(OmegaConf.to_container(cfg.adapt.target, resolve=True)[k])}"'
-            for k in cfg.adapt.target]
-    if cfg.model.name == "toy":
-        out += [f'"+model.toy.train_task.{k}={_value(v)}"'
-                for k, v in OmegaConf.to_container(tgt.model.toy.train_task).items()
-                if k not in cfg.model.toy.train_task]
-    return out
-
-
 # ---- the predictor's artifacts and data (train, evaluate, adapt) ----------------------------
-def predictor_dir(cfg) -> Path:
-    """Where the predictor of `cfg` is saved: a hash of its features, predictor, loss and
-    train sections under paths.cache_dir."""
+def predictor_dir(cfg, features: FeatureSet) -> Path:
+    """Where the predictor of `cfg` is saved: a hash of its `features` (features(cfg)),
+    predictor, loss and train sections under paths.cache_dir."""
     # epochs picked on training prompts (policy=risk) make another predictor; keys as before otherwise
     share = selection_share(cfg.policy)
-    key = config_hash(features(cfg).key, cfg.predictor, cfg.loss, cfg.train,
+    key = config_hash(features.key, cfg.predictor, cfg.loss, cfg.train,
                       *([{"selection_share": share}] if share else []))
     return Path(cfg.paths.cache_dir) / "predictors" / key
 
 
-def trained_on(cfg) -> dict:
-    """What a predictor of `cfg` learns from (stopexp.training.data.trained_on): its trace
-    bank and its features, by content."""
-    return data.trained_on(bank(cfg).root, features(cfg).root)
-
-
-def training_data(cfg, root: Path, meta: dict, overrides: list[str] | None = None,
+def training_data(cfg, features: FeatureSet, meta: dict, overrides: list[str] | None = None,
                   prefixes: bool = False) -> dict[str, dict]:
-    """The predictor's splits from the bank at `root` (`meta` its meta.json) and its
-    features (made when missing): at train.checkpoint (with `prefixes`, also the prompts
-    and tokens), or with train.positions=all at every stored position."""
+    """The predictor's splits from the trace bank of `features` (features(cfg); `meta` the
+    bank's meta.json) and the features (made when missing): at train.checkpoint (with
+    `prefixes`, also the prompts and tokens), or with train.positions=all at every stored
+    position."""
     min_gap = data.pair_min_gap(cfg.loss)
     if cfg.train.positions == "all":
-        return per_step.split_data_all({s: feature_rows.load_split(features(cfg), s, overrides)
+        return per_step.split_data_all({s: feature_rows.load_split(features, s, overrides)
                                         for s in ("train", "val", "test")
                                         if bank_store.split_rows(meta, s)}, min_gap)
     ckpt = checkpoint_tokens(cfg.train.checkpoint, cfg.search.max_new_tokens)
-    return data.split_data(root, meta, feature_bank.require_features(features(cfg), overrides), ckpt,
-                           cfg.search.n_paths, min_gap, cfg.collect.keep_correct, prefixes)
-
-
-def position_rows(cfg, split: str, overrides: list[str] | None = None) -> tuple:
-    """(the `split` paths of the bank, their position batch: per_step.position_data, None
-    when the bank holds none), the features made when missing."""
-    ds, feats = feature_rows.load_split(features(cfg), split, overrides)
-    return ds, per_step.position_data(ds, feats)
+    return data.split_data(features.bank.root, meta, feature_bank.require_features(features, overrides),
+                           ckpt, cfg.search.n_paths, min_gap, cfg.collect.keep_correct, prefixes)
 
 
 # ---- the LM run online (evaluate: mode=online, search=beam, compare_beam) ------------------

@@ -71,9 +71,9 @@ def stage_main(config_name: str, tracked: bool = True):
     def decorate(recipe: Callable[[Stage], dict | None]):
         @functools.wraps(recipe)
         def task(cfg):
-            validate(cfg)
-            check_output_dirs(cfg)
             hc = HydraConfig.get()
+            validate(cfg, hc.runtime)  # with the option files that Hydra composed it from
+            check_output_dirs(cfg)
             stage = Stage(cfg, Path(hc.runtime.output_dir), list(hc.overrides.task))
             try:
                 with build.tracked(cfg, config_name) if tracked else nullcontext() as run:

@@ -31,7 +31,7 @@ import numpy as np
 
 from stopexp.config import check_method_names, check_plan
 from stopexp.core.names import INTERMEDIATE_VALUE_TASKS, method_name
-from stopexp.core.policies import check_policies, policy_params
+from stopexp.core.policies import check_policies
 from stopexp.core.protocol import checkpoint_tokens
 from stopexp.evaluation.accounting import (account_methods, add_text_metrics, bank_paths_and_confs,
                                            pareto_points, prompts_in, replay_paths)
@@ -41,9 +41,9 @@ from stopexp.evaluation.curves import auroc_by_prefix
 from stopexp.evaluation.first_errors import bank_timing
 from stopexp.evaluation.online import online_paths
 from stopexp.evaluation.paired import combined_pairs, paired_stats, scores_at_checks
-from stopexp.evaluation.report import record
+from stopexp.evaluation.report import protocol_record, record
 from stopexp.evaluation.risk import calibrate_methods, calibration_record, realised_risk
-from stopexp.evaluation.scorers import cli_overrides, method_names, warn_off_checkpoint
+from stopexp.evaluation.scorers import method_names, warn_off_checkpoint
 from stopexp.evaluation.select import attach_bank_columns
 from stopexp.evaluation.table import print_table  # pipeline and notebooks import it from here
 from stopexp.search.memory import add_memory
@@ -54,28 +54,31 @@ from stopexp.stopping.replay import STOPPING_METHODS, stopping_outcomes
 from stopexp.store import bank
 from stopexp.store import features as feature_bank
 from stopexp.tasks import build_task, vote_format
+from stopexp.training.per_step import position_rows
 
 log = logging.getLogger(__name__)
 
 
-def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
+def evaluate(cfg, run=None, run_dir: Path | None = None, overrides: list[str] | None = None) -> dict:
     """Evaluate every method of `cfg.evaluate.methods` (and the always-run ones) on the
     trace bank's `evaluate.split` prompts; returns metrics.json's content. With run_dir the
     figures are written there, with `run` (a tracked run) the summary, figures and a sample
-    table are logged. Unknown methods, a missing bank or predictor fail before compute."""
+    table are logged. Unknown methods, a missing bank or predictor fail before compute,
+    printing the command that makes it with the command line's `overrides`."""
     ev = cfg.evaluate
     check_method_names(ev.methods)  # unknown names fail before any compute (as validate does)
     feats = build.features(cfg)
-    root = bank.require_bank(feats.bank, cli_overrides())
+    root = bank.require_bank(feats.bank, overrides)
     meta = bank.read_meta(root)
     plan = check_plan(cfg.search, cfg.policy)  # (prefix tokens, K) per check; the first is where AUROC is read
-    checkpoint, K, N, split = plan[0][0], plan[-1][1], cfg.search.n_paths, ev.split
+    checkpoint, N, split = plan[0][0], cfg.search.n_paths, ev.split
+    checks = [c for c, _ in plan]
     names = method_names(ev.methods, cfg.predictor.name)
     if cfg.search.name == "parallel":
         warn_off_checkpoint(names, plan, checkpoint_tokens(cfg.train.checkpoint, cfg.search.max_new_tokens),
                             cfg.train.positions)
     spec = feature_bank.spec_of(cfg.tap.layers, meta)
-    scorers = build_scorers(cfg, names, spec)
+    scorers = build_scorers(cfg, names, spec, feats, overrides)
     start = time.time()
     if cfg.search.name == "beam":
         n = min(prompts_in(root, split), ev.max_prompts or prompts_in(root, split))
@@ -83,8 +86,7 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
                             root.name, start, cfg.search, cfg.tap, cfg.policy, ev, run, run_dir)
     # the threshold policies, one per check and method (policy=risk: calibrated on val first)
     features = None if ev.mode == "online" and cfg.policy.name != "risk" else \
-        feature_bank.require_features(feats, cli_overrides())  # made here when missing
-    checks = [c for c, _ in plan]
+        feature_bank.require_features(feats, overrides)  # made here when missing
     calibrated = (calibrate_methods(cfg.policy, cfg.search, ev, scorers, checks,
                                     replay_paths(root, features, "val", checks, vote_format(cfg.task)))
                   if cfg.policy.name == "risk" else {})
@@ -97,16 +99,13 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
                                             names, scorers, policies, plan, N)
         attach_bank_columns(views, root, split)  # rewards and LM scores, checked text by text
     else:  # replay reads the features of the bank's paths
-        paths = replay_paths(root, features, split, [c for c, _ in plan], vote_format(cfg.task))
+        paths = replay_paths(root, features, split, checks, vote_format(cfg.task))
     stops = {}
-    if set(names) & set(STOPPING_METHODS):
-        signal = None
-        if "combined" in names:  # its signal's scores at every check (replay: paths.checks)
-            sig = method_name(ev.combined_signal, cfg.predictor.name)
-            signal = [scorers[sig](b).numpy().astype(float) for b in paths.checks]
+    if set(names) & set(STOPPING_METHODS):  # combined reads its signal's scores at every check
+        signal = [scorers[method_name(ev.combined_signal, cfg.predictor.name)](b).numpy().astype(float)
+                  for b in paths.checks] if "combined" in names else None
         stops = stopping_outcomes(*bank_paths_and_confs(root, split, checkpoint, paths, views),
-                                  names, N, ev, cfg.search.group_window,
-                                  [c for c, _ in plan], signal)
+                                  names, N, ev, cfg.search.group_window, checks, signal)
     # account, analyse
     results, outcomes, scores, points = account_methods(names, scorers, policies, paths, plan, stops,
                                                         views, timing, meta, cfg.search, cfg.policy, ev)
@@ -127,22 +126,18 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
                                  results, cfg.search, cfg.tap, cfg.reward, ev)
     metrics = {"methods": results, "points": points, "mode": ev.mode,
                "select": ev.select, **({"beam_search": beam} if beam else {}),
-               "protocol": {"n": N, "k": K, "check_tokens": checkpoint, "policy": cfg.policy.name,
-                            "policy_params": policy_params(cfg.policy) | ({"thresholds": {
-                                m: calibration_record(c)["thresholds"] for m, c in calibrated.items()}}
-                                if calibrated else {}),
-                            "checks": [list(c) for c in plan], "score_rule": cfg.search.score_rule,
-                            "vote": ev.vote, "prompts": int(paths.group.max()) + 1, "split": split},
+               "protocol": protocol_record(plan, N, cfg.policy, cfg.search, ev, int(paths.group.max()) + 1, {
+                   m: calibration_record(c)["thresholds"] for m, c in calibrated.items()}),
                "bank": root.name}
     metrics["paired"] = paired_stats(paths, scores_at_checks(scorers, scores, paths), plan, N,
                                      outcomes, ev.bootstrap, ev.seed)
     metrics["paired_combined"] = combined_pairs(outcomes, ev.bootstrap, ev.seed)
-    ds, rows = build.position_rows(cfg, split)  # every stored position of the split's paths
-    baseline = single_checkpoint_baseline(cfg, spec) if rows is not None else None
+    ds, rows = position_rows(feats, split, overrides)  # every stored position of the split's paths
+    baseline = single_checkpoint_baseline(cfg, spec, feats, overrides) if rows is not None else None
     metrics["auroc_by_prefix"], metrics["paired_by_prefix"] = auroc_by_prefix(
         ds, rows, scorers, baseline, ev.bootstrap, ev.seed)
     if cfg.task.name in INTERMEDIATE_VALUE_TASKS:  # where the paths' first wrong values lie
-        metrics["first_wrong_value"] = bank_timing(bank.load_bank(root, split), [c for c, _ in plan])
+        metrics["first_wrong_value"] = bank_timing(bank.load_bank(root, split), checks)
     metrics["eval_wall_s"] = round(time.time() - start, 2)
     record(metrics, paths, outcomes, scores, policies, N, root.name, run, run_dir)  # plot, log
     return metrics
@@ -150,7 +145,7 @@ def evaluate(cfg, run=None, run_dir: Path | None = None) -> dict:
 
 @stage_main("evaluate")
 def main(stage: Stage) -> dict:
-    metrics = evaluate(stage.cfg, stage.run, stage.run_dir)
+    metrics = evaluate(stage.cfg, stage.run, stage.run_dir, stage.overrides)
     print(print_table(metrics))
     log.info("plots and metrics.json in %s", stage.run_dir)
     return metrics

@@ -20,16 +20,18 @@ from stopexp.store.features import featurize
 log = logging.getLogger(__name__)
 
 
-def run_pipeline(cfg, run_dir: Path) -> dict:
+def run_pipeline(cfg, run_dir: Path, overrides: list[str] | None = None) -> dict:
+    """Each stage in turn; `overrides`, the command line's, go into the commands printed to
+    repair an artifact."""
     timings, start = {}, time.time()
     with build.tracked(cfg, "pipeline") as run:
         collected = collect(build.collection(cfg), run=run)
         timings["collect_s"] = round(time.time() - start, 1)
-        featurized = featurize(build.features(cfg), run=run)
+        featurized = featurize(build.features(cfg), overrides, run=run)
         timings["featurize_s"] = round(time.time() - start - sum(timings.values()), 1)
-        trained = train(cfg, run=run, run_dir=run_dir / "train")
+        trained = train(cfg, run, overrides, run_dir / "train")
         timings["train_s"] = round(time.time() - start - sum(timings.values()), 1)
-        evaluated = evaluate(cfg, run=run, run_dir=run_dir / "evaluate")
+        evaluated = evaluate(cfg, run, run_dir / "evaluate", overrides)
         timings["evaluate_s"] = round(time.time() - start - sum(timings.values()), 1)
         timings["wall_s"] = round(time.time() - start, 1)
         metrics = {"collect": collected, "featurize": featurized, "train": trained, **evaluated,
@@ -54,6 +56,6 @@ def where_outputs(run_dir: Path) -> str:
 
 @stage_main("pipeline", tracked=False)
 def main(stage: Stage) -> dict:
-    metrics = run_pipeline(stage.cfg, stage.run_dir)
+    metrics = run_pipeline(stage.cfg, stage.run_dir, stage.overrides)
     log.info("done in %.0f s; %s", metrics["pipeline"]["wall_s"], where_outputs(stage.run_dir))
     return metrics

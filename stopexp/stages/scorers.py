@@ -13,18 +13,22 @@ from stopexp.config import PredictorConfig
 from stopexp.core.errors import NotFound
 from stopexp.core.names import PREDICTOR_NAMES, REGISTRY, STOPPING_METHODS, lookup
 from stopexp.core.protocol import checkpoint_tokens
-from stopexp.evaluation.scorers import cli_overrides
 from stopexp.models.super_token import load_super_token
 from stopexp.signals import methods as M
 from stopexp.signals.checkpoint import CheckpointDamaged, CheckpointMismatch, load_predictor
 from stopexp.stages import build
 from stopexp.stages.train import train
 from stopexp.store import features as feature_bank
+from stopexp.store.features import FeatureSet
+from stopexp.training.data import trained_on
 
 
-def build_scorers(cfg, names: list[str], spec) -> dict:
+def build_scorers(cfg, names: list[str], spec, features: FeatureSet,
+                  overrides: list[str] | None = None) -> dict:
     """name -> scorer for every method but no_prune; learned ones load their checkpoint
-    (the conf_features control is trained here if missing: it needs no LM)."""
+    (the conf_features control is trained here if missing: it needs no LM). `features`:
+    the stage's (build.features(cfg)), which every predictor of cfg's bank and tap reads;
+    `overrides`: the command line's, which the repair commands repeat."""
     scorers = {}
     for name in names:
         if name == "no_prune" or name in STOPPING_METHODS:  # no scorer: their own protocol
@@ -37,10 +41,10 @@ def build_scorers(cfg, names: list[str], spec) -> dict:
             scorers[name] = lookup("baseline", name)
         elif name in PREDICTOR_NAMES:
             sub = cfg if name == cfg.predictor.name else _with_predictor(cfg, name)
-            ckpt = build.predictor_dir(sub)
-            command = f"python -m stopexp.train {' '.join(cli_overrides())}".rstrip()
+            ckpt = build.predictor_dir(sub, features)
+            command = f"python -m stopexp.train {' '.join(overrides or [])}".rstrip()
             if name != cfg.predictor.name:  # a control: made here, a damaged one remade
-                train(sub, progress=False)
+                train(sub, overrides=overrides, progress=False)
             elif not (ckpt / "predictor.json").exists():
                 raise NotFound(
                     f"no trained {name} predictor for this config at {ckpt}; make it with: "
@@ -49,9 +53,10 @@ def build_scorers(cfg, names: list[str], spec) -> dict:
                 if name == "super_token":  # on its own copy of the LM; online it reads the engine's cache
                     predictor, _ = load_super_token(ckpt, *build.lm(sub, progress=False), spec,
                                                     sub.predictor, cfg.search.max_batch_rows,
-                                                    _trained_on(sub))
+                                                    _trained_on(features, overrides))
                 else:
-                    predictor, _ = load_predictor(ckpt, spec, sub.predictor, _trained_on(sub))
+                    predictor, _ = load_predictor(ckpt, spec, sub.predictor,
+                                                  _trained_on(features, overrides))
             except (CheckpointDamaged, CheckpointMismatch) as e:
                 raise type(e)(f"{e}; rebuild it with: {command}") from e
             scorers[name] = M.learned(predictor)
@@ -60,7 +65,8 @@ def build_scorers(cfg, names: list[str], spec) -> dict:
     return scorers
 
 
-def single_checkpoint_baseline(cfg, spec) -> tuple[str, object] | None:
+def single_checkpoint_baseline(cfg, spec, features: FeatureSet,
+                               overrides: list[str] | None = None) -> tuple[str, object] | None:
     """With train.positions=all: (label, predictor) of the same predictor trained the
     standard way, at train.checkpoint only and without the position input (trained here
     when missing, as the controls are), to be scored at every position. None otherwise."""
@@ -68,19 +74,19 @@ def single_checkpoint_baseline(cfg, spec) -> tuple[str, object] | None:
         return None
     sub = copy.deepcopy(cfg)
     sub.train.positions, sub.predictor.position_input = "checkpoint", False
-    train(sub, progress=False)
-    predictor, _ = load_predictor(build.predictor_dir(sub), spec, sub.predictor, build.trained_on(sub))
+    train(sub, overrides=overrides, progress=False)
+    predictor, _ = load_predictor(build.predictor_dir(sub, features), spec, sub.predictor,
+                                  trained_on(features))
     tokens = checkpoint_tokens(cfg.train.checkpoint, cfg.search.max_new_tokens)
     return f"{cfg.predictor.name}@{tokens}", predictor
 
 
-def _trained_on(cfg) -> dict:
-    """trained_on(cfg), complete features first checked against their record, so that
+def _trained_on(features: FeatureSet, overrides: list[str] | None) -> dict:
+    """trained_on(features), complete features first checked against their record, so that
     features of another tap under the key are named as such, not as a stale predictor."""
-    features = build.features(cfg)
     if feature_bank.is_complete(features.root):
-        feature_bank.require_features(features, cli_overrides(), make=False)
-    return build.trained_on(cfg)
+        feature_bank.require_features(features, overrides, make=False)
+    return trained_on(features)
 
 
 def _with_predictor(cfg, name: str):

@@ -28,7 +28,8 @@ from stopexp.stages import build
 from stopexp.stages.cli import Stage, stage_main
 from stopexp.store import bank
 from stopexp.store import features as feature_bank
-from stopexp.training.data import check_reward_range, pair_min_gap
+from stopexp.training.data import check_reward_range, pair_min_gap, trained_on
+from stopexp.training.per_step import position_rows
 from stopexp.training.predictor import fit_and_score, prefix_curve, report, trained_checkpoint
 from stopexp.training.selection import hold_out_for_selection
 
@@ -43,22 +44,22 @@ def train(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
     root = bank.require_bank(features.bank, overrides)
     meta = bank.read_meta(root)
     spec = feature_bank.spec_of(cfg.tap.layers, meta)
-    out = build.predictor_dir(cfg)
+    out = build.predictor_dir(cfg, features)
     lm_based = cfg.predictor.name == "super_token"  # the one predictor that runs the LM
     if out.exists():
         # features replaced under the key (another tap, width or bank) are refused here as
         # evaluate refuses them, not passed over with the cached predictor
         feature_bank.require_features(features, overrides)
-        found = trained_checkpoint(out, spec, cfg.predictor, build.trained_on(cfg), lm_based)
+        found = trained_checkpoint(out, spec, cfg.predictor, trained_on(features), lm_based)
         if found is not None:
             return found
     start = time.time()
     every_position = cfg.train.positions == "all"
-    data = build.training_data(cfg, root, meta, overrides, prefixes=lm_based)
+    data = build.training_data(cfg, features, meta, overrides, prefixes=lm_based)
     check_reward_range(cfg.loss, cfg.reward.name, data)
     # policy=risk: the epoch is picked on training prompts, so no calibration prompt shapes it
     data = hold_out_for_selection(data, selection_share(cfg.policy), pair_min_gap(cfg.loss))
-    fingerprint = build.trained_on(cfg)  # of the artifacts just read
+    fingerprint = trained_on(features)  # of the artifacts just read
     torch.manual_seed(cfg.train.seed)
     if lm_based:
         predictor = SuperTokenPredictor(cfg.predictor, *build.lm(cfg, progress=False),
@@ -70,7 +71,7 @@ def train(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
     if not every_position and not lm_based:  # the checkpoint's predictor at every position
         for split in data:
             metrics[split]["auroc_by_prefix"] = prefix_curve(
-                predictor, build.position_rows(cfg, split, overrides)[1])
+                predictor, position_rows(features, split, overrides)[1])
     save_predictor(out, predictor, cfg.predictor, spec, root.name, metrics,
                    {"history": history, "trained_on": fingerprint, "checkpoint_tokens":
                     checkpoint_tokens(cfg.train.checkpoint, cfg.search.max_new_tokens)})

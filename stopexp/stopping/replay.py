@@ -16,6 +16,10 @@ All are replayed from the trace bank (exact, and the same in evaluate.mode=onlin
 """
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
 
 from stopexp.core.names import STOPPING_METHODS
@@ -84,14 +88,19 @@ def _answers_prompt(paths, rows: np.ndarray) -> AnswersPrompt:
                          probes=np.zeros((len(rows), 0), np.int64), correct=np.asarray(right))
 
 
+def _prompt_rows(paths, n: int):
+    """The rows of each prompt's first n paths, in path-id (sampling) order."""
+    for g in range(int(paths.group.max()) + 1):
+        rows = np.nonzero((paths.group == g) & (paths.path_id < n))[0]
+        yield rows[np.argsort(paths.path_id[rows], kind="stable")]
+
+
 def _sequential(paths, n: int, method, window: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(spent, voter, wave) of a method that samples a prompt's paths in path-id order,
     `window` at a time (the wave of the k-th path is k // window)."""
     spent, voter = np.zeros(len(paths.length), np.int64), np.zeros(len(paths.length), bool)
     wave = np.zeros(len(paths.length), np.int64)
-    for g in range(int(paths.group.max()) + 1):
-        rows = np.nonzero((paths.group == g) & (paths.path_id < n))[0]
-        rows = rows[np.argsort(paths.path_id[rows], kind="stable")]
+    for rows in _prompt_rows(paths, n):
         d = method(_answers_prompt(paths, rows), np.arange(len(rows)))
         spent[rows] = d.spent
         voter[rows] = np.arange(len(rows)) < d.launched
@@ -112,19 +121,6 @@ def trace_timeline(paths, rows: np.ndarray, marks: np.ndarray, signal: list[np.n
                     signal=np.stack([np.asarray(s, float)[rows] for s in signal], axis=1))
 
 
-def _combined(paths, n: int, marks: list[int], signal: list[np.ndarray], knobs: dict):
-    """(spent, voter, wave) of the combined controller on every prompt's first n paths."""
-    spent, voter = np.zeros(len(paths.length), np.int64), np.zeros(len(paths.length), bool)
-    wave = np.zeros(len(paths.length), np.int64)
-    marks = np.asarray(marks, np.int64)
-    for g in range(int(paths.group.max()) + 1):
-        rows = np.nonzero((paths.group == g) & (paths.path_id < n))[0]
-        rows = rows[np.argsort(paths.path_id[rows], kind="stable")]
-        r = combined(trace_timeline(paths, rows, marks, signal), **knobs)
-        spent[rows], voter[rows], wave[rows] = r.spent, r.voter, r.wave
-    return spent, voter, wave
-
-
 def combined_knobs(ev) -> dict:
     """The controller's knobs from the evaluate config section (evaluate.combined_*)."""
     knobs = {k: getattr(ev, f"combined_{k}") for k in ("first", "wave", "threshold", "prune_below",
@@ -132,42 +128,88 @@ def combined_knobs(ev) -> dict:
     return knobs | {"settle": 0}  # a running trace-bank path has no answer to settle
 
 
+@dataclass
+class Replay:
+    """What a stopping rule is replayed on: the bank's `paths`, `confs[i]` the per-token
+    confidences of row i, the first `n` paths of each prompt, `ev` the evaluate section
+    (esc_window, asc_threshold, deepconf_warmup, deepconf_keep_percent, combined_*),
+    `group_window` (search.group_window), and for combined `marks`, the checks (tokens),
+    and `signal[j]`, evaluate.combined_signal's score of every row at check j."""
+    paths: Any
+    confs: list
+    n: int
+    ev: Any
+    group_window: int
+    marks: list[int] | None = None
+    signal: list[np.ndarray] | None = None
+
+    @functools.cached_property
+    def lowest(self) -> np.ndarray:
+        """Each path's lowest group confidence (DeepConf's path confidence)."""
+        return np.asarray([dc.lowest_group_conf(c, self.group_window) for c in self.confs])
+
+    def outcome(self, spent, voter, wave=None, weight=None) -> dict:
+        """`spent_outcome` of a decision per path; every voter weighs 1 unless `weight`."""
+        weight = np.ones(len(self.paths.length)) if weight is None else weight
+        return spent_outcome(self.paths, spent, voter, weight, self.n, wave)
+
+
+def _esc(r: Replay) -> dict:
+    window = r.ev.esc_window
+    return r.outcome(*_sequential(r.paths, r.n, lambda q, o: esc(q, o, window), window))
+
+
+def _adaptive_consistency(r: Replay) -> dict:
+    threshold = r.ev.asc_threshold
+    return r.outcome(*_sequential(r.paths, r.n, lambda q, o: adaptive_consistency(q, o, threshold), 1))
+
+
+def _combined(r: Replay) -> dict:
+    """The combined controller on every prompt's first n paths, in waves."""
+    paths, knobs, marks = r.paths, combined_knobs(r.ev), np.asarray(r.marks, np.int64)
+    spent, voter = np.zeros(len(paths.length), np.int64), np.zeros(len(paths.length), bool)
+    wave = np.zeros(len(paths.length), np.int64)
+    for rows in _prompt_rows(paths, r.n):
+        c = combined(trace_timeline(paths, rows, marks, r.signal), **knobs)
+        spent[rows], voter[rows], wave[rows] = c.spent, c.voter, c.wave
+    return r.outcome(spent, voter, wave)
+
+
+def _deepconf_weighted(r: Replay) -> dict:
+    """Every path finishes and votes, weighted by its confidence."""
+    return r.outcome(r.paths.length, np.ones(len(r.paths.length), bool), weight=r.lowest)
+
+
+def _deepconf_top(r: Replay) -> dict:
+    """Every path finishes; the most confident share of each prompt's votes, weighted."""
+    voter = np.zeros(len(r.paths.length), bool)
+    for rows in _prompt_rows(r.paths, r.n):
+        voter[rows] = dc.top_share(r.lowest[rows], r.ev.deepconf_keep_percent)
+    return r.outcome(np.asarray(r.paths.length).copy(), voter, np.zeros(len(voter), np.int64),
+                     r.lowest)
+
+
+def _deepconf_online(r: Replay) -> dict:
+    """DeepConf online: the warm-up paths run first and set the stopping bar, then the rest."""
+    spent, voter = np.asarray(r.paths.length).copy(), np.zeros(len(r.paths.length), bool)
+    wave = np.zeros(len(voter), np.int64)
+    warm = warmup_paths(r.ev.deepconf_warmup, r.n)
+    for rows in _prompt_rows(r.paths, r.n):
+        spent[rows], voter[rows], _, _ = dc.online([r.confs[i] for i in rows], warm,
+                                                   r.ev.deepconf_keep_percent, r.group_window)
+        wave[rows] = np.arange(len(rows)) >= warm
+    return r.outcome(spent, voter, wave, r.lowest)
+
+
+# each of STOPPING_METHODS (stopexp.core.names) replayed on a bank: a new rule is one entry
+REPLAYS = {"esc": _esc, "adaptive_consistency": _adaptive_consistency, "combined": _combined,
+           "deepconf_weighted": _deepconf_weighted, "deepconf_top": _deepconf_top,
+           "deepconf_online": _deepconf_online}
+
+
 def stopping_outcomes(paths, confs: list, names: list[str], n: int, ev, group_window: int,
                       marks: list[int] | None = None, signal: list[np.ndarray] | None = None) -> dict:
-    """name -> outcome dict for the names of STOPPING_METHODS among `names`. confs[i] holds
-    the per-token confidences of row i of `paths`; ev: the evaluate config section
-    (esc_window, asc_threshold, deepconf_warmup, deepconf_keep_percent, combined_*); for
-    combined, marks: the checks (tokens) and signal[j]: evaluate.combined_signal's score of
-    every row at check j."""
-    out = {}
-    ones = np.ones(len(paths.length))
-    lowest = np.asarray([dc.lowest_group_conf(c, group_window) for c in confs])
-    for name in names:
-        if name == "esc":
-            spent, voter, wave = _sequential(paths, n, lambda q, o: esc(q, o, ev.esc_window),
-                                             ev.esc_window)
-            out[name] = spent_outcome(paths, spent, voter, ones, n, wave)
-        elif name == "adaptive_consistency":
-            spent, voter, wave = _sequential(
-                paths, n, lambda q, o: adaptive_consistency(q, o, ev.asc_threshold), 1)
-            out[name] = spent_outcome(paths, spent, voter, ones, n, wave)
-        elif name == "combined":
-            spent, voter, wave = _combined(paths, n, marks, signal, combined_knobs(ev))
-            out[name] = spent_outcome(paths, spent, voter, ones, n, wave)
-        elif name == "deepconf_weighted":
-            out[name] = spent_outcome(paths, paths.length, np.ones(len(ones), bool), lowest, n)
-        elif name in ("deepconf_top", "deepconf_online"):
-            spent, voter = np.asarray(paths.length).copy(), np.zeros(len(ones), bool)
-            wave = np.zeros(len(ones), np.int64)  # DeepConf online: warm-up paths, then the rest
-            for g in range(int(paths.group.max()) + 1):
-                rows = np.nonzero((paths.group == g) & (paths.path_id < n))[0]
-                rows = rows[np.argsort(paths.path_id[rows], kind="stable")]
-                if name == "deepconf_top":
-                    voter[rows] = dc.top_share(lowest[rows], ev.deepconf_keep_percent)
-                else:
-                    warm = warmup_paths(ev.deepconf_warmup, n)
-                    spent[rows], voter[rows], _, _ = dc.online(
-                        [confs[r] for r in rows], warm, ev.deepconf_keep_percent, group_window)
-                    wave[rows] = np.arange(len(rows)) >= warm
-            out[name] = spent_outcome(paths, spent, voter, lowest, n, wave)
-    return out
+    """name -> outcome dict for the names of STOPPING_METHODS among `names`, each replayed
+    by its entry of REPLAYS on the `Replay` of the other arguments."""
+    replay = Replay(paths, confs, n, ev, group_window, marks, signal)
+    return {name: REPLAYS[name](replay) for name in names if name in REPLAYS}

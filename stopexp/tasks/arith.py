@@ -118,6 +118,13 @@ class ArithTask:
         self.seed = seed
         self.split_fractions = dict(split_fractions or {"train": 0.8, "val": 0.1, "test": 0.1})
 
+    @classmethod
+    def from_config(cls, task_cfg) -> "ArithTask":
+        """The task of a task section (task=arith), its text decoded (stopexp.tasks.build_task)."""
+        return cls(n_steps=task_cfg.n_steps, operators=list(task_cfg.operators),
+                   multipliers=list(task_cfg.multipliers), styles=dict(task_cfg.styles),
+                   seed=task_cfg.seed, split_fractions=dict(task_cfg.split_fractions))
+
     def split_of(self, prompt: str) -> str:
         return hash_split(prompt, self.split_fractions)
 

@@ -97,6 +97,12 @@ class DataToTextTask:
         self.split_fractions = dict(split_fractions or {"train": 0.8, "val": 0.1, "test": 0.1})
         self._pool: list[Record] | None = None
 
+    @classmethod
+    def from_config(cls, task_cfg) -> "DataToTextTask":
+        """The task of a task section (task=datatotext), its text decoded (stopexp.tasks.build_task)."""
+        return cls(shots=task_cfg.shots, format=task_cfg.format, instruction=task_cfg.instruction,
+                   stop=list(task_cfg.stop), seed=task_cfg.seed, split_fractions=dict(task_cfg.split_fractions))
+
     # --- generation -------------------------------------------------------------------
     def split_of(self, data: str) -> str:
         return hash_split(data, self.split_fractions)

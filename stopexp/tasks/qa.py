@@ -229,6 +229,14 @@ class QATask:
         for rows in self._by_split.values():
             rows.sort()  # a seeded order, so the first n questions of a split are a random sample
 
+    @classmethod
+    def from_config(cls, task_cfg) -> "QATask":
+        """The task of a task section (task=qa), its text decoded (stopexp.tasks.build_task)."""
+        return cls(path=task_cfg.path, answer_format=task_cfg.answer_format,
+                   prompt_template=task_cfg.prompt_template, question_key=task_cfg.question_key,
+                   answer_key=task_cfg.answer_key, subset=task_cfg.subset,
+                   source_split=task_cfg.source_split, extraction=task_cfg.extraction, seed=task_cfg.seed, split_fractions=dict(task_cfg.split_fractions))
+
     def _hash(self, question: str) -> float:
         digest = hashlib.sha256(f"{self.seed}:{question}".encode()).digest()
         return int.from_bytes(digest[:8], "big") / 2**64

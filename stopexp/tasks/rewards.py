@@ -126,25 +126,37 @@ class Reward:
         texts = list(texts)
         # a thinking model's text rewards compare its answer only (correct: task.check does)
         answers = list(map(task.answer_text, texts)) if hasattr(task, "answer_text") else texts
-        level, tokenize = getattr(task, "text_level", "word"), getattr(task, "tokenize", "13a")
-        clipped = 0  # by the text metrics, which clip rounding into [0, 1]
-        if self.name == "correct":
-            out = [float(task.check(p, t)) for p, t in zip(problems, texts, strict=True)]
-        elif self.name in ("rouge_l", "bleu"):
-            metric = rouge_l_scores if self.name == "rouge_l" else bleu_scores
-            out, clipped = metric(answers, [references(task, p) for p in problems], level, tokenize)
-        elif self.name == "bertscore":
-            out, clipped = self._bertscore(task, problems, answers, level)
-        elif self.name == "neg_perplexity":
-            if logprobs is None:
-                raise ValueError("reward neg_perplexity needs the paths' per-token log-probs")
-            out = [neg_perplexity(lp) for lp in logprobs]
-        elif self.name == "evaluate":
-            out = self.module.scores(answers, [references(task, p) for p in problems])
-        else:
-            out = [self._external(p, t) for p, t in zip(problems, texts, strict=True)]
-        self.clipped += clipped
+        out, clipped = self.BY_NAME[self.name](self, task, problems, texts, answers, logprobs)
+        self.clipped += clipped  # by the text metrics, which clip rounding into [0, 1]
         return np.asarray(out, dtype=np.float64)
+
+    # one per reward.name: (task, problems, texts, their answers, logprobs) -> (rewards, clipped)
+    def _correct(self, task, problems, texts, answers, logprobs):
+        return [float(task.check(p, t)) for p, t in zip(problems, texts, strict=True)], 0
+
+    def _rouge_l(self, task, problems, texts, answers, logprobs):
+        return rouge_l_scores(answers, [references(task, p) for p in problems], *_text_level(task))
+
+    def _bleu(self, task, problems, texts, answers, logprobs):
+        return bleu_scores(answers, [references(task, p) for p in problems], *_text_level(task))
+
+    def _bertscore_f1(self, task, problems, texts, answers, logprobs):
+        return self._bertscore(task, problems, answers, _text_level(task)[0])
+
+    def _neg_perplexity(self, task, problems, texts, answers, logprobs):
+        if logprobs is None:
+            raise ValueError("reward neg_perplexity needs the paths' per-token log-probs")
+        return [neg_perplexity(lp) for lp in logprobs], 0
+
+    def _evaluate_module(self, task, problems, texts, answers, logprobs):
+        return self.module.scores(answers, [references(task, p) for p in problems]), 0
+
+    def _external_fn(self, task, problems, texts, answers, logprobs):
+        return [self._external(p, t) for p, t in zip(problems, texts, strict=True)], 0
+
+    BY_NAME = {"correct": _correct, "rouge_l": _rouge_l, "bleu": _bleu, "bertscore": _bertscore_f1,
+               "neg_perplexity": _neg_perplexity, "evaluate": _evaluate_module,
+               "external": _external_fn}
 
     def _external(self, problem, text: str) -> float:
         """The external function's reward of one path: a finite number, else ConfigError
@@ -179,6 +191,12 @@ class Reward:
             best[rows] = np.maximum(best[rows], d["f1"])
             clipped += d["clipped"]
         return best, clipped
+
+
+def _text_level(task) -> tuple[str, str]:
+    """(level, tokenize) of the text rewards: words or characters (task.text_level) and how
+    words are split (task.tokenize)."""
+    return getattr(task, "text_level", "word"), getattr(task, "tokenize", "13a")
 
 
 def build_reward(reward_cfg) -> Reward:

@@ -160,6 +160,16 @@ class WordProblemTask:
         self._check_knobs()
         self._shot_pool: list[WordProblem] | None = None
 
+    @classmethod
+    def from_config(cls, task_cfg) -> "WordProblemTask":
+        """The task of a task section (task=wordprob), its text decoded (stopexp.tasks.build_task)."""
+        return cls(steps=list(task_cfg.steps), number_range=list(task_cfg.number_range),
+                   operations=dict(task_cfg.operations), shots=task_cfg.shots,
+                   format=task_cfg.format, extraction=task_cfg.extraction,
+                   instruction=task_cfg.instruction, stop=list(task_cfg.stop),
+                   solution_style=task_cfg.solution_style, shot_match=task_cfg.shot_match,
+                   seed=task_cfg.seed, split_fractions=dict(task_cfg.split_fractions))
+
     def _check_knobs(self) -> None:
         lo, hi = self.number_range
         problems = []

@@ -19,15 +19,15 @@ from stopexp.store import features as feature_bank
 log = logging.getLogger(__name__)
 
 
-def trained_on(bank_root: Path, features_root: Path) -> dict:
-    """What a predictor learns from, by content: {"bank", "features"} (the trace bank at
-    `bank_root` and its features at `features_root`), each a SHA-256 of the SHA-256s of the
+def trained_on(features: feature_bank.FeatureSet) -> dict:
+    """What a predictor learns from, by content: {"bank", "features"} (the trace bank of
+    `features` and the features themselves), each a SHA-256 of the SHA-256s of the
     artifact's shard files as its meta.json records them (stopexp.runtime.integrity), None
     where the artifact is not there or not complete. predictor.json records it; a bank
     re-collected or features re-made under the key change it."""
     out = {}
-    for name, root, kind in (("bank", bank_root, "trace bank"),
-                             ("features", features_root, feature_bank.KIND)):
+    for name, root, kind in (("bank", features.bank.root, "trace bank"),
+                             ("features", features.root, feature_bank.KIND)):
         meta = bank.read_meta(root, kind=kind) if (root / "meta.json").exists() else {}
         files = {n: {f: r["sha256"] for f, r in rec["files"].items()}
                  for n, rec in meta["shards"].items()} if meta.get("complete") else None

@@ -38,6 +38,14 @@ def position_data(ds, feats) -> dict | None:
     return bank.select_rows(rows, rows["alive"])
 
 
+def position_rows(features, split: str, overrides: list[str] | None = None) -> tuple:
+    """(the `split` paths of the trace bank of `features` (a FeatureSet), their position
+    batch: `position_data`, None when the bank holds none), the features made when missing
+    (`overrides`: the command line's, for the repair commands)."""
+    ds, feats = feature_rows.load_split(features, split, overrides)
+    return ds, position_data(ds, feats)
+
+
 def pair_groups(group: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
     """(B,) int64 dense ids of the (prompt group, position) pairs: rows share an id iff
     they share both, so pairs mined by the losses never cross positions."""

@@ -35,6 +35,7 @@ from IPython.display import Image, display
 from omegaconf import OmegaConf
 
 from stopexp.config import Config, project_root, validate
+from stopexp.core.policies import build_policy
 from stopexp.evaluation import plots
 from stopexp.evaluation.accounting import keep_by_policy, outcome, replay_paths
 from stopexp.evaluation.report import make_plots
@@ -72,7 +73,7 @@ scorers = build_scorers(cfg, names, feature_bank.spec_of(cfg.tap.layers, meta), 
 scores = {m: scorers[m](paths.batch).numpy().astype(float) for m in names}
 outcomes = {"no_prune": outcome(paths, np.ones(len(paths.length), bool), p["check_tokens"], p["n"])}
 for m, s in scores.items():
-    kept = keep_by_policy(paths, s, cfg, p["k"], p["n"])
+    kept = keep_by_policy(paths, s, build_policy(cfg.policy, keep=p["k"]), p["n"])
     outcomes[m] = outcome(paths, kept, p["check_tokens"], p["n"])
 # the stopping protocols (ESC, Adaptive-Consistency, DeepConf online, ...) replay the bank
 stopping = [m for m in metrics["methods"] if m in STOPPING_METHODS]

@@ -203,7 +203,7 @@ def test_reward_is_in_the_bank_key_only_when_not_the_outcome():
     model = {k: v for k, v in plain(cfg.model).items() if k not in ("max_batch_tokens", "long_prompts",
                                                                      "max_prompt_tokens", "thinking")}
     model["toy"] = {k: v for k, v in model["toy"].items() if k != "train_task"}
-    task = {k: v for k, v in plain(cfg.task).items() if k not in ("tokenize", "solution_style")}  # added since
+    task = {k: v for k, v in plain(cfg.task).items() if k not in ("tokenize", "solution_style", "shot_match")}  # added since
     before = config_hash({"version": bank.BANK_VERSION, "model": model, "task": task,
                           "tap": {},  # no Monte Carlo rollouts: no checkpoints in the key
                           "search": sampling_section(cfg.search),

@@ -180,6 +180,7 @@ def test_token_columns_equal_hf_over_the_same_paths(smol, banks):
     assert max(worst.values()) <= LOGPROB_ATOL, worst
 
 
+@pytest.mark.slow  # ~95 s on 2 cores: two evaluate runs of five methods through vLLM and the HF check
 def test_online_launch_check_resume_on_vllm_equals_replay_of_its_bank(smol, banks):
     """Online Launch-Check-Resume on a stepped vLLM engine, from the seeds collect used,
     progressive (8 -> 4 at 6 tokens, -> 2 at 15): per method the accuracy, tokens and KV

@@ -100,6 +100,7 @@ def evaluate_beam(lm: OnlineLM, names: list[str], scorers: dict, search, tap, po
     checks = None if s.beam_checks is None else {
         checkpoint_tokens(c, s.max_new_tokens) for c in s.beam_checks}
     results, texts, eos = {}, {}, eos_ids(model, tokenizer)
+    correct_of = {}  # name -> (prompts,) 0/1, for the paired differences
     per_batch = max(1, s.max_batch_rows // B)  # rows of a forward: prompts x beam width
     chunks = [problems[i: i + per_batch] for i in range(0, len(problems), per_batch)]
     stop = lm.params.stop
@@ -130,17 +131,18 @@ def evaluate_beam(lm: OnlineLM, names: list[str], scorers: dict, search, tap, po
             wall = time.perf_counter() - start
             c = np.asarray(correct, float)
             lo, hi = bootstrap_ci(c, n=n_boot, seed=seed)
-            results[name] = {"accuracy": float(c.mean()), "accuracy_ci": [lo, hi], "correct": c,
+            correct_of[name] = c
+            results[name] = {"accuracy": float(c.mean()), "accuracy_ci": [lo, hi],
                              "tokens_total": float(tokens), "wall_s": wall, "check_s": check_s,
                              "check_share": check_s / max(wall - check_s, 1e-9),
                              "pruned": len(steps), "survival": (alive / len(problems)).tolist(),
                              "mean_prune_step": float(np.mean(steps)) if steps else None}
     base = results["no_prune"]["tokens_total"]
-    plain = results["no_prune"].pop("correct")
-    for r in results.values():
+    for name, r in results.items():
         r["tokens_ratio"] = r["tokens_total"] / base
-        if "correct" in r:  # on the same prompts as plain beam search of the same width
-            r["accuracy_vs_no_prune"] = paired_difference(r.pop("correct"), plain, n_boot, seed)
+        if name != "no_prune":  # on the same prompts as plain beam search of the same width
+            r["accuracy_vs_no_prune"] = paired_difference(correct_of[name], correct_of["no_prune"],
+                                                          n_boot, seed)
     return results, texts, [p.prompt_id for p in problems]
 
 

@@ -81,7 +81,7 @@ def evaluate(cfg, run=None, run_dir: Path | None = None, overrides: list[str] | 
     scorers = build_scorers(cfg, names, spec, feats, overrides)
     start = time.time()
     if cfg.search.name == "beam":
-        n = min(prompts_in(root, split), ev.max_prompts or prompts_in(root, split))
+        n = min(prompts_in(root, split), ev.max_prompts or float("inf"))
         return beam_metrics(build.online_lm(cfg, split, n), names, scorers,
                             root.name, start, cfg.search, cfg.tap, cfg.policy, ev, run, run_dir)
     # the threshold policies, one per check and method (policy=risk: calibrated on val first)

@@ -1,4 +1,5 @@
 import copy
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -208,13 +209,35 @@ def test_checks_only_at_the_given_prefixes(tiny_lm):
 
 def test_beam_oracle_needs_a_process_check():
     from stopexp.evaluation.beam import NOT_REPORTED, oracle_refusal
+    from stopexp.tasks.arith import ArithTask
+    from stopexp.tasks.wordprob import WordProblemTask
 
-    assert oracle_refusal("arith") is None
-    assert oracle_refusal("qa") == (
+    assert oracle_refusal(ArithTask()) is None
+    assert oracle_refusal(WordProblemTask()) is None  # its intermediate values are checked
+    assert oracle_refusal(SimpleNamespace(name="qa")) == (  # no diagnose nor values read
         "task 'qa' has no process check (no first wrong step can be read from a prefix), so a "
         "beam oracle would score every live beam alike and never prune; the oracle is left out "
         "of beam search for it")
     assert NOT_REPORTED["auroc"].startswith("beams are not independent paths")
+
+
+def test_beam_oracle_reads_the_completed_values_of_a_word_problem():
+    """Ella has 4 pens, finds 3 more, gets 1 more: values 7 then 8. A value is read once a
+    non-digit follows it (a trailing number may still grow)."""
+    from stopexp.evaluation.beam import prefix_has_error
+    from stopexp.tasks.wordprob import WordProblemTask
+
+    task = WordProblemTask(steps=(2,), number_range=(1, 5), solution_style="lines")
+    problem = task.problems("test", 1)[0]
+    assert (problem.values, problem.answer) == ((7, 8), 8)
+    head = "Ella has 4 pens and finds 3 more, so 4 + 3 = "
+    cases = {head: False, head + "1": False, head + "17": False, head + "17.": True,
+             head + "7. Now Ella has 7 pens.\nThen she gets 1 more, so 7 + 1 = 9": False,
+             head + "7. Now Ella has 7 pens.\nThen she gets 1 more, so 7 + 1 = 9.": True,
+             head + "7. Now Ella has 7 pens.\nThen she gets 1 more, so 7 + 1 = 8.\n": False,
+             head + "7.\nThen 7 + 1 = 8.\nThe answer is 9.": True,
+             head + "7.\nThen 7 + 1 = 8.\nThe answer is 8.": False}
+    assert {text: prefix_has_error(task, problem, text) for text in cases} == cases
 
 
 @pytest.mark.parametrize("layers", [[0, -1], [-1, 0], ["last", "first"]])

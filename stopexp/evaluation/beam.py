@@ -19,6 +19,7 @@ from stopexp.search.beam import beam_search_batch
 from stopexp.search.sample import prompt_ids
 from stopexp.search.stops import eos_ids
 from stopexp.search.taps import Taps
+from stopexp.search.trace import has_values
 from stopexp.stopping.replay import STOPPING_METHODS
 from stopexp.tasks.rewards import build_reward, references
 
@@ -26,6 +27,7 @@ log = logging.getLogger(__name__)
 
 
 # tasks whose `diagnose` finds the first wrong written step, which the beam oracle needs
+# (tasks with intermediate values, `has_values`, are checked by their written values)
 PROCESS_CHECKED_TASKS = ("arith",)
 # what beam metrics leave out, said in metrics.json rather than left to guess
 NOT_REPORTED = {
@@ -36,11 +38,11 @@ NOT_REPORTED = {
 }
 
 
-def oracle_refusal(task_name: str) -> str | None:
+def oracle_refusal(task) -> str | None:
     """Why the beam oracle cannot run for this task, or None when it can."""
-    if task_name in PROCESS_CHECKED_TASKS:
+    if task.name in PROCESS_CHECKED_TASKS or has_values(task):
         return None
-    return (f"task {task_name!r} has no process check (no first wrong step can be read from a "
+    return (f"task {task.name!r} has no process check (no first wrong step can be read from a "
             "prefix), so a beam oracle would score every live beam alike and never prune; the "
             "oracle is left out of beam search for it")
 
@@ -53,8 +55,8 @@ def beam_metrics(lm: OnlineLM, names: list[str], scorers: dict, bank_name: str, 
     time.time() when the stage began; `search`, `tap`, `policy`, `evaluate`: the config's
     sections). Writes the survival plot into run_dir and the summary to `run` when given."""
     omitted = {}
-    if oracle_refusal(lm.task.name):
-        omitted["oracle"] = oracle_refusal(lm.task.name)
+    if oracle_refusal(lm.task):
+        omitted["oracle"] = oracle_refusal(lm.task)
         log.warning("oracle: %s", omitted["oracle"])
         names = [n for n in names if n != "oracle"]
     for n in (n for n in names if n in STOPPING_METHODS):
@@ -93,7 +95,7 @@ def evaluate_beam(lm: OnlineLM, names: list[str], scorers: dict, search, tap, po
     (search.refill: keep the width or narrow it), taps of `tap`, pruning by `policy`, the
     accuracy's interval from `n_boot` resamples from `seed`. The oracle here is the
     task's process check: a beam whose written steps already contain an error scores 0
-    (only tasks in PROCESS_CHECKED_TASKS). Returns per method the metrics and the chosen
+    (`prefix_has_error`: tasks in PROCESS_CHECKED_TASKS or with intermediate values). Returns per method the metrics and the chosen
     output text of every prompt, and the prompts' ids."""
     task, model, tokenizer, problems = lm.task, lm.model, lm.tokenizer, lm.problems
     s, B = search, search.beam_width
@@ -137,6 +139,7 @@ def evaluate_beam(lm: OnlineLM, names: list[str], scorers: dict, search, tap, po
                              "check_share": check_s / max(wall - check_s, 1e-9),
                              "pruned": len(steps), "survival": (alive / len(problems)).tolist(),
                              "mean_prune_step": float(np.mean(steps)) if steps else None}
+            log.info("beam search, %s: accuracy %.3f, %d tokens, %.0f s", name, c.mean(), tokens, wall)
     base = results["no_prune"]["tokens_total"]
     for name, r in results.items():
         r["tokens_ratio"] = r["tokens_total"] / base
@@ -146,18 +149,25 @@ def evaluate_beam(lm: OnlineLM, names: list[str], scorers: dict, search, tap, po
     return results, texts, [p.prompt_id for p in problems]
 
 
+def prefix_has_error(task, problem, text: str) -> bool:
+    """Whether a beam's text already shows a wrong step: for tasks with intermediate values
+    (`has_values`) a wrong completed value (a number at the end may still grow a digit, so
+    it is not read yet), else the task's process check over its complete steps (up to the
+    last ';')."""
+    if has_values(task):
+        return task.wrong_value_end(problem, text.rstrip("0123456789")) is not None
+    done = text[: text.rfind(";") + 1]
+    err = task.diagnose(problem, done)["first_error"]
+    return 0 <= err < len(done)
+
+
 def _prefix_oracle(task, problems, tokenizer):
-    """1 while the written complete steps of a beam are all right, else 0; `problems`: the
+    """1 while a beam shows no wrong step (`prefix_has_error`), else 0; `problems`: the
     prompts of the batched search (a row's prompt is problems[batch["owner"][row]])."""
     def score(batch):
-        out = []
-        for row, i in zip(batch["tokens"].tolist(), batch["owner"].tolist()):
-            problem = problems[i]
-            text = tokenizer.decode(row, skip_special_tokens=True)
-            done = text[: text.rfind(";") + 1]
-            err = task.diagnose(problem, done)["first_error"]
-            out.append(0.0 if 0 <= err < len(done) else 1.0)
-        return torch.tensor(out)
+        return torch.tensor([
+            0.0 if prefix_has_error(task, problems[i], tokenizer.decode(row, skip_special_tokens=True))
+            else 1.0 for row, i in zip(batch["tokens"].tolist(), batch["owner"].tolist())])
     return score
 
 

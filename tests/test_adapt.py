@@ -140,6 +140,15 @@ def test_bad_adapt_values_fail_before_compute(override, match):
         validate(compose("adapt", [override]))
 
 
+def test_the_target_bank_may_hold_more_prompts_than_the_source():
+    cfg = validate(compose("adapt", ["adapt.stream_prompts=300", "++adapt.target={collect.prompts.test:400}"]))
+    assert (target_config(cfg).collect.prompts.test, cfg.collect.prompts.test) == (400, 200)
+    assert build.bank(target_config(cfg)).key != build.bank(cfg).key
+    with pytest.raises(ConfigError, match=r"300 streamed \+ 50 held out \(adapt.heldout_prompts\) "
+                                          r"exceed the 200 test prompts of the target bank"):
+        validate(compose("adapt", ["adapt.stream_prompts=300"]))
+
+
 ORDER = [3, 2, 5, 4]
 # (first and last loss of the update, explored paths, feedback paths incl. the buffer)
 PINNED_EXPLORE = [(0.5027374625205994, 0.6733444333076477, 5, 13),
@@ -150,7 +159,8 @@ PINNED_WEIGHT = -0.11275222152471542
 PINNED_KEPT_FIRST = 0.5
 
 
-@pytest.mark.parametrize("exp", ["toy_shift", "toy_contrastive", "toy_reward", "llama_contrastive"])
+@pytest.mark.parametrize("exp", ["toy_shift", "toy_contrastive", "toy_reward", "llama_contrastive",
+                                 "smollm2_shift"])
 def test_experiments_validate_for_adapt(exp):
     assert validate(compose("adapt", [f"+exp={exp}"])).stage == "adapt"
 
@@ -198,6 +208,28 @@ def test_the_stage_writes_curves_plots_and_a_summary(small_bank, tmp_path):
     assert (tmp_path / "learning_curves.png").stat().st_size > 0
     table = variants_table(m)
     assert "explore" in table and "mc_feedback" in table and "MC tok" in table
+    held = m["heldout_auroc_per_prompt"]["frozen"]
+    assert np.nanmean(held) == pytest.approx(m["variants"]["frozen"]["heldout_auroc"], abs=1e-12)
+    assert m["variants"]["explore"]["heldout_vs_frozen"]["prompts"] == np.isfinite(held).sum() > 0
+    assert "explore: held-out AUROC - frozen" in table
+
+
+def test_the_gap_closed_has_a_paired_interval_over_the_held_out_prompts():
+    """Prompt 0 closes half of its gap, prompt 1 0.8 of it, prompts 2 and 3 lack a value
+    for one variant: the gap closed over both is 0.25 / 0.35, its resamples lie in
+    [0.5, 0.8] and a quarter of them draw one prompt twice."""
+    from stopexp.evaluation.learning_curves import add_gap_intervals
+
+    nan = float("nan")
+    per_prompt = {"frozen": np.array([0.5, 0.5, nan, 0.4]),
+                  "retrained": np.array([0.7, 1.0, 0.6, 0.6]),
+                  "explore": np.array([0.6, 0.9, 0.5, nan])}
+    out = {v: {} for v in per_prompt}
+    add_gap_intervals(out, per_prompt, n_boot=1000, seed=0)
+    assert out["explore"]["gap_closed_ci"] == pytest.approx([0.5, 0.8], abs=1e-12)
+    d = out["explore"]["heldout_vs_frozen"]
+    assert (d["diff"], d["prompts"], d["excluded"]) == (pytest.approx(0.25, abs=1e-12), 2, 2)
+    assert "gap_closed_ci" not in out["retrained"] and out["frozen"] == {}
 
 
 def _with_bank_features(decide, paths):

@@ -11,8 +11,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from stopexp.config.ranges import TOGETHER, at_least, fail, within
 from stopexp.core.names import ADAPT_VARIANTS, SPLITS
 
-# what adapt.target may change (collect.mc_rollouts: Monte Carlo labels in the target bank only)
-SHIFTABLE = ("task.", "model.", "search.", "collect.mc_rollouts")
+# what adapt.target may change (collect.mc_rollouts: Monte Carlo labels in the target bank
+# only; collect.prompts: its prompt counts, e.g. a stream longer than the source's test split)
+SHIFTABLE = ("task.", "model.", "search.", "collect.mc_rollouts", "collect.prompts")
 
 
 @dataclass
@@ -88,11 +89,12 @@ def check_adapt(cfg) -> None:
         at_least(f"adapt.{key}", a[key], 1)
     for key in ("heldout_prompts", "steps", "buffer"):
         at_least(f"adapt.{key}", a[key], 0)
-    have = cfg.collect.prompts.get(a.split, 0)
+    have = shifted_config(cfg).collect.prompts.get(a.split, 0)  # the target bank's
     if a.stream_prompts + a.heldout_prompts > have:
         fail("adapt.stream_prompts", f"{a.stream_prompts} streamed + {a.heldout_prompts} held out "
                                      f"(adapt.heldout_prompts) exceed the {have} {a.split} prompts "
-                                     f"of the bank (collect.prompts.{a.split})")
+                                     f"of the target bank (collect.prompts.{a.split}, or its "
+                                     "adapt.target key)")
     within("adapt.lr", a.lr, 0, math.inf, low_open=True, high_open=True)
     at_least("adapt.weight_decay", a.weight_decay, 0)
     within("adapt.explore", a.explore, 0, 1)

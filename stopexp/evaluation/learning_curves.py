@@ -15,13 +15,18 @@ import numpy as np
 
 from stopexp.core.names import ONLINE_VARIANTS
 from stopexp.core.policies import kept_text
+from stopexp.metrics import bootstrap_over_groups, paired_difference
 
 
-def summarize_variants(curves: dict, last: int = 5) -> dict:
+def summarize_variants(curves: dict, last: int = 5, held_aurocs: dict | None = None,
+                       n_boot: int = 1000, seed: int = 0) -> dict:
     """Per variant: accuracy and tokens over the stream, the tokens' share of no_prune's,
     the mean AUROC of the last `last` batches, the final held-out AUROC, and (for the
     online variants) the share of the frozen -> retrained held-out AUROC gap closed at the
-    end and the prompts seen when half of it first was."""
+    end and the prompts seen when half of it first was. With `held_aurocs` (variant -> each
+    held-out prompt's AUROC under its final predictor), each variant's paired held-out
+    difference to frozen (`heldout_vs_frozen`) and the gap closed's interval
+    (`gap_closed_ci`), over `n_boot` resamples of the held-out prompts from `seed`."""
     out = {}
     for v, recs in curves.items():
         w = np.asarray([r["prompts_seen"] - (recs[i - 1]["prompts_seen"] if i else 0)
@@ -46,7 +51,34 @@ def summarize_variants(curves: dict, last: int = 5) -> dict:
                 half = [r["prompts_seen"] for r in curves[v]
                         if (r["heldout_auroc"] - lo) / (hi - lo) >= 0.5]
                 out[v]["prompts_to_half_gap"] = half[0] if half else None
+    if held_aurocs and "frozen" in held_aurocs:
+        add_gap_intervals(out, {v: np.asarray(x, float) for v, x in held_aurocs.items()},
+                          n_boot, seed)
     return out
+
+
+def add_gap_intervals(out: dict, per_prompt: dict, n_boot: int, seed: int) -> None:
+    """Into `out` (summarize_variants'): per variant with held-out AUROCs per prompt
+    (`per_prompt`: variant -> (prompts,), NaN where a prompt's paths share one outcome, the
+    same prompts for every variant) the paired difference to frozen and, with retrained,
+    the gap closed's percentile interval over the prompts that all three rank."""
+    frozen, ceiling = per_prompt["frozen"], per_prompt.get("retrained")
+    for v, values in per_prompt.items():
+        if v == "frozen":
+            continue
+        out[v]["heldout_vs_frozen"] = paired_difference(values, frozen, n_boot, seed)
+        if ceiling is None or v not in ONLINE_VARIANTS:
+            continue
+        both = ~(np.isnan(values) | np.isnan(frozen) | np.isnan(ceiling))
+        a, f, r = values[both], frozen[both], ceiling[both]
+
+        def closed(idx, a=a, f=f, r=r):
+            gap = r[idx].mean() - f[idx].mean()
+            return (a[idx].mean() - f[idx].mean()) / gap if gap else math.nan
+
+        if both.any():
+            out[v]["gap_closed_ci"] = list(bootstrap_over_groups(closed, np.arange(both.sum()),
+                                                                 n_boot, seed))
 
 
 def variants_table(metrics: dict) -> str:
@@ -65,4 +97,11 @@ def variants_table(metrics: dict) -> str:
                      f"{s.get('mc_tokens', 0.0):>8.0f}"
                      f"{s['auroc_last']:>11.3f}{s['heldout_auroc']:>9.3f}{gap:>11}{s['update_s']:>9.2f}"
                      f"{s['wall_s']:>8.1f}")
+    for v, s in metrics["variants"].items():
+        if "heldout_vs_frozen" in s:
+            d = s["heldout_vs_frozen"]
+            gap = (f"; gap closed {s['gap_closed']:.2f} [{s['gap_closed_ci'][0]:.2f}, "
+                   f"{s['gap_closed_ci'][1]:.2f}]" if "gap_closed_ci" in s and "gap_closed" in s else "")
+            lines.append(f"{v}: held-out AUROC - frozen {d['diff']:+.3f} [{d['ci'][0]:+.3f}, "
+                         f"{d['ci'][1]:+.3f}] (95%, paired over {d['prompts']} prompts){gap}")
     return "\n".join(lines)

@@ -42,8 +42,8 @@ from stopexp.tasks import vote_format
 from stopexp.training.losses import build_loss
 from stopexp.training.data import trained_on
 from stopexp.training.online import online_decider, prompt_ids_of
-from stopexp.training.stream import (replay_continuations, replay_decider, run_stream,
-                                     stream_order, take)
+from stopexp.training.stream import (predictor_scores, prompt_aurocs, replay_continuations,
+                                     replay_decider, run_stream, stream_order, take)
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ def adapt(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
         decide, continue_ = replay_decider(paths, cfg.policy, cfg.search.n_paths), \
             replay_continuations(a.mc_rollouts)
     loss = build_loss(cfg.loss)
-    curves = {}
+    curves, held_aurocs = {}, {}  # held_aurocs: variant -> each held-out prompt's final AUROC
     for variant in a.variants:
         source = {"no_prune": None, "retrained": predictors.get("retrained")}.get(
             variant, predictors["frozen"])
@@ -79,8 +79,13 @@ def adapt(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
                                      n_paths=cfg.search.n_paths, checkpoint=checkpoint,
                                      seconds_per_token=meta.get("seconds_per_token", 0.0),
                                      continue_=continue_)
-    summary = summarize_variants(curves)
-    metrics = {"variants": summary, "curves": curves, "mode": cfg.evaluate.mode,
+        if heldout is not None and predictor is not None:
+            held_aurocs[variant] = prompt_aurocs(heldout, predictor_scores(predictor, heldout.batch),
+                                                 cfg.search.n_paths)
+    summary = summarize_variants(curves, held_aurocs=held_aurocs, n_boot=cfg.evaluate.bootstrap,
+                                 seed=cfg.evaluate.seed)
+    metrics = {"variants": summary, "curves": curves, "heldout_auroc_per_prompt": held_aurocs,
+               "mode": cfg.evaluate.mode,
                "target": OmegaConf.to_container(a.target, resolve=True),
                "protocol": {"n": cfg.search.n_paths, "k": cfg.policy.keep, "check_tokens": checkpoint,
                             "policy": cfg.policy.name, "policy_params": policy_params(cfg.policy),

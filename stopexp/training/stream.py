@@ -35,7 +35,7 @@ from stopexp.core.errors import ConfigError
 from stopexp.core.names import ONLINE_VARIANTS
 from stopexp.core.policies import build_policy
 from stopexp.evaluation.accounting import Paths, keep_by_policy, outcome
-from stopexp.metrics import within_prompt_auroc
+from stopexp.metrics import per_group_auroc, within_prompt_auroc
 
 # what the predictors and the losses read (stopexp/signals/features.py, stopexp/training/losses.py)
 FEEDBACK_KEYS = ("hidden", "signals", "prefix_len", "group", "correct", "mc", "remaining")
@@ -110,6 +110,14 @@ def predictor_scores(predictor, batch: dict) -> np.ndarray:
 def batch_auroc(view: Paths, scores: np.ndarray, n: int) -> float:
     live = view.alive & (view.path_id < n)
     return within_prompt_auroc(scores[live], view.correct[live].astype(float), view.group[live])
+
+
+def prompt_aurocs(view: Paths, scores: np.ndarray, n: int) -> list[float]:
+    """The AUROC of each prompt of `view` over its live paths (NaN: one outcome), in
+    prompt order: the per-prompt values `batch_auroc` averages, for paired intervals."""
+    live = view.alive & (view.path_id < n)
+    _, values = per_group_auroc(scores[live], view.correct[live].astype(float), view.group[live])
+    return values.tolist()
 
 
 def explore_draws(view: Paths, kept: np.ndarray, epsilon: float, rng, n: int) -> np.ndarray:

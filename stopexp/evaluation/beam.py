@@ -95,8 +95,9 @@ def evaluate_beam(lm: OnlineLM, names: list[str], scorers: dict, search, tap, po
     (search.refill: keep the width or narrow it), taps of `tap`, pruning by `policy`, the
     accuracy's interval from `n_boot` resamples from `seed`. The oracle here is the
     task's process check: a beam whose written steps already contain an error scores 0
-    (`prefix_has_error`: tasks in PROCESS_CHECKED_TASKS or with intermediate values). Returns per method the metrics and the chosen
-    output text of every prompt, and the prompts' ids."""
+    (`prefix_has_error`: tasks in PROCESS_CHECKED_TASKS or with intermediate values).
+    Returns per method the metrics and the chosen output text of every prompt, and the
+    prompts' ids."""
     task, model, tokenizer, problems = lm.task, lm.model, lm.tokenizer, lm.problems
     s, B = search, search.beam_width
     checks = None if s.beam_checks is None else {

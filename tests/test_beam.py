@@ -236,6 +236,8 @@ def test_beam_oracle_reads_the_completed_values_of_a_word_problem():
              head + "7. Now Ella has 7 pens.\nThen she gets 1 more, so 7 + 1 = 9.": True,
              head + "7. Now Ella has 7 pens.\nThen she gets 1 more, so 7 + 1 = 8.\n": False,
              head + "7.\nThen 7 + 1 = 8.\nThe answer is 9.": True,
+             head + "7.\nThen 7 + 1 = 8.\nThe answer is 9": False,  # a number at the end is not read yet
+             head + "7.\nThen 7 + 1 = 8.\nThe answer is 1,0": False,  # a thousands separator
              head + "7.\nThen 7 + 1 = 8.\nThe answer is 8.": False}
     assert {text: prefix_has_error(task, problem, text) for text in cases} == cases
 

@@ -19,8 +19,9 @@ SHIFTABLE = ("task.", "model.", "search.", "collect.mc_rollouts", "collect.promp
 @dataclass
 class AdaptConfig:
     """Online fine-tuning from pruning feedback under a distribution shift (stopexp/stages/adapt.py)."""
-    # the shift: dotted config keys (under task, model or search) and the values the
-    # stream's config takes, e.g. {task.operators: [+, -]}; empty = no shift
+    # the shift: dotted config keys (under task, model or search, or collect.mc_rollouts /
+    # collect.prompts, the target bank's alone) and the values the stream's config takes,
+    # e.g. {task.operators: [+, -]}; empty = no shift
     target: Dict[str, Any] = field(default_factory=dict)
     # toy LM: the target bank is made by the source task's LM (true), or by the LM trained
     # on the target task (false: the LM shifts too, e.g. for another task.styles mix)

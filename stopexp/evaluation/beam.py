@@ -3,6 +3,7 @@ search on the same prompts, online (beams have no trace bank to replay)."""
 from __future__ import annotations
 
 import logging
+import re
 import time
 from pathlib import Path
 
@@ -150,13 +151,16 @@ def evaluate_beam(lm: OnlineLM, names: list[str], scorers: dict, search, tap, po
     return results, texts, [p.prompt_id for p in problems]
 
 
+_TRAILING_NUMBER = re.compile(r"\d[\d,]*$")  # "1,0" may still become "1,024"
+
+
 def prefix_has_error(task, problem, text: str) -> bool:
     """Whether a beam's text already shows a wrong step: for tasks with intermediate values
     (`has_values`) a wrong completed value (a number at the end may still grow a digit, so
     it is not read yet), else the task's process check over its complete steps (up to the
     last ';')."""
     if has_values(task):
-        return task.wrong_value_end(problem, text.rstrip("0123456789")) is not None
+        return task.wrong_value_end(problem, _TRAILING_NUMBER.sub("", text)) is not None
     done = text[: text.rfind(";") + 1]
     err = task.diagnose(problem, done)["first_error"]
     return 0 <= err < len(done)

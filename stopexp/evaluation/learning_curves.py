@@ -60,14 +60,15 @@ def summarize_variants(curves: dict, last: int = 5, held_aurocs: dict | None = N
 def add_gap_intervals(out: dict, per_prompt: dict, n_boot: int, seed: int) -> None:
     """Into `out` (summarize_variants'): per variant with held-out AUROCs per prompt
     (`per_prompt`: variant -> (prompts,), NaN where a prompt's paths share one outcome, the
-    same prompts for every variant) the paired difference to frozen and, with retrained,
-    the gap closed's percentile interval over the prompts that all three rank."""
+    same prompts for every variant) the paired difference to frozen and, where `out` has a
+    gap closed, its percentile interval over the prompts that all three rank (a ratio:
+    wide when the gap, retrained's `heldout_vs_frozen`, is near 0)."""
     frozen, ceiling = per_prompt["frozen"], per_prompt.get("retrained")
     for v, values in per_prompt.items():
         if v == "frozen":
             continue
         out[v]["heldout_vs_frozen"] = paired_difference(values, frozen, n_boot, seed)
-        if ceiling is None or v not in ONLINE_VARIANTS:
+        if ceiling is None or "gap_closed" not in out[v]:  # no gap (or not an online variant)
             continue
         both = ~(np.isnan(values) | np.isnan(frozen) | np.isnan(ceiling))
         a, f, r = values[both], frozen[both], ceiling[both]
@@ -77,8 +78,9 @@ def add_gap_intervals(out: dict, per_prompt: dict, n_boot: int, seed: int) -> No
             return (a[idx].mean() - f[idx].mean()) / gap if gap else math.nan
 
         if both.any():
-            out[v]["gap_closed_ci"] = list(bootstrap_over_groups(closed, np.arange(both.sum()),
-                                                                 n_boot, seed))
+            ci = bootstrap_over_groups(closed, np.arange(both.sum()), n_boot, seed)
+            out[v]["gap_closed_ci"] = list(ci)
+            out[v]["gap_closed_nan_resamples"] = ci.nan_resamples  # resamples without a gap
 
 
 def variants_table(metrics: dict) -> str:
@@ -97,11 +99,18 @@ def variants_table(metrics: dict) -> str:
                      f"{s.get('mc_tokens', 0.0):>8.0f}"
                      f"{s['auroc_last']:>11.3f}{s['heldout_auroc']:>9.3f}{gap:>11}{s['update_s']:>9.2f}"
                      f"{s['wall_s']:>8.1f}")
-    for v, s in metrics["variants"].items():
-        if "heldout_vs_frozen" in s:
-            d = s["heldout_vs_frozen"]
-            gap = (f"; gap closed {s['gap_closed']:.2f} [{s['gap_closed_ci'][0]:.2f}, "
-                   f"{s['gap_closed_ci'][1]:.2f}]" if "gap_closed_ci" in s and "gap_closed" in s else "")
-            lines.append(f"{v}: held-out AUROC - frozen {d['diff']:+.3f} [{d['ci'][0]:+.3f}, "
-                         f"{d['ci'][1]:+.3f}] (95%, paired over {d['prompts']} prompts){gap}")
+    variants = metrics["variants"]
+    ceiling = variants.get("retrained", {}).get("heldout_vs_frozen")
+    gap_off_zero = ceiling is not None and (ceiling["ci"][0] > 0 or ceiling["ci"][1] < 0)
+    for v, s in variants.items():
+        if "heldout_vs_frozen" not in s:
+            continue
+        d = s["heldout_vs_frozen"]
+        gap = ""
+        if "gap_closed_ci" in s:
+            lo, hi = s["gap_closed_ci"]
+            gap = (f"; gap closed {s['gap_closed']:.2f} [{lo:.2f}, {hi:.2f}]" if gap_off_zero
+                   else "; no gap to close: retrained - frozen includes 0")
+        lines.append(f"{v}: held-out AUROC - frozen {d['diff']:+.3f} [{d['ci'][0]:+.3f}, "
+                     f"{d['ci'][1]:+.3f}] (95%, paired over {d['prompts']} prompts){gap}")
     return "\n".join(lines)

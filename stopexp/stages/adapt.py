@@ -80,12 +80,13 @@ def adapt(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
                                      seconds_per_token=meta.get("seconds_per_token", 0.0),
                                      continue_=continue_)
         if heldout is not None and predictor is not None:
-            held_aurocs[variant] = prompt_aurocs(heldout, predictor_scores(predictor, heldout.batch),
-                                                 cfg.search.n_paths)
-    summary = summarize_variants(curves, held_aurocs=held_aurocs, n_boot=cfg.evaluate.bootstrap,
-                                 seed=cfg.evaluate.seed)
-    metrics = {"variants": summary, "curves": curves, "heldout_auroc_per_prompt": held_aurocs,
-               "mode": cfg.evaluate.mode,
+            scores = predictor_scores(predictor, heldout.batch)
+            held_aurocs[variant] = prompt_aurocs(heldout, scores, cfg.search.n_paths)
+    summary = summarize_variants(curves, held_aurocs=held_aurocs,
+                                 n_boot=cfg.evaluate.bootstrap, seed=cfg.evaluate.seed)
+    metrics = {"variants": summary, "curves": curves, "mode": cfg.evaluate.mode,
+               "heldout_auroc_per_prompt": held_aurocs,  # in the order of heldout_prompt_ids
+               "heldout_prompt_ids": prompt_ids_of(heldout).tolist() if heldout is not None else [],
                "target": OmegaConf.to_container(a.target, resolve=True),
                "protocol": {"n": cfg.search.n_paths, "k": cfg.policy.keep, "check_tokens": checkpoint,
                             "policy": cfg.policy.name, "policy_params": policy_params(cfg.policy),
@@ -126,6 +127,19 @@ def load_predictors(variants, source: tuple, target: tuple) -> dict:
     return out
 
 
+def flat_summary(s: dict) -> dict:
+    """A variant's summary as scalars, for the tracker: the paired difference's mean,
+    bounds and prompt count, an interval's bounds (`_lo`, `_hi`)."""
+    out = {k: x for k, x in s.items() if isinstance(x, (int, float))}
+    if "heldout_vs_frozen" in s:
+        d = s["heldout_vs_frozen"]
+        out.update({"heldout_vs_frozen": d["diff"], "heldout_vs_frozen_lo": d["ci"][0],
+                    "heldout_vs_frozen_hi": d["ci"][1], "heldout_vs_frozen_prompts": d["prompts"]})
+    if "gap_closed_ci" in s:
+        out.update({"gap_closed_lo": s["gap_closed_ci"][0], "gap_closed_hi": s["gap_closed_ci"][1]})
+    return out
+
+
 def log_curves(run, curves: dict, summary: dict, plot: str | None) -> None:
     """Every variant's curves to the tracked run at one step per batch (all variants at
     once: the steps only rise), the summaries, and the plot."""
@@ -133,8 +147,7 @@ def log_curves(run, curves: dict, summary: dict, plot: str | None) -> None:
     for b, rec in enumerate(first):
         run.log({f"{v}/{k}": x for v, recs in curves.items() for k, x in recs[b].items()
                  if k not in ("batch", "prompts_seen")}, step=rec["prompts_seen"])
-    run.summary_update({f"{v}/{k}": x for v, s in summary.items() for k, x in s.items()
-                        if isinstance(x, (int, float))})
+    run.summary_update({f"{v}/{k}": x for v, s in summary.items() for k, x in flat_summary(s).items()})
     if plot is not None:
         run.log({"plots/learning_curves": run.image(plot)})
 

@@ -113,11 +113,15 @@ def batch_auroc(view: Paths, scores: np.ndarray, n: int) -> float:
 
 
 def prompt_aurocs(view: Paths, scores: np.ndarray, n: int) -> list[float]:
-    """The AUROC of each prompt of `view` over its live paths (NaN: one outcome), in
-    prompt order: the per-prompt values `batch_auroc` averages, for paired intervals."""
+    """The AUROC of each prompt (group) of `view` over its live paths, NaN where they share
+    one outcome or none is alive: the per-prompt values `batch_auroc` averages, for paired
+    intervals."""
     live = view.alive & (view.path_id < n)
-    _, values = per_group_auroc(scores[live], view.correct[live].astype(float), view.group[live])
-    return values.tolist()
+    out = np.full(int(view.group.max()) + 1, np.nan)
+    if live.any():
+        keys, values = per_group_auroc(scores[live], view.correct[live].astype(float), view.group[live])
+        out[keys] = values
+    return out.tolist()
 
 
 def explore_draws(view: Paths, kept: np.ndarray, epsilon: float, rng, n: int) -> np.ndarray:

@@ -252,7 +252,9 @@ def test_the_tracker_gets_the_intervals_as_scalars():
     ([0.2, 0.5], "explore: held-out AUROC - frozen +0.250 [+0.100, +0.400] (95%, paired over 2 "
                  "prompts); gap closed 0.71 [0.50, 0.80]"),
     ([-0.1, 0.5], "explore: held-out AUROC - frozen +0.250 [+0.100, +0.400] (95%, paired over 2 "
-                  "prompts); no gap to close: retrained - frozen includes 0"),
+                  "prompts); no gap to close: retrained - frozen is not above 0"),
+    ([-0.5, -0.1], "explore: held-out AUROC - frozen +0.250 [+0.100, +0.400] (95%, paired over 2 "
+                   "prompts); no gap to close: retrained - frozen is not above 0"),
 ])
 def test_the_table_shows_the_gap_closed_only_when_there_is_a_gap(ceiling_ci, line):
     from stopexp.evaluation.learning_curves import variants_table
@@ -267,7 +269,9 @@ def test_the_table_shows_the_gap_closed_only_when_there_is_a_gap(ceiling_ci, lin
                             "retrained": {**row, "heldout_vs_frozen": {**paired, "ci": ceiling_ci}},
                             "explore": {**row, "gap_closed": 0.25 / 0.35, "heldout_vs_frozen": paired,
                                         "gap_closed_ci": [0.5, 0.8]}}}
-    assert variants_table(metrics).splitlines()[-1] == line
+    table = variants_table(metrics).splitlines()
+    assert table[-1] == line
+    assert table[4].split()[-3] == ("0.71" if ceiling_ci[0] > 0 else "-")  # the explore row's column
 
 
 def _with_bank_features(decide, paths):

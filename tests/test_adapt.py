@@ -239,7 +239,7 @@ def test_the_gap_closed_has_a_paired_interval_over_the_held_out_prompts():
 
 
 def test_the_tracker_gets_the_intervals_as_scalars():
-    from stopexp.stages.adapt import flat_summary
+    from stopexp.evaluation.learning_curves import flat_summary
 
     s = {"accuracy": 0.5, "prompts_to_half_gap": None, "gap_closed_ci": [0.2, 0.9],
          "heldout_vs_frozen": {"diff": 0.1, "ci": [0.0, 0.2], "prompts": 7, "excluded": 1}}

@@ -83,6 +83,19 @@ def add_gap_intervals(out: dict, per_prompt: dict, n_boot: int, seed: int) -> No
             out[v]["gap_closed_nan_resamples"] = ci.nan_resamples  # resamples without a gap
 
 
+def flat_summary(s: dict) -> dict:
+    """A variant's summary as scalars, for the tracker: the paired difference's mean,
+    bounds and prompt count, an interval's bounds (`_lo`, `_hi`)."""
+    out = {k: x for k, x in s.items() if isinstance(x, (int, float))}
+    if "heldout_vs_frozen" in s:
+        d = s["heldout_vs_frozen"]
+        out.update({"heldout_vs_frozen": d["diff"], "heldout_vs_frozen_lo": d["ci"][0],
+                    "heldout_vs_frozen_hi": d["ci"][1], "heldout_vs_frozen_prompts": d["prompts"]})
+    if "gap_closed_ci" in s:
+        out.update({"gap_closed_lo": s["gap_closed_ci"][0], "gap_closed_hi": s["gap_closed_ci"][1]})
+    return out
+
+
 def variants_table(metrics: dict) -> str:
     """The table of adapt's `metrics` (the dict written to metrics.json) as text. With the
     paired intervals, the gap closed is shown only where retrained's held-out AUROC is above

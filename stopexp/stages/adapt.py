@@ -30,7 +30,7 @@ from stopexp.config import checkpoint_tokens
 from stopexp.core.policies import policy_params
 from stopexp.evaluation import plots
 from stopexp.evaluation.accounting import replay_paths
-from stopexp.evaluation.learning_curves import summarize_variants, variants_table
+from stopexp.evaluation.learning_curves import flat_summary, summarize_variants, variants_table
 from stopexp.signals.checkpoint import load_predictor
 from stopexp.stages import build
 from stopexp.stages.cli import Stage, stage_main
@@ -124,19 +124,6 @@ def load_predictors(variants, source: tuple, target: tuple) -> dict:
         metrics = train(c, overrides=ov, progress=False)
         out[name], _ = load_predictor(Path(metrics["checkpoint"]), spec_of(c.tap.layers, bank.read_meta(root)),
                                       c.predictor, trained_on(feats))
-    return out
-
-
-def flat_summary(s: dict) -> dict:
-    """A variant's summary as scalars, for the tracker: the paired difference's mean,
-    bounds and prompt count, an interval's bounds (`_lo`, `_hi`)."""
-    out = {k: x for k, x in s.items() if isinstance(x, (int, float))}
-    if "heldout_vs_frozen" in s:
-        d = s["heldout_vs_frozen"]
-        out.update({"heldout_vs_frozen": d["diff"], "heldout_vs_frozen_lo": d["ci"][0],
-                    "heldout_vs_frozen_hi": d["ci"][1], "heldout_vs_frozen_prompts": d["prompts"]})
-    if "gap_closed_ci" in s:
-        out.update({"gap_closed_lo": s["gap_closed_ci"][0], "gap_closed_hi": s["gap_closed_ci"][1]})
     return out
 
 

@@ -85,6 +85,8 @@ def test_model_size_mismatch_is_refused(tiny_lm):
         check_sizes(cfg.model, tiny_lm[0])
 
 
+# slow: a real collect subprocess killed mid-run and rerun (~20 s)
+@pytest.mark.slow
 def test_sigkill_then_rerun_loses_and_duplicates_nothing(tmp_path):
     out = tmp_path / "outputs"
     args = [f"paths.output_dir={out}", "logger=none", "search.n_paths=4",

@@ -221,6 +221,8 @@ print(" ".join(float(f).hex() for f in BertScorer().scores(hyps, refs)["f1"]))
 """
 
 
+# slow: two subprocesses that each load the BERTScore model (~17 s)
+@pytest.mark.slow
 def test_bertscore_is_bit_identical_in_two_processes():
     # bert_score batches sentences by word count, ties in set order: under two hash seeds
     # the batches (and padded lengths) differed, and so did the last bits of the F1s.

@@ -186,6 +186,8 @@ def test_sweep_runs_table_and_guideline_points(tmp_path):
         sweeps.dir_runs(tmp_path)
 
 
+# slow: three runs of the script in subprocesses, each importing matplotlib (~18 s)
+@pytest.mark.slow
 def test_fit_retention_script_fits_and_plots_or_refuses_clearly(tmp_path):
     front = [(1, 60, 0.5), (2, 90, 0.7), (8, 260, 0.8)]
     # 2 checks x 2 task lengths: longer tasks cost more, a later check costs and gains a little

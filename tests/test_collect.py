@@ -128,3 +128,55 @@ def test_log_line_says_what_a_rank_wrote_and_whether_the_bank_is_complete():
     assert log_line(done) == ("bank B complete: 768 paths, per-path accuracy 0.500, vote "
                               "accuracy 0.750, 9000 tokens; rank 1/4 wrote 3 shards (192 paths) in 7s")
     assert log_line({**mine, "complete": True}).endswith("rank 0 reports the bank's summary")
+
+
+class ScriptedEngine:
+    """An engine that cannot fork (as vLLM): the r-th rollout of every prefix continues
+    with scripts[r], cut at the request's cap; records what it was asked."""
+
+    def __init__(self, tokenizer, scripts, max_new_tokens, stop):
+        from types import SimpleNamespace
+
+        self.tok, self.scripts, self.calls = tokenizer, scripts, []
+        self.params = SimpleNamespace(max_new_tokens=max_new_tokens, stop=tuple(stop))
+
+    def continuations(self, prompts, seeds, max_tokens, logprobs=False):
+        self.calls.append((prompts, seeds, max_tokens))
+        ids = [self.tok(s, add_special_tokens=False)["input_ids"] for s in self.scripts]
+        return [(ids[i % len(ids)][:cap], None) for i, cap in enumerate(max_tokens)]
+
+
+@pytest.mark.parametrize("max_rows", [64, 2])  # 2: one prefix per request batch
+def test_resubmitted_rollouts_cut_a_stop_that_starts_in_the_prefix(max_rows):
+    """Hand-computed: path 0 is "12#3=7" (6 tokens), path 1 "4" (ended at 1 token); checks
+    at 1 and 3 tokens, 2 rollouts continuing with "#=7" and "=7", a path is right when it
+    ends in "=7", stop string "##". At 3 the prefix "12#" and the rollout's "#" complete
+    the stop: that rollout keeps 1 token ("12##", wrong), the other is right: 0.5."""
+    import torch
+    from types import SimpleNamespace
+
+    from stopexp.core.seeds import stream_seed
+    from stopexp.models.tokenizer import build_char_tokenizer
+    from stopexp.search.trace import resubmitted_mc
+
+    tok = build_char_tokenizer()
+    ids = [tok(s, add_special_tokens=False)["input_ids"] for s in ("12#3=7", "4")]
+    tokens = torch.zeros(2, 6, dtype=torch.long)
+    for p, row in enumerate(ids):
+        tokens[p, :len(row)] = torch.tensor(row)
+    lengths = torch.tensor([6, 1])
+    task = SimpleNamespace(check=lambda problem, text: text.endswith("=7"))
+    problems = [SimpleNamespace(prompt="1?")]
+    engine = ScriptedEngine(tok, ["#=7", "=7"], max_new_tokens=10, stop=["##"])
+    prompt = tok("1?", add_special_tokens=False)["input_ids"]
+    mc, generated = resubmitted_mc(engine, tok, task, problems, [(0, 0), (0, 1)], [prompt, prompt],
+                                   tokens, torch.zeros(2, 6), lengths, [1, 3], seed=5, rollouts=2,
+                                   max_rows=max_rows)
+    np.testing.assert_array_equal(mc, np.array([[1.0, 0.5], [np.nan, np.nan]], np.float32))
+    assert generated == (3 + 2) + (1 + 2)
+    asked = [x for call in engine.calls for x in zip(*call)]
+    assert [len(p) for p, _, _ in asked] == [3, 3, 5, 5]  # the prompt and the path's prefix
+    assert [cap for *_, cap in asked] == [9, 9, 7, 7]  # max_new_tokens - c
+    assert [s for _, s, _ in asked] == [stream_seed(5, "1?", 0, "mc", c, r)
+                                        for c in (1, 3) for r in range(2)]
+    assert len(engine.calls) == (1 if max_rows == 64 else 2)

@@ -37,11 +37,17 @@ def test_engine_vllm_dtype_follows_model_dtype():
     assert cfg.engine.dtype == "bfloat16"
 
 
+def test_engine_vllm_serves_monte_carlo_rollouts():
+    """Rollouts are new requests from each live prefix (stopexp.search.trace.resubmitted_mc)."""
+    cfg = validate(compose("collect", ["+exp=smollm2_contrastive", "engine=vllm",
+                                       "collect.mc_rollouts=2"]))
+    assert cfg.collect.mc_rollouts == 2
+
+
 @pytest.mark.parametrize("overrides,key", [
     (["engine=gpu"], None),  # not an option of the group: Hydra refuses it when composing
     (["engine.max_logprobs=10"], "engine.max_logprobs"),  # read only under engine=vllm
     (["engine.enforce_eager=true"], "engine.enforce_eager"),
-    (["engine=vllm", "collect.mc_rollouts=2"], "collect.mc_rollouts"),
     (["engine=vllm", "search.top_p=0.9"], "search.top_p"),
     (["engine=vllm", "search.top_k=5"], "search.top_k"),
     (["engine=vllm", "engine.max_logprobs=3"], "engine.max_logprobs"),  # < search.conf_topk

@@ -214,3 +214,43 @@ def test_a_tensor_parallel_size_that_does_not_divide_the_heads_fails_before_vllm
                                        "engine.tensor_parallel_size=2"]))
     with pytest.raises(ConfigError, match="^engine.tensor_parallel_size: 2 does not divide the 9 "):
         vllm_settings(cfg.model, cfg.engine, cfg.paths.cache_dir, cfg.task)  # the weightless skeleton only
+
+
+@pytest.mark.slow  # ~60 s on 2 cores: 4 rollouts from each live path at 6 and 15 tokens
+def test_monte_carlo_labels_from_resubmitted_prefixes_average_to_the_paths_accuracy(smol):
+    """A rollout from a path's prefix continues it as the path itself would go on, so over
+    the paths of a prompt the mean Monte Carlo label at any checkpoint estimates the same
+    success rate as the mean outcome. Given the prefix, outcome - label has mean 0 and
+    variance v (1 - v) (1 + 1/K) <= p (1 - p) (1 + 1/K) (Jensen) for prefix value v and
+    prompt rate p: the difference of the two means must lie within z_(1 - ALPHA/2) of that."""
+    from stopexp.store.bank_fill import collect
+
+    K = 4
+    cfg = validate(compose("collect", [*SHARED, *VLLM, f"paths.output_dir={smol.cfg.paths.output_dir}",
+                                       f"collect.mc_rollouts={K}"]))
+    collect(build.collection(cfg))
+    root = build.bank(cfg).root
+    ds, meta = bank.load_bank(root), bank.read_meta(root)
+    assert meta["mc_rollouts"] == K and meta["checkpoints"] == [6, 15]
+    mc = np.stack(ds["mc"][:]).astype(float)
+    correct = np.asarray(ds["correct"][:], float)
+    length = np.asarray(ds["length"][:])
+    assert not np.isnan(mc).any()
+    assert np.allclose(mc * K, np.round(mc * K))  # a share of K rollouts
+    for c_idx, c in enumerate(meta["checkpoints"]):
+        ended = length <= c
+        assert np.array_equal(mc[ended, c_idx], correct[ended])  # its own outcome
+    generated = sum(r["tokens"] for r in meta["shards"].values())
+    assert generated > length.sum()  # the rollouts' tokens are counted
+    prompt = np.asarray(ds["prompt_id"][:])
+    ids = np.unique(prompt)
+    rate = np.array([correct[prompt == p].mean() for p in ids])
+    z = math.sqrt(2) * _erfinv(1 - ALPHA)
+    for c_idx, c in enumerate(meta["checkpoints"]):
+        label = np.array([mc[prompt == p, c_idx].mean() for p in ids])
+        pooled = (rate + label) / 2
+        se = math.sqrt(np.sum(pooled * (1 - pooled) * (1 + 1 / K) / PATHS)) / len(ids)
+        diff = label.mean() - rate.mean()
+        print(f"\nat {c} tokens: mean Monte Carlo label {label.mean():.3f}, per-path accuracy "
+              f"{rate.mean():.3f}, difference {diff:+.3f}, bound {z:.2f} x {se:.3f}")
+        assert 0 < pooled.mean() < 1 and abs(diff) <= z * se

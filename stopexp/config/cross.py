@@ -225,14 +225,13 @@ def beam_keep_below_width(cfg) -> None:
 
 
 # what engine=vllm cannot serve: it generates paths and stops them (collect, online
-# Launch-Check-Resume: stopexp.search.vllm_lcr); forking the LM's state between decode steps
-# (rollouts) needs the hf engine. Beam search is not asked of vLLM: under either engine its
-# beams run on stopexp's engine, which has the hidden states of every step, with the
-# predictor trained on the configured engine's bank (stopexp.evaluation.beam).
+# Launch-Check-Resume: stopexp.search.vllm_lcr), and continues a path's prefix as a new
+# request (collect's Monte Carlo rollouts: stopexp.search.trace.resubmitted_mc); writing into
+# a path between decode steps needs the hf engine. Beam search is not asked of vLLM: under
+# either engine its beams run on stopexp's engine, which has the hidden states of every
+# step, with the predictor trained on the configured engine's bank (stopexp.evaluation.beam).
 # key -> (is it asked for?, why). adapt's online loop is adapt's rule (stopexp.config.adapt)
 VLLM_UNSERVED = {
-    "collect.mc_rollouts": (lambda cfg: cfg.collect.mc_rollouts > 0,
-                            "Monte Carlo rollouts fork each path's KV cache at the checkpoints"),
     # vLLM returns the log-probs of one distribution: the filtered one it samples from, but
     # the confidence column is over the unfiltered one (stopexp.search.decode)
     **{f"search.{k}": (lambda cfg, k=k, off=off: cfg.search.do_sample and cfg.search[k] != off,

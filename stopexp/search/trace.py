@@ -10,6 +10,7 @@ import torch
 from stopexp.core.seeds import stream_seed
 from stopexp.search.decode import Decode, Engine
 from stopexp.search.sample import launch_lists, path_labels, prompt_chunks
+from stopexp.search.stops import StopStrings
 from stopexp.tasks.thinking import thinking_length
 
 
@@ -67,17 +68,67 @@ def mc_success(engine: Engine, tokenizer, task, state: Decode, problems, owners,
         texts = _decode_texts(tokenizer, tok, n - t)
         for k, p in enumerate(paths):
             prefix = tokenizer.decode(prefix_tok[p, :t].tolist(), skip_special_tokens=True)
-            problem = problems[owners[p][0]]
             full = [prefix + texts[k * rollouts + r] for r in range(rollouts)]
-            if reward is None:
-                out[p] = sum(task.check(problem, f) for f in full) / rollouts
-            else:
-                rows_lp = [torch.cat([prefix_lp[p, :t], lp[k * rollouts + r, : n[k * rollouts + r] - t]]).numpy()
-                           for r in range(rollouts)] if reward.needs_logprobs else None
-                out[p] = float(reward.scores(task, [problem] * rollouts, full, rows_lp).mean())
+            rows_lp = [torch.cat([prefix_lp[p, :t], lp[k * rollouts + r, : n[k * rollouts + r] - t]]).numpy()
+                       for r in range(rollouts)] if reward is not None and reward.needs_logprobs else None
+            out[p] = mean_reward(task, problems[owners[p][0]], full, reward, rows_lp)
             if tokens_of is not None:
                 tokens_of[p] = int((n - t)[k * rollouts:(k + 1) * rollouts].sum())
     return out, generated
+
+
+def mean_reward(task, problem, texts: list[str], reward=None, logprobs=None) -> float:
+    """The mean reward of a path's rollouts (whole texts; reward None: their success rate)."""
+    if reward is None:
+        return sum(task.check(problem, t) for t in texts) / len(texts)
+    return float(reward.scores(task, [problem] * len(texts), texts, logprobs).mean())
+
+
+def boundary_stop(stops: StopStrings, prefix: list[int], ids: list[int]) -> int:
+    """How many of a rollout's tokens `ids` the hf engine keeps after `prefix`, as far as a
+    stop string that starts inside the prefix decides it: up to the token completing one
+    (a request that starts after the prefix cannot see such a stop), else all."""
+    for k in range(1, min(len(ids), stops.window) + 1):  # a stop spans < window tokens
+        if stops.hits([prefix + ids[:k]])[0]:
+            return k
+    return len(ids)
+
+
+def resubmitted_mc(engine, tokenizer, task, problems, owners, prompts: list[list[int]],
+                   tok: torch.Tensor, lp: torch.Tensor, lengths: torch.Tensor,
+                   checkpoints: list[int], seed: int, rollouts: int, max_rows: int, reward=None
+                   ) -> tuple[np.ndarray, int]:
+    """Monte Carlo labels from an engine that cannot fork a path (vLLM): every path alive at
+    a checkpoint c (longer than c tokens) is continued `rollouts` times, each a new request
+    whose prompt is the path's prompt and first c tokens (with prefix caching their prefill
+    is shared), for at most max_new_tokens - c tokens, with the seed the hf engine gives that
+    rollout (its sampler draws other tokens from it). Returns the (P, C) mean rewards (NaN
+    where a path has ended by c: the caller knows its reward) and the tokens generated."""
+    P, C = len(prompts), len(checkpoints)
+    mc = np.full((P, C), np.nan, dtype=np.float32)
+    params = engine.params
+    stops = StopStrings(params.stop, tokenizer) if params.stop else None
+    with_lp = reward is not None and reward.needs_logprobs
+    live = [(p, ci, c) for ci, c in enumerate(checkpoints) for p in range(P) if int(lengths[p]) > c]
+    generated, per = 0, max(1, max_rows // rollouts)
+    for lo in range(0, len(live), per):
+        part = live[lo:lo + per]
+        heads = [prompts[p] + tok[p, :c].tolist() for p, _, c in part for _ in range(rollouts)]
+        seeds = [stream_seed(seed, problems[owners[p][0]].prompt, owners[p][1], "mc", c, r)
+                 for p, _, c in part for r in range(rollouts)]
+        caps = [params.max_new_tokens - c for _, _, c in part for _ in range(rollouts)]
+        done = engine.continuations(heads, seeds, caps, logprobs=with_lp)
+        for k, (p, ci, c) in enumerate(part):
+            prefix = tok[p, :c].tolist()
+            kept = []
+            for ids, r_lp in done[k * rollouts:(k + 1) * rollouts]:
+                n = boundary_stop(stops, prefix, ids) if stops else len(ids)
+                kept.append((ids[:n], None if r_lp is None else r_lp[:n]))
+            generated += sum(len(ids) for ids, _ in kept)
+            texts = tokenizer.batch_decode([prefix + ids for ids, _ in kept], skip_special_tokens=True)
+            rows_lp = [np.concatenate([lp[p, :c].numpy(), r_lp]) for _, r_lp in kept] if with_lp else None
+            mc[p, ci] = mean_reward(task, problems[owners[p][0]], texts, reward, rows_lp)
+    return mc, generated
 
 
 def trace_problems(engine, tokenizer, task, problems, n_paths: int, seed: int,
@@ -89,8 +140,9 @@ def trace_problems(engine, tokenizer, task, problems, n_paths: int, seed: int,
     `mc_rollouts`, "mc" holds per path the mean reward of that many rollouts from each of
     `checkpoints` (a path that ended by then: its own reward); without, it is empty. The
     engine needs no taps: hidden features are extracted later from the stored tokens.
-    `engine` is the hf Engine, or without rollouts anything with its `generate` and
-    `pad_id` (stopexp.search.vllm_engine.VllmEngine)."""
+    `engine` is the hf Engine (its rollouts fork a path's cache), or anything with its
+    `generate` and `pad_id` and, for rollouts, `params` and `continuations`
+    (stopexp.search.vllm_engine.VllmEngine: `resubmitted_mc`)."""
     mc_tokens = 0
     cols: dict[str, list] = {k: [] for k in (
         "split", "prompt_id", "prompt", "prompt_len", "path_id", "tokens", "text", "answer", "correct",
@@ -107,7 +159,7 @@ def trace_problems(engine, tokenizer, task, problems, n_paths: int, seed: int,
         prompts, seeds, owners = launch_lists(tokenizer, problems, chunk, n_paths, seed)
         P = len(prompts)
         mc = np.full((P, C), np.nan, dtype=np.float32)
-        if C:  # rollouts fork the live paths at each checkpoint (the hf engine)
+        if C and hasattr(engine, "fork"):  # rollouts fork the live paths' KV cache (hf engine)
             state = engine.launch(prompts, seeds, path_labels(problems, owners))
             for c_idx, c in enumerate(checkpoints[:C]):
                 engine.run(state, until=c)
@@ -123,6 +175,11 @@ def trace_problems(engine, tokenizer, task, problems, n_paths: int, seed: int,
         else:  # whole paths: any engine (hf or vLLM)
             tok, lp, ent, conf, lengths, finished = engine.generate(
                 prompts, seeds, path_labels(problems, owners))
+            if C:  # rollouts start from new requests (vLLM)
+                mc, n_tok = resubmitted_mc(engine, tokenizer, task, problems, owners, prompts, tok,
+                                           lp, lengths, checkpoints[:C], seed, mc_rollouts,
+                                           max_rows, reward)
+                mc_tokens += n_tok
         texts = _decode_texts(tokenizer, tok, lengths)
         owned = [problems[i] for i, _ in owners]
         rewards = [float(task.check(q, t)) for q, t in zip(owned, texts)] if reward is None else \

@@ -13,7 +13,9 @@ whole vocabulary (stopexp.search.decode.Engine.step):
                  approximation from below of the full entropy: vLLM returns no more).
 Paths end at any EOS id (`stop_token_ids`) or stop string (`stop`), keeping the token that
 completes it, like the hf engine (stopexp.search.stops); the text is the decoding of the
-kept tokens.
+kept tokens. Monte Carlo rollouts (collect.mc_rollouts) cannot fork a path's cache here:
+each is a new request from the path's prompt and prefix (`continuations`, called by
+stopexp.search.trace.resubmitted_mc), whose prefill prefix caching shares.
 
 The LM's weightless skeleton and the engine opened for a config (`vllm_settings`,
 `open_vllm_engine`) are stopexp.models.vllm_lm's: loading reads the models.
@@ -195,9 +197,12 @@ class VllmEngine:
         self.eos_ids, self.pad_id = tuple(eos_ids), pad_id
         self.max_logprobs = settings.max_logprobs
 
-    def request(self, seed: int, delta: bool = False):
+    def request(self, seed: int, delta: bool = False, max_tokens: int | None = None,
+                logprobs: int | None = -1):
         """The vLLM sampling parameters of one path; `delta`: each step's output holds only
-        the new tokens (a stepped run), else the whole completion at its end."""
+        the new tokens (a stepped run), else the whole completion at its end. `max_tokens`
+        (None: search.max_new_tokens) and `logprobs` (-1: engine.max_logprobs alternatives;
+        0: the sampled token's only; None: none) serve Monte Carlo rollouts."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -205,19 +210,35 @@ class VllmEngine:
         kind = {"output_kind": RequestOutputKind.DELTA} if delta else {}
         return SamplingParams(
             n=1, temperature=p.temperature if p.do_sample else 0.0, top_p=p.top_p, top_k=p.top_k,
-            max_tokens=p.max_new_tokens, seed=seed if p.do_sample else None, stop=list(p.stop),
-            stop_token_ids=list(self.eos_ids), logprobs=self.max_logprobs,
+            max_tokens=p.max_new_tokens if max_tokens is None else max_tokens,
+            seed=seed if p.do_sample else None, stop=list(p.stop),
+            stop_token_ids=list(self.eos_ids),
+            logprobs=self.max_logprobs if logprobs == -1 else logprobs,
             skip_special_tokens=True, **kind)
 
-    def outputs(self, prompts: list[list[int]], seeds: list[int]):
-        """vLLM's completion of each prompt (token ids), one request per path, in order."""
+    def outputs(self, prompts: list[list[int]], seeds: list[int], max_tokens=None,
+                logprobs: int | None = -1):
+        """vLLM's completion of each prompt (token ids), one request per path, in order;
+        `max_tokens`: None or one cap per prompt."""
         from vllm.inputs import TokensPrompt
 
         if len(prompts) != len(seeds) or not prompts:
             raise ValueError("generate needs one seed per prompt and at least one prompt")
+        caps = [None] * len(prompts) if max_tokens is None else list(max_tokens)
         done = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
-                                 [self.request(s) for s in seeds], use_tqdm=False)
+                                 [self.request(s, max_tokens=m, logprobs=logprobs)
+                                  for s, m in zip(seeds, caps)], use_tqdm=False)
         return [d.outputs[0] for d in done]
+
+    def continuations(self, prompts: list[list[int]], seeds: list[int], max_tokens: list[int],
+                      logprobs: bool = False) -> list[tuple[list[int], np.ndarray | None]]:
+        """Per prompt, the generated token ids and (with `logprobs`) the sampled tokens'
+        log-probs, nothing else computed: the Monte Carlo rollouts of a path, each a new
+        request whose prompt is the path's prompt and prefix (stopexp.search.trace)."""
+        outs = self.outputs(prompts, seeds, max_tokens, logprobs=0 if logprobs else None)
+        return [(list(o.token_ids),
+                 np.array([d[t].logprob for d, t in zip(o.logprobs, o.token_ids)], np.float32)
+                 if logprobs else None) for o in outs]
 
     def generate(self, prompts: list[list[int]], seeds: list[int], labels=None):
         """(tokens, logprob, entropy, conf) as (P, T) padded tensors, lengths (P,) and

@@ -238,6 +238,28 @@ def test_the_gap_closed_has_a_paired_interval_over_the_held_out_prompts():
     assert "gap_closed_ci" not in without["explore"] and "heldout_vs_frozen" in without["explore"]
 
 
+@pytest.mark.parametrize("ceiling", [[0.7, 1.0, 0.6, 0.6], [0.45, 0.55, 0.6, 0.4]])
+def test_a_gap_closed_is_kept_only_where_retrained_is_above_frozen(ceiling):
+    """Held-out AUROCs per prompt: retrained above frozen on both ranked prompts (+0.2,
+    +0.5: interval [0.2, 0.5]) keeps explore's gap closed and its interval; -0.05 / +0.05
+    (interval spanning 0) leaves no gap: no share, no interval, `no_gap` instead."""
+    from stopexp.evaluation.learning_curves import summarize_variants
+
+    def curve(auroc):
+        return [{"prompts_seen": 10, "accuracy": 0.5, "tokens": 100.0, "explore_tokens": 0.0,
+                 "wall_s": 1.0, "update_s": 0.0, "auroc": 0.6, "heldout_auroc": auroc}]
+
+    nan = float("nan")
+    per_prompt = {"frozen": [0.5, 0.5, nan, 0.4], "retrained": ceiling, "explore": [0.6, 0.9, 0.5, nan]}
+    mean = {v: float(np.nanmean(x)) for v, x in per_prompt.items()}
+    out = summarize_variants({v: curve(m) for v, m in mean.items()}, held_aurocs=per_prompt)
+    kept = ceiling[0] > 0.5
+    assert ("gap_closed" in out["explore"]) == ("gap_closed_ci" in out["explore"]) == kept
+    assert ("prompts_to_half_gap" in out["explore"]) == kept
+    assert out["explore"].get("no_gap", False) == (not kept)
+    assert "heldout_vs_frozen" in out["explore"]  # the paired difference stays
+
+
 def test_the_tracker_gets_the_intervals_as_scalars():
     from stopexp.evaluation.learning_curves import flat_summary
 
@@ -269,6 +291,12 @@ def test_the_table_shows_the_gap_closed_only_when_there_is_a_gap(ceiling_ci, lin
                             "retrained": {**row, "heldout_vs_frozen": {**paired, "ci": ceiling_ci}},
                             "explore": {**row, "gap_closed": 0.25 / 0.35, "heldout_vs_frozen": paired,
                                         "gap_closed_ci": [0.5, 0.8]}}}
+    # the decision of summarize_variants, on the same held-out AUROCs
+    if not ceiling_ci[0] > 0:
+        explore = metrics["variants"]["explore"]
+        for k in ("gap_closed", "gap_closed_ci"):
+            explore.pop(k)
+        explore["no_gap"] = True
     table = variants_table(metrics).splitlines()
     assert table[-1] == line
     assert table[4].split()[-3] == ("0.71" if ceiling_ci[0] > 0 else "-")  # the explore row's column

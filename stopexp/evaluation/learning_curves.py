@@ -26,7 +26,9 @@ def summarize_variants(curves: dict, last: int = 5, held_aurocs: dict | None = N
     end and the prompts seen when half of it first was. With `held_aurocs` (variant -> each
     held-out prompt's AUROC under its final predictor), each variant's paired held-out
     difference to frozen (`heldout_vs_frozen`) and the gap closed's interval
-    (`gap_closed_ci`), over `n_boot` resamples of the held-out prompts from `seed`."""
+    (`gap_closed_ci`), over `n_boot` resamples of the held-out prompts from `seed`; where
+    retrained - frozen's interval is not above 0 the online variants get `no_gap` instead
+    of a gap closed."""
     out = {}
     for v, recs in curves.items():
         w = np.asarray([r["prompts_seen"] - (recs[i - 1]["prompts_seen"] if i else 0)
@@ -54,6 +56,15 @@ def summarize_variants(curves: dict, last: int = 5, held_aurocs: dict | None = N
     if held_aurocs and "frozen" in held_aurocs:
         add_gap_intervals(out, {v: np.asarray(x, float) for v, x in held_aurocs.items()},
                           n_boot, seed)
+        ceiling = out.get("retrained", {}).get("heldout_vs_frozen")
+        if ceiling is not None and not ceiling["ci"][0] > 0:
+            # retrained is not above frozen: a share of no gap (or of a negative one) means nothing
+            for v in ONLINE_VARIANTS:
+                if v in out:
+                    for k in ("gap_closed", "prompts_to_half_gap", "gap_closed_ci",
+                              "gap_closed_nan_resamples"):
+                        out[v].pop(k, None)
+                    out[v]["no_gap"] = True
     return out
 
 
@@ -97,12 +108,10 @@ def flat_summary(s: dict) -> dict:
 
 
 def variants_table(metrics: dict) -> str:
-    """The table of adapt's `metrics` (the dict written to metrics.json) as text. With the
-    paired intervals, the gap closed is shown only where retrained's held-out AUROC is above
-    frozen's (its interval off 0): a share of no gap, or of a negative one, means nothing."""
+    """The table of adapt's `metrics` (the dict written to metrics.json) as text: the gap
+    closed where `summarize_variants` found one, its interval and each variant's paired
+    held-out difference to frozen under it."""
     p, variants = metrics["protocol"], metrics["variants"]
-    ceiling = variants.get("retrained", {}).get("heldout_vs_frozen")
-    no_gap = ceiling is not None and not ceiling["ci"][0] > 0
     lines = [f"Online adaptation to {metrics['target']}: {p['stream_prompts']} prompts in batches of "
              f"{p['batch_prompts']}, {p['n']} -> "
              f"{kept_text(p.get('policy', 'topk'), p.get('policy_params', {}), p['k'])} at "
@@ -110,7 +119,7 @@ def variants_table(metrics: dict) -> str:
              f"{'variant':<12}{'accuracy':>9}{'tokens':>10}{'ratio':>7}{'explore':>9}{'MC tok':>8}"
              f"{'AUROC last':>11}{'held-out':>9}{'gap closed':>11}{'update s':>9}{'wall s':>8}"]
     for v, s in variants.items():
-        gap = f"{s['gap_closed']:.2f}" if "gap_closed" in s and not no_gap else "-"
+        gap = f"{s['gap_closed']:.2f}" if "gap_closed" in s else "-"
         lines.append(f"{v:<12}{s['accuracy']:>9.3f}{s['tokens_total']:>10.0f}"
                      f"{s.get('tokens_ratio', math.nan):>7.2f}{s['explore_tokens']:>9.0f}"
                      f"{s.get('mc_tokens', 0.0):>8.0f}"
@@ -121,10 +130,11 @@ def variants_table(metrics: dict) -> str:
             continue
         d = s["heldout_vs_frozen"]
         gap = ""
-        if "gap_closed_ci" in s:
+        if s.get("no_gap"):
+            gap = "; no gap to close: retrained - frozen is not above 0"
+        elif "gap_closed_ci" in s:
             lo, hi = s["gap_closed_ci"]
-            gap = ("; no gap to close: retrained - frozen is not above 0" if no_gap
-                   else f"; gap closed {s['gap_closed']:.2f} [{lo:.2f}, {hi:.2f}]")
+            gap = f"; gap closed {s['gap_closed']:.2f} [{lo:.2f}, {hi:.2f}]"
         lines.append(f"{v}: held-out AUROC - frozen {d['diff']:+.3f} [{d['ci'][0]:+.3f}, "
                      f"{d['ci'][1]:+.3f}] (95%, paired over {d['prompts']} prompts){gap}")
     return "\n".join(lines)

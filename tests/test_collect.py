@@ -141,9 +141,11 @@ class ScriptedEngine:
         self.params = SimpleNamespace(max_new_tokens=max_new_tokens, stop=tuple(stop))
 
     def continuations(self, prompts, seeds, max_tokens, logprobs=False):
+        """Each rollout token's log-prob is -(its index + 1) / 10."""
         self.calls.append((prompts, seeds, max_tokens))
         ids = [self.tok(s, add_special_tokens=False)["input_ids"] for s in self.scripts]
-        return [(ids[i % len(ids)][:cap], None) for i, cap in enumerate(max_tokens)]
+        out = [ids[i % len(ids)][:cap] for i, cap in enumerate(max_tokens)]
+        return [(x, -(np.arange(len(x), dtype=np.float32) + 1) / 10 if logprobs else None) for x in out]
 
 
 @pytest.mark.parametrize("max_rows", [64, 2])  # 2: one prefix per request batch
@@ -180,3 +182,31 @@ def test_resubmitted_rollouts_cut_a_stop_that_starts_in_the_prefix(max_rows):
     assert [s for _, s, _ in asked] == [stream_seed(5, "1?", 0, "mc", c, r)
                                         for c in (1, 3) for r in range(2)]
     assert len(engine.calls) == (1 if max_rows == 64 else 2)
+
+
+def test_resubmitted_rollouts_score_a_reward_on_the_prefix_and_rollout_log_probs():
+    """A reward that reads log-probs gets the path's own up to c, then the rollout's up to
+    where it is cut: at c=3 of "12#3=7" (log-probs -1, -2, -3 ...), "#=7" is cut to "#"
+    (-0.1) and "=7" kept (-0.1, -0.2), so the rewards' mean is ((-6.1) + (-6.3)) / 2."""
+    import torch
+    from types import SimpleNamespace
+
+    from stopexp.models.tokenizer import build_char_tokenizer
+    from stopexp.search.trace import resubmitted_mc
+
+    tok = build_char_tokenizer()
+    tokens = torch.tensor([tok("12#3=7", add_special_tokens=False)["input_ids"]])
+    lp = -torch.arange(1, 7, dtype=torch.float32)[None]
+    seen = []
+
+    def scores(task, problems, texts, logprobs):
+        seen.append((texts, [list(np.round(x, 6)) for x in logprobs]))
+        return np.array([float(x.sum()) for x in logprobs])
+
+    reward = SimpleNamespace(needs_logprobs=True, scores=scores)
+    engine = ScriptedEngine(tok, ["#=7", "=7"], max_new_tokens=10, stop=["##"])
+    mc, _ = resubmitted_mc(engine, tok, SimpleNamespace(), [SimpleNamespace(prompt="1?")], [(0, 0)],
+                           [tok("1?", add_special_tokens=False)["input_ids"]], tokens, lp,
+                           torch.tensor([6]), [3], seed=0, rollouts=2, max_rows=64, reward=reward)
+    assert seen == [(["12##", "12#=7"], [[-1, -2, -3, -0.1], [-1, -2, -3, -0.1, -0.2]])]
+    assert mc[0, 0] == pytest.approx((-6.1 - 6.3) / 2, abs=1e-5)

@@ -38,7 +38,8 @@ class StopStrings:
         self.window = max(len(s.encode()) for s in self.stops) + 2
         self._blank: dict[int, bool] = {}  # token id -> decodes to nothing
 
-    def _is_blank(self, token: int) -> bool:
+    def is_blank(self, token: int) -> bool:
+        """Whether the token decodes to nothing (it adds nothing to a stop)."""
         if token not in self._blank:
             self._blank[token] = not self.tokenizer.decode([token], skip_special_tokens=True)
         return self._blank[token]
@@ -48,7 +49,7 @@ class StopStrings:
         (all of them when there are fewer): what a stop ending in the last one lies in."""
         seen = 0
         for start in range(len(tokens) - 1, -1, -1):
-            seen += not self._is_blank(tokens[start])
+            seen += not self.is_blank(tokens[start])
             if seen == self.window:
                 return tokens[start:]
         return tokens

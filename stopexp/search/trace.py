@@ -65,10 +65,10 @@ def mc_success(engine: Engine, tokenizer, task, state: Decode, problems, owners,
         child = engine.run(engine.fork(state, rollouts, seeds, rows))
         tok, lp, *_, n = child.tensors(engine.pad_id)
         generated += int((n - t).sum())
-        texts = _decode_texts(tokenizer, tok, n - t)
         for k, p in enumerate(paths):
-            prefix = tokenizer.decode(prefix_tok[p, :t].tolist(), skip_special_tokens=True)
-            full = [prefix + texts[k * rollouts + r] for r in range(rollouts)]
+            prefix = prefix_tok[p, :t].tolist()  # decoded with each rollout, as a path's text is
+            full = tokenizer.batch_decode([prefix + tok[k * rollouts + r, : n[k * rollouts + r] - t].tolist()
+                                           for r in range(rollouts)], skip_special_tokens=True)
             rows_lp = [torch.cat([prefix_lp[p, :t], lp[k * rollouts + r, : n[k * rollouts + r] - t]]).numpy()
                        for r in range(rollouts)] if reward is not None and reward.needs_logprobs else None
             out[p] = mean_reward(task, problems[owners[p][0]], full, reward, rows_lp)
@@ -88,9 +88,13 @@ def boundary_stop(stops: StopStrings, prefix: list[int], ids: list[int]) -> int:
     """How many of a rollout's tokens `ids` the hf engine keeps after `prefix`, as far as a
     stop string that starts inside the prefix decides it: up to the token completing one
     (a request that starts after the prefix cannot see such a stop), else all."""
-    for k in range(1, min(len(ids), stops.window) + 1):  # a stop spans < window tokens
+    seen = 0
+    for k in range(1, len(ids) + 1):
         if stops.hits([prefix + ids[:k]])[0]:
             return k
+        seen += not stops.is_blank(ids[k - 1])
+        if seen >= stops.window:  # a stop spans fewer tokens that decode to something
+            break
     return len(ids)
 
 

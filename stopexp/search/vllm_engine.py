@@ -198,11 +198,12 @@ class VllmEngine:
         self.max_logprobs = settings.max_logprobs
 
     def request(self, seed: int, delta: bool = False, max_tokens: int | None = None,
-                logprobs: int | None = -1):
+                logprobs: str | None = "alternatives"):
         """The vLLM sampling parameters of one path; `delta`: each step's output holds only
         the new tokens (a stepped run), else the whole completion at its end. `max_tokens`
-        (None: search.max_new_tokens) and `logprobs` (-1: engine.max_logprobs alternatives;
-        0: the sampled token's only; None: none) serve Monte Carlo rollouts."""
+        (None: search.max_new_tokens) and `logprobs` ("alternatives": the sampled token's and
+        engine.max_logprobs others; "sampled": the sampled token's; None: none) serve Monte
+        Carlo rollouts."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -213,11 +214,11 @@ class VllmEngine:
             max_tokens=p.max_new_tokens if max_tokens is None else max_tokens,
             seed=seed if p.do_sample else None, stop=list(p.stop),
             stop_token_ids=list(self.eos_ids),
-            logprobs=self.max_logprobs if logprobs == -1 else logprobs,
+            logprobs={"alternatives": self.max_logprobs, "sampled": 0, None: None}[logprobs],
             skip_special_tokens=True, **kind)
 
     def outputs(self, prompts: list[list[int]], seeds: list[int], max_tokens=None,
-                logprobs: int | None = -1):
+                logprobs: str | None = "alternatives"):
         """vLLM's completion of each prompt (token ids), one request per path, in order;
         `max_tokens`: None or one cap per prompt."""
         from vllm.inputs import TokensPrompt
@@ -235,7 +236,7 @@ class VllmEngine:
         """Per prompt, the generated token ids and (with `logprobs`) the sampled tokens'
         log-probs, nothing else computed: the Monte Carlo rollouts of a path, each a new
         request whose prompt is the path's prompt and prefix (stopexp.search.trace)."""
-        outs = self.outputs(prompts, seeds, max_tokens, logprobs=0 if logprobs else None)
+        outs = self.outputs(prompts, seeds, max_tokens, logprobs="sampled" if logprobs else None)
         return [(list(o.token_ids),
                  np.array([d[t].logprob for d, t in zip(o.logprobs, o.token_ids)], np.float32)
                  if logprobs else None) for o in outs]

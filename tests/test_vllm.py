@@ -255,9 +255,10 @@ def test_monte_carlo_labels_from_resubmitted_prefixes_average_to_the_paths_accur
               f"{rate.mean():.3f}, difference {diff:+.3f}, bound {z:.2f} x {se:.3f}")
         assert 0 < pooled.mean() < 1 and abs(diff) <= z * se
     # and they read the prefix: at 15 tokens, where the operation is written, a path that
-    # ends right has the higher label within its prompt (rollouts from the prompt alone: 0.5)
+    # ends right has the higher label within its prompt (rollouts from the prompt alone:
+    # 0.5; measured 0.698 over the few mixed prompts, hence the loose bound)
     from stopexp.metrics.ranking import within_prompt_auroc
 
     auroc = within_prompt_auroc(mc[:, 1], correct, prompt)
     print(f"within-prompt AUROC of the labels at 15 tokens against the outcomes: {auroc:.3f}")
-    assert auroc > 0.65
+    assert auroc > 0.55

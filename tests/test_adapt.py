@@ -240,9 +240,9 @@ def test_the_gap_closed_has_a_paired_interval_over_the_held_out_prompts():
 
 @pytest.mark.parametrize("ceiling", [[0.7, 1.0, 0.6, 0.6], [0.45, 0.55, 0.6, 0.4]])
 def test_a_gap_closed_is_kept_only_where_retrained_is_above_frozen(ceiling):
-    """Held-out AUROCs per prompt: retrained above frozen on both ranked prompts (+0.2,
-    +0.5: interval [0.2, 0.5]) keeps explore's gap closed and its interval; -0.05 / +0.05
-    (interval spanning 0) leaves no gap: no share, no interval, `no_gap` instead."""
+    """Held-out AUROCs per prompt: retrained above frozen on the three prompts both rank
+    (+0.2, +0.5, +0.2: interval [0.2, 0.5]) keeps explore's gap closed and its interval;
+    -0.05, +0.05, 0 (interval spanning 0) leaves no gap: no share, no interval, `no_gap`."""
     from stopexp.evaluation.learning_curves import summarize_variants
 
     def curve(auroc):

@@ -26,9 +26,8 @@ def summarize_variants(curves: dict, last: int = 5, held_aurocs: dict | None = N
     end and the prompts seen when half of it first was. With `held_aurocs` (variant -> each
     held-out prompt's AUROC under its final predictor), each variant's paired held-out
     difference to frozen (`heldout_vs_frozen`) and the gap closed's interval
-    (`gap_closed_ci`), over `n_boot` resamples of the held-out prompts from `seed`; where
-    retrained - frozen's interval is not above 0 the online variants get `no_gap` instead
-    of a gap closed."""
+    (`gap_closed_ci`), over `n_boot` resamples of the held-out prompts from `seed`, or
+    `no_gap` (`add_gap_intervals`)."""
     out = {}
     for v, recs in curves.items():
         w = np.asarray([r["prompts_seen"] - (recs[i - 1]["prompts_seen"] if i else 0)
@@ -56,15 +55,6 @@ def summarize_variants(curves: dict, last: int = 5, held_aurocs: dict | None = N
     if held_aurocs and "frozen" in held_aurocs:
         add_gap_intervals(out, {v: np.asarray(x, float) for v, x in held_aurocs.items()},
                           n_boot, seed)
-        ceiling = out.get("retrained", {}).get("heldout_vs_frozen")
-        if ceiling is not None and not ceiling["ci"][0] > 0:
-            # retrained is not above frozen: a share of no gap (or of a negative one) means nothing
-            for v in ONLINE_VARIANTS:
-                if v in out:
-                    for k in ("gap_closed", "prompts_to_half_gap", "gap_closed_ci",
-                              "gap_closed_nan_resamples"):
-                        out[v].pop(k, None)
-                    out[v]["no_gap"] = True
     return out
 
 
@@ -73,12 +63,21 @@ def add_gap_intervals(out: dict, per_prompt: dict, n_boot: int, seed: int) -> No
     (`per_prompt`: variant -> (prompts,), NaN where a prompt's paths share one outcome, the
     same prompts for every variant) the paired difference to frozen and, where `out` has a
     gap closed, its percentile interval over the prompts that all three rank (a ratio:
-    wide when the gap, retrained's `heldout_vs_frozen`, is near 0)."""
+    wide when the gap, retrained's `heldout_vs_frozen`, is near 0). Where that gap's interval
+    is not above 0 the online variants get `no_gap` instead of a share, its interval and
+    `prompts_to_half_gap`: a share of no gap (or of a negative one) means nothing."""
     frozen, ceiling = per_prompt["frozen"], per_prompt.get("retrained")
     for v, values in per_prompt.items():
-        if v == "frozen":
-            continue
-        out[v]["heldout_vs_frozen"] = paired_difference(values, frozen, n_boot, seed)
+        if v != "frozen":
+            out[v]["heldout_vs_frozen"] = paired_difference(values, frozen, n_boot, seed)
+    gap = out.get("retrained", {}).get("heldout_vs_frozen")
+    if gap is not None and not gap["ci"][0] > 0:
+        for v in ONLINE_VARIANTS:
+            if v in out:
+                out[v].pop("gap_closed", None)
+                out[v].pop("prompts_to_half_gap", None)
+                out[v]["no_gap"] = True
+    for v, values in per_prompt.items():
         if ceiling is None or "gap_closed" not in out[v]:  # no gap (or not an online variant)
             continue
         both = ~(np.isnan(values) | np.isnan(frozen) | np.isnan(ceiling))

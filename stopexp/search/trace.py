@@ -117,13 +117,14 @@ def resubmitted_mc(engine, tokenizer, task, problems, owners, prompts: list[list
     generated, per = 0, max(1, max_rows // rollouts)
     for lo in range(0, len(live), per):
         part = live[lo:lo + per]
-        heads = [prompts[p] + tok[p, :c].tolist() for p, _, c in part for _ in range(rollouts)]
+        prefixes = [tok[p, :c].tolist() for p, _, c in part]
+        heads = [prompts[p] + prefix for (p, _, _), prefix in zip(part, prefixes)
+                 for _ in range(rollouts)]
         seeds = [stream_seed(seed, problems[owners[p][0]].prompt, owners[p][1], "mc", c, r)
                  for p, _, c in part for r in range(rollouts)]
         caps = [params.max_new_tokens - c for _, _, c in part for _ in range(rollouts)]
         done = engine.continuations(heads, seeds, caps, logprobs=with_lp)
-        for k, (p, ci, c) in enumerate(part):
-            prefix = tok[p, :c].tolist()
+        for k, ((p, ci, c), prefix) in enumerate(zip(part, prefixes)):
             kept = []
             for ids, r_lp in done[k * rollouts:(k + 1) * rollouts]:
                 n = boundary_stop(stops, prefix, ids) if stops else len(ids)

@@ -185,6 +185,31 @@ def test_structure_shots_share_the_questions_first_step_and_number_of_steps():
     default = WordProblemTask(steps=(2, 3, 4), solution_style="lines", number_range=(1, 5))
     digest = hashlib.sha256("\0".join(p.prompt for p in default.problems("test", 50)).encode())
     assert digest.hexdigest()[:16] == "e5c9c51d72221d7c"
+    alike = WordProblemTask(steps=(2, 3, 4), solution_style="lines", number_range=(1, 5),
+                            shot_match="structure")
+    digest = hashlib.sha256("\0".join(p.prompt for p in alike.problems("test", 50)).encode())
+    assert digest.hexdigest()[:16] == "2cfbaa187de92f5a"  # the banks' prompts, pinned
+
+
+def test_operations_shots_end_on_the_questions_operations():
+    """shot_match=operations: the last example has the question's operations in order where
+    the pool (256) holds one, which it does for all but one of 64 questions; every example
+    has the question's number of steps."""
+    task = WordProblemTask(steps=(2, 2, 2, 3, 4), solution_style="lines", number_range=(1, 5),
+                           shot_match="operations")
+    kind = {s.question: s.kind for s in task.shot_pool()}
+    assert len(kind) == 256
+    exact = 0
+    for p in task.problems("val", 64):
+        shots = [kind[b.split("\nAnswer: ")[0].removeprefix("Question: ")]
+                 for b in p.prompt.split("\n\n")[:-1]]
+        assert all(len(s.split("+")) == len(p.values) for s in shots), (p.kind, shots)
+        in_pool = p.kind in kind.values()
+        assert (shots[-1] == p.kind) == in_pool
+        if not in_pool:
+            assert shots[-1].split("+")[0] == p.kind.split("+")[0]
+        exact += shots[-1] == p.kind
+    assert exact == 63
 
 
 def test_zero_shots_and_chat_format():
@@ -239,3 +264,12 @@ def test_both_extraction_modes_on_saved_smollm2_paths():
     assert all(s == f for s, f, e in zip(strict, flexible, ends_marked) if e)
     text = next(p["text"] for p in paths if "the answer is not a number" in p["text"])
     assert answer_of(text, "strict") == "" and answer_of(text, "flexible") == "6"
+
+
+def test_the_config_allows_what_the_task_knows():
+    """The validator's lists (checked before any compute) are the task's own."""
+    from stopexp.config.reads import ALLOWED
+    from stopexp.tasks import wordprob
+    assert ALLOWED["task.shot_match"] == wordprob.SHOT_MATCHES
+    assert ALLOWED["task.solution_style"] == wordprob.SOLUTION_STYLES
+    assert ALLOWED["task.extraction"] == wordprob.EXTRACTIONS

@@ -26,7 +26,7 @@ ALLOWED = {
     "task.answer_format": ("numeric", "boxed"),
     "task.extraction": ("strict", "flexible"),
     "task.solution_style": ("inline", "lines"),  # stopexp.tasks.wordprob.SOLUTION_STYLES
-    "task.shot_match": ("first_operation", "structure"),  # stopexp.tasks.wordprob.SHOT_MATCHES
+    "task.shot_match": ("first_operation", "structure", "operations"),  # wordprob.SHOT_MATCHES
     "task.tokenize": TEXT_TOKENIZERS,
     "tap.pooling": ("last", "mean"),
     "tap.positions.dtype": ("float32", "float16"),

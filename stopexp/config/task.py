@@ -113,7 +113,8 @@ class WordProblemTaskConfig(FewShotTaskConfig):
         "add": 1.0, "sub": 1.0, "compare": 1.0, "count": 0.0})  # first step's operation mix
     extraction: str = "strict"           # strict ("The answer is", ####) | flexible (last number)
     solution_style: str = "inline"       # inline (one paragraph) | lines (a line per step)
-    shot_match: str = "first_operation"  # first_operation | structure (same first step and steps)
+    shot_match: str = "first_operation"  # first_operation | structure (same first step and steps) |
+                                          # operations (the same operations, in order)
 
 
 @dataclass

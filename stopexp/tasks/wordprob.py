@@ -48,9 +48,10 @@ SOLUTION_STYLES = ("inline", "lines")
 # which solved examples precede a question: first_operation: the last one shares its first
 # operation; structure: the examples share its first operation and number of steps where
 # the pool has such, nearest last (a small model copies the example's line structure)
-SHOT_MATCHES = ("first_operation", "structure")
+SHOT_MATCHES = ("first_operation", "structure", "operations")
 MARKER = "The answer is"
 SHOT_POOL = 64                   # solved training examples the shots are drawn from
+OPERATIONS_POOL = 256            # shot_match=operations: most 4-step sequences (24) appear
 STOP_SEQUENCES = ("\n\n", "\nQuestion:")  # the few-shot format: a new example starts there
 
 NAMES = (("Tom", "he"), ("Mia", "she"), ("Sam", "he"), ("Ann", "she"), ("Ben", "he"),
@@ -277,7 +278,8 @@ class WordProblemTask:
     def shot_pool(self) -> list[WordProblem]:
         """The solved training examples that precede questions (fixed by the seed)."""
         if self._shot_pool is None:
-            drawn = self._problems("train", SHOT_POOL if self.shots else 0, "shots")
+            size = OPERATIONS_POOL if self.shot_match == "operations" else SHOT_POOL
+            drawn = self._problems("train", size if self.shots else 0, "shots")
             self._shot_pool = [WordProblem(i, "train", q, q, a, s, k, v)
                                for i, (q, s, a, k, v) in enumerate(drawn)]
         return self._shot_pool
@@ -289,8 +291,8 @@ class WordProblemTask:
         of problem is worked."""
         rng = random.Random(f"{self.seed}:shots:{question}")
         pool = [p for p in self.shot_pool() if p.question != question]
-        shots = (self._alike(pool, kind, rng) if self.shot_match == "structure"
-                 else self._same_first(pool, kind, rng))
+        shots = (self._same_first(pool, kind, rng) if self.shot_match == "first_operation"
+                 else self._alike(pool, kind, rng))
         blocks = [f"Question: {p.question}\nAnswer: {p.solution}" for p in shots]
         if self.format == "fewshot":
             return "\n\n".join(blocks + [f"Question: {question}\nAnswer:"])
@@ -311,14 +313,18 @@ class WordProblemTask:
         return shots
 
     def _alike(self, pool: list, kind: str, rng: random.Random) -> list:
-        """`shots` examples, those sharing the question's first operation and number of
-        steps first, then those sharing its number of steps, then any (random within each
-        rank); the most alike is the last, next to the question."""
+        """`shots` examples ranked by likeness to the question, random within each rank, the
+        most alike last, next to the question: (operations only) the same operations in the
+        same order, then the same first operation and number of steps, then the same number
+        of steps, then any."""
         ops = kind.split("+")
+        exact = self.shot_match == "operations"
 
         def rank(p: WordProblem) -> int:
             theirs = p.kind.split("+")
-            return 0 if theirs[0] == ops[0] and len(theirs) == len(ops) else 1 + (len(theirs) != len(ops))
+            if len(theirs) != len(ops):
+                return 3
+            return 0 if exact and theirs == ops else 1 if theirs[0] == ops[0] else 2
 
         ranked = sorted(pool, key=lambda p: (rank(p), rng.random()))
         return ranked[: self.shots][::-1]

@@ -47,7 +47,8 @@ EXTRACTIONS = ("strict", "flexible")
 SOLUTION_STYLES = ("inline", "lines")
 # which solved examples precede a question: first_operation: the last one shares its first
 # operation; structure: the examples share its first operation and number of steps where
-# the pool has such, nearest last (a small model copies the example's line structure)
+# the pool has such, nearest last (a small model copies the example's line structure);
+# operations: the nearest also has its operations in order (the model copies those too)
 SHOT_MATCHES = ("first_operation", "structure", "operations")
 MARKER = "The answer is"
 SHOT_POOL = 64                   # solved training examples the shots are drawn from

@@ -265,3 +265,11 @@ def test_both_extraction_modes_on_saved_smollm2_paths():
     text = next(p["text"] for p in paths if "the answer is not a number" in p["text"])
     assert answer_of(text, "strict") == "" and answer_of(text, "flexible") == "6"
 
+
+def test_the_config_allows_what_the_task_knows():
+    """The validator's lists (checked before any compute) are the task's own."""
+    from stopexp.config.reads import ALLOWED
+    from stopexp.tasks import wordprob
+    assert ALLOWED["task.shot_match"] == wordprob.SHOT_MATCHES
+    assert ALLOWED["task.solution_style"] == wordprob.SOLUTION_STYLES
+    assert ALLOWED["task.extraction"] == wordprob.EXTRACTIONS

@@ -16,7 +16,6 @@ from stopexp.config.ranges import fail, is_list
 from stopexp.config.root import GROUPS, schema, schema_default
 from stopexp.core.protocol import check_values
 from stopexp.core.text import TEXT_TOKENIZERS
-from stopexp.tasks.wordprob import EXTRACTIONS, SHOT_MATCHES, SOLUTION_STYLES
 
 ALLOWED = {
     "model.dtype": ("auto", "float32", "bfloat16", "float16"),
@@ -25,9 +24,9 @@ ALLOWED = {
     **{f"{g.name}.name": tuple(g.options) for g in GROUPS if g.chosen is by_name},
     "task.format": ("fewshot", "chat"),
     "task.answer_format": ("numeric", "boxed"),
-    "task.extraction": EXTRACTIONS,
-    "task.solution_style": SOLUTION_STYLES,
-    "task.shot_match": SHOT_MATCHES,
+    "task.extraction": ("strict", "flexible"),
+    "task.solution_style": ("inline", "lines"),  # stopexp.tasks.wordprob.SOLUTION_STYLES
+    "task.shot_match": ("first_operation", "structure", "operations"),  # wordprob.SHOT_MATCHES
     "task.tokenize": TEXT_TOKENIZERS,
     "tap.pooling": ("last", "mean"),
     "tap.positions.dtype": ("float32", "float16"),

@@ -132,6 +132,30 @@ def test_boxed_answers_canonical(content, expected):
     assert answer_of(f"so the answer is $\\boxed{{{content}}}$.", "boxed") == expected
 
 
+@pytest.mark.parametrize("content, expected", [
+    ("1 000", "1000"), ("12 500", "12500"), ("1\\,000", "1000"), ("1{,}000", "1000"),
+    ("12~500", "12500"), ("1\\ 000", "1000"), ("1\u2009000", "1000"), ("1\u202f000", "1000"),
+    ("1\\;000", "1000"), ("1\\thinspace 000", "1000"), ("1 234 567", "1234567"),
+    ("12 500.5", "25001/2"), ("-12 500", "-12500"), ("x = 12 500", "12500"),
+    ("\\frac{1 000}{8}", "125"), ("[1 000, 2 000]", "[1000,2000]"),
+    # real products and mixed numbers are not digit groups
+    ("2 \\cdot 3", "6"), ("2x", "2x"), ("2 1/2", "5/2"),
+])
+def test_digit_groups_split_by_spaces_are_one_number(content, expected):
+    """math-verify reads 1 000 as a product (0) and 12 500 as 512."""
+    assert canonical(content, "boxed") == expected
+    assert answer_of(f"so $\\boxed{{{content}}}$.", "boxed") == expected
+    if expected.lstrip("-").replace("/", "").isdigit() and "=" not in content and "," not in content:
+        assert answer_of(f"#### {content}", "numeric") == expected
+
+
+def test_spaces_that_are_no_digit_groups_stay():
+    # a list of numbers in free text keeps its numbers (flexible: the last one)
+    assert answer_of("the terms are 1 2 3 100 200", "numeric", "flexible") == "200"
+    assert answer_of("#### 3 4", "numeric") == ""  # two numbers state none
+    assert answer_of("#### 12 5000", "numeric") == ""  # 5000 is no group of three
+
+
 def test_the_table_is_large():
     assert len(NUMERIC) + len(BOXED) >= 40
 
@@ -152,6 +176,63 @@ def test_equivalent(answer, reference, same):
     a, r = canonical(answer, "boxed") if answer else "", canonical(reference, "boxed") if reference else ""
     assert equivalent(a, r, "boxed") is same
     assert equivalent(answer, reference, "boxed") is same
+
+
+# (answer, reference, whether `differ` proves them unequal without math-verify)
+DISPROOFS = [
+    ("\\frac{\\sqrt{3}}{2}", "\\frac{\\sqrt{2}}{2}", True),  # two numbers apart
+    ("x+1", "x-1", True),                 # apart at the point of x
+    ("ERR", "42", True),                  # symbols E, R against a number
+    ("\\pi", "3.14", True),
+    ("3i", "3", True),                    # i: a symbol to math-verify's parser
+    ("9\\%", "9", True),                  # parsed as a string only: never equal to a value
+    ("\\sqrt{2}/2", "\\frac{1}{\\sqrt{2}}", False),  # equal: math-verify says so
+    ("0.333333", "\\frac{1}{3}", False),  # within 6 decimals: math-verify's rounding decides
+    ("\\{1,2\\}", "\\{1,3\\}", False),   # sets, relations and lone symbols: math-verify only
+    ("x=3", "3", False),
+    ("x", "y", False),
+    ("\\int_0^1 x dx", "1", True),        # worked out once: 1/2
+    ("\\int_0^1 x dx", "\\frac{1}{2}", False),
+    ("\\mathbb{E}[X]+1", "\\mathbb{E}[X]", True),  # an undefined function: one instance of it
+    ("\\mathbb{E}[X]+1", "1+\\mathbb{E}[X]", False),
+]
+
+
+@pytest.mark.parametrize("answer, reference, fast", DISPROOFS)
+def test_a_disproof_is_never_a_pair_math_verify_accepts(answer, reference, fast):
+    from math_verify import verify
+
+    from stopexp.tasks.answers import _parse_latex
+    from stopexp.tasks.disproof import differ
+
+    gold, pred = _parse_latex(reference), _parse_latex(answer)
+    assert differ(gold, pred) is fast
+    if fast:  # sound: math-verify finds them unequal too
+        assert verify(list(gold), list(pred)) is False
+
+
+def test_percentages_and_complex_values_are_left_to_math_verify():
+    import sympy
+    from math_verify import verify
+
+    from stopexp.tasks.disproof import differ
+
+    percent = sympy.Mul(9, sympy.UnevaluatedExpr(sympy.Rational(1, 100)), evaluate=False)
+    assert verify(sympy.Integer(9), percent) and not differ((sympy.Integer(9),), (percent,))
+    two_i = 2 * sympy.I  # a complex value: apart from 2 by the modulus of the difference
+    assert differ((two_i,), (sympy.Integer(2),)) and not verify(two_i, sympy.Integer(2))
+    assert not differ((two_i,), (sympy.I * 2,))
+
+
+def test_equivalent_asks_math_verify_only_what_no_point_decides(monkeypatch):
+    import math_verify
+
+    asked = []
+    real = math_verify.verify
+    monkeypatch.setattr(math_verify, "verify", lambda g, p, **k: asked.append(1) or real(g, p, **k))
+    equivalent.cache_clear()
+    assert not equivalent("\\frac{\\sqrt{3}}{2}", "\\frac{\\sqrt{5}}{2}", "boxed") and not asked
+    assert equivalent("\\frac{\\sqrt{3}}{3}", "\\frac{1}{\\sqrt{3}}", "boxed") and len(asked) == 1
 
 
 def test_long_numbers_are_numbers():

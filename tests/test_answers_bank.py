@@ -163,6 +163,10 @@ def test_cli_prints_the_table_and_writes_metrics(tmp_path, capsys):
     ([str(FIXTURE), "windw=3"], "windw: unknown setting; allowed: methods, n, k"),
     ([str(FIXTURE), "n=six"], "n='six': must be a int"),
     ([str(FIXTURE), "methods=no_prune,esc2"], "methods: esc2 unknown; allowed: no_prune"),
+    # an empty choice: nothing to replay, an empty table
+    ([str(FIXTURE), "methods="], "methods='': give at least one method; allowed: no_prune, random"),
+    ([str(FIXTURE), "methods=[]"], "methods='[]': give at least one method"),
+    ([str(FIXTURE), "methods=,"], "methods=',': give at least one method"),
     ([str(FIXTURE), "n=6", "k=7"], "k=7: must be in 1..n=6"),
     ([str(FIXTURE), "esc_window=0"], "esc_window=0: must be >= 1"),
     ([str(FIXTURE), "asc_threshold=nan"], "asc_threshold=nan: must be in (0, 1]"),

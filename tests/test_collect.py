@@ -67,6 +67,52 @@ def test_difficulty_filter_keeps_the_band(out_dir):
             n = ds["correct"][:][sel & (ds["prompt_id"][:] == p)].sum()
             assert 1 <= n <= 3
     assert (ds["split"][:] == "test").sum() == 8  # the test split is never filtered
+    # each shard records the prompts it left out, by cause (bank.left_out words them)
+    records = bank.read_meta(build.bank(cfg).root)["shards"].values()
+    kept = len({(s, p) for s, p in zip(ds["split"][:], ds["prompt_id"][:]) if s != "test"})
+    assert sum(r["filtered"] for r in records) == 4 - kept
+    assert sum(r["too_long"] for r in records) == 0
+
+
+def test_a_plan_that_long_prompts_skip_empties_is_refused_before_generating(out_dir):
+    from stopexp.search.sample import PromptTooLong
+
+    cfg = small_cfg(out_dir, "model.long_prompts=skip", "model.max_prompt_tokens=5")
+    with pytest.raises(PromptTooLong) as e:
+        collect(build.collection(cfg))
+    assert str(e.value) == (
+        "model.max_prompt_tokens: all 6 prompts are longer than the 5 tokens allowed "
+        "(model.max_prompt_tokens, else the model's positions minus search.max_new_tokens), and "
+        "model.long_prompts=skip leaves every one out: nothing to collect. Allow longer prompts "
+        "or shorten them")
+    assert list(build.bank(cfg).root.glob("shard-*")) == []
+
+
+def test_an_empty_bank_or_split_names_why_its_prompts_were_left_out():
+    """Not collect.keep_correct when model.long_prompts=skip dropped them (the counts are
+    the shards' records; a bank from before them names both causes)."""
+    meta = {"shards": {
+        "shard-00000-r000": {"split": "train", "prompts": 6, "rows": 0, "splits": {}, "too_long": 6, "filtered": 0},
+        "shard-00001-r000": {"split": "train", "prompts": 4, "rows": 0, "splits": {}, "too_long": 1, "filtered": 3},
+        "shard-00002-r000": {"split": "test", "prompts": 2, "rows": 0, "splits": {}, "too_long": 2, "filtered": 0}}}
+    assert bank.left_out(meta, "train") == (
+        "all 10 train prompts were left out: 7 longer than the prompt limit "
+        "(model.max_prompt_tokens, model.long_prompts=skip): allow longer prompts or shorten them; "
+        "3 outside the difficulty filter collect.keep_correct: widen it")
+    assert bank.left_out(meta, "test") == (
+        "all 2 test prompts were left out: 2 longer than the prompt limit (model.max_prompt_tokens, "
+        "model.long_prompts=skip): allow longer prompts or shorten them")
+    from stopexp.training.data import _empty_split
+
+    meta["plan"] = [{"index": 0, "split": "train", "prompts": 6},
+                    {"index": 1, "split": "train", "prompts": 4}, {"index": 2, "split": "test", "prompts": 2}]
+    assert _empty_split(meta, "train", 5) == "train: the trace bank holds no train path: " + \
+        bank.left_out(meta, "train")
+    for rec in meta["shards"].values():
+        del rec["too_long"], rec["filtered"]
+    assert bank.left_out(meta) == (
+        "all 12 prompts were left out, by model.long_prompts=skip (longer than "
+        "model.max_prompt_tokens) or by the difficulty filter collect.keep_correct")
 
 
 def test_missing_bank_error_prints_the_collect_command(out_dir):

@@ -214,7 +214,7 @@ BAD_VALUES = [
     ("model.toy.target_accuracy=1.5", "model.toy.target_accuracy", "must lie in [0, 1]"),
     ("model.toy.screen_temperature=0", "model.toy.screen_temperature", "must be >= 0.0001"),
     ("model.toy.screen_max_new_tokens=1", "model.toy.screen_max_new_tokens", "must be >= 2"),
-    ("task.n_steps=0", "task.n_steps", "must be >= 1"),
+    ("task.n_steps=0", "task.n_steps", "must lie in 1..1000, got 0"),
     ("task.split_fractions.val=0", "task.split_fractions", "needs train, val, test > 0"),
     ("collect.prompts.train=-1", "collect.prompts.train", "must be >= 0"),
     ("collect.shard_prompts=0", "collect.shard_prompts", "must be >= 1"),
@@ -401,10 +401,15 @@ def test_collect_refuses_a_long_prompt_before_generating(tmp_path):
     from stopexp.store import bank
     from stopexp.store.bank_fill import collect
 
-    cfg = validate(compose("collect", [f"paths.output_dir={tmp_path}", "logger=none",
-                                       "search.n_paths=2", "collect.prompts.train=2",
-                                       "collect.prompts.val=0", "collect.prompts.test=0",
-                                       "model.max_prompt_tokens=5"]))
+    cfg = compose("collect", [f"paths.output_dir={tmp_path}", "logger=none",
+                              "search.n_paths=2", "collect.prompts.train=2",
+                              "collect.prompts.val=0", "collect.prompts.test=0",
+                              "model.max_prompt_tokens=5"])
+    # the toy LM's arith prompts are known at validate (a BOS and one token per character)
+    with pytest.raises(ConfigError, match=r"^model.max_prompt_tokens: 5: prompt train/1 of task "
+                                          r"arith is 15 tokens of the toy LM"):
+        validate(cfg)
+    # a model whose prompts validate cannot count: the bank refuses them before generating
     with pytest.raises(PromptTooLong, match=r"^model.max_prompt_tokens: prompt train/0 is \d+ "
                                             r"tokens, longer than the 5 allowed"):
         collect(build.collection(cfg))

@@ -149,6 +149,33 @@ def test_votes_count_equivalent_answers_as_one():
     assert cons_at_n([CANON], [GOLD]) == 0.0 and cons_at_n([CANON], [GOLD], "boxed") == 1.0
 
 
+@pytest.mark.parametrize("empty", ["", "  ", "\n", None])
+def test_empty_answers_never_vote(empty):
+    from stopexp.core.voting import elect
+    from stopexp.metrics import majority_vote
+
+    assert majority_vote([empty, empty, "5"]) == "5" == vote([empty, empty, "5"], "boxed")
+    assert vote([empty, empty]) is None and majority_vote([]) is None
+    assert cons_at_n([[empty, empty, "5"], [empty]], ["5", "7"]) == 0.5
+    assert elect([empty, empty, "5"]) == "5"
+    # weighted: the empty answers' weights (0.9, 0.9) beat the one "5" (0.1) but do not vote
+    assert elect([empty, empty, "5"], np.array([2.2, 2.2, -2.2]), "weighted") == "5"
+    # filtered: the top two are empty, so nothing that votes is left
+    assert elect([empty, empty, "5"], np.array([2.0, 1.0, 0.0]), "filtered", top=0.5) is None
+    assert elect([empty, empty, "5"], np.array([2.0, 1.0, 0.0]), "filtered", top=1.0) == "5"
+
+
+@pytest.mark.parametrize("grader", ["equivalent", "exact"])
+def test_blank_answers_of_an_answers_bank_never_vote_or_agree(tmp_path, grader):
+    bank = [{"question": "1 + 1?", "gold_answer": "2", "probe_freq": 10, "each_branch": [
+        [[" "], 10, " "], [["\t"], 10, ""], [[None], 10, "  "], [["2"], 10, "2"]]}]
+    (tmp_path / "b.json").write_text(json.dumps(bank))
+    p = load_answers_bank(tmp_path / "b.json", grader=grader).prompts[0]
+    assert p.final.tolist() == [0, 0, 0, 1] and vote_codes(p.final) == 1
+    assert esc(p, np.arange(4), window=2).launched == 4  # two blanks are no unanimous window
+    assert adaptive_consistency(p, np.arange(4), threshold=0.7).answer == 1
+
+
 @pytest.mark.parametrize("rule", ["majority", "weighted", "filtered"])
 def test_outcome_votes_by_cluster(rule):
     signal = np.zeros(6)  # equal weights; filtered with vote_top 1 keeps everyone

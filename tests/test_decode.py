@@ -3,7 +3,7 @@ import torch
 
 from conftest import FP32_REORDER
 from stopexp.core.seeds import stream_seed
-from stopexp.search.decode import Engine, SamplingParams, sampling_distribution
+from stopexp.search.decode import Engine, SamplingParams, choose_tokens, sampling_distribution
 from stopexp.search.taps import Taps
 
 PROMPTS = ["4+7*3-9?", "1-2?", "9*9*9+1-0?"]
@@ -76,6 +76,20 @@ def test_top_p_keeps_the_nucleus():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
     logp, _ = sampling_distribution(logits, SamplingParams(top_p=0.7))
     assert torch.isfinite(logp[0, :2]).all() and torch.isinf(logp[0, 2:]).all()
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(top_p=1e-300),   # 0 in float32: it dropped every token (NaN log-probs)
+    SamplingParams(top_p=1e-45),    # float32's smallest subnormal
+    SamplingParams(top_k=1),
+    SamplingParams(temperature=1e-4, top_p=0.5),
+])
+def test_extreme_sampling_takes_the_likeliest_token(params):
+    logits = torch.tensor([[0.1, 2.0, 1.0, -1.0], [3.0, -2.0, 0.0, 2.5]])
+    logp, _ = sampling_distribution(logits, params)
+    # the u at both ends of [0, 1): u = 0 picked the zero-mass token 0 of the first row
+    for u in (0.0, 0.5, 1 - 2**-53):
+        assert choose_tokens(logp, torch.full((2,), u, dtype=torch.float64), True).tolist() == [1, 0]
 
 
 def test_taps_keep_checkpoint_features_and_remove_hooks(tiny_lm):

@@ -6,6 +6,7 @@ import ast
 import importlib.util
 import os
 import re
+import shlex
 import subprocess
 import sys
 
@@ -142,3 +143,131 @@ def test_the_key_page_lists_every_key_with_its_default():
     assert len(rows) == len(shown), "a key is listed twice"
     assert {k: shown.get(k) for k in want} == want
     assert shown.keys() - want.keys() == set()
+
+
+# ---- every documented command composes and validates -------------------------------------
+# Every `python -m stopexp.<stage> ...` and `scripts/main.sh ...` of the README and the pages
+# (code blocks, with their `\` continuations, VAR="..." settings and loop variables, and code
+# spans; a span with `...` elides arguments and is left out) is composed as Hydra will and
+# validated, every job of a sweep included (stopexp.runtime.overrides.check_overrides): no
+# compute, in this process. A console block whose next line is `error: ...` documents a
+# refusal, and the command must be refused with that message.
+HYDRA_STAGES = ("collect", "featurize", "train", "evaluate", "pipeline", "adapt", "toy_lm")
+COMMAND = re.compile(r"(?:python -m stopexp\.(\w+)|scripts/main\.sh)(?=\s|$)")
+SETTING = re.compile(r"\s*(?:export\s+)?([A-Z_][A-Z0-9_]*)=(\"[^\"]*\"|'[^']*'|\S+)\s*$")
+END = re.compile(r"\s(?:&&|\|\||;|\||&|>|2>|#)(?:\s|$)|;\s")
+LOOP = re.compile(r"for (\w+) in (\S+)")
+# Stand-ins for what this machine lacks: the answers-only banks the pages name (traces.json,
+# /work/data/parallel-probe/*.json) are the user's files, so answers_replay's settings are
+# checked with the bank shipped for tests; the vLLM and SLURM commands are for a GPU node,
+# so the CUDA device count reads 8. The user's task and model files the pages name
+# (task.path=/data/gsm8k_train.jsonl, model.gguf_file=/models/...) are composed as written:
+# validate reads neither (loading them does, and names a missing one).
+ANSWERS_BANK_STAND_IN = str(ROOT / "tests" / "data" / "answers_bank.json")
+
+
+def _commands_in(line: str, env: dict, refused: str | None) -> list[tuple]:
+    out = []
+    for m in COMMAND.finditer(line):
+        rest = END.split(line[m.end():] + " ")[0]
+        for name, value in env.items():
+            rest = re.sub(rf"\"?\$\{{?{name}\}}?\"?", lambda _: value, rest)
+        out.append((m.group(1) or "main.sh", tuple(shlex.split(rest)), refused))
+    return out
+
+
+def documented_commands(text: str) -> list[tuple[str, tuple[str, ...], str | None]]:
+    """(entry point, arguments, the documented error or None) of every command in `text`."""
+    out = []
+    for block in re.findall(r"^```[^\n]*\n(.*?)^```", text, re.M | re.S):
+        lines, env = re.sub(r"\\\n\s*", " ", block).splitlines(), {}
+        for i, line in enumerate(lines):
+            setting, loop = SETTING.match(line), LOOP.search(line)
+            if setting:
+                value = setting.group(2)
+                env[setting.group(1)] = shlex.split(value)[0] if value[0] in "\"'" else value
+                continue
+            if loop:  # the loop's first value stands for every one
+                env[loop.group(1)] = loop.group(2)
+            following = lines[i + 1] if i + 1 < len(lines) else ""
+            refused = following[len("error: "):] if following.startswith("error: ") else None
+            out += _commands_in(line, env, refused)
+    for span in re.findall(r"(?<!`)`([^`\n]+)`(?!`)", text):
+        if "..." not in span:
+            out += _commands_in(span, {}, None)
+    return out
+
+
+def _all_documented() -> list:
+    found = {}
+    for path in [README, *PAGES]:
+        for entry, args, refused in documented_commands(path.read_text()):
+            found.setdefault((entry, args, refused), str(path.relative_to(ROOT)))
+    slow = pytest.mark.slow  # an Optuna search space of 36 jobs: ~10 s each
+    return [pytest.param(entry, args, refused, id=f"{page}: {entry} {' '.join(args)}"[:120],
+                         marks=[slow] if any(a.startswith("+hparams_search=") for a in args) else [])
+            for (entry, args, refused), page in found.items()]
+
+
+def check_documented(entry: str, args: tuple[str, ...]) -> None:
+    """Compose and validate one documented command (ConfigError / UserError if refused)."""
+    from stopexp.runtime.overrides import check_overrides
+
+    if entry == "answers_replay":
+        from stopexp.stages.answers_replay import parse_args
+        from stopexp.stopping import combined
+        from stopexp.stopping.branch_draws import build_methods
+
+        a = parse_args([x if "=" in x else ANSWERS_BANK_STAND_IN for x in args]
+                       or [ANSWERS_BANK_STAND_IN])
+        build_methods(a["methods"], a["k"] or 1, a["check_tokens"] or 1, a["esc_window"],
+                      a["asc_threshold"], a["pp_stable"], a["pp_deviate"], a["pp_warmup"],
+                      a["pp_vote_pruned"], {k: a[f"combined_{k}"] for k in combined.DEFAULTS})
+        return
+    argv = list(args)
+    if entry == "main.sh":  # scripts/main.sh: the pipeline, of +exp=toy_contrastive unless given one
+        entry = "pipeline"
+        argv = argv if any(a.startswith("+exp=") for a in argv) else ["+exp=toy_contrastive", *argv]
+    assert entry in HYDRA_STAGES, f"python -m stopexp.{entry}: no such entry point"
+    check_overrides(entry, argv, validate_run=True)
+
+
+def test_the_pages_name_the_documented_commands():
+    commands = [c for p in [README, *PAGES] for c in documented_commands(p.read_text())]
+    assert len(commands) > 90
+    assert ("collect", ("+exp=llama_contrastive", "engine=vllm", "search.top_p=1.0", "collect.rank=0",
+                        "collect.world=8"), None) in commands  # a loop's variable, a continuation
+    assert ("collect", ("-m", "+exp=llama_contrastive", "task=gsm8k", "task.path=/data/gsm8k_train.jsonl",
+                        "hydra/launcher=submitit_slurm", "collect.rank=0,1,2,3", "collect.world=4"),
+            None) in commands  # a VAR="..." setting
+    assert [c for c in commands if c[2]] == [
+        ("collect", ("reward=evaluate", "reward.module=bleu"),
+         "reward.module: 'bleu' is neither a local file or directory nor in the evaluate cache "
+         "(/root/.cache/huggingface/modules/evaluate_modules/metrics); give a local path, or run "
+         "evaluate.load('bleu') once online to cache it")]
+
+
+@pytest.mark.parametrize("entry, args, refused", _all_documented())
+def test_every_documented_command_composes_and_validates(entry, args, refused, monkeypatch):
+    from stopexp.config import machine
+    from stopexp.core.errors import UserError
+
+    monkeypatch.setattr(machine, "cuda_devices", lambda: 8)  # see the stand-ins above
+    if refused is None:
+        check_documented(entry, args)
+        return
+    with pytest.raises(UserError) as e:
+        check_documented(entry, args)
+    # the part before the first parenthesis: a cache path in it is the machine's
+    assert str(e.value).startswith(refused.split(" (")[0]), str(e.value)
+
+
+@pytest.mark.parametrize("script", [
+    "sweep_policies.sh",  # each policy's budget where it is read (stopexp_where_read)
+    pytest.param("sweep_retention.sh", marks=pytest.mark.slow),  # 12 jobs
+    pytest.param("sweep_taps.sh", marks=pytest.mark.slow)])      # 18 jobs
+def test_the_sweep_scripts_validate_every_job(script):
+    text = re.sub(r"\\\n\s*", " ", (ROOT / "scripts" / script).read_text()).replace('"$@"', "")
+    commands = [c for line in text.splitlines() for c in _commands_in(line, {}, None)]
+    assert [entry for entry, _, _ in commands] == ["pipeline"]
+    check_documented(*commands[0][:2])

@@ -9,9 +9,9 @@ from stopexp.core.errors import ConfigError
 from stopexp.stages import build
 from tests.conftest import compose
 
-# bank keys of banks collected before the engine group existed (a wordprob bank's key
-# changed since, once: it records first_wrong_value)
-PINNED_KEYS = {(): "0a385b2c1fa3", ("+exp=smollm2_contrastive",): "7b57cbeb0125"}
+# bank keys of banks collected before the engine group existed (a SmolLM2 bank's key changed
+# since, twice: it records first_wrong_value, and it holds the GGUF file's content)
+PINNED_KEYS = {(): "0a385b2c1fa3", ("+exp=smollm2_contrastive",): "216e7d1e891d"}
 
 
 @pytest.mark.parametrize("overrides", list(PINNED_KEYS))
@@ -110,3 +110,73 @@ def test_beam_search_under_engine_vllm_reads_the_predictor_of_the_vllm_bank(beam
     assert build.predictor_dir(cfg, build.features(cfg)) == build.predictor_dir(sampled, build.features(sampled))
     hf = compose("evaluate", ["+exp=smollm2_multistep", *beam, "engine=hf"])
     assert build.bank(hf).key != build.bank(cfg).key
+
+
+SMOL_VLLM = ["model=smollm2", "task=wordprob", "model.chat_template=false", "engine=vllm"]
+
+
+@pytest.fixture
+def machine(monkeypatch):
+    """A machine of 2 CPU cores, 16 GiB and no CUDA device, whatever runs the tests."""
+    from stopexp.config import machine as m
+
+    monkeypatch.setattr(m, "cuda_devices", lambda: 0)
+    monkeypatch.setattr(m, "cpu_cores", lambda: 2)
+    monkeypatch.setattr(m, "memory_gib", lambda: 16.0)
+    return monkeypatch, m
+
+
+# SmolLM2-135M (its GGUF header): 8192 positions, 30 layers, 9 heads, 3 KV heads of 64, so
+# one float32 token's KV is 2 x 30 x 3 x 64 x 4 = 46080 bytes: 8192 tokens 0.352 GiB
+@pytest.mark.parametrize("overrides,key,msg", [
+    (["engine.tensor_parallel_size=3"], "engine.tensor_parallel_size",
+     "3 is more than the 2 CPU cores this process may use (no CUDA device); allowed: 1..2"),
+    (["engine.tensor_parallel_size=2"], "engine.tensor_parallel_size",
+     "2 does not divide the 9 attention heads of 'smollm2-135m-instruct'"),
+    (["engine.cpu_kvcache_space=100000"], "engine.cpu_kvcache_space",
+     "100000 GiB leaves nothing of this machine's 16.0 GiB of memory for the model"),
+    (["engine.cpu_kvcache_space=16"], "engine.cpu_kvcache_space", "16 GiB leaves nothing"),
+    (["engine.cpu_kvcache_space=0.001"], "engine.cpu_kvcache_space",
+     "0.001 GiB cannot hold one request of 8192 tokens of 'smollm2-135m-instruct' (float32): "
+     "that needs 0.352 GiB"),
+    (["engine.cpu_kvcache_space=0.04", "engine.max_model_len=1024"], "engine.cpu_kvcache_space",
+     "0.04 GiB cannot hold one request of 1024 tokens of 'smollm2-135m-instruct' (float32): "
+     "that needs 0.0439 GiB"),
+    (["engine.max_model_len=8193"], "engine.max_model_len",
+     "8193 is more than the 8192 positions of model 'smollm2-135m-instruct'"),
+    (["engine.max_num_batched_tokens=8191"], "engine.max_num_batched_tokens",
+     "8191 is below the 8192 tokens of a request"),
+])
+def test_what_vllm_would_refuse_at_start_up_fails_at_validate(machine, overrides, key, msg):
+    with pytest.raises(ConfigError, match=f"^{key}: ") as err:
+        validate(compose("collect", [*SMOL_VLLM, *overrides]))
+    assert msg in str(err.value)
+    # a config for another machine (a SLURM sweep's jobs) validates without the machine's checks
+    validate(compose("collect", [*SMOL_VLLM, *overrides]), machine=False)
+
+
+def test_what_vllm_can_run_here_passes(machine):
+    monkeypatch, m = machine
+    for overrides in (["engine.tensor_parallel_size=1", "engine.cpu_kvcache_space=15.9"],
+                      ["engine.cpu_kvcache_space=0.044", "engine.max_model_len=1024"],
+                      ["engine.max_model_len=8192", "engine.max_num_batched_tokens=8192"]):
+        validate(compose("collect", [*SMOL_VLLM, *overrides]))
+    # on 3 GPUs: the devices bound tensor_parallel_size, and the cache is vLLM's GPU one
+    monkeypatch.setattr(m, "cuda_devices", lambda: 3)
+    validate(compose("collect", [*SMOL_VLLM, "engine.tensor_parallel_size=3",
+                                 "engine.cpu_kvcache_space=0.001"]))
+    with pytest.raises(ConfigError, match=r"^engine.tensor_parallel_size: 9 is more than the 3 "
+                                          r"CUDA devices of this machine; allowed: 1..3$"):
+        validate(compose("collect", [*SMOL_VLLM, "engine.tensor_parallel_size=9"]))
+
+
+def test_a_sweep_checks_this_machine_only_where_its_jobs_run(machine):
+    from stopexp.runtime.overrides import check_overrides
+
+    sweep = ["-m", *SMOL_VLLM, "engine.tensor_parallel_size=1,3"]
+    for launcher in ([], ["hydra/launcher=joblib"]):  # jobs run here: refused before the first
+        with pytest.raises(ConfigError, match=r"^engine.tensor_parallel_size: 3 is more than .* "
+                                              r"\(sweep job 2 of 2: engine.tensor_parallel_size=3\)$"):
+            check_overrides("collect", [*sweep, *launcher])
+    # SLURM's jobs run on other nodes: each checks its own machine when it starts
+    check_overrides("collect", [*sweep, "hydra/launcher=submitit_slurm"])

@@ -4,6 +4,7 @@ an output that cannot be written is one such line naming its path and what to do
 import errno
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -210,13 +211,108 @@ def test_an_override_hydra_cannot_compose_is_one_line_naming_it(argv, message):
 
 
 @pytest.mark.parametrize("argv", [
-    ["-m", "search.n_paths=4,8", "model=toy"], ["-m", "+exp=toy_contrastive", "+hparams_search=optuna_toy"],
+    ["-m", "search.n_paths=4,8", "model=toy"],
+    pytest.param(["-m", "+exp=toy_contrastive", "+hparams_search=optuna_toy"],  # 36 jobs
+                 marks=pytest.mark.slow),
+    ["-m", "+exp=toy_contrastive", "+hparams_search=optuna_toy", "hydra.sweeper.params.predictor=mlp",
+     "hydra.sweeper.params.loss=contrastive", "hydra.sweeper.params.policy=quantile"],  # 2 jobs
     ["+exp=toy_shift"], ["+exp=smollm2_datatotext"], ["+model.toy.train_task.n_steps=6"],
     ["model=toy", "model.toy.hidden_size=8"], ["--cfg", "job", "+exp=toy_beam", "search.beam_checks.0=0.1"]])
 def test_overrides_hydra_composes_pass_the_check(argv):
     from stopexp.stages.cli import check_overrides
 
     check_overrides("pipeline", argv)
+
+
+# A sweep: every job (the product of the swept values, Hydra's basic sweeper's jobs; an
+# Optuna interval's two ends) is composed and validated before the first one starts.
+SWEEP_ERRORS = [
+    (["-m", "search.n_paths=4,0"], "search.n_paths: N must be >= 1, got 0 (sweep job 2 of 2: "
+                                   "search.n_paths=0)"),
+    # a combination no single value fails: K=8 of N=4
+    (["-m", "search.n_paths=4,64", "evaluate.retention=[2],[8]"],
+     "evaluate.retention: K=8 must lie in 1..N=4 (search.n_paths); change it with search.n_paths, "
+     "or leave evaluate.retention unset: it is derived from search.n_paths (stopexp.config.derived_*) "
+     "(sweep job 2 of 4: search.n_paths=4 evaluate.retention=[8])"),
+    (["-m", "search.n_paths=range(0,3)"], "search.n_paths: N must be >= 1, got 0 (sweep job 1 of 3: "
+                                          "search.n_paths=0)"),
+    (["-m", "+exp=toy_contrastive", "policy=topk,quantile", "policy.keep=8"],
+     "policy.keep: set by policy.keep=8, but read only by policy=topk, not under policy=quantile; "
+     "drop it (or set it as ${stopexp_where_read:policy.keep,VALUE}, VALUE where it is read) "
+     "(sweep job 2 of 2: policy=quantile)"),
+    # an Optuna search space: its choices (hparams_search/optuna_toy.yaml) times the interval's ends
+    (["-m", "+exp=toy_contrastive", "+hparams_search=optuna_toy", "train.lr=interval(0.0,0.1)"],
+     "train.lr: must lie in (0, inf), got 0.0 (sweep job 1 of 36: predictor=linear "
+     "loss=contrastive policy=topk train.lr=0.0)"),
+]
+
+
+@pytest.mark.parametrize("argv, message", SWEEP_ERRORS)
+def test_every_job_of_a_sweep_is_validated_before_the_first_starts(argv, message):
+    from stopexp.runtime.overrides import check_overrides
+
+    with pytest.raises(ConfigError) as e:
+        check_overrides("evaluate", argv)
+    assert str(e.value) == message
+
+
+def test_a_sweep_that_sets_each_policys_knob_where_it_is_read_passes():
+    from stopexp.runtime.overrides import check_overrides, sweep_jobs
+
+    budgets = ["policy.keep=${stopexp_where_read:policy.keep,8}",
+               "policy.quantile=${stopexp_where_read:policy.quantile,0.875}",
+               "policy.target_prune_rate=${stopexp_where_read:policy.target_prune_rate,0.875}"]
+    check_overrides("pipeline", ["-m", "+exp=toy_contrastive", "policy=topk,quantile,adaptive,fixed", *budgets])
+    assert sweep_jobs({}, ["policy=topk,fixed", "search.n_paths=range(8,24,8)"], None) == [
+        [f"policy={p}", f"search.n_paths={n}"] for p in ("topk", "fixed") for n in (8, 16)]
+
+
+@pytest.mark.parametrize("argv, key, chosen", [
+    (["policy=quantile", "policy.keep=8"], "policy.keep", "policy=quantile"),  # 8: its default
+    (["policy=topk", "policy.gain=0.1"], "policy.gain", "policy=topk"),
+    (["policy=fixed", "policy.quantile=0.5"], "policy.quantile", "policy=fixed"),
+    (["predictor=statistic", "train.lr=0.001"], "train.lr", "predictor=statistic"),
+    (["evaluate.methods=[no_prune]", "evaluate.esc_window=8"], "evaluate.esc_window",
+     "evaluate.methods without esc")])
+def test_a_key_set_on_the_command_line_that_the_chosen_option_ignores_is_refused(argv, key, chosen):
+    """Even at its default value (check_unread sees values only)."""
+    from stopexp.runtime.overrides import check_overrides
+
+    with pytest.raises(ConfigError, match=rf"^{re.escape(key)}: set by {re.escape(argv[1])}, but read "
+                                          rf"only by .*, not under {re.escape(chosen)}; drop it"):
+        check_overrides("evaluate", argv, validate_run=True)
+    check_overrides("evaluate", [argv[0], f"{key}=${{stopexp_where_read:{key},{argv[1].split('=')[1]}}}"],
+                    validate_run=True)
+
+
+@pytest.mark.parametrize("key, mode", [("hydra.run.dir", "run"), ("hydra.sweep.dir", "multirun")])
+def test_a_run_dir_that_cannot_be_written_is_one_line_before_hydra_makes_it(tmp_path, key, mode,
+                                                                           capsys):
+    from stopexp.stages.cli import OutputDirsCheck
+
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")  # even root cannot make a directory under a file
+    cfg = compose("evaluate", [f"paths.output_dir={tmp_path / 'out'}", f"{key}={blocker / 'run'}"],
+                  return_hydra_config=True)
+    with pytest.raises(SystemExit) as e:
+        getattr(OutputDirsCheck(), f"on_{mode}_start")(cfg)
+    assert e.value.code == 2
+    assert capsys.readouterr().err == (f"error: {key}: cannot write to {blocker / 'run'} (Not a "
+                                       f"directory); point {key} at a writable directory\n")
+
+
+def test_a_read_only_run_dir_is_named(tmp_path, read_only, capsys):
+    from stopexp.stages.cli import OutputDirsCheck
+
+    run = tmp_path / "run"
+    run.mkdir()
+    read_only(run)
+    cfg = compose("evaluate", [f"paths.output_dir={tmp_path / 'out'}", f"hydra.run.dir={run}"],
+                  return_hydra_config=True)
+    with pytest.raises(SystemExit):
+        OutputDirsCheck().on_run_start(cfg)
+    assert capsys.readouterr().err == (f"error: hydra.run.dir: cannot write to {run} (Permission "
+                                       "denied); point hydra.run.dir at a writable directory\n")
 
 
 @pytest.mark.parametrize("module", ["collect", "featurize", "train", "evaluate", "pipeline", "adapt",
@@ -244,3 +340,30 @@ def test_hydras_full_error_switch_keeps_the_trace_of_a_bad_override(tmp_path):
               env={**ENV, "HYDRA_FULL_ERROR": "1"})
     assert r.returncode == 1 and "Traceback" in r.stderr
     assert "hydra.errors.ConfigCompositionException: Could not override 'search.n_pathz'." in r.stderr
+
+
+def test_a_file_of_the_run_dir_that_cannot_be_written_names_hydra_run_dir(tmp_path, capsys):
+    """metrics.json, plots, the config: a stage's own files in its run dir."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    from stopexp.stages.cli import user_errors
+
+    run = tmp_path / "out" / "runs" / "evaluate" / "r1"
+    cfg = compose("evaluate", [f"paths.output_dir={tmp_path / 'out'}", f"hydra.run.dir={run}"],
+                  return_hydra_config=True)
+    with open_dict(cfg):
+        cfg.hydra.runtime.output_dir = str(run)
+
+    def task(cfg):
+        raise CannotWrite(run / "metrics.json", PermissionError(errno.EACCES, os.strerror(errno.EACCES)))
+
+    HydraConfig.instance().set_config(cfg)
+    try:
+        with pytest.raises(SystemExit):
+            user_errors(task)(cfg)
+    finally:
+        HydraConfig.instance().cfg = None
+    assert capsys.readouterr().err == (f"error: cannot write {run / 'metrics.json'}: Permission denied; "
+                                       "make it writable or point hydra.run.dir at a directory you "
+                                       "can write, then rerun (what was written before is intact)\n")

@@ -134,6 +134,21 @@ def test_nonfinite_external_scores_are_ranked_and_counted(trained):
     assert all(np.isfinite(r[k]) for k in ("auroc", "auroc_pooled", "auprc", "accuracy"))
 
 
+def test_an_external_scorer_that_raises_is_one_line_naming_it():
+    from stopexp.core.errors import ConfigError
+    from stopexp.stages.scorers import users_scorer
+
+    def broken(batch):  # the user's scorer fails on the batch
+        return batch["no_such_column"]
+
+    with pytest.raises(ConfigError) as e:
+        users_scorer("my_prm", broken)({"signals": torch.zeros(2, 3)})
+    assert str(e.value) == ("evaluate.methods: the scorer 'my_prm' (register_external) raised "
+                            "KeyError: 'no_such_column'; fix it (STOPEXP_DEBUG=1 shows the "
+                            "traceback) or leave it out of evaluate.methods")
+    assert users_scorer("numpy_prm", lambda b: np.arange(3.0))({}).tolist() == [0.0, 1.0, 2.0]
+
+
 def _synthetic(G=300, n=16, seed=0):
     rng = np.random.default_rng(seed)
     correct = rng.random(G * n) < 0.4

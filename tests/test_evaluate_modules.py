@@ -46,6 +46,9 @@ def test_the_shipped_modules_equal_stopexps_own_numbers():
         cons_at_n(ANSWERS, GOLD) == 1 / 3  # by string, 1/2 is not 0.5
     assert cons.compute(predictions=ANSWERS, references=GOLD, answer_format="boxed")["cons_at_n"] == \
         cons_at_n(ANSWERS, GOLD, "boxed") == 2 / 3  # math-verify: \frac{1}{2} = 0.5 = 1/2
+    # a path without an answer does not vote, whether None, "" or blank
+    empty = [["", "", "5"], [" ", "7"], [None, "", "8"]]
+    assert cons.compute(predictions=empty, references=["5", "7", "8"])["cons_at_n"] == 1.0
 
 
 def test_each_shipped_module_describes_itself():
@@ -91,6 +94,30 @@ def test_reward_evaluate_validates_and_keys_the_bank_by_the_modules_content(tmp_
     # the other rewards keep their keys (no module, no key)
     assert reward_section(validate(compose("collect", ["reward=rouge_l"])).reward) == {
         "name": "rouge_l", "function": None, "bertscore_model": None}
+
+
+def test_an_edited_module_is_scored_by_its_new_content_in_the_same_process(tmp_path):
+    from stopexp.core.evaluate_modules import load_module
+
+    copy = tmp_path / "word_recall.py"
+    shutil.copy(WORD_RECALL / "word_recall.py", copy)
+    texts, refs = ["a b", "a c"], [["a b"], ["a b"]]
+    assert Reward("evaluate", module=str(copy), key="per_path").scores(
+        _Refs(), refs, texts).tolist() == [1.0, 0.5]
+    assert load_module(str(copy)) is load_module(str(copy))  # loaded once per content
+    # an edit in place (same path, same process): every path now scores a quarter
+    copy.write_text(copy.read_text().replace("per_path = [len(", "per_path = [0.25 + 0 * len("))
+    assert Reward("evaluate", module=str(copy), key="per_path").scores(
+        _Refs(), refs, texts).tolist() == [0.25, 0.25]
+
+
+class _Refs:
+    """A task whose problem is its list of references."""
+    text_level = "word"
+    tokenize = "13a"
+
+    def references(self, problem):
+        return problem
 
 
 def test_a_name_is_read_from_the_evaluate_cache_offline():

@@ -2,6 +2,7 @@
 and the toy LM are checked against what they recorded when written; consumers name the
 damaged shard or file and the command that repairs it, and the stage that owns an artifact
 rebuilds it."""
+import hashlib
 import json
 import os
 import shutil
@@ -245,20 +246,92 @@ def test_editing_the_task_file_changes_the_bank(tmp_path, monkeypatch):
     assert key("openai/gsm8k") != plain
 
 
+def _rewrite_keeping_size_and_mtime(path, data: bytes):
+    """An in-place rewrite of the same length whose mtime is set back (as `cp -p` or a
+    restore would): only the ctime tells."""
+    st = path.stat()
+    assert len(data) == st.st_size
+    path.write_bytes(data)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def test_content_digests_follow_every_change_and_are_read_once(tmp_path, monkeypatch):
+    monkeypatch.setattr(integrity, "RACY_NS", -10**18)  # the files here are seconds old at most
+    monkeypatch.setattr(integrity, "_DIGESTS", {})
+    reads = []
+    real = integrity.file_sha256
+    monkeypatch.setattr(integrity, "file_sha256", lambda p: reads.append(p.name) or real(p))
+    store = tmp_path / "store"
+    f = tmp_path / "model.safetensors"
+    f.write_bytes(b"a" * 64)
+    first = integrity.content_sha256(f, store)
+    assert first == hashlib.sha256(b"a" * 64).hexdigest() and reads == ["model.safetensors"]
+    assert integrity.content_sha256(f, store) == first and len(reads) == 1  # one stat
+    monkeypatch.setattr(integrity, "_DIGESTS", {})  # another process: the store answers
+    assert integrity.content_sha256(f, store) == first and len(reads) == 1
+    _rewrite_keeping_size_and_mtime(f, b"b" * 64)
+    assert integrity.content_sha256(f, store) == hashlib.sha256(b"b" * 64).hexdigest()
+    # a copy that keeps the mtime of another version, put in its place
+    other = tmp_path / "other"
+    other.write_bytes(b"c" * 64)
+    shutil.copy2(other, tmp_path / "staged")
+    os.replace(tmp_path / "staged", f)
+    assert integrity.content_sha256(f, store) == hashlib.sha256(b"c" * 64).hexdigest()
+    assert len(reads) == 3
+
+
+def test_a_changed_local_model_or_gguf_file_makes_another_bank(tmp_path):
+    """The weights, the tokenizer or the chat template of a local model directory replaced
+    (same path, even same size and mtime): another bank; a README edit: the same."""
+    model = tmp_path / "my-model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "llama"}')
+    (model / "model.safetensors").write_bytes(b"\0" * 256)
+    (model / "tokenizer_config.json").write_text('{"chat_template": "{{ messages }}"}')
+    (model / "README.md").write_text("a model")
+
+    def key(*over):
+        return build.bank(compose("collect", ["model=llama", *over])).key
+
+    hub = key()  # a hub id: its id and revision, keys as before
+    first = key(f"model.path={model}")
+    assert first != hub and key(f"model.path={model}") == first
+    (model / "README.md").write_text("a model, described")
+    assert key(f"model.path={model}") == first
+    _rewrite_keeping_size_and_mtime(model / "model.safetensors", b"\1" * 256)
+    weights = key(f"model.path={model}")
+    assert weights != first
+    (model / "tokenizer_config.json").write_text('{"chat_template": "{{ message }}"}')
+    assert key(f"model.path={model}") not in (first, weights)
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF" + b"\0" * 60)
+    over = ["model=smollm2", f"model.gguf_file={gguf}"]
+    before = key(*over)
+    _rewrite_keeping_size_and_mtime(gguf, b"GGUF" + b"\0" * 30 + b"\1" + b"\0" * 29)
+    assert key(*over) != before
+    from stopexp.models.gguf import gguf_key
+    assert gguf_key(gguf) == gguf_key(gguf, tmp_path / "store")
+
+
 def test_empty_split_messages_say_which_setting_to_change():
     from stopexp.training.data import _empty_split
 
-    cfg = compose("train", ["collect.keep_correct=[2,6]"])
     meta = {"plan": [{"index": 0, "split": "train", "prompts": 5},
                      {"index": 1, "split": "val", "prompts": 3}],
             "shards": {"shard-00000-r000": {"rows": 40, "splits": {"train": 40}},
                        "shard-00001-r000": {"rows": 0, "splits": {}}}}
-    assert _empty_split(meta, "test", 5, cfg.collect.keep_correct).startswith(
+    assert _empty_split(meta, "test", 5).startswith(
         "collect.prompts.test: the trace bank holds no test prompts (0 were collected)")
-    assert _empty_split(meta, "val", 5, cfg.collect.keep_correct).startswith(
-        "collect.keep_correct: all 3 val prompts of the trace bank were dropped by the "
-        "difficulty filter [2, 6]")
-    assert _empty_split(meta, "train", 5, cfg.collect.keep_correct).startswith(
+    # a bank whose shard records do not count the prompts left out by cause names both causes
+    assert _empty_split(meta, "val", 5) == (
+        "train: the trace bank holds no val path: all 3 val prompts were left out, by "
+        "model.long_prompts=skip (longer than model.max_prompt_tokens) or by the difficulty "
+        "filter collect.keep_correct")
+    meta["shards"]["shard-00001-r000"].update(too_long=0, filtered=3)
+    assert _empty_split(meta, "val", 5) == (
+        "train: the trace bank holds no val path: all 3 val prompts were left out: 3 outside "
+        "the difficulty filter collect.keep_correct: widen it")
+    assert _empty_split(meta, "train", 5).startswith(
         "train.checkpoint: none of the 40 train paths of the trace bank is still generating "
         "at checkpoint 5 tokens")
 
@@ -346,7 +419,7 @@ def test_damaged_toy_lm_is_named_and_never_loaded(tmp_path, caplog):
     with caplog.at_level("WARNING"):
         assert ensure_toy_lm(cfg.model.toy, cfg.task, cfg.paths.cache_dir) == committed  # the damaged copy is deleted, the committed one used
     assert "cached toy LM" in caplog.text and "model.safetensors has 1000 bytes" in caplog.text
-    assert not cached.exists() and not list(cached.parent.iterdir())
+    assert not cached.exists() and [p.name for p in cached.parent.iterdir()] == [f".{key}.lock"]
     # a directory saved before the record: its weights' header must cover the file
     shutil.copytree(committed, cached)
     info = json.loads((cached / "toy_lm.json").read_text())

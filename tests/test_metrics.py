@@ -15,6 +15,7 @@ from stopexp.metrics import (BertScorer, auprc, auroc, avg_at_k, bleu, bootstrap
                              majority_vote, nonfinite, pass_at_1, per_group_auroc, pooled_auroc,
                              reliability, rouge, text_metrics, within_prompt_auroc)
 from stopexp.metrics.text import _hub_offline
+from stopexp.tasks.rewards import Reward
 
 
 def test_auroc_auprc_equal_sklearn_with_ties():
@@ -384,6 +385,73 @@ def test_space_splitting_tokenisers_refuse_chinese_and_unknown_ones_are_named():
     with pytest.raises(ValueError, match=r"task.tokenize: 'flores200' unknown; allowed: 13a, intl, zh, char"):
         bleu(["a"], ["a"], tokenize="flores200")
     assert bleu(["Aromi 猫 serves food"], ["Aromi 猫 serves food"]) > 99.999  # one Han character is fine
+
+
+# one near-identical pair per script written without spaces: (reference, hypothesis, the
+# longest common subsequence of their code points, which `char` makes the words)
+SPACELESS_PAIRS = {
+    "Japanese kana": ("ひらがなとカタカナです", "ひらがなとカタカナだ", 9),
+    "Thai": ("สวัสดีครับ", "สวัสดีค่ะ", 7),
+    "Lao": ("ສະບາຍດີ", "ສະບາຍດີບໍ", 7),
+    "Khmer": ("សួស្តីបង", "សួស្តី", 6),
+    "Myanmar": ("မင်္ဂလာပါ", "မင်္ဂလာ", 7),
+}
+
+
+@pytest.mark.parametrize("script", list(SPACELESS_PAIRS))
+def test_scripts_zh_leaves_whole_are_split_by_char_and_zh_is_refused(script):
+    ref, hyp, lcs = SPACELESS_PAIRS[script]
+    assert sacrebleu.corpus_bleu([hyp], [[ref]], tokenize="zh").score == 0.0  # one word each
+    for tokenize, how in (("zh", "splits Chinese characters only"), ("13a", "splits words at spaces")):
+        with pytest.raises(ValueError, match=rf"^task.tokenize: '{tokenize}' {how}, but 100% of the "
+                                             rf"references' letters .* \({script}\); set task.tokenize=char "):
+            bleu([hyp], [ref], tokenize=tokenize)
+        with pytest.raises(ValueError, match=rf"\({script}\); set task.tokenize=char "):
+            rouge([hyp], [ref], tokenize=tokenize)
+    got = bleu([hyp], [ref], tokenize="char")
+    assert got == sacrebleu.corpus_bleu([hyp], [[ref]], tokenize="char").score and 50 < got < 100
+    # ROUGE on BLEU's units (code points): F = 2 LCS / (|hyp| + |ref|)
+    assert rouge([hyp], [ref], tokenize="char")["rougeL"] == pytest.approx(2 * lcs / (len(hyp) + len(ref)))
+    assert Reward("rouge_l").scores(_Refs("char"), [[ref]], [hyp])[0] == pytest.approx(
+        2 * lcs / (len(hyp) + len(ref)))
+    assert Reward("bleu").scores(_Refs("char"), [[ref]], [hyp])[0] == pytest.approx(
+        sacrebleu.sentence_bleu(hyp, [ref], tokenize="char").score / 100)
+
+
+def test_chinese_with_zh_and_mixed_japanese_name_what_splits_them():
+    assert bleu([ZH], [ZH], tokenize="zh") > 99.999  # Chinese alone: zh splits it
+    japanese = "東京に行きました"  # 3 Han letters, 5 kana: zh leaves 62% whole
+    with pytest.raises(ValueError, match=r"'zh' splits Chinese characters only, but 62% .*"
+                                         r"\(Japanese kana\); set task.tokenize=char"):
+        bleu([japanese], [japanese], tokenize="zh")
+    with pytest.raises(ValueError, match=r"'13a' splits words at spaces, but 100% .*"
+                                         r"\(Chinese characters, Japanese kana\); set task.tokenize=char"):
+        bleu([japanese], [japanese])
+
+
+class _Refs:
+    """A word-level task whose problem is its list of references."""
+    text_level = "word"
+
+    def __init__(self, tokenize):
+        self.tokenize = tokenize
+
+    def references(self, problem):
+        return problem
+
+
+def test_the_spaceless_share_counts_letters_only():
+    # Thai's vowel signs and tone marks are marks, not letters: 'สวัสดีครับ ผมชื่อสมชาย' has
+    # 16 letters (ส ว ส ด ค ร บ, ผ ม ช อ ส ม ช า ย) and 5 marks, all Thai (it read 131%)
+    thai = "สวัสดีครับ ผมชื่อสมชาย"
+    with pytest.raises(ValueError, match=r"but 100% of the references' letters"):
+        bleu([thai], [thai])
+    # 16 Thai letters of 21 (with 'hello'): 76%
+    with pytest.raises(ValueError, match=r"but 76% of the references' letters"):
+        bleu([thai], [thai + " hello"])
+    # Japanese's prolonged sound mark ー is of the Common script, used only with kana: 100%
+    with pytest.raises(ValueError, match=r"but 100% of the references' letters"):
+        bleu(["コーヒー"], ["コーヒー"])
 
 
 def test_bootstrap_leaves_nan_resamples_out_and_counts_them(caplog):

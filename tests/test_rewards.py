@@ -66,6 +66,27 @@ def test_reward_scores_paths_of_a_task():
     assert bert[0] == pytest.approx(1.0, abs=1e-5) and bert[1] < bert[0]
 
 
+def test_an_edited_external_reward_module_scores_and_keys_by_its_new_content(tmp_path, monkeypatch):
+    """A module:function reward edited in place during one process (a notebook) is read
+    again, and the bank's key follows its content."""
+    import sys
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = tmp_path / "my_edited_reward.py"
+    module.write_text("def score(problem, text):\n    return 0.25\n")
+    monkeypatch.delitem(sys.modules, "my_edited_reward", raising=False)
+    task = DataToTextTask(shots=0)
+    rec = task.problems("test", 1)[0]
+    cfg = compose("collect", ["reward=external", "reward.function=my_edited_reward:score"])
+    key = build.bank(cfg).key
+    assert Reward("external", "my_edited_reward:score").scores(task, [rec], ["x"]).tolist() == [0.25]
+    assert build.bank(cfg).key == key  # the same content, the same bank
+    module.write_text("def score(problem, text):\n    return 0.75\n")  # same length, same second
+    assert Reward("external", "my_edited_reward:score").scores(task, [rec], ["x"]).tolist() == [0.75]
+    assert build.bank(cfg).key != key
+    monkeypatch.delitem(sys.modules, "my_edited_reward", raising=False)
+
+
 # ---- the task ------------------------------------------------------------------------------
 
 def test_datatotext_task_is_seeded_split_and_checked_by_its_slots():
@@ -84,7 +105,7 @@ def test_datatotext_task_is_seeded_split_and_checked_by_its_slots():
     assert not task.check(rec, wrong) and not task.check(rec, refs[0].split(".")[0] + ".")
     assert task.answer_of(refs[0]) == task.answer_of(refs[3])  # the vote is on content
     assert a[0].prompt.count("Record:") == 3 and a[0].prompt.endswith("Sentence:")
-    cfg = compose("collect", ["task=datatotext", "model.chat_template=false"])
+    cfg = compose("collect", ["task=datatotext", "model.chat_template=false", "task.shots=0"])
     assert isinstance(build_task(validate(cfg).task), DataToTextTask)
 
 

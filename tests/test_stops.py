@@ -440,6 +440,38 @@ def test_escapes_in_stop_strings_and_text_keys_are_decoded_once(tmp_path):
     assert build.bank(literal).key == build.bank(escaped).key
 
 
+def test_escapes_that_start_latex_commands_stay(tmp_path):
+    """A prompt template, an instruction, a stop and a thinking tag that hold LaTeX keep it:
+    \\theta, \\text{}, \\neq, \\right) start commands, not a TAB, a newline or a CR."""
+    import json
+
+    from conftest import compose
+    from stopexp.config import validate
+    from stopexp.core.text import decode_escapes, decoded_text
+    from stopexp.tasks import build_task
+
+    data = tmp_path / "q.jsonl"
+    data.write_text(json.dumps({"problem": "What is 2+2?", "solution": "\\boxed{4}"}) + "\n")
+    latex = r"Let $\theta \neq 0$, \text{so} $\left(x\right)$ \times \tfrac12 \nabla \rangle"
+    cfg = validate(compose("collect", [
+        "logger=none", f"paths.output_dir={tmp_path}", "task=math", f"task.path={data}",
+        f"task.prompt_template='{{question}}\\n{latex}\\tEnd'", "model=smollm2",
+        r"task.stop=['\right)\n']", "model.thinking.enabled=true",
+        r"model.thinking.step_separator='\n\n\text{step}'"]))
+    task = build_task(cfg.task)
+    prompt = next(row[1] for rows in task._by_split.values() for row in rows)
+    assert prompt == f"What is 2+2?\n{latex}\tEnd"
+    assert sampling(cfg).stop[0] == "\\right)\n"
+    assert decode_escapes(cfg.model.thinking.step_separator) == "\n\n\\text{step}"
+    assert decoded_text({"instruction": r"Use \text{km}\nThen \rho", "stop": [r"\neq\n", r"\t"],
+                         "prompt_template": r"\right)\r"}) == {
+        "instruction": "Use \\text{km}\nThen \\rho", "stop": ["\\neq\n", "\t"], "prompt_template": "\\right)\r"}
+    for text, want in [(r"\n\nQuestion:", "\n\nQuestion:"), (r"\nthe", "\nthe"), (r"\nu", r"\nu"),
+                       (r"\not", r"\not"), (r"\nnot", "\nnot"), (r"\r\n", "\r\n"),
+                       (r"a \\ b", r"a \\ b"), (r"\\nb", r"\nb"), (r"\\text", r"\text")]:
+        assert decode_escapes(text) == want, text
+
+
 def test_smollm2_stop_split_by_many_special_tokens(smol_tok):
     """On the real BPE tokenizer: more special tokens between the stop's pieces than the
     stop has bytes; the text (special tokens skipped) holds the stop, so the path ends."""

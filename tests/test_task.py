@@ -88,3 +88,14 @@ def test_build_task_from_config():
 def test_too_many_prompts_for_a_tiny_task_is_an_error():
     with pytest.raises(ValueError, match="distinct"):
         ArithTask(n_steps=1, operators=["*"], multipliers=[3]).problems("train", 100)
+
+
+def test_size_counts_every_distinct_prompt():
+    import random
+
+    from stopexp.tasks.arith import Problem
+    for task, size in ((ArithTask(n_steps=1), 10 * 23), (ArithTask(n_steps=2, operators=["+", "*"],
+                                                                   multipliers=[3, 3, 7]), 10 * 12 ** 2)):
+        rng = random.Random(0)
+        seen = {Problem(-1, "x", *task._random_problem(rng)).prompt for _ in range(50 * size)}
+        assert task.size() == size == len(seen)

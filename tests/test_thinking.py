@@ -90,6 +90,69 @@ def test_thinking_length_counts_up_to_the_token_that_closes_the_tag():
     assert thinking_length(tok, tok("ab</think>12", add_special_tokens=False)["input_ids"], END) == 10
 
 
+def special_tags_tokenizer(*tags):
+    """The char tokenizer with `tags` added as special tokens (one id each), as in
+    tokenizers whose `</think>` is special."""
+    from tokenizers import AddedToken
+
+    tok = thinking_tokenizer()
+    tok.add_tokens([AddedToken(t, special=True) for t in tags], special_tokens=True)
+    return tok
+
+
+def test_a_special_end_tag_survives_every_decode():
+    from stopexp.core.token_text import stop_token_ids, text_of, texts_of
+    from stopexp.search.stops import StopStrings
+    from stopexp.search.thinking import ThinkingBudget
+    from stopexp.search.trace import prefix_holding
+
+    tok = special_tags_tokenizer("<think>", END)
+    task = build_task(compose("collect", []).task, ThinkingConfig(enabled=True))
+    p = task.problems("test", 1)[0]
+    answer = build_task(compose("collect", []).task).reference(p)
+    ids = tok("<think>ak" + END + answer, add_special_tokens=False)["input_ids"]
+    ids += [tok.eos_token_id, tok.pad_token_id]
+    assert ids[0] == len(tok) - 2 and ids[3] == len(tok) - 1  # each tag is one special token
+    assert tok.decode(ids, skip_special_tokens=True) == "ak" + answer  # the tag lost
+    text = text_of(tok, ids)
+    assert text == "<think>ak" + END + answer  # the tags stay, EOS and padding do not
+    assert texts_of(tok, [ids, ids[:3]]) == [text, "<think>ak"]
+    assert task.check(p, text) and task.answer_of(text) == str(p.answer)
+    assert thinking_length(tok, ids, END) == 4  # up to the tag, not the whole path
+    assert prefix_holding(tok, ids, len("<think>ak" + END)) == 4
+    assert StopStrings([END], tok).hits([ids[:3], ids[:4]]) == [False, True]
+    assert ThinkingBudget(tok, END, 4).end_ids == [ids[3]]  # refused while the tag was skipped
+    assert stop_token_ids(tok, (END, "\n")) == (ids[3],)  # for vLLM, which skips it in text
+    # a configured end tag that is special: kept once the tokenizer is prepared for it
+    tok = special_tags_tokenizer("<|eot|>")
+    ids = tok("ak<|eot|>12", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    assert text_of(tok, ids) == "ak12"  # not a thinking model's tag: a control token
+    cfg = OmegaConf.structured(ModelConfig(name="tiny", path="x", thinking=ThinkingConfig(
+        enabled=True, end_tag="<|eot|>")))
+    assert text_of(prepare_tokenizer(tok, cfg), ids) == "ak<|eot|>12"
+
+
+def test_a_forced_special_end_tag_is_in_the_paths_text_and_ends_the_thinking():
+    from stopexp.core.token_text import text_of
+    from stopexp.search.trace import _decode_texts
+
+    tok = special_tags_tokenizer("<think>", END)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=64, max_position_embeddings=128,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)).eval()
+    B = 5
+    eng = _budget_engine((model, tok), max_new_tokens=12, do_sample=False, max_thinking_tokens=B)
+    state = eng.run(eng.launch([prompt_ids(tok, "1+2"), prompt_ids(tok, "4*7")], [0, 1]))
+    tokens, *_, lengths = state.tensors(tok.pad_token_id)
+    for row, text in enumerate(_decode_texts(tok, tokens, lengths)):
+        ids = tokens[row, : lengths[row]].tolist()
+        closed = ids.index(len(tok) - 1)  # the tag's one id: written, or forced at the budget
+        assert closed <= B and END in text and text.index(END) == len(text_of(tok, ids[:closed]))
+        assert thinking_length(tok, ids, END) == closed + 1
+
+
 def _budget_engine(thinking_lm, **kw):
     model, tok = thinking_lm
     return Engine(model, tok.eos_token_id, tok.pad_token_id, SamplingParams(**kw), tokenizer=tok)

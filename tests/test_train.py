@@ -217,7 +217,9 @@ def test_train_refuses_a_bank_whose_val_split_has_no_mixed_prompt(small_bank, tm
         validate(cfg)  # found at start-up; and if validate is skipped, train still refuses:
     # here no val prompt survives the band at all; with some left, none of them is mixed
     with pytest.raises(NothingToLearn, match=r"^(train: the val split has no usable pair|"
-                                             r"collect.keep_correct: all 6 val prompts)"):
+                                             r"train: the trace bank holds no val path: all 6 "
+                                             r"val prompts were left out: 6 outside the "
+                                             r"difficulty filter collect.keep_correct)"):
         train(cfg, progress=False)
     assert not predictor_dir(cfg, build.features(cfg)).exists()  # nothing saved
 

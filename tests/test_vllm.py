@@ -210,10 +210,15 @@ def test_online_launch_check_resume_on_vllm_equals_replay_of_its_bank(smol, bank
 def test_a_tensor_parallel_size_that_does_not_divide_the_heads_fails_before_vllm_starts(smol):
     from stopexp.core.errors import ConfigError
 
-    cfg = validate(compose("collect", [*SHARED, *VLLM, f"paths.output_dir={smol.cfg.paths.output_dir}",
-                                       "engine.tensor_parallel_size=2"]))
+    overrides = [*SHARED, *VLLM, f"paths.output_dir={smol.cfg.paths.output_dir}",
+                 "engine.tensor_parallel_size=2"]
+    # validate reads the heads from the GGUF file's header (stopexp.config.machine)
     with pytest.raises(ConfigError, match="^engine.tensor_parallel_size: 2 does not divide the 9 "):
-        vllm_settings(cfg.model, cfg.engine, cfg.paths.cache_dir, cfg.task)  # the weightless skeleton only
+        validate(compose("collect", overrides))
+    # without it (a config checked for another machine), the weightless skeleton refuses it
+    cfg = validate(compose("collect", overrides), machine=False)
+    with pytest.raises(ConfigError, match="^engine.tensor_parallel_size: 2 does not divide the 9 "):
+        vllm_settings(cfg.model, cfg.engine, cfg.paths.cache_dir, cfg.task)
 
 
 @pytest.mark.slow  # ~60 s on 2 cores: 4 rollouts from each live path at 6 and 15 tokens

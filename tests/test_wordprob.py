@@ -273,3 +273,12 @@ def test_the_config_allows_what_the_task_knows():
     assert ALLOWED["task.shot_match"] == wordprob.SHOT_MATCHES
     assert ALLOWED["task.solution_style"] == wordprob.SOLUTION_STYLES
     assert ALLOWED["task.extraction"] == wordprob.EXTRACTIONS
+    # the ranges the schemas check are what the tasks can make
+    from stopexp.config import task as schema
+    from stopexp.tasks import datatotext
+    assert schema.WORDPROB_OPERATIONS == wordprob.OPERATIONS
+    assert (schema.SHOT_POOL, schema.OPERATIONS_POOL) == (wordprob.SHOT_POOL, wordprob.OPERATIONS_POOL)
+    assert schema.SHOT_POOL == datatotext.SHOT_POOL
+    WordProblemTask(steps=(schema.WORDPROB_MAX_STEPS,))
+    with pytest.raises(ValueError, match="task.steps"):
+        WordProblemTask(steps=(schema.WORDPROB_MAX_STEPS + 1,))

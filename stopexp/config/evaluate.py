@@ -93,6 +93,10 @@ def check_evaluate(cfg) -> None:
         fail("evaluate.vote", f"{ev.vote!r} is not used: evaluate.select={ev.select} selects one "
                               "path instead of voting; set evaluate.select=vote, or leave "
                               "evaluate.vote majority")
+    for key, values in (("evaluate.retention", ev.retention), ("evaluate.n_points", ev.n_points)):
+        if not len(values):  # an empty Pareto sweep: the table and plot would have no point
+            fail(key, "[] gives no Pareto point; give at least one, or leave it unset "
+                      "(derived from search.n_paths)")
     for k in ev.retention:
         if not 1 <= k <= s.n_paths:
             fail("evaluate.retention", f"K={k} must lie in 1..N={s.n_paths} (search.n_paths)"

@@ -90,9 +90,12 @@ def default_in(cfg, key: str) -> Any:
     node = OmegaConf.select(schema(), parent) if parent else schema()
     if not OmegaConf.is_interpolation(node, leaf):
         return schema_default(key)
-    probe = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
-    OmegaConf.update(probe, key, node._get_node(leaf)._value(), merge=False)
-    return OmegaConf.select(probe, key)
+    # the schema's interpolations are absolute: a node whose parent is cfg resolves them
+    # against cfg's keys (copying the whole config for it costs ~50 ms a key)
+    probe = OmegaConf.create({leaf: node._get_node(leaf)._value()})
+    probe._set_parent(cfg)
+    value = probe[leaf]
+    return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
 
 
 def is_set(cfg, key: str) -> bool:
@@ -142,6 +145,22 @@ def check_unread(cfg) -> None:
             shown = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
             fail(key, f"{shown!r} is read only by {readers}, not under {chosen}; leave it "
                       f"unset (default {default!r})")
+
+
+def check_unread_overrides(cfg, overrides) -> None:
+    """Every key set on the command line (`overrides`, Hydra's task overrides) is read by
+    the chosen options, even at its default value (`check_unread` sees values only): a
+    sweep that sets each option's knob writes it as ${stopexp_where_read:KEY,VALUE}."""
+    unread = {key: (readers, chosen) for key, readers, chosen in
+              [*unread_by_option(cfg), *unread_by_rule(cfg)]}
+    if OmegaConf.is_config(overrides):  # Hydra's record: read as typed, not resolved
+        overrides = OmegaConf.to_container(overrides, resolve=False)
+    for line in overrides:
+        key, _, value = line.lstrip("+~").partition("=")
+        if key in unread and not value.startswith("${stopexp_where_read:"):
+            readers, chosen = unread[key]
+            fail(key, f"set by {line}, but read only by {readers}, not under {chosen}; drop it "
+                      f"(or set it as ${{stopexp_where_read:{key},VALUE}}, VALUE where it is read)")
 
 
 def check_sweeps_read(cfg) -> None:

@@ -3,15 +3,20 @@ wordprob, datatotext) with its checks beside it; `TaskConfig`, the view, holds e
 task's keys (stopexp.config.options)."""
 from __future__ import annotations
 
+import functools
+import json
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
+from omegaconf import OmegaConf
+
+from stopexp.config.machine import TOY_POSITIONS
 from stopexp.config.options import Group
 from stopexp.config.ranges import at_least, fail
-from stopexp.core.names import BENCHMARKS, SPLITS
+from stopexp.core.names import BENCHMARKS, SPLITS, lookup
 
 __all__ = ["TASK", "ArithTaskConfig", "DataToTextTaskConfig", "QATaskConfig", "TaskConfig",
-           "WordProblemTaskConfig", "check_task"]
+           "WordProblemTaskConfig", "check_task", "task_draws_the_prompts"]
 
 
 @dataclass
@@ -37,8 +42,14 @@ class TaskBaseConfig:
 class WordTaskConfig(TaskBaseConfig):
     """What the tasks answered in words read."""
     # how BLEU / ROUGE (metrics and rewards) split a word-level task's text into words:
-    # 13a (scripts with spaces: Latin, Cyrillic, ...) | intl | zh (Chinese) | char
+    # 13a (scripts with spaces: Latin, Cyrillic, ...) | intl | zh (Chinese characters) |
+    # char (each character: Japanese kana, Thai, Lao, Khmer, Myanmar)
     tokenize: str = "13a"
+
+
+# validate draws the problems (task_draws_the_prompts); a chain of 1000 steps is a prompt of
+# 2002 characters and a written solution of ~6000, beyond any search.max_new_tokens here
+MAX_ARITH_STEPS = 1000
 
 
 @dataclass
@@ -52,7 +63,8 @@ class ArithTaskConfig(TaskBaseConfig):
 
     @staticmethod
     def ranges(t) -> None:
-        at_least("task.n_steps", t.n_steps, 1)
+        if not 1 <= t.n_steps <= MAX_ARITH_STEPS:
+            fail("task.n_steps", f"must lie in 1..{MAX_ARITH_STEPS}, got {t.n_steps}")
         bad_ops = [o for o in t.operators if o not in ("+", "-", "*")]
         if bad_ops or not t.operators:
             fail("task.operators", f"{bad_ops or 'empty'}: allowed operators are +, -, *")
@@ -95,12 +107,31 @@ class QATaskConfig(WordTaskConfig):
                               ".jsonl / .json / .parquet file or a hub dataset id")
 
 
+# What the generated tasks can make (stopexp/tasks/wordprob.py, datatotext.py: the tests
+# compare): the solved examples are drawn from a pool of SHOT_POOL training problems
+# (wordprob's shot_match=operations: OPERATIONS_POOL), less the question itself
+SHOT_POOL = 64
+OPERATIONS_POOL = 256
+WORDPROB_OPERATIONS = ("add", "sub", "compare", "count")
+WORDPROB_MAX_STEPS = 4
+
+
 @dataclass
 class FewShotTaskConfig(WordTaskConfig):
     """What the generated tasks posed after solved examples read."""
     shots: int = 3                       # solved examples before the question
     format: str = "fewshot"              # fewshot (plain text) | chat (one user turn)
     instruction: str = ""                # chat format: text before the examples
+
+    @staticmethod
+    def ranges(t) -> None:
+        by_operations = t.name == "wordprob" and t.shot_match == "operations"
+        pool = OPERATIONS_POOL if by_operations else SHOT_POOL
+        if not 0 <= t.shots <= pool - 1:
+            fail("task.shots", f"must lie in 0..{pool - 1}, got {t.shots}: the solved examples "
+                               f"come from a pool of {pool} training problems"
+                               f"{' (shot_match=operations)' if by_operations else ''}, less the "
+                               "question itself")
 
 
 @dataclass
@@ -115,6 +146,20 @@ class WordProblemTaskConfig(FewShotTaskConfig):
     solution_style: str = "inline"       # inline (one paragraph) | lines (a line per step)
     shot_match: str = "first_operation"  # first_operation | structure (same first step and steps) |
                                           # operations (the same operations, in order)
+
+    @staticmethod
+    def ranges(t) -> None:
+        if not t.steps or not all(1 <= s <= WORDPROB_MAX_STEPS for s in t.steps):
+            fail("task.steps", f"{list(t.steps)}: give one or more step counts, each in "
+                               f"1..{WORDPROB_MAX_STEPS}")
+        r = list(t.number_range)
+        if len(r) != 2 or not 1 <= r[0] < r[1]:
+            fail("task.number_range", f"{r}: needs [low, high] with 1 <= low < high")
+        ops = dict(t.operations)
+        unknown = [k for k in ops if k not in WORDPROB_OPERATIONS]
+        if unknown or not all(w >= 0 for w in ops.values()) or not sum(ops.values()) > 0:
+            fail("task.operations", f"{ops}: weights >= 0 over {', '.join(WORDPROB_OPERATIONS)}, "
+                                    "not all zero" + (f"; unknown: {unknown}" if unknown else ""))
 
 
 @dataclass
@@ -136,3 +181,75 @@ TASK = Group("task", {"arith": ArithTaskConfig, "qa": QATaskConfig,
 
 def check_task(t) -> None:
     TASK.check(t)
+
+
+GENERATED = ("arith", "wordprob", "datatotext")  # tasks that draw their problems (`distinct`)
+MAX_DRAWN = 100_000  # validate draws at most this many problems of a split (~1 s per 10_000)
+# the toy LM's tokenizer: a BOS, then one token per character (stopexp.models.tokenizer)
+TOY_PROMPT_TOKENS = "a BOS and one per character"
+
+
+@functools.lru_cache(maxsize=64)
+def _drawn(name: str, section: str, counts: tuple, toy: bool) -> tuple:
+    """(key, message) for the first count that the task of `section` (JSON) cannot draw,
+    None when it draws all; with `toy`, also the longest prompt in the toy LM's tokens:
+    (tokens, split, prompt id). Memoised: validate runs often on the same task."""
+    task = lookup("task", name).from_config(OmegaConf.create(json.loads(section)))
+    size = task.size()
+    for split, n in counts:
+        if size is not None and n > size:
+            return (f"collect.prompts.{split}", f"{n}: task {name} has {size} distinct problems "
+                                                "in all (its splits share them); lower the count"), None
+        if n > MAX_DRAWN:
+            continue  # too many to draw here; collect draws them
+        try:
+            task.distinct(split, n)
+        except ValueError as e:
+            return (f"collect.prompts.{split}", str(e).removeprefix("task: ")), None
+    if getattr(task, "shots", 0):
+        try:
+            task.shot_pool()
+        except ValueError as e:
+            drawn = str(e).removeprefix("task: ").partition("; ")[0]
+            return ("task.shots", f"{task.shots} solved examples are drawn from a pool of train "
+                                  f"problems, but it {drawn}; give the task more train problems "
+                                  "(task.split_fractions.train, its range), or task.shots=0"), None
+    if not toy:
+        return None, None
+    longest = max(((len(p.prompt) + 1, split, p.prompt_id) for split, n in counts
+                   for p in task.problems(split, min(n, 1000))), default=None)
+    return None, longest
+
+
+def task_draws_the_prompts(cfg) -> None:
+    """A generated task (GENERATED) has as many distinct problems in each split as
+    collect.prompts asks, and train problems for its solved examples and the toy LM to
+    learn from: drawn here (tens of ms) rather than found short after the model loaded.
+    Under the toy LM (its positions known: stopexp.config.machine.TOY_POSITIONS), each
+    prompt leaves search.max_new_tokens of them (model.long_prompts=error)."""
+    t, m = cfg.task, cfg.model
+    if t.name not in GENERATED:
+        return
+    counts = dict(cfg.collect.prompts)
+    # the toy LM learns from train problems, and reads the arith prompts it learns whole
+    toy = m.name == "toy" and t.name == "arith"
+    if toy:
+        counts["train"] = max(counts.get("train", 0), 1)
+    section = json.dumps(OmegaConf.to_container(t, resolve=True), sort_keys=True)
+    short, longest = _drawn(t.name, section, tuple(sorted(counts.items())), toy)
+    if short:
+        fail(*short)
+    if longest is None or m.long_prompts != "error":
+        return
+    n, split, prompt_id = longest
+    what = f"prompt {split}/{prompt_id} of task {t.name} is {n} tokens of the toy LM ({TOY_PROMPT_TOKENS})"
+    if m.max_prompt_tokens is not None and n > m.max_prompt_tokens:
+        fail("model.max_prompt_tokens", f"{m.max_prompt_tokens}: {what}; shorten the task's "
+                                        "prompts (task.n_steps, task.shots), or set "
+                                        "model.long_prompts=skip")
+    room = TOY_POSITIONS - cfg.search.max_new_tokens
+    if m.max_prompt_tokens is None and 0 < room < n:  # no room at all: machine.check_positions
+        fail("search.max_new_tokens", f"{cfg.search.max_new_tokens}: {what}, and the toy LM's "
+                                      f"{TOY_POSITIONS} positions leave it {room}; shorten the "
+                                      "task's prompts (task.n_steps, task.shots) or the paths, or "
+                                      "set model.long_prompts=skip")

@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from stopexp.config import (adapt, collect, cross, engine, evaluate, loss, model, policy,
                             predictor, reward, search, tap, task)
+from stopexp.config.machine import check_machine
 from stopexp.config.option_files import check_option_files
 from stopexp.config.options import view_of
 from stopexp.config.ranges import at_least, fail, get, n_layers_of
@@ -110,6 +111,7 @@ RULES = (
     (cross.vllm_serves_it, STAGES),
     (check_unread, STAGES),
     (check_beam_width_read, STAGES),
+    (task.task_draws_the_prompts, STAGES),  # after the rules on values: it draws the problems
     (cross.bank_has_training_prompts, TRAINING),
     (evaluate.check_evaluate, EVALUATING),
     (cross.attn_entropy_method_is_tapped, EVALUATING),
@@ -126,13 +128,15 @@ RULES = (
 )
 
 
-def validate(cfg: DictConfig, runtime=None) -> DictConfig:
+def validate(cfg: DictConfig, runtime=None, machine: bool = True) -> DictConfig:
     """Every check that needs no compute, for the stages that `cfg.stage` will run: unknown
     keys, the option files' keys (with `runtime`, Hydra's runtime of the composition, or
     cfg.hydra.runtime where cfg carries it: stopexp.config.option_files), allowed names,
     finite floats (NaN and inf are refused everywhere), the range of every numeric key (the
-    group checks) and the rules of RULES whose stages include cfg.stage. Raises ConfigError
-    naming the key; returns cfg."""
+    group checks), the rules of RULES whose stages include cfg.stage and, with `machine`, what
+    this machine cannot run (stopexp.config.machine: False where the jobs run on other
+    machines, as a SLURM sweep's, or to check a config written for another machine). Raises
+    ConfigError naming the key; returns cfg."""
     unknown = unknown_keys(cfg)
     if unknown:
         fail(unknown[0], "no such key in the config schema (stopexp/config/); check the spelling")
@@ -158,4 +162,6 @@ def validate(cfg: DictConfig, runtime=None) -> DictConfig:
     for rule, stages in RULES:
         if cfg.stage in stages:
             rule(cfg)
+    if machine:
+        check_machine(cfg)
     return cfg

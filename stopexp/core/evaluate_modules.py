@@ -9,6 +9,7 @@ the newest copy first, as `evaluate` itself does offline."""
 from __future__ import annotations
 
 import functools
+import hashlib
 from pathlib import Path
 
 # the inputs reward=evaluate gives a module: the path's text and the task's references
@@ -43,11 +44,17 @@ def module_script(spec: str) -> Path:
     return max(scripts, key=lambda s: s.stat().st_mtime)
 
 
-@functools.lru_cache(maxsize=8)
 def load_module(spec: str):
     """The loaded `evaluate` module `spec` (`module_script`), checked to read no input but
-    INPUTS and to read `predictions`; ValueError in one line otherwise."""
+    INPUTS and to read `predictions`; ValueError in one line otherwise. Loaded once per
+    content of its script: an edited module is loaded again, also in a long-lived process
+    (a notebook), as the bank's key (its module_sha256) says."""
     script = module_script(spec)
+    return _load_module(spec, script, hashlib.sha256(script.read_bytes()).hexdigest())
+
+
+@functools.lru_cache(maxsize=8)
+def _load_module(spec: str, script: Path, sha256: str):
     import evaluate
 
     try:

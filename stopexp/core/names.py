@@ -7,8 +7,13 @@ defined here and re-exported where they are used (stopexp.signals.methods,
 stopexp.tasks.rewards)."""
 from __future__ import annotations
 
+import hashlib
 import importlib
+import importlib.util
+from pathlib import Path
 from typing import Any, Callable
+
+from stopexp.core.errors import error_text
 
 # kind -> name -> "module:attr": what each name is, imported on `lookup` only, so that a
 # name is checked (stopexp.config) without importing its module (torch, for most)
@@ -135,16 +140,53 @@ def resolve_external(name: str) -> Callable:
     module, _, attr = name.partition(":")
     if attr:
         try:
-            fn = getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError, ValueError) as e:
-            raise ValueError(f"{name!r} cannot be imported ({e.__class__.__name__}: {e}); give "
-                             "module:function, e.g. mypkg.rewards:score") from None
+            fn = getattr(import_current(module), attr)
+        except Exception as e:  # noqa: BLE001  (the module's own code may fail: a syntax error, a raise)
+            missing = isinstance(e, (AttributeError, ValueError)) or (
+                isinstance(e, ImportError) and f"{module}.".startswith(f"{e.name}."))
+            if missing:  # no such module or function
+                raise ValueError(f"{name!r} cannot be imported ({e.__class__.__name__}: {e}); give "
+                                 "module:function, e.g. mypkg.rewards:score") from None
+            raise ValueError(f"{name!r}: importing {module} ({module_file(module)}) raised "
+                             f"{error_text(e)}; fix the module (STOPEXP_DEBUG=1 shows the "
+                             "traceback)") from e
         if not callable(fn):
             raise ValueError(f"{name!r} is a {type(fn).__name__}, not a function "
                              "fn(problem, text) -> float")
         return _takes_problem_and_text(name, fn)
     raise ValueError(f"{name!r} is neither registered (registered: {sorted(_REGISTERED) or 'none'}) "
                      "nor an importable module:function")
+
+
+def module_file(name: str) -> str:
+    """The file that module `name` is imported from, as far as finding it tells."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except Exception:  # noqa: BLE001  (a parent package that fails to import)
+        spec = None
+    return str(spec.origin) if spec is not None and spec.origin else "file unknown"
+
+
+_SOURCES: dict[str, bytes] = {}  # module name -> the digest of the source it was loaded from
+
+
+def import_current(name: str):
+    """The module `name` as its source file reads now: imported, or reloaded where the file
+    changed since this process loaded it (a reward edited during a notebook's session)."""
+    module = importlib.import_module(name)
+    path = getattr(module, "__file__", None)
+    if not path or not path.endswith(".py") or not Path(path).is_file():
+        return module
+    digest = hashlib.sha256(Path(path).read_bytes()).digest()
+    if _SOURCES.get(name, digest) != digest:
+        # its bytecode cache is valid by the source's mtime in seconds and size: a quick
+        # edit of the same length would be read from it
+        cached = getattr(module, "__cached__", None)
+        if cached:
+            Path(cached).unlink(missing_ok=True)
+        module = importlib.reload(module)
+    _SOURCES[name] = digest
+    return module
 
 
 def _takes_problem_and_text(name: str, fn: Callable) -> Callable:

@@ -22,7 +22,8 @@ SYMBOLIC_LAYERS = ("first", "mid", "last")
 def derived_keep(n_paths: int, check_at: Any = None, policy: str = "topk") -> Any:
     """policy.keep's default: K = round(sqrt(N)); with several checks under policy=topk one
     K per check, doubling backwards from the last (64 paths, 2 checks: [16, 8])."""
-    k = max(1, round(math.sqrt(n_paths)))
+    # N < 1 derives K = 1, so that validate names search.n_paths, not the keys derived from it
+    k = max(1, round(math.sqrt(max(n_paths, 1))))
     checks = check_values(check_at) if check_at is not None else [None]
     if policy != "topk" or len(checks) == 1:
         return k

@@ -36,6 +36,7 @@ import torch
 
 from stopexp.core.errors import ConfigError
 from stopexp.core.policies import quantize
+from stopexp.core.text import has_answer
 
 VOTES = ("majority", "weighted", "filtered")
 SCORE_RULES = ("last", "running_mean")
@@ -57,7 +58,8 @@ def weights(signal: np.ndarray) -> np.ndarray:
 def elect(answers, signal: np.ndarray | None = None, rule: str = "majority",
           top: float = 0.5) -> object:
     """The winning answer of one prompt's voters (None: no voter has an answer). `answers`:
-    per voter its answer (clustered: see the module doc), None for none (None never wins); `signal`: (n,) final signals,
+    per voter its answer (clustered: see the module doc), None, "" or whitespace for none (no
+    answer never votes); `signal`: (n,) final signals,
     NaN for a voter never scored (needed unless rule is majority); `top`: the share in
     (0, 1] that votes under `filtered`. ValueError on an unknown rule, a missing signal or
     one of another length than `answers`, and a `top` outside (0, 1]."""
@@ -87,6 +89,6 @@ def elect(answers, signal: np.ndarray | None = None, rule: str = "majority",
             weight[chosen] = 1.0
     counts: dict = {}
     for a, w in zip(answers, weight):
-        if a is not None and (w > 0 or rule == "weighted"):  # filtered: only the top share
+        if has_answer(a) and (w > 0 or rule == "weighted"):  # filtered: only the top share
             counts[a] = counts.get(a, 0.0) + float(w)
     return max(counts, key=counts.get) if counts else None

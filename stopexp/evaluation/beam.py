@@ -12,6 +12,7 @@ import torch
 
 from stopexp.core.policies import build_policy, policy_params
 from stopexp.core.protocol import checkpoint_tokens
+from stopexp.core.token_text import text_of
 from stopexp.evaluation import figures, plots
 from stopexp.evaluation.accounting import add_text_metrics
 from stopexp.evaluation.online import OnlineLM
@@ -126,7 +127,7 @@ def evaluate_beam(lm: OnlineLM, names: list[str], scorers: dict, search, tap, po
                     group_window=s.group_window, conf_topk=s.conf_topk, check_steps=checks,
                     stop=stop, tokenizer=tokenizer, refill=s.refill)
                 for problem, prompt, r in zip(chunk, ids, found):
-                    texts[name].append(tokenizer.decode(r.tokens, skip_special_tokens=True))
+                    texts[name].append(text_of(tokenizer, r.tokens))
                     correct.append(task.check(problem, texts[name][-1]))
                     tokens += r.n_forward_tokens - len(prompt)
                     steps += r.pruned_steps
@@ -171,7 +172,7 @@ def _prefix_oracle(task, problems, tokenizer):
     prompts of the batched search (a row's prompt is problems[batch["owner"][row]])."""
     def score(batch):
         return torch.tensor([
-            0.0 if prefix_has_error(task, problems[i], tokenizer.decode(row, skip_special_tokens=True))
+            0.0 if prefix_has_error(task, problems[i], text_of(tokenizer, row))
             else 1.0 for row, i in zip(batch["tokens"].tolist(), batch["owner"].tolist())])
     return score
 

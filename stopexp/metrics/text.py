@@ -35,23 +35,41 @@ def check_tokenize(tokenize: str) -> None:
                           "(sacrebleu's tokenizers that need no download or extra package)")
 
 
-_NO_SPACES = regex.compile(r"[\p{Han}\p{Hiragana}\p{Katakana}\p{Thai}\p{Lao}\p{Khmer}\p{Myanmar}]")
+# the scripts written without spaces, their letters by script extension (so that Japanese's
+# ー, of the Common script, counts as kana); letters only, as the share's denominator counts
+# (Thai's vowel signs and tone marks are marks, not letters)
+SPACELESS = {"Chinese characters": ("Han",), "Japanese kana": ("Hiragana", "Katakana"),
+             "Thai": ("Thai",), "Lao": ("Lao",), "Khmer": ("Khmer",), "Myanmar": ("Myanmar",)}
+_SCRIPT_LETTERS = {name: regex.compile(r"(?V1)[\p{L}&&[" + "".join(rf"\p{{scx={s}}}" for s in scripts)
+                                       + "]]") for name, scripts in SPACELESS.items()}
 _LETTER = regex.compile(r"\p{L}")
+# the spaceless scripts each tokenizer leaves in whole runs: 13a and intl split at spaces,
+# zh (sacrebleu's) splits Chinese characters only, char every character
+UNSPLIT = {"13a": tuple(SPACELESS), "intl": tuple(SPACELESS),
+           "zh": tuple(n for n in SPACELESS if n != "Chinese characters"), "char": ()}
 
 
 def check_script(refs, tokenize: str) -> None:
-    """Refuse word tokenisers that split at spaces (13a, intl) for references written
-    mostly in scripts without spaces (Chinese, Japanese, Thai, ...): a whole phrase would be
-    one word, and BLEU and ROUGE nearly constant. ConfigError naming task.tokenize."""
-    if tokenize not in ("13a", "intl"):
+    """Refuse a tokenizer that leaves the references' words whole runs: more than half of
+    their letters are of scripts written without spaces (`SPACELESS`) that `tokenize` does
+    not split (`UNSPLIT`: kana and Thai under zh, any of them under 13a or intl), so a
+    whole phrase would be one word, and BLEU and ROUGE nearly constant. ConfigError naming
+    task.tokenize and a tokenizer that splits the scripts found."""
+    unsplit = UNSPLIT.get(tokenize, ())
+    if not unsplit:
         return
     text = "".join(r if isinstance(r, str) else "".join(r) for r in refs)
     letters = len(_LETTER.findall(text))
-    share = len(_NO_SPACES.findall(text)) / letters if letters else 0.0
+    found = {name: len(_SCRIPT_LETTERS[name].findall(text)) for name in unsplit}
+    share = sum(found.values()) / letters if letters else 0.0
     if share > 0.5:
-        raise ConfigError(f"task.tokenize: {tokenize!r} splits words at spaces, but {share:.0%} of "
-                          "the references' letters are of scripts written without spaces (Chinese, "
-                          "Japanese, Thai, ...); set task.tokenize=zh (Chinese) or char")
+        names = [name for name, n in found.items() if n]
+        how = "splits words at spaces" if tokenize in ("13a", "intl") else "splits Chinese characters only"
+        fix = ("task.tokenize=zh (Chinese) or char" if names == ["Chinese characters"] else
+               "task.tokenize=char (each character a word, in every script)")
+        raise ConfigError(f"task.tokenize: {tokenize!r} {how}, but {share:.0%} of the references' "
+                          f"letters are of scripts written without spaces that it leaves whole "
+                          f"({', '.join(names)}); set {fix}")
 
 
 def bleu(hyps, refs, tokenize: str = "13a") -> float:
@@ -92,18 +110,18 @@ class UnicodeTokenizer:
     """rouge_score's own tokenisation (lower case; every run of characters that are not
     letters or digits separates words) for any script: its tokenizer keeps [a-z0-9] only,
     so Cyrillic or Chinese text has no token and "Müller" splits in two. On ASCII text the
-    tokens are rouge_score's. `tokenize` as for BLEU: "zh" makes each Chinese character a
-    word (sacrebleu's zh tokenizer first), "char" each letter (grapheme)."""
+    tokens are rouge_score's. `tokenize` as for BLEU, with BLEU's units: "zh" makes each
+    Chinese character a word, "char" each character (a code point, in every script: kana,
+    Thai, a vowel sign), sacrebleu's tokenizer of that name splitting first."""
 
     def __init__(self, tokenize: str = "13a"):
         check_tokenize(tokenize)
         self.name = tokenize
-        self.zh = sacrebleu.BLEU(tokenize="zh").tokenizer if tokenize == "zh" else None
+        self.split = sacrebleu.BLEU(tokenize=tokenize).tokenizer if tokenize in ("zh", "char") else None
 
     def tokenize(self, text: str) -> list[str]:
-        text = self.zh(text) if self.zh else text
-        words = _NOT_A_WORD.sub(" ", text.lower()).split()
-        return [g for w in words for g in regex.findall(r"\X", w)] if self.name == "char" else words
+        text = self.split(text) if self.split else text  # BLEU's units first
+        return _NOT_A_WORD.sub(" ", text.lower()).split()
 
 
 @functools.lru_cache(maxsize=8)

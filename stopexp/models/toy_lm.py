@@ -19,9 +19,10 @@ from omegaconf import OmegaConf
 from safetensors import safe_open
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from stopexp.config.machine import TOY_POSITIONS
 from stopexp.core.errors import ConfigError, writing
 from stopexp.models.tokenizer import CHARS, build_char_tokenizer
-from stopexp.runtime.artifacts import config_hash, publish_dir, staging_dir, write_json
+from stopexp.runtime.artifacts import artifact_lock, config_hash, publish_dir, staging_dir, write_json
 from stopexp.runtime.integrity import dir_problem, records, set_aside
 from stopexp.search.decode import SamplingParams, make_engine
 from stopexp.search.sample import sample_paths
@@ -74,7 +75,7 @@ def build_model(toy_cfg, tokenizer) -> LlamaForCausalLM:
         vocab_size=len(tokenizer), hidden_size=toy_cfg.hidden_size,
         num_hidden_layers=toy_cfg.num_layers, num_attention_heads=toy_cfg.num_heads,
         num_key_value_heads=toy_cfg.num_heads, intermediate_size=toy_cfg.intermediate_size,
-        max_position_embeddings=256, tie_word_embeddings=True,
+        max_position_embeddings=TOY_POSITIONS, tie_word_embeddings=True,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id)
     torch.manual_seed(toy_cfg.seed)
@@ -171,10 +172,16 @@ def ensure_toy_lm(toy, task, cache_dir, progress=True) -> Path:
     """The directory of the toy LM of `toy` (model.toy) trained on `task` (the task
     section): under `cache_dir`, else the committed checkpoint, else trained now (and
     cached). A damaged cached copy is deleted and trained again, a damaged committed one
-    is passed over (both with a warning naming the file)."""
-    key = toy_key(toy, task)
-    final = Path(cache_dir) / "toy_lm" / key
-    committed = COMMITTED / f"toy-{key}"
+    is passed over (both with a warning naming the file). Under the cached copy's lock
+    (`artifact_lock`): concurrent callers train it once, and none reads it while
+    `python -m stopexp.toy_lm` replaces it."""
+    final = Path(cache_dir) / "toy_lm" / toy_key(toy, task)
+    with artifact_lock(final):
+        return _ensure(toy, task, final, progress)
+
+
+def _ensure(toy, task, final: Path, progress: bool) -> Path:
+    committed = COMMITTED / f"toy-{final.name}"
     if final.exists():
         problem = toy_lm_problem(final)
         if problem is None:
@@ -188,7 +195,7 @@ def ensure_toy_lm(toy, task, cache_dir, progress=True) -> Path:
             return committed
         log.warning("the committed toy LM %s is damaged (%s; `git checkout -- %s` restores it); "
                     "training one into the cache instead", committed, problem, committed)
-    log.info("training the toy LM (%s) into %s", key, final)
+    log.info("training the toy LM (%s) into %s", final.name, final)
     tmp = staging_dir(final)
     try:
         with writing(final):  # a full disk names the model, not its temporary dir

@@ -9,6 +9,7 @@ from dataclasses import replace
 import torch
 
 from stopexp.core.errors import ConfigError
+from stopexp.core.token_text import stop_token_ids
 from stopexp.models import (ModelNotAvailable, check_sizes, model_dir, not_available_message,
                             pick_device, pick_dtype, prepare_tokenizer)
 from stopexp.runtime.hub import offline_unless_reachable
@@ -64,5 +65,7 @@ def open_vllm_engine(model, engine, cache_dir, task, params, stepped: bool = Fal
     VllmSettings.stepped); the LLM is shut down on exit unless `hold` keeps it open."""
     s, model, tokenizer = vllm_settings(model, engine, cache_dir, task)
     with open_llm(replace(s, stepped=stepped)) as llm:
-        yield VllmEngine(llm, s, params, eos_ids(model, tokenizer), tokenizer.pad_token_id), \
+        # vLLM matches stop strings on text without special tokens: a stop that is one stops by id
+        stops = tuple(dict.fromkeys(eos_ids(model, tokenizer) + stop_token_ids(tokenizer, params.stop)))
+        yield VllmEngine(llm, s, params, stops, tokenizer.pad_token_id), \
             model, tokenizer

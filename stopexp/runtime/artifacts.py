@@ -7,12 +7,19 @@ the outputs like any other file the user writes. Their names carry the writer's 
 process id, so that a writer killed mid-write (SIGKILL, power loss) leaves nothing behind
 for long: the next write into the same folder removes the temporaries of dead writers on
 its host, and never those of a live one (concurrent runs share the cache).
+
+Writers of one artifact take turns (`artifact_lock`): the one holding its lock checks what
+is there, sets aside what is damaged, computes what is missing and publishes it; the others
+wait, then find its result and keep it. A reader needs no lock: what it reads was published
+whole by a rename and is never rewritten in place.
 """
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
+import logging
 import os
 import shutil
 import socket
@@ -21,9 +28,12 @@ import threading
 from pathlib import Path
 from typing import Any, Iterator
 
+from filelock import FileLock
 from omegaconf import DictConfig, OmegaConf
 
 from stopexp.core.errors import writing
+
+log = logging.getLogger(__name__)
 
 
 def plain(obj: Any) -> Any:
@@ -128,9 +138,47 @@ def write_json(path: str | os.PathLike, data: Any) -> None:
     write_text(path, json.dumps(data, indent=2, sort_keys=True, default=str))
 
 
-def publish_dir(tmp_dir: Path, final_dir: Path) -> None:
-    """Move a fully written directory into place; a concurrent writer that got there first
-    wins and this copy is dropped (both were made from the same config)."""
+NO_LOCKS = frozenset({errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP})  # flock unsupported there
+
+
+def lock_file(final: str | os.PathLike) -> Path:
+    """The lock file of the artifact at `final`: `.<name>.lock` beside it, outside it."""
+    final = Path(final)
+    return final.parent / f".{final.name}.lock"
+
+
+@contextlib.contextmanager
+def artifact_lock(final: str | os.PathLike) -> Iterator[None]:
+    """Hold the write lock of the artifact at `final` (a file or directory): its writers in
+    other threads, processes, or hosts sharing the file system wait until it is released.
+    An flock on `lock_file(final)`, which the kernel releases when its holder dies (a killed
+    job never leaves it held); the file is never removed, since two writers could then lock
+    two files. Reentrant within a thread. Hold it around check, set aside, compute and
+    publish, so that a second writer finds the first one's result instead of racing it."""
+    final = Path(final)
+    lock = FileLock(lock_file(final), is_singleton=True)
+    with writing(final):  # a read-only cache names the artifact, not its lock file
+        final.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            lock.acquire()
+        except OSError as e:
+            if e.errno not in NO_LOCKS:
+                raise
+            log.warning("%s: this file system cannot lock files (%s); writers of this artifact "
+                        "do not take turns (each publishes whole, one copy is kept)",
+                        final.parent, os.strerror(e.errno))
+            lock = None
+    try:
+        yield
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def publish_dir(tmp_dir: Path, final_dir: Path) -> bool:
+    """Move a fully written directory into place. Returns True when this copy was published,
+    False when a concurrent writer got there first: its copy is kept and this one dropped
+    (both were made from the same config), and the caller reads what is now in place."""
     with writing(final_dir):
         final_dir.parent.mkdir(parents=True, exist_ok=True)
         _public_mode(tmp_dir, is_dir=True)
@@ -140,6 +188,8 @@ def publish_dir(tmp_dir: Path, final_dir: Path) -> None:
             if not final_dir.exists():
                 raise
             shutil.rmtree(tmp_dir, ignore_errors=True)
+            return False
+        return True
 
 
 def replace_dir(tmp_dir: Path, final_dir: Path) -> None:

@@ -10,10 +10,14 @@ or as silently wrong numbers.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
+import time
 import uuid
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 SMALL_FILE = 4 << 20  # files up to this size are checksummed whole on every check
 SPOT_BLOCK, SPOT_COUNT = 4096, 17  # larger ones: 17 evenly spaced 4 KiB blocks (ends included)
@@ -22,6 +26,51 @@ SPOT_BLOCK, SPOT_COUNT = 4096, 17  # larger ones: 17 evenly spaced 4 KiB blocks 
 def file_sha256(path: Path) -> str:
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+# a file whose times are this recent may still change within the same clock tick, leaving
+# them as they are: its digest is not remembered (git's "racy" files)
+RACY_NS = 2_000_000_000
+_DIGESTS: dict[str, str] = {}  # identity -> SHA-256 (content_sha256)
+
+
+def content_sha256(path: Path, store: Path | None = None) -> str:
+    """The SHA-256 of a file the user may change in place (model weights, a tokenizer, a
+    task's data), read once per version of the file: remembered in this process and, with
+    `store` (a directory), across processes, under the file's identity: its resolved path,
+    device, inode, size, and modification and status-change times in ns. Writing a file in
+    place updates its ctime (which no tool sets back); a copy, even one that keeps the
+    mtime (`cp -p`, rsync), has a new inode and ctime; so any change of the content changes
+    the identity, and an unchanged file costs one stat."""
+    path = Path(path).resolve()
+    st = path.stat()
+    identity = "\0".join(map(str, (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
+                                    st.st_ctime_ns)))
+    settled = time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) > RACY_NS
+    entry = Path(store) / hashlib.sha256(identity.encode()).hexdigest() if store else None
+    if settled and identity in _DIGESTS:
+        return _DIGESTS[identity]
+    if settled and entry is not None and entry.is_file():
+        digest = entry.read_text().strip()
+        if len(digest) == 64 and all(c in "0123456789abcdef" for c in digest):
+            _DIGESTS[identity] = digest
+            return digest
+    if st.st_size > 1 << 30:
+        log.info("reading %s (%.1f GB) once for its content's SHA-256", path, st.st_size / 1e9)
+    digest = file_sha256(path)
+    after = path.stat()
+    if settled and (after.st_size, after.st_mtime_ns, after.st_ctime_ns) == \
+            (st.st_size, st.st_mtime_ns, st.st_ctime_ns):  # not written to while read
+        _DIGESTS[identity] = digest
+        if entry is not None:
+            try:  # a cache: written whole (renamed into place) or not at all
+                entry.parent.mkdir(parents=True, exist_ok=True)
+                tmp = entry.with_name(f".{entry.name}.{uuid.uuid4().hex[:8]}")
+                tmp.write_text(digest)
+                os.replace(tmp, entry)
+            except OSError:
+                pass
+    return digest
 
 
 def spot_sha256(path: Path, size: int) -> str:

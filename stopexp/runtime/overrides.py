@@ -2,10 +2,13 @@
 override (a misspelt key, a wrong type, an unknown option) in lines of its own with exit
 code 1, after its own argument parsing. `check_overrides` composes the overrides once as
 Hydra 1.3 will (its argument parser, `compose_config`) and raises ConfigError with Hydra's
-message on one line, before Hydra is handed the command line."""
+message on one line, before Hydra is handed the command line. In a multirun it composes and
+validates every job of the sweep (`sweep_jobs`), so that a bad value in the last job is
+refused before the first one starts."""
 from __future__ import annotations
 
 import functools
+import itertools
 import warnings
 from pathlib import Path
 
@@ -16,21 +19,25 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from hydra.types import RunMode
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 import stopexp.config  # noqa: F401  (registers the schemas the configs extend)
+from stopexp.config import validate
+from stopexp.config.reads import check_unread_overrides
 from stopexp.core.errors import ConfigError
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 
-def check_overrides(config_name: str, argv: list[str]) -> None:
+def check_overrides(config_name: str, argv: list[str], validate_run: bool = False) -> None:
     """Compose conf/<config_name>.yaml with the overrides of `argv` as Hydra 1.3 will (run
-    or multirun; in a multirun every value of every swept key), raising ConfigError with
-    Hydra's message on one line (`condensed`) where that fails. It uses what Hydra 1.3's
-    `_run_hydra` uses (its argument parser, `compose_config`). Hydra's other commands
-    (--help, --info, ...) and another config dir are left to Hydra."""
+    or multirun), raising ConfigError with Hydra's message on one line (`condensed`) where
+    that fails. In a multirun every job of the sweep (`sweep_jobs`) is composed and
+    validated (stopexp.config.validate, `check_unread_overrides`), the error naming the job;
+    `validate_run`: a run's one job too (a stage validates it itself after Hydra composed it).
+    It uses what Hydra 1.3's `_run_hydra` uses (its argument parser, `compose_config`).
+    Hydra's other commands (--help, --info, ...) and another config dir are left to Hydra."""
     args = get_args_parser().parse_args(argv)
     if (args.help or args.hydra_help or args.info or args.shell_completion or args.config_path
             or args.config_dir or args.experimental_rerun):
@@ -49,8 +56,29 @@ def check_overrides(config_name: str, argv: list[str]) -> None:
             parsed = OverridesParser.create().parse_overrides(overrides)
             ConfigLoaderImpl.validate_sweep_overrides_legal(
                 parsed, RunMode.MULTIRUN if multirun else RunMode.RUN, from_shell=True)
-            for tried in sweep_rows(parsed) if multirun else []:
-                compose(tried, run_mode=RunMode.RUN)
+            params = OmegaConf.select(cfg, "hydra.sweeper.params") or {}
+            jobs = (sweep_jobs(params, overrides, hydra_.config_loader) if multirun else
+                    [overrides] if validate_run else [])
+            if args.cfg:  # Hydra prints the config and runs no job
+                jobs = []
+            shared = set.intersection(*map(set, jobs)) if jobs else set()
+            here = OmegaConf.select(cfg, "hydra.launcher._target_") in LOCAL_LAUNCHERS
+            for i, tried in enumerate(jobs):
+                # a run's one job is the config composed above (the modes differ only where a
+                # group's default is missing, which a sweeper may fill)
+                job = compose(tried, run_mode=RunMode.RUN) if multirun else cfg
+                hc = job.hydra
+                with open_dict(job):  # as Hydra hands a job its config (validate is faster so)
+                    del job["hydra"]
+                try:
+                    validate(job, hc.runtime, machine=here)
+                    check_unread_overrides(job, hc.overrides.task)
+                except ConfigError as e:
+                    if not multirun:
+                        raise
+                    swept = " ".join(o for o in tried if o not in shared)
+                    raise ConfigError(f"{e} (sweep job {i + 1} of {len(jobs)}"
+                                      f"{': ' + swept if swept else ''})") from None
         except (HydraException, OmegaConfBaseException) as e:
             raise ConfigError(condensed(e)) from e
         except AssertionError as e:  # OmegaConf's update of a key inside a null node
@@ -60,17 +88,31 @@ def check_overrides(config_name: str, argv: list[str]) -> None:
             raise ConfigError(inside) from e
 
 
-def sweep_rows(parsed) -> list[list[str]]:
-    """Override lists that together take every value of every enumerable sweep once (row i
-    takes each sweep's i-th value, cycling), not their product: a value that cannot be
-    composed fails in some row. A sweeper's intervals (optuna) are left out: no value to try."""
-    values = {i: list(o.sweep_string_iterator()) for i, o in enumerate(parsed) if o.is_discrete_sweep()}
-    rows = []
-    for r in range(max(map(len, values.values()), default=0)):
-        rows.append([f"{o.get_key_element()}={values[i][r % len(values[i])]}" if i in values
-                     else o.input_line for i, o in enumerate(parsed)
-                     if i in values or not o.is_sweep_override()])
-    return rows
+# launchers whose jobs run on this machine; any other (submitit's SLURM) runs them elsewhere,
+# where each job checks its machine itself
+LOCAL_LAUNCHERS = ("hydra._internal.core_plugins.basic_launcher.BasicLauncher",
+                   "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher")
+
+
+def sweep_jobs(params, overrides: list[str], config_loader) -> list[list[str]]:
+    """The override list of every job of the sweep, as Hydra's basic sweeper makes them
+    (`BasicSweeper.split_arguments`: the product of every swept key's values, a key set twice
+    taking its last setting), from the sweeper's `params` (hydra.sweeper.params: basic and
+    optuna read them, the command line's settings after them) and the command line. Choice,
+    range and glob sweeps give each of their values; an interval (optuna's search space) its
+    two ends."""
+    lines = [f"{k}={v}" for k, v in params.items() if v is not None] + overrides
+    values: dict[str, list[str]] = {}
+    for o in OverridesParser.create(config_loader=config_loader).parse_overrides(lines):
+        key = o.get_key_element()
+        if o.is_discrete_sweep():
+            values[key] = [f"{key}={v}" for v in o.sweep_string_iterator()]
+        elif o.is_interval_sweep():
+            ends = o.value()
+            values[key] = [f"{key}={v}" for v in dict.fromkeys((ends.start, ends.end))]
+        else:
+            values[key] = [o.input_line]
+    return [list(job) for job in itertools.product(*values.values())]
 
 
 def inside_null(hydra_, config_name: str, overrides: list[str]) -> str | None:

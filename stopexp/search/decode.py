@@ -94,8 +94,10 @@ def sampling_distribution(logits: torch.Tensor, p: SamplingParams):
     if p.top_p < 1.0:
         probs = torch.softmax(filtered, dim=-1)
         sorted_p, order = torch.sort(probs, dim=-1, descending=True)
-        # drop a token when the mass before it already reaches top_p (the top token stays)
+        # drop a token when the mass before it already reaches top_p; the top token always
+        # stays: a tiny top_p (1e-300 is 0 in float32, where 0 >= 0) would drop every token
         drop_sorted = (torch.cumsum(sorted_p, dim=-1) - sorted_p) >= p.top_p
+        drop_sorted[..., 0] = False
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         filtered = filtered.masked_fill(drop, float("-inf"))
     return torch.log_softmax(filtered, dim=-1), full
@@ -105,8 +107,11 @@ def choose_tokens(logp: torch.Tensor, u: torch.Tensor, do_sample: bool) -> torch
     if not do_sample:
         return logp.argmax(dim=-1)
     cdf = torch.cumsum(logp.double().exp(), dim=-1)
-    idx = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1)).squeeze(-1)
-    return idx.clamp_max(logp.shape[-1] - 1)
+    # the first token whose cdf exceeds u * total, never one of zero mass: not one before
+    # the first kept token (cdf 0, which u = 0 would reach), nor past the last kept one
+    # (where u * total rounds up to the total)
+    idx = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1), right=True).squeeze(-1)
+    return torch.minimum(idx, (cdf < cdf[:, -1:]).sum(-1))
 
 
 @dataclass

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from stopexp.core.token_text import text_of
 from stopexp.core.voting import rule_score
 from stopexp.search.decode import Decode, Engine, StepRecord
 from stopexp.search.memory import KVMeter
@@ -50,7 +51,7 @@ class OnlineRun:
     def finish(self, key, ids: list[int], tokenizer) -> None:
         """A path that ended (not pruned): its token ids, their count and their text."""
         self.ids[key], self.length[key] = ids, len(ids)
-        self.text[key] = tokenizer.decode(ids, skip_special_tokens=True)
+        self.text[key] = text_of(tokenizer, ids)
 
 
 def run_metered(engine: Engine, state: Decode, meter: KVMeter, prompt_of_path: list,

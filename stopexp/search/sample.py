@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from stopexp.core.errors import UserError
 from stopexp.core.seeds import stream_seed
+from stopexp.core.token_text import text_of
 from stopexp.search.decode import Engine
 
 log = logging.getLogger(__name__)
@@ -120,6 +121,6 @@ def sample_paths(engine: Engine, tokenizer, task, problems, n_paths: int, seed: 
         tok, *_, lengths = state.tensors(engine.pad_id)
         for row, (i, j) in enumerate(owners):
             ids = tok[row, : lengths[row]].tolist()
-            text = tokenizer.decode(ids, skip_special_tokens=True)
+            text = text_of(tokenizer, ids)
             out.append(SampledPath(i, j, ids, text, task.check(problems[i], text)))
     return out

@@ -6,7 +6,8 @@ whose text completes a stop string, and that whole token is kept (it may carry c
 past the stop string's end); nothing after it is generated, counted or kept, so a path's
 text is always the decoding of its kept tokens. Only generated text is searched, never the
 prompt (HF also matches a stop string that starts inside the prompt; vLLM does not), and it is
-the text with special tokens skipped (HF matches their strings, e.g. "<s>", instead).
+the text with control special tokens skipped (HF matches their strings, e.g. "<s>", instead);
+a special token that a stop string or a thinking tag holds stays (stopexp.core.token_text).
 
 The check is incremental: each step decodes only the tail of each live path, long enough
 that a stop string ending in the newest token (one that spans token boundaries included)
@@ -16,6 +17,8 @@ skipped as in the path's text) do not count towards the tail's length, so a stop
 any number of them is still found.
 """
 from __future__ import annotations
+
+from stopexp.core.token_text import text_of, texts_of
 
 
 class StopStrings:
@@ -41,7 +44,7 @@ class StopStrings:
     def is_blank(self, token: int) -> bool:
         """Whether the token decodes to nothing (it adds nothing to a stop)."""
         if token not in self._blank:
-            self._blank[token] = not self.tokenizer.decode([token], skip_special_tokens=True)
+            self._blank[token] = not text_of(self.tokenizer, [token], keep=self.stops)
         return self._blank[token]
 
     def trim(self, tokens: list[int]) -> list[int]:
@@ -57,8 +60,7 @@ class StopStrings:
     def hits(self, tails: list[list[int]]) -> list[bool]:
         """For each path's recent token ids (the newest last; any longer prefix is cut by
         `trim`): does its text now hold a stop?"""
-        texts = self.tokenizer.batch_decode([self.trim(t) for t in tails],
-                                            skip_special_tokens=True)
+        texts = texts_of(self.tokenizer, [self.trim(t) for t in tails], keep=self.stops)
         return [any(s in text for s in self.stops) for text in texts]
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from stopexp.core.errors import ConfigError
+from stopexp.core.token_text import text_of
 from stopexp.search.stops import StopStrings
 
 
@@ -40,9 +41,9 @@ class ThinkRows:
 class ThinkingBudget:
     def __init__(self, tokenizer, end_tag: str, budget: int):
         self.end_ids = tokenizer(end_tag, add_special_tokens=False)["input_ids"]
-        if end_tag not in tokenizer.decode(self.end_ids, skip_special_tokens=True):
-            raise ConfigError(f"model.thinking.end_tag: {end_tag!r} does not survive decoding (a special "
-                              "token the decoded text skips), so no path could be seen closing it")
+        if end_tag not in text_of(tokenizer, self.end_ids, keep=(end_tag,)):
+            raise ConfigError(f"model.thinking.end_tag: {end_tag!r} does not survive decoding (its "
+                              "tokens decode to other text), so no path could be seen closing it")
         self.detect, self.budget = StopStrings([end_tag], tokenizer), int(budget)
 
     def start(self, rows: int) -> ThinkRows:

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from stopexp.core.seeds import stream_seed
+from stopexp.core.token_text import text_of, texts_of
 from stopexp.search.decode import Decode, Engine
 from stopexp.search.sample import launch_lists, path_labels, prompt_chunks
 from stopexp.search.stops import StopStrings
@@ -15,8 +16,7 @@ from stopexp.tasks.thinking import thinking_length
 
 
 def _decode_texts(tokenizer, tokens: torch.Tensor, lengths: torch.Tensor) -> list[str]:
-    return tokenizer.batch_decode([tokens[i, : lengths[i]].tolist() for i in range(len(lengths))],
-                                  skip_special_tokens=True)
+    return texts_of(tokenizer, [tokens[i, : lengths[i]].tolist() for i in range(len(lengths))])
 
 
 def prefix_holding(tokenizer, ids: list[int], end: int) -> int:
@@ -25,7 +25,7 @@ def prefix_holding(tokenizer, ids: list[int], end: int) -> int:
     lo, hi = 1, len(ids)
     while lo < hi:
         mid = (lo + hi) // 2
-        if len(tokenizer.decode(ids[:mid], skip_special_tokens=True)) >= end:
+        if len(text_of(tokenizer, ids[:mid])) >= end:
             hi = mid
         else:
             lo = mid + 1
@@ -67,8 +67,8 @@ def mc_success(engine: Engine, tokenizer, task, state: Decode, problems, owners,
         generated += int((n - t).sum())
         for k, p in enumerate(paths):
             prefix = prefix_tok[p, :t].tolist()  # decoded with each rollout, as a path's text is
-            full = tokenizer.batch_decode([prefix + tok[k * rollouts + r, : n[k * rollouts + r] - t].tolist()
-                                           for r in range(rollouts)], skip_special_tokens=True)
+            full = texts_of(tokenizer, [prefix + tok[k * rollouts + r, : n[k * rollouts + r] - t].tolist()
+                                        for r in range(rollouts)])
             rows_lp = [torch.cat([prefix_lp[p, :t], lp[k * rollouts + r, : n[k * rollouts + r] - t]]).numpy()
                        for r in range(rollouts)] if reward is not None and reward.needs_logprobs else None
             out[p] = mean_reward(task, problems[owners[p][0]], full, reward, rows_lp)
@@ -130,7 +130,7 @@ def resubmitted_mc(engine, tokenizer, task, problems, owners, prompts: list[list
                 n = boundary_stop(stops, prefix, ids) if stops else len(ids)
                 kept.append((ids[:n], None if r_lp is None else r_lp[:n]))
             generated += sum(len(ids) for ids, _ in kept)
-            texts = tokenizer.batch_decode([prefix + ids for ids, _ in kept], skip_special_tokens=True)
+            texts = texts_of(tokenizer, [prefix + ids for ids, _ in kept])
             rows_lp = [np.concatenate([lp[p, :c].numpy(), r_lp]) for _, r_lp in kept] if with_lp else None
             mc[p, ci] = mean_reward(task, problems[owners[p][0]], texts, reward, rows_lp)
     return mc, generated

@@ -79,7 +79,11 @@ def parse_args(argv: list[str]) -> dict:
             args[key] = kind(value)
         except ValueError:
             raise ConfigError(f"{key}={value!r}: must be a {kind.__name__}") from None
-    args["methods"] = [m for m in args["methods"].strip("[]").split(",") if m]
+    given = args["methods"]
+    args["methods"] = [m.strip() for m in given.strip("[]").split(",") if m.strip()]
+    if not args["methods"]:  # nothing to replay: the table would be empty
+        raise ConfigError(f"methods={given!r}: give at least one method; allowed: "
+                          f"{', '.join(METHOD_NAMES)} (unset: all of them)")
     return args
 
 

@@ -89,7 +89,7 @@ def training_data(cfg, features: FeatureSet, meta: dict, overrides: list[str] | 
                                         if bank_store.split_rows(meta, s)}, min_gap)
     ckpt = checkpoint_tokens(cfg.train.checkpoint, cfg.search.max_new_tokens)
     return data.split_data(features.bank.root, meta, feature_bank.require_features(features, overrides),
-                           ckpt, cfg.search.n_paths, min_gap, cfg.collect.keep_correct, prefixes)
+                           ckpt, cfg.search.n_paths, min_gap, prefixes)
 
 
 # ---- the LM run online (evaluate: mode=online, search=beam, compare_beam) ------------------

@@ -5,10 +5,12 @@ around its recipe, in one place.
     def main(stage: Stage) -> dict:     # the recipe: build objects, run, report
         return {"train": train(stage.cfg, stage.run, stage.overrides, stage.run_dir)}
 
-In order: the command line is composed once (`stopexp.runtime.overrides.check_overrides`),
-so that a bad override is one `error:` line; Hydra composes the config and makes the run
-dir (`OutputDirsCheck`, a callback in conf/common.yaml, checks the output directories
-first); then the config is validated, the output directories checked, the tracked run
+In order: the command line is composed once (`stopexp.runtime.overrides.check_overrides`;
+in a multirun every job of the sweep, validated too), so that a bad override is one
+`error:` line; Hydra composes the config and makes the run dir (`OutputDirsCheck`, a
+callback in conf/common.yaml, checks the output directories and the run or sweep dir
+first); then the config is validated (with the keys set on the command line:
+`check_unread_overrides`), the output directories checked, the tracked run
 opened (tracking fails safe: the outputs never depend on it), the recipe run, its metrics
 written to `<run dir>/metrics.json`, and, when `optimized_metric` is set (a Hydra sweeper's
 trial), the objective returned; a trial that fails returns the worst value so the sweep
@@ -28,9 +30,13 @@ from typing import Any, Callable
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
 
 from stopexp.config import check_output_dirs, validate
+from stopexp.config.paths import probe_writable
+from stopexp.config.ranges import fail
+from stopexp.config.reads import check_unread_overrides
 from stopexp.core.errors import CannotWrite, reported
 from stopexp.runtime.artifacts import write_json
 from stopexp.runtime.overrides import CONF_DIR, check_overrides
@@ -73,6 +79,7 @@ def stage_main(config_name: str, tracked: bool = True):
         def task(cfg):
             hc = HydraConfig.get()
             validate(cfg, hc.runtime)  # with the option files that Hydra composed it from
+            check_unread_overrides(cfg, hc.overrides.task)
             check_output_dirs(cfg)
             stage = Stage(cfg, Path(hc.runtime.output_dir), list(hc.overrides.task))
             try:
@@ -103,23 +110,36 @@ def stage_main(config_name: str, tracked: bool = True):
 
 
 def setting_of(cfg, path: str) -> str | None:
-    """The paths.* key whose directory holds `path` (the innermost one), if any."""
-    inside = [(len(Path(cfg.paths[k]).parts), f"paths.{k}") for k in ("output_dir", "cache_dir")
-              if Path(path).is_relative_to(cfg.paths[k])]
+    """The key whose directory holds `path` (the innermost one), if any: paths.output_dir,
+    paths.cache_dir, or the run dir (hydra.run.dir, a sweep's job: hydra.sweep.dir)."""
+    dirs = {f"paths.{k}": cfg.paths[k] for k in ("output_dir", "cache_dir")}
+    if HydraConfig.initialized():
+        hc = HydraConfig.get()
+        dirs["hydra.sweep.dir" if hc.mode == RunMode.MULTIRUN else "hydra.run.dir"] = hc.runtime.output_dir
+    inside = [(len(Path(d).parts), key) for key, d in dirs.items() if Path(path).is_relative_to(d)]
     return max(inside)[1] if inside else None
 
 
 class OutputDirsCheck(Callback):
-    """Before Hydra makes the run or sweep dir: paths.output_dir and paths.cache_dir can be
-    written (stopexp.config.check_output_dirs), else one line naming the key."""
+    """Before Hydra makes the run or sweep dir: paths.output_dir, paths.cache_dir and the run
+    dir (hydra.run.dir) or sweep dir (hydra.sweep.dir), where Hydra writes the job's
+    config, log and the stage's metrics.json and plots, can be written
+    (stopexp.config.check_output_dirs), else one line naming the key."""
 
     def on_run_start(self, config, **kwargs) -> None:
-        self._check(config)
+        self._check(config, "hydra.run.dir")
 
     def on_multirun_start(self, config, **kwargs) -> None:
-        self._check(config)
+        self._check(config, "hydra.sweep.dir")
 
     @staticmethod
-    def _check(config) -> None:
+    def _check(config, run_key: str) -> None:
         with reported():
             check_output_dirs(config)
+            # resolved once: Hydra reads the same value (stopexp_run_id is cached per config)
+            where = Path(str(OmegaConf.select(config, run_key)))
+            try:
+                probe_writable(where)
+            except OSError as e:
+                fail(run_key, f"cannot write to {where} ({e.strerror or e}); point {run_key} at "
+                              "a writable directory")

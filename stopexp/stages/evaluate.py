@@ -72,6 +72,9 @@ def evaluate(cfg, run=None, run_dir: Path | None = None, overrides: list[str] | 
     meta = bank.read_meta(root)
     plan = check_plan(cfg.search, cfg.policy)  # (prefix tokens, K) per check; the first is where AUROC is read
     checkpoint, N, split = plan[0][0], cfg.search.n_paths, ev.split
+    if cfg.search.name == "parallel" and ev.mode == "replay" and not bank.split_rows(meta, split):
+        raise bank.BankMissing(f"evaluate.split: the trace bank {root} holds no {split} path: "
+                               f"{bank.left_out(meta, split)}")
     checks = [c for c, _ in plan]
     names = method_names(ev.methods, cfg.predictor.name)
     if cfg.search.name == "parallel":

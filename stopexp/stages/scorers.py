@@ -7,10 +7,11 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+import torch
 from omegaconf import OmegaConf
 
 from stopexp.config import PredictorConfig
-from stopexp.core.errors import NotFound
+from stopexp.core.errors import ConfigError, NotFound, error_text
 from stopexp.core.names import PREDICTOR_NAMES, REGISTRY, STOPPING_METHODS, lookup
 from stopexp.core.protocol import checkpoint_tokens
 from stopexp.models.super_token import load_super_token
@@ -61,8 +62,21 @@ def build_scorers(cfg, names: list[str], spec, features: FeatureSet,
                 raise type(e)(f"{e}; rebuild it with: {command}") from e
             scorers[name] = M.learned(predictor)
         else:
-            scorers[name] = M.external(name)
+            scorers[name] = users_scorer(name, M.external(name))
     return scorers
+
+
+def users_scorer(name: str, scorer):
+    """A scorer registered with register_external, whose error is the user's: one line naming
+    it in evaluate.methods (its traceback under STOPEXP_DEBUG=1), and its scores a tensor."""
+    def score(batch):
+        try:
+            return torch.as_tensor(scorer(batch))
+        except Exception as e:  # noqa: BLE001  (any error of the user's scorer)
+            raise ConfigError(f"evaluate.methods: the scorer {name!r} (register_external) raised "
+                              f"{error_text(e)}; fix it (STOPEXP_DEBUG=1 shows the traceback) or "
+                              "leave it out of evaluate.methods") from e
+    return score
 
 
 def single_checkpoint_baseline(cfg, spec, features: FeatureSet,

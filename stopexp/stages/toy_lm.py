@@ -12,7 +12,7 @@ from pathlib import Path
 from stopexp.config import ConfigError
 from stopexp.core.errors import writing
 from stopexp.models.toy_lm import lm_task, toy_key, train_toy_lm
-from stopexp.runtime.artifacts import replace_dir, staging_dir
+from stopexp.runtime.artifacts import artifact_lock, replace_dir, staging_dir
 from stopexp.search.decode import make_engine
 from stopexp.search.sample import sample_paths
 from stopexp.stages import build
@@ -58,8 +58,8 @@ def main(stage: Stage) -> dict:
     if cfg.model.name != "toy":
         raise ConfigError(f"model={cfg.model.name}: python -m stopexp.toy_lm trains only model=toy")
     final = Path(cfg.paths.cache_dir) / "toy_lm" / toy_key(cfg.model.toy, cfg.task)
-    tmp = staging_dir(final)
-    with writing(final):  # a full disk names the model, not its temporary dir
+    with artifact_lock(final), writing(final):  # a full disk names the model, not its temporary dir
+        tmp = staging_dir(final)  # under the lock: no one loads the model while it is replaced
         info = train_toy_lm(cfg.model.toy, build_task(OmegaConf.create(lm_task(cfg.model.toy, cfg.task))), tmp)
         replace_dir(tmp, final)  # the old model stays whole until the new one is in place
     log.info("toy LM saved to %s (%d parameters, %d steps, %.0f s)", final,

@@ -22,6 +22,7 @@ import torch
 from stopexp.core.policies import selection_share
 from stopexp.core.protocol import checkpoint_tokens
 from stopexp.models.super_token import SuperTokenPredictor
+from stopexp.runtime.artifacts import artifact_lock
 from stopexp.signals import build_predictor
 from stopexp.signals.checkpoint import save_predictor
 from stopexp.stages import build
@@ -46,35 +47,36 @@ def train(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
     spec = feature_bank.spec_of(cfg.tap.layers, meta)
     out = build.predictor_dir(cfg, features)
     lm_based = cfg.predictor.name == "super_token"  # the one predictor that runs the LM
-    if out.exists():
-        # features replaced under the key (another tap, width or bank) are refused here as
-        # evaluate refuses them, not passed over with the cached predictor
-        feature_bank.require_features(features, overrides)
-        found = trained_checkpoint(out, spec, cfg.predictor, trained_on(features), lm_based)
-        if found is not None:
-            return found
-    start = time.time()
-    every_position = cfg.train.positions == "all"
-    data = build.training_data(cfg, features, meta, overrides, prefixes=lm_based)
-    check_reward_range(cfg.loss, cfg.reward.name, data)
-    # policy=risk: the epoch is picked on training prompts, so no calibration prompt shapes it
-    data = hold_out_for_selection(data, selection_share(cfg.policy), pair_min_gap(cfg.loss))
-    fingerprint = trained_on(features)  # of the artifacts just read
-    torch.manual_seed(cfg.train.seed)
-    if lm_based:
-        predictor = SuperTokenPredictor(cfg.predictor, *build.lm(cfg, progress=False),
-                                        cfg.search.max_batch_rows)
-    else:
-        predictor = build_predictor(cfg.predictor, spec)
-    metrics, scores, history = fit_and_score(predictor, cfg.predictor.name, data, cfg.train,
-                                             cfg.loss, start, progress)
-    if not every_position and not lm_based:  # the checkpoint's predictor at every position
-        for split in data:
-            metrics[split]["auroc_by_prefix"] = prefix_curve(
-                predictor, position_rows(features, split, overrides)[1])
-    save_predictor(out, predictor, cfg.predictor, spec, root.name, metrics,
-                   {"history": history, "trained_on": fingerprint, "checkpoint_tokens":
-                    checkpoint_tokens(cfg.train.checkpoint, cfg.search.max_new_tokens)})
+    with artifact_lock(out):  # concurrent trainers of this predictor take turns: the later find it
+        if out.exists():
+            # features replaced under the key (another tap, width or bank) are refused here as
+            # evaluate refuses them, not passed over with the cached predictor
+            feature_bank.require_features(features, overrides)
+            found = trained_checkpoint(out, spec, cfg.predictor, trained_on(features), lm_based)
+            if found is not None:
+                return found
+        start = time.time()
+        every_position = cfg.train.positions == "all"
+        data = build.training_data(cfg, features, meta, overrides, prefixes=lm_based)
+        check_reward_range(cfg.loss, cfg.reward.name, data)
+        # policy=risk: the epoch is picked on training prompts, so no calibration prompt shapes it
+        data = hold_out_for_selection(data, selection_share(cfg.policy), pair_min_gap(cfg.loss))
+        fingerprint = trained_on(features)  # of the artifacts just read
+        torch.manual_seed(cfg.train.seed)
+        if lm_based:
+            predictor = SuperTokenPredictor(cfg.predictor, *build.lm(cfg, progress=False),
+                                            cfg.search.max_batch_rows)
+        else:
+            predictor = build_predictor(cfg.predictor, spec)
+        metrics, scores, history = fit_and_score(predictor, cfg.predictor.name, data, cfg.train,
+                                                 cfg.loss, start, progress)
+        if not every_position and not lm_based:  # the checkpoint's predictor at every position
+            for split in data:
+                metrics[split]["auroc_by_prefix"] = prefix_curve(
+                    predictor, position_rows(features, split, overrides)[1])
+        save_predictor(out, predictor, cfg.predictor, spec, root.name, metrics,
+                       {"history": history, "trained_on": fingerprint, "checkpoint_tokens":
+                        checkpoint_tokens(cfg.train.checkpoint, cfg.search.max_new_tokens)})
     metrics["checkpoint"] = str(out)
     report(metrics, history, scores, data, cfg.predictor.name, every_position, out, root.name,
            run, run_dir)

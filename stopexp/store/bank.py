@@ -128,7 +128,9 @@ def shard_index(name: str) -> int:
 # ---- shards ------------------------------------------------------------------------------
 def write_shard(root: Path, name: str, rows: dict, feats: Features, info: dict | None = None) -> dict:
     """Save one shard atomically (temp dir + rename) with its record (`shard.json`: index,
-    split, rows, per-file size and SHA-256, and `info`); returns the record."""
+    split, rows, per-file size and SHA-256, and `info`); returns the record of the shard now
+    in place: this one's, or, when a concurrent writer published the same shard first, that
+    writer's (its files and timings differ from this copy's, which is dropped)."""
     final = root / name
     tmp = staging_dir(final)
     try:
@@ -142,7 +144,11 @@ def write_shard(root: Path, name: str, rows: dict, feats: Features, info: dict |
                       "files": records(tmp),
                       **(info or {})}
             write_json(tmp / MANIFEST, record)
-            publish_dir(tmp, final)
+            if not publish_dir(tmp, final):
+                record = read_record(final)
+                if record is None:  # removed again meanwhile: nothing in place to record
+                    raise BankDamaged(f"{root}: shard {name}, published by a concurrent writer, "
+                                      "was removed before it could be read; rerun the command")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -261,8 +267,7 @@ def load_bank(root: Path, split: str | None = None) -> Dataset:
     meta = verify_bank(root)
     names = shards_holding(meta, split)
     if not names:
-        raise BankMissing(f"trace bank {root} holds no paths (every prompt was filtered "
-                          "out by collect.keep_correct?)")
+        raise BankMissing(f"trace bank {root} holds no paths: {left_out(meta)}")
     parts = []
     for name in names:
         try:
@@ -284,6 +289,28 @@ def load_bank(root: Path, split: str | None = None) -> Dataset:
 def split_rows(meta: dict, split: str) -> int:
     """How many paths of `split` the bank holds (from its record, nothing loaded)."""
     return sum(rec["splits"].get(split, 0) for rec in meta["shards"].values())
+
+
+def left_out(meta: dict, split: str | None = None) -> str:
+    """Why the bank (or its `split`) holds no paths: the prompts its shards' records say
+    were left out, by cause (model.long_prompts=skip, the difficulty filter)."""
+    parts = meta.get("plan", [])
+    plan = {p.get("index"): p for p in parts}
+    recs = [r for n, r in meta["shards"].items()  # an older record names no split: the plan does
+            if split is None or r.get("split", plan.get(shard_index(n), {}).get("split")) == split]
+    planned = sum(p["prompts"] for p in parts if split is None or p["split"] == split) \
+        if parts else sum(r.get("prompts", 0) for r in recs)
+    which = f"{split} prompts" if split else "prompts"
+    if not any("too_long" in r for r in recs):  # a bank written before the records said
+        return (f"all {planned} {which} were left out, by model.long_prompts=skip (longer than "
+                "model.max_prompt_tokens) or by the difficulty filter collect.keep_correct")
+    causes = [(sum(r.get("too_long", 0) for r in recs),
+               "longer than the prompt limit (model.max_prompt_tokens, model.long_prompts=skip): "
+               "allow longer prompts or shorten them"),
+              (sum(r.get("filtered", 0) for r in recs),
+               "outside the difficulty filter collect.keep_correct: widen it")]
+    return f"all {planned} {which} were left out: " + "; ".join(
+        f"{n} {why}" for n, why in causes if n)
 
 
 def planned_prompts(meta: dict, split: str) -> int:

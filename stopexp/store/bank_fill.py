@@ -1,7 +1,10 @@
 """Filling a trace bank: the shard plan over the configured splits, the shards already
 written that still fit (kept), the missing or misfitting ones sampled by the LM (rank by
 rank), and the bank's meta.json with its summary. Shards are written atomically, so an
-interrupted collect resumes after the last finished one."""
+interrupted collect resumes after the last finished one. Collects of one bank (the jobs of
+an array, or identical jobs of a sweep) generate in parallel; they check and set shards
+aside, and write meta.json, in turns under the bank's lock (`artifact_lock`), and a shard
+two of them wrote is kept as the first one published it (`bank.write_shard`)."""
 from __future__ import annotations
 
 import logging
@@ -18,11 +21,12 @@ from tqdm import tqdm
 from stopexp.core.version import __version__
 from stopexp.models import load_lm
 from stopexp.models.vllm_lm import open_vllm_engine
+from stopexp.runtime.artifacts import artifact_lock
 from stopexp.runtime.integrity import set_aside
 from stopexp.runtime.ranks import barrier, in_group
 from stopexp.search.decode import SamplingParams, make_engine
 from stopexp.search.memory import kv_bytes_per_token
-from stopexp.search.sample import fit_prompts, prompt_limit, row_cap
+from stopexp.search.sample import PromptTooLong, fit_prompts, prompt_limit, row_cap
 from stopexp.search.trace import has_values, trace_problems
 from stopexp.store import bank
 from stopexp.store.keys import BankSpec
@@ -132,7 +136,8 @@ def collect(job: Collection, rank: int = 0, world: int = 1, run=None) -> dict:
     task = build_task(job.task, job.model.get("thinking"))
     shards = plan(job.collect, task)
     todo = [i for i in range(len(shards)) if i % world == rank]
-    done = verified_shards(root, todo, plan_parts(shards), job.bank.want)
+    with artifact_lock(root):  # no other collect sets a shard aside while this one reads it
+        done = verified_shards(root, todo, plan_parts(shards), job.bank.want)
     pending = [i for i in todo if i not in done]
     checkpoints = job.bank.checkpoints
     written, paths = _fill(job, root, task, shards, pending, rank, checkpoints) if pending else (set(), 0)
@@ -178,7 +183,13 @@ def collect(job: Collection, rank: int = 0, world: int = 1, run=None) -> dict:
 def _settle(job, root: Path, task, shards: list, trusted: set[str], rank: int) -> list[int]:
     """Verify every shard of the plan (byte for byte, except the `trusted` ones this
     process has just checked or written) and write meta.json if this process may: rank 0,
-    or any process that finds the bank complete. Returns the indices still missing."""
+    or any process that finds the bank complete. Returns the indices still missing. Under
+    the bank's lock, so that the shards meta.json records are the ones in place."""
+    with artifact_lock(root):
+        return _settle_locked(job, root, task, shards, trusted, rank)
+
+
+def _settle_locked(job, root: Path, task, shards: list, trusted: set[str], rank: int) -> list[int]:
     parts, want = plan_parts(shards), job.bank.want
     good = verified_shards(root, range(len(shards)), parts, want, trusted)
     missing = [i for i in range(len(shards)) if i not in good]
@@ -211,9 +222,18 @@ def _fill(job, root: Path, task, shards: list, pending: list[int], rank: int,
                     "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
                     "kv_bytes_per_token": kv_bytes_per_token(model), "engine": engine_record(engine)}
         limit = prompt_limit(job.model, job.search, job.engine, model)
+        # every prompt is measured before any is generated: a plan that model.long_prompts=skip
+        # empties entirely is refused now, not after a whole collect of nothing
+        fitted = {i: fit_prompts(tokenizer, shards[i], limit, job.model.long_prompts) for i in pending}
+        if not any(fitted.values()):
+            raise PromptTooLong(
+                f"model.max_prompt_tokens: all {n_prompts} prompts are longer than the {limit} "
+                "tokens allowed (model.max_prompt_tokens, else the model's positions minus "
+                "search.max_new_tokens), and model.long_prompts=skip leaves every one out: "
+                "nothing to collect. Allow longer prompts or shorten them")
         for i in pending:
             shard_start = time.time()
-            problems = fit_prompts(tokenizer, shards[i], limit, job.model.long_prompts)
+            problems = fitted[i]
             clipped_before = reward.clipped if reward is not None else 0
             cols, mc_tokens = trace_problems(engine, tokenizer, task, problems, job.search.n_paths,
                                              job.seed, checkpoints, job.collect.mc_rollouts,
@@ -227,10 +247,14 @@ def _fill(job, root: Path, task, shards: list, pending: list[int], rank: int,
             if clipped.get("rewards_clipped"):
                 log.info("shard %s: %d rewards clipped into [0, 1] (rounding)", name,
                          clipped["rewards_clipped"])
-            bank.write_shard(root, name, difficulty_filter(job.collect, cols), feats,
+            kept = difficulty_filter(job.collect, cols)
+            # the prompts left out, by cause: an empty split's error names the right one
+            dropped = {"too_long": len(shards[i]) - len(problems),
+                       "filtered": len(set(cols["prompt_id"])) - len(set(kept["prompt_id"]))}
+            bank.write_shard(root, name, kept, feats,
                              {"bank": root.name, "split": shards[i][0].split, "prompts": len(shards[i]),
                               "tokens": shard_tokens, "seconds": time.time() - shard_start,
-                              **measured, **clipped})
+                              **measured, **clipped, **dropped})
             written.add(name)
             bar.update(len(shards[i]))
             rate = time.time() - start

@@ -13,6 +13,8 @@ Per path the artifact holds its positions and a (positions, layers, H) array (fl
 float16) plus, with tap.attention_heads, the attention entropy per position. Shards mirror
 the bank's, each written atomically with its record; `meta.json` records the tap, the
 positions, what the bank shards were, and the shards' files (integrity as the bank's).
+Concurrent featurizers of the same features take turns under their lock
+(`stopexp.runtime.artifacts.artifact_lock`): the first computes, the others keep its shards.
 
 `tensors_at` and `position_batch` join a bank split with its features into predictor
 batches; the confidence columns are computed from the bank's per-token arrays by
@@ -34,7 +36,7 @@ from stopexp.core.errors import ConfigError
 from stopexp.core.protocol import attention_heads, checkpoint_tokens, resolve_layers
 from stopexp.models import load_lm
 from stopexp.models.extract import DEFAULT_BATCH_TOKENS, StepEnds, extract, path_positions
-from stopexp.runtime.artifacts import config_hash, plain
+from stopexp.runtime.artifacts import artifact_lock, config_hash, plain
 from stopexp.runtime.integrity import set_aside
 from stopexp.search.sample import prompt_ids
 from stopexp.search.taps import Taps
@@ -165,7 +167,20 @@ def featurize(feats: FeatureSet, overrides: list[str] | None = None, run=None) -
     (made for other features: their record names them) are set aside and recomputed, and a
     meta.json that does not fit the config is rewritten. The LM is loaded only when a shard
     must be computed. BankMissing when there is no bank; ArtifactMismatch when what the LM
-    gave differs from the bank's record of it."""
+    gave differs from the bank's record of it. Concurrent featurizers of the same features
+    take turns (`artifact_lock`): the later ones find the first one's shards and keep them."""
+    out = feats.root
+    with artifact_lock(out):
+        summary = _make(feats, overrides)
+    if run is not None:
+        run.summary_update({f"featurize/{k}": v for k, v in summary.items() if k != "tap_layers"})
+        run.log_artifact(out, name=f"features-{out.name}", type="features",
+                         metadata={"bank": feats.bank.root.name, **summary})
+    return summary
+
+
+def _make(feats: FeatureSet, overrides: list[str] | None) -> dict:
+    """`featurize` under the features' lock: keep, set aside, compute, write meta.json."""
     root = bank.require_bank(feats.bank, overrides)
     bmeta = bank.read_meta(root)
     out = feats.root
@@ -199,12 +214,7 @@ def featurize(feats: FeatureSet, overrides: list[str] | None = None, run=None) -
         _tap_info(good, old if legacy else None, feats.tap, bmeta)
     meta = _write_meta(feats, root, bmeta, good, info)
     bank.check_fit(KIND, out, meta, want, repair_text(overrides))  # the LM is the bank's
-    summary = summarize(out, meta, time.time() - start)
-    if run is not None:
-        run.summary_update({f"featurize/{k}": v for k, v in summary.items() if k != "tap_layers"})
-        run.log_artifact(out, name=f"features-{out.name}", type="features",
-                         metadata={"bank": root.name, **summary})
-    return summary
+    return summarize(out, meta, time.time() - start)
 
 
 def _old_meta(out: Path) -> dict | None:

@@ -1,10 +1,18 @@
 """Where a trace bank lives: its key, the hash of everything its content depends on (the
 model, the task and its file's content, the sampling, collect's labels, the seed, the
 reward, the engine where it is not hf, the bank format's version), and nothing else (batch sizes, ranks, loggers, later
-stages), so that any config that would make the same paths finds them."""
+stages), so that any config that would make the same paths finds them.
+
+What a config names by a local file counts by the file's content, not its path: a local
+model directory (weights, tokenizer, chat template: every file a loader reads), a GGUF
+file, a task's data file, an evaluate module, an external reward's module, a local
+BERTScore encoder. Their SHA-256 is read once per version of each file and remembered
+under `<cache>/content_sha256` (stopexp.runtime.integrity.content_sha256), so an unchanged
+model costs a stat per file. A hub id counts by its id and model.revision."""
 from __future__ import annotations
 
-import functools
+import importlib.util
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,8 +20,9 @@ from stopexp.core.evaluate_modules import module_script
 from stopexp.core.names import INTERMEDIATE_VALUE_TASKS
 from stopexp.core.protocol import checkpoint_tokens
 from stopexp.core.text import decode_escapes, decoded_text
+from stopexp.models.gguf import resolve_gguf
 from stopexp.runtime.artifacts import config_hash, plain
-from stopexp.runtime.integrity import file_sha256
+from stopexp.runtime.integrity import content_sha256, file_sha256
 from stopexp.tasks.benchmarks import shipped_file
 
 # 2: shard records in meta.json and shard.json; task content in the key
@@ -40,7 +49,7 @@ def bank_spec(*, model, task, search, collect, tap, seed: int, reward, engine, c
     """The BankSpec of these sections (reward, engine: None where the config has none),
     under `cache_dir`."""
     key = bank_key(model=model, task=task, search=search, collect=collect, tap=tap, seed=seed,
-                   reward=reward, engine=engine)
+                   reward=reward, engine=engine, cache_dir=cache_dir)
     checkpoints = mc_checkpoints(tap, search, collect)
     return BankSpec(Path(cache_dir) / "traces" / key,
                     expected_meta(model, search, collect, seed, checkpoints, key), checkpoints)
@@ -77,18 +86,18 @@ def sampling_section(search) -> dict:
     return out
 
 
-def task_content(task_cfg) -> str | None:
+def task_content(task_cfg, store: Path | None = None) -> str | None:
     """What a file-based task's questions are, for the bank's hash: the SHA-256 of a local
     or shipped file (a benchmark named by `task.path`, stopexp.tasks.benchmarks); for a hub
     dataset id, the cached revision (commit) when the local Hugging Face cache has one,
-    else the id alone. None for tasks without a path (the embedded one)."""
+    else the id alone. None for tasks without a path (the embedded one). `store`: where
+    digests are remembered (`content_sha256`)."""
     path = task_cfg.get("path") if hasattr(task_cfg, "get") else None
     if not path:
         return None
     p = shipped_file(path) or Path(path).expanduser()
     if p.is_file():
-        st = p.stat()
-        return "sha256:" + _file_digest(str(p.resolve()), st.st_size, st.st_mtime_ns)
+        return "sha256:" + content_sha256(p, store)
     if p.exists() or p.suffix in (".jsonl", ".json", ".parquet"):
         return "unreadable"  # collect refuses it, naming task.path
     from huggingface_hub.constants import HF_HUB_CACHE
@@ -97,17 +106,49 @@ def task_content(task_cfg) -> str | None:
     return f"hub:{path}@{refs.read_text().strip()}" if refs.is_file() else f"hub:{path}"
 
 
-@functools.lru_cache(maxsize=64)
-def _file_digest(path: str, size: int, mtime_ns: int) -> str:
-    """A file's SHA-256, computed once per version of the file (size, mtime) and process."""
-    return file_sha256(Path(path))
+# files of a model directory that no loader reads: documentation, licences, pictures
+_NOT_READ = re.compile(r"(?i)^(readme|licen[cs]e|notice|use_policy)|\.(md|png|jpe?g|gif|svg|pdf)$")
 
 
-def bank_key(*, model, task, search, collect, tap, seed: int, reward=None, engine=None) -> str:
+def directory_content(directory: Path, store: Path | None = None) -> str:
+    """A model directory's content: the SHA-256 of each file a loader may read (its top
+    level, the hidden files and `_NOT_READ` left out), by name."""
+    files = sorted(p for p in Path(directory).iterdir()
+                   if p.is_file() and not p.name.startswith(".") and not _NOT_READ.search(p.name))
+    return "sha256:" + config_hash({p.name: content_sha256(p, store) for p in files})
+
+
+def model_content(model, store: Path | None = None) -> str | None:
+    """What the LM's weights, tokenizer and chat template are, where a local file holds
+    them: the content of `model.gguf_file`, or of `model.path` when it is a local
+    directory; None for the toy LM (its key is its config) and hub ids."""
+    if model.get("gguf_file"):
+        try:
+            return "sha256:" + content_sha256(resolve_gguf(model["gguf_file"]), store)
+        except FileNotFoundError:
+            return "unreadable"  # loading refuses it, naming model.gguf_file
+    path = model.get("path")
+    if path and Path(path).expanduser().is_dir():
+        return directory_content(Path(path).expanduser(), store)
+    return None
+
+
+def content_store(cache_dir) -> Path | None:
+    """Where file digests are remembered: beside the artifacts of `cache_dir`."""
+    return Path(cache_dir) / "content_sha256" if cache_dir is not None else None
+
+
+def bank_key(*, model, task, search, collect, tap, seed: int, reward=None, engine=None,
+             cache_dir=None) -> str:
     """What the bank's content depends on (not batch sizes, the rank that wrote a shard,
-    loggers or later stages); a file-based task counts by its content, not its path alone.
-    `reward`, `engine`: None where the config has none (the defaults)."""
+    loggers or later stages); a local file (model, task, module) counts by its content, not
+    its path alone. `reward`, `engine`: None where the config has none (the defaults);
+    `cache_dir`: where file digests are remembered (None: in this process only)."""
+    store = content_store(cache_dir)
     lm = {k: v for k, v in plain(model).items() if k != "max_batch_tokens"}
+    weights = model_content(lm, store)
+    if weights is not None:  # None: a hub id or the toy LM, keys as before
+        lm["content"] = weights
     if isinstance(lm.get("toy"), dict) and not lm["toy"].get("train_task", True):
         lm["toy"] = {k: v for k, v in lm["toy"].items() if k != "train_task"}  # unpinned: keys as before
     if (lm.get("thinking") or {}).get("enabled") is None:  # not read as thinking: keys as before
@@ -125,7 +166,7 @@ def bank_key(*, model, task, search, collect, tap, seed: int, reward=None, engin
         questions.pop("solution_style", None)
     if questions.get("shot_match") == "first_operation":  # the default: keys as before
         questions.pop("shot_match")
-    content = task_content(task)
+    content = task_content(task, store)
     if content is not None:
         questions = {**questions, "content": content}
     # Tap layers, pooling, attention heads and feature positions are not generation: they
@@ -136,19 +177,41 @@ def bank_key(*, model, task, search, collect, tap, seed: int, reward=None, engin
     key = {"version": BANK_VERSION, "model": lm, "task": questions, "tap": mc,
            "search": sampling_section(search), "collect": labels, "seed": seed}
     if reward is not None and reward.name != "correct":  # the default: keys as before
-        key["reward"] = reward_section(reward)
+        key["reward"] = reward_section(reward, store)
     if engine is not None and engine.name != "hf":  # the default: keys as before
         key["engine"] = engine_section(engine)
     return config_hash(key)
 
 
-def reward_section(reward) -> dict:
-    """reward.* as it keys a bank: an evaluate module with its script's content (an edited
-    module makes other rewards); the evaluate keys only where set (other rewards: keys as before)."""
+def reward_section(reward, store: Path | None = None) -> dict:
+    """reward.* as it keys a bank: the content of the code or model a reward runs (an edited
+    file makes other rewards): an evaluate module's script, an external `module:function`'s
+    source file, a local BERTScore encoder directory; the evaluate keys only where set
+    (other rewards: keys as before)."""
     out = {k: v for k, v in plain(reward).items() if not (k in ("module", "key") and v is None)}
     if reward.name == "evaluate":
         out["module_sha256"] = file_sha256(module_script(reward.module))
+    source = module_source(reward.get("function")) if reward.name == "external" else None
+    if source is not None:
+        out["function_sha256"] = content_sha256(source, store)
+    encoder = reward.get("bertscore_model") if reward.name == "bertscore" else None
+    if encoder and Path(encoder).expanduser().is_dir():
+        out["bertscore_content"] = directory_content(Path(encoder).expanduser(), store)
     return out
+
+
+def module_source(function: str | None) -> Path | None:
+    """The source file of a `module:function` reward (None: a registered name, or a module
+    without a Python source)."""
+    module, sep, _ = (function or "").partition(":")
+    if not sep:
+        return None
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    origin = Path(spec.origin) if spec is not None and spec.origin else None
+    return origin if origin is not None and origin.suffix == ".py" and origin.is_file() else None
 
 
 # engine keys that size memory or a scheduler's step only; they change no path

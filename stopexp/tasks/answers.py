@@ -25,7 +25,8 @@ of its operands: the math runs up to the first word or sentence punctuation (``#
 apples`` and ``#### 5, so...`` are 72 and 5; ``#### 1,000, so`` and ``1,000.`` are 1000;
 ``$2^{10}$``, ``$3 \\times 4$`` and ``$1\\frac{1}{2}$`` are 1024, 12 and 3/2, evaluated by
 math-verify; ``#### 3 * 4`` is 12; ``3 4`` states no number). ``1,000`` and ``1{,}000`` are
-1000; Unicode minus signs are minus signs; with ``=`` the value after the last ``=`` counts
+1000, and so are ``1 000``, ``1\\,000``, ``1\\ 000``, ``1~000`` (groups of three split by a space,
+which math-verify reads as a product); Unicode minus signs are minus signs; with ``=`` the value after the last ``=`` counts
 (``#### 3 * 4 = 12`` is 12); ``2 1/2`` is the mixed number 5/2; a number followed by a
 space and a bracket is the answer and the bracket an aside (``18 (9 * 2)`` is 18); percent
 signs, ``$`` and units after the number are dropped. Numbers up to MAX_DIGITS digits are
@@ -41,6 +42,9 @@ from collections import Counter
 from decimal import Decimal
 from fractions import Fraction
 from functools import lru_cache
+
+from stopexp.core.text import has_answer
+from stopexp.tasks.disproof import differ, tame
 
 FORMATS = ("numeric", "boxed")
 MODES = ("strict", "flexible")
@@ -68,6 +72,10 @@ _LATEX_DROP = re.compile(r"\\left|\\right|\\%|%|\^\{?\\circ\}?|\\\$|\$")  # -$5 
 _TEXT_WITHOUT_WORDS = re.compile(r"\\(?:text|textbf|mbox|mathrm)\{([^{}a-zA-Z]*)\}")
 # thin spaces, LaTeX spaces and {,} between digit groups: 1\u2009000, 1\\,000, 1{,}000
 _SPACE_IN_NUMBER = re.compile(r"(?<=\d)(?:[\u00a0\u2009\u202f]|\\[,!]|\{,\})(?=\d{3}(?!\d))")
+# digit groups split by spaces (1 000, 12~500, 1\ 000: math-verify's product, 0): only groups
+# of three after one to three digits, so 3 4, 2 1/2 and 2 \cdot 3 stay
+_GROUP_SEP = r"(?:[ \u00a0\u2009\u202f]|\\[,!;: ]|\\thinspace ?|~|\{,\})"
+_GROUPED = re.compile(rf"(?<![\d.,])\d{{1,3}}(?:{_GROUP_SEP}\d{{3}})+(?![\d/]|{_GROUP_SEP}\d)")
 
 
 def last_boxed(text: str) -> str | None:
@@ -275,6 +283,7 @@ def canonical(answer: str | None, fmt: str) -> str:
     normalised LaTeX without spaces (or the answer without spaces when it cannot parse)."""
     if not answer or not answer.strip():
         return ""
+    answer = _GROUPED.sub(lambda m: re.sub(_GROUP_SEP, "", m.group()), answer)
     if fmt == "numeric":
         value = _numeric_value(answer)
         return _as_string(value) if value is not None else ""
@@ -320,7 +329,9 @@ def equivalent(answer: str, reference: str, fmt: str = "boxed") -> bool:
     from math_verify import verify
 
     gold, pred = _parse_latex(reference), _parse_latex(answer)
-    if not (gold and pred) or not all(_tame(x) for x in (*gold, *pred)):
+    if not (gold and pred) or not all(tame(x, _tame) for x in (*gold, *pred)):
+        return False
+    if differ(gold, pred):  # values apart at a point: no simplify needed (stopexp.tasks.disproof)
         return False
     return verify(list(gold), list(pred), timeout_seconds=_timeout())
 
@@ -378,11 +389,11 @@ def vote_clusters(answers, fmt: str | None) -> list:
 
 
 def vote(answers: list, fmt: str | None = None) -> object:
-    """Majority vote over answers (None never wins); ties go to the answer seen first.
+    """Majority vote over answers (None, "" and blank ones never vote); ties go to the first.
     Equivalent answers of the answer format `fmt` vote as one, and the winner is their
     cluster's representative (stopexp.tasks.answers.vote_clusters; None: by string)."""
     counts: dict = {}
     for a in vote_clusters(answers, fmt):
-        if a is not None:
+        if has_answer(a):
             counts[a] = counts.get(a, 0) + 1
     return max(counts, key=counts.get) if counts else None

@@ -143,6 +143,18 @@ class ArithTask:
                               f"prompts with n_steps={self.n_steps}; lower the count or raise n_steps")
         return [Problem(i, split, start, ops) for i, (start, ops) in enumerate(drawn)]
 
+    def size(self) -> int:
+        """How many distinct prompts there are: 10 starts times the operations per step
+        (+d and -d for 10 digits each, *m for each multiplier) to the n_steps."""
+        per_step = 10 * len({"+", "-"} & set(self.operators)) + (
+            len(set(self.multipliers)) if "*" in self.operators else 0)
+        return MOD * per_step ** self.n_steps
+
+    def distinct(self, split: str, n: int) -> list:
+        """What `problems` draws (ValueError when `split` has fewer than `n`): checked at
+        validate (stopexp.config.task.task_draws_the_prompts)."""
+        return self.problems(split, n)
+
     def sample(self, split: str, rng: random.Random) -> Problem:
         """A random problem of `split` (for LM training data; may repeat)."""
         while True:

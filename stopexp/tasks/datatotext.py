@@ -122,12 +122,22 @@ class DataToTextTask:
     def _records(self, split: str, n: int, stream: str) -> list[tuple]:
         return draw_distinct(f"{self.seed}:{stream}:{split}", split, n, self.split_fractions,
                              self._draw, self.data_of,
-                             f"records (there are {len(NAMES) * len(FOODS) * len(AREAS) * len(PRICES) * 6} "
-                             "in all); lower the count")
+                             f"records of the {len(NAMES) * len(FOODS) * len(AREAS) * len(PRICES) * 6} "
+                             "there are; lower the count")
 
     def _record(self, i: int, split: str, values, prompt: str | None = None) -> Record:
         data = self.data_of(values)
         return Record(i, split, data, prompt if prompt is not None else self.render(data), values)
+
+    @staticmethod
+    def size() -> int:
+        """How many distinct records there are: name x food x area x price x (no rating, 1..5)."""
+        return len(NAMES) * len(FOODS) * len(AREAS) * len(PRICES) * 6
+
+    def distinct(self, split: str, n: int) -> list[tuple]:
+        """The records `problems` renders, unrendered (ValueError when `split` has fewer than
+        `n`): checked at validate (stopexp.config.task.task_draws_the_prompts)."""
+        return self._records(split, n, "problems")
 
     def shot_pool(self) -> list[Record]:
         """Solved training records that precede a prompt (fixed by the seed)."""

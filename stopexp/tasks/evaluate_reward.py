@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from stopexp.core.errors import ConfigError
+from stopexp.core.errors import ConfigError, error_text
 from stopexp.core.evaluate_modules import input_features, load_module, module_script, takes_reference_lists
 
 
@@ -54,7 +54,15 @@ class EvaluateReward:
         inputs = {"predictions": list(texts)}
         if refs is not None:
             inputs["references"] = list(refs)
-        result = self.module.compute(**inputs)
+        try:
+            result = self.module.compute(**inputs)
+        except Exception as e:  # noqa: BLE001  (any error of the user's module)
+            raise ConfigError(f"reward.module: {self.spec!r} ({module_script(self.spec)}) raised "
+                              f"{error_text(e)} while scoring {len(texts)} paths; fix the module "
+                              "(STOPEXP_DEBUG=1 shows the traceback) or choose another reward") from e
+        if not isinstance(result, dict) or not result:
+            raise ConfigError(f"reward.module: {self.spec!r} returned {str(result)[:80]!r}; a "
+                              "module's compute returns a dict of results (reward.key names one)")
         key = self.key or (self.name if self.name in result else
                            next(iter(result)) if len(result) == 1 else None)
         if key not in result:

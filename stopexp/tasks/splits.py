@@ -30,7 +30,8 @@ def draw_distinct(seed: str, split: str, n: int, fractions: dict[str, float],
         raise ValueError(f"split {split!r} unknown; allowed: {', '.join(fractions)}")
     rng = random.Random(seed)
     out, seen = [], set()
-    for _ in range(1000 * (n + 10)):
+    tries = 1000 * (n + 10)
+    for _ in range(tries):
         if len(out) >= n:
             break
         drawn = draw(rng)
@@ -39,5 +40,7 @@ def draw_distinct(seed: str, split: str, n: int, fractions: dict[str, float],
             seen.add(text)
             out.append(drawn)
     if len(out) < n:
-        raise ValueError(f"task: cannot draw {n} distinct {split} {what}")
+        what, _, hint = what.partition("; ")
+        raise ValueError(f"task: cannot draw {n} distinct {split} {what} ({len(out)} found in "
+                         f"{tries} draws){'; ' + hint if hint else ''}")
     return out

@@ -5,6 +5,8 @@ that never closes its thinking has no answer. Reasoning steps end at the thinkin
 separator ("\\n\\n"), and each path's thinking tokens are counted (`thinking_length`)."""
 from __future__ import annotations
 
+from stopexp.core.token_text import text_of
+
 
 def split_thinking(text: str, end_tag: str) -> tuple[str, str | None]:
     """(the reasoning, the answer after the first `end_tag`); answer None when the text
@@ -18,7 +20,7 @@ def thinking_length(tokenizer, ids: list[int], end_tag: str) -> int:
     the token whose text completes the first `end_tag` (all of them when none does). The
     decoded prefix holds the tag from that token on, so a bisection finds it in log(n) decodes."""
     def closed(k: int) -> bool:
-        return end_tag in tokenizer.decode(ids[:k], skip_special_tokens=True)
+        return end_tag in text_of(tokenizer, ids[:k], keep=(end_tag,))
 
     if not closed(len(ids)):
         return len(ids)

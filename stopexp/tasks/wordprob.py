@@ -276,6 +276,16 @@ class WordProblemTask:
                              f"word problems with number_range={list(self.number_range)}, "
                              f"steps={list(self.steps)}; lower the count or widen the range")
 
+    @staticmethod
+    def size() -> None:
+        """How many distinct problems there are: not counted (names, objects, phrasings)."""
+        return None
+
+    def distinct(self, split: str, n: int) -> list[tuple]:
+        """The problems `problems` renders, unrendered (ValueError when `split` has fewer
+        than `n`): checked at validate (stopexp.config.task.task_draws_the_prompts)."""
+        return self._problems(split, n, "problems")
+
     def shot_pool(self) -> list[WordProblem]:
         """The solved training examples that precede questions (fixed by the seed)."""
         if self._shot_pool is None:

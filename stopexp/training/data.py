@@ -41,13 +41,13 @@ def feature_spec(meta: dict) -> FeatureSpec:
 
 
 def split_data(root: Path, meta: dict, features: Path, ckpt: int, n_paths: int,
-               min_gap: float, keep_correct, prefixes: bool = False) -> dict[str, dict]:
+               min_gap: float, prefixes: bool = False) -> dict[str, dict]:
     """Per split, the tensors of the paths still alive at the training checkpoint `ckpt`
     (tokens; with `prefixes`, also their prompts and tokens), from the bank at `root`
     (`meta` its meta.json) and its features at `features`. The splits are the task's, which
-    are disjoint by prompt, so no prompt is in two parts. `n_paths` (search.n_paths),
-    `min_gap` (`pair_min_gap`) and `keep_correct` (collect.keep_correct) word the error
-    when a split cannot teach anything (NothingToLearn)."""
+    are disjoint by prompt, so no prompt is in two parts. `n_paths` (search.n_paths) and
+    `min_gap` (`pair_min_gap`) word the error when a split cannot teach anything
+    (NothingToLearn; an empty split's error says why its prompts were left out)."""
     out = {}
     for split in ("train", "val", "test"):
         if not bank.split_rows(meta, split):
@@ -59,7 +59,7 @@ def split_data(root: Path, meta: dict, features: Path, ckpt: int, n_paths: int,
         out[split] = bank.select_rows(t, t["alive"])
     for needed in ("train", "val"):
         if needed not in out or not len(out[needed]["correct"]):
-            raise NothingToLearn(_empty_split(meta, needed, ckpt, keep_correct))
+            raise NothingToLearn(_empty_split(meta, needed, ckpt))
         check_usable(needed, out.get(needed), ckpt, n_paths, min_gap)
     return out
 
@@ -143,16 +143,14 @@ def check_usable(split: str, data: dict | None, ckpt: int, n_paths: int,
         f"{max(n_paths - 1, 1)}]), or try another task.seed or seed.")
 
 
-def _empty_split(meta: dict, split: str, ckpt: int, keep_correct) -> str:
+def _empty_split(meta: dict, split: str, ckpt: int) -> str:
     """Why a split the predictor needs has no path alive at the checkpoint, and the fix."""
     planned, rows = bank.planned_prompts(meta, split), bank.split_rows(meta, split)
     if not planned:
         return (f"collect.prompts.{split}: the trace bank holds no {split} prompts (0 were "
                 f"collected); collect some, e.g. collect.prompts.{split}=100")
     if not rows:
-        return (f"collect.keep_correct: all {planned} {split} prompts of the trace bank were "
-                f"dropped by the difficulty filter {list(keep_correct or [])}; "
-                f"widen it or collect more {split} prompts (collect.prompts.{split})")
+        return f"train: the trace bank holds no {split} path: {bank.left_out(meta, split)}"
     return (f"train.checkpoint: none of the {rows} {split} paths of the trace bank is still "
             f"generating at checkpoint {ckpt} tokens (all ended earlier); choose an earlier "
             f"train.checkpoint (one of tap.checkpoints)")

@@ -33,7 +33,8 @@ SHARED = ["+exp=smollm2_contrastive", "logger=none", f"search.n_paths={PATHS}",
           "search.max_new_tokens=40", f"collect.prompts={{train:0,val:0,test:{PROMPTS}}}",
           f"collect.shard_prompts={PROMPTS}"]
 VLLM = ["engine=vllm", "engine.dtype=float32", "engine.enforce_eager=true",
-        "engine.max_model_len=1024", "engine.cpu_kvcache_space=1"]
+        "engine.max_model_len=1024", "engine.cpu_kvcache_space=1", "tap.positions.stride=1"]
+TAP_LAYERS = (15, 29)  # the experiment's tap: mid and last of SmolLM2's 30 layers
 # two-sided false-alarm rate of the accuracy comparison (z = 3.29)
 ALPHA = 1e-3
 # the two engines' float32 log-probs of the same token differ by at most this (measured: 9e-5)
@@ -51,7 +52,7 @@ def smol(tmp_path_factory):
     # converts the GGUF file once
     settings, skeleton, tokenizer = vllm_settings(cfg.model, cfg.engine, cfg.paths.cache_dir, cfg.task)
     model, hf_tokenizer = build.lm(hf_cfg)
-    with hold(replace(settings, stepped=True)) as llm:
+    with hold(replace(settings, stepped=True, tap_layers=TAP_LAYERS)) as llm:
         yield SimpleNamespace(cfg=cfg, hf_cfg=hf_cfg, llm=llm, settings=settings, model=model,
                               tokenizer=hf_tokenizer, eos=eos_ids(model, hf_tokenizer))
 
@@ -130,6 +131,89 @@ def test_bank_schema_meta_and_path_ends_match_the_hf_engine(smol, banks):
     assert np.mean(vl["finished"][:]) > 0.8  # most paths end at the task's stop strings
 
 
+def float32_tolerance(layer: int, hidden: int) -> float:
+    """The relative (L2) difference allowed between two float32 computations of a layer's
+    state: each layer adds matrix products whose rounding error grows as sqrt(H) u
+    (u = 2^-24, float32's unit roundoff; rounding errors accumulate as a random walk,
+    Higham and Mary 2019), two of them (attention, MLP) per layer, and to first order the
+    layers' errors add: 2 (layer + 1) sqrt(H) u."""
+    return 2 * (layer + 1) * math.sqrt(hidden) * 2.0 ** -24
+
+
+def test_features_tapped_inside_vllm_equal_the_teacher_forced_ones(smol, banks):
+    """Collect under engine=vllm writes the features with the bank, tapped inside vLLM while
+    it generated: featurize finds them complete and loads no LM. At every stored position
+    (stride 1) of all 64 paths, at both tapped layers, they equal HF's teacher-forced
+    states within float32 rounding (`float32_tolerance`)."""
+    from stopexp.models.extract import extract, path_positions
+    from stopexp.search.taps import Taps
+    from stopexp.store.features import featurize
+
+    feats = build.features(smol.cfg)
+
+    def no_lm():
+        raise AssertionError("featurize loaded the LM")
+    summary = featurize(replace(feats, load_lm=no_lm))
+    assert summary["tapped_shards"] == summary["shards"] >= 1 and summary["paths"] == PROMPTS * PATHS
+    from datasets import concatenate_datasets, load_from_disk
+
+    ds = bank.load_bank(banks["vllm"])
+    shards = sorted(bank.read_meta(feats.root, kind="features")["shards"])  # as the bank's
+    fs = concatenate_datasets([load_from_disk(str(feats.root / n)) for n in shards]).with_format("numpy")
+    tok = smol.tokenizer
+    tokens = [list(t) for t in ds["tokens"][:]]
+    spec = feats.positions
+    assert spec["stride"] == 1
+    seqs = [(prompt_ids(tok, p), t, path_positions(t, spec, {})) for p, t in zip(ds["prompt"][:], tokens)]
+    assert [list(p) for p in fs["positions"][:]] == [s[2] for s in seqs]
+    with Taps(smol.model, list(TAP_LAYERS), "last", sequence=True) as taps:
+        want = extract(smol.model, taps, seqs, tok.pad_token_id)
+    worst = np.zeros(len(TAP_LAYERS))
+    for got, (ref, _) in zip(fs["hidden"][:], want):
+        got = np.asarray(got, np.float32)
+        assert got.shape == ref.shape
+        rel = np.linalg.norm(got - ref, axis=-1) / np.linalg.norm(ref, axis=-1)  # (positions, layers)
+        worst = np.maximum(worst, rel.max(axis=0))
+    limits = [float32_tolerance(layer, smol.model.config.hidden_size) for layer in TAP_LAYERS]
+    print(f"\nin-engine against teacher-forced over {sum(map(len, fs['positions'][:]))} positions: "
+          f"largest relative difference {worst.tolist()} (allowed {limits})")
+    assert all(w <= lim for w, lim in zip(worst, limits)), (worst, limits)
+
+
+def test_a_kept_paths_tapped_states_do_not_change_when_its_siblings_are_aborted(smol):
+    """Four paths of one prompt, stepped with taps at every position: aborting three of
+    them after 5 tokens leaves the fourth's tokens and states as in the run without
+    aborts (within float32 rounding: the batch shrinks, which may change a kernel's
+    summation order)."""
+    from stopexp.models.vllm_lm import open_vllm_engine
+    from stopexp.search.sample import path_seeds
+    from stopexp.search.vllm_engine import Running, Stepper
+
+    cfg = smol.cfg
+    prompt = build_task(cfg.task).problems("test", 1)[0].prompt
+    ids, seeds = prompt_ids(smol.tokenizer, prompt), path_seeds(cfg.seed, prompt, 4)
+    every = {"checkpoints": [], "stride": 1, "separator": None}
+    runs = []
+    for abort in (False, True):
+        with open_vllm_engine(cfg.model, cfg.engine, cfg.paths.cache_dir, cfg.task, sampling(cfg),
+                              tap=cfg.tap, positions=every) as (engine, *_):
+            paths = [Running((0, j), ids, s) for j, s in enumerate(seeds)]
+            stepper = Stepper(engine, paths)
+            while stepper.running:
+                stepper.step()
+                if abort and len(paths[0].tokens) == 5 and not paths[1].pruned:
+                    stepper.abort([p for p in paths[1:] if not p.finished])
+            runs.append(paths)
+    kept, alone = runs[0][0], runs[1][0]
+    assert kept.tokens == alone.tokens and len(kept.tokens) > 6
+    assert sorted(kept.watch.states) == sorted(alone.watch.states) == list(range(1, len(kept.tokens)))
+    assert all(len(p.tokens) <= 6 for p in runs[1][1:])  # aborted: at most one token later
+    for c, state in kept.watch.states.items():
+        rel = np.linalg.norm(state - alone.watch.states[c], axis=-1) / np.linalg.norm(state, axis=-1)
+        limits = [float32_tolerance(layer, smol.model.config.hidden_size) for layer in TAP_LAYERS]
+        assert all(r <= lim for r, lim in zip(rel, limits)), (c, rel)
+
+
 def test_sampled_accuracy_within_sampling_error_of_the_hf_bank(banks):
     """Per prompt, both engines draw N paths from the same distribution, independently:
     the difference D of per-path accuracies has variance sum_i 2 p_i (1 - p_i) / N / P^2,
@@ -181,19 +265,25 @@ def test_token_columns_equal_hf_over_the_same_paths(smol, banks):
 
 
 @pytest.mark.slow  # ~95 s on 2 cores: two evaluate runs of five methods through vLLM and the HF check
-def test_online_launch_check_resume_on_vllm_equals_replay_of_its_bank(smol, banks):
+def test_online_launch_check_resume_on_vllm_equals_replay_of_its_bank(smol, banks, monkeypatch):
     """Online Launch-Check-Resume on a stepped vLLM engine, from the seeds collect used,
     progressive (8 -> 4 at 6 tokens, -> 2 at 15): per method the accuracy, tokens and KV
     peaks that replay of the vLLM bank (with its featurized hidden states) gives. A kept
-    request just goes on, so its path is the bank's; the check scores what featurize
-    stored for the same prefix; the oracle reads the outcomes of the no_prune run."""
+    request just goes on, so its path is the bank's; the check scores the states tapped in
+    vLLM (no HF model is loaded), as collect stored them for the same prefix; the oracle
+    reads the outcomes of the no_prune run."""
     from stopexp.stages.evaluate import evaluate
 
     common = [*SHARED, *VLLM, f"paths.output_dir={smol.cfg.paths.output_dir}",
               "evaluate.methods=[hidden_norm,oracle]", "evaluate.text_metrics=false",
               "evaluate.bootstrap=100", "search.check_at=[6,15]", "policy.keep=[4,2]"]
     replay = evaluate(validate(compose("evaluate", common)))["methods"]
-    online = evaluate(validate(compose("evaluate", [*common, "evaluate.mode=online"])))["methods"]
+    online_cfg = validate(compose("evaluate", [*common, "evaluate.mode=online"]))
+
+    def no_hf_model(*args, **kwargs):
+        raise AssertionError("online evaluate on vLLM loaded the HF model")
+    monkeypatch.setattr(build, "lm", no_hf_model)  # the check's states are tapped in vLLM
+    online = evaluate(online_cfg)["methods"]
     assert set(online) == set(replay) and len(online) >= 2
     for name, r in replay.items():
         o = online[name]
@@ -201,7 +291,7 @@ def test_online_launch_check_resume_on_vllm_equals_replay_of_its_bank(smol, bank
             assert o[key] == r[key], (name, key, o[key], r[key])
         assert not o["kv_estimated"] and o["wall_s"] == pytest.approx(
             o["prefix_s"] + o["check_s"] + o["resume_s"])
-        if name != "no_prune":  # every check pays its teacher-forced forward
+        if name != "no_prune":  # every check pays its scoring
             assert o["tokens_total"] < online["no_prune"]["tokens_total"]
             assert o["check_share"] > 0 and o["check_s"] > 0
     assert online["no_prune"]["check_s"] == 0

@@ -40,6 +40,10 @@ class VLLMEngineConfig(EngineBaseConfig):
     seed: int = 0                         # vLLM's global seed; every path samples from its own seed
     # alternatives returned per token: the entropy column is over these, renormalised
     max_logprobs: int = 20
+    # tap hidden states inside vLLM while it generates (stopexp/search/vllm_taps.py): collect
+    # writes the features with the bank, online checks load no second model; false: both
+    # read them from a teacher-forced forward of the HF model
+    taps: bool = True
 
 
 @dataclass
@@ -49,6 +53,13 @@ class EngineConfig(VLLMEngineConfig, HFEngineConfig):
 
 
 ENGINE = Group("engine", {"hf": HFEngineConfig, "vllm": VLLMEngineConfig}, EngineConfig)
+
+
+def taps_in_engine(engine, tap) -> bool:
+    """Whether the `engine` section taps `tap`'s hidden states while it generates: vLLM
+    with engine.taps, for a tap without attention heads (vLLM's attention kernels return no
+    weights: attention entropy is read teacher-forced)."""
+    return engine.name == "vllm" and bool(engine.get("taps")) and not tap.get("attention_heads")
 
 
 def check_engine(cfg) -> None:

@@ -3,6 +3,7 @@ every method on the bank's test prompts and measures wall time and KV memory, on
 engine (stopexp.search.parallel) or on vLLM (stopexp.search.vllm_lcr)."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -54,15 +55,24 @@ def run_launch_check_resume(model, tokenizer, task, problems, methods: dict, che
 def run_on_vllm(model, tokenizer, task, problems, methods: dict, checkpoint, *, open_engine,
                 search, tap, seed: int, batch_tokens: int):
     """`run_launch_check_resume` under engine=vllm: paths from the stepped vLLM engine that
-    `open_engine()` opens (stopexp.models.vllm_lm.open_vllm_engine; stopexp.search.vllm_lcr),
-    the check's features from `model`'s teacher-forced forward in `batch_tokens` per batch."""
+    `open_engine(tap=..., positions=...)` opens (stopexp.models.vllm_lm.open_vllm_engine;
+    stopexp.search.vllm_lcr). The check's features are tapped inside the engine while it
+    generates when `model` is None; else (a tap with attention heads) they come from
+    `model`'s teacher-forced forward in `batch_tokens` per batch."""
+    run = functools.partial(vllm_launch_check_resume, tokenizer=tokenizer, task=task,
+                            problems=problems, n_paths=search.n_paths, seed=seed,
+                            checkpoint=checkpoint, methods=methods,
+                            group_window=search.group_window, score_rule=search.score_rule)
+    if model is None:
+        checks = [checkpoint] if isinstance(checkpoint, int) else sorted(checkpoint)
+        with open_engine(tap=tap, positions={"checkpoints": checks, "stride": None,
+                                             "separator": None}) as (engine, *_):
+            return run(engine, hidden_at=None)
     with Taps(model, list(tap.layers), tap.pooling, tap.get("attention_heads"),
               sequence=True) as taps, open_engine() as (engine, *_):
-        hidden_at = prefix_features(model, taps, tokenizer.pad_token_id, tap.positions.dtype,
-                                    batch_tokens, search.max_batch_rows)
-        return vllm_launch_check_resume(engine, tokenizer, task, problems, search.n_paths,
-                                        seed, checkpoint, methods, search.group_window,
-                                        hidden_at, search.score_rule)
+        return run(engine, hidden_at=prefix_features(model, taps, tokenizer.pad_token_id,
+                                                     tap.positions.dtype, batch_tokens,
+                                                     search.max_batch_rows))
 
 
 def online_paths(lm: OnlineLM, names, scorers, policies: dict, plan: list[tuple[int, int]],

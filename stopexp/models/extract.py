@@ -32,6 +32,18 @@ def path_positions(tokens, spec: dict, step_end: dict[int, bool]) -> list[int]:
     return sorted(out)
 
 
+def position_filter(spec: dict, step_end: dict[int, bool]):
+    """`wanted(tokens)`: for a path whose generated ids are (or will be, in place) `tokens`,
+    whether position c is one of `spec`'s, given that it is alive there (`path_positions`
+    keeps exactly these); for taps that read positions while the path is generated."""
+    checkpoints, stride, separator = set(spec["checkpoints"]), spec["stride"], spec["separator"]
+
+    def wanted(tokens):
+        return lambda c: (c in checkpoints or bool(stride and c % stride == 0)
+                          or (separator is not None and step_end[int(tokens[c - 1])]))
+    return wanted
+
+
 class StepEnds(dict):
     """token id -> whether its text holds the step separator, decoded on first use."""
 

@@ -9,12 +9,15 @@ from dataclasses import replace
 import torch
 
 from stopexp.core.errors import ConfigError
+from stopexp.core.protocol import resolve_layers
 from stopexp.core.token_text import stop_token_ids
 from stopexp.models import (ModelNotAvailable, check_sizes, model_dir, not_available_message,
                             pick_device, pick_dtype, prepare_tokenizer)
+from stopexp.models.extract import StepEnds, position_filter
 from stopexp.runtime.hub import offline_unless_reachable
 from stopexp.search.stops import eos_ids
 from stopexp.search.vllm_engine import VllmEngine, open_llm, settings_of
+from stopexp.search.vllm_taps import EngineTaps
 
 
 def model_skeleton(model, engine, cache_dir, task):
@@ -59,13 +62,26 @@ def vllm_settings(model, engine, cache_dir, task):
 
 
 @contextmanager
-def open_vllm_engine(model, engine, cache_dir, task, params, stepped: bool = False):
+def open_vllm_engine(model, engine, cache_dir, task, params, stepped: bool = False, tap=None,
+                     positions: dict | None = None):
     """(engine, model skeleton, tokenizer) under engine=vllm (`vllm_settings`), for collect
     or, `stepped`, for online Launch-Check-Resume (an in-process engine core:
-    VllmSettings.stepped); the LLM is shut down on exit unless `hold` keeps it open."""
+    VllmSettings.stepped); the LLM is shut down on exit unless `hold` keeps it open. With
+    a `tap` section the states of tap.layers are tapped inside the engine (a stepped one:
+    stopexp.search.vllm_taps) at the generated `positions` (a features position spec:
+    checkpoints, stride, step separator; stopexp.store.features.position_spec)."""
     s, model, tokenizer = vllm_settings(model, engine, cache_dir, task)
-    with open_llm(replace(s, stepped=stepped)) as llm:
+    layers = () if tap is None else \
+        tuple(resolve_layers(list(tap.layers), model.config.get_text_config().num_hidden_layers))
+    with open_llm(replace(s, stepped=stepped or bool(layers), tap_layers=layers)) as llm:
+        taps = EngineTaps(llm, layers, tap.pooling, tap.positions.dtype) if layers else None
+        wanted = None if taps is None else \
+            position_filter(positions, StepEnds(tokenizer, positions["separator"]))
         # vLLM matches stop strings on text without special tokens: a stop that is one stops by id
         stops = tuple(dict.fromkeys(eos_ids(model, tokenizer) + stop_token_ids(tokenizer, params.stop)))
-        yield VllmEngine(llm, s, params, stops, tokenizer.pad_token_id), \
-            model, tokenizer
+        try:
+            yield VllmEngine(llm, s, params, stops, tokenizer.pad_token_id, taps, wanted), \
+                model, tokenizer
+        finally:
+            if taps is not None:
+                taps.close()

@@ -1,7 +1,8 @@
 """Tracing: sample N unpruned paths per prompt and record, per path, its tokens, outcome
 and per-token confidences, and (optionally) per checkpoint a Monte Carlo success rate
-estimated by K rollouts from the prefix. Hidden features are not traced here: they are
-extracted from the stored tokens by `stopexp.store.features`."""
+estimated by K rollouts from the prefix. Hidden features are traced only by an engine that
+taps them while it generates (vLLM); otherwise `stopexp.store.features` extracts them from
+the stored tokens."""
 from __future__ import annotations
 
 import numpy as np
@@ -147,7 +148,9 @@ def trace_problems(engine, tokenizer, task, problems, n_paths: int, seed: int,
     engine needs no taps: hidden features are extracted later from the stored tokens.
     `engine` is the hf Engine (its rollouts fork a path's cache), or anything with its
     `generate` and `pad_id` and, for rollouts, `params` and `continuations`
-    (stopexp.search.vllm_engine.VllmEngine: `resubmitted_mc`)."""
+    (stopexp.search.vllm_engine.VllmEngine: `resubmitted_mc`). An engine that taps states
+    while it generates (`take_states`) adds the column "states": per path {position:
+    (layers, H) state}, for the features artifact (stopexp.store.features.write_tapped)."""
     mc_tokens = 0
     cols: dict[str, list] = {k: [] for k in (
         "split", "prompt_id", "prompt", "prompt_len", "path_id", "tokens", "text", "answer", "correct",
@@ -180,6 +183,9 @@ def trace_problems(engine, tokenizer, task, problems, n_paths: int, seed: int,
         else:  # whole paths: any engine (hf or vLLM)
             tok, lp, ent, conf, lengths, finished = engine.generate(
                 prompts, seeds, path_labels(problems, owners))
+            states = engine.take_states() if hasattr(engine, "take_states") else None
+            if states is not None:  # tapped while generated (vLLM): the features artifact's
+                cols.setdefault("states", []).extend(states)
             if C:  # rollouts start from new requests (vLLM)
                 mc, n_tok = resubmitted_mc(engine, tokenizer, task, problems, owners, prompts, tok,
                                            lp, lengths, checkpoints[:C], seed, mc_rollouts,

@@ -37,6 +37,8 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 import torch
 
+from stopexp.search.vllm_steps import Running, Stepper
+from stopexp.search.vllm_taps import tapped_architecture
 from stopexp.signals.confidence import entropy, token_confidence
 
 log = logging.getLogger(__name__)
@@ -63,6 +65,8 @@ class VllmSettings:
     # an engine core in this process, stepped by the caller (online Launch-Check-Resume:
     # stopexp.search.vllm_lcr); else vLLM's own process, which runs ahead of its caller
     stepped: bool = False
+    # decoder layers whose states are tapped in the engine (stopexp.search.vllm_taps; stepped)
+    tap_layers: tuple[int, ...] = ()
 
 
 def vllm_package() -> tuple[str, str]:
@@ -104,6 +108,11 @@ def build_llm(s: VllmSettings):
     log.info("starting vLLM %s for %s (%s, max_model_len %d%s)", vllm_package()[1], s.model,
              s.dtype, s.max_model_len, ", stepped" if s.stepped else "")
     threads = torch.get_num_threads()  # an in-process CPU engine sets this process's to 1
+    overrides = {}
+    if s.tap_layers:
+        if not s.stepped:
+            raise ValueError("in-engine taps need a stepped engine (its core in this process)")
+        overrides["architectures"] = [tapped_architecture(_architecture(s.model), s.tap_layers)]
     with _environ(VLLM_ENABLE_V1_MULTIPROCESSING="0" if s.stepped else None):
         llm = LLM(model=s.model, dtype=s.dtype, max_model_len=s.max_model_len,
                   gpu_memory_utilization=s.gpu_memory_utilization,
@@ -113,9 +122,17 @@ def build_llm(s: VllmSettings):
                   enable_chunked_prefill=False,
                   max_num_batched_tokens=s.max_num_batched_tokens or max(s.max_model_len,
                                                                          MIN_BATCHED_TOKENS),
-                  generation_config="vllm", **({"async_scheduling": False} if s.stepped else {}))
+                  generation_config="vllm", hf_overrides=overrides,
+                  **({"async_scheduling": False} if s.stepped else {}))
     torch.set_num_threads(threads)
     return llm
+
+
+def _architecture(model: str) -> str:
+    """The architecture a model directory or hub id names in its config."""
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(model).architectures[0]
 
 
 @contextmanager
@@ -147,10 +164,10 @@ _HELD: dict = {}  # VllmSettings -> an LLM that `hold` keeps open
 
 @contextmanager
 def open_llm(s: VllmSettings):
-    """The LLM for `s`: one held open by `hold`, else a new one, shut down on exit. A held
-    stepped LLM of the same settings serves `s` unstepped too: its `generate` gives the same
-    paths (every request has its own seed), so a session that collects and steps starts one."""
-    held = _HELD.get(s) or (None if s.stepped else _HELD.get(replace(s, stepped=True)))
+    """The LLM for `s`: one held open by `hold` that serves it (`_held_for`), else a new
+    one, shut down on exit. A held stepped LLM serves `s` unstepped and with fewer taps
+    too, so a session that collects, taps and steps starts one."""
+    held = _held_for(s)
     if held is not None:
         yield held
         return
@@ -159,6 +176,18 @@ def open_llm(s: VllmSettings):
         yield llm
     finally:
         shutdown(llm)
+
+
+def _held_for(s: VllmSettings):
+    """A held LLM that serves `s`: one of the same settings, or a stepped one tapping at
+    least `s`'s layers (it generates the same paths: every request has its own seed)."""
+    if s in _HELD:
+        return _HELD[s]
+    for held, llm in _HELD.items():
+        if held.stepped and set(s.tap_layers) <= set(held.tap_layers) \
+                and replace(held, stepped=s.stepped, tap_layers=s.tap_layers) == s:
+            return llm
+    return None
 
 
 @contextmanager
@@ -192,10 +221,15 @@ class VllmEngine:
     """Generates whole paths with a `vllm.LLM`: `generate` returns what the hf engine's
     `Engine.generate` returns (padded tokens and per-token arrays, lengths, finished)."""
 
-    def __init__(self, llm, settings: VllmSettings, params, eos_ids: tuple[int, ...], pad_id: int):
+    def __init__(self, llm, settings: VllmSettings, params, eos_ids: tuple[int, ...], pad_id: int,
+                 taps=None, wanted=None):
         self.llm, self.settings, self.params = llm, settings, params
         self.eos_ids, self.pad_id = tuple(eos_ids), pad_id
         self.max_logprobs = settings.max_logprobs
+        # in-engine taps (stopexp.search.vllm_taps.EngineTaps) and, per path, which generated
+        # positions they keep: wanted(tokens so far) -> (c -> bool)
+        self.taps, self.wanted = taps, wanted
+        self._states: list | None = None
 
     def request(self, seed: int, delta: bool = False, max_tokens: int | None = None,
                 logprobs: str | None = "alternatives"):
@@ -243,8 +277,12 @@ class VllmEngine:
 
     def generate(self, prompts: list[list[int]], seeds: list[int], labels=None):
         """(tokens, logprob, entropy, conf) as (P, T) padded tensors, lengths (P,) and
-        finished (P,): ended by an EOS id or a stop string, not at max length."""
-        outs = self.outputs(prompts, seeds)
+        finished (P,): ended by an EOS id or a stop string, not at max length. With taps,
+        the paths are stepped here and `take_states` then gives their tapped states."""
+        if self.taps is not None:
+            outs = self._stepped(prompts, seeds)
+        else:
+            outs = self.outputs(prompts, seeds)
         P, T = len(outs), max(1, max(len(o.token_ids) for o in outs))
         tok = torch.full((P, T), self.pad_id, dtype=torch.long)
         lp, ent, conf = (torch.zeros(P, T) for _ in range(3))
@@ -260,6 +298,22 @@ class VllmEngine:
             lengths[r] = n
             finished[r] = o.finish_reason == "stop"
         return tok, lp, ent, conf, lengths, finished
+
+    def _stepped(self, prompts: list[list[int]], seeds: list[int]) -> list:
+        """`outputs` of the paths run on the stepped engine with their states tapped."""
+        if len(prompts) != len(seeds) or not prompts:
+            raise ValueError("generate needs one seed per prompt and at least one prompt")
+        paths = [Running((r,), list(p), s) for r, (p, s) in enumerate(zip(prompts, seeds))]
+        stepper = Stepper(self, paths)
+        while stepper.running:
+            stepper.step()
+        self._states = [p.watch.states for p in paths]
+        return paths
+
+    def take_states(self) -> list[dict] | None:
+        """Per path of the last `generate` with taps: {generated position: (layers, H)}."""
+        states, self._states = self._states, None
+        return states
 
     def record(self) -> dict:
         """What the bank's meta.json records about the engine that made it."""

@@ -6,93 +6,44 @@ on: nothing is re-prefilled and no random stream restarts, so a kept path contin
 exactly as in the unpruned run and as in the bank collect made from the same seeds
 (replay of that bank decides the same; tests/test_vllm.py).
 
-The check's features come from a teacher-forced forward of prompt + prefix through the HF
-model (`hidden_at`, stopexp.models.extract, what featurize computes for the bank), its
-confidence columns from the log-probs vLLM returned while sampling the prefix
+The check's hidden states are tapped inside vLLM while it generates (the engine's taps,
+stopexp.search.vllm_taps: no second model), or with engine.taps=false or attention heads
+come from a teacher-forced forward of prompt + prefix through the HF model (`hidden_at`,
+stopexp.models.extract, what featurize computes for the bank); its confidence columns come
+from the log-probs vLLM returned while sampling the prefix
 (stopexp.search.vllm_engine.token_stats). Each method is its own run from the launch, so
 its wall time is what a deployment of it spends: launch (until its first check), check
 (features and scores) and resume. A pruned path costs the tokens generated before its
-abort: the check, in the lockstep of one prefill and one token per step per request.
+abort: the check, in the lockstep of one prefill and one token per step per request. With
+taps the state at the check is read by the forward that feeds the check's token, which
+also samples one token more: a pruned path is aborted then, and counted at the check, as
+the hf engine (whose step feeds the token it samples) and replay count it.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from stopexp.search.memory import KVMeter
 from stopexp.search.parallel import OnlineRun, decide_check, prompt_groups
 from stopexp.search.sample import launch_lists
 from stopexp.search.vllm_engine import VllmEngine, token_stats
+from stopexp.search.vllm_steps import Running, Stepper
 from stopexp.signals.columns import signal_matrix
 from stopexp.signals.features import SIGNAL_NAMES
 
 
-@dataclass
-class _Path:
-    """One launched path, as its request's outputs arrive."""
-    key: tuple          # (prompt index, path id)
-    prompt: list        # prompt token ids
-    seed: int
-    tokens: list = field(default_factory=list)
-    logprobs: list = field(default_factory=list)  # vLLM's {token id: Logprob} per position
-    finished: bool = False  # ended by EOS or a stop string (or max tokens)
-    pruned: bool = False
-    request_id: str = ""
-
-    def live_at(self, check: int) -> bool:
-        """Alive at the check, as replay counts it: the path is longer than the check."""
-        return len(self.tokens) > check or (not self.finished and len(self.tokens) >= check)
-
-    def reached(self, check: int) -> bool:
-        return self.finished or self.pruned or len(self.tokens) >= check
-
-
-class _Stepper:
-    """One run of all paths on a stepped vLLM engine: `step` runs one engine step and
-    takes in every request's new tokens; `abort` stops requests."""
-
-    def __init__(self, engine: VllmEngine, paths: list[_Path], meter: KVMeter):
-        from vllm.inputs import TokensPrompt
-
-        self.core, self.paths, self.meter = engine.llm.llm_engine, paths, meter
-        if self.core.has_unfinished_requests():
-            raise RuntimeError("the vLLM engine has unfinished requests: it is not free for a run")
-        self.ids = {}
-        for n, p in enumerate(paths):
-            p.request_id = f"lcr-{n}"
-            self.ids[p.request_id] = p
-            self.core.add_request(p.request_id, TokensPrompt(prompt_token_ids=list(p.prompt)),
-                                  engine.request(p.seed, delta=True))
-        meter.observe(torch.tensor([len(p.prompt) for p in paths]), [p.key[0] for p in paths])
-
-    @property
-    def running(self) -> bool:
-        return self.core.has_unfinished_requests()
-
-    def step(self) -> None:
-        for out in self.core.step():
-            p, o = self.ids[out.request_id], out.outputs[0]
-            p.tokens += list(o.token_ids)
-            p.logprobs += list(o.logprobs or [])
-            p.finished = out.finished
-        live = [p for p in self.paths if not (p.finished or p.pruned)]
-        self.meter.observe(torch.tensor([len(p.prompt) + len(p.tokens) for p in live]),
-                           [p.key[0] for p in live])
-
-    def abort(self, paths: list[_Path]) -> None:
-        self.core.abort_request([p.request_id for p in paths])
-        for p in paths:
-            p.pruned = True
-
-
-def _check_batch(engine: VllmEngine, paths: list[_Path], check: int, hidden_at, group_window: int,
+def _check_batch(engine: VllmEngine, paths: list[Running], check: int, hidden_at, group_window: int,
                  problems) -> dict:
-    """The predictor batch of `paths` (all alive at `check`) at prefix `check`; "prompt" and
-    "tokens" let super_token re-encode the prefixes."""
-    hidden, attn = hidden_at([(p.prompt, p.tokens[:check], [check]) for p in paths])
+    """The predictor batch of `paths` (all alive at `check`) at prefix `check`, its states
+    tapped in the engine (else `hidden_at`'s); "prompt" and "tokens" let super_token
+    re-encode the prefixes."""
+    if engine.taps is not None:
+        hidden = torch.from_numpy(np.stack([p.watch.states[check] for p in paths]))
+        attn = None
+    else:
+        hidden, attn = hidden_at([(p.prompt, p.tokens[:check], [check]) for p in paths])
     stats = [token_stats(p.logprobs[:check], p.tokens[:check], engine.max_logprobs,
                          engine.params.conf_topk) for p in paths]
     lp, ent, conf = (torch.from_numpy(np.stack([s[k] for s in stats])) for k in range(3))
@@ -118,11 +69,17 @@ def _run(engine, tokenizer, paths, checks, decide, run: OnlineRun) -> None:
     for p in paths:
         groups.setdefault(p.key[0], []).append(p)
     at = dict.fromkeys(groups, 0)  # per prompt: the index of its next check
-    stepper = _Stepper(engine, paths, run.kv)
+    stepper = Stepper(engine, paths, run.kv)
     start, checked = time.perf_counter(), 0.0
     first_done = None
+    # the cache a check sees is that of the step where every path holds `check` tokens: with
+    # taps that step is the one before (the check waits for the forward feeding token
+    # `check`), so the cache is observed after the pruned paths are gone
+    tapped = engine.taps is not None
     while stepper.running:
         stepper.step()
+        if not tapped:
+            stepper.observe()
         while True:
             ready = [g for g, i in at.items() if i < len(checks) and all(p.reached(checks[i]) for p in groups[g])]
             if not ready:
@@ -140,13 +97,15 @@ def _run(engine, tokenizer, paths, checks, decide, run: OnlineRun) -> None:
                 checked += time.perf_counter() - tic
             for g in ready:
                 at[g] += 1
+        if tapped:
+            stepper.observe()
     wall = time.perf_counter() - start
     run.prefix_s = (first_done or time.perf_counter()) - start
     run.check_s = checked
     run.resume_s = wall - run.prefix_s - checked
     for p in paths:
-        if p.pruned:
-            run.length[p.key], run.text[p.key] = len(p.tokens), ""
+        if p.pruned:  # with taps it sampled one token more, in the forward its check read
+            run.length[p.key], run.text[p.key] = run.pruned_at[p.key], ""
         else:
             run.finish(p.key, list(p.tokens), tokenizer)
 
@@ -164,7 +123,7 @@ def vllm_launch_check_resume(engine: VllmEngine, tokenizer, task, problems, n_pa
     prompts, seeds, owners = launch_lists(tokenizer, problems, range(len(problems)), n_paths, seed)
 
     def launch():
-        return [_Path(key, p, s) for key, p, s in zip(owners, prompts, seeds)]
+        return [Running(key, p, s) for key, p, s in zip(owners, prompts, seeds)]
 
     runs, first = {"no_prune": OnlineRun()}, {}
 

@@ -9,11 +9,12 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from stopexp.core.policies import selection_share
+from stopexp.config.engine import taps_in_engine
 from stopexp.core.protocol import checkpoint_tokens
 from stopexp.evaluation.online import OnlineLM, run_launch_check_resume, run_on_vllm
 from stopexp.models import load_lm
 from stopexp.models.extract import DEFAULT_BATCH_TOKENS
-from stopexp.models.vllm_lm import open_vllm_engine
+from stopexp.models.vllm_lm import model_skeleton, open_vllm_engine
 from stopexp.runtime.artifacts import config_hash
 from stopexp.runtime.tracking import tracked_run
 from stopexp.search.decode import SamplingParams
@@ -56,7 +57,8 @@ def bank(cfg) -> BankSpec:
 def collection(cfg) -> Collection:
     """What collect fills the bank of `cfg` with."""
     return Collection(bank(cfg), cfg.model, cfg.task, cfg.search, cfg.collect, cfg.reward,
-                      cfg.engine, cfg.seed, cfg.paths.cache_dir)
+                      cfg.engine, cfg.seed, cfg.paths.cache_dir,
+                      features(cfg) if taps_in_engine(cfg.engine, cfg.tap) else None)
 
 
 def features(cfg) -> FeatureSet:
@@ -98,7 +100,10 @@ def online_lm(cfg, split: str, n_prompts: int, progress: bool = True) -> OnlineL
     fit the model (model.long_prompts), the sampling, and Launch-Check-Resume of those
     prompts on the configured engine (engine=vllm: a stepped vLLM engine)."""
     task = build_task(cfg.task, cfg.model.get("thinking"))
-    model, tokenizer = lm(cfg, progress)
+    in_engine = taps_in_engine(cfg.engine, cfg.tap)
+    # states tapped inside vLLM: its weightless skeleton (sizes, EOS ids) is all that is loaded here
+    model, tokenizer = model_skeleton(cfg.model, cfg.engine, cfg.paths.cache_dir, cfg.task)[:2] \
+        if in_engine else lm(cfg, progress)
     problems = fit_prompts(tokenizer, task.problems(split, n_prompts),
                            prompt_limit(cfg.model, cfg.search, cfg.get("engine"), model),
                            cfg.model.long_prompts)
@@ -106,8 +111,9 @@ def online_lm(cfg, split: str, n_prompts: int, progress: bool = True) -> OnlineL
     if cfg.engine.name == "vllm":
         engine = functools.partial(open_vllm_engine, cfg.model, cfg.engine, cfg.paths.cache_dir,
                                    cfg.task, params, stepped=True)
-        launch = functools.partial(run_on_vllm, model, tokenizer, task, problems, open_engine=engine,
-                                   search=cfg.search, tap=cfg.tap, seed=cfg.seed,
+        launch = functools.partial(run_on_vllm, None if in_engine else model, tokenizer, task,
+                                   problems, open_engine=engine, search=cfg.search, tap=cfg.tap,
+                                   seed=cfg.seed,
                                    batch_tokens=cfg.model.max_batch_tokens or DEFAULT_BATCH_TOKENS)
     else:
         launch = functools.partial(run_launch_check_resume, model, tokenizer, task, problems,

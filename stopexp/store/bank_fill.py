@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from stopexp.core.version import __version__
 from stopexp.models import load_lm
+from stopexp.models.extract import StepEnds
 from stopexp.models.vllm_lm import open_vllm_engine
 from stopexp.runtime.artifacts import artifact_lock
 from stopexp.runtime.integrity import set_aside
@@ -29,6 +30,7 @@ from stopexp.search.memory import kv_bytes_per_token
 from stopexp.search.sample import PromptTooLong, fit_prompts, prompt_limit, row_cap
 from stopexp.search.trace import has_values, trace_problems
 from stopexp.store import bank
+from stopexp.store.tapped_features import finish_tapped, write_tapped
 from stopexp.store.keys import BankSpec
 from stopexp.tasks import build_task, vote_format
 from stopexp.tasks.answers import vote, vote_clusters
@@ -122,6 +124,9 @@ class Collection:
     engine: Any     # hf or vllm
     seed: int
     cache_dir: str  # where the LM's converted or trained weights are cached
+    # the features tapped inside the engine while it generates (stopexp.search.vllm_taps),
+    # written beside the bank; None: featurize extracts them from the stored tokens
+    features: Any = None
 
 
 def collect(job: Collection, rank: int = 0, world: int = 1, run=None) -> dict:
@@ -170,6 +175,8 @@ def collect(job: Collection, rank: int = 0, world: int = 1, run=None) -> dict:
     if grouped and rank:
         return {"bank": str(root), "complete": True, **mine}
     summary = summarize(root, vote_format(job.task))
+    if job.features is not None:
+        finish_tapped(job.features)
     if run is not None:
         meta = bank.read_meta(root)
         run.summary_update({f"collect/{k}": v for k, v in summary.items()})
@@ -221,6 +228,7 @@ def _fill(job, root: Path, task, shards: list, pending: list[int], rank: int,
                     "hidden_size": text_cfg.hidden_size, "num_layers": text_cfg.num_hidden_layers,
                     "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
                     "kv_bytes_per_token": kv_bytes_per_token(model), "engine": engine_record(engine)}
+        step_end = StepEnds(tokenizer, job.features.positions["separator"]) if job.features else None
         limit = prompt_limit(job.model, job.search, job.engine, model)
         # every prompt is measured before any is generated: a plan that model.long_prompts=skip
         # empties entirely is refused now, not after a whole collect of nothing
@@ -248,13 +256,18 @@ def _fill(job, root: Path, task, shards: list, pending: list[int], rank: int,
                 log.info("shard %s: %d rewards clipped into [0, 1] (rounding)", name,
                          clipped["rewards_clipped"])
             kept = difficulty_filter(job.collect, cols)
+            states = kept.pop("states", None)
             # the prompts left out, by cause: an empty split's error names the right one
             dropped = {"too_long": len(shards[i]) - len(problems),
                        "filtered": len(set(cols["prompt_id"])) - len(set(kept["prompt_id"]))}
-            bank.write_shard(root, name, kept, feats,
-                             {"bank": root.name, "split": shards[i][0].split, "prompts": len(shards[i]),
-                              "tokens": shard_tokens, "seconds": time.time() - shard_start,
-                              **measured, **clipped, **dropped})
+            record = bank.write_shard(root, name, kept, feats,
+                                      {"bank": root.name, "split": shards[i][0].split,
+                                       "prompts": len(shards[i]), "tokens": shard_tokens,
+                                       "seconds": time.time() - shard_start,
+                                       **measured, **clipped, **dropped})
+            if states is not None:
+                write_tapped(job.features, name, kept, states, record, step_end,
+                             list(engine.taps.layers), text_cfg.hidden_size, time.time() - shard_start)
             written.add(name)
             bar.update(len(shards[i]))
             rate = time.time() - start
@@ -270,7 +283,9 @@ def generation_engine(job, params):
     generation must not depend on it, and an attention tap would load it with eager
     attention (`stopexp.models.load_lm`)."""
     if job.engine.name == "vllm":
-        with open_vllm_engine(job.model, job.engine, job.cache_dir, job.task, params) as opened:
+        tapped = {} if job.features is None else {"tap": job.features.tap,
+                                                  "positions": job.features.positions}
+        with open_vllm_engine(job.model, job.engine, job.cache_dir, job.task, params, **tapped) as opened:
             yield opened
         return
     model, tokenizer = load_lm(job.model, job.cache_dir, job.task)  # no tap: see the docstring

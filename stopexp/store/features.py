@@ -172,6 +172,9 @@ def featurize(feats: FeatureSet, overrides: list[str] | None = None, run=None) -
     out = feats.root
     with artifact_lock(out):
         summary = _make(feats, overrides)
+    if summary.get("tapped_shards"):
+        log.info("features %s: %d of %d shards were tapped while collect generated them",
+                 out, summary["tapped_shards"], summary["shards"])
     if run is not None:
         run.summary_update({f"featurize/{k}": v for k, v in summary.items() if k != "tap_layers"})
         run.log_artifact(out, name=f"features-{out.name}", type="features",
@@ -320,6 +323,8 @@ def summarize(out: Path, meta: dict, wall_s: float) -> dict:
     positions = sum(r.get("positions", 0) for r in meta["shards"].values())
     size = sum(f["size"] for r in meta["shards"].values() for f in r["files"].values())
     return {"features": str(out), "paths": rows, "positions": positions, "bytes": size,
+            "shards": len(meta["shards"]),
+            "tapped_shards": sum(1 for r in meta["shards"].values() if "tapped" in r),
             "tap_layers": meta["tap_layers"], "wall_s": round(wall_s, 2),
             "nonfinite_features": sum(r.get("nonfinite", 0) for r in meta["shards"].values())}
 

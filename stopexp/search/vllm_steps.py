@@ -23,6 +23,7 @@ class Running:
     pruned: bool = False
     request_id: str = ""
     watch: object = None     # its in-engine taps (stopexp.search.vllm_taps.Watch)
+    prefilled: int | None = None  # prompt tokens computed for it (the rest came from the prefix cache)
 
     @property
     def token_ids(self) -> list:  # read as a vLLM CompletionOutput is
@@ -78,6 +79,8 @@ class Stepper:
     def step(self) -> None:
         for out in self.core.step():
             p, o = self.ids[out.request_id], out.outputs[0]
+            if p.prefilled is None and out.num_cached_tokens is not None:
+                p.prefilled = len(p.prompt) - out.num_cached_tokens
             p.tokens += list(o.token_ids)
             p.logprobs += list(o.logprobs or [])
             p.finished = out.finished

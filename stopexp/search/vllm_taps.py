@@ -106,7 +106,7 @@ class Watch:
     wanted: Callable[[int], bool]
     states: dict = field(default_factory=dict)   # c -> (layers, H) float32
     total: np.ndarray | None = None               # mean pooling: sum over positions 1..c
-    prefill_tokens: int = 0                       # prompt tokens this request computed
+    summed: int = 0                               # the last position in `total`
 
 
 class EngineTaps:
@@ -129,7 +129,8 @@ class EngineTaps:
         self.pooling = pooling
         self.dtype = np.dtype(dtype)  # states are kept as featurize stores them (tap.positions.dtype)
         self.watched: dict[str, Watch] = {}
-        self._alias: dict[str, str | None] = {}  # vLLM's internal request id -> ours
+        self._alias: dict[str, str] = {}  # vLLM's internal request id -> ours
+        self._internal: dict[str, list[str]] = {}  # ours -> vLLM's, dropped with the watch
         self._inner = self.runner.execute_model
         self.runner.execute_model = self._execute_model
 
@@ -143,12 +144,17 @@ class EngineTaps:
         return w
 
     def forget(self, request_id: str) -> Watch | None:
+        for rid in self._internal.pop(request_id, ()):
+            self._alias.pop(rid, None)
         return self.watched.pop(request_id, None)
 
     def _ours(self, rid: str) -> str | None:
         if rid not in self._alias:  # vLLM appends "-<random>" to the id a request was added with
             base = rid if rid in self.watched else rid.rsplit("-", 1)[0]
-            self._alias[rid] = base if base in self.watched else None
+            if base not in self.watched:
+                return None  # not remembered: unwatched requests come and go
+            self._alias[rid] = base
+            self._internal.setdefault(base, []).append(rid)
         return self._alias[rid]
 
     def _execute_model(self, scheduler_output, *args, **kwargs):
@@ -170,27 +176,33 @@ class EngineTaps:
             if ours is None:
                 continue
             w = self.watched[ours]
-            span = range(int(starts[k]), int(starts[k + 1]))
-            w.prefill_tokens += sum(1 for i in span if positions[i] < w.prompt_len)
-            for i in span:
-                c = int(positions[i]) - w.prompt_len + 1
-                if c >= 1 and (self.pooling == "mean" or w.wanted(c)):
-                    rows.append(i)
+            start = int(starts[k])
+            generated = positions[start: int(starts[k + 1])] - (w.prompt_len - 1)  # c per row
+            for i in np.nonzero(generated >= 1)[0]:  # one row per decode step; none in a prefill
+                c = int(generated[i])
+                if self.pooling == "mean" or w.wanted(c):
+                    rows.append(start + int(i))
                     owners.append((w, c))
         if not rows:
             return
         index = torch.tensor(rows, device=self.buffers[0].device)
         got = torch.stack([b.index_select(0, index) for b in self.buffers], dim=1)
         got = got.float().cpu().numpy()  # (rows, layers, H)
+        if self.pooling == "last":  # rounded as featurize stores them, one array per step
+            got = self._stored(got)
         for (w, c), state in zip(owners, got):
             if self.pooling == "mean":
-                w.total = state.astype(np.float64) if w.total is None else w.total + state
+                if c > w.summed:  # a preempted request's recomputed positions count once
+                    w.total = state.astype(np.float64) if w.total is None else w.total + state
+                    w.summed = c
                 if w.wanted(c):
                     w.states[c] = self._stored(w.total / c)
             else:
-                w.states[c] = self._stored(state)
+                w.states[c] = state
 
     def _stored(self, state: np.ndarray) -> np.ndarray:
+        if self.dtype == np.float32:
+            return state.astype(np.float32, copy=False)
         return state.astype(self.dtype).astype(np.float32)
 
 

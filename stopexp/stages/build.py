@@ -9,12 +9,10 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from stopexp.core.policies import selection_share
-from stopexp.config.engine import taps_in_engine
 from stopexp.core.protocol import checkpoint_tokens
-from stopexp.evaluation.online import OnlineLM, run_launch_check_resume, run_on_vllm
+from stopexp.engines import Sections, backend
+from stopexp.evaluation.online import OnlineLM
 from stopexp.models import load_lm
-from stopexp.models.extract import DEFAULT_BATCH_TOKENS
-from stopexp.models.vllm_lm import model_skeleton, open_vllm_engine
 from stopexp.runtime.artifacts import config_hash
 from stopexp.runtime.tracking import tracked_run
 from stopexp.search.decode import SamplingParams
@@ -56,9 +54,11 @@ def bank(cfg) -> BankSpec:
 
 def collection(cfg) -> Collection:
     """What collect fills the bank of `cfg` with."""
+    engine = backend(cfg.engine.name)
     return Collection(bank(cfg), cfg.model, cfg.task, cfg.search, cfg.collect, cfg.reward,
                       cfg.engine, cfg.seed, cfg.paths.cache_dir,
-                      features(cfg) if taps_in_engine(cfg.engine, cfg.tap) else None)
+                      functools.partial(engine.open, cfg.model, cfg.engine, cfg.paths.cache_dir, cfg.task),
+                      features(cfg) if engine.taps_in_engine(cfg.engine, cfg.tap) else None)
 
 
 def features(cfg) -> FeatureSet:
@@ -96,28 +96,22 @@ def training_data(cfg, features: FeatureSet, meta: dict, overrides: list[str] | 
 
 # ---- the LM run online (evaluate: mode=online, search=beam, compare_beam) ------------------
 def online_lm(cfg, split: str, n_prompts: int, progress: bool = True) -> OnlineLM:
-    """The LM of `cfg`, its task, the first `n_prompts` prompts of the task's `split` that
-    fit the model (model.long_prompts), the sampling, and Launch-Check-Resume of those
-    prompts on the configured engine (engine=vllm: a stepped vLLM engine)."""
+    """The LM of `cfg` as its engine runs online (stopexp.engines.Backend.load), its task,
+    the first `n_prompts` prompts of the task's `split` that fit the model
+    (model.long_prompts), the sampling, and Launch-Check-Resume of those prompts on the
+    configured engine."""
+    engine = backend(cfg.engine.name)
     task = build_task(cfg.task, cfg.model.get("thinking"))
-    in_engine = taps_in_engine(cfg.engine, cfg.tap)
-    # states tapped inside vLLM: its weightless skeleton (sizes, EOS ids) is all that is loaded here
-    model, tokenizer = model_skeleton(cfg.model, cfg.engine, cfg.paths.cache_dir, cfg.task)[:2] \
-        if in_engine else lm(cfg, progress)
+    model, tokenizer = engine.load(cfg.model, cfg.engine, cfg.paths.cache_dir, cfg.task, cfg.tap,
+                                   progress)
     problems = fit_prompts(tokenizer, task.problems(split, n_prompts),
                            prompt_limit(cfg.model, cfg.search, cfg.get("engine"), model),
                            cfg.model.long_prompts)
     params = sampling(cfg)
-    if cfg.engine.name == "vllm":
-        engine = functools.partial(open_vllm_engine, cfg.model, cfg.engine, cfg.paths.cache_dir,
-                                   cfg.task, params, stepped=True)
-        launch = functools.partial(run_on_vllm, None if in_engine else model, tokenizer, task,
-                                   problems, open_engine=engine, search=cfg.search, tap=cfg.tap,
-                                   seed=cfg.seed,
-                                   batch_tokens=cfg.model.max_batch_tokens or DEFAULT_BATCH_TOKENS)
-    else:
-        launch = functools.partial(run_launch_check_resume, model, tokenizer, task, problems,
-                                   params=params, search=cfg.search, tap=cfg.tap, seed=cfg.seed,
-                                   max_rows=row_cap(cfg.search, cfg.model, tokenizer, problems))
+    sections = Sections(cfg.model, cfg.engine, cfg.task, cfg.search, cfg.tap, cfg.seed,
+                        cfg.paths.cache_dir)
+    launch = functools.partial(engine.online, model, tokenizer, task, problems, sections=sections,
+                               params=params,
+                               max_rows=row_cap(cfg.search, cfg.model, tokenizer, problems))
     return OnlineLM(model, tokenizer, task, problems, params, launch,
                     functools.partial(row_cap, cfg.search, cfg.model, tokenizer))

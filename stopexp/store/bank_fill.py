@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,20 +17,17 @@ import numpy as np
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from stopexp.core.version import __version__
-from stopexp.models import load_lm
 from stopexp.models.extract import StepEnds
-from stopexp.models.vllm_lm import open_vllm_engine
 from stopexp.runtime.artifacts import artifact_lock
 from stopexp.runtime.integrity import set_aside
 from stopexp.runtime.ranks import barrier, in_group
-from stopexp.search.decode import SamplingParams, make_engine
+from stopexp.search.decode import SamplingParams
 from stopexp.search.memory import kv_bytes_per_token
 from stopexp.search.sample import PromptTooLong, fit_prompts, prompt_limit, row_cap
 from stopexp.search.trace import has_values, trace_problems
 from stopexp.store import bank
-from stopexp.store.tapped_features import finish_tapped, write_tapped
 from stopexp.store.keys import BankSpec
+from stopexp.store.tapped_features import finish_tapped, write_tapped
 from stopexp.tasks import build_task, vote_format
 from stopexp.tasks.answers import vote, vote_clusters
 from stopexp.tasks.rewards import build_reward
@@ -124,6 +120,9 @@ class Collection:
     engine: Any     # hf or vllm
     seed: int
     cache_dir: str  # where the LM's converted or trained weights are cached
+    # (generator, model, tokenizer) of the engine for sampling params and an optional tap
+    # (stopexp.engines.Backend.open, bound to the model, engine, cache and task sections)
+    open_engine: Any = None
     # the features tapped inside the engine while it generates (stopexp.search.vllm_taps),
     # written beside the bank; None: featurize extracts them from the stored tokens
     features: Any = None
@@ -219,7 +218,9 @@ def _fill(job, root: Path, task, shards: list, pending: list[int], rank: int,
     log.info("collecting %d shards (%d prompts x %d paths) into %s", len(pending), n_prompts,
              job.search.n_paths, root)
     paths, tokens, written = 0, 0, set()
-    with generation_engine(job, params) as (engine, model, tokenizer), \
+    tapped = {} if job.features is None else {"tap": job.features.tap,
+                                              "positions": job.features.positions}
+    with job.open_engine(params, **tapped) as (engine, model, tokenizer), \
             tqdm(total=n_prompts, unit="prompt", desc="collect") as bar:
         start = time.time()  # the rates shown leave out loading the LM (or starting vLLM)
         text_cfg = model.config.get_text_config()
@@ -227,7 +228,7 @@ def _fill(job, root: Path, task, shards: list, pending: list[int], rank: int,
         measured = {"lm_parameters": sum(p.numel() for p in model.parameters()),
                     "hidden_size": text_cfg.hidden_size, "num_layers": text_cfg.num_hidden_layers,
                     "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
-                    "kv_bytes_per_token": kv_bytes_per_token(model), "engine": engine_record(engine)}
+                    "kv_bytes_per_token": kv_bytes_per_token(model), "engine": engine.record()}
         step_end = StepEnds(tokenizer, job.features.positions["separator"]) if job.features else None
         limit = prompt_limit(job.model, job.search, job.engine, model)
         # every prompt is measured before any is generated: a plan that model.long_prompts=skip
@@ -273,34 +274,6 @@ def _fill(job, root: Path, task, shards: list, pending: list[int], rank: int,
             rate = time.time() - start
             bar.set_postfix(paths_s=f"{paths / rate:.0f}", tok_s=f"{tokens / rate:.0f}")
     return written, paths
-
-
-@contextmanager
-def generation_engine(job, params):
-    """(engine, model, tokenizer) that collect generates with: the hf engine over the loaded
-    LM, or under engine=vllm a vLLM engine and the LM's weightless skeleton (its config,
-    sizes and EOS ids), the engine shut down on exit. The LM is loaded without the tap:
-    generation must not depend on it, and an attention tap would load it with eager
-    attention (`stopexp.models.load_lm`)."""
-    if job.engine.name == "vllm":
-        tapped = {} if job.features is None else {"tap": job.features.tap,
-                                                  "positions": job.features.positions}
-        with open_vllm_engine(job.model, job.engine, job.cache_dir, job.task, params, **tapped) as opened:
-            yield opened
-        return
-    model, tokenizer = load_lm(job.model, job.cache_dir, job.task)  # no tap: see the docstring
-    yield make_engine(model, tokenizer, params), model, tokenizer
-
-
-def engine_record(engine) -> dict:
-    """Which engine and version made the paths, for the bank's meta.json."""
-    if hasattr(engine, "record"):
-        return engine.record()
-    import torch
-    import transformers
-
-    return {"name": "hf", "version": __version__, "torch": torch.__version__,
-            "transformers": transformers.__version__}
 
 
 def _write_meta(job, root: Path, task, shards: list, good: dict[int, str],

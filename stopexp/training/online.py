@@ -24,7 +24,8 @@ import torch
 from stopexp.core.policies import build_policy
 from stopexp.core.seeds import stream_seed
 from stopexp.evaluation.accounting import Paths, keep_by_policy
-from stopexp.evaluation.online import OnlineLM, run_launch_check_resume, scatter_batch
+from stopexp.engines.hf import run_launch_check_resume
+from stopexp.evaluation.online import OnlineLM, scatter_batch
 from stopexp.search.decode import make_engine
 from stopexp.search.sample import path_labels, prompt_ids
 from stopexp.search.taps import Taps

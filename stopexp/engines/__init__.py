@@ -1,0 +1,57 @@
+"""The engines that generate paths, behind one interface (`Backend`), registered by name
+(`stopexp.core.names.REGISTRY["engine"]`, the `engine` config group): stopexp's own decode
+engine (`hf`) and vLLM (`vllm`). Stages ask `backend(cfg.engine.name)` for what they need,
+and nothing outside these modules and the config branches on an engine's name. Adding an
+engine: docs/engines.md#adding-an-engine."""
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from stopexp.core.names import lookup
+
+
+@dataclass(frozen=True)
+class Sections:
+    """The config sections an engine runs from (a stage builds it once)."""
+    model: Any
+    engine: Any
+    task: Any
+    search: Any
+    tap: Any
+    seed: int
+    cache_dir: str
+
+
+class Backend(Protocol):
+    """What stopexp asks of an engine. `open` gives collect a generator: `generate(prompts,
+    seeds, labels)` -> (tokens, logprob, entropy, conf) (P, T) padded, lengths, finished;
+    `pad_id`, `params`, `record()` (for the bank's meta.json), and for Monte Carlo
+    rollouts either `launch`/`fork`/`run` (a path's cache is forked) or `continuations`
+    (a rollout is a new request from the prefix); `take_states()` when it taps the
+    hidden states while it generates. `online` is Launch-Check-Resume of `problems`."""
+
+    def taps_in_engine(self, engine, tap) -> bool:
+        """Whether it reads `tap`'s hidden states while it generates (no second pass)."""
+
+    def open(self, model, engine, cache_dir: str, task, params, tap=None,
+             positions: dict | None = None) -> AbstractContextManager[tuple[Any, Any, Any]]:
+        """(generator, model, tokenizer) for collect; with `tap`, the states of tap.layers
+        at the generated `positions` (a features position spec) are tapped as it goes."""
+
+    def load(self, model, engine, cache_dir: str, task, tap, progress: bool) -> tuple[Any, Any]:
+        """(model, tokenizer) as online evaluate needs them (weights only where the check
+        reads them from a second forward)."""
+
+    def online(self, lm, tokenizer, task, problems, methods: dict, checkpoint, *,
+               sections: Sections, params, max_rows: int):
+        """Launch-Check-Resume of `problems` (the `task`'s) with `lm` (`load`'s) for
+        `methods` (name -> (scorer, policy factory)) plus no_prune, checked at `checkpoint`
+        (tokens, or a list: progressive), at most `max_rows` rows per forward: (runs, check
+        batch) as stopexp.search.parallel.launch_check_resume returns them."""
+
+
+def backend(name: str) -> Backend:
+    """The engine registered as `name` (engine.name)."""
+    return lookup("engine", name)()

@@ -1,0 +1,51 @@
+"""engine=hf: stopexp's own decode engine (stopexp.search.decode) over the LM loaded with
+transformers. Its taps are forward hooks on the loaded model, its Monte Carlo rollouts fork
+a path's cache, and online Launch-Check-Resume shares the launch between the methods
+(stopexp.search.parallel)."""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+from stopexp.engines import Sections
+from stopexp.models import load_lm
+from stopexp.search.decode import make_engine
+from stopexp.search.parallel import launch_check_resume
+from stopexp.search.taps import Taps
+
+
+class HF:
+    name = "hf"
+
+    def taps_in_engine(self, engine, tap) -> bool:
+        return False  # collect runs without taps; featurize reads them teacher-forced
+
+    @contextmanager
+    def open(self, model, engine, cache_dir, task, params, tap=None, positions=None):
+        # the LM is loaded without the tap: generation must not depend on it, and an
+        # attention tap would load it with eager attention (stopexp.models.load_lm)
+        lm, tokenizer = load_lm(model, cache_dir, task)
+        yield make_engine(lm, tokenizer, params), lm, tokenizer
+
+    def load(self, model, engine, cache_dir, task, tap, progress):
+        return load_lm(model, cache_dir, task, tap, progress)
+
+    def online(self, lm, tokenizer, task, problems, methods, checkpoint, *, sections: Sections,
+               params, max_rows):
+        return run_launch_check_resume(lm, tokenizer, task, problems, methods, checkpoint,
+                                       params, sections.search, sections.tap, sections.seed,
+                                       max_rows)
+
+
+def run_launch_check_resume(model, tokenizer, task, problems, methods: dict, checkpoint,
+                            params, search, tap, seed: int, max_rows: int):
+    """Launch-Check-Resume of `problems` with the LM for `methods` (name -> (scorer,
+    policy factory)) plus no_prune, with the `tap` and `search` sections (paths per prompt,
+    group window, score rule), the sampling `params`, `seed` and `max_rows` rows per forward
+    (stopexp.search.sample.row_cap), checked at `checkpoint` (tokens) or at each of a list
+    of them; returns stopexp.search.parallel.launch_check_resume's runs and check batch."""
+    with Taps.from_config(model, tap) as taps:
+        checks = (checkpoint,) if isinstance(checkpoint, int) else tuple(checkpoint)
+        engine = make_engine(model, tokenizer, params, taps, checks)
+        return launch_check_resume(engine, tokenizer, task, problems, search.n_paths,
+                                   seed, checkpoint, methods, search.group_window,
+                                   max_rows, search.score_rule)

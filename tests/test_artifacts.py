@@ -21,7 +21,6 @@ from stopexp.runtime.artifacts import staging_dir, write_json
 from stopexp.stages import build
 from stopexp.store import bank
 from stopexp.store import features as feature_bank
-from stopexp.store import bank_fill
 from stopexp.store.bank_fill import collect
 
 
@@ -143,13 +142,15 @@ def test_two_collects_of_one_bank_at_once_keep_the_first_shards_and_record_them(
                                        "collect.shard_prompts=2", "collect.mc_rollouts=0"]))
     job = build.collection(cfg)
     one_load = threading.Lock()  # transformers' loading is not thread-safe (processes are apart)
-    load_lm = bank_fill.load_lm
+    import stopexp.engines.hf as hf_engine
+
+    load_lm = hf_engine.load_lm
 
     def load_in_turn(*args, **kwargs):
         with one_load:
             return load_lm(*args, **kwargs)
 
-    monkeypatch.setattr(bank_fill, "load_lm", load_in_turn)
+    monkeypatch.setattr(hf_engine, "load_lm", load_in_turn)
     written = counted(monkeypatch, bank, "write_shard")
     a, b = race(monkeypatch, lambda: collect(job), bank, "write_shard")
     assert a["complete"] and b["complete"] and a["paths"] == b["paths"] == 4 * 2

@@ -150,7 +150,7 @@ def trace_problems(engine, tokenizer, task, problems, n_paths: int, seed: int,
     `generate` and `pad_id` and, for rollouts, `params` and `continuations`
     (stopexp.search.vllm_engine.VllmEngine: `resubmitted_mc`). An engine that taps states
     while it generates (`take_states`) adds the column "states": per path {position:
-    (layers, H) state}, for the features artifact (stopexp.store.features.write_tapped)."""
+    (layers, H) state}, for the features artifact (stopexp.store.tapped_features)."""
     mc_tokens = 0
     cols: dict[str, list] = {k: [] for k in (
         "split", "prompt_id", "prompt", "prompt_len", "path_id", "tokens", "text", "answer", "correct",

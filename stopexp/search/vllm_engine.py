@@ -20,8 +20,10 @@ stopexp.search.trace.resubmitted_mc), whose prefill prefix caching shares.
 The LM's weightless skeleton and the engine opened for a config (`vllm_settings`,
 `open_vllm_engine`) are stopexp.models.vllm_lm's: loading reads the models.
 
-The engine core runs in a spawned process: a script using it needs the
-`if __name__ == "__main__":` guard. Starting it takes tens of seconds, so an LLM held open
+With in-engine taps (`VllmSettings.tap_layers`, stopexp.search.vllm_taps) the paths are
+stepped as requests in this process (stopexp.search.vllm_steps) and their states read as
+they are generated. Without, the engine core runs in a spawned process: a script using it
+needs the `if __name__ == "__main__":` guard. Starting it takes tens of seconds, so an LLM held open
 by `hold` (a test session, a benchmark) is reused by every `open_llm` of the same settings;
 a held stepped one (its core in this process) also serves the plain requests of collect.
 """

@@ -95,15 +95,17 @@ def training_data(cfg, features: FeatureSet, meta: dict, overrides: list[str] | 
 
 
 # ---- the LM run online (evaluate: mode=online, search=beam, compare_beam) ------------------
-def online_lm(cfg, split: str, n_prompts: int, progress: bool = True) -> OnlineLM:
-    """The LM of `cfg` as its engine runs online (stopexp.engines.Backend.load), its task,
-    the first `n_prompts` prompts of the task's `split` that fit the model
-    (model.long_prompts), the sampling, and Launch-Check-Resume of those prompts on the
-    configured engine."""
+def online_lm(cfg, split: str, n_prompts: int, progress: bool = True,
+              weights: bool = False) -> OnlineLM:
+    """The LM of `cfg` as its engine runs online (stopexp.engines.Backend.load; with
+    `weights`, loaded with its weights whatever the engine: beam search runs its beams on
+    stopexp's engine), its task, the first `n_prompts` prompts of the task's `split` that
+    fit the model (model.long_prompts), the sampling, and Launch-Check-Resume of those
+    prompts on the configured engine."""
     engine = backend(cfg.engine.name)
     task = build_task(cfg.task, cfg.model.get("thinking"))
-    model, tokenizer = engine.load(cfg.model, cfg.engine, cfg.paths.cache_dir, cfg.task, cfg.tap,
-                                   progress)
+    model, tokenizer = lm(cfg, progress) if weights else \
+        engine.load(cfg.model, cfg.engine, cfg.paths.cache_dir, cfg.task, cfg.tap, progress)
     problems = fit_prompts(tokenizer, task.problems(split, n_prompts),
                            prompt_limit(cfg.model, cfg.search, cfg.get("engine"), model),
                            cfg.model.long_prompts)

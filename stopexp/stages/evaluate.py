@@ -85,7 +85,7 @@ def evaluate(cfg, run=None, run_dir: Path | None = None, overrides: list[str] | 
     start = time.time()
     if cfg.search.name == "beam":
         n = min(prompts_in(root, split), ev.max_prompts or float("inf"))
-        return beam_metrics(build.online_lm(cfg, split, n), names, scorers,
+        return beam_metrics(build.online_lm(cfg, split, n, weights=True), names, scorers,
                             root.name, start, cfg.search, cfg.tap, cfg.policy, ev, run, run_dir)
     # the threshold policies, one per check and method (policy=risk: calibrated on val first)
     features = None if ev.mode == "online" and cfg.policy.name != "risk" else \
@@ -125,8 +125,8 @@ def evaluate(cfg, run=None, run_dir: Path | None = None, overrides: list[str] | 
                          ids, chosen, results)
     beam = None
     if ev.compare_beam:  # plain beam search on the same prompts: the seed's comparison
-        beam = compare_with_beam(build.online_lm(cfg, split, int(np.max(ids)) + 1), ids, chosen,
-                                 results, cfg.search, cfg.tap, cfg.reward, ev)
+        lm = build.online_lm(cfg, split, int(np.max(ids)) + 1, weights=True)
+        beam = compare_with_beam(lm, ids, chosen, results, cfg.search, cfg.tap, cfg.reward, ev)
     metrics = {"methods": results, "points": points, "mode": ev.mode,
                "select": ev.select, **({"beam_search": beam} if beam else {}),
                "protocol": protocol_record(plan, N, cfg.policy, cfg.search, ev, int(paths.group.max()) + 1, {

@@ -122,7 +122,7 @@ class Collection:
     cache_dir: str  # where the LM's converted or trained weights are cached
     # (generator, model, tokenizer) of the engine for sampling params and an optional tap
     # (stopexp.engines.Backend.open, bound to the model, engine, cache and task sections)
-    open_engine: Any = None
+    open_engine: Any
     # the features tapped inside the engine while it generates (stopexp.search.vllm_taps),
     # written beside the bank; None: featurize extracts them from the stored tokens
     features: Any = None

@@ -122,7 +122,10 @@ def main() -> None:
                   else 4 * math.sqrt(lay + 1) * u for lay in layers]
         worst = np.zeros(len(layers))
         for p, (ref, _) in zip(tapped, want):
-            got = np.stack([p.watch.states[c] for c in path_positions(p.tokens, every, {})])
+            positions = path_positions(p.tokens, every, {})
+            if not positions:  # ended at its first token
+                continue
+            got = np.stack([p.watch.states[c] for c in positions])
             rel = np.linalg.norm(got - ref, axis=-1) / np.linalg.norm(ref, axis=-1)
             worst = np.maximum(worst, rel.max(axis=0))
         ok = all(w <= lim for w, lim in zip(worst, limits))

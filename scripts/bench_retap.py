@@ -49,7 +49,7 @@ def main() -> None:
     with initialize_config_dir(str(project_root() / "conf"), version_base="1.3"):
         cfg = validate(compose("pipeline", base))
         retap = validate(compose("pipeline", [*base, f"tap.layers={layers}"]))
-    from stopexp.store.bank_fill import collect
+    from stopexp.stages.collect import collect
 
     start = time.perf_counter()
     collected = collect(build.collection(cfg))

@@ -30,7 +30,7 @@ def worker(rank: int, world: int, threads: int | None, overrides: list[str], rep
     from stopexp.search.decode import make_engine
     from stopexp.search.sample import row_cap
     from stopexp.search.trace import trace_problems
-    from stopexp.store.bank_fill import plan
+    from stopexp.store.bank_plan import plan
     from stopexp.tasks import build_task
 
     if threads:

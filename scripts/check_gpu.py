@@ -19,7 +19,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from stopexp.core.policies import TopK
 from stopexp.search.beam import beam_search
 from stopexp.search.decode import SamplingParams, eos_ids, make_engine
-from stopexp.search.parallel import launch_check_resume
+from stopexp.search.decode_steps import DecodeSteps
+from stopexp.search.lcr import launch_check_resume
 from stopexp.search.sample import prompt_ids
 from stopexp.search.taps import Taps
 from stopexp.search.trace import trace_problems
@@ -42,7 +43,7 @@ def run_on(device: str, model_dir, problems, task) -> dict:
         out["collect"] = [tuple(x) for x in cols["tokens"]]
         out["mc"] = [tuple(round(float(v), 3) for v in m) for m in cols["mc"]]
         engine = make_engine(model, tok, params, taps, (CHECK,))
-        runs, _ = launch_check_resume(engine, tok, task, problems, N, 0, CHECK,
+        runs, _ = launch_check_resume(DecodeSteps(engine), tok, task, problems, N, 0, CHECK,
                                       {"confidence": (BASELINES["confidence"], lambda: TopK(KEEP))}, 8)
         out["lcr"] = sorted((k, v) for k, v in runs["confidence"].text.items())
         out["beam"] = [tuple(beam_search(model, prompt_ids(tok, p.prompt), beam_width=4,

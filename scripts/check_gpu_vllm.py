@@ -32,8 +32,9 @@ from stopexp.search.decode import SamplingParams
 from stopexp.search.sample import path_seeds, prompt_ids
 from stopexp.search.taps import Taps
 from stopexp.search.vllm_engine import VllmEngine, VllmSettings, build_llm, shutdown
-from stopexp.search.vllm_lcr import vllm_launch_check_resume
-from stopexp.search.vllm_steps import Running, Stepper
+from stopexp.search.lcr import launch_check_resume
+from stopexp.search.stepping import Running
+from stopexp.search.vllm_steps import Stepper, VllmSteps
 from stopexp.search.vllm_taps import EngineTaps
 from stopexp.signals.methods import BASELINES
 from stopexp.tasks import ArithTask
@@ -144,8 +145,7 @@ def main() -> None:
         checks = {"checkpoints": [check], "stride": None, "separator": None}
         eng, tok = engine(model_dir, name, gpu, layers, params, checks)
         methods = {"hidden_norm": (BASELINES["hidden_norm"], lambda: TopK(keep))}
-        runs, _ = vllm_launch_check_resume(eng, tok, task, problems, n_paths, 0, check, methods,
-                                           8, None)
+        runs, _ = launch_check_resume(VllmSteps(eng), tok, task, problems, n_paths, 0, check, methods, 8)
         shutdown(eng.llm)
         full, pruned = runs["no_prune"], runs["hidden_norm"]
         tok_ratio = sum(pruned.length.values()) / sum(full.length.values())

@@ -84,7 +84,7 @@ def small_bank(tmp_path_factory):
     """A small trace bank of the embedded default (toy LM), collected once per session;
     returns the overrides that compose its config."""
     from stopexp.config import validate
-    from stopexp.store.bank_fill import collect
+    from stopexp.stages.collect import collect
 
     out = tmp_path_factory.mktemp("bank") / "outputs"
     overrides = [f"paths.output_dir={out}", *SMALL_BANK]

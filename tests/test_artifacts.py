@@ -21,7 +21,7 @@ from stopexp.runtime.artifacts import staging_dir, write_json
 from stopexp.stages import build
 from stopexp.store import bank
 from stopexp.store import features as feature_bank
-from stopexp.store.bank_fill import collect
+from stopexp.stages.collect import collect
 
 
 def _dead_pid() -> int:

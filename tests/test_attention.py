@@ -77,7 +77,8 @@ def test_features_and_online_see_the_same_entropy_and_off_changes_nothing(eager_
     from stopexp.core.policies import TopK
     from stopexp.models.extract import extract
     from stopexp.search.decode import SamplingParams, make_engine
-    from stopexp.search.parallel import launch_check_resume
+    from stopexp.search.decode_steps import DecodeSteps
+    from stopexp.search.lcr import launch_check_resume
     from stopexp.search.sample import prompt_ids
     from stopexp.search.trace import trace_problems
     from stopexp.tasks import ArithTask
@@ -91,7 +92,7 @@ def test_features_and_online_see_the_same_entropy_and_off_changes_nothing(eager_
     def online(heads):
         with Taps(model, [-1], attention_heads=heads) as taps:
             engine = make_engine(model, tok, params, taps, (c,))
-            _, batch = launch_check_resume(engine, tok, task, problems, 4, 0, c,
+            _, batch = launch_check_resume(DecodeSteps(engine), tok, task, problems, 4, 0, c,
                                            {"a": (lambda b: -b["signals"][:, ATTN], lambda: TopK(2))}, 4)
         return batch
 

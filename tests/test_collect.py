@@ -10,7 +10,7 @@ import pytest
 from conftest import FP32_REORDER, ROOT, compose
 from stopexp.config import validate
 from stopexp.store import bank
-from stopexp.store.bank_fill import collect
+from stopexp.stages.collect import collect
 from stopexp.stages import build
 
 SMALL = ["logger=none", "search.n_paths=4", "collect.prompts.train=3", "collect.prompts.val=1",

@@ -399,7 +399,7 @@ def test_prompts_longer_than_the_model_allows_are_refused_or_skipped(tiny_lm, ca
 def test_collect_refuses_a_long_prompt_before_generating(tmp_path):
     from stopexp.search.sample import PromptTooLong
     from stopexp.store import bank
-    from stopexp.store.bank_fill import collect
+    from stopexp.stages.collect import collect
 
     cfg = compose("collect", [f"paths.output_dir={tmp_path}", "logger=none",
                               "search.n_paths=2", "collect.prompts.train=2",

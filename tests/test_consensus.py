@@ -21,7 +21,7 @@ from stopexp.stopping.branch_draws import no_prune
 from stopexp.stopping.esc import esc
 from stopexp.stopping.parallel_probe import parallel_probe
 from stopexp.stopping.replay import stopping_outcomes
-from stopexp.store import bank_fill as collect
+from stopexp.store import bank_plan
 from stopexp.tasks.answers import canonical, equivalent, vote
 
 
@@ -233,6 +233,6 @@ def test_bank_summary_votes_by_cluster(monkeypatch):
 
     ds = Bank(split=["test"] * 6, prompt_id=[0] * 6, correct=RIGHT.tolist(), answer=CANON,
               length=[10] * 6)
-    monkeypatch.setattr(collect.bank, "load_bank", lambda root: ds)
-    assert collect.summarize(Path("bank"))["vote_accuracy"] == 0.0
-    assert collect.summarize(Path("bank"), "boxed")["vote_accuracy"] == 1.0
+    monkeypatch.setattr(bank_plan.bank, "load_bank", lambda root: ds)
+    assert bank_plan.summarize(Path("bank"))["vote_accuracy"] == 0.0
+    assert bank_plan.summarize(Path("bank"), "boxed")["vote_accuracy"] == 1.0

@@ -65,13 +65,13 @@ def _snapshot(root):
 
 
 def test_tap_change_reextracts_without_regenerating(small_bank, monkeypatch, caplog):
-    import stopexp.store.bank_fill
+    import stopexp.stages.collect
 
     cfg = validate(compose("train", small_bank))
     first = feature_bank.require_features(build.features(cfg))
     root = build.bank(cfg).root
     before = _snapshot(root)
-    monkeypatch.setattr(stopexp.store.bank_fill, "collect", lambda *a, **k: pytest.fail("regenerated"))
+    monkeypatch.setattr(stopexp.stages.collect, "collect", lambda *a, **k: pytest.fail("regenerated"))
     other = validate(compose("train", [*small_bank, "tap.layers=[0,1]", "tap.pooling=mean",
                                        "tap.positions.stride=4", "tap.positions.step_ends=true"]))
     assert build.bank(other).root == root and build.features(other).root != first

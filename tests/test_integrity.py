@@ -17,7 +17,7 @@ from stopexp.signals.checkpoint import CheckpointDamaged, CheckpointMismatch, lo
 from stopexp.stages.build import predictor_dir
 from stopexp.stages.train import train
 from stopexp.store import bank
-from stopexp.store.bank_fill import collect
+from stopexp.stages.collect import collect
 from stopexp.store.keys import task_content
 from stopexp.stages import build
 
@@ -205,7 +205,7 @@ def test_a_shard_of_another_bank_is_refused_and_collect_recomputes_it(copied, sm
 
 
 def test_a_single_collect_never_ends_with_an_incomplete_bank(copied, monkeypatch):
-    import stopexp.store.bank_fill as C
+    import stopexp.stages.collect as C
 
     cfg, root = copied
     shutil.rmtree(root / shard_of(root, "test"))

@@ -41,7 +41,8 @@ def test_meter_sums_the_cached_tokens_of_each_prompt():
 def test_online_meter_equals_the_schedule_estimate(tiny_lm):
     from stopexp.core.policies import TopK
     from stopexp.search.decode import SamplingParams, make_engine
-    from stopexp.search.parallel import launch_check_resume
+    from stopexp.search.decode_steps import DecodeSteps
+    from stopexp.search.lcr import launch_check_resume
     from stopexp.search.sample import prompt_ids
     from stopexp.search.taps import Taps
     from stopexp.tasks import ArithTask
@@ -53,8 +54,9 @@ def test_online_meter_equals_the_schedule_estimate(tiny_lm):
     methods = {"first": (lambda b: b["signals"][:, 0], lambda: TopK(K))}
     with Taps(model, [-1]) as taps:
         engine = make_engine(model, tok, SamplingParams(max_new_tokens=T), taps, (check,))
-        # 12 rows per forward: two prompts per chunk, so kept rows of two chunks are merged
-        runs, batch = launch_check_resume(engine, tok, task, problems, N, 0, check, methods, 4, 12)
+        # 12 rows per forward: two prompts per chunk
+        runs, batch = launch_check_resume(DecodeSteps(engine, 12), tok, task, problems, N, 0, check,
+                                          methods, 4)
     lengths = np.array([[runs["no_prune"].length[(i, j)] for j in range(N)] for i in range(3)])
     assert (lengths < T).any() and (lengths == T).any()  # some paths end early
     for name, run in runs.items():

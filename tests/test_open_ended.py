@@ -9,7 +9,7 @@ from stopexp.config import validate
 from stopexp.stages.evaluate import evaluate, print_table
 from stopexp.stages.train import train
 from stopexp.store import bank
-from stopexp.store.bank_fill import collect
+from stopexp.stages.collect import collect
 from stopexp.tasks import build_task
 from stopexp.tasks.rewards import Reward
 from stopexp.stages import build

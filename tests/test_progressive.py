@@ -28,7 +28,7 @@ def cfg_for(bank, *extra, stage="evaluate"):
 def trained3(small_bank, tmp_path_factory):
     """The small bank's config with features at three checkpoints (5, 10, 16 tokens),
     collected and trained once."""
-    from stopexp.store.bank_fill import collect
+    from stopexp.stages.collect import collect
 
     bank = [*small_bank, THREE]
     collect(build.collection(cfg_for(bank, stage="collect")))

@@ -10,7 +10,7 @@ from conftest import FP32_REORDER, ROOT, compose
 from stopexp.config import ConfigError, validate
 from stopexp.search.sample import prompt_ids, row_cap
 from stopexp.store import bank
-from stopexp.store.bank_fill import collect
+from stopexp.stages.collect import collect
 from stopexp.stages import build
 
 SHARDED = ["logger=none", "search.n_paths=4", "collect.prompts.train=4", "collect.prompts.val=2",

@@ -236,3 +236,28 @@ def test_every_predictor_and_loss_option_builds_from_its_yaml():
         cfg = compose("train", [f"predictor={name}", f"loss={losses[i % len(losses)]}"])
         assert build_predictor(cfg.predictor, SPEC)(synthetic_batch(2, seed=0)).shape == (2 * PATHS,)
         assert build_loss(cfg.loss)(torch.zeros(6), HAND).dim() == 0
+
+
+def test_token_stats_of_vllm_logprobs_by_hand():
+    """vLLM's per-position {token id: Logprob}: the sampled token's log-prob, the entropy of
+    the returned top alternatives renormalised, minus the mean log-prob of the best k of
+    them; a sampled token outside the top counts for its log-prob only."""
+    from types import SimpleNamespace as Logprob
+
+    from stopexp.signals.confidence import token_stats
+
+    a, b = math.log(0.5), math.log(0.25)
+    positions = [{7: Logprob(logprob=a, rank=1), 9: Logprob(logprob=b, rank=2)},
+                 {7: Logprob(logprob=a, rank=1), 9: Logprob(logprob=b, rank=2),
+                  3: Logprob(logprob=-5.0, rank=40)},
+                 {7: Logprob(logprob=a, rank=1)}]
+    lp, ent, conf = token_stats(positions, [9, 3, 7], top=2, conf_topk=2)
+    q = [2 / 3, 1 / 3]  # 0.5 and 0.25 renormalised
+    h = -sum(x * math.log(x) for x in q)
+    assert lp.dtype == ent.dtype == conf.dtype == np.float32
+    assert lp.tolist() == [np.float32(b), np.float32(-5.0), np.float32(a)]
+    # float32 results of float64 arithmetic: within a float32 rounding step
+    assert ent.tolist() == pytest.approx([h, h, 0.0], rel=2 ** -23)
+    assert conf.tolist() == pytest.approx([-(a + b) / 2] * 2 + [-a], rel=2 ** -23)  # one alternative: its own
+    empty = token_stats([], [], top=20, conf_topk=20)
+    assert [len(x) for x in empty] == [0, 0, 0]

@@ -137,7 +137,7 @@ def test_stop_string_across_tokens_cuts_text_and_length_like_hf(sharp_lm, hf_cha
     assert len(_ours(model, tok, PROMPTS, stop=(stop,))[0][0]) == i + 2
 
 
-def test_stop_strings_carry_through_forks_and_merges(sharp_lm):
+def test_stop_strings_carry_through_forks(sharp_lm):
     model, tok = sharp_lm
     free, _ = _ours(model, tok, PROMPTS[:1])
     text = tok.decode(free[0], skip_special_tokens=True)
@@ -146,7 +146,7 @@ def test_stop_strings_carry_through_forks_and_merges(sharp_lm):
     eng = make_engine(model, tok, SamplingParams(max_new_tokens=T, do_sample=False, stop=(stop,)))
     state = eng.run(eng.launch([tok(PROMPTS[0])["input_ids"]], [0]), until=t)
     assert state.size == 1
-    for child in (eng.fork(state, 2, [1, 2]), eng.merge([eng.fork(state, 1, None)])):
+    for child in (eng.fork(state, 2, [1, 2]), eng.fork(state, 1, None)):
         eng.run(child)
         assert child.lengths.tolist() == [t + 1] * child.n_paths  # one token after the fork
         assert child.finished.all()

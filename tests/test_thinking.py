@@ -261,7 +261,7 @@ def test_step_ends_and_the_bank_key_follow_the_thinking():
 def thinking_bank(thinking_lm, tmp_path_factory):
     """A bank of the tiny thinking LM under a budget of 6 thinking tokens: (the overrides
     that compose its config, collect's summary)."""
-    from stopexp.store.bank_fill import collect
+    from stopexp.stages.collect import collect
 
     model, tok = thinking_lm
     tmp = tmp_path_factory.mktemp("thinking")

@@ -204,7 +204,7 @@ def test_a_split_without_mixed_prompts_is_refused():
 
 
 def test_train_refuses_a_bank_whose_val_split_has_no_mixed_prompt(small_bank, tmp_path):
-    from stopexp.store.bank_fill import collect
+    from stopexp.stages.collect import collect
     from stopexp.training.data import NothingToLearn
 
     # keep only the validation prompts that no path solves

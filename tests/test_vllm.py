@@ -61,7 +61,7 @@ def smol(tmp_path_factory):
 @pytest.fixture(scope="session")
 def banks(smol):
     """The same prompts and path seeds collected by each engine: {engine: bank dir}."""
-    from stopexp.store.bank_fill import collect
+    from stopexp.stages.collect import collect
 
     out = {}
     for name, cfg in (("vllm", smol.cfg), ("hf", smol.hf_cfg)):
@@ -188,7 +188,8 @@ def test_a_kept_paths_tapped_states_do_not_change_when_its_siblings_are_aborted(
     summation order)."""
     from stopexp.models.vllm_lm import open_vllm_engine
     from stopexp.search.sample import path_seeds
-    from stopexp.search.vllm_engine import Running, Stepper
+    from stopexp.search.stepping import Running
+    from stopexp.search.vllm_steps import Stepper
 
     cfg = smol.cfg
     prompt = build_task(cfg.task).problems("test", 1)[0].prompt
@@ -351,7 +352,7 @@ def test_monte_carlo_labels_from_resubmitted_prefixes_average_to_the_paths_accur
     success rate as the mean outcome. Given the prefix, outcome - label has mean 0 and
     variance v (1 - v) (1 + 1/K) <= p (1 - p) (1 + 1/K) (Jensen) for prefix value v and
     prompt rate p: the difference of the two means must lie within z_(1 - ALPHA/2) of that."""
-    from stopexp.store.bank_fill import collect
+    from stopexp.stages.collect import collect
 
     K = 4
     cfg = validate(compose("collect", [*SHARED, *VLLM, f"paths.output_dir={smol.cfg.paths.output_dir}",

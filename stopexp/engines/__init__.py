@@ -49,7 +49,7 @@ class Backend(Protocol):
         """Launch-Check-Resume of `problems` (the `task`'s) with `lm` (`load`'s) for
         `methods` (name -> (scorer, policy factory)) plus no_prune, checked at `checkpoint`
         (tokens, or a list: progressive), at most `max_rows` rows per forward: (runs, check
-        batch) as stopexp.search.parallel.launch_check_resume returns them."""
+        batch) as stopexp.search.lcr.launch_check_resume returns them."""
 
 
 def backend(name: str) -> Backend:

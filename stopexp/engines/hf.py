@@ -1,7 +1,7 @@
 """engine=hf: stopexp's own decode engine (stopexp.search.decode) over the LM loaded with
 transformers. Its taps are forward hooks on the loaded model, its Monte Carlo rollouts fork
-a path's cache, and online Launch-Check-Resume shares the launch between the methods
-(stopexp.search.parallel)."""
+a path's cache, and online Launch-Check-Resume steps its batches (stopexp.search.decode_steps)
+in the one loop of stopexp.search.lcr."""
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -9,7 +9,8 @@ from contextlib import contextmanager
 from stopexp.engines import Sections
 from stopexp.models import load_lm
 from stopexp.search.decode import make_engine
-from stopexp.search.parallel import launch_check_resume
+from stopexp.search.decode_steps import DecodeSteps
+from stopexp.search.lcr import launch_check_resume
 from stopexp.search.taps import Taps
 
 
@@ -42,10 +43,10 @@ def run_launch_check_resume(model, tokenizer, task, problems, methods: dict, che
     policy factory)) plus no_prune, with the `tap` and `search` sections (paths per prompt,
     group window, score rule), the sampling `params`, `seed` and `max_rows` rows per forward
     (stopexp.search.sample.row_cap), checked at `checkpoint` (tokens) or at each of a list
-    of them; returns stopexp.search.parallel.launch_check_resume's runs and check batch."""
+    of them; returns stopexp.search.lcr.launch_check_resume's runs and check batch."""
     with Taps.from_config(model, tap) as taps:
         checks = (checkpoint,) if isinstance(checkpoint, int) else tuple(checkpoint)
         engine = make_engine(model, tokenizer, params, taps, checks)
-        return launch_check_resume(engine, tokenizer, task, problems, search.n_paths,
-                                   seed, checkpoint, methods, search.group_window,
-                                   max_rows, search.score_rule)
+        return launch_check_resume(DecodeSteps(engine, max_rows), tokenizer, task, problems,
+                                   search.n_paths, seed, checkpoint, methods,
+                                   search.group_window, search.score_rule)

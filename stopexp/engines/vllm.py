@@ -3,8 +3,8 @@ its hidden states are tapped inside the engine while it generates (stopexp.searc
 collect writes the features with the bank and online checks load no second model; without
 (engine.taps=false, or a tap with attention heads) the HF model's teacher-forced forward
 reads them. Monte Carlo rollouts are new requests from the prefix; online
-Launch-Check-Resume steps an in-process engine and aborts pruned requests
-(stopexp.search.vllm_lcr)."""
+Launch-Check-Resume steps an in-process engine (stopexp.search.vllm_steps) in the one loop
+of stopexp.search.lcr, and aborts pruned requests."""
 from __future__ import annotations
 
 from stopexp.engines import Sections
@@ -12,7 +12,8 @@ from stopexp.models import load_lm
 from stopexp.models.extract import DEFAULT_BATCH_TOKENS, prefix_features
 from stopexp.models.vllm_lm import model_skeleton, open_vllm_engine
 from stopexp.search.taps import Taps
-from stopexp.search.vllm_lcr import vllm_launch_check_resume
+from stopexp.search.lcr import launch_check_resume
+from stopexp.search.vllm_steps import VllmSteps
 
 
 class VLLM:
@@ -43,10 +44,10 @@ class VLLM:
             checks = [checkpoint] if isinstance(checkpoint, int) else sorted(checkpoint)
             with open_vllm_engine(**opened, tap=tap, positions={
                     "checkpoints": checks, "stride": None, "separator": None}) as (engine, *_):
-                return vllm_launch_check_resume(engine, hidden_at=None, **run)
+                return launch_check_resume(VllmSteps(engine), **run)
         with Taps(lm, list(tap.layers), tap.pooling, tap.get("attention_heads"),
                   sequence=True) as taps, open_vllm_engine(**opened) as (engine, *_):
             hidden_at = prefix_features(lm, taps, tokenizer.pad_token_id, tap.positions.dtype,
                                         s.model.max_batch_tokens or DEFAULT_BATCH_TOKENS,
                                         search.max_batch_rows)
-            return vllm_launch_check_resume(engine, hidden_at=hidden_at, **run)
+            return launch_check_resume(VllmSteps(engine, hidden_at), **run)

@@ -1,7 +1,6 @@
 """Online evaluation of the standard protocol: Launch-Check-Resume really runs the LM for
 every method on the bank's test prompts and measures wall time and KV memory, on the
-configured engine (stopexp.engines: the hf engine's stopexp.search.parallel, vLLM's
-stopexp.search.vllm_lcr)."""
+configured engine (stopexp.engines; the loop: stopexp.search.lcr)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -359,38 +359,3 @@ class Engine:
                       pool_sum=None, lengths=torch.full((P,), t, dtype=torch.long),
                       finished=torch.zeros(P, dtype=torch.bool), record_taps=False,
                       labels=labels, tails=tails, think=state.think and state.think.take(idx))
-
-    def merge(self, states: list[Decode]) -> Decode:
-        """One state holding the rows of `states`, which stand at the same step: caches and
-        masks of shorter (fewer prompt tokens) states are left-padded, so batches pruned
-        apart can continue together. Row order follows `states`; the result starts a fresh
-        step record, like `fork`."""
-        states = [s for s in states if s.size]
-        t = states[0].n_generated
-        if any(s.n_generated != t for s in states):
-            raise ValueError("merge needs states at the same generation step")
-        width = max(s.attention_mask.shape[1] for s in states)
-
-        def left_pad(x: torch.Tensor, dim: int) -> torch.Tensor:
-            missing = width - x.shape[dim]
-            if not missing:
-                return x
-            shape = list(x.shape)
-            shape[dim] = missing
-            return torch.cat([x.new_zeros(shape), x], dim=dim)
-
-        cache = DynamicCache(config=self.model.config)
-        for i in range(len(states[0].cache.layers)):
-            cache.update(torch.cat([left_pad(s.cache.layers[i].keys, 2) for s in states]),
-                         torch.cat([left_pad(s.cache.layers[i].values, 2) for s in states]), i)
-        P = sum(s.size for s in states)
-        labels = [s.label(r) for s in states for r in range(s.size)]
-        tails = None if self.stops is None else [t for s in states for t in s.tails]
-        return Decode(paths=torch.arange(P), uniforms=torch.cat([s.uniforms for s in states]),
-                      cache=cache, attention_mask=torch.cat([left_pad(s.attention_mask, 1) for s in states]),
-                      positions=torch.cat([s.positions for s in states]),
-                      next_logits=torch.cat([s.next_logits for s in states]), n_generated=t,
-                      n_paths=P, lengths=torch.full((P,), t, dtype=torch.long),
-                      finished=torch.zeros(P, dtype=torch.bool), record_taps=False, labels=labels,
-                      tails=tails, think=self.budget and ThinkRows.cat([s.think for s in states]))
-

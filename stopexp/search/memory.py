@@ -56,11 +56,6 @@ class KVMeter:
         for prompt, n in now.items():
             self.peak[prompt] = max(self.peak.get(prompt, 0), n)
 
-    def merge(self, other: "KVMeter") -> None:
-        """Take the larger peak per prompt (a shared prefix phase and a continuation)."""
-        for prompt, n in other.peak.items():
-            self.peak[prompt] = max(self.peak.get(prompt, 0), n)
-
 
 def schedule_peaks(group: np.ndarray, prompt_len: np.ndarray, length: np.ndarray,
                    spent: np.ndarray, wave: np.ndarray | None = None) -> np.ndarray:

@@ -32,11 +32,6 @@ class ThinkRows:
         return ThinkRows(self.closed[idx].clone(), self.forced[idx].clone(),
                          [list(self.tails[i]) for i in idx.tolist()])
 
-    @staticmethod
-    def cat(parts: list["ThinkRows"]) -> "ThinkRows":
-        return ThinkRows(torch.cat([p.closed for p in parts]), torch.cat([p.forced for p in parts]),
-                         [t for p in parts for t in p.tails])
-
 
 class ThinkingBudget:
     def __init__(self, tokenizer, end_tag: str, budget: int):

@@ -39,9 +39,10 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 import torch
 
-from stopexp.search.vllm_steps import Running, Stepper
+from stopexp.search.stepping import Running
+from stopexp.search.vllm_steps import Stepper
 from stopexp.search.vllm_taps import tapped_architecture
-from stopexp.signals.confidence import entropy, token_confidence
+from stopexp.signals.confidence import entropy, token_confidence, token_stats
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ class VllmSettings:
     seed: int
     max_logprobs: int
     # an engine core in this process, stepped by the caller (online Launch-Check-Resume:
-    # stopexp.search.vllm_lcr); else vLLM's own process, which runs ahead of its caller
+    # stopexp.search.lcr); else vLLM's own process, which runs ahead of its caller
     stepped: bool = False
     # decoder layers whose states are tapped in the engine (stopexp.search.vllm_taps; stepped)
     tap_layers: tuple[int, ...] = ()
@@ -204,22 +205,6 @@ def hold(s: VllmSettings):
             yield llm
         finally:
             _HELD.pop(s, None)
-
-
-def token_stats(logprobs: list, token_ids: list[int], top: int, conf_topk: int):
-    """(log-prob, entropy, confidence) per generated token from vLLM's per-position
-    {token id: Logprob} (the sampled token and the `top` best by rank)."""
-    n = len(token_ids)
-    lp, ent, conf = (np.zeros(n, dtype=np.float32) for _ in range(3))
-    for t, (position, token) in enumerate(zip(logprobs, token_ids)):
-        best = sorted((x for x in position.values() if x.rank is not None and x.rank <= top),
-                      key=lambda x: x.rank)
-        values = torch.tensor([x.logprob for x in best], dtype=torch.float64)
-        lp[t] = position[token].logprob
-        q = torch.softmax(values, dim=0)  # renormalised over the returned alternatives
-        ent[t] = float(-(q * torch.log_softmax(values, dim=0)).nan_to_num(nan=0.0).sum())
-        conf[t] = float(-values[:conf_topk].mean())
-    return lp, ent, conf
 
 
 class VllmEngine:

@@ -1,43 +1,36 @@
-"""Paths as requests of a stepped vLLM engine (its core in this process, no step scheduled
-ahead: stopexp.search.vllm_engine.VllmSettings.stepped): added with their seeds, stepped one
-engine step at a time, aborted by id, each request's new tokens, log-probs and (with the
-engine's in-engine taps, stopexp.search.vllm_taps) states taken in as they arrive. Collect
-with taps and online Launch-Check-Resume (stopexp.search.vllm_lcr) run on it."""
+"""Paths as requests of a stepped vLLM engine (its core in this process, no step
+scheduled ahead: stopexp.search.vllm_engine.VllmSettings.stepped): added with their seeds,
+stepped one engine step at a time, aborted by id, each request's new tokens, log-probs and
+(with the engine's in-engine taps, stopexp.search.vllm_taps) states taken in as they
+arrive: stopexp.search.stepping's `Stepper`. Collect with taps and online
+Launch-Check-Resume (stopexp.search.lcr) run on it. Without taps the check's states come
+from `hidden_at`, a teacher-forced forward of prompt + prefix through the HF model
+(stopexp.models.extract.prefix_features, what featurize computes for a bank)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
+import numpy as np
 import torch
 
+from stopexp.search.stepping import Running
+from stopexp.signals.confidence import token_stats
 
-@dataclass
-class Running:
-    """One path run as a request on a stepped engine, as its outputs arrive."""
-    key: tuple          # who it is to the caller: (prompt index, path id), or (row,)
-    prompt: list        # prompt token ids
-    seed: int
-    tokens: list = field(default_factory=list)
-    logprobs: list = field(default_factory=list)  # vLLM's {token id: Logprob} per position
-    finished: bool = False   # ended: EOS, stop string or max tokens
-    finish_reason: str | None = None
-    pruned: bool = False
-    request_id: str = ""
-    watch: object = None     # its in-engine taps (stopexp.search.vllm_taps.Watch)
-    prefilled: int | None = None  # prompt tokens computed for it (the rest came from the prefix cache)
 
-    @property
-    def token_ids(self) -> list:  # read as a vLLM CompletionOutput is
-        return self.tokens
+class VllmSteps:
+    """A stepped vLLM engine as Launch-Check-Resume steps it: vLLM schedules all prompts
+    itself (one chunk). `hidden_at(sequences)`: the (B, layers, H) features and the (B,)
+    attention entropies (or None) of (prompt ids, prefix ids, [check]) triples, for an
+    engine without taps."""
 
-    def live_at(self, check: int) -> bool:
-        """Alive at the check, as replay counts it: the path is longer than the check."""
-        return len(self.tokens) > check or (not self.finished and len(self.tokens) >= check)
+    def __init__(self, engine, hidden_at=None):
+        if engine.taps is None and hidden_at is None:
+            raise ValueError("an engine without taps needs hidden_at to read the check's states")
+        self.engine, self.hidden_at = engine, hidden_at
 
-    def reached(self, check: int) -> bool:
-        """Ready to be checked at `check`: ended, or `check` tokens long; with taps, the
-        state at `check` is read by the forward that feeds token `check`, the one that also
-        samples the next token, so a path is ready one token later."""
-        return self.finished or self.pruned or len(self.tokens) >= check + (self.watch is not None)
+    def start(self, paths: list[Running], meter=None, labels=None) -> "Stepper":
+        return Stepper(self.engine, paths, meter, self.hidden_at)
+
+    def chunks(self, n_prompts: int, n_paths: int) -> list[range]:
+        return [range(n_prompts)]
 
 
 class Stepper:
@@ -47,18 +40,20 @@ class Stepper:
     `meter` (stopexp.search.memory.KVMeter) observes the cached tokens per prompt at the
     launch and at each `observe`."""
 
-    def __init__(self, engine, paths: list[Running], meter=None):
+    def __init__(self, engine, paths: list[Running], meter=None, hidden_at=None):
         from vllm.inputs import TokensPrompt
 
+        self.engine, self.hidden_at = engine, hidden_at
         self.core, self.paths, self.meter = engine.llm.llm_engine, paths, meter
         if self.core.has_unfinished_requests():
             raise RuntimeError("the vLLM engine has unfinished requests: it is not free for a run")
-        self.taps, self.ids = engine.taps, {}
+        self.taps, self.ids, self.stats = engine.taps, {}, {}
         for n, p in enumerate(paths):
             p.request_id = f"path{n}"
             self.ids[p.request_id] = p
             if self.taps is not None:
                 p.watch = self.taps.watch(p.request_id, len(p.prompt), engine.wanted(p.tokens))
+                p.lag = 1
             self.core.add_request(p.request_id, TokensPrompt(prompt_token_ids=list(p.prompt)),
                                   engine.request(p.seed, delta=True))
         if meter is not None:
@@ -94,3 +89,27 @@ class Stepper:
             p.pruned = True
             if self.taps is not None:
                 self.taps.forget(p.request_id)
+
+    def inputs(self, paths: list[Running], check: int) -> tuple:
+        if self.taps is not None:
+            hidden = torch.from_numpy(np.stack([p.watch.states[check] for p in paths]))
+            attn = None
+        else:
+            hidden, attn = self.hidden_at([(p.prompt, p.tokens[:check], [check]) for p in paths])
+        stats = [self._stats(p, check) for p in paths]
+        return (hidden, attn, *(torch.from_numpy(np.stack([s[k] for s in stats])) for k in range(3)))
+
+    def _stats(self, p: Running, check: int) -> tuple:
+        """The path's per-token (log-prob, entropy, confidence) up to `check`, each token's
+        computed once (progressive checks read longer prefixes of the same path)."""
+        done = self.stats.get(p.request_id, ())
+        if not done or len(done[0]) < check:
+            start = len(done[0]) if done else 0
+            new = token_stats(p.logprobs[start:check], p.tokens[start:check],
+                              self.engine.max_logprobs, self.engine.params.conf_topk)
+            done = tuple(np.concatenate([a, b]) for a, b in zip(done, new)) if done else new
+            self.stats[p.request_id] = done
+        return tuple(a[:check] for a in done)
+
+    def lm_state(self, paths: list[Running]):
+        return None  # vLLM's cache is its own

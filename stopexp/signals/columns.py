@@ -1,5 +1,5 @@
 """The non-learnable signal columns of a predictor batch, computed by one function for
-collection (stopexp.search.trace), online pruning (stopexp.search.parallel) and beam
+collection (stopexp.search.trace), online pruning (stopexp.search.lcr) and beam
 search (stopexp.search.beam), so that a replayed signal equals the online one.
 
 The hidden-state statistics read the current token's hidden state at the *deepest tapped

@@ -3,6 +3,7 @@ DeepConf token confidences. One function serves collection, online pruning and r
 so a signal means the same thing everywhere."""
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -46,3 +47,28 @@ def confidence_signals(logprob: torch.Tensor, entropy: torch.Tensor, conf: torch
     group = torch.where(short, (conf * inside).sum(1) / n, lowest)
     return {"mean_logprob": mean_lp, "min_logprob": min_lp, "mean_entropy": mean_ent,
             "group_conf": group, "prefix_len": n}
+
+
+def token_stats(logprobs: list, token_ids: list[int], top: int, conf_topk: int):
+    """(log-prob, entropy, confidence) per generated token from vLLM's per-position
+    {token id: Logprob} (the sampled token and the `top` best by rank): the entropy of the
+    returned alternatives renormalised, the confidence minus the mean of the best
+    `conf_topk` of them (in float64, stored as float32)."""
+    n = len(token_ids)
+    best = np.full((n, top), -np.inf)   # by rank; -inf where vLLM returned none
+    given = np.zeros((n, top), dtype=bool)
+    lp = np.zeros(n)
+    for t, (position, token) in enumerate(zip(logprobs, token_ids)):
+        lp[t] = position[token].logprob
+        for x in position.values():
+            if x.rank is not None and x.rank <= top:
+                best[t, x.rank - 1], given[t, x.rank - 1] = x.logprob, True
+    finite = np.where(given, best, -np.inf)
+    peak = np.max(finite, axis=1, keepdims=True) if n else np.zeros((0, 1))
+    peak = np.where(np.isfinite(peak), peak, 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_q = finite - peak - np.log(np.exp(finite - peak).sum(axis=1, keepdims=True))
+        ent = -np.nan_to_num(np.exp(log_q) * log_q, nan=0.0).sum(axis=1)
+        k = min(conf_topk, top)
+        conf = -np.where(given[:, :k], best[:, :k], 0.0).sum(axis=1) / given[:, :k].sum(axis=1)
+    return lp.astype(np.float32), ent.astype(np.float32), conf.astype(np.float32)

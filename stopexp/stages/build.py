@@ -4,7 +4,9 @@ it needs and hands the library one object or a few plain values."""
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from omegaconf import OmegaConf
 
@@ -20,7 +22,6 @@ from stopexp.search.sample import fit_prompts, prompt_limit, row_cap
 from stopexp.store import bank as bank_store
 from stopexp.store import feature_rows
 from stopexp.store import features as feature_bank
-from stopexp.store.bank_fill import Collection
 from stopexp.store.features import FeatureSet, feature_set
 from stopexp.store.keys import BankSpec, bank_spec
 from stopexp.tasks import build_task
@@ -50,6 +51,27 @@ def bank(cfg) -> BankSpec:
     return bank_spec(model=cfg.model, task=cfg.task, search=cfg.search, collect=cfg.collect,
                      tap=cfg.tap, seed=cfg.seed, reward=cfg.get("reward"), engine=cfg.get("engine"),
                      cache_dir=cfg.paths.cache_dir)
+
+
+@dataclass(frozen=True)
+class Collection:
+    """What collect fills a bank with: the bank, and the sections its paths are made by;
+    a stage builds it once (stopexp.stages.build.collection)."""
+    bank: BankSpec
+    model: Any      # the LM
+    task: Any       # its questions
+    search: Any     # the sampling
+    collect: Any    # prompts per split and shard, Monte Carlo rollouts, the difficulty band
+    reward: Any
+    engine: Any     # hf or vllm
+    seed: int
+    cache_dir: str  # where the LM's converted or trained weights are cached
+    # (generator, model, tokenizer) of the engine for sampling params and an optional tap
+    # (stopexp.engines.Backend.open, bound to the model, engine, cache and task sections)
+    open_engine: Any
+    # the features tapped inside the engine while it generates (stopexp.search.vllm_taps),
+    # written beside the bank; None: featurize extracts them from the stored tokens
+    features: Any = None
 
 
 def collection(cfg) -> Collection:

@@ -12,9 +12,9 @@ from pathlib import Path
 from stopexp.runtime.artifacts import write_json
 from stopexp.stages import build
 from stopexp.stages.cli import Stage, stage_main
+from stopexp.stages.collect import collect
 from stopexp.stages.evaluate import evaluate, print_table
 from stopexp.stages.train import train
-from stopexp.store.bank_fill import collect
 from stopexp.store.features import featurize
 
 log = logging.getLogger(__name__)

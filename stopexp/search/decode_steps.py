@@ -1,0 +1,86 @@
+"""stopexp's decode engine (stopexp.search.decode) stepped as stopexp.search.stepping's
+`Stepper`: the paths of a chunk of prompts are one left-padded batch (a prompt is prefilled
+once and its cache copied to its N paths), stepped in lockstep; an abort drops the rows
+from the batch and the cache. The check's states are the engine's taps at its checkpoints;
+super_token scores from the live cache."""
+from __future__ import annotations
+
+import torch
+
+from stopexp.search.decode import Engine
+from stopexp.search.sample import prompt_chunks
+from stopexp.search.stepping import Running
+
+
+class DecodeSteps:
+    """The hf engine as Launch-Check-Resume steps it: at most `max_rows` paths per batch
+    (stopexp.search.sample.row_cap), whole prompts per chunk. The engine's taps record the
+    states at the checks (its `checkpoints`)."""
+
+    def __init__(self, engine: Engine, max_rows: int = 1024):
+        self.engine, self.max_rows = engine, max_rows
+
+    def start(self, paths: list[Running], meter=None, labels=None) -> "DecodeStepper":
+        return DecodeStepper(self.engine, paths, meter, labels)
+
+    def chunks(self, n_prompts: int, n_paths: int) -> list[range]:
+        return list(prompt_chunks(n_prompts, n_paths, self.max_rows))
+
+
+class DecodeStepper:
+    """`paths` launched as one batch of the engine (path p is row p of the launch)."""
+
+    def __init__(self, engine: Engine, paths: list[Running], meter=None, labels=None):
+        self.engine, self.paths, self.meter = engine, paths, meter
+        self.state = engine.launch([p.prompt for p in paths], [p.seed for p in paths], labels)
+        self.index = {id(p): n for n, p in enumerate(paths)}
+        self.observe()
+
+    @property
+    def running(self) -> bool:
+        return self.state.size > 0
+
+    def observe(self) -> None:
+        if self.meter is not None and self.state.size:
+            self.meter.observe(self.state.positions,
+                               [self.paths[n].key[0] for n in self.state.paths.tolist()])
+
+    def step(self) -> None:
+        self.engine.step(self.state)
+        record = self.state.steps[-1]
+        for n, token in zip(record.paths.tolist(), record.tokens.tolist()):
+            self.paths[n].tokens.append(token)
+        alive = set(self.state.paths.tolist())
+        for n in record.paths.tolist():
+            if n not in alive:
+                self.paths[n].finished = True
+
+    def abort(self, paths: list[Running]) -> None:
+        gone = {self.index[id(p)] for p in paths}
+        for p in paths:
+            p.pruned = True
+        self.state.keep_paths(torch.tensor([n for n in self.state.paths.tolist() if n not in gone],
+                                           dtype=torch.long))
+
+    def _rows(self, paths: list[Running]) -> torch.Tensor:
+        return torch.tensor([self.index[id(p)] for p in paths], dtype=torch.long)
+
+    def inputs(self, paths: list[Running], check: int) -> tuple:
+        if check not in self.state.features:
+            raise ValueError(f"the engine recorded no taps at prefix {check}: build it with "
+                             f"that checkpoint (its checkpoints: {self.engine.checkpoints})")
+        idx = self._rows(paths)
+        recorded, hidden = self.state.features[check]
+        row_of = torch.full((self.state.n_paths,), -1, dtype=torch.long)
+        row_of[recorded] = torch.arange(len(recorded))
+        rows = row_of[idx]
+        attn = self.state.attn.get(check)
+        _, lp, ent, conf, _ = self.state.tensors(self.engine.pad_id)
+        return (hidden[rows], None if attn is None else attn[rows],
+                lp[idx, :check], ent[idx, :check], conf[idx, :check])
+
+    def lm_state(self, paths: list[Running]):
+        # in lockstep the live rows are the checked paths, in launch order
+        if self._rows(paths).tolist() == self.state.paths.tolist():
+            return self.state
+        return None

@@ -146,7 +146,7 @@ def test_stop_strings_carry_through_forks(sharp_lm):
     eng = make_engine(model, tok, SamplingParams(max_new_tokens=T, do_sample=False, stop=(stop,)))
     state = eng.run(eng.launch([tok(PROMPTS[0])["input_ids"]], [0]), until=t)
     assert state.size == 1
-    for child in (eng.fork(state, 2, [1, 2]), eng.fork(state, 1, None)):
+    for child in (eng.fork(state, 2, [1, 2]), eng.fork(state, 1, [3])):
         eng.run(child)
         assert child.lengths.tolist() == [t + 1] * child.n_paths  # one token after the fork
         assert child.finished.all()

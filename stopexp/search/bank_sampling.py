@@ -39,12 +39,11 @@ def sample_shards(engine, model, tokenizer, task, shards: dict[int, list], job,
                   checkpoints: list[int], reward=None) -> Iterator[SampledShard]:
     """Each of `shards` (plan index -> problems) sampled by `engine` (`Backend.open`'s,
     with its `model` and `tokenizer`), in order, as the collect `job` says (its model,
-    search, engine, collect sections and seed: stopexp.stages.collect.Collection), with
+    search, engine, collect sections and seed: stopexp.stages.build.Collection), with
     Monte Carlo rollouts at `checkpoints`; `reward` None: the outcome. Raises PromptTooLong
     before generating anything when no prompt fits."""
-    s = job
-    limit = prompt_limit(s.model, s.search, s.engine, model)
-    fitted = {i: fit_prompts(tokenizer, problems, limit, s.model.long_prompts)
+    limit = prompt_limit(job.model, job.search, job.engine, model)
+    fitted = {i: fit_prompts(tokenizer, problems, limit, job.model.long_prompts)
               for i, problems in shards.items()}
     n_prompts = sum(map(len, shards.values()))
     if not any(fitted.values()):
@@ -59,9 +58,9 @@ def sample_shards(engine, model, tokenizer, task, shards: dict[int, list], job,
         for i, problems in fitted.items():
             shard_start = time.time()
             clipped_before = reward.clipped if reward is not None else 0
-            cols, mc_tokens = trace_problems(engine, tokenizer, task, problems, s.search.n_paths,
-                                             s.seed, checkpoints, s.collect.mc_rollouts,
-                                             row_cap(s.search, s.model, tokenizer, problems), reward)
+            cols, mc_tokens = trace_problems(engine, tokenizer, task, problems, job.search.n_paths,
+                                             job.seed, checkpoints, job.collect.mc_rollouts,
+                                             row_cap(job.search, job.model, tokenizer, problems), reward)
             shard = SampledShard(i, problems, cols, int(sum(cols["length"])) + mc_tokens,
                                  time.time() - shard_start,
                                  reward.clipped - clipped_before if reward is not None else 0)

@@ -300,7 +300,8 @@ class Engine:
             self.taps.clear()
         self._forward(state, tokens[:, None], state.positions[:, None])
         state.positions = state.positions + 1
-        if self.taps is not None and state.record_taps:
+        if self.taps is not None and state.record_taps and self.checkpoints \
+                and state.n_generated <= self.checkpoints[-1]:  # past the last check: unread
             self._read_taps(state)
 
     def _read_taps(self, state: Decode) -> None:
@@ -327,15 +328,15 @@ class Engine:
         state = self.run(self.launch(prompts, seeds, labels))
         return (*state.tensors(self.pad_id), state.finished.clone())
 
-    def fork(self, state: Decode, repeats: int, seeds: list[int] | None,
+    def fork(self, state: Decode, repeats: int, seeds: list[int],
              rows: torch.Tensor | None = None) -> Decode:
         """A new state whose rows are the live `rows` (default: all) each repeated
-        `repeats` times, sharing the prefix through a copied cache (no re-encoding). New row
-        r*repeats+j draws from `seeds[r*repeats+j]` from the current step on; with
-        `seeds=None` each row keeps its own stream (it continues exactly as it would have).
-        New rows are numbered 0.. in the order of `rows`. The original state is untouched."""
+        `repeats` times, sharing the prefix through a copied cache (no re-encoding): Monte
+        Carlo rollouts. New row r*repeats+j draws from `seeds[r*repeats+j]` from the current
+        step on. New rows are numbered 0.. in the order of `rows`. The original state is
+        untouched."""
         rows = torch.arange(state.size) if rows is None else rows
-        if seeds is not None and len(seeds) != len(rows) * repeats:
+        if len(seeds) != len(rows) * repeats:
             raise ValueError("fork needs one seed per new row")
         idx = rows.to(state.attention_mask.device).repeat_interleave(repeats)
         cache = DynamicCache(config=self.model.config)
@@ -343,15 +344,11 @@ class Engine:
             cache.update(layer.keys[idx], layer.values[idx], i)
         P = len(idx)
         t = state.n_generated
-        if seeds is None:
-            u = state.uniforms[idx.cpu()].clone()
-        else:
-            u = torch.zeros(P, self.params.max_new_tokens, dtype=torch.float64)
-            for r, s in enumerate(seeds):
-                u[r, t:] = uniforms(s, self.params.max_new_tokens - t)
+        u = torch.zeros(P, self.params.max_new_tokens, dtype=torch.float64)
+        for r, s in enumerate(seeds):
+            u[r, t:] = uniforms(s, self.params.max_new_tokens - t)
         parents = idx.cpu().tolist()
-        labels = [state.label(r) + ("" if seeds is None else f" rollout {k % repeats}")
-                  for k, r in enumerate(parents)]
+        labels = [f"{state.label(r)} rollout {k % repeats}" for k, r in enumerate(parents)]
         tails = None if state.tails is None else [list(state.tails[r]) for r in parents]
         return Decode(paths=torch.arange(P), uniforms=u, cache=cache,
                       attention_mask=state.attention_mask[idx], positions=state.positions[idx],

@@ -13,9 +13,9 @@ from stopexp.search.stepping import Running
 
 
 class DecodeSteps:
-    """The hf engine as Launch-Check-Resume steps it: at most `max_rows` paths per batch
-    (stopexp.search.sample.row_cap), whole prompts per chunk. The engine's taps record the
-    states at the checks (its `checkpoints`)."""
+    """The hf engine as Launch-Check-Resume steps it: whole prompts per chunk, as many as
+    fit into `max_rows` paths (stopexp.search.sample.row_cap; at least one prompt). The
+    engine's taps record the states at the checks (its `checkpoints`)."""
 
     def __init__(self, engine: Engine, max_rows: int = 1024):
         self.engine, self.max_rows = engine, max_rows
@@ -74,6 +74,8 @@ class DecodeStepper:
         row_of = torch.full((self.state.n_paths,), -1, dtype=torch.long)
         row_of[recorded] = torch.arange(len(recorded))
         rows = row_of[idx]
+        if bool((rows < 0).any()):  # in lockstep every checked path was live at the check
+            raise RuntimeError(f"paths checked at prefix {check} have no state recorded there")
         attn = self.state.attn.get(check)
         _, lp, ent, conf, _ = self.state.tensors(self.engine.pad_id)
         return (hidden[rows], None if attn is None else attn[rows],

@@ -101,15 +101,17 @@ def check_batch(stepper: Stepper, paths: list[Running], check: int, group_window
     return batch
 
 
-def _run(stepper: Stepper, tokenizer, checks: list[int], decide, run: OnlineRun) -> None:
-    """Step the stepper's paths to the end; at each check, every prompt whose live paths all
-    reached it is handed to `decide(check index, paths alive there)`, which returns the paths
-    to prune (an empty list for no_prune). Fills `run`'s lengths, texts and times."""
+def _run(launch, tokenizer, checks: list[int], decide, run: OnlineRun) -> None:
+    """Launch the paths (`launch()` returns their stepper; an engine may prefill there) and
+    step them to the end; at each check, every prompt whose live paths all reached it is
+    handed to `decide(stepper, check index, paths alive there)`, which returns the paths to
+    prune (an empty list for no_prune). Fills `run`'s lengths, texts and times."""
+    start, checked, first_done = time.perf_counter(), 0.0, None
+    stepper = launch()
     paths, groups = stepper.paths, {}
     for p in paths:
         groups.setdefault(p.key[0], []).append(p)
     at = dict.fromkeys(groups, 0)  # per prompt: the index of its next check
-    start, checked, first_done = time.perf_counter(), 0.0, None
     # the cache a check sees is that of the step where every path holds `check` tokens: with
     # a lag that step is the one before, so the cache is observed after the pruned paths left
     late = any(p.lag for p in paths)
@@ -123,9 +125,10 @@ def _run(stepper: Stepper, tokenizer, checks: list[int], decide, run: OnlineRun)
                 break
             for i in sorted({at[g] for g in ready}):
                 tic = time.perf_counter()
-                first_done = tic if first_done is None else first_done
                 live = [p for g in ready if at[g] == i for p in groups[g]
                         if not p.pruned and p.live_at(checks[i])]
+                if live and first_done is None:  # the launch phase ends at the first check
+                    first_done = tic
                 gone = decide(stepper, i, live) if live else []
                 if gone:
                     stepper.abort(gone)
@@ -170,8 +173,8 @@ def launch_check_resume(steps: Steps, tokenizer, task, problems, n_paths: int, s
         owners_all += owners
 
         def launch(run):
-            paths = [Running(key, p, s) for key, p, s in zip(owners, prompts, seeds)]
-            return steps.start(paths, run.kv, labels)
+            return lambda: steps.start([Running(key, p, s) for key, p, s in zip(owners, prompts, seeds)],
+                                       run.kv, labels)
 
         def record_first(stepper, i, live):  # no_prune keeps all; the first check's batch, untimed
             if i == 0:
@@ -198,6 +201,10 @@ def launch_check_resume(steps: Steps, tokenizer, task, problems, n_paths: int, s
 
             _run(launch(run), tokenizer, checks, decide, run)
     keys = [k for k in owners_all if k in first]
+    if not keys:
+        raise ValueError(f"no path of the {len(problems)} prompts is alive at the first check "
+                         f"({checks[0]} tokens): every path ended before it, so nothing is "
+                         "checked; check at an earlier prefix")
     merged = {name: torch.stack([first[k][name] for k in keys])
               for name in ("hidden", "signals", "prefix_len", "mc")}
     merged["correct"] = torch.tensor([outcome[k] for k in keys])

@@ -32,8 +32,7 @@ from stopexp.search.trace import has_values
 from stopexp.stages import build
 from stopexp.stages.cli import Stage, stage_main
 from stopexp.store import bank
-from stopexp.store.bank_plan import (difficulty_filter, plan, plan_parts, summarize, verified_shards,
-                                     write_meta)
+from stopexp.store.bank_plan import difficulty_filter, plan, plan_parts, settle, summarize, verified_shards
 from stopexp.store.tapped_features import finish_tapped, write_tapped
 from stopexp.tasks import build_task, vote_format
 from stopexp.tasks.rewards import build_reward
@@ -103,7 +102,7 @@ def collect(job: build.Collection, rank: int = 0, world: int = 1, run=None) -> d
         barrier()  # rank 0 has written meta.json: report what it found
         complete, lost = bank.read_meta(root).get("complete", False), "see rank 0's log"
     else:
-        missing = _settle(job, root, task, shards, set(done.values()) | written, rank)
+        missing = settle(job, root, task, shards, set(done.values()) | written, rank)
         if grouped:
             barrier()
         complete = not missing
@@ -132,28 +131,6 @@ def collect(job: build.Collection, rank: int = 0, world: int = 1, run=None) -> d
                                    **summary})
         run.log({"collect/sample_paths": _sample_table(run, root)})
     return {"bank": str(root), "complete": True, **mine, **summary}
-
-
-def _settle(job, root: Path, task, shards: list, trusted: set[str], rank: int) -> list[int]:
-    """Verify every shard of the plan (byte for byte, except the `trusted` ones this
-    process has just checked or written) and write meta.json if this process may: rank 0,
-    or any process that finds the bank complete. Returns the indices still missing. Under
-    the bank's lock, so that the shards meta.json records are the ones in place."""
-    with artifact_lock(root):
-        return _settle_locked(job, root, task, shards, trusted, rank)
-
-
-def _settle_locked(job, root: Path, task, shards: list, trusted: set[str], rank: int) -> list[int]:
-    parts, want = plan_parts(shards), job.bank.want
-    good = verified_shards(root, range(len(shards)), parts, want, trusted)
-    missing = [i for i in range(len(shards)) if i not in good]
-    if rank == 0 or not missing:
-        missing = write_meta(job, root, task, shards, good, missing)
-        if missing:  # another job of an array may have finished meanwhile: never leave
-            good = verified_shards(root, range(len(shards)), parts, want, set(good.values()))
-            if len(good) == len(shards):  # a stale "incomplete" behind
-                missing = write_meta(job, root, task, shards, good, [])
-    return missing
 
 
 def _fill(job, root: Path, task, shards: list, pending: list[int], rank: int,

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 from omegaconf import OmegaConf
 
+from stopexp.runtime.artifacts import artifact_lock
 from stopexp.runtime.integrity import set_aside
 from stopexp.store import bank
 from stopexp.tasks.answers import vote, vote_clusters
@@ -88,6 +89,28 @@ def verified_shards(root: Path, indices, plan: dict[int, dict], want: dict,
                             "recomputed by the collect that owns it", root, name, problem)
                 set_aside(root / name)
     return good
+
+
+def settle(job, root: Path, task, shards: list, trusted: set[str], rank: int) -> list[int]:
+    """Verify every shard of the plan (byte for byte, except the `trusted` ones this
+    process has just checked or written) and write meta.json if this process may: rank 0,
+    or any process that finds the bank complete. Returns the indices still missing. Under
+    the bank's lock, so that the shards meta.json records are the ones in place."""
+    with artifact_lock(root):
+        return _settle_locked(job, root, task, shards, trusted, rank)
+
+
+def _settle_locked(job, root: Path, task, shards: list, trusted: set[str], rank: int) -> list[int]:
+    parts, want = plan_parts(shards), job.bank.want
+    good = verified_shards(root, range(len(shards)), parts, want, trusted)
+    missing = [i for i in range(len(shards)) if i not in good]
+    if rank == 0 or not missing:
+        missing = write_meta(job, root, task, shards, good, missing)
+        if missing:  # another job of an array may have finished meanwhile: never leave
+            good = verified_shards(root, range(len(shards)), parts, want, set(good.values()))
+            if len(good) == len(shards):  # a stale "incomplete" behind
+                missing = write_meta(job, root, task, shards, good, [])
+    return missing
 
 
 def write_meta(job, root: Path, task, shards: list, good: dict[int, str],

@@ -47,13 +47,10 @@ class DecodeStepper:
 
     def step(self) -> None:
         self.engine.step(self.state)
-        record = self.state.steps[-1]
+        record, alive = self.state.steps[-1], set(self.state.paths.tolist())
         for n, token in zip(record.paths.tolist(), record.tokens.tolist()):
             self.paths[n].tokens.append(token)
-        alive = set(self.state.paths.tolist())
-        for n in record.paths.tolist():
-            if n not in alive:
-                self.paths[n].finished = True
+            self.paths[n].finished = n not in alive
 
     def abort(self, paths: list[Running]) -> None:
         gone = {self.index[id(p)] for p in paths}

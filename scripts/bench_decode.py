@@ -32,6 +32,7 @@ from stopexp.core.protocol import checkpoint_tokens
 from stopexp.stages import build
 from stopexp.search.decode import eos_ids, make_engine
 from stopexp.search.sample import launch_lists
+from stopexp.search.stepping import run_paths
 from stopexp.search.taps import Taps
 from stopexp.tasks import build_task
 
@@ -163,8 +164,15 @@ def main(argv: list[str]) -> None:
           f"model, {peak_rss_gib():.2f} GiB at the end (peaks are cumulative, in run order)")
 
 
+def generated(steps, prompts, seeds) -> int:
+    """Tokens of whole paths on an engine's stepper, with their per-token columns."""
+    stepper, paths = run_paths(steps, prompts, seeds)
+    stepper.columns(paths)
+    return sum(len(p.tokens) for p in paths)
+
+
 def compare_vllm(cfg, args) -> None:
-    """engine=vllm: tokens/s and peak memory of vLLM through stopexp (VllmEngine.generate:
+    """engine=vllm: tokens/s and peak memory of vLLM through stopexp (collect's stepper:
     one request per path, the bank's per-token columns computed), of raw vLLM on the same
     requests (LLM.generate only), of stopexp's own engine and of HF generate, each after one
     warm-up; vLLM runs first and is shut down before the HF model loads."""
@@ -182,7 +190,7 @@ def compare_vllm(cfg, args) -> None:
     start = time.perf_counter()
     with open_llm(settings) as llm:
         started = time.perf_counter() - start
-        engine = VllmEngine(llm, settings, p, eos_ids(skeleton, tok), tok.pad_token_id)
+        engine = VllmEngine(llm, settings, p, eos_ids(skeleton, tok), tok)
         requests = [TokensPrompt(prompt_token_ids=x) for x in prompts]
         params = [engine.request(s) for s in seeds]
 
@@ -190,7 +198,7 @@ def compare_vllm(cfg, args) -> None:
             return sum(len(d.outputs[0].token_ids)
                        for d in llm.generate(requests, params, use_tqdm=False))
 
-        for name, fn in (("vLLM, stopexp", lambda: int(engine.generate(prompts, seeds)[4].sum())),
+        for name, fn in (("vLLM, stopexp", lambda: generated(engine.steps(), prompts, seeds)),
                          ("vLLM, raw", raw)):
             t, n = timed(fn, args.repeats)
             rows.append((name, n, t))
@@ -200,7 +208,7 @@ def compare_vllm(cfg, args) -> None:
     ends = torch.tensor(eos_ids(model, hf_tok), device=device)
 
     def ours():
-        return int(make_engine(model, hf_tok, p).generate(prompts, seeds)[4].sum())
+        return generated(make_engine(model, hf_tok, p).steps(), prompts, seeds)
 
     def hf_run():
         return hf_generate(model, hf_tok, prompts, N, len(problems), p, ends)

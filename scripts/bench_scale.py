@@ -46,8 +46,9 @@ def worker(rank: int, world: int, threads: int | None, overrides: list[str], rep
     engine = make_engine(model, tok, build.sampling(cfg))
 
     def trace(problems):
-        cols, _ = trace_problems(engine, tok, task, problems, cfg.search.n_paths, cfg.seed,
-                                 checkpoints, 0, row_cap(cfg.search, cfg.model, tok, problems))
+        steps = engine.steps(row_cap(cfg.search, cfg.model, tok, problems))
+        cols, _ = trace_problems(steps, tok, task, problems, cfg.search.n_paths, cfg.seed,
+                                 checkpoints, 0)
         return len(cols["length"]), int(sum(cols["length"]))
 
     trace(shards[0][:1])  # warm-up: lazy initialisation stays out of the timing

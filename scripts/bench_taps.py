@@ -46,14 +46,14 @@ def config(overrides: list[str], out: str):
 
 def decode(cfg, prompts: int, every: bool, block_size: int | None = None, repeats: int = 1) -> dict:
     """tokens/s (the median of `repeats` runs after one to warm up) and prefilled prompt
-    tokens of `prompts` x N paths on a fresh stepped engine (taps at every position with
+    tokens of `prompts` x N paths on a fresh in-process engine (taps at every position with
     `every`, else none)."""
     engine_cfg = OmegaConf.create(OmegaConf.to_container(cfg.engine, resolve=True) | (
         {} if block_size is None else {"block_size": block_size}))
     positions = {"checkpoints": [], "stride": 1, "separator": None}
     runs = []
     with open_vllm_engine(cfg.model, engine_cfg, cfg.paths.cache_dir, cfg.task, sampling(cfg),
-                          stepped=True, tap=cfg.tap if every else None,
+                          in_process=True, tap=cfg.tap if every else None,
                           positions=positions) as (engine, _, tokenizer):
         problems = build_task(cfg.task).problems("test", prompts)
         for _ in range(repeats + 1):

@@ -39,7 +39,7 @@ def run_on(device: str, model_dir, problems, task) -> dict:
     out, t = {}, time.perf_counter()
     with Taps(model, [-1], "last") as taps:
         engine = make_engine(model, tok, params)  # collect runs without taps
-        cols, _ = trace_problems(engine, tok, task, problems, N, 0, [CHECK, 12], 2)
+        cols, _ = trace_problems(engine.steps(), tok, task, problems, N, 0, [CHECK, 12], 2)
         out["collect"] = [tuple(x) for x in cols["tokens"]]
         out["mc"] = [tuple(round(float(v), 3) for v in m) for m in cols["mc"]]
         engine = make_engine(model, tok, params, taps, (CHECK,))

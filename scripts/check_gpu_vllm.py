@@ -65,7 +65,7 @@ def engine(model: Path, dtype: str, gpu: bool, layers: tuple[int, ...], params, 
                      gpu_memory_utilization=0.6, cpu_kvcache_space=None if gpu else 1.0,
                      tensor_parallel_size=1, max_num_batched_tokens=None,
                      enable_prefix_caching=True, block_size=16 if gpu else 32,
-                     enforce_eager=False, seed=0, max_logprobs=5, stepped=True, tap_layers=layers)
+                     enforce_eager=False, seed=0, max_logprobs=5, in_process=True, tap_layers=layers)
     llm = build_llm(s)
     taps = EngineTaps(llm, layers, "last", "float32") if layers else None
     tok = AutoTokenizer.from_pretrained(model)

@@ -87,7 +87,7 @@ def test_features_and_online_see_the_same_entropy_and_off_changes_nothing(eager_
     task = ArithTask(n_steps=2)
     problems = task.problems("test", 2)
     params, c = SamplingParams(max_new_tokens=10), 3
-    cols, _ = trace_problems(make_engine(model, tok, params), tok, task, problems, 4, 0, [], 0, 32)
+    cols, _ = trace_problems(make_engine(model, tok, params).steps(32), tok, task, problems, 4, 0, [], 0)
 
     def online(heads):
         with Taps(model, [-1], attention_heads=heads) as taps:

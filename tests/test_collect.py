@@ -176,73 +176,106 @@ def test_log_line_says_what_a_rank_wrote_and_whether_the_bank_is_complete():
     assert log_line({**mine, "complete": True}).endswith("rank 0 reports the bank's summary")
 
 
-class ScriptedEngine:
-    """An engine that cannot fork (as vLLM): the r-th rollout of every prefix continues
-    with scripts[r], cut at the request's cap; records what it was asked."""
+class ScriptedCore:
+    """vLLM's engine as stopexp.search.vllm_steps.Stepper drives it: a path's request
+    ("path<j>") writes its script, a rollout's ("mc:path<j>:<c>:<r>") scripts[r], one
+    token per step, cut at its max_tokens; the t-th token of a request has log-prob
+    -(t + 1) / 10 (rollouts) or -(t + 1) (paths). Records the rollouts it was asked."""
 
-    def __init__(self, tokenizer, scripts, max_new_tokens, stop):
-        from types import SimpleNamespace
+    def __init__(self, tokenizer, paths, scripts):
+        def ids(s):
+            return tokenizer(s, add_special_tokens=False)["input_ids"]
 
-        self.tok, self.scripts, self.calls = tokenizer, scripts, []
-        self.params = SimpleNamespace(max_new_tokens=max_new_tokens, stop=tuple(stop))
+        self.paths, self.scripts = [ids(s) for s in paths], [ids(s) for s in scripts]
+        self.running, self.asked = {}, []
 
-    def continuations(self, prompts, seeds, max_tokens, logprobs=False):
-        """Each rollout token's log-prob is -(its index + 1) / 10."""
-        self.calls.append((prompts, seeds, max_tokens))
-        ids = [self.tok(s, add_special_tokens=False)["input_ids"] for s in self.scripts]
-        out = [ids[i % len(ids)][:cap] for i, cap in enumerate(max_tokens)]
-        return [(x, -(np.arange(len(x), dtype=np.float32) + 1) / 10 if logprobs else None) for x in out]
+    def has_unfinished_requests(self):
+        return bool(self.running)
+
+    def add_request(self, name, prompt, params):
+        if name.startswith("mc:"):
+            self.asked.append((name, prompt["prompt_token_ids"], params.seed, params.max_tokens))
+            script, scale = self.scripts[int(name.rsplit(":", 1)[1])], 10
+        else:
+            script, scale = self.paths[int(name.removeprefix("path"))], 1
+        self.running[name] = (script[:params.max_tokens], scale, 0)
+
+    def step(self):
+        from types import SimpleNamespace as NS
+
+        outs = []
+        for name, (script, scale, t) in list(self.running.items()):
+            token, done = script[t], t + 1 == len(script)
+            lp = {token: NS(logprob=-(t + 1) / scale, rank=1)}
+            outs.append(NS(request_id=name, finished=done, num_cached_tokens=0, outputs=[
+                NS(token_ids=[token], logprobs=[lp], finish_reason="stop" if done else None)]))
+            if done:
+                del self.running[name]
+            else:
+                self.running[name] = (script, scale, t + 1)
+        return outs
 
 
-@pytest.mark.parametrize("max_rows", [64, 2])  # 2: one prefix per request batch
-def test_resubmitted_rollouts_cut_a_stop_that_starts_in_the_prefix(max_rows):
+def scripted_stepper(paths, scripts, stop):
+    """A vLLM stepper (the real one) over ScriptedCore: prompt "1?", stop string `stop`,
+    10 new tokens at most."""
+    from types import SimpleNamespace as NS
+
+    from stopexp.models.tokenizer import build_char_tokenizer
+    from stopexp.search.stepping import Running
+    from stopexp.search.stops import StopStrings
+    from stopexp.search.vllm_steps import VllmSteps
+
+    tok = build_char_tokenizer()
+    core = ScriptedCore(tok, paths, scripts)
+    engine = NS(llm=NS(llm_engine=core), taps=None, max_logprobs=1, stops=StopStrings([stop], tok),
+                params=NS(max_new_tokens=10, stop=(stop,), conf_topk=1),
+                request=lambda seed, delta, max_tokens=None, logprobs=None: NS(seed=seed, max_tokens=10 if max_tokens is None else max_tokens))
+    prompt = tok("1?", add_special_tokens=False)["input_ids"]
+    running = [Running((0, j), prompt, j) for j in range(len(paths))]
+    return VllmSteps(engine).start(running), running, core, tok
+
+
+def test_vllm_rollouts_cut_a_stop_that_starts_in_the_prefix():
     """Hand-computed: path 0 is "12#3=7" (6 tokens), path 1 "4" (ended at 1 token); checks
     at 1 and 3 tokens, 2 rollouts continuing with "#=7" and "=7", a path is right when it
     ends in "=7", stop string "##". At 3 the prefix "12#" and the rollout's "#" complete
     the stop: that rollout keeps 1 token ("12##", wrong), the other is right: 0.5."""
-    import torch
     from types import SimpleNamespace
 
     from stopexp.core.seeds import stream_seed
-    from stopexp.models.tokenizer import build_char_tokenizer
-    from stopexp.search.trace import resubmitted_mc
+    from stopexp.search.stepping import step_to
+    from stopexp.search.trace import rollout_rewards
 
-    tok = build_char_tokenizer()
-    ids = [tok(s, add_special_tokens=False)["input_ids"] for s in ("12#3=7", "4")]
-    tokens = torch.zeros(2, 6, dtype=torch.long)
-    for p, row in enumerate(ids):
-        tokens[p, :len(row)] = torch.tensor(row)
-    lengths = torch.tensor([6, 1])
+    stepper, paths, core, tok = scripted_stepper(["12#3=7", "4"], ["#=7", "=7"], "##")
     task = SimpleNamespace(check=lambda problem, text: text.endswith("=7"))
     problems = [SimpleNamespace(prompt="1?")]
-    engine = ScriptedEngine(tok, ["#=7", "=7"], max_new_tokens=10, stop=["##"])
-    prompt = tok("1?", add_special_tokens=False)["input_ids"]
-    mc, generated = resubmitted_mc(engine, tok, task, problems, [(0, 0), (0, 1)], [prompt, prompt],
-                                   tokens, torch.zeros(2, 6), lengths, [1, 3], seed=5, rollouts=2,
-                                   max_rows=max_rows)
-    np.testing.assert_array_equal(mc, np.array([[1.0, 0.5], [np.nan, np.nan]], np.float32))
-    assert generated == (3 + 2) + (1 + 2)
-    asked = [x for call in engine.calls for x in zip(*call)]
-    assert [len(p) for p, _, _ in asked] == [3, 3, 5, 5]  # the prompt and the path's prefix
-    assert [cap for *_, cap in asked] == [9, 9, 7, 7]  # max_new_tokens - c
-    assert [s for _, s, _ in asked] == [stream_seed(5, "1?", 0, "mc", c, r)
-                                        for c in (1, 3) for r in range(2)]
-    assert len(engine.calls) == (1 if max_rows == 64 else 2)
+    got = {}
+    for c in (1, 3):
+        step_to(stepper, c)
+        live = [p for p in paths if p.live_at(c)]
+        got[c] = rollout_rewards(stepper, tok, task, problems, live, c, seed=5, rollouts=2)
+    assert got[1] == ({(0, 0): 1.0}, {(0, 0): 3 + 2})  # "1#=7", "1=7"; path 1 ended at 1
+    assert got[3] == ({(0, 0): 0.5}, {(0, 0): 1 + 2})
+    assert [len(head) for _, head, _, _ in core.asked] == [3, 3, 5, 5]  # prompt and prefix
+    assert [cap for *_, cap in core.asked] == [9, 9, 7, 7]  # max_new_tokens - c
+    assert [seed for _, _, seed, _ in core.asked] == [stream_seed(5, "1?", 0, "mc", c, r)
+                                                      for c in (1, 3) for r in range(2)]
+    while stepper.running:  # the paths themselves are untouched by their rollouts
+        stepper.step()
+    assert [tok.decode(p.tokens) for p in paths] == ["12#3=7", "4"]
 
 
-def test_resubmitted_rollouts_score_a_reward_on_the_prefix_and_rollout_log_probs():
+def test_vllm_rollouts_score_a_reward_on_the_prefix_and_rollout_log_probs():
     """A reward that reads log-probs gets the path's own up to c, then the rollout's up to
     where it is cut: at c=3 of "12#3=7" (log-probs -1, -2, -3 ...), "#=7" is cut to "#"
     (-0.1) and "=7" kept (-0.1, -0.2), so the rewards' mean is ((-6.1) + (-6.3)) / 2."""
-    import torch
     from types import SimpleNamespace
 
-    from stopexp.models.tokenizer import build_char_tokenizer
-    from stopexp.search.trace import resubmitted_mc
+    from stopexp.search.stepping import step_to
+    from stopexp.search.trace import rollout_rewards
 
-    tok = build_char_tokenizer()
-    tokens = torch.tensor([tok("12#3=7", add_special_tokens=False)["input_ids"]])
-    lp = -torch.arange(1, 7, dtype=torch.float32)[None]
+    stepper, paths, _, tok = scripted_stepper(["12#3=7"], ["#=7", "=7"], "##")
     seen = []
 
     def scores(task, problems, texts, logprobs):
@@ -250,9 +283,8 @@ def test_resubmitted_rollouts_score_a_reward_on_the_prefix_and_rollout_log_probs
         return np.array([float(x.sum()) for x in logprobs])
 
     reward = SimpleNamespace(needs_logprobs=True, scores=scores)
-    engine = ScriptedEngine(tok, ["#=7", "=7"], max_new_tokens=10, stop=["##"])
-    mc, _ = resubmitted_mc(engine, tok, SimpleNamespace(), [SimpleNamespace(prompt="1?")], [(0, 0)],
-                           [tok("1?", add_special_tokens=False)["input_ids"]], tokens, lp,
-                           torch.tensor([6]), [3], seed=0, rollouts=2, max_rows=64, reward=reward)
+    step_to(stepper, 3)
+    rates, _ = rollout_rewards(stepper, tok, SimpleNamespace(), [SimpleNamespace(prompt="1?")],
+                               paths, 3, seed=0, rollouts=2, reward=reward)
     assert seen == [(["12##", "12#=7"], [[-1, -2, -3, -0.1], [-1, -2, -3, -0.1, -0.2]])]
-    assert mc[0, 0] == pytest.approx((-6.1 - 6.3) / 2, abs=1e-5)
+    assert rates[(0, 0)] == pytest.approx((-6.1 - 6.3) / 2, abs=1e-5)

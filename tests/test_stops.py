@@ -310,11 +310,11 @@ def test_traced_paths_and_rollouts_end_at_the_stop(sharp_lm):
     task = ArithTask(n_steps=3)
     problems = task.problems("test", 3)
     free = make_engine(model, tok, SamplingParams(max_new_tokens=T))
-    cols, _ = trace_problems(free, tok, task, problems, 4, 0, [2], 0, 32)
+    cols, _ = trace_problems(free.steps(32), tok, task, problems, 4, 0, [2], 0)
     texts = [t for t in cols["text"] if len(t) > 6]
     stop = texts[0][4:6]
     eng = make_engine(model, tok, SamplingParams(max_new_tokens=T, stop=(stop,)))
-    with_stop, mc_tokens = trace_problems(eng, tok, task, problems, 4, 0, [2], 2, 32)
+    with_stop, mc_tokens = trace_problems(eng.steps(32), tok, task, problems, 4, 0, [2], 2)
     assert mc_tokens > 0
     hits = 0
     for text, tokens, n, before in zip(with_stop["text"], with_stop["tokens"],

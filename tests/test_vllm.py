@@ -1,8 +1,8 @@
 """engine=vllm against engine=hf on SmolLM2-135M-Instruct in float32, on the CPU.
 
-One vLLM engine serves the whole session (`smol`: starting one takes 20-100 s): a stepped
-one, which online Launch-Check-Resume needs, held open by `stopexp.search.vllm_engine.hold`;
-collect's plain requests reuse it. Tiny prompts sets and few tokens keep
+One vLLM engine serves the whole session (`smol`: starting one takes 20-100 s): an
+in-process one, which online Launch-Check-Resume needs, held open by
+`stopexp.search.vllm_engine.hold`; collect without taps reuses it. Tiny prompts sets and few tokens keep
 the module at a few minutes on 2 cores, most of it vLLM's start and the GGUF conversion.
 """
 import math
@@ -21,6 +21,7 @@ from stopexp.models.vllm_lm import vllm_settings  # noqa: E402
 from stopexp.search.decode import make_engine  # noqa: E402
 from stopexp.search.stops import eos_ids  # noqa: E402
 from stopexp.search.sample import prompt_ids  # noqa: E402
+from stopexp.search.stepping import run_paths  # noqa: E402
 from stopexp.search.stops import StopStrings  # noqa: E402
 from stopexp.search.vllm_engine import VllmEngine, hf_token_columns, hold  # noqa: E402
 from stopexp.stages.build import sampling  # noqa: E402
@@ -53,7 +54,7 @@ def smol(tmp_path_factory):
     # converts the GGUF file once
     settings, skeleton, tokenizer = vllm_settings(cfg.model, cfg.engine, cfg.paths.cache_dir, cfg.task)
     model, hf_tokenizer = build.lm(hf_cfg)
-    with hold(replace(settings, stepped=True, tap_layers=TAP_LAYERS)) as llm:
+    with hold(replace(settings, in_process=True, tap_layers=TAP_LAYERS)) as llm:
         yield SimpleNamespace(cfg=cfg, hf_cfg=hf_cfg, llm=llm, settings=settings, model=model,
                               tokenizer=hf_tokenizer, eos=eos_ids(model, hf_tokenizer))
 
@@ -85,18 +86,18 @@ def test_greedy_tokens_equal_the_hf_engine_or_differ_at_a_float_tie(smol):
     tok = smol.tokenizer
     problems = build_task(smol.cfg.task).problems("test", PROMPTS)
     prompts = [prompt_ids(tok, p.prompt) for p in problems]
-    hf = make_engine(smol.model, tok, params).generate(prompts, [0] * PROMPTS)
-    vl = VllmEngine(smol.llm, smol.settings, params, smol.eos, tok.pad_token_id).generate(
-        prompts, [0] * PROMPTS)
-    (hf_tok, hf_lp, *_, hf_len, hf_fin), (vl_tok, vl_lp, *_, vl_len, vl_fin) = hf, vl
+    hf_steps = make_engine(smol.model, tok, params).steps()
+    vl_steps = VllmEngine(smol.llm, smol.settings, params, smol.eos, tok).steps()
+    (hf, hf_paths), (vl, vl_paths) = (run_paths(s, prompts, [0] * PROMPTS) for s in (hf_steps, vl_steps))
+    hf_lp, vl_lp = ([c[0] for c in s.columns(ps)] for s, ps in ((hf, hf_paths), (vl, vl_paths)))
     noise, ties, same = 0.0, [], 0
     for r in range(PROMPTS):
-        a, b = hf_tok[r, : hf_len[r]].tolist(), vl_tok[r, : vl_len[r]].tolist()
+        a, b = hf_paths[r].tokens, vl_paths[r].tokens
         common = next((t for t, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-        noise = max(noise, float((hf_lp[r, :common] - vl_lp[r, :common]).abs().max()))
+        noise = max(noise, float(np.abs(hf_lp[r][:common] - vl_lp[r][:common]).max()))
         if a == b:
             same += 1
-            assert bool(hf_fin[r]) == bool(vl_fin[r])
+            assert hf_paths[r].stopped == vl_paths[r].stopped
         else:  # the top-2 gap of HF's distribution where they part
             logp = full_logprobs(smol.model, prompts[r], a[: common + 1])[common]
             top2 = logp.topk(2).values
@@ -230,10 +231,9 @@ def test_mean_pooled_states_tapped_inside_vllm_equal_the_teacher_forced_ones(smo
     with open_vllm_engine(cfg.model, cfg.engine, cfg.paths.cache_dir, cfg.task, sampling(cfg),
                           tap=tap, positions=every) as (engine, *_):
         ids = prompt_ids(smol.tokenizer, problems[0].prompt)
-        tok, *_, lengths, _ = engine.generate([ids] * 4, [1, 2, 3, 4])
-        states = engine.take_states()
-    seqs = [(ids, tok[r, :lengths[r]].tolist(), path_positions(tok[r, :lengths[r]].tolist(), every, {}))
-            for r in range(4)]
+        _, paths = run_paths(engine.steps(), [ids] * 4, [1, 2, 3, 4])
+        states = [p.watch.states for p in paths]
+    seqs = [(ids, p.tokens, path_positions(p.tokens, every, {})) for p in paths]
     with Taps(smol.model, list(TAP_LAYERS), "mean", sequence=True) as taps:
         want = extract(smol.model, taps, seqs, smol.tokenizer.pad_token_id)
     limits = [float32_tolerance(layer, smol.model.config.hidden_size) for layer in TAP_LAYERS]
@@ -346,7 +346,7 @@ def test_a_tensor_parallel_size_that_does_not_divide_the_heads_fails_before_vllm
 
 
 @pytest.mark.slow  # ~60 s on 2 cores: 4 rollouts from each live path at 6 and 15 tokens
-def test_monte_carlo_labels_from_resubmitted_prefixes_average_to_the_paths_accuracy(smol):
+def test_monte_carlo_labels_from_rollout_requests_average_to_the_paths_accuracy(smol):
     """A rollout from a path's prefix continues it as the path itself would go on, so over
     the paths of a prompt the mean Monte Carlo label at any checkpoint estimates the same
     success rate as the mean outcome. Given the prefix, outcome - label has mean 0 and

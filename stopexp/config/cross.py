@@ -226,7 +226,7 @@ def beam_keep_below_width(cfg) -> None:
 
 # what engine=vllm cannot serve: it generates paths and stops them (collect, online
 # Launch-Check-Resume: stopexp.search.lcr), and continues a path's prefix as a new
-# request (collect's Monte Carlo rollouts: stopexp.search.trace.resubmitted_mc); writing into
+# request (collect's Monte Carlo rollouts: stopexp.search.vllm_steps.Stepper.rollouts); writing into
 # a path between decode steps needs the hf engine. Beam search is not asked of vLLM: under
 # either engine its beams run on stopexp's engine, which has the hidden states of every
 # step, with the predictor trained on the configured engine's bank (stopexp.evaluation.beam).

@@ -25,12 +25,10 @@ class Sections:
 
 
 class Backend(Protocol):
-    """What stopexp asks of an engine. `open` gives collect a generator: `generate(prompts,
-    seeds, labels)` -> (tokens, logprob, entropy, conf) (P, T) padded, lengths, finished;
-    `pad_id`, `params`, `record()` (for the bank's meta.json), and for Monte Carlo
-    rollouts either `launch`/`fork`/`run` (a path's cache is forked) or `continuations`
-    (a rollout is a new request from the prefix); `take_states()` when it taps the
-    hidden states while it generates. `online` is Launch-Check-Resume of `problems`."""
+    """What stopexp asks of an engine. `open` gives collect a generator: `steps(max_rows)`
+    (stopexp.search.stepping.Steps: its paths stepped, their Monte Carlo rollouts, and
+    with taps their hidden states as they are generated), `record()` (for the bank's
+    meta.json). `online` is Launch-Check-Resume of `problems`."""
 
     def taps_in_engine(self, engine, tap) -> bool:
         """Whether it reads `tap`'s hidden states while it generates (no second pass)."""

@@ -39,7 +39,7 @@ class VLLM:
                    seed=s.seed, checkpoint=checkpoint, methods=methods,
                    group_window=search.group_window, score_rule=search.score_rule)
         opened = dict(model=s.model, engine=s.engine, cache_dir=s.cache_dir, task=s.task,
-                      params=params, stepped=True)
+                      params=params, in_process=True)
         if self.taps_in_engine(s.engine, tap):
             checks = [checkpoint] if isinstance(checkpoint, int) else sorted(checkpoint)
             with open_vllm_engine(**opened, tap=tap, positions={

@@ -62,25 +62,25 @@ def vllm_settings(model, engine, cache_dir, task):
 
 
 @contextmanager
-def open_vllm_engine(model, engine, cache_dir, task, params, stepped: bool = False, tap=None,
+def open_vllm_engine(model, engine, cache_dir, task, params, in_process: bool = False, tap=None,
                      positions: dict | None = None):
     """(engine, model skeleton, tokenizer) under engine=vllm (`vllm_settings`), for collect
-    or, `stepped`, for online Launch-Check-Resume (an in-process engine core:
-    VllmSettings.stepped); the LLM is shut down on exit unless `hold` keeps it open. With
-    a `tap` section the states of tap.layers are tapped inside the engine (a stepped one:
+    or, `in_process`, for online Launch-Check-Resume (VllmSettings.in_process); the LLM is
+    shut down on exit unless `hold` keeps it open. With a `tap` section the states of
+    tap.layers are tapped inside the engine (an in-process one:
     stopexp.search.vllm_taps) at the generated `positions` (a features position spec:
     checkpoints, stride, step separator; stopexp.store.features.position_spec)."""
     s, model, tokenizer = vllm_settings(model, engine, cache_dir, task)
     layers = () if tap is None else \
         tuple(resolve_layers(list(tap.layers), model.config.get_text_config().num_hidden_layers))
-    with open_llm(replace(s, stepped=stepped or bool(layers), tap_layers=layers)) as llm:
+    with open_llm(replace(s, in_process=in_process or bool(layers), tap_layers=layers)) as llm:
         taps = EngineTaps(llm, layers, tap.pooling, tap.positions.dtype) if layers else None
         wanted = None if taps is None else \
             position_filter(positions, StepEnds(tokenizer, positions["separator"]))
         # vLLM matches stop strings on text without special tokens: a stop that is one stops by id
         stops = tuple(dict.fromkeys(eos_ids(model, tokenizer) + stop_token_ids(tokenizer, params.stop)))
         try:
-            yield VllmEngine(llm, s, params, stops, tokenizer.pad_token_id, taps, wanted), \
+            yield VllmEngine(llm, s, params, stops, tokenizer, taps, wanted), \
                 model, tokenizer
         finally:
             if taps is not None:

@@ -58,9 +58,9 @@ def sample_shards(engine, model, tokenizer, task, shards: dict[int, list], job,
         for i, problems in fitted.items():
             shard_start = time.time()
             clipped_before = reward.clipped if reward is not None else 0
-            cols, mc_tokens = trace_problems(engine, tokenizer, task, problems, job.search.n_paths,
-                                             job.seed, checkpoints, job.collect.mc_rollouts,
-                                             row_cap(job.search, job.model, tokenizer, problems), reward)
+            steps = engine.steps(row_cap(job.search, job.model, tokenizer, problems))
+            cols, mc_tokens = trace_problems(steps, tokenizer, task, problems, job.search.n_paths,
+                                             job.seed, checkpoints, job.collect.mc_rollouts, reward)
             shard = SampledShard(i, problems, cols, int(sum(cols["length"])) + mc_tokens,
                                  time.time() - shard_start,
                                  reward.clipped - clipped_before if reward is not None else 0)

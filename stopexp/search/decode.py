@@ -322,11 +322,12 @@ class Engine:
             self.step(state)
         return state
 
-    def generate(self, prompts: list[list[int]], seeds: list[int], labels: list[str] | None = None):
-        """Whole paths: (tokens, logprob, entropy, conf) as (P, T) padded tensors, lengths
-        (P,) and finished (P,), as `Decode.tensors` gives them (the vLLM engine's API too)."""
-        state = self.run(self.launch(prompts, seeds, labels))
-        return (*state.tensors(self.pad_id), state.finished.clone())
+    def steps(self, max_rows: int = 1024):
+        """Its paths as collect and Launch-Check-Resume step them, at most `max_rows` rows
+        per forward (stopexp.search.decode_steps.DecodeSteps)."""
+        from stopexp.search.decode_steps import DecodeSteps  # it builds on this module
+
+        return DecodeSteps(self, max_rows)
 
     def fork(self, state: Decode, repeats: int, seeds: list[int],
              rows: torch.Tensor | None = None) -> Decode:

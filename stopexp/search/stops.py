@@ -79,3 +79,17 @@ def eos_ids(model, tokenizer) -> tuple[int, ...]:
     if not ids:
         raise ValueError("the model's generation_config and its tokenizer name no EOS token")
     return tuple(ids)
+
+
+def boundary_stop(stops: StopStrings, prefix: list[int], ids: list[int]) -> int:
+    """How many of a continuation's tokens `ids` the path would keep after `prefix`, as far
+    as a stop string that starts inside the prefix decides it: up to the token completing
+    one (an engine request that starts after the prefix cannot see such a stop), else all."""
+    seen = 0
+    for k in range(1, len(ids) + 1):
+        if stops.hits([prefix + ids[:k]])[0]:
+            return k
+        seen += not stops.is_blank(ids[k - 1])
+        if seen >= stops.window:  # a stop spans fewer tokens that decode to something
+            break
+    return len(ids)

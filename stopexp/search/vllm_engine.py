@@ -1,4 +1,5 @@
-"""vLLM as the engine of collect (`engine=vllm`): whole paths, one request per path.
+"""vLLM as an engine (`engine=vllm`): one request per path, stepped by collect and by
+Launch-Check-Resume through stopexp.search.vllm_steps.
 
 Every path is its own request with its own seed (stopexp.search.sample.path_seeds), so a
 path does not depend on its batch mates, as with the hf engine (the streams differ: vLLM
@@ -14,18 +15,20 @@ whole vocabulary (stopexp.search.decode.Engine.step):
 Paths end at any EOS id (`stop_token_ids`) or stop string (`stop`), keeping the token that
 completes it, like the hf engine (stopexp.search.stops); the text is the decoding of the
 kept tokens. Monte Carlo rollouts (collect.mc_rollouts) cannot fork a path's cache here:
-each is a new request from the path's prompt and prefix (`continuations`, called by
-stopexp.search.trace.resubmitted_mc), whose prefill prefix caching shares.
+each is a new request from the path's prompt and prefix, whose prefill prefix caching
+shares (stopexp.search.vllm_steps.Stepper.rollouts).
 
 The LM's weightless skeleton and the engine opened for a config (`vllm_settings`,
 `open_vllm_engine`) are stopexp.models.vllm_lm's: loading reads the models.
 
-With in-engine taps (`VllmSettings.tap_layers`, stopexp.search.vllm_taps) the paths are
-stepped as requests in this process (stopexp.search.vllm_steps) and their states read as
-they are generated. Without, the engine core runs in a spawned process: a script using it
-needs the `if __name__ == "__main__":` guard. Starting it takes tens of seconds, so an LLM held open
-by `hold` (a test session, a benchmark) is reused by every `open_llm` of the same settings;
-a held stepped one (its core in this process) also serves the plain requests of collect.
+With in-engine taps (`VllmSettings.tap_layers`, stopexp.search.vllm_taps) and for online
+Launch-Check-Resume the engine core runs in this process (`VllmSettings.in_process`), so
+each step is one decode step, an abort costs no token more and the taps see the model
+runner. Otherwise (collect without taps) the engine core runs in a spawned process, which
+runs ahead of its caller: a script using it needs the `if __name__ == "__main__":` guard.
+Starting it takes tens of seconds, so an LLM held open by `hold` (a test session, a
+benchmark) is reused by every `open_llm` of the same settings; a held in-process one also
+serves collect without taps.
 """
 from __future__ import annotations
 
@@ -39,10 +42,10 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 import torch
 
-from stopexp.search.stepping import Running
-from stopexp.search.vllm_steps import Stepper
+from stopexp.search.stops import StopStrings
+from stopexp.search.vllm_steps import VllmSteps
 from stopexp.search.vllm_taps import tapped_architecture
-from stopexp.signals.confidence import entropy, token_confidence, token_stats
+from stopexp.signals.confidence import entropy, token_confidence
 
 log = logging.getLogger(__name__)
 
@@ -66,10 +69,10 @@ class VllmSettings:
     enforce_eager: bool
     seed: int
     max_logprobs: int
-    # an engine core in this process, stepped by the caller (online Launch-Check-Resume:
-    # stopexp.search.lcr); else vLLM's own process, which runs ahead of its caller
-    stepped: bool = False
-    # decoder layers whose states are tapped in the engine (stopexp.search.vllm_taps; stepped)
+    # the engine core in this process, each step one decode step (in-engine taps, online
+    # Launch-Check-Resume: stopexp.search.lcr); else vLLM's own process, which runs ahead
+    in_process: bool = False
+    # decoder layers whose states are tapped in the engine (stopexp.search.vllm_taps; in_process)
     tap_layers: tuple[int, ...] = ()
 
 
@@ -103,7 +106,7 @@ def settings_of(engine_cfg, model_source: str, dtype: torch.dtype, positions: in
 
 def build_llm(s: VllmSettings):
     """A `vllm.LLM` for `s`. The model's generation config is not applied
-    (`generation_config="vllm"`): every request states its sampling fully. A stepped engine
+    (`generation_config="vllm"`): every request states its sampling fully. An in-process engine
     runs its core in this process and schedules no step ahead (`async_scheduling=False`), so
     each `llm_engine.step()` is one decode step and an abort costs no token more."""
     from vllm import LLM
@@ -111,14 +114,14 @@ def build_llm(s: VllmSettings):
     if s.cpu_kvcache_space is not None:  # read by the engine core when it starts
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = f"{s.cpu_kvcache_space:g}"
     log.info("starting vLLM %s for %s (%s, max_model_len %d%s)", vllm_package()[1], s.model,
-             s.dtype, s.max_model_len, ", stepped" if s.stepped else "")
+             s.dtype, s.max_model_len, ", in process" if s.in_process else "")
     threads = torch.get_num_threads()  # an in-process CPU engine sets this process's to 1
     overrides = {}
     if s.tap_layers:
-        if not s.stepped:
-            raise ValueError("in-engine taps need a stepped engine (its core in this process)")
+        if not s.in_process:
+            raise ValueError("in-engine taps need the engine core in this process (VllmSettings.in_process)")
         overrides["architectures"] = [tapped_architecture(_architecture(s.model), s.tap_layers)]
-    with _environ(VLLM_ENABLE_V1_MULTIPROCESSING="0" if s.stepped else None):
+    with _environ(VLLM_ENABLE_V1_MULTIPROCESSING="0" if s.in_process else None):
         llm = LLM(model=s.model, dtype=s.dtype, max_model_len=s.max_model_len,
                   gpu_memory_utilization=s.gpu_memory_utilization,
                   tensor_parallel_size=s.tensor_parallel_size,
@@ -129,7 +132,7 @@ def build_llm(s: VllmSettings):
                   max_num_batched_tokens=s.max_num_batched_tokens or max(s.max_model_len,
                                                                          MIN_BATCHED_TOKENS),
                   generation_config="vllm", hf_overrides=overrides,
-                  **({"async_scheduling": False} if s.stepped else {}))
+                  **({"async_scheduling": False} if s.in_process else {}))
     torch.set_num_threads(threads)
     return llm
 
@@ -171,7 +174,7 @@ _HELD: dict = {}  # VllmSettings -> an LLM that `hold` keeps open
 @contextmanager
 def open_llm(s: VllmSettings):
     """The LLM for `s`: one held open by `hold` that serves it (`_held_for`), else a new
-    one, shut down on exit. A held stepped LLM serves `s` unstepped and with fewer taps
+    one, shut down on exit. A held in-process LLM serves `s` out of process and with fewer taps
     too, so a session that collects, taps and steps starts one."""
     held = _held_for(s)
     if held is not None:
@@ -185,13 +188,13 @@ def open_llm(s: VllmSettings):
 
 
 def _held_for(s: VllmSettings):
-    """A held LLM that serves `s`: one of the same settings, or a stepped one tapping at
+    """A held LLM that serves `s`: one of the same settings, or an in-process one tapping at
     least `s`'s layers (it generates the same paths: every request has its own seed)."""
     if s in _HELD:
         return _HELD[s]
     for held, llm in _HELD.items():
-        if held.stepped and set(s.tap_layers) <= set(held.tap_layers) \
-                and replace(held, stepped=s.stepped, tap_layers=s.tap_layers) == s:
+        if held.in_process and set(s.tap_layers) <= set(held.tap_layers) \
+                and replace(held, in_process=s.in_process, tap_layers=s.tap_layers) == s:
             return llm
     return None
 
@@ -208,18 +211,19 @@ def hold(s: VllmSettings):
 
 
 class VllmEngine:
-    """Generates whole paths with a `vllm.LLM`: `generate` returns what the hf engine's
-    `Engine.generate` returns (padded tokens and per-token arrays, lengths, finished)."""
+    """A `vllm.LLM` with the sampling of stopexp's paths (`request`), their stop ids and
+    strings and its taps; `steps` runs paths on it."""
 
-    def __init__(self, llm, settings: VllmSettings, params, eos_ids: tuple[int, ...], pad_id: int,
+    def __init__(self, llm, settings: VllmSettings, params, eos_ids: tuple[int, ...], tokenizer,
                  taps=None, wanted=None):
         self.llm, self.settings, self.params = llm, settings, params
-        self.eos_ids, self.pad_id = tuple(eos_ids), pad_id
+        self.eos_ids, self.pad_id = tuple(eos_ids), tokenizer.pad_token_id
+        # a rollout request cannot see a stop string that starts in its prefix (vllm_steps)
+        self.stops = StopStrings(params.stop, tokenizer) if params.stop else None
         self.max_logprobs = settings.max_logprobs
         # in-engine taps (stopexp.search.vllm_taps.EngineTaps) and, per path, which generated
         # positions they keep: wanted(tokens so far) -> (c -> bool)
         self.taps, self.wanted = taps, wanted
-        self._states: list | None = None
 
     def request(self, seed: int, delta: bool = False, max_tokens: int | None = None,
                 logprobs: str | None = "alternatives"):
@@ -241,69 +245,11 @@ class VllmEngine:
             logprobs={"alternatives": self.max_logprobs, "sampled": 0, None: None}[logprobs],
             skip_special_tokens=True, **kind)
 
-    def outputs(self, prompts: list[list[int]], seeds: list[int], max_tokens=None,
-                logprobs: str | None = "alternatives"):
-        """vLLM's completion of each prompt (token ids), one request per path, in order;
-        `max_tokens`: None or one cap per prompt."""
-        from vllm.inputs import TokensPrompt
-
-        if len(prompts) != len(seeds) or not prompts:
-            raise ValueError("generate needs one seed per prompt and at least one prompt")
-        caps = [None] * len(prompts) if max_tokens is None else list(max_tokens)
-        done = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
-                                 [self.request(s, max_tokens=m, logprobs=logprobs)
-                                  for s, m in zip(seeds, caps)], use_tqdm=False)
-        return [d.outputs[0] for d in done]
-
-    def continuations(self, prompts: list[list[int]], seeds: list[int], max_tokens: list[int],
-                      logprobs: bool = False) -> list[tuple[list[int], np.ndarray | None]]:
-        """Per prompt, the generated token ids and (with `logprobs`) the sampled tokens'
-        log-probs, nothing else computed: the Monte Carlo rollouts of a path, each a new
-        request whose prompt is the path's prompt and prefix (stopexp.search.trace)."""
-        outs = self.outputs(prompts, seeds, max_tokens, logprobs="sampled" if logprobs else None)
-        return [(list(o.token_ids),
-                 np.array([d[t].logprob for d, t in zip(o.logprobs, o.token_ids)], np.float32)
-                 if logprobs else None) for o in outs]
-
-    def generate(self, prompts: list[list[int]], seeds: list[int], labels=None):
-        """(tokens, logprob, entropy, conf) as (P, T) padded tensors, lengths (P,) and
-        finished (P,): ended by an EOS id or a stop string, not at max length. With taps,
-        the paths are stepped here and `take_states` then gives their tapped states."""
-        if self.taps is not None:
-            outs = self._stepped(prompts, seeds)
-        else:
-            outs = self.outputs(prompts, seeds)
-        P, T = len(outs), max(1, max(len(o.token_ids) for o in outs))
-        tok = torch.full((P, T), self.pad_id, dtype=torch.long)
-        lp, ent, conf = (torch.zeros(P, T) for _ in range(3))
-        lengths = torch.zeros(P, dtype=torch.long)
-        finished = torch.zeros(P, dtype=torch.bool)
-        for r, o in enumerate(outs):
-            ids = list(o.token_ids)
-            n = len(ids)
-            tok[r, :n] = torch.tensor(ids, dtype=torch.long)
-            stats = token_stats(o.logprobs, ids, self.max_logprobs, self.params.conf_topk)
-            for dest, values in zip((lp, ent, conf), stats):
-                dest[r, :n] = torch.from_numpy(values)
-            lengths[r] = n
-            finished[r] = o.finish_reason == "stop"
-        return tok, lp, ent, conf, lengths, finished
-
-    def _stepped(self, prompts: list[list[int]], seeds: list[int]) -> list:
-        """`outputs` of the paths run on the stepped engine with their states tapped."""
-        if len(prompts) != len(seeds) or not prompts:
-            raise ValueError("generate needs one seed per prompt and at least one prompt")
-        paths = [Running((r,), list(p), s) for r, (p, s) in enumerate(zip(prompts, seeds))]
-        stepper = Stepper(self, paths)
-        while stepper.running:
-            stepper.step()
-        self._states = [p.watch.states for p in paths]
-        return paths
-
-    def take_states(self) -> list[dict] | None:
-        """Per path of the last `generate` with taps: {generated position: (layers, H)}."""
-        states, self._states = self._states, None
-        return states
+    def steps(self, max_rows: int | None = None):
+        """Its paths as collect and Launch-Check-Resume step them
+        (stopexp.search.vllm_steps.VllmSteps; vLLM sizes its batches itself: `max_rows`
+        is the hf engine's)."""
+        return VllmSteps(self)
 
     def record(self) -> dict:
         """What the bank's meta.json records about the engine that made it."""

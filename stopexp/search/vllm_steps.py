@@ -1,29 +1,32 @@
-"""Paths as requests of a stepped vLLM engine (its core in this process, no step
-scheduled ahead: stopexp.search.vllm_engine.VllmSettings.stepped): added with their seeds,
-stepped one engine step at a time, aborted by id, each request's new tokens, log-probs and
-(with the engine's in-engine taps, stopexp.search.vllm_taps) states taken in as they
-arrive: stopexp.search.stepping's `Stepper`. Collect with taps and online
-Launch-Check-Resume (stopexp.search.lcr) run on it. Without taps the check's states come
-from `hidden_at`, a teacher-forced forward of prompt + prefix through the HF model
-(stopexp.models.extract.prefix_features, what featurize computes for a bank)."""
+"""Paths as requests of a vLLM engine whose core runs in this process and schedules no step
+ahead (stopexp.search.vllm_engine.build_llm): added with their seeds, stepped one engine
+step at a time, aborted by id, each request's new tokens, log-probs and (with the engine's
+in-engine taps, stopexp.search.vllm_taps) states taken in as they arrive:
+stopexp.search.stepping's `Stepper`. Collect (stopexp.search.trace) and online
+Launch-Check-Resume (stopexp.search.lcr) run on it. A Monte Carlo rollout cannot fork a
+request's cache: it is a new request whose prompt is the path's prompt and prefix (prefix
+caching shares its full blocks), run in the same engine alongside the paths. Without taps
+the check's states come from `hidden_at`, a teacher-forced forward of prompt + prefix
+through the HF model (stopexp.models.extract.prefix_features, what featurize computes for
+a bank)."""
 from __future__ import annotations
 
 import numpy as np
 import torch
 
 from stopexp.search.stepping import Running
+from stopexp.search.stops import boundary_stop
 from stopexp.signals.confidence import token_stats
 
 
 class VllmSteps:
-    """A stepped vLLM engine as Launch-Check-Resume steps it: vLLM schedules all prompts
-    itself (one chunk). `hidden_at(sequences)`: the (B, layers, H) features and the (B,)
-    attention entropies (or None) of (prompt ids, prefix ids, [check]) triples, for an
-    engine without taps."""
+    """A vLLM engine (stopexp.search.vllm_engine.VllmEngine) as collect and
+    Launch-Check-Resume step it: vLLM schedules all prompts itself (one chunk).
+    `hidden_at(sequences)`: the (B, layers, H) features and the (B,) attention entropies
+    (or None) of (prompt ids, prefix ids, [check]) triples, for the check of an engine
+    without taps."""
 
     def __init__(self, engine, hidden_at=None):
-        if engine.taps is None and hidden_at is None:
-            raise ValueError("an engine without taps needs hidden_at to read the check's states")
         self.engine, self.hidden_at = engine, hidden_at
 
     def start(self, paths: list[Running], meter=None, labels=None) -> "Stepper":
@@ -34,11 +37,10 @@ class VllmSteps:
 
 
 class Stepper:
-    """Paths run as requests of a stepped engine (its core in this process, no step
-    scheduled ahead): `step` runs one engine step and takes in every request's new tokens
-    and log-probs (and, with the engine's taps, its states); `abort` stops requests. A
-    `meter` (stopexp.search.memory.KVMeter) observes the cached tokens per prompt at the
-    launch and at each `observe`."""
+    """Paths run as requests of the engine: `step` runs one engine step and takes in every
+    request's new tokens and log-probs (and, with the engine's taps, its states); `abort`
+    stops requests. A `meter` (stopexp.search.memory.KVMeter) observes the cached tokens
+    per prompt at the launch and at each `observe`."""
 
     def __init__(self, engine, paths: list[Running], meter=None, hidden_at=None):
         from vllm.inputs import TokensPrompt
@@ -48,6 +50,7 @@ class Stepper:
         if self.core.has_unfinished_requests():
             raise RuntimeError("the vLLM engine has unfinished requests: it is not free for a run")
         self.taps, self.ids, self.stats = engine.taps, {}, {}
+        self.pending: dict[str, tuple] = {}  # rollouts running: id -> (token ids, log-probs)
         for n, p in enumerate(paths):
             p.request_id = f"path{n}"
             self.ids[p.request_id] = p
@@ -73,6 +76,9 @@ class Stepper:
 
     def step(self) -> None:
         for out in self.core.step():
+            if out.request_id in self.pending:
+                self._rollout_output(out)
+                continue
             p, o = self.ids[out.request_id], out.outputs[0]
             if p.prefilled is None and out.num_cached_tokens is not None:
                 p.prefilled = len(p.prompt) - out.num_cached_tokens
@@ -90,7 +96,54 @@ class Stepper:
             if self.taps is not None:
                 self.taps.forget(p.request_id)
 
+    def columns(self, paths: list[Running], upto: int | None = None) -> list[tuple]:
+        return [self._stats(p, len(p.tokens) if upto is None else upto) for p in paths]
+
+    def rollouts(self, paths: list[Running], check: int, seeds: list[int], repeats: int,
+                 logprobs: bool = False) -> list[list[tuple]]:
+        """New requests from each path's prompt and prefix, stepped with the paths still
+        running (their outputs are taken in meanwhile). A stop string that starts inside
+        the prefix is one such a request cannot see: its tokens are cut where the path's
+        own stop would have ended it (stopexp.search.stops.boundary_stop)."""
+        from vllm.inputs import TokensPrompt
+
+        e = self.engine
+        names = []
+        for k, p in enumerate(paths):
+            if not p.live_at(check):
+                raise ValueError(f"{p.request_id} is not alive at prefix {check}: no rollout from it")
+            head = TokensPrompt(prompt_token_ids=list(p.prompt) + p.tokens[:check])
+            for r in range(repeats):
+                name = f"mc:{p.request_id}:{check}:{r}"  # no "-": the taps strip vLLM's suffix at one
+                self.pending[name] = ([], [] if logprobs else None, False)
+                self.core.add_request(name, head, e.request(
+                    seeds[k * repeats + r], delta=True, max_tokens=e.params.max_new_tokens - check,
+                    logprobs="sampled" if logprobs else None))
+                names.append(name)
+        while not all(self.pending[n][2] for n in names):
+            self.step()
+        done = [self.pending.pop(n)[:2] for n in names]
+        out = []
+        for k, p in enumerate(paths):
+            prefix, kept = p.tokens[:check], []
+            for ids, lp in done[k * repeats:(k + 1) * repeats]:
+                n = boundary_stop(e.stops, prefix, ids) if e.stops else len(ids)
+                kept.append((ids[:n], None if lp is None else np.asarray(lp[:n], np.float32)))
+            out.append(kept)
+        return out
+
+    def _rollout_output(self, out) -> None:
+        ids, lps, _ = self.pending[out.request_id]
+        o = out.outputs[0]
+        new = list(o.token_ids)
+        ids += new
+        if lps is not None:
+            lps += [d[t].logprob for d, t in zip(o.logprobs or [], new)]
+        self.pending[out.request_id] = (ids, lps, out.finished)
+
     def inputs(self, paths: list[Running], check: int) -> tuple:
+        if self.taps is None and self.hidden_at is None:
+            raise ValueError("an engine without taps needs hidden_at to read the check's states")
         if self.taps is not None:
             hidden = torch.from_numpy(np.stack([p.watch.states[check] for p in paths]))
             attn = None

@@ -14,7 +14,7 @@ Design (it holds under torch.compile and CUDA graphs, not only in eager mode):
   the buffer: which request owns which row and at which position comes from the runner's
   batch (`input_batch.req_ids`, `query_start_loc`, `positions`), as vLLM laid it out.
 
-The engine core must run in this process (`VllmSettings.stepped`): the buffer and the
+The engine core must run in this process (`VllmSettings.in_process`): the buffer and the
 runner live where the model runs. A path's feature at generated position c is the state
 of the token that fed generated token c (sequence position prompt_len + c - 1), as the
 teacher-forced extraction reads it (stopexp.models.extract); pooling `mean` keeps the
@@ -111,7 +111,7 @@ class Watch:
 
 class EngineTaps:
     """Reads the tapped states (`layers`, a subset of those the model was built with) of
-    watched requests after every forward of a stepped vLLM engine whose model class is
+    watched requests after every forward of an in-process vLLM engine whose model class is
     `tapped_architecture`'s, rounded to `dtype` as featurize stores them (float32 arrays).
     `close` unwraps the runner."""
 
@@ -211,5 +211,5 @@ def model_runner(llm):
     core = getattr(llm.llm_engine.engine_core, "engine_core", None)
     if core is None:
         raise RuntimeError("in-engine taps need the vLLM engine core in this process "
-                           "(VllmSettings.stepped: VLLM_ENABLE_V1_MULTIPROCESSING=0)")
+                           "(VllmSettings.in_process: VLLM_ENABLE_V1_MULTIPROCESSING=0)")
     return core.model_executor.driver_worker.worker.model_runner

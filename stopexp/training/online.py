@@ -8,10 +8,10 @@ the curves, equal the replay's (tests/test_adapt.py); the seconds are measured, 
 estimated. The LM also runs the unpruned continuation of every path (as evaluate's online
 mode does), whose outcomes give the batch's AUROC; its time is not charged to the variant.
 
-Monte Carlo feedback forks the chosen pruned prefixes at the check into K rollouts with the
-seeds collect gives its Monte Carlo labels (stopexp/search/trace.py mc_success), so the
-rates equal the bank's; their tokens are counted, not estimated. The loop's check state
-is gone by then, so the chosen paths are relaunched up to the check first (their own
+Monte Carlo feedback continues the chosen pruned prefixes at the check in K rollouts with
+the seeds collect gives its Monte Carlo labels (stopexp/search/trace.py rollout_rewards),
+so the rates equal the bank's; their tokens are counted, not estimated. The loop's check
+state is gone by then, so the chosen paths are relaunched up to the check first (their own
 streams give the same prefixes); only the rollouts are timed and charged.
 """
 from __future__ import annotations
@@ -28,8 +28,8 @@ from stopexp.engines.hf import run_launch_check_resume
 from stopexp.evaluation.online import OnlineLM, scatter_batch
 from stopexp.search.decode import make_engine
 from stopexp.search.sample import path_labels, prompt_ids
-from stopexp.search.taps import Taps
-from stopexp.search.trace import mc_success
+from stopexp.search.stepping import Running, step_to
+from stopexp.search.trace import rollout_rewards
 from stopexp.tasks import vote_format
 from stopexp.training.stream import predictor_scores, predictor_tensor
 
@@ -88,21 +88,20 @@ def online_decider(lm: OnlineLM, paths: Paths, checkpoint: int, *, search, tap, 
     def continue_(view: Paths, rows: np.ndarray):
         problems = [by_id[int(view.prompt_ids[view.group[r]])] for r in rows]
         owners = [(k, int(view.path_id[r])) for k, r in enumerate(rows)]
-        with Taps.from_config(model, tap) as taps:
-            engine = make_engine(model, tokenizer, params, taps, (checkpoint,))
-            state = engine.run(engine.launch([prompt_ids(tokenizer, p.prompt) for p in problems],
-                                             [stream_seed(seed, p.prompt, j) for p, (_, j)
-                                              in zip(problems, owners)],
-                                             path_labels(problems, owners)), until=checkpoint)
-            if state.size != len(rows):
-                raise RuntimeError("Monte Carlo feedback: a relaunched prefix ended before the "
-                                   "check although the loop saw it live")
-            start, tokens = time.perf_counter(), {}
-            rates, _ = mc_success(engine, tokenizer, task, state, problems, owners, seed,
-                                  mc_rollouts, lm.rows_for(problems), tokens)
-            seconds = time.perf_counter() - start
-        return (np.asarray([rates[k] for k in range(len(rows))]),
-                np.asarray([tokens[k] for k in range(len(rows))], float), seconds)
+        paths = [Running(key, prompt_ids(tokenizer, p.prompt), stream_seed(seed, p.prompt, key[1]))
+                 for p, key in zip(problems, owners)]
+        steps = make_engine(model, tokenizer, params).steps(lm.rows_for(problems))
+        stepper = steps.start(paths, labels=path_labels(problems, owners))
+        step_to(stepper, checkpoint)
+        if not all(p.live_at(checkpoint) for p in paths):
+            raise RuntimeError("Monte Carlo feedback: a relaunched prefix ended before the "
+                               "check although the loop saw it live")
+        start = time.perf_counter()
+        rates, tokens = rollout_rewards(stepper, tokenizer, task, problems, paths, checkpoint,
+                                        seed, mc_rollouts)
+        seconds = time.perf_counter() - start
+        return (np.asarray([rates[k] for k in owners]),
+                np.asarray([tokens[k] for k in owners], float), seconds)
 
     return decide, continue_
 

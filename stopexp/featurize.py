@@ -1,5 +1,12 @@
 """`python -m stopexp.featurize`: stage 1b, featurize: extract the tapped hidden states of the trace bank's paths."""
-from stopexp.stages.featurize import main
+
+
+def main() -> None:
+    """The command line checked, then the stage (imported only then: stopexp.runtime.entry)."""
+    from stopexp.runtime.entry import launch
+
+    launch("featurize", "stopexp.stages.featurize")
+
 
 if __name__ == "__main__":
     main()

@@ -132,8 +132,9 @@ def read_only(monkeypatch):
 
 
 def run_stage(module: str, overrides: list[str]):
-    """Run a stage's @hydra.main in this process, as `python -m stopexp.<module> ...` does."""
-    main = importlib.import_module(f"stopexp.{module}").main
+    """Run a stage's @hydra.main in this process, as `python -m stopexp.<module> ...` does
+    once the command line is checked (stopexp.runtime.entry)."""
+    main = importlib.import_module(f"stopexp.stages.{module}").main
     task = inspect.unwrap(main)  # the stage's own function, under @hydra.main and @user_errors
     GlobalHydra.instance().clear()
     argv, name = sys.argv, task.__module__

@@ -35,7 +35,7 @@ def test_the_debug_switch_keeps_the_traceback(tmp_path):
     r = stage("evaluate", f"paths.output_dir={tmp_path}", "search.temperature=-1",
               env={**ENV, "STOPEXP_DEBUG": "1"})
     assert r.returncode == 1 and "Traceback" in r.stderr
-    assert r.stderr.rstrip().splitlines()[-3] == ("stopexp.core.errors.ConfigError: " + TEMPERATURE[7:]).rstrip()
+    assert r.stderr.rstrip().splitlines()[-1] == ("stopexp.core.errors.ConfigError: " + TEMPERATURE[7:]).rstrip()
 
 
 def test_an_output_dir_that_cannot_be_made_is_one_line_before_hydra_makes_the_run_dir(tmp_path):

@@ -133,8 +133,7 @@ def test_a_special_end_tag_survives_every_decode():
 
 
 def test_a_forced_special_end_tag_is_in_the_paths_text_and_ends_the_thinking():
-    from stopexp.core.token_text import text_of
-    from stopexp.search.trace import _decode_texts
+    from stopexp.core.token_text import text_of, texts_of
 
     tok = special_tags_tokenizer("<think>", END)
     torch.manual_seed(0)
@@ -146,7 +145,7 @@ def test_a_forced_special_end_tag_is_in_the_paths_text_and_ends_the_thinking():
     eng = _budget_engine((model, tok), max_new_tokens=12, do_sample=False, max_thinking_tokens=B)
     state = eng.run(eng.launch([prompt_ids(tok, "1+2"), prompt_ids(tok, "4*7")], [0, 1]))
     tokens, *_, lengths = state.tensors(tok.pad_token_id)
-    for row, text in enumerate(_decode_texts(tok, tokens, lengths)):
+    for row, text in enumerate(texts_of(tok, [tokens[r, :n].tolist() for r, n in enumerate(lengths)])):
         ids = tokens[row, : lengths[row]].tolist()
         closed = ids.index(len(tok) - 1)  # the tag's one id: written, or forced at the budget
         assert closed <= B and END in text and text.index(END) == len(text_of(tok, ids[:closed]))

@@ -23,19 +23,23 @@ from omegaconf import OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 import stopexp.config  # noqa: F401  (registers the schemas the configs extend)
-from stopexp.config import validate
+from stopexp.config import check_output_dirs, validate
 from stopexp.config.reads import check_unread_overrides
 from stopexp.core.errors import ConfigError
+from stopexp.runtime.launchers import slurm_problem
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 
-def check_overrides(config_name: str, argv: list[str], validate_run: bool = False) -> None:
+def check_overrides(config_name: str, argv: list[str], validate_run: bool = False,
+                    launch: bool = False) -> None:
     """Compose conf/<config_name>.yaml with the overrides of `argv` as Hydra 1.3 will (run
     or multirun), raising ConfigError with Hydra's message on one line (`condensed`) where
     that fails. In a multirun every job of the sweep (`sweep_jobs`) is composed and
     validated (stopexp.config.validate, `check_unread_overrides`), the error naming the job;
     `validate_run`: a run's one job too (a stage validates it itself after Hydra composed it).
+    `launch`: the command runs now, from this machine: a sweep's launcher must be able to
+    launch here (`slurm_problem`) and the output directories of a job run here writable.
     It uses what Hydra 1.3's `_run_hydra` uses (its argument parser, `compose_config`).
     Hydra's other commands (--help, --info, ...) and another config dir are left to Hydra."""
     args = get_args_parser().parse_args(argv)
@@ -62,7 +66,10 @@ def check_overrides(config_name: str, argv: list[str], validate_run: bool = Fals
             if args.cfg:  # Hydra prints the config and runs no job
                 jobs = []
             shared = set.intersection(*map(set, jobs)) if jobs else set()
-            here = OmegaConf.select(cfg, "hydra.launcher._target_") in LOCAL_LAUNCHERS
+            launcher = OmegaConf.select(cfg, "hydra.launcher._target_") or ""
+            here = launcher in LOCAL_LAUNCHERS
+            if launch and multirun and slurm_problem(launcher):  # as LauncherCheck does later
+                raise ConfigError(slurm_problem(launcher))
             for i, tried in enumerate(jobs):
                 # a run's one job is the config composed above (the modes differ only where a
                 # group's default is missing, which a sweeper may fill)
@@ -73,6 +80,8 @@ def check_overrides(config_name: str, argv: list[str], validate_run: bool = Fals
                 try:
                     validate(job, hc.runtime, machine=here)
                     check_unread_overrides(job, hc.overrides.task)
+                    if launch and here:  # as the stage does later
+                        check_output_dirs(job)
                 except ConfigError as e:
                     if not multirun:
                         raise

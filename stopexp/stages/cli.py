@@ -101,9 +101,11 @@ def stage_main(config_name: str, tracked: bool = True):
                          version_base="1.3")(user_errors(task))
 
         @functools.wraps(run)
-        def main():
-            with reported():
-                check_overrides(config_name, sys.argv[1:])
+        def main(checked: bool = False):
+            """`checked`: the command line was checked already (stopexp.runtime.entry)."""
+            if not checked:
+                with reported():
+                    check_overrides(config_name, sys.argv[1:])
             return run()
         return main
     return decorate

@@ -1,10 +1,9 @@
 """`python -m stopexp.adapt`: online fine-tuning of the signal predictor from pruning feedback, under a distribution shift."""
+from stopexp.runtime.entry import launch
 
 
 def main() -> None:
     """The command line checked, then the stage (imported only then: stopexp.runtime.entry)."""
-    from stopexp.runtime.entry import launch
-
     launch("adapt", "stopexp.stages.adapt")
 
 

@@ -1,10 +1,9 @@
 """`python -m stopexp.evaluate`: stage 3, evaluate: prune with every method under one accounting, and show it."""
+from stopexp.runtime.entry import launch
 
 
 def main() -> None:
     """The command line checked, then the stage (imported only then: stopexp.runtime.entry)."""
-    from stopexp.runtime.entry import launch
-
     launch("evaluate", "stopexp.stages.evaluate")
 
 

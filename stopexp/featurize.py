@@ -1,10 +1,9 @@
 """`python -m stopexp.featurize`: stage 1b, featurize: extract the tapped hidden states of the trace bank's paths."""
+from stopexp.runtime.entry import launch
 
 
 def main() -> None:
     """The command line checked, then the stage (imported only then: stopexp.runtime.entry)."""
-    from stopexp.runtime.entry import launch
-
     launch("featurize", "stopexp.stages.featurize")
 
 

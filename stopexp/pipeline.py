@@ -1,10 +1,9 @@
 """`python -m stopexp.pipeline`: the whole study on one config: collect -> featurize -> train -> evaluate, each stage reusing what."""
+from stopexp.runtime.entry import launch
 
 
 def main() -> None:
     """The command line checked, then the stage (imported only then: stopexp.runtime.entry)."""
-    from stopexp.runtime.entry import launch
-
     launch("pipeline", "stopexp.stages.pipeline")
 
 

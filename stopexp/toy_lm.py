@@ -1,10 +1,9 @@
 """`python -m stopexp.toy_lm`: train the embedded toy LM from scratch and show it solving test prompts."""
+from stopexp.runtime.entry import launch
 
 
 def main() -> None:
     """The command line checked, then the stage (imported only then: stopexp.runtime.entry)."""
-    from stopexp.runtime.entry import launch
-
     launch("toy_lm", "stopexp.stages.toy_lm")
 
 

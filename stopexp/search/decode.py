@@ -21,6 +21,7 @@ from transformers import DynamicCache
 
 from stopexp.core.text import decode_escapes, stop_strings
 from stopexp.core.version import __version__
+from stopexp.search.decode_steps import DecodeSteps
 from stopexp.search.stops import StopStrings, eos_ids
 from stopexp.search.taps import Taps
 from stopexp.search.thinking import ThinkingBudget, ThinkRows
@@ -221,8 +222,10 @@ class Engine:
 
     @torch.no_grad()
     def _forward(self, state: Decode, input_ids: torch.Tensor, position_ids: torch.Tensor):
+        # logits of the last position only: a prefill's others are never read (as HF generate)
         out = self.model(input_ids=input_ids, attention_mask=state.attention_mask,
-                         position_ids=position_ids, cache=state.cache, use_cache=True)
+                         position_ids=position_ids, cache=state.cache, use_cache=True,
+                         logits_to_keep=1)
         state.next_logits = out.logits[:, -1, :].float()
 
     @torch.no_grad()
@@ -325,8 +328,6 @@ class Engine:
     def steps(self, max_rows: int = 1024):
         """Its paths as collect and Launch-Check-Resume step them, at most `max_rows` rows
         per forward (stopexp.search.decode_steps.DecodeSteps)."""
-        from stopexp.search.decode_steps import DecodeSteps  # it builds on this module
-
         return DecodeSteps(self, max_rows)
 
     def fork(self, state: Decode, repeats: int, seeds: list[int],

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from stopexp.search.decode import Engine
-from stopexp.search.sample import prompt_chunks
-from stopexp.search.stepping import Running
+from stopexp.search.stepping import Running, prompt_chunks
 
 
 class DecodeSteps:
@@ -18,7 +16,7 @@ class DecodeSteps:
     fit into `max_rows` paths (stopexp.search.sample.row_cap; at least one prompt). The
     engine's taps record the states at the checks (its `checkpoints`)."""
 
-    def __init__(self, engine: Engine, max_rows: int = 1024):
+    def __init__(self, engine, max_rows: int = 1024):
         self.engine, self.max_rows = engine, max_rows
 
     def start(self, paths: list[Running], meter=None, labels=None) -> "DecodeStepper":
@@ -32,7 +30,7 @@ class DecodeStepper:
     """`paths` launched as one batch of the engine (path p is row p of the launch); its
     rollouts run at most `max_rows` rows per forward."""
 
-    def __init__(self, engine: Engine, paths: list[Running], meter=None, labels=None,
+    def __init__(self, engine, paths: list[Running], meter=None, labels=None,
                  max_rows: int = 1024):
         self.engine, self.paths, self.meter, self.max_rows = engine, paths, meter, max_rows
         self.state = engine.launch([p.prompt for p in paths], [p.seed for p in paths], labels)

@@ -8,6 +8,7 @@ from stopexp.core.errors import UserError
 from stopexp.core.seeds import stream_seed
 from stopexp.core.token_text import text_of
 from stopexp.search.decode import Engine
+from stopexp.search.stepping import prompt_chunks
 
 log = logging.getLogger(__name__)
 
@@ -86,13 +87,6 @@ def row_cap(search, model, tokenizer, problems) -> int:
         return rows
     longest = max(len(prompt_ids(tokenizer, p.prompt)) for p in problems)
     return max(1, min(rows, budget // (longest + search.max_new_tokens)))
-
-
-def prompt_chunks(n_problems: int, n_paths: int, max_rows: int):
-    """Ranges of problems whose N paths fit into `max_rows` rows (at least one problem)."""
-    per = max(1, max_rows // n_paths)
-    for lo in range(0, n_problems, per):
-        yield range(lo, min(n_problems, lo + per))
 
 
 def launch_lists(tokenizer, problems, chunk, n_paths: int, seed: int):

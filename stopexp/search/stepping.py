@@ -97,6 +97,13 @@ class Steps(Protocol):
 
 
 
+def prompt_chunks(n_problems: int, n_paths: int, max_rows: int):
+    """Ranges of problems whose N paths fit into `max_rows` rows (at least one problem)."""
+    per = max(1, max_rows // n_paths)
+    for lo in range(0, n_problems, per):
+        yield range(lo, min(n_problems, lo + per))
+
+
 def run_paths(steps: Steps, prompts: list[list[int]], seeds: list[int],
               labels: list[str] | None = None) -> tuple[Stepper, list[Running]]:
     """Whole paths: each of `prompts` (token ids) with its stream seed, stepped to its end

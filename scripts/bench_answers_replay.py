@@ -1,6 +1,6 @@
 """Wall time of `python -m stopexp.answers_replay` on answers-only banks, with the
 equivalence grader as it is and, with --baseline, without its cheap disproof
-(`stopexp.tasks.disproof`: every pair of distinct answers then goes to math-verify's
+(`stopexp.metrics.disproof`: every pair of distinct answers then goes to math-verify's
 `verify`, as before it existed); checks that both give the same metrics, number for number.
 
     python scripts/bench_answers_replay.py                      # the three Parallel-Probe banks
@@ -25,7 +25,7 @@ BANKS = [Path("/work/data/parallel-probe") / f"{b}.json" for b in ("aime24", "ai
 
 ONE = """
 import sys
-import stopexp.tasks.answers as answers
+import stopexp.metrics.answers as answers
 if sys.argv[1] == "baseline":
     answers.differ = lambda gold, pred: False
 from stopexp.stages.answers_replay import main

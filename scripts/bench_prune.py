@@ -19,7 +19,8 @@ from hydra import compose, initialize_config_dir
 
 from stopexp.config import project_root, validate
 from stopexp.core.policies import build_policy, kept_text
-from stopexp.evaluation.accounting import Paths, keep_by_policy, outcome
+from stopexp.store.path_table import Paths
+from stopexp.evaluation.accounting import keep_by_policy, outcome
 from stopexp.stages.evaluate import evaluate
 
 

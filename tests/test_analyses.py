@@ -45,7 +45,7 @@ def test_length_matched_auroc_keeps_only_pairs_of_similar_length():
 
 
 def test_add_analyses_fills_every_method():
-    from stopexp.evaluation.accounting import Paths
+    from stopexp.store.path_table import Paths
 
     paths = Paths(group=np.array([0, 0, 0]), path_id=np.arange(3), length=np.array([10, 10, 30]),
                   correct=np.array([True, False, True]), answer=np.array(["1", "2", "1"], dtype=object),

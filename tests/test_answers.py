@@ -1,4 +1,4 @@
-"""Answer extraction and canonical forms (stopexp/tasks/answers.py), pinned value by value."""
+"""Answer extraction and canonical forms (stopexp/metrics/answers.py), pinned value by value."""
 import json
 import threading
 import time
@@ -6,7 +6,7 @@ import time
 import pytest
 
 from conftest import ROOT
-from stopexp.tasks.answers import (MAX_DIGITS, answer_of, canonical, equivalent, extract_answer,
+from stopexp.metrics.answers import (MAX_DIGITS, answer_of, canonical, equivalent, extract_answer,
                                    vote_clusters)
 
 # (completion, canonical answer under strict numeric extraction)
@@ -202,8 +202,8 @@ DISPROOFS = [
 def test_a_disproof_is_never_a_pair_math_verify_accepts(answer, reference, fast):
     from math_verify import verify
 
-    from stopexp.tasks.answers import _parse_latex
-    from stopexp.tasks.disproof import differ
+    from stopexp.metrics.answers import _parse_latex
+    from stopexp.metrics.disproof import differ
 
     gold, pred = _parse_latex(reference), _parse_latex(answer)
     assert differ(gold, pred) is fast
@@ -215,7 +215,7 @@ def test_percentages_and_complex_values_are_left_to_math_verify():
     import sympy
     from math_verify import verify
 
-    from stopexp.tasks.disproof import differ
+    from stopexp.metrics.disproof import differ
 
     percent = sympy.Mul(9, sympy.UnevaluatedExpr(sympy.Rational(1, 100)), evaluate=False)
     assert verify(sympy.Integer(9), percent) and not differ((sympy.Integer(9),), (percent,))

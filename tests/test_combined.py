@@ -10,7 +10,7 @@ import pytest
 from conftest import compose
 from stopexp.config import validate
 from stopexp.core.errors import ConfigError
-from stopexp.evaluation.accounting import Paths
+from stopexp.store.path_table import Paths
 from stopexp.stages import answers_replay
 from stopexp.stopping.adaptive_consistency import adaptive_consistency
 from stopexp.stopping.answers import load_answers_bank

@@ -308,7 +308,8 @@ def test_a_threshold_policy_has_no_retention_sweep_its_point_is_its_run(policy, 
     each method's one point is its run, K what its rule kept per prompt (mean)."""
     from stopexp.core.policies import check_policies
     from stopexp.core.protocol import check_plan
-    from stopexp.evaluation.accounting import Paths, account_methods, pareto_points
+    from stopexp.store.path_table import Paths
+    from stopexp.evaluation.accounting import account_methods, pareto_points
     from stopexp.evaluation.table import print_table
 
     scores = torch.tensor([0.9, 0.6, 0.3, 0.1, 0.9, 0.8, 0.7, 0.1])  # fixed tau 0.5 keeps 2, 3

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from conftest import ROOT
-from stopexp.evaluation.accounting import Paths, outcome
+from stopexp.store.path_table import Paths
+from stopexp.evaluation.accounting import outcome
 from stopexp.metrics import cons_at_n
 from stopexp.stopping.adaptive_consistency import adaptive_consistency, beta_majority_prob
 from stopexp.stopping.answers import load_answers_bank, vote_codes
@@ -22,7 +23,7 @@ from stopexp.stopping.esc import esc
 from stopexp.stopping.parallel_probe import parallel_probe
 from stopexp.stopping.replay import stopping_outcomes
 from stopexp.store import bank_plan
-from stopexp.tasks.answers import canonical, equivalent, vote
+from stopexp.metrics.answers import canonical, equivalent, vote
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from stopexp.evaluation.accounting import Paths
+from stopexp.store.path_table import Paths
 from stopexp.stopping import deepconf as dc
 from stopexp.stopping.replay import stopping_outcomes
 

@@ -5,7 +5,8 @@ import torch
 from conftest import compose, run_stage
 from stopexp.config import STOPPING_METHODS, validate
 from stopexp.core.policies import TopK
-from stopexp.evaluation.accounting import Paths, keep_by_policy, outcome
+from stopexp.store.path_table import Paths
+from stopexp.evaluation.accounting import keep_by_policy, outcome
 from stopexp.signals.methods import random_scorer, register_external
 from stopexp.stages.evaluate import evaluate, print_table
 from stopexp.stages.train import train

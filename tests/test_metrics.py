@@ -312,7 +312,8 @@ def test_policies_treat_nan_as_lowest_and_survive_infinities():
 
 
 def test_evaluate_signal_quality_counts_nonfinite_scores():
-    from stopexp.evaluation.accounting import Paths, signal_quality
+    from stopexp.store.path_table import Paths
+    from stopexp.evaluation.accounting import signal_quality
 
     n = 8
     paths = Paths(group=np.repeat([0, 1], 4), path_id=np.tile(np.arange(4), 2), length=np.full(n, 10),

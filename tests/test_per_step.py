@@ -15,7 +15,8 @@ from stopexp.stages.train import train
 from stopexp.store import bank
 from stopexp.training.fit import fit
 from stopexp.training.losses import _pair_mask
-from stopexp.training.per_step import (auroc_by_position, mean_over_positions, pair_groups, position_rows,
+from stopexp.metrics.ranking import auroc_by_position
+from stopexp.training.per_step import (mean_over_positions, pair_groups, position_rows,
                                        training_rows)
 from stopexp.stages import build
 

@@ -8,7 +8,8 @@ from conftest import compose
 from stopexp.config import ConfigError, check_plan, validate
 from stopexp.core.policies import check_policies
 from stopexp.core.voting import elect, rule_score, weights
-from stopexp.evaluation.accounting import Paths, decide_by_checks, outcome
+from stopexp.store.path_table import Paths
+from stopexp.evaluation.accounting import decide_by_checks, outcome
 from stopexp.stages.evaluate import evaluate
 from stopexp.stages.train import train
 from stopexp.stages import build

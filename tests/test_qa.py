@@ -5,8 +5,8 @@ import pytest
 from conftest import ROOT, compose
 from stopexp.config import ConfigError, validate
 from stopexp.tasks import QATask, build_task
-from stopexp.tasks.answers import canonical
-from stopexp.tasks.answers import extract_answer as extract
+from stopexp.metrics.answers import canonical
+from stopexp.metrics.answers import extract_answer as extract
 from stopexp.tasks.qa import TaskFileError, read_rows
 
 GSM8K = ROOT / "tests" / "data" / "gsm8k_sample.jsonl"

@@ -12,7 +12,8 @@ from scipy.stats import kendalltau, spearmanr
 
 from conftest import compose
 from stopexp.config import ConfigError, LossConfig, validate
-from stopexp.evaluation.accounting import Paths, outcome
+from stopexp.store.path_table import Paths
+from stopexp.evaluation.accounting import outcome
 from stopexp.evaluation.select import pick
 from stopexp.metrics import reward_ranking, within_prompt_auroc
 from stopexp.runtime.artifacts import plain

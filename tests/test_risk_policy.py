@@ -9,7 +9,8 @@ from test_progressive import cfg_for, trained3  # noqa: F401 (a fixture)
 
 from stopexp.config import ConfigError, validate
 from stopexp.core.policies import FixedThreshold, build_policy
-from stopexp.evaluation.accounting import Paths, keep_by_policy, outcome
+from stopexp.store.path_table import Paths
+from stopexp.evaluation.accounting import keep_by_policy, outcome
 from stopexp.evaluation.risk import calibrate, realised_risk
 from stopexp.metrics.risk import binomial_tail, clopper_pearson, fixed_sequence, hoeffding_bentkus
 from stopexp.stages import evaluate as evaluate_stage

@@ -11,7 +11,8 @@ from conftest import FP32_REORDER, compose
 from stopexp.config import ConfigError, validate
 from stopexp.config.model import ModelConfig
 from stopexp.config.thinking import ThinkingConfig
-from stopexp.evaluation.accounting import Paths, outcome, summarize
+from stopexp.store.path_table import Paths
+from stopexp.evaluation.accounting import outcome, summarize
 from stopexp.models import prepare_tokenizer
 from stopexp.models.tokenizer import CHARS, build_char_tokenizer
 from stopexp.search.decode import Engine, SamplingParams

@@ -2,7 +2,7 @@
 integer of more than Python's int conversion limit (`sys.get_int_max_str_digits()`, 4300
 digits by default) into an uncaught ValueError; here such an integer is kept as its digits
 (`LongInt`, a str). A long number is a legitimate answer, and answers are read as text
-(`stopexp.tasks.answers` reads numbers of any length up to its MAX_DIGITS); a field that
+(`stopexp.metrics.answers` reads numbers of any length up to its MAX_DIGITS); a field that
 must be a count refuses it as it refuses any non-integer."""
 from __future__ import annotations
 

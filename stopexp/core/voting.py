@@ -23,7 +23,7 @@ so replayed and online scores that differ in the last float bits vote alike; NaN
 lowest (weight 0).
 
 Every caller first replaces each answer by its cluster's representative
-(stopexp.tasks.answers.vote_clusters, under the task's `vote_format`), so that equivalent
+(stopexp.metrics.answers.vote_clusters, under the task's `vote_format`), so that equivalent
 answers (``\\frac{\\sqrt{2}}{2}``, ``\\sqrt{2}/2``) are one candidate; `elect` then counts
 strings.
 """

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -20,39 +19,11 @@ from stopexp.metrics import (BertScorer, auprc, bootstrap_ci, is_binary, nonfini
                              pooled_auroc, reward_ranking, text_metrics, within_prompt_auroc)
 from stopexp.stopping.replay import kv_peaks
 from stopexp.store import bank, feature_rows
-from stopexp.tasks.answers import vote_clusters
+from stopexp.metrics.answers import vote_clusters
+from stopexp.store.path_table import Paths, Pruning
 from stopexp.tasks.rewards import references
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Paths:
-    """The evaluated paths, one row each, grouped by prompt (rows of a prompt contiguous,
-    ordered by path id)."""
-    group: np.ndarray    # prompt index 0..G-1
-    path_id: np.ndarray
-    length: np.ndarray   # tokens the path generates when not pruned
-    correct: np.ndarray
-    answer: np.ndarray   # extracted answers ("" = none)
-    text: np.ndarray
-    alive: np.ndarray    # still generating at the check
-    batch: dict          # predictor batch at the check, for every row
-    prompt_ids: np.ndarray | None = None  # the task's prompt id of each group (None: 0..G-1)
-    prompt_len: np.ndarray | None = None  # prompt tokens (for the KV-memory estimate; None online)
-    checks: list | None = None  # replay: the predictor batch at every check (checks[0] is batch)
-    reward: np.ndarray | None = None      # each path's reward (stopexp/tasks/rewards.py)
-    lm_score: np.ndarray | None = None    # mean log-prob of its generated tokens (selection)
-    answer_format: str | None = None      # equivalent answers vote as one (tasks.vote_format)
-    thinking: np.ndarray | None = None    # a thinking model's thinking tokens per path (None: not one)
-
-
-@dataclass
-class Decision:
-    """What a method's checks did to every path (one row per path, as in `Paths`)."""
-    kept: np.ndarray       # alive at the first check and never pruned
-    pruned_at: np.ndarray  # prefix tokens of the check that pruned the path (0: not pruned)
-    signal: np.ndarray     # final signal: the score at the last check it passed (NaN: never scored)
 
 
 def prompts_in(root: Path, split: str) -> int:
@@ -188,7 +159,7 @@ def keep_by_policy(paths: Paths, scores: np.ndarray, policy: Policy, n: int,
 
 
 def decide_by_checks(paths: Paths, scores: list[np.ndarray], policies: list[Policy],
-                     checks: list[int], n: int, rule: str = "last") -> Decision:
+                     checks: list[int], n: int, rule: str = "last") -> Pruning:
     """Launch-Check-Resume replayed with one check or several (progressive): at check i
     (after checks[i] prefix tokens) the paths still generating and not yet pruned are
     scored (scores[i]: (P,) raw scores of every path there) under `rule` (see
@@ -210,7 +181,7 @@ def decide_by_checks(paths: Paths, scores: list[np.ndarray], policies: list[Poli
         kept = keep_by_policy(paths, now, policy, n, live)
         pruned_at[live & ~kept] = tokens
         live &= kept
-    return Decision(kept=first & (pruned_at == 0), pruned_at=pruned_at, signal=signal)
+    return Pruning(kept=first & (pruned_at == 0), pruned_at=pruned_at, signal=signal)
 
 
 def summarize(o: dict, seconds_per_token: float, flops_per_token: float, n_boot: int,
@@ -264,7 +235,7 @@ def account_methods(names: list[str], scorers: dict, policies: dict, paths: Path
     of the scored methods (the others' come from `pareto_points`). Checks, score rule and
     vote: search.check_at, policy.keep, search.score_rule, evaluate.vote (stopexp.core.protocol.check_plan,
     `decide_by_checks`, stopexp.core.voting); online, views[name] = (the run's paths, its
-    `Decision`, None for no_prune)."""
+    `Pruning`, None for no_prune)."""
     N, K = search.n_paths, plan[-1][1]
     topk, n_prompts = policy.name == "topk", int(paths.group.max()) + 1
     vote = dict(vote=evaluate.vote, vote_top=evaluate.vote_top)

@@ -3,10 +3,12 @@ bank, with, under train.positions=all, the single-checkpoint predictor beside th
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from stopexp.evaluation.paired import by_prefix
+from stopexp.metrics.ranking import auroc_by_position
 from stopexp.signals import methods as M
-from stopexp.training.per_step import auroc_by_position, prefix_scores
+from stopexp.store import bank
 
 
 def auroc_by_prefix(ds, rows: dict | None, scorers: dict, baseline: tuple[str, object] | None,
@@ -29,3 +31,23 @@ def auroc_by_prefix(ds, rows: dict | None, scorers: dict, baseline: tuple[str, o
     position, correct, group = rows["position"].numpy(), rows["correct"], rows["group"].numpy()
     curves = {m: auroc_by_position(s, correct, group, position) for m, s in scores.items()}
     return curves, by_prefix(scores, correct.numpy(), group, position, n_boot, seed)
+
+
+def prefix_scores(scorers: dict, rows: dict, seed_keys: np.ndarray | None = None) -> dict:
+    """method -> (B,) scores of its scorer on the position batch `rows` (alive rows;
+    "group" the prompt). Each position is scored on its own, so a scorer that compares a
+    path with its prompt's peers (st_bon) sees only the peers at the same position.
+    `seed_keys`: the bank's per-path stream names, indexed by rows["path"] (the random
+    scorer's; a path keeps its draw at every position)."""
+    pos = rows["position"].numpy()
+    out = {}
+    for name, scorer in scorers.items():
+        scores = np.zeros(len(pos))
+        for p in np.unique(pos):
+            at = np.nonzero(pos == p)[0]
+            batch = bank.select_rows(rows, torch.from_numpy(at))
+            if seed_keys is not None:
+                batch["seed_key"] = list(seed_keys[batch["path"].numpy()])
+            scores[at] = np.asarray(scorer(batch), dtype=float)
+        out[name] = scores
+    return out

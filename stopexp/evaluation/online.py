@@ -9,7 +9,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from stopexp.evaluation.accounting import Decision, Paths
+from stopexp.store.path_table import Pruning, Paths
 from stopexp.search.decode import SamplingParams
 from stopexp.search.memory import kv_bytes_per_token, memory_summary
 from stopexp.tasks import vote_format
@@ -38,7 +38,7 @@ def online_paths(lm: OnlineLM, names, scorers, policies: dict, plan: list[tuple[
     every check of `plan` (stopexp.core.protocol.check_plan; the first is where the AUROC
     batch is read), each method pruning by its `policies` (name -> one per check,
     stopexp.core.policies.check_policies). Returns the paths as the no_prune run saw
-    them, per method the paths as that method's run saw them with its `Decision` (None for
+    them, per method the paths as that method's run saw them with its `Pruning` (None for
     no_prune), and per method the measured time."""
     model, tokenizer, task, problems, N = lm.model, lm.tokenizer, lm.task, lm.problems, n_paths
     methods = {m: (scorers[m], lambda i=0, m=m: policies[m][i]) for m in names if m in scorers}
@@ -57,7 +57,7 @@ def online_paths(lm: OnlineLM, names, scorers, policies: dict, plan: list[tuple[
             answer=answer, text=text, alive=np.asarray([k in batch["row"] for k in keys]),
             batch={}, prompt_ids=np.asarray([p.prompt_id for p in problems]),
             answer_format=vote_format(task), thinking=thinking),
-            None if name == "no_prune" else Decision(
+            None if name == "no_prune" else Pruning(
                 kept=np.asarray([run.kept[k] for k in keys]),
                 pruned_at=np.asarray([run.pruned_at.get(k, 0) for k in keys], np.int64),
                 signal=np.asarray([run.signal.get(k, np.nan) for k in keys], np.float64)))

@@ -112,7 +112,7 @@ def auroc_by_prefix(curves: dict[str, dict], path: Path, title: str = "", studie
     """Within-prompt AUROC against prefix length, one line per method (dashed: a predictor
     trained at one checkpoint, "<name>@<tokens>"; the `studied` ones strong, the rest
     faint). `curves`: method -> {"positions": [tokens], "auroc": [float]}
-    (stopexp.training.per_step.auroc_by_position); positions without a mixed prompt (NaN)
+    (stopexp.metrics.ranking.auroc_by_position); positions without a mixed prompt (NaN)
     leave a gap. Dotted: chance (0.5). With `paired` (metrics.json's "paired_by_prefix") a
     second panel: each probe minus each control at every prefix, its 95% paired bootstrap
     interval shaded; where the band leaves 0 the difference is distinguishable."""

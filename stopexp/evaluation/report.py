@@ -8,7 +8,8 @@ import numpy as np
 from stopexp.core.names import ORACLE_METHODS
 from stopexp.core.policies import policy_params
 from stopexp.evaluation import figures, plots
-from stopexp.evaluation.accounting import Paths, keep_by_policy
+from stopexp.store.path_table import Paths
+from stopexp.evaluation.accounting import keep_by_policy
 from stopexp.evaluation.paired import best_non_learned
 from stopexp.evaluation.table import protocol_line
 from stopexp.signals import methods as M

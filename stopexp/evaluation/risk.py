@@ -27,7 +27,8 @@ import torch
 
 from stopexp.core.policies import FixedThreshold, quantize
 from stopexp.core.voting import rule_score
-from stopexp.evaluation.accounting import Decision, Paths, decide_by_checks, prompt_vote
+from stopexp.store.path_table import Pruning, Paths
+from stopexp.evaluation.accounting import decide_by_checks, prompt_vote
 from stopexp.metrics import bootstrap_ci
 from stopexp.metrics.risk import binomial_tail, clopper_pearson, fixed_sequence, hoeffding_bentkus
 
@@ -114,7 +115,7 @@ def calibrate(paths: Paths, scores: list[np.ndarray], checks: list[int], n: int,
     return Calibration(taus, float(LEVELS[ok - 1]), r_hat, p, G)
 
 
-def winners(paths: Paths, d: Decision, n: int, vote: str, vote_top: float) -> np.ndarray:
+def winners(paths: Paths, d: Pruning, n: int, vote: str, vote_top: float) -> np.ndarray:
     """Each prompt's voted answer after decision `d` (the vote of stopexp.evaluation.accounting.outcome)."""
     voter = (paths.path_id < n) & (~paths.alive | d.kept)
     return np.asarray([prompt_vote(paths, np.nonzero((paths.group == g) & voter)[0], d.signal, vote,

@@ -12,6 +12,7 @@ callers report how many scores were not finite (`nonfinite`).
 from __future__ import annotations
 
 import logging
+import math
 
 import numpy as np
 from scipy.stats import rankdata
@@ -214,3 +215,21 @@ def is_binary(labels) -> bool:
     """Every label is 0 or 1 (an outcome), so AUROC is the ranking metric to report."""
     v = np.asarray(labels, dtype=float)
     return bool(np.isin(v[np.isfinite(v)], (0.0, 1.0)).all())
+
+
+def auroc_by_position(scores, correct, group, position) -> dict:
+    """Per stored position (ascending): the within-prompt AUROC of `scores` against
+    `correct` over the rows at that position (mean over prompt `group`s with both outcomes
+    there; NaN where none has both) and the number of such prompts. All arguments (B,).
+    Returns {"positions": [int], "auroc": [float], "n_mixed_prompts": [int]}."""
+    s, y = np.asarray(scores, dtype=float), np.asarray(correct) > 0.5
+    g, pos = np.asarray(group), np.asarray(position)
+    out = {"positions": [], "auroc": [], "n_mixed_prompts": []}
+    for p in np.unique(pos):
+        at = pos == p
+        _, values = per_group_auroc(s[at], y[at], g[at])
+        mixed = values[~np.isnan(values)]
+        out["positions"].append(int(p))
+        out["auroc"].append(float(mixed.mean()) if len(mixed) else math.nan)
+        out["n_mixed_prompts"].append(int(len(mixed)))
+    return out

@@ -14,8 +14,6 @@ import sys
 import numpy as np
 import regex
 import sacrebleu
-import torch
-from torch.nn.utils.rnn import pad_sequence
 
 from stopexp.core.errors import ConfigError
 from stopexp.core.text import TEXT_TOKENIZERS
@@ -219,16 +217,20 @@ def _embeddings(scorer, sentences: list, batch_size: int = 64) -> dict:
 
 def _padded(stats: list, device) -> tuple:
     """bert_score's padding of a batch of pairs: embeddings padded with 2.0, idf with 0."""
+    import torch  # torch only where BERTScore runs: the package's plain metrics go without
+    from torch.nn.utils.rnn import pad_sequence
+
     emb = pad_sequence([e.to(device) for e, _ in stats], batch_first=True, padding_value=2.0)
     weight = pad_sequence([w.to(device) for _, w in stats], batch_first=True)
     lens = torch.tensor([len(e) for e, _ in stats])
     return emb, (torch.arange(int(lens.max()))[None, :] < lens[:, None]).to(device), weight
 
 
-def pair_f1(scorer, hyps: list, refs: list, batch_size: int = 64) -> torch.Tensor:
-    """BERTScore F1 of each (hypothesis, reference string) pair: bert_score's
+def pair_f1(scorer, hyps: list, refs: list, batch_size: int = 64):
+    """BERTScore F1 of each (hypothesis, reference string) pair, a (pairs,) tensor: bert_score's
     BERTScorer.score (no idf, no baseline) with its sentences batched by `_embeddings`, so
     the same inputs give the same bits in every process."""
+    import torch
     from bert_score.utils import greedy_cos_idf
 
     stats = _embeddings(scorer, refs + hyps, batch_size)

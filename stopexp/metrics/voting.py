@@ -3,14 +3,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from stopexp.tasks.answers import equivalent
-from stopexp.tasks.answers import vote as majority_vote
+from stopexp.metrics.answers import equivalent
+from stopexp.metrics.answers import vote as majority_vote
 
 
 def cons_at_n(answers_per_prompt, gold_per_prompt, fmt: str | None = None) -> float:
     """Fraction of prompts whose majority answer is the gold one (no answer is wrong). With
     an answer format `fmt`, equivalent answers vote as one and the winner matches the gold
-    answer by `equivalent` (stopexp.tasks.answers); without, by equality."""
+    answer by `equivalent` (stopexp.metrics.answers); without, by equality."""
     hits = [(v := majority_vote(list(a), fmt)) is not None
             and (equivalent(v, g, fmt) if fmt else v == g)
             for a, g in zip(answers_per_prompt, gold_per_prompt, strict=True)]

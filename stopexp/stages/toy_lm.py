@@ -18,7 +18,7 @@ from stopexp.search.sample import sample_paths
 from stopexp.stages import build
 from stopexp.stages.cli import Stage, stage_main
 from stopexp.tasks import build_task
-from stopexp.tasks.answers import vote
+from stopexp.metrics.answers import vote
 from stopexp.tasks.arith import extract_answer
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ keeps the same data as parallel lists, which are read too::
       "final_answers_trace": [str, ...]}, ...]
 
 where each branch's row of probe answers is padded with trailing nulls (dropped, as their
-`clean_data_list` drops them; a null inside a row is an unreadable answer). Answers are compared in the canonical form of `stopexp.tasks.answers`
+`clean_data_list` drops them; a null inside a row is an unreadable answer). Answers are compared in the canonical form of `stopexp.metrics.answers`
 (``0.5``, ``1/2`` and ``\\frac{1}{2}`` are one answer); the gold answer is matched with
 `equivalent`, so math-verify also accepts forms that canonicalise
 differently. Every cluster of equivalent answers of a prompt (`vote_clusters` over its
@@ -46,7 +46,7 @@ import numpy as np
 
 from stopexp.core import jsonfile
 from stopexp.core.errors import NotFound, UserError
-from stopexp.tasks.answers import FORMATS, canonical, equivalent, vote_clusters
+from stopexp.metrics.answers import FORMATS, canonical, equivalent, vote_clusters
 
 
 class AnswersBankError(UserError, ValueError):
@@ -228,7 +228,7 @@ def load_answers_bank(path: str | Path, fmt: str = "boxed",
                       grader: str = "equivalent") -> AnswersBank:
     """Read an answers-only bank (JSON, the shape in the module docstring).
 
-    fmt: the answer format of `stopexp.tasks.answers` used to canonicalise answers
+    fmt: the answer format of `stopexp.metrics.answers` used to canonicalise answers
     ("boxed": LaTeX or numbers, the default for competition math; "numeric"); grader:
     "equivalent" or "exact" (`parse_prompt`).
     Raises NotFound (a FileNotFoundError) for a missing file and AnswersBankError naming the file, the

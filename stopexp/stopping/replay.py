@@ -30,7 +30,7 @@ from stopexp.stopping.adaptive_consistency import adaptive_consistency
 from stopexp.stopping.answers import AnswersPrompt
 from stopexp.stopping.combined import Timeline, combined
 from stopexp.stopping.esc import esc
-from stopexp.tasks.answers import vote_clusters
+from stopexp.metrics.answers import vote_clusters
 
 __all__ = ["STOPPING_METHODS", "stopping_outcomes", "spent_outcome"]
 

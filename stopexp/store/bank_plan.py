@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from stopexp.runtime.artifacts import artifact_lock
 from stopexp.runtime.integrity import set_aside
 from stopexp.store import bank
-from stopexp.tasks.answers import vote, vote_clusters
+from stopexp.metrics.answers import vote, vote_clusters
 
 log = logging.getLogger(__name__)
 

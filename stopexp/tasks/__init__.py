@@ -11,7 +11,7 @@ from stopexp.tasks.thinking import ThinkingTask
 from stopexp.tasks.wordprob import WordProblem, WordProblemTask
 
 def vote_format(task) -> str | None:
-    """The answer format whose equivalent answers vote as one (stopexp.tasks.answers.
+    """The answer format whose equivalent answers vote as one (stopexp.metrics.answers.
     vote_clusters), of a task or its config: qa's answer_format; None for the other tasks,
     whose canonical answers are one string per answer (data-to-text's are words, not math)."""
     return task.answer_format if task.name == "qa" else None

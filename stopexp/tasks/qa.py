@@ -3,7 +3,7 @@
 (`stopexp.tasks.benchmarks`: gsm8k, math500, aime24, ...), a local JSONL / JSON / Parquet
 file or a `datasets` hub id (which must already be in the local cache when offline).
 
-Answers are read and compared by `stopexp.tasks.answers` (strict or flexible extraction,
+Answers are read and compared by `stopexp.metrics.answers` (strict or flexible extraction,
 one canonical string per equivalent answer, math-verify for LaTeX). A completion without a
 readable answer is wrong, never an error. A question's split is a hash of the task seed and
 the question, so the split is fixed by the seed and a question never sits in two splits.
@@ -23,7 +23,7 @@ from stopexp.core import jsonfile
 from stopexp.core.errors import ConfigError, NotFound, UserError, error_text
 from stopexp.core.names import STEP_SEPARATORS
 from stopexp.runtime.hub import offline_unless_reachable
-from stopexp.tasks.answers import FORMATS, MODES, canonical, equivalent, extract_answer
+from stopexp.metrics.answers import FORMATS, MODES, canonical, equivalent, extract_answer
 from stopexp.tasks.benchmarks import BENCHMARKS, shipped_file
 
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -193,7 +193,7 @@ class QATask:
     """Questions and reference answers from `path`; the interface of `ArithTask`.
 
     extraction: ``strict`` (``####`` / ``\\boxed{}``) or ``flexible`` (also the last number
-    of a completion that has no marked answer); see `stopexp.tasks.answers`."""
+    of a completion that has no marked answer); see `stopexp.metrics.answers`."""
 
     name = "qa"
     text_level = "word"  # text metrics compare words (natural language)

@@ -35,7 +35,7 @@ import re
 from dataclasses import dataclass
 
 from stopexp.core.names import STEP_SEPARATORS
-from stopexp.tasks import answers
+from stopexp.metrics import answers
 from stopexp.tasks.splits import draw_distinct, hash_split
 
 OPERATIONS = ("add", "sub", "compare", "count")
@@ -89,7 +89,7 @@ def things(n: int, obj: str) -> str:
 
 def answer_of(completion: str, extraction: str = "strict") -> str:
     """The final answer of a completion, canonical ("" when none is written), by the
-    shared rules of `stopexp.tasks.answers`: strict reads ``The answer is N`` (or
+    shared rules of `stopexp.metrics.answers`: strict reads ``The answer is N`` (or
     ``#### N``); flexible also takes the last number of a completion without one."""
     return answers.answer_of(completion, "numeric", extraction)
 

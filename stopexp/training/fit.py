@@ -14,6 +14,7 @@ from tqdm import tqdm
 from stopexp.metrics import (auprc, brier, ece, is_binary, length_correlation, nonfinite,
                              pooled_auroc, reward_ranking, within_prompt_auroc)
 from stopexp.store import bank
+from stopexp.metrics.ranking import auroc_by_position
 from stopexp.training import per_step
 from stopexp.training.losses import build_loss
 
@@ -34,7 +35,7 @@ def evaluate_scores(scores: torch.Tensor, data: dict) -> dict:
     (stopexp.metrics.reward_ranking). On every-position data (with "prompt_group":
     train.positions=all) "auroc" is the mean over positions of the within-prompt AUROC at
     each position, and "auroc_by_prefix" the per-position curve
-    (stopexp.training.per_step.auroc_by_position)."""
+    (stopexp.metrics.ranking.auroc_by_position)."""
     s, y = scores.numpy(), data["correct"].numpy()
     p = 1 / (1 + np.exp(-s))
     reward = data["reward"].numpy() if "reward" in data else y
@@ -43,7 +44,7 @@ def evaluate_scores(scores: torch.Tensor, data: dict) -> dict:
         "mean_reward": float(reward.mean()) if len(reward) else math.nan}
     by_prefix = {}
     if "prompt_group" in data:
-        curve = per_step.auroc_by_position(s, y, data["prompt_group"].numpy(), data["position"].numpy())
+        curve = auroc_by_position(s, y, data["prompt_group"].numpy(), data["position"].numpy())
         by_prefix = {"auroc": per_step.mean_over_positions(curve), "auroc_by_prefix": curve}
     return {**ranks, "auroc": within_prompt_auroc(s, y, data["group"].numpy()),
             **by_prefix, "auroc_pooled": pooled_auroc(s, y), "auprc": auprc(s, y),

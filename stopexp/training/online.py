@@ -23,7 +23,8 @@ import torch
 
 from stopexp.core.policies import build_policy
 from stopexp.core.seeds import stream_seed
-from stopexp.evaluation.accounting import Paths, keep_by_policy
+from stopexp.store.path_table import Paths
+from stopexp.evaluation.accounting import keep_by_policy
 from stopexp.engines.hf import run_launch_check_resume
 from stopexp.evaluation.online import OnlineLM, scatter_batch
 from stopexp.search.decode import make_engine

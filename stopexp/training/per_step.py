@@ -9,10 +9,8 @@ here consumes that dict; `position_data` is the one place that makes it.
   (prompt, position), never across positions (`pair_groups` becomes the batch's "group";
   the prompt stays in "prompt_group"), and epochs are selected on the validation
   within-prompt AUROC averaged over positions (`mean_over_positions`).
-- AUROC against prefix length (`auroc_by_position`): at every stored position, the
-  within-prompt AUROC of a scorer over the paths alive there (the mean over the prompts
-  with mixed outcomes at that position), and how many such prompts there were. It answers
-  "from which prefix on does a signal know?".
+- AUROC against prefix length (stopexp.metrics.ranking.auroc_by_position) over the
+  position batch, for training's curves and evaluate's (stopexp.evaluation.curves).
 """
 from __future__ import annotations
 
@@ -22,7 +20,6 @@ import numpy as np
 import torch
 
 from stopexp.metrics import is_binary
-from stopexp.metrics.ranking import per_group_auroc
 from stopexp.store import bank, feature_rows
 from stopexp.training.data import NothingToLearn
 
@@ -58,24 +55,6 @@ def training_rows(rows: dict) -> dict:
     """A position batch as training data: "group" the (prompt, position) pair id (what the
     pairwise losses and the prompt batches group by), "prompt_group" the prompt's."""
     return {**rows, "prompt_group": rows["group"], "group": pair_groups(rows["group"], rows["position"])}
-
-
-def auroc_by_position(scores, correct, group, position) -> dict:
-    """Per stored position (ascending): the within-prompt AUROC of `scores` against
-    `correct` over the rows at that position (mean over prompt `group`s with both outcomes
-    there; NaN where none has both) and the number of such prompts. All arguments (B,).
-    Returns {"positions": [int], "auroc": [float], "n_mixed_prompts": [int]}."""
-    s, y = np.asarray(scores, dtype=float), np.asarray(correct) > 0.5
-    g, pos = np.asarray(group), np.asarray(position)
-    out = {"positions": [], "auroc": [], "n_mixed_prompts": []}
-    for p in np.unique(pos):
-        at = pos == p
-        _, values = per_group_auroc(s[at], y[at], g[at])
-        mixed = values[~np.isnan(values)]
-        out["positions"].append(int(p))
-        out["auroc"].append(float(mixed.mean()) if len(mixed) else math.nan)
-        out["n_mixed_prompts"].append(int(len(mixed)))
-    return out
 
 
 def mean_over_positions(curve: dict) -> float:
@@ -125,24 +104,3 @@ def split_data_all(loaded: dict, min_gap: float) -> dict[str, dict]:
             f"(collect.prompts.{split}), keep prompts with mixed outcomes (collect.keep_correct), "
             f"or try another task.seed or seed.")
     return out
-
-
-def prefix_scores(scorers: dict, rows: dict, seed_keys: np.ndarray | None = None) -> dict:
-    """method -> (B,) scores of its scorer on the position batch `rows` (alive rows;
-    "group" the prompt). Each position is scored on its own, so a scorer that compares a
-    path with its prompt's peers (st_bon) sees only the peers at the same position.
-    `seed_keys`: the bank's per-path stream names, indexed by rows["path"] (the random
-    scorer's; a path keeps its draw at every position)."""
-    pos = rows["position"].numpy()
-    out = {}
-    for name, scorer in scorers.items():
-        scores = np.zeros(len(pos))
-        for p in np.unique(pos):
-            at = np.nonzero(pos == p)[0]
-            batch = bank.select_rows(rows, torch.from_numpy(at))
-            if seed_keys is not None:
-                batch["seed_key"] = list(seed_keys[batch["path"].numpy()])
-            scores[at] = np.asarray(scorer(batch), dtype=float)
-        out[name] = scores
-    return out
-

@@ -12,12 +12,12 @@ import numpy as np
 
 from stopexp.evaluation import plots
 from stopexp.metrics import is_binary
+from stopexp.metrics.ranking import auroc_by_position
 from stopexp.models.super_token import checkpoint_meta
 from stopexp.runtime.integrity import set_aside
 from stopexp.runtime.threads import one_thread
 from stopexp.signals.checkpoint import (CheckpointDamaged, CheckpointMismatch, CheckpointStale,
                                         load_predictor)
-from stopexp.training import per_step
 from stopexp.training.fit import evaluate_scores, fit, learning_warnings, score
 
 log = logging.getLogger(__name__)
@@ -76,9 +76,9 @@ def fit_and_score(predictor, name: str, data: dict, train, loss, start: float,
 
 def prefix_curve(predictor, rows: dict) -> dict:
     """The predictor's within-prompt AUROC at every stored position of the position batch
-    `rows` (stopexp.training.per_step.auroc_by_position)."""
+    `rows` (stopexp.metrics.ranking.auroc_by_position)."""
     with one_thread(predictor):
-        return per_step.auroc_by_position(score(predictor, rows), rows["correct"], rows["group"],
+        return auroc_by_position(score(predictor, rows), rows["correct"], rows["group"],
                                           rows["position"])
 
 

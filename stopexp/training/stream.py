@@ -34,7 +34,8 @@ import torch
 from stopexp.core.errors import ConfigError
 from stopexp.core.names import ONLINE_VARIANTS
 from stopexp.core.policies import build_policy
-from stopexp.evaluation.accounting import Paths, keep_by_policy, outcome
+from stopexp.store.path_table import Paths
+from stopexp.evaluation.accounting import keep_by_policy, outcome
 from stopexp.metrics import per_group_auroc, within_prompt_auroc
 
 # what the predictors and the losses read (stopexp/signals/features.py, stopexp/training/losses.py)

@@ -44,7 +44,7 @@ from fractions import Fraction
 from functools import lru_cache
 
 from stopexp.core.text import has_answer
-from stopexp.tasks.disproof import differ, tame
+from stopexp.metrics.disproof import differ, tame
 
 FORMATS = ("numeric", "boxed")
 MODES = ("strict", "flexible")
@@ -331,7 +331,7 @@ def equivalent(answer: str, reference: str, fmt: str = "boxed") -> bool:
     gold, pred = _parse_latex(reference), _parse_latex(answer)
     if not (gold and pred) or not all(tame(x, _tame) for x in (*gold, *pred)):
         return False
-    if differ(gold, pred):  # values apart at a point: no simplify needed (stopexp.tasks.disproof)
+    if differ(gold, pred):  # values apart at a point: no simplify needed (stopexp.metrics.disproof)
         return False
     return verify(list(gold), list(pred), timeout_seconds=_timeout())
 
@@ -391,7 +391,7 @@ def vote_clusters(answers, fmt: str | None) -> list:
 def vote(answers: list, fmt: str | None = None) -> object:
     """Majority vote over answers (None, "" and blank ones never vote); ties go to the first.
     Equivalent answers of the answer format `fmt` vote as one, and the winner is their
-    cluster's representative (stopexp.tasks.answers.vote_clusters; None: by string)."""
+    cluster's representative (stopexp.metrics.answers.vote_clusters; None: by string)."""
     counts: dict = {}
     for a in vote_clusters(answers, fmt):
         if has_answer(a):

@@ -1,6 +1,6 @@
 """A cheap, sound "no" for math-verify: two parsed answers whose values differ at a point.
 
-`stopexp.tasks.answers.equivalent` asks math-verify's `verify` whether two answers are
+`stopexp.metrics.answers.equivalent` asks math-verify's `verify` whether two answers are
 equal. For most pairs of a prompt's distinct answers the answer is no (two different
 numbers written in LaTeX, a number and an expression with symbols), but `verify` reaches it
 only after sympy's `simplify` of their difference, about 0.1 s a pair: an answers-only bank
@@ -37,7 +37,7 @@ def differ(gold: tuple, pred: tuple) -> bool:
 
 
 def tame(value, check) -> bool:
-    """`check(value)` (stopexp.tasks.answers._tame: whether sympy compares `value` quickly),
+    """`check(value)` (stopexp.metrics.answers._tame: whether sympy compares `value` quickly),
     once per value: a vote compares each answer with many others."""
     try:
         return _checked(value, check)

@@ -1,6 +1,6 @@
-"""Paths as requests of a vLLM engine whose core runs in this process and schedules no step
-ahead (stopexp.search.vllm_engine.build_llm): added with their seeds, stepped one engine
-step at a time, aborted by id, each request's new tokens, log-probs and (with the engine's
+"""Paths as requests of a vLLM engine (its core in this process, one decode step per step,
+for taps and online checks; in vLLM's own process, which runs ahead, for collect without
+taps: stopexp.search.vllm_engine.build_llm): added with their seeds, stepped, aborted by id, each request's new tokens, log-probs and (with the engine's
 in-engine taps, stopexp.search.vllm_taps) states taken in as they arrive:
 stopexp.search.stepping's `Stepper`. Collect (stopexp.search.trace) and online
 Launch-Check-Resume (stopexp.search.lcr) run on it. A Monte Carlo rollout cannot fork a
@@ -50,7 +50,8 @@ class Stepper:
         if self.core.has_unfinished_requests():
             raise RuntimeError("the vLLM engine has unfinished requests: it is not free for a run")
         self.taps, self.ids, self.stats = engine.taps, {}, {}
-        self.pending: dict[str, tuple] = {}  # rollouts running: id -> (token ids, log-probs)
+        # rollouts: id -> (token ids, log-probs or None, finished)
+        self.pending: dict[str, tuple] = {}
         for n, p in enumerate(paths):
             p.request_id = f"path{n}"
             self.ids[p.request_id] = p

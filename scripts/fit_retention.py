@@ -20,7 +20,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from stopexp.evaluation.plots import save_figure  # noqa: E402
-from stopexp.evaluation.retention import fit, guideline_points, predict_inverse_gamma  # noqa: E402
+from stopexp.evaluation.retention import fit_retention, guideline_points, predict_inverse_gamma  # noqa: E402
 from stopexp.runtime.sweeps import dir_runs  # noqa: E402
 
 
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         runs = [r for d in args.sweep_dirs for r in dir_runs(d)]
         points = guideline_points(runs)
-        coef = fit(points)
+        coef = fit_retention(points)
     except (FileNotFoundError, ValueError) as e:
         sys.exit(f"fit_retention: {e}")
     print(f"{len(runs)} jobs, {coef['points']} Pareto points; 1/gamma = a * C^b * L_prefix^c / L_task^d")

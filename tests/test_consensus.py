@@ -235,5 +235,5 @@ def test_bank_summary_votes_by_cluster(monkeypatch):
     ds = Bank(split=["test"] * 6, prompt_id=[0] * 6, correct=RIGHT.tolist(), answer=CANON,
               length=[10] * 6)
     monkeypatch.setattr(bank_plan.bank, "load_bank", lambda root: ds)
-    assert bank_plan.summarize(Path("bank"))["vote_accuracy"] == 0.0
-    assert bank_plan.summarize(Path("bank"), "boxed")["vote_accuracy"] == 1.0
+    assert bank_plan.summarize_bank(Path("bank"))["vote_accuracy"] == 0.0
+    assert bank_plan.summarize_bank(Path("bank"), "boxed")["vote_accuracy"] == 1.0

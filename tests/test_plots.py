@@ -80,7 +80,7 @@ def test_prefix_curves_draw_the_paired_intervals_and_the_studied_on_top(drawn, t
     paired = {"positions": positions, "auroc_diff": {"mlp": {
         "confidence": {"diff": [0.1] * 6, "ci": [[0.05, 0.15]] * 6},
         "best_non_learned": {"diff": [0.0] * 6, "ci": [[-0.02, 0.02]] * 6}}}}
-    plots.auroc_by_prefix(curves, tmp_path / "p.png", "t", STUDIED, paired, CAPTION)
+    plots.plot_auroc_by_prefix(curves, tmp_path / "p.png", "t", STUDIED, paired, CAPTION)
     fig = drawn[0]
     top, low = fig.axes
     assert top.get_xscale() == "log"  # prefixes 1 .. 32 tokens

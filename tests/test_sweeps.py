@@ -18,7 +18,7 @@ from omegaconf import OmegaConf, open_dict
 
 from conftest import CONF, ROOT, compose
 from stopexp.config import validate
-from stopexp.evaluation.retention import fit, guideline_points, predict_inverse_gamma
+from stopexp.evaluation.retention import fit_retention, guideline_points, predict_inverse_gamma
 from stopexp.runtime import sweeps
 from stopexp.runtime.tracking import run_group
 
@@ -127,11 +127,11 @@ def _synthetic_points(coef, noise=0.0, seed=0):
 
 def test_fit_recovers_known_coefficients():
     true = {"a": 0.8, "b": 0.35, "c": -0.2, "d": 0.5}
-    got = fit(_synthetic_points(true))
+    got = fit_retention(_synthetic_points(true))
     for k in "abcd":
         assert got[k] == pytest.approx(true[k], abs=1e-9)
     assert got["r2"] == pytest.approx(1.0) and got["points"] == 36
-    noisy = fit(_synthetic_points(true, noise=0.02))
+    noisy = fit_retention(_synthetic_points(true, noise=0.02))
     for k in "bcd":
         assert noisy[k] == pytest.approx(true[k], abs=0.05)
 
@@ -139,9 +139,9 @@ def test_fit_recovers_known_coefficients():
 def test_fit_refuses_too_few_points_or_a_constant_regressor():
     pts = _synthetic_points({"a": 1, "b": 0.3, "c": 0.1, "d": 0.4})
     with pytest.raises(ValueError, match="3 points for 4 parameters"):
-        fit(pts[:3])
+        fit_retention(pts[:3])
     with pytest.raises(ValueError, match="L_prefix is the same at every point.*search.check_at"):
-        fit([p for p in pts if p["L_prefix"] == 8])
+        fit_retention([p for p in pts if p["L_prefix"] == 8])
 
 
 def _fake_sweep(root, jobs):

@@ -12,7 +12,7 @@ from stopexp.config import ConfigError, validate
 from stopexp.config.model import ModelConfig
 from stopexp.config.thinking import ThinkingConfig
 from stopexp.store.path_table import Paths
-from stopexp.evaluation.accounting import outcome, summarize
+from stopexp.evaluation.accounting import outcome, summarize_outcome
 from stopexp.models import prepare_tokenizer
 from stopexp.models.tokenizer import CHARS, build_char_tokenizer
 from stopexp.search.decode import Engine, SamplingParams
@@ -215,12 +215,12 @@ def test_thinking_and_answer_tokens_are_counted_apart():
                   correct=np.array([True, False, True]), answer=np.array(["1", "", "2"], dtype=object),
                   text=np.array(["", "", ""], dtype=object), alive=np.ones(3, bool), batch={},
                   thinking=np.array([25, 20, 4]))
-    whole = summarize(outcome(paths, np.ones(3, bool), 8, 2), 0.0, 0.0, 10, 0)
+    whole = summarize_outcome(outcome(paths, np.ones(3, bool), 8, 2), 0.0, 0.0, 10, 0)
     assert (whole["tokens_total"], whole["thinking_tokens"], whole["answer_tokens"]) == (60, 49, 11)
     # the second path pruned at 8 tokens: 8 of thinking
-    pruned = summarize(outcome(paths, np.array([True, False, True]), 8, 2), 0.0, 0.0, 10, 0)
+    pruned = summarize_outcome(outcome(paths, np.array([True, False, True]), 8, 2), 0.0, 0.0, 10, 0)
     assert (pruned["tokens_total"], pruned["thinking_tokens"], pruned["answer_tokens"]) == (48, 37, 11)
-    plain = summarize(outcome(Paths(**{**paths.__dict__, "thinking": None}), np.ones(3, bool), 8, 2),
+    plain = summarize_outcome(outcome(Paths(**{**paths.__dict__, "thinking": None}), np.ones(3, bool), 8, 2),
                       0.0, 0.0, 10, 0)
     assert "thinking_tokens" not in plain
 

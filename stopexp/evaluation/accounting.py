@@ -184,7 +184,7 @@ def decide_by_checks(paths: Paths, scores: list[np.ndarray], policies: list[Poli
     return Pruning(kept=first & (pruned_at == 0), pruned_at=pruned_at, signal=signal)
 
 
-def summarize(o: dict, seconds_per_token: float, flops_per_token: float, n_boot: int,
+def summarize_outcome(o: dict, seconds_per_token: float, flops_per_token: float, n_boot: int,
               seed: int) -> dict:
     """Accuracy (with its bootstrap CI), tokens, FLOPs and estimated wall time of an
     `outcome` dict."""
@@ -247,7 +247,7 @@ def account_methods(names: list[str], scorers: dict, policies: dict, paths: Path
     for name in names:
         if name in stops:  # replayed from the bank in either mode (exact)
             outcomes[name] = stops[name]
-            results[name] = summarize(stops[name], sec_tok, flops_tok, n_boot, seed) | {
+            results[name] = summarize_outcome(stops[name], sec_tok, flops_tok, n_boot, seed) | {
                 "replayed": True, "check_s": 0.0}
             points.append({"method": name, "n": N, "k": N, "accuracy": results[name]["accuracy"],
                            "tokens_total": results[name]["tokens_total"]})
@@ -271,7 +271,7 @@ def account_methods(names: list[str], scorers: dict, policies: dict, paths: Path
             o = outcome(view, decision.kept, decision.pruned_at, N, signal=decision.signal,
                         select=evaluate.select, **vote)
         outcomes[name] = o
-        r = summarize(o, sec_tok, flops_tok, n_boot, seed)
+        r = summarize_outcome(o, sec_tok, flops_tok, n_boot, seed)
         r["check_s"] = check_s
         if name in scores:
             r.update(signal_quality(paths, scores[name], N, n_boot, seed))

@@ -11,7 +11,7 @@ from stopexp.signals import methods as M
 from stopexp.store import bank
 
 
-def auroc_by_prefix(ds, rows: dict | None, scorers: dict, baseline: tuple[str, object] | None,
+def prefix_curves(ds, rows: dict | None, scorers: dict, baseline: tuple[str, object] | None,
                     n_boot: int, seed: int) -> tuple[dict, dict]:
     """Evaluate's curves: (method -> auroc_by_position over the bank split `ds` (`rows`:
     its position batch, stopexp.training.per_step.position_data), the paired differences of

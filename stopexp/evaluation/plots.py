@@ -107,7 +107,7 @@ def pareto(points: list[dict], path: Path, studied=None, caption: str | None = N
     return save_figure(fig, path, laid_out=True)
 
 
-def auroc_by_prefix(curves: dict[str, dict], path: Path, title: str = "", studied=None,
+def plot_auroc_by_prefix(curves: dict[str, dict], path: Path, title: str = "", studied=None,
                     paired: dict | None = None, caption: str | None = None) -> Path:
     """Within-prompt AUROC against prefix length, one line per method (dashed: a predictor
     trained at one checkpoint, "<name>@<tokens>"; the `studied` ones strong, the rest

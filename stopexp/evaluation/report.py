@@ -64,7 +64,7 @@ def make_plots(paths: Paths, outcomes: dict, scores: dict, points: list, run_dir
     if paired:
         figs["paired"] = plots.paired_intervals(paired, run_dir / "paired.png", caption)
     if metrics.get("auroc_by_prefix"):
-        figs["auroc_by_prefix"] = plots.auroc_by_prefix(
+        figs["auroc_by_prefix"] = plots.plot_auroc_by_prefix(
             metrics["auroc_by_prefix"], run_dir / "auroc_by_prefix.png",
             "every method at every stored prefix", studied, metrics.get("paired_by_prefix"), caption)
     return figs

@@ -50,7 +50,7 @@ def guideline_points(runs: list[dict]) -> list[dict]:
     return out
 
 
-def fit(points: list[dict]) -> dict:
+def fit_retention(points: list[dict]) -> dict:
     """Least-squares a, b, c, d (and R^2 in log space) of the guideline; refuses data that
     cannot determine them."""
     if len(points) < len(PARAMS):

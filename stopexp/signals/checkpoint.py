@@ -77,7 +77,7 @@ def check_spec(saved: dict, spec: FeatureSpec, where: Path) -> None:
             f"but the features at hand have {field}={want[field]!r}; " + REBUILD.format(dir=where))
 
 
-def check_predictor(saved: dict, pred_cfg, where: Path) -> None:
+def check_saved_predictor(saved: dict, pred_cfg, where: Path) -> None:
     """Refuse (CheckpointMismatch) a checkpoint whose META records another predictor config
     than `pred_cfg` (another type, width, layer, ...), naming the file and the first field:
     the key alone does not prove it (a copied checkpoint with an edited key)."""
@@ -131,7 +131,7 @@ def read_checkpoint(ckpt_dir: Path, pred_cfg) -> dict:
                                  f"{META} records key={meta['key']!r}, this config expects "
                                  f"{ckpt_dir.name!r} (another config's checkpoint put in its "
                                  "place); " + REBUILD.format(dir=ckpt_dir))
-    check_predictor(meta["predictor"], pred_cfg, ckpt_dir)
+    check_saved_predictor(meta["predictor"], pred_cfg, ckpt_dir)
     problem = (file_problem(ckpt_dir / WEIGHTS, meta["weights"]) if "weights" in meta
                else None if (ckpt_dir / WEIGHTS).is_file() else f"{WEIGHTS} is missing")
     if problem:

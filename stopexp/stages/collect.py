@@ -32,7 +32,7 @@ from stopexp.search.trace import has_values
 from stopexp.stages import build
 from stopexp.stages.cli import Stage, stage_main
 from stopexp.store import bank
-from stopexp.store.bank_plan import difficulty_filter, plan, plan_parts, settle, summarize, verified_shards
+from stopexp.store.bank_plan import difficulty_filter, plan, plan_parts, settle, summarize_bank, verified_shards
 from stopexp.store.tapped_features import finish_tapped, write_tapped
 from stopexp.tasks import build_task, vote_format
 from stopexp.tasks.rewards import build_reward
@@ -120,7 +120,7 @@ def collect(job: build.Collection, rank: int = 0, world: int = 1, run=None) -> d
                 "shards_done": len(shards) - len(missing)}
     if grouped and rank:
         return {"bank": str(root), "complete": True, **mine}
-    summary = summarize(root, vote_format(job.task))
+    summary = summarize_bank(root, vote_format(job.task))
     if job.features is not None:
         finish_tapped(job.features)
     if run is not None:

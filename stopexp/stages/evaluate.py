@@ -15,7 +15,7 @@ trace bank without the LM (exact, since every path has its own random stream);
 their own (ESC, Adaptive-Consistency, DeepConf online and its votes: stopexp/stopping/replay.py)
 replay the bank in both modes (combined, which reads every check's scores, in replay); stopexp/evaluation/analyses.py adds the per-method analyses.
 Every scoring method is also scored at every stored position of the bank's paths
-(`auroc_by_prefix` in metrics.json and auroc_by_prefix.png: stopexp/training/per_step.py).
+(`auroc_by_prefix` in metrics.json and auroc_by_prefix.png: stopexp/evaluation/curves.py).
 Every probe-vs-control claim has its paired bootstrap over prompts (`paired` and
 `paired_by_prefix`, paired.png: stopexp/evaluation/paired.py). On a task with intermediate
 values, `first_wrong_value` says where the paths' first wrong values lie
@@ -37,7 +37,7 @@ from stopexp.evaluation.accounting import (account_methods, add_text_metrics, ba
                                            pareto_points, prompts_in, replay_paths)
 from stopexp.evaluation.analyses import add_analyses
 from stopexp.evaluation.beam import beam_metrics, compare_with_beam
-from stopexp.evaluation.curves import auroc_by_prefix
+from stopexp.evaluation.curves import prefix_curves
 from stopexp.evaluation.first_errors import bank_timing
 from stopexp.evaluation.online import online_paths
 from stopexp.evaluation.paired import combined_pairs, paired_stats, scores_at_checks
@@ -137,7 +137,7 @@ def evaluate(cfg, run=None, run_dir: Path | None = None, overrides: list[str] | 
     metrics["paired_combined"] = combined_pairs(outcomes, ev.bootstrap, ev.seed)
     ds, rows = position_rows(feats, split, overrides)  # every stored position of the split's paths
     baseline = single_checkpoint_baseline(cfg, spec, feats, overrides) if rows is not None else None
-    metrics["auroc_by_prefix"], metrics["paired_by_prefix"] = auroc_by_prefix(
+    metrics["auroc_by_prefix"], metrics["paired_by_prefix"] = prefix_curves(
         ds, rows, scorers, baseline, ev.bootstrap, ev.seed)
     if cfg.task.name in INTERMEDIATE_VALUE_TASKS:  # where the paths' first wrong values lie
         metrics["first_wrong_value"] = bank_timing(bank.load_bank(root, split), checks)

@@ -42,7 +42,7 @@ def difficulty_filter(collect, cols: dict) -> dict:
     return {k: [v for v, m in zip(vals, mask) if m] for k, vals in cols.items()}
 
 
-def summarize(root: Path, answer_format: str | None = None) -> dict:
+def summarize_bank(root: Path, answer_format: str | None = None) -> dict:
     """Per-path and vote accuracy, tokens and sanity counts over the whole bank; equivalent
     answers of `answer_format` (the task's `vote_format`) vote as one."""
     ds = bank.load_bank(root)

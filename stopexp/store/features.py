@@ -208,7 +208,7 @@ def _make(feats: FeatureSet, overrides: list[str] | None) -> dict:
     start = time.time()
     if not todo and old is not None and problem is None:
         try:
-            return summarize(out, bank.verify_bank(out, kind=KIND, version=FEATURES_VERSION), 0.0)
+            return summarize_features(out, bank.verify_bank(out, kind=KIND, version=FEATURES_VERSION), 0.0)
         except bank.BankMissing:
             pass
     if problem:
@@ -217,7 +217,7 @@ def _make(feats: FeatureSet, overrides: list[str] | None) -> dict:
         _tap_info(good, old if legacy else None, feats.tap, bmeta)
     meta = _write_meta(feats, root, bmeta, good, info)
     bank.check_fit(KIND, out, meta, want, repair_text(overrides))  # the LM is the bank's
-    return summarize(out, meta, time.time() - start)
+    return summarize_features(out, meta, time.time() - start)
 
 
 def _old_meta(out: Path) -> dict | None:
@@ -318,7 +318,7 @@ def _write_meta(feats: FeatureSet, root: Path, bmeta: dict, good: dict, info: di
     return meta
 
 
-def summarize(out: Path, meta: dict, wall_s: float) -> dict:
+def summarize_features(out: Path, meta: dict, wall_s: float) -> dict:
     rows = sum(r["rows"] for r in meta["shards"].values())
     positions = sum(r.get("positions", 0) for r in meta["shards"].values())
     size = sum(f["size"] for r in meta["shards"].values() for f in r["files"].values())

@@ -99,7 +99,7 @@ def report(metrics: dict, history: list[dict], scores: dict, data: dict, name: s
         curves = {f"{name} ({sp})": metrics[sp]["auroc_by_prefix"]
                   for sp in ("val", "test") if "auroc_by_prefix" in metrics.get(sp, {})}
         if curves:
-            figs["auroc_by_prefix"] = plots.auroc_by_prefix(
+            figs["auroc_by_prefix"] = plots.plot_auroc_by_prefix(
                 curves, run_dir / "auroc_by_prefix.png",
                 f"trained at {'every position' if every_position else 'one checkpoint'}")
         if run is not None:

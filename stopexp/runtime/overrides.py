@@ -68,8 +68,9 @@ def check_overrides(config_name: str, argv: list[str], validate_run: bool = Fals
             shared = set.intersection(*map(set, jobs)) if jobs else set()
             launcher = OmegaConf.select(cfg, "hydra.launcher._target_") or ""
             here = launcher in LOCAL_LAUNCHERS
-            if launch and multirun and slurm_problem(launcher):  # as LauncherCheck does later
-                raise ConfigError(slurm_problem(launcher))
+            problem = slurm_problem(launcher) if launch and multirun else None
+            if problem:  # as LauncherCheck does later
+                raise ConfigError(problem)
             for i, tried in enumerate(jobs):
                 # a run's one job is the config composed above (the modes differ only where a
                 # group's default is missing, which a sweeper may fill)

@@ -217,7 +217,7 @@ class VllmEngine:
     def __init__(self, llm, settings: VllmSettings, params, eos_ids: tuple[int, ...], tokenizer,
                  taps=None, wanted=None):
         self.llm, self.settings, self.params = llm, settings, params
-        self.eos_ids, self.pad_id = tuple(eos_ids), tokenizer.pad_token_id
+        self.eos_ids = tuple(eos_ids)
         # a rollout request cannot see a stop string that starts in its prefix (vllm_steps)
         self.stops = StopStrings(params.stop, tokenizer) if params.stop else None
         self.max_logprobs = settings.max_logprobs

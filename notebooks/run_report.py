@@ -78,7 +78,7 @@ for m, s in scores.items():
 # the stopping protocols (ESC, Adaptive-Consistency, DeepConf online, ...) replay the bank
 stopping = [m for m in metrics["methods"] if m in STOPPING_METHODS]
 confs = list(bank.load_bank(root, p["split"])["token_conf"][:])
-outcomes.update(stopping_outcomes(paths, confs, stopping, p["n"], cfg.evaluate, cfg.search.group_window))
+outcomes.update(stopping_outcomes(paths, confs, stopping, p["n"], cfg.evaluate.stopping, cfg.search.group_window))
 for m, o in outcomes.items():
     # an online run's oracle ranked by outcome, the replayed one by Monte Carlo labels
     if metrics["mode"] == "replay" or m != "oracle":

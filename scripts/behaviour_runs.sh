@@ -22,8 +22,11 @@ run() {  # name module overrides...
 mkdir -p "$OUT"
 run main pipeline +exp=toy_contrastive
 run beam_every_step pipeline +exp=toy_beam_every_step
-# adapt replays two banks: the source's and the target's (adapt.target's keys in place)
-run shift_source collect +exp=toy_shift
-run shift_target collect +exp=toy_shift "task.styles={careful:0.8,shortcut:0.2}" model.toy.seed=1 collect.mc_rollouts=4
+# adapt replays two banks with their features and predictors: the source's and the
+# target's (adapt.target's keys in place, its toy LM another seed)
+TARGET=("task.styles={careful:0.8,shortcut:0.2}" model.toy.seed=1 collect.mc_rollouts=4)
+for stage in collect featurize train; do run "shift_source_$stage" "$stage" +exp=toy_shift; done
+run shift_target_lm toy_lm +exp=toy_shift "${TARGET[@]}"
+for stage in collect featurize train; do run "shift_target_$stage" "$stage" +exp=toy_shift "${TARGET[@]}"; done
 run shift adapt +exp=toy_shift
 run datatotext pipeline +exp=toy_datatotext

@@ -1,7 +1,7 @@
 """Wall time of `python -m stopexp.answers_replay` on answers-only banks, with the
 equivalence grader as it is and, with --baseline, without its cheap disproof
 (`stopexp.metrics.disproof`: every pair of distinct answers then goes to math-verify's
-`verify`, as before it existed); checks that both give the same metrics, number for number.
+`verify`); checks that both give the same metrics, number for number.
 
     python scripts/bench_answers_replay.py                      # the three Parallel-Probe banks
     python scripts/bench_answers_replay.py BANK.json ... --shuffles 20 --n 64
@@ -28,8 +28,9 @@ import sys
 import stopexp.metrics.answers as answers
 if sys.argv[1] == "baseline":
     answers.differ = lambda gold, pred: False
-from stopexp.stages.answers_replay import main
-main(sys.argv[2:])
+from stopexp.answers_replay import main
+sys.argv = ["answers_replay", *sys.argv[2:]]
+main()
 """
 
 
@@ -38,8 +39,8 @@ def timed(bank: Path, mode: str, n: int, shuffles: int, timeout: int) -> tuple[f
     with tempfile.TemporaryDirectory() as out:
         start = time.time()
         try:
-            subprocess.run([sys.executable, "-c", ONE, mode, str(bank), f"n={n}",
-                            f"shuffles={shuffles}", f"out={out}"],
+            subprocess.run([sys.executable, "-c", ONE, mode, f"bank={bank}", f"n={n}",
+                            f"shuffles={shuffles}", f"hydra.run.dir={out}"],
                            check=True, timeout=timeout, capture_output=True)
         except subprocess.TimeoutExpired:
             return None, None

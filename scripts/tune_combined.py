@@ -5,7 +5,9 @@ default: the reported banks, AIME25 and HMMT25, are never tuned on) and print th
 
 Every setting sees the same draws (n branches of each prompt, Parallel-Probe's shuffler).
 The chosen setting is the one with the fewest tokens per prompt whose accuracy is at least
-SC@n's (no_prune on the same draws) minus --slack points."""
+SC@n's (no_prune on the same draws) minus --slack points; the one chosen on AIME24 is the
+controller's defaults (stopexp.stopping.combined.Combined: evaluate.stopping.combined.* and
+answers_replay's stopping.combined.*)."""
 from __future__ import annotations
 
 import argparse

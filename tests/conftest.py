@@ -40,7 +40,7 @@ torch.set_num_threads(1)  # tiny models gain nothing from more, and a shared CI 
 # the test models have width 32, MLP width 64 and 2 layers, with activations and log-probs
 # of magnitude <= ~10, so one layer differs by <= ~4e-6 and the model by <= ~1e-5. Anything computed from such quantities by a comparison (a ranking, a kept
 # set, an AUROC) is not compared within a tolerance but made exact: see
-# tests/test_adapt.py::test_replay_equals_online.
+# tests/test_adapt_stream.py::test_replay_equals_online.
 FP32_REORDER = {"atol": 2e-5, "rtol": 1e-5}
 
 
@@ -81,15 +81,30 @@ SMALL_BANK = ["logger=none", "search.n_paths=8", "collect.prompts.train=12", "co
 
 @pytest.fixture(scope="session")
 def small_bank(tmp_path_factory):
-    """A small trace bank of the embedded default (toy LM), collected once per session;
-    returns the overrides that compose its config."""
+    """A small trace bank of the embedded default (toy LM) and its features under the
+    default tap, made once per session; returns the overrides that compose its config."""
     from stopexp.config import validate
     from stopexp.stages.collect import collect
+    from stopexp.stages.featurize import featurize
 
     out = tmp_path_factory.mktemp("bank") / "outputs"
     overrides = [f"paths.output_dir={out}", *SMALL_BANK]
-    collect(build.collection(validate(compose("collect", overrides))))
+    cfg = validate(compose("collect", overrides))
+    collect(build.collection(cfg))
+    featurize(build.features(cfg))
     return overrides
+
+
+@pytest.fixture
+def copied(small_bank, tmp_path):
+    """(collect config, bank dir) of a private copy of the session's small bank, safe to damage."""
+    from stopexp.config import validate
+
+    original = build.bank(validate(compose("collect", small_bank))).root
+    cfg = validate(compose("collect", [*small_bank, f"paths.output_dir={tmp_path / 'out'}"]))
+    root = build.bank(cfg).root
+    shutil.copytree(original, root, copy_function=shutil.copy2)
+    return cfg, root
 
 
 @pytest.fixture
@@ -131,6 +146,14 @@ def read_only(monkeypatch):
         path.chmod(mode)
 
 
+def featurized(cfg):
+    """`cfg` once the features of its bank under its tap are made (python -m stopexp.featurize)."""
+    from stopexp.stages.featurize import featurize
+
+    featurize(build.features(cfg))
+    return cfg
+
+
 def run_stage(module: str, overrides: list[str]):
     """Run a stage's @hydra.main in this process, as `python -m stopexp.<module> ...` does
     once the command line is checked (stopexp.runtime.entry)."""
@@ -144,3 +167,36 @@ def run_stage(module: str, overrides: list[str]):
     finally:
         sys.argv, task.__module__ = argv, name
         GlobalHydra.instance().clear()
+
+
+def references_task(tokenize: str = "13a"):
+    """A word-level task whose problem is its list of references (what a reward reads of a
+    task)."""
+    from stopexp.tasks.base import Task
+
+    class References(Task):
+        name = "references"
+
+        @classmethod
+        def from_config(cls, task_cfg):
+            return cls()
+
+        def problems(self, split, n):
+            return []
+
+        def check(self, problem, completion):
+            return False
+
+        def answer_of(self, completion):
+            return completion
+
+        def reference(self, problem):
+            return problem[0]
+
+        def references(self, problem):
+            return problem
+
+    task = References()
+    task.tokenize = tokenize
+    return task
+

@@ -6,8 +6,7 @@ import re
 import numpy as np
 import pytest
 
-from conftest import ROOT
-from stopexp.stages.answers_replay import main
+from conftest import ROOT, run_stage
 from stopexp.stopping.answers import AnswersBankError, load_answers_bank, vote_codes
 from stopexp.stopping.branch_draws import draws, no_prune, random_keep, replay
 from stopexp.stages import build
@@ -144,37 +143,51 @@ def test_random_keeps_k_of_the_running_branches(bank):
     assert d.stopped(p0.tokens).tolist() == [False, False, False, True, True, False, True, True]
 
 
+def replay_cli(argv: list[str], out) -> dict:
+    """`python -m stopexp.answers_replay ARGV` run here into `out`; its metrics.json."""
+    run_stage("answers_replay", [*argv, f"hydra.run.dir={out}"])
+    return json.loads((out / "metrics.json").read_text())
+
+
 def test_cli_prints_the_table_and_writes_metrics(tmp_path, capsys):
     out = tmp_path / "replay"
-    metrics = main([str(FIXTURE), "n=6", "k=2", "check_tokens=10", "shuffles=5", "esc_window=2",
-                    "pp_stable=2", "pp_warmup=0", f"out={out}"])
+    metrics = replay_cli([f"bank={FIXTURE}", "n=6", "k=2", "check_tokens=10", "shuffles=5",
+                          "stopping.esc.window=2", "stopping.parallel_probe.stable=2",
+                          "stopping.parallel_probe.warmup=0"], out)
     text = capsys.readouterr().out
     assert "3 prompts, n=6 of the stored branches, mean (std) over 5 shuffles" in text
     for m in ("no_prune", "random", "esc", "adaptive_consistency", "parallel_probe"):
         assert m in metrics["methods"] and m in text
     assert metrics["methods"]["no_prune"]["accuracy"] == pytest.approx(2 / 3)
     assert (out / "pareto.png").exists()
-    saved = json.loads((out / "metrics.json").read_text())
-    assert {p["n"] for p in saved["points"] if p["method"] == "no_prune"} == {1, 2, 4, 6}
+    assert {p["n"] for p in metrics["points"] if p["method"] == "no_prune"} == {1, 2, 4, 6}
+    assert metrics["protocol"]["stopping"]["esc"] == {"window": 2}
+
+
+BANK = f"bank={FIXTURE}"
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["n=6"], "give exactly one answers-only bank"),
-    ([str(FIXTURE), "windw=3"], "windw: unknown setting; allowed: methods, n, k"),
-    ([str(FIXTURE), "n=six"], "n='six': must be a int"),
-    ([str(FIXTURE), "methods=no_prune,esc2"], "methods: esc2 unknown; allowed: no_prune"),
+    (["n=6"], "bank: give the answers-only bank, bank=PATH.json"),
+    ([str(FIXTURE)], f"bank: give the answers-only bank as bank={FIXTURE}"),
+    ([BANK, "windw=3"], "windw: Key 'windw' not in 'AnswersReplayConfig'"),
+    ([BANK, "n=six"], "n: Value 'six' of type 'str' could not be converted to Integer"),
+    ([BANK, "methods=[no_prune,esc2]"], "methods: esc2 unknown; allowed: no_prune, random, esc"),
     # an empty choice: nothing to replay, an empty table
-    ([str(FIXTURE), "methods="], "methods='': give at least one method; allowed: no_prune, random"),
-    ([str(FIXTURE), "methods=[]"], "methods='[]': give at least one method"),
-    ([str(FIXTURE), "methods=,"], "methods=',': give at least one method"),
-    ([str(FIXTURE), "n=6", "k=7"], "k=7: must be in 1..n=6"),
-    ([str(FIXTURE), "esc_window=0"], "esc_window=0: must be >= 1"),
-    ([str(FIXTURE), "asc_threshold=nan"], "asc_threshold=nan: must be in (0, 1]"),
-    (["no_such_bank.json"], "answers-only bank no_such_bank.json does not exist"),
+    ([BANK, "methods=[]"], "methods: [] replays nothing; give at least one of no_prune, random"),
+    ([BANK, "methods=[esc,deepconf_online]"], "methods: 'deepconf_online' runs only on a trace bank"),
+    ([BANK, "n=6", "k=7"], "k: 7 must be in 1..n=6"),
+    ([BANK, "methods=[no_prune]", "k=3"], "k: 3 is read only by the method random"),
+    ([BANK, "stopping.esc.window=0"], "stopping.esc.window: must be >= 1, got 0"),
+    ([BANK, "stopping.adaptive_consistency.threshold=nan"],
+     "stopping.adaptive_consistency.threshold: must lie in (0, 1], got nan"),
+    ([BANK, "esc_window=2"], "esc_window: moved: set stopping.esc.window=2"),
+    ([BANK, "out=replay"], "out: moved: set hydra.run.dir=replay"),
+    (["bank=no_such_bank.json"], "answers-only bank no_such_bank.json does not exist"),
 ])
-def test_cli_refuses_bad_settings(argv, message, capsys):
+def test_cli_refuses_bad_settings(argv, message, capsys, tmp_path):
     with pytest.raises(SystemExit) as e:
-        main(argv)
+        run_stage("answers_replay", [*argv, f"hydra.run.dir={tmp_path}"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.startswith(f"error: {message}") and err.count("\n") == 1
 
@@ -251,7 +264,8 @@ def test_exact_grader_and_the_prompts_that_move(tmp_path, capsys):
     path.write_text(json.dumps(data))
     exact = load_answers_bank(path, grader="exact").prompts[0]
     assert exact.answers == ["", *forms[::2], "3"] and exact.correct.tolist() == [False, False, True, False]
-    m = main([str(path), "methods=no_prune,esc", "esc_window=4", "shuffles=3"])
+    m = replay_cli([f"bank={path}", "methods=[no_prune,esc]", "stopping.esc.window=4", "shuffles=3"],
+                   tmp_path / "replay")
     assert m["methods"]["no_prune"]["accuracy"] == 1.0
     assert m["graders"]["accuracy_exact"] == {"no_prune": 0.5, "esc": 0.5}
     assert m["graders"]["moved"] == [{"prompt": 0, "gold": "1-\\frac{2}{\\pi}", "no_prune": [1.0, 0.0],
@@ -293,8 +307,9 @@ def test_the_published_parallel_probe_table_on_aime24():
     bank = load_answers_bank(os.path.join(folder, "aime24.json"), grader="exact")
     orders = draws(bank, 64, 100, 0, "python")
     names = ["no_prune", "esc", "adaptive_consistency", "parallel_probe"]
-    r = replay(bank, build_methods(names, 8, 1, 8, 0.95, 40, 7, 15), orders)
-    voted = replay(bank, build_methods(["parallel_probe"], 8, 1, 8, 0.95, 40, 7, 15, True), orders)
+    r = replay(bank, build_methods(names, 8, 1), orders)  # every method at its defaults
+    voted = replay(bank, build_methods(["parallel_probe"], 8, 1,
+                                       {"parallel_probe": {"vote_pruned": True}}), orders)
     acc = {m: round(100 * v["accuracy"], 2) for m, v in r.items()}
     assert acc == {"no_prune": 80.37, "esc": 80.37, "adaptive_consistency": 80.37, "parallel_probe": 81.47}
     assert round(100 * voted["parallel_probe"]["accuracy"], 2) == 80.3

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import filelock
 import pytest
 
-from conftest import compose
+from conftest import compose, featurized
 from stopexp.config import validate
 from stopexp.runtime import artifacts, integrity
 from stopexp.runtime.artifacts import staging_dir, write_json
@@ -22,6 +22,7 @@ from stopexp.stages import build
 from stopexp.store import bank
 from stopexp.store import features as feature_bank
 from stopexp.stages.collect import collect
+from stopexp.stages.featurize import featurize
 
 
 def _dead_pid() -> int:
@@ -125,12 +126,12 @@ def test_two_featurizers_at_once_make_features_once_that_train_accepts(small_ban
                                                                       monkeypatch):
     feats = build.features(validate(compose("train", _private_bank(small_bank, tmp_path))))
     written = counted(monkeypatch, bank, "write_shard")
-    a, b = race(monkeypatch, lambda: feature_bank.featurize(feats), bank, "write_shard")
+    a, b = race(monkeypatch, lambda: featurize(feats), bank, "write_shard")
     n_shards = len(bank.read_meta(feats.bank.root)["shards"])
-    assert len(written) == n_shards  # before: every shard computed twice
+    assert len(written) == n_shards  # each shard computed once
     assert {**a, "wall_s": 0} == {**b, "wall_s": 0} and a["paths"] == 24 * 8
-    # before: "features ... is damaged: shard-00000-r000: shard.json differs from the bank's record"
-    assert feature_bank.require_features(feats, make=False) == feats.root
+    # the loser kept the winner's shards: their records match the bank's
+    assert feature_bank.require_features(feats) == feats.root
     assert records_in_place(feats.root)
 
 
@@ -166,8 +167,8 @@ def test_two_trainers_at_once_train_once_and_evaluate_loads_it(small_bank, tmp_p
     from stopexp.stages import train as train_stage
     from stopexp.store.features import spec_of
 
-    cfg = validate(compose("train", [*_private_bank(small_bank, tmp_path), "predictor=linear",
-                                     "train.epochs=2"]))
+    cfg = featurized(validate(compose("train", [*_private_bank(small_bank, tmp_path), "predictor=linear",
+                                                "train.epochs=2"])))
     saved = counted(monkeypatch, train_stage, "save_predictor")
     a, b = race(monkeypatch, lambda: train_stage.train(cfg, progress=False), train_stage,
                 "save_predictor")
@@ -252,7 +253,7 @@ def test_a_toy_lm_being_replaced_is_read_only_once_the_new_one_is_in_place(tmp_p
     monkeypatch.setattr(artifacts, "publish_dir", publish)
     done = inspect.unwrap(toy_stage.main)(SimpleNamespace(cfg=cfg))
     reader.join()
-    # before: the reader came between replace_dir's renames and took the committed copy
+    # the reader waited for the retrained copy, not the one renamed aside
     assert read["dir"] == final and done["checkpoint"] == str(final) and len(calls) == 1
     assert (final / "model.safetensors").read_text() == "model.safetensors 1"
 

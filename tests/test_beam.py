@@ -1,5 +1,4 @@
 import copy
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -210,12 +209,13 @@ def test_checks_only_at_the_given_prefixes(tiny_lm):
 def test_beam_oracle_needs_a_process_check():
     from stopexp.evaluation.beam import NOT_REPORTED, oracle_refusal
     from stopexp.tasks.arith import ArithTask
+    from stopexp.tasks.datatotext import DataToTextTask
     from stopexp.tasks.wordprob import WordProblemTask
 
     assert oracle_refusal(ArithTask()) is None
     assert oracle_refusal(WordProblemTask()) is None  # its intermediate values are checked
-    assert oracle_refusal(SimpleNamespace(name="qa")) == (  # no diagnose nor values read
-        "task 'qa' has no process check (no first wrong step can be read from a prefix), so a "
+    assert oracle_refusal(DataToTextTask()) == (  # no step check nor values read
+        "task 'datatotext' has no process check (no first wrong step can be read from a prefix), so a "
         "beam oracle would score every live beam alike and never prune; the oracle is left out "
         "of beam search for it")
     assert NOT_REPORTED["auroc"].startswith("beams are not independent paths")

@@ -1,7 +1,7 @@
 """The benchmarks shipped in stopexp/tasks/data/: each task reads its file with no network
 (task=gsm8k, math, aime24, aime25, hmmt25, amc23 with no task.path), holds the source's
 number of problems with its first and last gold answers, and the grader accepts the gold
-solution text; a hub id or another file still replaces the shipped data."""
+solution text; a hub id or another file replaces the shipped data."""
 from __future__ import annotations
 
 import fnmatch
@@ -91,12 +91,12 @@ def test_the_grader_accepts_the_gold_solutions(no_network):
     assert not t["hmmt25"].check(hmmt[9], r"\boxed{\frac{-1+\sqrt{17}}{2}}")
 
 
-def test_a_hub_id_or_a_file_still_replaces_the_shipped_data(tmp_path):
+def test_a_hub_id_or_a_file_replaces_the_shipped_data(tmp_path):
     rows = tmp_path / "two.jsonl"
     rows.write_text('{"question": "1+1?", "answer": "#### 2"}\n{"question": "2+2?", "answer": "#### 4"}\n')
     cfg = validate(compose("collect", ["task=gsm8k", f"task.path={rows}"]))
     assert sum(map(len, build_task(cfg.task).split_rows.values())) == 2
-    # the hub: read as before, with the subset and split the config names (offline here,
+    # the hub: read with the subset and split the config names (offline here,
     # so the message says which names would have worked)
     cfg = validate(compose("collect", ["task=gsm8k", "task.path=openai/gsm8k"]))
     assert (cfg.task.subset, cfg.task.source_split) == ("main", "train")

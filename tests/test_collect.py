@@ -90,7 +90,7 @@ def test_a_plan_that_long_prompts_skip_empties_is_refused_before_generating(out_
 
 def test_an_empty_bank_or_split_names_why_its_prompts_were_left_out():
     """Not collect.keep_correct when model.long_prompts=skip dropped them (the counts are
-    the shards' records; a bank from before them names both causes)."""
+    the shards' records; records without the counts name both causes)."""
     meta = {"shards": {
         "shard-00000-r000": {"split": "train", "prompts": 6, "rows": 0, "splits": {}, "too_long": 6, "filtered": 0},
         "shard-00001-r000": {"split": "train", "prompts": 4, "rows": 0, "splits": {}, "too_long": 1, "filtered": 3},

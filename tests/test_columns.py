@@ -66,7 +66,7 @@ def test_features_give_the_statistics_of_their_hidden_states(small_bank):
                        ("hidden_mean", deepest.mean(-1)), ("hidden_var", deepest.var(-1))):
         assert np.allclose(signals[..., SIGNAL_NAMES.index(name)], want, rtol=1e-5, atol=1e-6), name
     first = dict(zip(SIGNAL_NAMES, signals[0]))  # the first test path at the first check
-    # the values the decode-time taps gave (bank version 3), to float tolerance
+    # pinned: the values taps read during decoding give, to float tolerance
     assert [first[n] for n in ("hidden_norm", "hidden_mean", "hidden_var", "attn_entropy")] == \
         pytest.approx([101.54023, 1.3266039, 105.640305, 0.0], rel=1e-5)
     assert (np.asarray(ds["prompt_len"][:8]) == 15).all()  # prompt tokens, for the KV estimate
@@ -75,7 +75,7 @@ def test_features_give_the_statistics_of_their_hidden_states(small_bank):
     assert bank.read_meta(root)["kv_bytes_per_token"] == 2 * 3 * 4 * 24 * 4  # the toy LM, float32
 
 
-def test_a_bank_of_the_old_layout_is_refused_by_name(tmp_path):
+def test_a_bank_of_another_layout_version_is_refused_by_name(tmp_path):
     import json
 
     from stopexp.store import bank

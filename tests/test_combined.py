@@ -2,7 +2,6 @@
 on small cases, its equality with Adaptive-Consistency where it reads nothing else, its
 trace-bank replay, and the one-line errors of its knobs."""
 import json
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -11,7 +10,6 @@ from conftest import compose
 from stopexp.config import validate
 from stopexp.core.errors import ConfigError
 from stopexp.store.path_table import Paths
-from stopexp.stages import answers_replay
 from stopexp.stopping.adaptive_consistency import adaptive_consistency
 from stopexp.stopping.answers import load_answers_bank
 from stopexp.stopping.branch_draws import build_methods
@@ -101,37 +99,47 @@ def test_trace_bank_replay_votes_the_finished_paths():
     paths = Paths(group=np.zeros(5, int), path_id=np.arange(5), length=np.array([4, 8, 30, 30, 9]),
                   correct=np.array([1, 1, 0, 1, 0], bool), answer=np.array(["7", "7", "3", "7", "3"], object),
                   text=np.array([f"p{i}" for i in range(5)], object), alive=np.ones(5, bool), batch={})
-    ev = SimpleNamespace(combined_first=3, combined_wave=1, combined_threshold=0.9,
-                         combined_prune_below=0.0, combined_prune_confidence=0.7)
+    settings = {"combined": {"first": 3, "wave": 1, "threshold": 0.9, "prune_below": 0.0,
+                             "prune_confidence": 0.7}}
     signal = [np.array([1, 1, -1, 1, 1.0]), np.array([1, 1, -1, 1, 1.0])]
-    o = stopping_outcomes(paths, [np.ones(1)] * 5, ["combined"], 5, ev, 2, [5, 10], signal)["combined"]
+    o = stopping_outcomes(paths, [np.ones(1)] * 5, ["combined"], 5, settings, 2, [5, 10], signal)["combined"]
     assert o["spent"].tolist() == [4, 8, 5, 30, 0] and o["voter"].tolist() == [1, 1, 0, 1, 0]
     assert o["correct"].tolist() == [True] and o["tokens"].tolist() == [47.0]
 
 
 @pytest.mark.parametrize("arg, message", [
-    ("combined_first=0", r"combined_first=0: must be an integer >= 1, got 0"),
-    ("combined_threshold=1.5", r"combined_threshold=1.5: must be in \(0, 1\], got 1.5"),
-    ("combined_prune_confidence=0", r"combined_prune_confidence=0.0: must be in \(0, 1\]"),
-    ("combined_settle=nan", r"combined_settle=nan: must be a number"),
-    ("combined_wave=2.5", r"combined_wave='2.5': must be a int"),
+    ("stopping.combined.first=0", r"stopping.combined.first: must be an integer >= 1, got 0"),
+    ("stopping.combined.threshold=1.5", r"stopping.combined.threshold: must be in \(0, 1\], got 1.5"),
+    ("stopping.combined.prune_confidence=0", r"stopping.combined.prune_confidence: must be in \(0, 1\]"),
+    ("stopping.combined.settle=nan", r"stopping.combined.settle: must be a number"),
+    ("stopping.combined.wave=2.5", r"stopping.combined.wave: Value '2.5' of type 'float' could not be "
+                                   "converted to Integer"),
 ])
-def test_answers_replay_knobs_fail_by_name(tmp_path, arg, message):
-    answers_prompt(tmp_path, [[["5"], 150, "5"]])
+def test_answers_replay_knobs_fail_by_name(arg, message):
+    from stopexp.runtime.overrides import check_overrides
+
     with pytest.raises(ConfigError, match=message):
-        answers_replay.run(answers_replay.parse_args([str(tmp_path / "bank.json"), arg]))
+        check_overrides("answers_replay", ["bank=b.json", arg], validate_run=True)
 
 
 def test_build_methods_checks_the_knobs_before_the_bank():
-    with pytest.raises(ConfigError, match="combined_first=0"):
-        build_methods(["combined"], 1, 1, 8, 0.95, 40, 7, 15, combined={"first": 0})
+    with pytest.raises(ConfigError, match="stopping.combined.first: must be an integer >= 1"):
+        build_methods(["combined"], 1, 1, {"combined": {"first": 0}})
+
+
+def test_the_defaults_are_the_tuned_setting_on_both_kinds_of_bank():
+    # scripts/tune_combined.py's choice on AIME24 (docs/answers-only.md#the-combined-controller)
+    tuned = {"first": 4, "wave": 2, "threshold": 0.95, "prune_below": 8.0, "prune_confidence": 0.75}
+    assert dict(compose("evaluate").evaluate.stopping.combined) == {"signal": "learned", **tuned}
+    assert dict(compose("answers_replay", ["bank=b.json"]).stopping.combined) == {**tuned, "settle": 40.0}
 
 
 @pytest.mark.parametrize("override, message", [
-    ("evaluate.combined_signal=oracle_x", r"evaluate.combined_signal: 'oracle_x' is not a scoring method"),
-    ("evaluate.combined_signal=esc", r"evaluate.combined_signal: 'esc' is not a scoring method"),
-    ("evaluate.combined_threshold=0", r"evaluate.combined_threshold: must lie in \(0, 1\]"),
-    ("evaluate.combined_wave=0", r"evaluate.combined_wave: must be >= 1"),
+    ("evaluate.stopping.combined.signal=oracle_x",
+     r"evaluate.stopping.combined.signal: 'oracle_x' is not a scoring method"),
+    ("evaluate.stopping.combined.signal=esc", r"evaluate.stopping.combined.signal: 'esc' is not a scoring method"),
+    ("evaluate.stopping.combined.threshold=0", r"evaluate.stopping.combined.threshold: must be in \(0, 1\]"),
+    ("evaluate.stopping.combined.wave=0", r"evaluate.stopping.combined.wave: must be an integer >= 1"),
     ("evaluate.mode=online", r"evaluate.methods: combined reads every check's scores"),
 ])
 def test_evaluate_knobs_fail_at_validate(override, message):
@@ -142,12 +150,14 @@ def test_evaluate_knobs_fail_at_validate(override, message):
 
 def test_evaluate_signal_may_be_an_always_run_method():
     assert validate(compose("evaluate", ["evaluate.methods=[combined]",
-                                         "evaluate.combined_signal=confidence"]))
+                                         "evaluate.stopping.combined.signal=confidence"]))
 
 
 
 def test_evaluate_signal_learned_is_the_configured_predictor_by_either_name():
-    validate(compose("evaluate", ["evaluate.methods=[mlp,combined]"]))  # combined_signal=learned
-    validate(compose("evaluate", ["evaluate.methods=[learned,combined]", "evaluate.combined_signal=mlp"]))
-    with pytest.raises(ConfigError, match="evaluate.combined_signal: 'learned' is not a scoring method"):
+    validate(compose("evaluate", ["evaluate.methods=[mlp,combined]"]))  # signal=learned
+    validate(compose("evaluate", ["evaluate.methods=[learned,combined]",
+                                  "evaluate.stopping.combined.signal=mlp"]))
+    with pytest.raises(ConfigError, match="evaluate.stopping.combined.signal: 'learned' is not a "
+                                          "scoring method"):
         validate(compose("evaluate", ["evaluate.methods=[linear,combined]"]))  # predictor=mlp

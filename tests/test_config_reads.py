@@ -31,10 +31,10 @@ README = "\n".join(p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "
     ("evaluate", ["evaluate.max_prompts=3"], "evaluate.max_prompts", "read only by search=beam"),
     ("train", ["predictor.lora_rank=4"], "predictor.lora_rank", "read only by predictor=super_token"),
     ("train", ["predictor.statistic=var"], "predictor.statistic", "read only by predictor=statistic"),
-    ("evaluate", ["evaluate.methods=[confidence]", "evaluate.esc_window=4"], "evaluate.esc_window",
-     "read only by the method esc"),
-    ("evaluate", ["evaluate.methods=[esc]", "evaluate.asc_threshold=0.9"], "evaluate.asc_threshold",
-     "read only by the method adaptive_consistency"),
+    ("evaluate", ["evaluate.methods=[confidence]", "evaluate.stopping.esc.window=4"],
+     "evaluate.stopping.esc.window", "read only by the method esc"),
+    ("evaluate", ["evaluate.methods=[esc]", "evaluate.stopping.adaptive_consistency.threshold=0.9"],
+     "evaluate.stopping.adaptive_consistency.threshold", "read only by the method adaptive_consistency"),
     ("evaluate", ["policy=quantile", "evaluate.retention=[2,4]"], "evaluate.retention",
      "[2, 4] is read only by policy=topk, not under policy=quantile; leave it unset (default [4, 8, 16])"),
     ("pipeline", ["policy=fixed", "search.n_paths=8", "evaluate.retention=[2,4]"], "evaluate.retention",
@@ -62,11 +62,11 @@ README = "\n".join(p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "
     ("pipeline", ["predictor=statistic", "predictor.dropout=0.1"], "predictor.dropout",
      "not under predictor=statistic"),
     ("train", ["predictor=statistic", "train.lr=0.1"], "train.lr", "0.1 is read only by "
-     "predictor=linear|mlp|fusion|conf_features|super_token, not under predictor=statistic; "
+     "a predictor other than statistic, not under predictor=statistic; "
      "leave it unset (default 0.001)"),
     ("pipeline", ["predictor=statistic", "train.epochs=5"], "train.epochs", "not under predictor=statistic"),
     ("train", ["predictor=statistic", "loss=mse"], "loss.name", "'mse' is read only by "
-     "predictor=linear|mlp|fusion|conf_features|super_token, not under predictor=statistic"),
+     "a predictor other than statistic, not under predictor=statistic"),
     ("evaluate", ["evaluate.text_metrics=false", "evaluate.bertscore_model=my/encoder"],
      "evaluate.bertscore_model", "'my/encoder' is read only with evaluate.text_metrics=true or "
      "evaluate.compare_beam=true"),
@@ -84,7 +84,7 @@ def test_a_key_the_chosen_option_does_not_read_is_refused(stage, overrides, key,
 def test_the_same_keys_pass_under_the_options_that_read_them():
     validate(compose("train", ["loss=mse", "loss.discount=0.5"]))
     validate(compose("evaluate", ["search=beam", "policy=quantile", "search.patience=3"]))
-    validate(compose("evaluate", ["evaluate.methods=[esc]", "evaluate.esc_window=4"]))
+    validate(compose("evaluate", ["evaluate.methods=[esc]", "evaluate.stopping.esc.window=4"]))
     validate(compose("collect", ["task=wordprob", "task.shots=5"]))
     validate(compose("evaluate", ["evaluate.retention=[2,4]"]))  # policy=topk, one check
     validate(compose("evaluate", ["search.beam_width=8", "evaluate.compare_beam=true"]))
@@ -221,8 +221,14 @@ def test_the_oracle_ranks_by_how_a_path_ends_not_by_its_monte_carlo_label():
     assert torch.argsort(oracle(batch), descending=True).tolist() == [0, 1, 2]
 
 
+def replay_of(*overrides):
+    """answers_replay's metrics for `overrides`, validated as the stage does first."""
+    from stopexp.stages.answers_replay import replay_bank
+
+    return replay_bank(validate(compose("answers_replay", list(overrides))))
+
+
 def test_answers_replay_derives_k_and_check_tokens_and_reads_the_bank_first():
-    from stopexp.stages.answers_replay import parse_args, run
     from stopexp.stopping.answers import load_answers_bank
     from stopexp.stopping.branch_draws import CHECK_SHARE, derived_check_tokens
 
@@ -230,31 +236,29 @@ def test_answers_replay_derives_k_and_check_tokens_and_reads_the_bank_first():
     bank = load_answers_bank(fixture, "boxed")
     # the fixture's 22 branch lengths have the median 20.5: 0.15 x 20.5 = 3.075 -> 3
     assert CHECK_SHARE == 0.15 and derived_check_tokens(bank) == 3
-    m = run(parse_args([fixture, "n=6", "shuffles=2"]))  # n below 8: no k needed
+    m = replay_of(f"bank={fixture}", "n=6", "shuffles=2")  # n below 8: no k needed
     assert (m["protocol"]["k"], m["protocol"]["check_tokens"]) == (2, 3)  # round(sqrt(6)) = 2
     assert m["methods"]["random"]["pruned_paths"] > 0  # the check falls inside the paths
-    with pytest.raises(ConfigError, match=r"^k=7: must be in 1..n=6 \(or leave k unset"):
-        run(parse_args([fixture, "n=6", "k=7"]))
+    with pytest.raises(ConfigError, match=r"^k: 7 must be in 1..n=6 \(or leave k unset"):
+        replay_of(f"bank={fixture}", "n=6", "k=7")
     with pytest.raises(Exception, match="does not exist"):  # the file is read before k is judged
-        run(parse_args([str(ROOT / "no_such_bank.json"), "n=6", "k=7"]))
+        replay_of(f"bank={ROOT / 'no_such_bank.json'}", "n=6", "k=7")
     assert "`k` defaults to round(sqrt(n))" in README and "`check_tokens` to 15%" in README
 
 
 def test_answers_replay_n_defaults_to_the_banks_branch_count_and_the_file_is_judged_first():
-    from stopexp.stages.answers_replay import parse_args, run
-
-    fixture = str(ROOT / "tests" / "data" / "answers_bank.json")  # 8, 6 and 6 branches
-    m = run(parse_args([fixture, "shuffles=2"]))
+    bank = f"bank={ROOT / 'tests' / 'data' / 'answers_bank.json'}"  # 8, 6 and 6 branches
+    m = replay_of(bank, "shuffles=2")
     assert (m["protocol"]["n"], m["protocol"]["k"]) == (6, 2)  # the fewest stored; round(sqrt(6))
     assert m["methods"]["no_prune"]["branches_launched"] == 6
-    with pytest.raises(ConfigError, match=r"^k=7: must be in 1..n=6 "):  # n from the bank
-        run(parse_args([fixture, "k=7"]))
+    with pytest.raises(ConfigError, match=r"^k: 7 must be in 1..n=6 "):  # n from the bank
+        replay_of(bank, "k=7")
     with pytest.raises(ConfigError, match=r"^n=7 branches per prompt: must be in 1..6 \(prompt 1 "):
-        run(parse_args([fixture, "n=7", "k=9"]))  # n, which k is judged against, first
-    with pytest.raises(ConfigError, match=r"^seed=-1: "):  # a setting before the bank's content
-        run(parse_args([fixture, "n=7", "seed=-1"]))
-    with pytest.raises(Exception, match="does not exist"):  # the file before any setting
-        run(parse_args([str(ROOT / "no_such_bank.json"), "n=7", "seed=-1", "check_tokens=0"]))
+        replay_of(bank, "n=7", "k=9")  # n, which k is judged against, first
+    with pytest.raises(ConfigError, match=r"^seed: must be >= 0, got -1"):  # before the bank is read
+        replay_of(f"bank={ROOT / 'no_such_bank.json'}", "n=7", "seed=-1")
+    with pytest.raises(Exception, match="does not exist"):  # the file before what it bounds
+        replay_of(f"bank={ROOT / 'no_such_bank.json'}", "n=7", "k=9")
     assert "`n` defaults to the bank's branch count" in README
 
 

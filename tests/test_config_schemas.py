@@ -12,11 +12,11 @@ from conftest import CONF, ROOT, compose, run_stage
 from stopexp.config import ConfigError, validate
 from stopexp.config.root import GROUPS
 from stopexp.config.validation import RULES, STAGES
-from stopexp.core.names import PREDICTOR_NAMES, names
+from stopexp.core.names import names, predictor_names
 from stopexp.runtime.artifacts import config_hash, plain
 
-# config_hash(plain(cfg.<section>)) of these compositions, recorded before the groups had
-# one schema per option: the keys and values every artifact key hashes. A deliberate change
+# config_hash(plain(cfg.<section>)) of these compositions, pinned: the keys and values every
+# artifact key hashes, whichever schemas hold them. A deliberate change
 # of a section (which changes its artifacts' keys) updates the file with the new hashes
 # that the failing assertion shows.
 PINNED = json.loads((ROOT / "tests" / "data" / "config_sections.json").read_text())
@@ -28,7 +28,7 @@ def _case(name: str):
 
 
 @pytest.mark.parametrize("name", sorted(PINNED))
-def test_every_section_hashes_as_before_the_per_option_schemas(name):
+def test_every_section_hashes_as_pinned(name):
     cfg = compose(*_case(name))
     assert {s: config_hash(plain(cfg[s])) for s in PINNED[name]} == PINNED[name]
 
@@ -123,7 +123,7 @@ def test_a_stage_checks_the_option_files_it_was_composed_from(tmp_path, capsys):
 def test_every_group_option_is_a_registered_name():
     by_name = {g.name: tuple(g.options) for g in GROUPS}
     assert by_name["task"] == names("task")
-    assert by_name["predictor"] == PREDICTOR_NAMES
+    assert by_name["predictor"] == predictor_names()
     assert by_name["loss"] == names("loss")
     assert by_name["policy"] == names("policy")
     assert by_name["reward"] == names("reward")

@@ -7,7 +7,6 @@ Prompt 0's final answers in stored order: 42 42 13 42 13 42 9 42 (tokens 35 45 3
 import json
 from fractions import Fraction
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -120,9 +119,12 @@ def test_parallel_probe_defaults_are_the_published_settings():
     sig = inspect.signature(parallel_probe).parameters
     assert {k: sig[k].default for k in ("stable", "deviate", "warmup", "vote_pruned")} == \
         {"stable": 40, "deviate": 7, "warmup": 15, "vote_pruned": False}
-    from stopexp.stages.answers_replay import DEFAULTS
-    assert (DEFAULTS["pp_stable"], DEFAULTS["pp_deviate"], DEFAULTS["pp_warmup"]) == (40, 7, 15)
-    assert (DEFAULTS["esc_window"], DEFAULTS["asc_threshold"]) == (8, 0.95)
+    from conftest import compose
+
+    stopping = compose("answers_replay", ["bank=b.json"]).stopping  # answers_replay's defaults
+    assert dict(stopping.parallel_probe) == {"stable": 40, "deviate": 7, "warmup": 15,
+                                             "vote_pruned": False}
+    assert (stopping.esc.window, stopping.adaptive_consistency.threshold) == (8, 0.95)
 
 
 # DeepConf issue 15: six paths, four of them right in four different forms of sqrt(2)/2;
@@ -188,10 +190,10 @@ def test_outcome_votes_by_cluster(rule):
 
 def test_stopping_protocols_vote_by_cluster():
     confs = [np.ones(10)] * 6
-    ev = SimpleNamespace(esc_window=4, asc_threshold=0.95, deepconf_warmup=2, deepconf_keep_percent=100)
+    settings = {"esc": {"window": 4}, "deepconf_top": {"keep_percent": 100}}
     names = ["esc", "adaptive_consistency", "deepconf_weighted", "deepconf_top"]
     for fmt, right in ((None, False), ("boxed", True)):
-        o = stopping_outcomes(six_paths(fmt), confs, names, 6, ev, 2)
+        o = stopping_outcomes(six_paths(fmt), confs, names, 6, settings, 2)
         # ESC (window 4): (1, a, b, 1) is split and (c, d) the last window; ASC's posterior
         # never passes 3/4 (after the first path): all six vote, by string or by cluster
         assert all(o[m]["voter"].all() and o[m]["correct"].tolist() == [right] for m in names)

@@ -1,6 +1,5 @@
 """DeepConf online (early termination), its votes, and evaluate's stopping protocols on
 hand-made paths (window 2)."""
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -14,7 +13,8 @@ from stopexp.stopping.replay import stopping_outcomes
 # shorter than a window; gold 8. Prompt 1: four paths, answers 5 5 6 5, gold 5.
 CONFS = [[3, 3, 1, 3], [4, 4, 4], [5, 5, 2, 2, 5], [3, 3, 3], [1]] + [[1.0] * 10] * 4
 ANSWERS = ["7", "8", "8", "7", "9", "5", "5", "6", "5"]
-EV = SimpleNamespace(esc_window=2, asc_threshold=0.85, deepconf_warmup=2, deepconf_keep_percent=50)
+SETTINGS = {"esc": {"window": 2}, "adaptive_consistency": {"threshold": 0.85},
+            "deepconf_online": {"warmup": 2, "keep_percent": 50}, "deepconf_top": {"keep_percent": 50}}
 
 
 @pytest.fixture
@@ -55,7 +55,7 @@ def test_votes():
 def test_stopping_outcomes_by_hand(paths):
     confs = [np.array(c, float) for c in CONFS]
     o = stopping_outcomes(paths, confs, ["esc", "adaptive_consistency", "deepconf_online",
-                                         "deepconf_weighted", "deepconf_top"], 5, EV, 2)
+                                         "deepconf_weighted", "deepconf_top"], 5, SETTINGS, 2)
     # DeepConf online, prompt 0: voters 7 (2 + 3), 8 (4), 9 (1) -> 7, wrong; prompt 1: no stop
     assert o["deepconf_online"]["correct"].tolist() == [False, True]
     assert o["deepconf_online"]["tokens"].tolist() == [15, 40]
@@ -74,11 +74,14 @@ def test_stopping_outcomes_by_hand(paths):
 
 
 @pytest.mark.parametrize("override, message", [
-    ("evaluate.esc_window=0", "evaluate.esc_window: must be >= 1, got 0"),
-    ("evaluate.asc_threshold=1.5", r"evaluate.asc_threshold: must lie in \(0, 1\], got 1.5"),
-    ("evaluate.deepconf_keep_percent=0", r"evaluate.deepconf_keep_percent: must lie in \(0, 100\]"),
-    ("evaluate.deepconf_warmup=8", "evaluate.deepconf_warmup: 8.0 gives 8 warm-up paths; they must "
-                                   r"lie in 1..7 \(below search.n_paths\)"),
+    ("evaluate.stopping.esc.window=0", "evaluate.stopping.esc.window: must be >= 1, got 0"),
+    ("evaluate.stopping.adaptive_consistency.threshold=1.5",
+     r"evaluate.stopping.adaptive_consistency.threshold: must lie in \(0, 1\], got 1.5"),
+    ("evaluate.stopping.deepconf_top.keep_percent=0",
+     r"evaluate.stopping.deepconf_top.keep_percent: must lie in \(0, 100\]"),
+    ("evaluate.stopping.deepconf_online.warmup=8", "evaluate.stopping.deepconf_online.warmup: 8.0 "
+                                                   r"gives 8 warm-up paths; they must lie in 1..7 "
+                                                   r"\(below search.n_paths\)"),
 ])
 def test_stopping_settings_fail_before_compute(override, message):
     from conftest import compose
@@ -88,7 +91,8 @@ def test_stopping_settings_fail_before_compute(override, message):
         validate(compose("evaluate", ["search.n_paths=8", "policy.keep=4", "evaluate.n_points=[8]",
                                       "evaluate.retention=[4]", override]))
     assert validate(compose("evaluate", ["search.n_paths=8", "policy.keep=4", "evaluate.n_points=[8]",
-                                         "evaluate.retention=[4]", "evaluate.deepconf_warmup=0.25"]))
+                                         "evaluate.retention=[4]",
+                                         "evaluate.stopping.deepconf_online.warmup=0.25"]))
 
 
 def test_a_warm_up_share_is_at_least_one_path_and_one_path_is_refused_with_the_fix():
@@ -100,3 +104,19 @@ def test_a_warm_up_share_is_at_least_one_path_and_one_path_is_refused_with_the_f
     assert validate(compose("evaluate", ["search.n_paths=2"])).search.n_paths == 2  # one edit shrinks
     with pytest.raises(ConfigError, match="needs search.n_paths >= 2: drop deepconf_online from evaluate.methods"):
         validate(compose("evaluate", ["search.n_paths=1"]))
+
+
+@pytest.mark.parametrize("override, message", [
+    ("evaluate.esc_window=4", "evaluate.esc_window: moved: set evaluate.stopping.esc.window=4"),
+    ("evaluate.combined_first=8", "evaluate.combined_first: moved: set evaluate.stopping.combined.first=8"),
+    ("evaluate.deepconf_keep_percent=90", "evaluate.deepconf_keep_percent: moved: set "
+                                          "evaluate.stopping.deepconf_online.keep_percent and/or "
+                                          "evaluate.stopping.deepconf_top.keep_percent"),
+])
+def test_a_stopping_setting_of_its_old_name_says_where_it_moved(override, message):
+    from stopexp.config import ConfigError
+    from stopexp.runtime.overrides import check_overrides
+
+    with pytest.raises(ConfigError) as e:
+        check_overrides("evaluate", [override])
+    assert str(e.value) == message

@@ -14,6 +14,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import ROOT, compose
+from stopexp.core.names import REGISTRY
 
 README = ROOT / "README.md"
 PAGES = sorted((ROOT / "docs").rglob("*.md"))
@@ -129,7 +130,7 @@ SECTIONS = {"model", "model.toy", "model.thinking", "task", "tap", "tap.position
 
 def _leaves(d: dict, prefix: str = ""):
     for k, v in d.items():
-        if isinstance(v, dict) and f"{prefix}{k}" in SECTIONS:
+        if isinstance(v, dict) and (f"{prefix}{k}" in SECTIONS or prefix.startswith("evaluate.")):
             yield from _leaves(v, f"{prefix}{k}.")
         else:
             yield f"{prefix}{k}", v
@@ -152,7 +153,8 @@ def test_the_key_page_lists_every_key_with_its_default():
 # validated, every job of a sweep included (stopexp.runtime.overrides.check_overrides): no
 # compute, in this process. A console block whose next line is `error: ...` documents a
 # refusal, and the command must be refused with that message.
-HYDRA_STAGES = ("collect", "featurize", "train", "evaluate", "pipeline", "adapt", "toy_lm")
+HYDRA_STAGES = ("collect", "featurize", "train", "evaluate", "pipeline", "adapt", "toy_lm",
+                "answers_replay")
 COMMAND = re.compile(r"(?:python -m stopexp\.(\w+)|scripts/main\.sh)(?=\s|$)")
 SETTING = re.compile(r"\s*(?:export\s+)?([A-Z_][A-Z0-9_]*)=(\"[^\"]*\"|'[^']*'|\S+)\s*$")
 END = re.compile(r"\s(?:&&|\|\||;|\||&|>|2>|#)(?:\s|$)|;\s")
@@ -164,6 +166,9 @@ LOOP = re.compile(r"for (\w+) in (\S+)")
 # (task.path=/data/gsm8k_train.jsonl, model.gguf_file=/models/...) are composed as written:
 # validate reads neither (loading them does, and names a missing one).
 ANSWERS_BANK_STAND_IN = str(ROOT / "tests" / "data" / "answers_bank.json")
+# docs/development.md's recipe predictor (low_rank, its yaml under /path/to/conf) is the one
+# tests/test_outside_predictor.py writes and registers, as its recipe says
+RECIPE_CONF = "file:///path/to/conf"
 
 
 def _commands_in(line: str, env: dict, refused: str | None) -> list[tuple]:
@@ -213,18 +218,10 @@ def check_documented(entry: str, args: tuple[str, ...]) -> None:
     """Compose and validate one documented command (ConfigError / UserError if refused)."""
     from stopexp.runtime.overrides import check_overrides
 
-    if entry == "answers_replay":
-        from stopexp.stages.answers_replay import parse_args
-        from stopexp.stopping import combined
-        from stopexp.stopping.branch_draws import build_methods
-
-        a = parse_args([x if "=" in x else ANSWERS_BANK_STAND_IN for x in args]
-                       or [ANSWERS_BANK_STAND_IN])
-        build_methods(a["methods"], a["k"] or 1, a["check_tokens"] or 1, a["esc_window"],
-                      a["asc_threshold"], a["pp_stable"], a["pp_deviate"], a["pp_warmup"],
-                      a["pp_vote_pruned"], {k: a[f"combined_{k}"] for k in combined.DEFAULTS})
-        return
     argv = list(args)
+    if entry == "answers_replay":
+        argv = [f"bank={ANSWERS_BANK_STAND_IN}" if a.startswith("bank=") else a for a in argv]
+        argv = argv if any(a.startswith("bank=") for a in argv) else [f"bank={ANSWERS_BANK_STAND_IN}", *argv]
     if entry == "main.sh":  # scripts/main.sh: the pipeline, of +exp=toy_contrastive unless given one
         entry = "pipeline"
         argv = argv if any(a.startswith("+exp=") for a in argv) else ["+exp=toy_contrastive", *argv]
@@ -248,11 +245,18 @@ def test_the_pages_name_the_documented_commands():
 
 
 @pytest.mark.parametrize("entry, args, refused", _all_documented())
-def test_every_documented_command_composes_and_validates(entry, args, refused, monkeypatch):
+def test_every_documented_command_composes_and_validates(entry, args, refused, monkeypatch, tmp_path):
     from stopexp.config import machine
     from stopexp.core.errors import UserError
 
     monkeypatch.setattr(machine, "cuda_devices", lambda: 8)  # see the stand-ins above
+    if any("low_rank" in a for a in args):
+        from test_outside_predictor import write_package
+
+        searchpath = write_package(tmp_path)
+        monkeypatch.syspath_prepend(str(tmp_path))
+        monkeypatch.setitem(REGISTRY["predictor"], "low_rank", "low_rank_probe:LowRankProbe")
+        args = tuple(a.replace(RECIPE_CONF, searchpath.partition("[")[2].rstrip("]")) for a in args)
     if refused is None:
         check_documented(entry, args)
         return

@@ -9,8 +9,7 @@ from stopexp.core.errors import ConfigError
 from stopexp.stages import build
 from tests.conftest import compose
 
-# bank keys of banks collected before the engine group existed (a SmolLM2 bank's key changed
-# since, twice: it records first_wrong_value, and it holds the GGUF file's content)
+# pinned bank keys: engine=hf, the default, is left out of them, so no cached bank moves
 PINNED_KEYS = {(): "0a385b2c1fa3", ("+exp=smollm2_contrastive",): "216e7d1e891d"}
 
 
@@ -38,7 +37,7 @@ def test_engine_vllm_dtype_follows_model_dtype():
 
 
 def test_engine_vllm_serves_monte_carlo_rollouts():
-    """Rollouts are new requests from each live prefix (stopexp.search.trace.resubmitted_mc)."""
+    """Rollouts are new requests from each live prefix (stopexp.search.trace.rollout_rewards)."""
     cfg = validate(compose("collect", ["+exp=smollm2_contrastive", "engine=vllm",
                                        "collect.mc_rollouts=2"]))
     assert cfg.collect.mc_rollouts == 2

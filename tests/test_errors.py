@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, compose
+from conftest import ROOT, compose, run_stage
 from stopexp.core.errors import CannotWrite, ConfigError, NotFound, UserError, reported
 
 ENV = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
@@ -126,45 +126,40 @@ def test_an_error_that_is_not_the_users_passes_unchanged(tmp_path, monkeypatch):
     assert type(e.value) is OSError and e.value.errno == errno.EIO
 
 
-def test_answers_replay_into_a_read_only_out_is_one_line(tmp_path, read_only, capsys, monkeypatch):
-    import stopexp.stages.answers_replay as stage
-    from stopexp.stages.answers_replay import main
+ANSWERS_BANK = f"bank={ROOT / 'tests' / 'data' / 'answers_bank.json'}"
 
-    monkeypatch.setattr(stage, "replay", lambda *a: pytest.fail("replayed before out was checked"))
+
+def test_answers_replay_into_a_read_only_run_dir_is_one_line(tmp_path, read_only, capsys, monkeypatch):
+    import stopexp.stages.answers_replay as stage
+
+    monkeypatch.setattr(stage, "replay", lambda *a: pytest.fail("replayed before the run dir was checked"))
     out = tmp_path / "replay"
     out.mkdir()
     read_only(out)
-    bank = ROOT / "tests" / "data" / "answers_bank.json"
     with pytest.raises(SystemExit) as e:
-        main([str(bank), "n=4", "k=2", "shuffles=2", f"out={out}"])
+        run_stage("answers_replay", [ANSWERS_BANK, "n=4", "k=2", "shuffles=2", f"hydra.run.dir={out}"])
     assert e.value.code == 2
-    assert capsys.readouterr().err == (f"error: cannot write {out / 'pareto.png'}: Permission denied; "
-                                       "make it writable or point out at a directory you can "
-                                       "write, then rerun (what was written before is intact)\n")
+    assert capsys.readouterr().err == (f"error: hydra.run.dir: cannot write to {out} (Permission "
+                                       "denied); point hydra.run.dir at a writable directory\n")
     assert list(out.iterdir()) == []
 
 
 @pytest.mark.parametrize("where", ["a_file", "a_file/below"])
-def test_answers_replay_out_that_cannot_be_a_folder_is_one_line(tmp_path, capsys, where):
-    from stopexp.stages.answers_replay import main
-
+def test_answers_replay_run_dir_that_cannot_be_a_folder_is_one_line(tmp_path, capsys, where):
     (tmp_path / "a_file").write_text("not a folder")
     out = tmp_path / where
     with pytest.raises(SystemExit) as e:
-        main([str(ROOT / "tests" / "data" / "answers_bank.json"), "n=4", "k=2", "shuffles=2", f"out={out}"])
+        run_stage("answers_replay", [ANSWERS_BANK, "n=4", "k=2", "shuffles=2", f"hydra.run.dir={out}"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1
-    assert err.startswith(f"error: cannot write {out / 'pareto.png'}: ") and "point out at a directory" in err
+    assert err.startswith(f"error: hydra.run.dir: cannot write to {out} ") and "point hydra.run.dir" in err
     assert (tmp_path / "a_file").read_text() == "not a folder"
 
 
-def test_answers_replay_refuses_a_negative_seed_before_reading_further(capsys):
-    from stopexp.stages.answers_replay import main
-
+def test_answers_replay_refuses_a_negative_seed_before_reading_further(capsys, tmp_path):
     with pytest.raises(SystemExit) as e:
-        main([str(ROOT / "tests" / "data" / "answers_bank.json"), "n=4", "k=2", "seed=-1"])
-    assert e.value.code == 2 and capsys.readouterr().err == \
-        "error: seed=-1: must be >= 0 (numpy's seeds are non-negative)\n"
+        run_stage("answers_replay", [ANSWERS_BANK, "n=4", "k=2", "seed=-1", f"hydra.run.dir={tmp_path}"])
+    assert e.value.code == 2 and capsys.readouterr().err == "error: seed: must be >= 0, got -1\n"
 
 
 # Overrides Hydra cannot compose: one line naming the key (or the override), exit code 2,
@@ -272,7 +267,7 @@ def test_a_sweep_that_sets_each_policys_knob_where_it_is_read_passes():
     (["policy=topk", "policy.gain=0.1"], "policy.gain", "policy=topk"),
     (["policy=fixed", "policy.quantile=0.5"], "policy.quantile", "policy=fixed"),
     (["predictor=statistic", "train.lr=0.001"], "train.lr", "predictor=statistic"),
-    (["evaluate.methods=[no_prune]", "evaluate.esc_window=8"], "evaluate.esc_window",
+    (["evaluate.methods=[no_prune]", "evaluate.stopping.esc.window=8"], "evaluate.stopping.esc.window",
      "evaluate.methods without esc")])
 def test_a_key_set_on_the_command_line_that_the_chosen_option_ignores_is_refused(argv, key, chosen):
     """Even at its default value (check_unread sees values only)."""

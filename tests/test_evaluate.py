@@ -4,12 +4,13 @@ import torch
 
 from conftest import compose, run_stage
 from stopexp.config import STOPPING_METHODS, validate
+from stopexp.config.stopping import methods_on
 from stopexp.core.policies import TopK
 from stopexp.store.path_table import Paths
 from stopexp.evaluation.accounting import keep_by_policy, outcome
 from stopexp.signals.methods import random_scorer, register_external
 from stopexp.stages.evaluate import evaluate, print_table
-from stopexp.stages.train import train
+from stopexp.stages.train import train_with_controls
 
 FAST = ["evaluate.n_points=[4,8]", "evaluate.retention=[2,4]", "policy.keep=4",
         "evaluate.bootstrap=200", "train.epochs=3"]
@@ -31,7 +32,7 @@ def beam_cfg(small_bank, *extra):
 
 @pytest.fixture(scope="module")
 def trained(small_bank):
-    train(cfg_for(small_bank, stage="train"), progress=False)
+    train_with_controls(cfg_for(small_bank, stage="train"), progress=False)
     return small_bank
 
 
@@ -49,7 +50,7 @@ def test_replay_metrics_follow_the_contract(trained, tmp_path):
     assert all(r["tokens_total"] <= methods["no_prune"]["tokens_total"] for r in methods.values())
     for fig in ("pareto", "survival", "prune_steps", "signal_histograms", "analyses"):
         assert (tmp_path / f"{fig}.png").exists()
-    stopping = [s for s in STOPPING_METHODS if s != "combined"]  # combined: not run by default
+    stopping = [s for s in methods_on("traces") if s != "combined"]  # combined: not run by default
     assert {p["method"] for p in m["points"]} >= {"no_prune", "mlp", "random", "st_bon", *stopping}
     for name in stopping:  # their own stopping protocols, replayed from the bank
         assert methods[name]["replayed"] and "auroc" not in methods[name]

@@ -8,7 +8,7 @@ import evaluate
 import numpy as np
 import pytest
 
-from conftest import compose
+from conftest import compose, references_task
 from stopexp.config import ConfigError, validate
 from stopexp.metrics import avg_at_k, cons_at_n, evaluate_module, pass_at_1, within_prompt_auroc
 from stopexp.core.evaluate_modules import input_features
@@ -103,21 +103,12 @@ def test_an_edited_module_is_scored_by_its_new_content_in_the_same_process(tmp_p
     shutil.copy(WORD_RECALL / "word_recall.py", copy)
     texts, refs = ["a b", "a c"], [["a b"], ["a b"]]
     assert Reward("evaluate", module=str(copy), key="per_path").scores(
-        _Refs(), refs, texts).tolist() == [1.0, 0.5]
+        references_task(), refs, texts).tolist() == [1.0, 0.5]
     assert load_module(str(copy)) is load_module(str(copy))  # loaded once per content
     # an edit in place (same path, same process): every path now scores a quarter
     copy.write_text(copy.read_text().replace("per_path = [len(", "per_path = [0.25 + 0 * len("))
     assert Reward("evaluate", module=str(copy), key="per_path").scores(
-        _Refs(), refs, texts).tolist() == [0.25, 0.25]
-
-
-class _Refs:
-    """A task whose problem is its list of references."""
-    text_level = "word"
-    tokenize = "13a"
-
-    def references(self, problem):
-        return problem
+        references_task(), refs, texts).tolist() == [0.25, 0.25]
 
 
 def test_a_name_is_read_from_the_evaluate_cache_offline():

@@ -9,13 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import FP32_REORDER, compose
+from conftest import FP32_REORDER, compose, featurized
 from stopexp.config import ConfigError, validate
 from stopexp.models import extract as feature_extract
 from stopexp.search.taps import Taps
 from stopexp.store import bank, feature_rows
 from stopexp.store import features as feature_bank
 from stopexp.stages import build
+from stopexp.stages.featurize import featurize
 
 
 @pytest.fixture(scope="module")
@@ -75,9 +76,12 @@ def test_tap_change_reextracts_without_regenerating(small_bank, monkeypatch, cap
     other = validate(compose("train", [*small_bank, "tap.layers=[0,1]", "tap.pooling=mean",
                                        "tap.positions.stride=4", "tap.positions.step_ends=true"]))
     assert build.bank(other).root == root and build.features(other).root != first
-    with caplog.at_level("INFO", logger="stopexp.store.features"):
-        second = feature_bank.require_features(build.features(other))
-    assert "no features for this config" in caplog.text and _snapshot(root) == before
+    with pytest.raises(bank.BankMissing, match="python -m stopexp.featurize"):
+        feature_bank.require_features(build.features(other))
+    with caplog.at_level("INFO", logger="stopexp.stages.featurize"):
+        featurize(build.features(other))
+    second = feature_bank.require_features(build.features(other))
+    assert "extracting features" in caplog.text and _snapshot(root) == before
     meta = bank.read_meta(second)
     assert meta["tap_layers"] == [0, 1] and meta["bank"] == root.name and meta["pooling"] == "mean"
     ds, feats = feature_rows.load_split(build.features(other), "train")
@@ -92,7 +96,7 @@ def test_tap_change_reextracts_without_regenerating(small_bank, monkeypatch, cap
 
 
 def test_step_ends_are_the_separator_tokens(small_bank):
-    cfg = validate(compose("train", [*small_bank, "tap.positions.step_ends=true"]))
+    cfg = featurized(validate(compose("train", [*small_bank, "tap.positions.step_ends=true"])))
     ds, feats = feature_rows.load_split(build.features(cfg), "val")
 
     _, tok = build.lm(cfg, progress=False)
@@ -132,7 +136,7 @@ def test_float16_features_halve_the_bytes(small_bank):
     half = validate(compose("train", [*small_bank, "tap.positions.stride=2", "tap.positions.dtype=float16"]))
     sizes = {}
     for name, cfg in (("f32", base), ("f16", half)):
-        meta = bank.read_meta(feature_bank.require_features(build.features(cfg)))
+        meta = bank.read_meta(feature_bank.require_features(build.features(featurized(cfg))))
         sizes[name] = sum(f["size"] for r in meta["shards"].values() for f in r["files"].values())
         ds, feats = feature_rows.load_split(build.features(cfg), "val")
         sizes[name + "_hidden"] = feats.hidden
@@ -159,8 +163,8 @@ def test_damaged_features_name_the_file_and_the_command(small_bank, tmp_path):
         assert f"features {out} is damaged: {shard.name}: {arrow.name} has" in msg
         assert "python -m stopexp.featurize +exp=toy_contrastive" in msg
         with pytest.raises(bank.BankDamaged, match=f"(?s){arrow.name}.*python -m stopexp.featurize"):
-            feature_rows.load_split(build.features(cfg), "train", make=False)
-        feature_bank.featurize(build.features(cfg))  # repairs: recomputes the damaged shard only
+            feature_rows.load_split(build.features(cfg), "train")
+        featurize(build.features(cfg))  # repairs: recomputes the damaged shard only
         assert bank.verify_bank(out, full=True, kind="features", version=feature_bank.FEATURES_VERSION)
     finally:
         if not arrow.exists() or arrow.stat().st_size != keep.stat().st_size:
@@ -181,67 +185,67 @@ def test_features_of_another_tap_under_this_key_are_refused_and_featurize_repair
     import shutil
 
     from stopexp.stages.evaluate import evaluate
-    from stopexp.stages.train import train
+    from stopexp.stages.train import train_with_controls
 
     fast = ["predictor=linear", "train.epochs=2", "evaluate.methods=[learned]",
             "evaluate.text_metrics=false", "evaluate.n_points=[4,8]", "evaluate.retention=[2,4]",
             "policy.keep=4", "evaluate.bootstrap=50"]
     overrides = [*_private_bank(small_bank, tmp_path), *fast]
-    cfg = validate(compose("evaluate", overrides))
-    trained = train(cfg, progress=False)  # on the features of this tap (the last layer, 2)
+    cfg = featurized(validate(compose("evaluate", overrides)))
+    trained = train_with_controls(cfg, progress=False)  # on the features of this tap (the last layer, 2)
     record = Path(trained["checkpoint"]) / "predictor.json"
     written = (record.stat().st_ino, record.stat().st_mtime_ns)
     out = build.features(cfg).root
     reference = feature_rows.load_features(out, "test").hidden.copy()
     other = validate(compose("evaluate", [*overrides, "tap.layers=[0]"]))
     shutil.rmtree(out)
-    shutil.copytree(feature_bank.require_features(build.features(other)), out)  # layer 0's, under this key
+    shutil.copytree(feature_bank.require_features(build.features(featurized(other))), out)  # layer 0's, under this key
     want = (f"features {out} does not fit this config: its meta.json records tap_layers=[0], this "
             "config expects [2]; repair: python -m stopexp.featurize +exp=toy_contrastive (it recomputes ")
     with pytest.raises(bank.ArtifactMismatch) as err:
         feature_bank.require_features(build.features(cfg), ["+exp=toy_contrastive"])
     assert str(err.value).startswith(want)
     with pytest.raises(bank.ArtifactMismatch, match="records tap_layers=\\[0\\]"):
-        evaluate(cfg)  # before: scored layer 0 with the layer-2 predictor, exit 0
+        evaluate(cfg)  # not layer 0 scored by the layer-2 predictor
     with pytest.raises(bank.ArtifactMismatch, match="records tap_layers=\\[0\\]"):
-        train(cfg, progress=False)  # the cached predictor too; before: reused, exit 0
-    summary = feature_bank.featurize(build.features(cfg))  # every shard names the other features: recomputed
+        train_with_controls(cfg, progress=False)  # the cached predictor is not reused either
+    summary = featurize(build.features(cfg))  # every shard names the other features: recomputed
     assert bank.read_meta(out)["tap_layers"] == [2] and summary["paths"] == 24 * 8
     assert np.array_equal(feature_rows.load_features(out, "test").hidden, reference)
     assert set(evaluate(cfg)["methods"]) >= {"linear", "no_prune"}
     # the features fit again: the cached predictor, not a retrained one
-    assert train(cfg, progress=False)["checkpoint"] == trained["checkpoint"]
+    assert train_with_controls(cfg, progress=False)["checkpoint"] == trained["checkpoint"]
     assert (record.stat().st_ino, record.stat().st_mtime_ns) == written
 
 
 def test_a_features_record_with_another_width_is_refused_and_featurize_rewrites_it(small_bank, tmp_path):
-    cfg = validate(compose("train", _private_bank(small_bank, tmp_path)))
+    cfg = featurized(validate(compose("train", _private_bank(small_bank, tmp_path))))
     out = feature_bank.require_features(build.features(cfg))
     original = bank.read_meta(out)
     shards = _snapshot(out)
     (out / "meta.json").write_text(json.dumps({**original, "hidden_size": 64}))
     for consumer in (lambda: feature_bank.require_features(build.features(cfg)),
-                     lambda: feature_rows.load_split(build.features(cfg), "test", make=False)):
+                     lambda: feature_rows.load_split(build.features(cfg), "test")):
         with pytest.raises(bank.ArtifactMismatch, match=f"^features {out} does not fit this config: "
                                                         "its meta.json records hidden_size=64, this "
                                                         "config expects 96; repair: python -m "
                                                         "stopexp.featurize"):
-            consumer()  # before: an IndexError in evaluate
-    feature_bank.featurize(build.features(cfg))  # before: "complete in 0.0 s", and the record stayed wrong
+            consumer()  # named at once, not an IndexError in evaluate
+    featurize(build.features(cfg))  # rewrites the record (its shards fit)
     assert bank.read_meta(out) == original
     assert {k: v for k, v in _snapshot(out).items() if "meta.json" not in k} == \
         {k: v for k, v in shards.items() if "meta.json" not in k}  # the shards fit: kept
-    ds, feats = feature_rows.load_split(build.features(cfg), "test", make=False)
+    ds, feats = feature_rows.load_split(build.features(cfg), "test")
     assert feats.hidden.shape[1:] == (1, 96)
 
 
 @pytest.mark.parametrize("record_fits", [True, False])
-def test_shards_written_before_they_named_their_features_are_judged_by_the_record(
+def test_shards_whose_records_name_no_features_are_judged_by_the_record(
         small_bank, tmp_path, record_fits):
-    cfg = validate(compose("train", _private_bank(small_bank, tmp_path)))
+    cfg = featurized(validate(compose("train", _private_bank(small_bank, tmp_path))))
     out = feature_bank.require_features(build.features(cfg))
     meta = bank.read_meta(out)
-    for name in meta["shards"]:  # as written before shards recorded their features and tap
+    for name in meta["shards"]:  # records that name no features and no tap
         rec = {k: v for k, v in meta["shards"][name].items()
                if k not in ("features", *feature_bank.TAP_INFO)}
         (out / name / bank.MANIFEST).write_text(json.dumps(rec))
@@ -250,7 +254,7 @@ def test_shards_written_before_they_named_their_features_are_judged_by_the_recor
         meta["tap_layers"] = [0]
     (out / "meta.json").write_text(json.dumps(meta))
     shards = {k: v for k, v in _snapshot(out).items() if "meta.json" not in k}
-    feature_bank.featurize(build.features(cfg))
+    featurize(build.features(cfg))
     kept = {k: v for k, v in _snapshot(out).items() if "meta.json" not in k} == shards
     assert kept == record_fits  # a record of another tap vouches for none of them
     assert bank.read_meta(feature_bank.require_features(build.features(cfg)))["tap_layers"] == [2]

@@ -12,6 +12,7 @@ from stopexp.search.trace import first_wrong_value as token_of_first_wrong_value
 from stopexp.search.trace import has_values, prefix_holding
 from stopexp.signals.methods import error_oracle
 from stopexp.tasks import build_task
+from stopexp.tasks.arith import ArithTask
 from stopexp.tasks.wordprob import (_EQUATION, MARKER, WordProblem, WordProblemTask,
                                     first_wrong_value)
 
@@ -82,7 +83,7 @@ def test_prefix_holding_counts_the_tokens_up_to_the_wrong_value():
     problem = WordProblem(0, "test", "q", "q", 1, "", "sub", (1,))
     assert first_wrong_value(problem, text) == 11  # "10" ends before character 11 ...
     assert token_of_first_wrong_value(tok, WordProblemTask(), problem, ids, text) == 7  # ... token 7: "0"
-    assert has_values(WordProblemTask()) and not has_values(object())  # no column without values
+    assert has_values(WordProblemTask()) and not has_values(ArithTask())  # no column without values
 
 
 def test_error_oracle_scores_low_once_the_error_is_written():

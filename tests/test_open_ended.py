@@ -4,10 +4,10 @@ the plain-beam comparison, and replay equal to online."""
 import numpy as np
 import pytest
 
-from conftest import compose
+from conftest import compose, featurized
 from stopexp.config import validate
 from stopexp.stages.evaluate import evaluate, print_table
-from stopexp.stages.train import train
+from stopexp.stages.train import train_with_controls
 from stopexp.store import bank
 from stopexp.stages.collect import collect
 from stopexp.tasks import build_task
@@ -26,7 +26,7 @@ def trained(tmp_path_factory):
     out = tmp_path_factory.mktemp("d2t") / "outputs"
     overrides = [f"paths.output_dir={out}", *TINY]
     collect(build.collection(validate(compose("collect", overrides))))
-    train(validate(compose("train", overrides)), progress=False)
+    train_with_controls(featurized(validate(compose("train", overrides))), progress=False)
     return overrides
 
 

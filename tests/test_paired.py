@@ -11,7 +11,7 @@ from stopexp.config import validate
 from stopexp.evaluation.paired import at_check, by_prefix, is_probe
 from stopexp.evaluation.table import paired_lines
 from stopexp.metrics import bootstrap_ci, paired_difference
-from stopexp.stages.train import train
+from stopexp.stages.train import train_with_controls
 
 # Four prompts of four paths (two right, two wrong, except prompt 3: all right). Within each
 # prompt the AUROC is (pairs ranked right) / 4, so every value is exact in binary:
@@ -78,7 +78,7 @@ def test_a_tiny_evaluate_run_reports_the_paired_statistics(small_bank, tmp_path,
     fast = [*small_bank, "evaluate.n_points=[4,8]", "evaluate.retention=[2,4]", "policy.keep=4",
             "evaluate.bootstrap=100", "train.epochs=3", "evaluate.text_metrics=false",
             "evaluate.methods=[confidence,hidden_norm,entropy,conf_features,mlp]"]
-    train(validate(compose("train", fast)), progress=False)
+    train_with_controls(validate(compose("train", fast)), progress=False)
     run_stage("evaluate", [*fast, f"hydra.run.dir={tmp_path}"])
     m = json.loads((tmp_path / "metrics.json").read_text())
     paired, methods = m["paired"], m["methods"]

@@ -11,7 +11,7 @@ from conftest import compose
 from stopexp.config import ConfigError, validate
 from stopexp.signals import FeatureSpec, build_predictor
 from stopexp.stages.build import predictor_dir
-from stopexp.stages.train import train
+from stopexp.stages.train import train_with_controls
 from stopexp.store import bank
 from stopexp.training.fit import fit
 from stopexp.training.losses import _pair_mask
@@ -151,7 +151,7 @@ def test_position_data_holds_every_alive_row_at_each_checkpoint(small_bank):
 def test_train_on_every_position_reports_and_plots_the_curve(small_bank, tmp_path):
     cfg = validate(compose("train", [*small_bank, "train.epochs=3", "train.positions=all",
                                      "predictor.position_input=true"]))
-    m = train(cfg, run_dir=tmp_path, progress=False)
+    m = train_with_controls(cfg, run_dir=tmp_path, progress=False)
     for split in ("train", "val", "test"):
         curve = m[split]["auroc_by_prefix"]
         assert curve["positions"] == [5, 16]
@@ -168,7 +168,7 @@ def test_evaluate_writes_every_methods_curve_and_the_single_checkpoint_baseline(
 
     over = [*small_bank, *EVAL_FAST, "train.epochs=3", "train.positions=all",
             "evaluate.methods=[confidence,entropy,hidden_norm,st_bon,learned]"]
-    train(validate(compose("train", over)), progress=False)
+    train_with_controls(validate(compose("train", over)), progress=False)
     one = validate(compose("train", [*small_bank, "train.epochs=3"]))
     m = evaluate(validate(compose("evaluate", over)), run_dir=tmp_path)
     curves = m["auroc_by_prefix"]

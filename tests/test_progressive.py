@@ -4,14 +4,14 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import compose
+from conftest import compose, featurized
 from stopexp.config import ConfigError, check_plan, validate
 from stopexp.core.policies import check_policies
 from stopexp.core.voting import elect, rule_score, weights
 from stopexp.store.path_table import Paths
 from stopexp.evaluation.accounting import decide_by_checks, outcome
 from stopexp.stages.evaluate import evaluate
-from stopexp.stages.train import train
+from stopexp.stages.train import train_with_controls
 from stopexp.stages import build
 
 # no evaluate.retention: several checks sweep no K (validate refuses it there)
@@ -33,7 +33,7 @@ def trained3(small_bank, tmp_path_factory):
 
     bank = [*small_bank, THREE]
     collect(build.collection(cfg_for(bank, stage="collect")))
-    train(cfg_for(bank, stage="train"), progress=False)
+    train_with_controls(featurized(cfg_for(bank, stage="train")), progress=False)
     return bank
 
 

@@ -19,6 +19,7 @@ from stopexp.metrics import reward_ranking, within_prompt_auroc
 from stopexp.runtime.artifacts import plain
 from stopexp.store.keys import sampling_section
 from stopexp.tasks import build_task
+from stopexp.tasks.base import Task
 from stopexp.tasks.datatotext import DataToTextTask
 from stopexp.tasks.rewards import Reward, bleu, neg_perplexity, register_reward, rouge_l
 from stopexp.training.losses import build_loss
@@ -127,9 +128,9 @@ def test_contrastive_orders_pairs_by_reward_with_a_margin_on_the_gap():
     loss = build_loss(LossConfig(name="contrastive", margin=1.0, min_gap=0.1))(SCORES, BATCH)
     assert loss.item() == pytest.approx(expected, abs=1e-6)
     assert loss.item() == pytest.approx(0.25, abs=1e-6)
-    # without a reward in the batch: outcome pairs and the plain margin, as before
-    old = {k: v for k, v in BATCH.items() if k != "reward"}
-    assert build_loss(LossConfig(name="contrastive"))(SCORES, old).item() == pytest.approx(
+    # without a reward in the batch: outcome pairs and the plain margin
+    outcome_only = {k: v for k, v in BATCH.items() if k != "reward"}
+    assert build_loss(LossConfig(name="contrastive"))(SCORES, outcome_only).item() == pytest.approx(
         (max(0, 1 - (0.2 - 0.4)) + max(0, 1 - (0.2 + 0.1))) / 2, abs=1e-6)
 
 
@@ -225,14 +226,14 @@ def test_reward_is_in_the_bank_key_only_when_not_the_outcome():
     model = {k: v for k, v in plain(cfg.model).items() if k not in ("max_batch_tokens", "long_prompts",
                                                                      "max_prompt_tokens", "thinking")}
     model["toy"] = {k: v for k, v in model["toy"].items() if k != "train_task"}
-    task = {k: v for k, v in plain(cfg.task).items() if k not in ("tokenize", "solution_style", "shot_match")}  # added since
-    before = config_hash({"version": bank.BANK_VERSION, "model": model, "task": task,
+    task = {k: v for k, v in plain(cfg.task).items() if k not in ("tokenize", "solution_style", "shot_match")}  # left out at their defaults
+    by_hand = config_hash({"version": bank.BANK_VERSION, "model": model, "task": task,
                           "tap": {},  # no Monte Carlo rollouts: no checkpoints in the key
                           "search": sampling_section(cfg.search),
                           "collect": {k: v for k, v in plain(cfg.collect).items() if k not in ("rank", "world")},
                           "seed": 0})
-    assert build.bank(cfg).key == before  # reward=correct: the keys of existing banks
-    assert build.bank(compose("collect", ["reward=rouge_l"])).key != before
+    assert build.bank(cfg).key == by_hand  # reward=correct (the default): not in the key
+    assert build.bank(compose("collect", ["reward=rouge_l"])).key != by_hand
     assert build.bank(compose("collect", ["reward=rouge_l"])).key != build.bank(compose("collect", ["reward=bleu"])).key
 
 
@@ -248,7 +249,7 @@ def test_text_metrics_take_several_references_per_output():
     scorer = RougeScorer(["rougeL"])
     best = [max(scorer.score(r, h)["rougeL"].fmeasure for r in rs) for h, rs in zip(hyps, refs)]
     assert m["rougeL"] == pytest.approx(np.mean(best), abs=1e-12)
-    single = text_metrics(hyps, [REFS[1], refs[1][2]], bertscore=False)  # one each: as before
+    single = text_metrics(hyps, [REFS[1], refs[1][2]], bertscore=False)  # one reference each
     assert single["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [[REFS[1], refs[1][2]]]).score)
     assert m["rougeL"] > single["rougeL"]
 
@@ -328,12 +329,29 @@ def test_regression_losses_clip_rounded_rewards_and_name_real_violations_in_full
 
 # ---- text rewards of non-Latin text ---------------------------------------------------------
 
-class _ChineseTask:
+class _ChineseTask(Task):
     """A word-level task whose references are Chinese (the interface text rewards read)."""
+    name = "chinese"
     text_level = "word"
 
     def __init__(self, tokenize):
         self.tokenize = tokenize
+
+    @classmethod
+    def from_config(cls, task_cfg):
+        return cls(task_cfg.tokenize)
+
+    def problems(self, split, n):
+        return []
+
+    def check(self, problem, completion):
+        return completion == problem
+
+    def answer_of(self, completion):
+        return completion
+
+    def reference(self, problem):
+        return problem
 
     def references(self, problem):
         return [problem]

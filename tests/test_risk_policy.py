@@ -16,7 +16,7 @@ from stopexp.metrics.risk import binomial_tail, clopper_pearson, fixed_sequence,
 from stopexp.stages import evaluate as evaluate_stage
 from stopexp.stages.evaluate import evaluate, print_table
 from stopexp.stages import build
-from stopexp.stages.train import train
+from stopexp.stages.train import train_with_controls
 from stopexp.training import predictor as training
 from stopexp.training.data import NothingToLearn
 from stopexp.training.selection import hold_out_for_selection, selection_prompts
@@ -228,7 +228,7 @@ def test_the_predictor_never_saw_a_calibration_prompt(small_bank, monkeypatch):
     assert build.bank(held_out).root == build.bank(on_val).root == build.bank(topk).root
     assert build.predictor_dir(on_val, build.features(on_val)) == build.predictor_dir(topk, build.features(topk)) != build.predictor_dir(held_out, build.features(held_out))
     for cfg in (held_out, on_val):  # seen[0]: selection_share 0.2, seen[1]: 0
-        train(cfg, progress=False)
+        train_with_controls(cfg, progress=False)
     m = evaluate(held_out)
     assert m["methods"]["mlp"]["risk"]["calibration"]["prompts"] == 6
 

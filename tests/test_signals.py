@@ -12,7 +12,8 @@ from sklearn.metrics import roc_auc_score
 
 from conftest import compose
 from stopexp.config import LossConfig, PredictorConfig
-from stopexp.signals import PREDICTORS, SIGNAL_NAMES, FeatureSpec, build_predictor
+from stopexp.core.names import lookup, names
+from stopexp.signals import SIGNAL_NAMES, FeatureSpec, build_predictor
 from stopexp.training.losses import LOSSES, build_loss
 
 H, TAPS, PATHS = 32, [0, 1, 2], 8
@@ -204,7 +205,7 @@ def test_mlp_parameter_count():
     assert n == 2 * 1536 + (1536 * 128 + 128) + (128 + 1) == 199_937
 
 
-@pytest.mark.parametrize("name", sorted(PREDICTORS))
+@pytest.mark.parametrize("name", sorted(names("predictor")))
 def test_shape_and_determinism(name):
     batch = synthetic_batch(3, seed=5)
     cfg = PredictorConfig(name=name, dropout=0.1)
@@ -217,7 +218,7 @@ def test_shape_and_determinism(name):
             outputs.append((train_out, model.eval()(batch)))
     assert outputs[0][1].shape == (3 * PATHS,)
     assert torch.equal(outputs[0][0], outputs[1][0]) and torch.equal(outputs[0][1], outputs[1][1])
-    assert set(PREDICTORS[name].inputs) <= set(batch)
+    assert set(lookup("predictor", name).inputs) <= set(batch)
 
 
 def test_conf_features_reads_confidence_signals_only():
@@ -232,7 +233,7 @@ def test_conf_features_reads_confidence_signals_only():
 
 def test_every_predictor_and_loss_option_builds_from_its_yaml():
     losses = sorted(LOSSES)
-    for i, name in enumerate(PREDICTORS):  # one compose per predictor, cycling the losses
+    for i, name in enumerate(names("predictor")):  # one compose per predictor, cycling the losses
         cfg = compose("train", [f"predictor={name}", f"loss={losses[i % len(losses)]}"])
         assert build_predictor(cfg.predictor, SPEC)(synthetic_batch(2, seed=0)).shape == (2 * PATHS,)
         assert build_loss(cfg.loss)(torch.zeros(6), HAND).dim() == 0

@@ -148,11 +148,11 @@ def test_train_and_evaluate_through_the_harness(small_bank):
     from stopexp.store.features import spec_of
     from stopexp.stages.build import predictor_dir, training_data
     from stopexp.training.fit import evaluate_scores, score
-    from stopexp.stages.train import train
+    from stopexp.stages.train import train_with_controls
 
     extra = ["predictor=super_token", "loss=reward_regression", "train.epochs=2"]
     cfg = validate(compose("train", [*small_bank, *extra]))
-    metrics = train(cfg, progress=False)
+    metrics = train_with_controls(cfg, progress=False)
     assert metrics["parameters"] < 60_000 and np.isfinite(metrics["val"]["auroc_pooled"])
     root = bank.require_bank(build.bank(cfg))
     meta = bank.read_meta(root)

@@ -7,7 +7,7 @@ import torch
 from omegaconf import OmegaConf
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from conftest import FP32_REORDER, compose
+from conftest import FP32_REORDER, compose, featurized
 from stopexp.config import ConfigError, validate
 from stopexp.config.model import ModelConfig
 from stopexp.config.thinking import ThinkingConfig
@@ -301,7 +301,7 @@ def test_online_evaluate_counts_thinking_as_replay_does(thinking_bank):
     overrides, _ = thinking_bank
     common = [*overrides, "evaluate.methods=[confidence]", "evaluate.text_metrics=false",
               "evaluate.bootstrap=10", "search.check_at=0.25", "policy.keep=2"]
-    replay = evaluate(validate(compose("evaluate", common)))["methods"]
+    replay = evaluate(featurized(validate(compose("evaluate", common))))["methods"]
     online = evaluate(validate(compose("evaluate", [*common, "evaluate.mode=online"])))["methods"]
     assert replay["no_prune"]["thinking_tokens"] > replay["confidence"]["thinking_tokens"] > 0
     for name in ("no_prune", "random", "confidence", "oracle"):

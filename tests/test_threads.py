@@ -9,7 +9,7 @@ from stopexp.config import validate
 from stopexp.runtime.threads import one_thread
 from stopexp.stages import build
 from stopexp.stages.build import predictor_dir
-from stopexp.stages.train import train
+from stopexp.stages.train import train_with_controls
 
 
 def test_training_gives_the_same_bits_at_one_and_at_two_threads(small_bank):
@@ -20,7 +20,7 @@ def test_training_gives_the_same_bits_at_one_and_at_two_threads(small_bank):
         for threads in (1, 2):
             torch.set_num_threads(threads)
             shutil.rmtree(predictor_dir(cfg, build.features(cfg)), ignore_errors=True)
-            m = train(cfg, progress=False)
+            m = train_with_controls(cfg, progress=False)
             weights.append(load_file(f"{m['checkpoint']}/predictor.safetensors"))
             metrics.append({s: m[s]["auroc_pooled"] for s in ("train", "val", "test")})
             assert torch.get_num_threads() == threads  # restored after training

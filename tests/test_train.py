@@ -3,7 +3,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import compose
+from conftest import compose, featurized
 from stopexp.config import ConfigError, validate
 from stopexp.signals.checkpoint import CheckpointMismatch, load_predictor
 from stopexp.stages.build import predictor_dir, training_data
@@ -73,7 +73,7 @@ def test_a_checkpoint_of_another_predictor_config_is_refused_on_every_load(small
     record.write_text(json.dumps({**json.loads(record.read_text()), "key": ckpt.name}))
     want = (f"^predictor checkpoint {record} records predictor.name='mlp', this config has "
             "predictor.name='linear'; rerun python -m stopexp.train")
-    with pytest.raises(CheckpointMismatch, match=want):  # before: loaded as an mlp
+    with pytest.raises(CheckpointMismatch, match=want):  # not loaded as the linear probe
         load_predictor(ckpt, spec, linear.predictor)
     with pytest.raises(CheckpointMismatch, match=want + r".*; rebuild it with: python -m stopexp.train"):
         build_scorers(linear, ["linear"], spec, build.features(linear))  # evaluate
@@ -104,7 +104,7 @@ def test_splits_share_no_prompt(small_bank):
 def test_statistic_and_controls_run_through_the_same_path(small_bank):
     for pred in ("statistic", "conf_features", "fusion"):
         extra = ["tap=multi"] if pred == "fusion" else []  # another tap: new features, same bank
-        cfg = cfg_for(small_bank, f"predictor={pred}", *extra)
+        cfg = featurized(cfg_for(small_bank, f"predictor={pred}", *extra))
         m = train(cfg, progress=False)
         assert np.isfinite(m["val"]["auroc_pooled"]) and build.bank(cfg).root == build.bank(cfg_for(small_bank)).root
 
@@ -123,10 +123,10 @@ def test_training_is_seeded(small_bank):
 
 
 def test_two_losses_train_different_weights_and_scores(small_bank):
-    """In shrunk runs every loss once gave the same within-prompt AUROC: the selection kept
-    epoch 1 of a flat validation AUROC, one Adam step of lr * sign(gradient), identical for
-    losses whose gradients share their signs, and the linear probe's ranking was its random
-    initial direction. Ties now go to the later epoch and the probe starts at zero."""
+    """Losses whose gradients share their signs still train different probes in a shrunk run:
+    on a flat validation AUROC, keeping epoch 1 would keep one Adam step of lr *
+    sign(gradient), the same for all of them, and a random initial direction would decide
+    the linear probe's ranking. So ties go to the later epoch and the probe starts at zero."""
     from safetensors.torch import load_file
 
     root = bank.require_bank(build.bank(cfg_for(small_bank)))
@@ -215,6 +215,7 @@ def test_train_refuses_a_bank_whose_val_split_has_no_mixed_prompt(small_bank, tm
     with pytest.raises(ConfigError, match=r"^collect.keep_correct: \[0, 0\] keeps only val prompts "
                                           r"whose N=8 paths all fail or all succeed"):
         validate(cfg)  # found at start-up; and if validate is skipped, train still refuses:
+    featurized(cfg)
     # here no val prompt survives the band at all; with some left, none of them is mixed
     with pytest.raises(NothingToLearn, match=r"^(train: the val split has no usable pair|"
                                              r"train: the trace bank holds no val path: all 6 "
@@ -250,13 +251,13 @@ def test_a_predictor_of_a_bank_recollected_under_its_key_is_retrained_or_refused
     from stopexp.core.errors import UserError
     from stopexp.stages.scorers import build_scorers
     from stopexp.signals.checkpoint import CheckpointStale
-    from stopexp.store.features import featurize
+    from stopexp.stages.featurize import featurize
     from stopexp.training.data import trained_on
 
     here = [f"paths.output_dir={tmp_path}", *small_bank[1:]]  # a copy of the bank: ours to change
     cfg = cfg_for(here, "predictor=linear")
     shutil.copytree(bank.require_bank(build.bank(cfg_for(small_bank))), build.bank(cfg).root)
-    train(cfg, progress=False)
+    train(featurized(cfg), progress=False)
     record = predictor_dir(cfg, build.features(cfg)) / "predictor.json"
     before = json.loads(record.read_text())["trained_on"]
     assert before == trained_on(build.features(cfg)) and None not in before.values()
@@ -269,7 +270,7 @@ def test_a_predictor_of_a_bank_recollected_under_its_key_is_retrained_or_refused
     spec = spec_of(cfg.tap.layers, bank.read_meta(root))
     stale = (f"^predictor checkpoint {record} was trained on another bank than the one now under "
              "its key")
-    with pytest.raises(CheckpointStale, match=stale):  # before: loaded, trained on other labels
+    with pytest.raises(CheckpointStale, match=stale):  # trained on other labels: refused
         load_predictor(predictor_dir(cfg, build.features(cfg)), spec, cfg.predictor, now)
     # the features made from the old shard are refused first (train, evaluate), with their repair
     for use in (lambda: train(cfg, progress=False), lambda: build_scorers(cfg, ["linear"], spec, build.features(cfg))):
@@ -279,7 +280,7 @@ def test_a_predictor_of_a_bank_recollected_under_its_key_is_retrained_or_refused
             use()
     featurize(build.features(cfg))
     with pytest.raises(CheckpointStale, match=stale + r".*; rebuild it with: python -m stopexp.train") as e:
-        build_scorers(cfg, ["linear"], spec, build.features(cfg))  # evaluate; before: scored with the stale predictor
+        build_scorers(cfg, ["linear"], spec, build.features(cfg))  # evaluate refuses the stale predictor
     assert "\n" not in str(e.value)
     with caplog.at_level("WARNING", logger="stopexp.training.predictor"):
         train(cfg, progress=False)

@@ -149,7 +149,7 @@ def test_features_tapped_inside_vllm_equal_the_teacher_forced_ones(smol, banks):
     states within float32 rounding (`float32_tolerance`)."""
     from stopexp.models.extract import extract, path_positions
     from stopexp.search.taps import Taps
-    from stopexp.store.features import featurize
+    from stopexp.stages.featurize import featurize
 
     feats = build.features(smol.cfg)
 

@@ -173,7 +173,7 @@ def test_fewshot_prompt_has_k_training_examples_then_the_question(task):
 def test_structure_shots_share_the_questions_first_step_and_number_of_steps():
     """shot_match=structure: every example has the question's number of steps (the pool of
     64 holds at least 3 of each), the last one also its first operation; the default
-    (first_operation) prompts are those before the knob existed (pinned)."""
+    (first_operation) keeps the pinned prompts."""
     task = WordProblemTask(steps=(2, 3, 4), solution_style="lines", shot_match="structure")
     kind = {s.question: s.kind.split("+") for s in task.shot_pool()}
     for p in task.problems("test", 30):
@@ -239,7 +239,7 @@ def test_config_composes_validates_and_builds():
         validate(compose("pipeline", ["task=wordprob", "task.format=markdown"]))
 
 
-def test_gsm8k_config_still_builds_a_qa_task(tmp_path):
+def test_gsm8k_config_builds_a_qa_task(tmp_path):
     data = tmp_path / "gsm8k.jsonl"
     data.write_text('{"question": "1+1?", "answer": "1+1=2\\n#### 2"}\n' * 1)
     cfg = validate(compose("pipeline", ["task=gsm8k", f"task.path={data}"]))

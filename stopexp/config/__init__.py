@@ -10,8 +10,8 @@ The main configs extend `base_config`, so a misspelt key or a value of the wrong
 a YAML file or on the command line fails at composition with a message naming the key.
 `validate` then checks ranges and cross-field rules before any compute starts.
 
-Every name importable from `stopexp.config` before the split still is (the torch-free
-helpers now live in stopexp.core: protocol, text, names).
+The package also re-exports the torch-free helpers of stopexp.core (protocol, text,
+names) that config code and the stages read together with the schemas.
 """
 from stopexp.config.adapt import SHIFTABLE, AdaptConfig, shifted_config
 from stopexp.config.collect import CollectConfig

@@ -9,7 +9,7 @@ from typing import Any, Dict, List
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from stopexp.config.ranges import TOGETHER, at_least, fail, within
-from stopexp.core.names import ADAPT_VARIANTS, SPLITS
+from stopexp.core.names import ADAPT_VARIANTS, SPLITS, names, runs_the_lm
 
 # what adapt.target may change (collect.mc_rollouts: Monte Carlo labels in the target bank
 # only; collect.prompts: its prompt counts, e.g. a stream longer than the source's test split)
@@ -110,9 +110,9 @@ def check_adapt(cfg) -> None:
                             f"(search.n_paths){TOGETHER.format(key='policy.keep')}")
     if s.name != "parallel":
         fail("search.name", f"adapt prunes with Launch-Check-Resume (search=parallel), not {s.name!r}")
-    if cfg.predictor.name == "super_token":
-        fail("predictor.name", "adapt updates feature predictors (statistic, linear, mlp, fusion, "
-                               "conf_features); super_token would need the LM in the loop")
+    if runs_the_lm(cfg.predictor.name):
+        fail("predictor.name", f"adapt updates predictors of stored features ({', '.join(names('predictor'))}); "
+                               f"{cfg.predictor.name} would need the LM in the loop")
 
 
 def check_mc_feedback(cfg) -> None:

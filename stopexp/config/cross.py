@@ -13,30 +13,31 @@ from omegaconf import OmegaConf
 
 from stopexp.config.ranges import fail, is_list, n_layers_of
 from stopexp.config.thinking import thinks
-from stopexp.core.names import BOUNDED_REWARDS, INTERMEDIATE_VALUE_TASKS, STEP_SEPARATORS
+from stopexp.core.names import BOUNDED_REWARDS, lookup, names, runs_the_lm
 from stopexp.core.protocol import check_values, checkpoint_tokens, resolve_layers
 from stopexp.core.text import decode_escapes, stop_strings
 
 
 def fewshot_is_plain_text(cfg) -> None:
     m = cfg.model
-    if cfg.task.name in ("wordprob", "datatotext") and cfg.task.format == "fewshot" and m.chat_template \
-            and m.name != "toy":
+    if "fewshot" in lookup("task", cfg.task.name).formats and cfg.task.format == "fewshot" \
+            and m.chat_template and m.name != "toy":
         fail("model.chat_template", "task.format=fewshot is plain text after solved examples; "
                                     "set model.chat_template=false (or task.format=chat)")
 
 
 def step_ends_need_a_separator(cfg) -> None:
-    """tap.positions.step_ends needs a task with a step separator (its `step_separator`,
-    stopexp.core.names.STEP_SEPARATORS) that is not itself a stop string: a path ends at a
-    stop string, so no step of it would end before the path does."""
+    """tap.positions.step_ends needs a task with a step separator (its class's
+    `step_separator`, stopexp.tasks.base.Task) that is not itself a stop string: a path ends
+    at a stop string, so no step of it would end before the path does."""
     if not cfg.tap.positions.step_ends:
         return
     name = cfg.task.name
-    with_steps = [n for n, sep in STEP_SEPARATORS.items() if sep]
     # a thinking model's reasoning steps end at its own separator (model.thinking.step_separator)
-    sep = decode_escapes(cfg.model.thinking.step_separator) if thinks(cfg.model) else STEP_SEPARATORS.get(name)
+    sep = decode_escapes(cfg.model.thinking.step_separator) if thinks(cfg.model) else \
+        lookup("task", name).step_separator
     if not sep:
+        with_steps = [n for n in names("task") if lookup("task", n).step_separator]
         fail("tap.positions.step_ends", f"task {name} has no step separator (a path is one "
                                         f"sentence); allowed with tasks {', '.join(with_steps)}, "
                                         "else use tap.positions.stride or tap.positions.checkpoints")
@@ -136,8 +137,8 @@ def positions_fit_the_predictor(cfg) -> None:
         fail("predictor.position_input", "trained at one checkpoint (train.positions=checkpoint) "
                                          "the position is the same for every path, so the head "
                                          "learns nothing from it; set train.positions=all")
-    if tr.positions == "all" and pred.name == "super_token":
-        fail("train.positions", "all needs stored features at every position, but super_token "
+    if tr.positions == "all" and runs_the_lm(pred.name):
+        fail("train.positions", f"all needs stored features at every position, but {pred.name} "
                                 "re-encodes each prefix with the LM; use train.positions=checkpoint")
 
 
@@ -183,11 +184,13 @@ def error_oracle_reads_values(cfg) -> None:
     if "error_oracle" not in cfg.evaluate.methods:
         return
     name = cfg.task.name
-    if name not in INTERMEDIATE_VALUE_TASKS or thinks(cfg.model):
-        why = f"task {name!r} has none" if name not in INTERMEDIATE_VALUE_TASKS else \
+    has_values = lookup("task", name).wrong_value_end is not None
+    if not has_values or thinks(cfg.model):
+        why = f"task {name!r} has none" if not has_values else \
             "a thinking model's paths are not read for them"
+        with_values = [n for n in names("task") if lookup("task", n).wrong_value_end is not None]
         fail("evaluate.methods", f"error_oracle needs paths whose intermediate values are known "
-                                 f"(tasks: {', '.join(INTERMEDIATE_VALUE_TASKS)}); {why}")
+                                 f"(tasks: {', '.join(with_values)}); {why}")
     if cfg.evaluate.mode == "online" or cfg.search.name == "beam":
         fail("evaluate.methods", "error_oracle reads the trace bank's first_wrong_value, which "
                                  "only replayed paths carry; use evaluate.mode=replay and "

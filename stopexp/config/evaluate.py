@@ -8,9 +8,9 @@ from typing import List, Optional
 
 from stopexp.config import policy
 from stopexp.config.ranges import TOGETHER, at_least, fail, within
-from stopexp.core.names import (ALWAYS_METHODS, BASELINE_METHODS, ORACLE_METHODS, PREDICTOR_NAMES,
-                                SPLITS, STOPPING_METHODS, external, method_name)
-from stopexp.core.protocol import warmup_paths
+from stopexp.config.stopping import TracesStopping, check_stopping
+from stopexp.core.names import (ALWAYS_METHODS, BASELINE_METHODS, ORACLE_METHODS, SPLITS, external,
+                                method_name, names as registered, predictor_names)
 
 
 @dataclass
@@ -38,30 +38,19 @@ class EvaluateConfig:
     max_prompts: Optional[int] = None
     bertscore_model: Optional[str] = None  # None = the offline MiniLM encoder
     seed: int = 0
-    esc_window: int = 8             # ESC: paths sampled per window
-    asc_threshold: float = 0.95     # Adaptive-Consistency: posterior the leader is the majority
-    deepconf_warmup: float = 0.25   # DeepConf online: warm-up paths per prompt (below 1: share of N)
-    deepconf_keep_percent: float = 10.0  # DeepConf: threshold percentile 100 - this; top-share vote
-    # combined (stopexp.stopping.combined): the running paths' score, a scoring method of
-    # evaluate.methods (or an always-run one); paths in the first wave and in each later one;
-    # the leader's posterior that stops the prompt and the one from which a running path whose
-    # score is below combined_prune_below (in the score's units: a probe's logit) is pruned
-    combined_signal: str = "learned"
-    combined_first: int = 8
-    combined_wave: int = 8
-    combined_threshold: float = 0.95
-    combined_prune_below: float = 0.0
-    combined_prune_confidence: float = 0.75
+    # the settings of the stopping methods of `methods`, one subtree per method with settings
+    # (evaluate.stopping.esc.window, ...): each method's own dataclass (stopexp.config.stopping)
+    stopping: TracesStopping = field(default_factory=TracesStopping)
     vote: str = "majority"          # majority | weighted (by the final signal) | filtered (stopexp.core.voting)
     vote_top: float = 0.5           # filtered: share of the scored kept paths that vote
 
 
 def check_method_names(names) -> None:
     """Every name in evaluate.methods is a built-in method, a predictor, `learned`, or a
-    scorer registered with stopexp.signals.methods.register_external (its registry:
-    stopexp.core.names); ConfigError otherwise."""
-    builtin = {*ALWAYS_METHODS, *BASELINE_METHODS, *ORACLE_METHODS, *STOPPING_METHODS,
-               *PREDICTOR_NAMES, "learned"}
+    scorer registered with stopexp.signals.methods.register_external, or a registered stopping
+    method (their registry: stopexp.core.names); ConfigError otherwise."""
+    builtin = {*ALWAYS_METHODS, *BASELINE_METHODS, *ORACLE_METHODS, *registered("stopping"),
+               *predictor_names(), "learned"}
     for name in names:
         if name not in builtin and external(name) is None:
             fail("evaluate.methods", f"{name!r} unknown; allowed: {', '.join(sorted(builtin))} or "
@@ -105,36 +94,21 @@ def check_evaluate(cfg) -> None:
         if not 1 <= n <= s.n_paths:
             fail("evaluate.n_points", f"N={n} must lie in 1..{s.n_paths} (search.n_paths)"
                                       f"{TOGETHER.format(key='evaluate.n_points')}")
-    at_least("evaluate.esc_window", ev.esc_window, 1)
-    within("evaluate.asc_threshold", ev.asc_threshold, 0, 1, low_open=True)
-    within("evaluate.deepconf_keep_percent", ev.deepconf_keep_percent, 0, 100, low_open=True)
-    if "deepconf_online" in ev.methods and not 1 <= warmup_paths(ev.deepconf_warmup, s.n_paths) < s.n_paths:
-        fail("evaluate.deepconf_warmup", f"{ev.deepconf_warmup} gives "
-                                         f"{warmup_paths(ev.deepconf_warmup, s.n_paths)} warm-up paths; "
-                                         f"they must lie in 1..{s.n_paths - 1} (below search.n_paths)"
-                                         + ("; set it to a count below search.n_paths" if s.n_paths > 1 else
-                                            "; DeepConf online needs search.n_paths >= 2: drop "
-                                            "deepconf_online from evaluate.methods"))
+    check_stopping(ev.stopping, "evaluate.stopping", "traces", ev.methods, s.n_paths)
     if "combined" in ev.methods:
         check_combined(ev, cfg.predictor.name)
 
 
 def check_combined(ev, predictor_name: str) -> None:
-    """evaluate.combined_*: the signal is a scoring method that runs (`learned`: the
-    configured predictor, also by its name), the knobs in range, and the bank's features
-    are read (replay)."""
+    """evaluate.stopping.combined.signal is a scoring method that runs (`learned`: the
+    configured predictor, also by its name), and the bank's features are read (replay)."""
     scoring = {method_name(m, predictor_name) for m in (*ALWAYS_METHODS, *ev.methods)} - {
-        "no_prune", *STOPPING_METHODS}
-    if method_name(ev.combined_signal, predictor_name) not in scoring:
-        fail("evaluate.combined_signal", f"{ev.combined_signal!r} is not a scoring method that "
-                                         f"runs; allowed: {', '.join(sorted(scoring))} (add it "
-                                         "to evaluate.methods)")
+        "no_prune", *registered("stopping")}
+    signal = ev.stopping.combined.signal
+    if method_name(signal, predictor_name) not in scoring:
+        fail("evaluate.stopping.combined.signal", f"{signal!r} is not a scoring method that "
+                                                  f"runs; allowed: {', '.join(sorted(scoring))} "
+                                                  "(add it to evaluate.methods)")
     if ev.mode != "replay":
         fail("evaluate.methods", "combined reads every check's scores from the bank's features: "
                                  "run it with evaluate.mode=replay")
-    at_least("evaluate.combined_first", ev.combined_first, 1)
-    at_least("evaluate.combined_wave", ev.combined_wave, 1)
-    within("evaluate.combined_threshold", ev.combined_threshold, 0, 1, low_open=True)
-    within("evaluate.combined_prune_confidence", ev.combined_prune_confidence, 0, 1, low_open=True)
-    if ev.combined_prune_below != ev.combined_prune_below:
-        fail("evaluate.combined_prune_below", "must be a number, got nan")

@@ -27,6 +27,8 @@ def check_option_files(cfg, runtime) -> None:
             continue
         option = option_of(g, cfg[g.name])
         own = g.keys(option)
+        if option not in g.options:  # no schema: the keys its yaml adds are its own
+            own = (*own, *(k for k in cfg[g.name] if k not in g.view_keys()))
         for path, keys in option_keys(g.name, choice, runtime.config_sources):
             for key in keys:
                 if key not in own:
@@ -47,7 +49,7 @@ def option_keys(group: str, choice: str, sources, seen=()) -> Iterator[tuple[str
     """(file, its top-level keys but `defaults`) of `<group>/<choice>.yaml`, the first on
     the search path, then of each yaml of the same group in its defaults list, in turn
     (a `<option>_schema` there is a structured config, not a file)."""
-    found = _find(f"{group}/{choice}.yaml", sources)
+    found = find_config_file(f"{group}/{choice}.yaml", sources)
     if found is None or found in seen:
         return
     raw = OmegaConf.load(found)
@@ -61,7 +63,7 @@ def option_keys(group: str, choice: str, sources, seen=()) -> Iterator[tuple[str
                 yield from option_keys(group, parent[len(group) + 1:], sources, (*seen, found))
 
 
-def _find(relative: str, sources) -> Any:
+def find_config_file(relative: str, sources) -> Any:
     """The file `relative` in the first config source (file or package) that has it."""
     for source in sources:
         if source["schema"] == "file":

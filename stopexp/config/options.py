@@ -3,8 +3,9 @@ option's yaml extends (`defaults: [<option>_schema, _self_]`), and the group's v
 dataclass that inherits every option's schema, i.e. every option's keys at their defaults.
 
 A composed config holds the view, typed as the chosen option's schema: the section's keys
-and values, which the artifact keys hash (stopexp.store.keys), are the same as before the
-group had per-option schemas, and code reading a key of another option finds its default.
+and values, which the artifact keys hash (stopexp.store.keys), are every option's keys,
+the chosen option's as set and the others' at their defaults, and code reading a key of
+another option finds its default.
 Hydra merges the option's yaml into that section, so a key of no option (a typo) fails in
 that file at composition, but a key of another option composes: validate refuses it in an
 option's yaml whatever its value, naming the file (stopexp.config.option_files), and
@@ -37,6 +38,10 @@ class Group:
     # refused off their default where the chosen option lacks them (reads.check_unread);
     # False where the group's own checks name the options in their own words (model)
     refuse_unread: bool = True
+    # the schema of an option registered without one of its own (a task from outside the
+    # package): it reads the base's keys and those its yaml adds beyond the view; None: every
+    # option has a schema
+    base: type | None = None
 
     def __post_init__(self):
         missing = [o for o, schema in self.options.items() if not issubclass(self.view, schema)]
@@ -44,7 +49,8 @@ class Group:
             raise TypeError(f"{self.view.__name__} must inherit the schemas of {missing}")
 
     def keys(self, option: str) -> tuple[str, ...]:
-        return tuple(f.name for f in dataclasses.fields(self.options[option]))
+        schema = self.options[option] if option in self.options or self.base is None else self.base
+        return tuple(f.name for f in dataclasses.fields(schema))
 
     def view_keys(self) -> tuple[str, ...]:
         return tuple(f.name for f in dataclasses.fields(self.view))

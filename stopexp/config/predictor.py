@@ -1,6 +1,8 @@
 """The predictor group (conf/predictor/) and train (conf/train.yaml): what scores a prefix and
-how it is trained. One schema per predictor with its checks beside it; `PredictorConfig`,
-the view, holds every predictor's keys (stopexp.config.options)."""
+how it is trained. One schema per built-in predictor with its checks beside it;
+`PredictorConfig`, the view, holds every built-in predictor's keys (stopexp.config.options).
+A predictor registered without a schema of its own (from another package) reads
+`PredictorBaseConfig`'s keys and those its yaml adds."""
 from __future__ import annotations
 
 import math
@@ -9,7 +11,7 @@ from typing import List
 
 from stopexp.config.options import Group
 from stopexp.config.ranges import at_least, fail, within
-from stopexp.core.names import SIGNAL_NAMES
+from stopexp.core.names import SIGNAL_NAMES, predictor_names
 
 
 @dataclass
@@ -106,7 +108,9 @@ PREDICTOR = Group("predictor", {
     "statistic": StatisticPredictorConfig, "linear": LinearPredictorConfig,
     "mlp": MLPPredictorConfig, "fusion": FusionPredictorConfig,
     "conf_features": ConfFeaturesPredictorConfig, "super_token": SuperTokenPredictorConfig},
-    PredictorConfig)
+    PredictorConfig, base=PredictorBaseConfig)
+# the predictors evaluated as they are, with no weights to fit (train.* and loss unread)
+UNTRAINED_PREDICTORS = ("statistic",)
 # the predictors whose head takes the position as an extra input (predictor.position_input)
 POSITION_INPUT_PREDICTORS = tuple(PREDICTOR.readers("position_input"))
 
@@ -127,7 +131,10 @@ class TrainConfig:
 
 
 def check_predictor(pred) -> None:
-    """predictor.*: every predictor's ranges, then what the chosen one needs."""
+    """predictor.*: a registered predictor (those of other packages included:
+    stopexp.core.names), every predictor's ranges, then what the chosen one needs."""
+    if pred.name not in predictor_names():
+        fail("predictor.name", f"{pred.name!r} is not allowed; allowed: {', '.join(predictor_names())}")
     PREDICTOR.check(pred)
 
 

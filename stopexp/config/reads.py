@@ -6,22 +6,26 @@ other keys (evaluate.retention from search.n_paths) is the one this config deriv
 (`default_in`)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from omegaconf import OmegaConf
 
+from stopexp.config import answers_replay
 from stopexp.config.options import by_name
-from stopexp.config.predictor import PREDICTOR
+from stopexp.config.predictor import UNTRAINED_PREDICTORS
 from stopexp.config.ranges import fail, is_list
 from stopexp.config.root import GROUPS, schema, schema_default
+from stopexp.config.stopping import TracesStopping, setting_keys
 from stopexp.core.protocol import check_values
 from stopexp.core.text import TEXT_TOKENIZERS
 
 ALLOWED = {
     "model.dtype": ("auto", "float32", "bfloat16", "float16"),
     "model.long_prompts": ("error", "skip"),
-    # a group's options: those with a schema (stopexp.config.options)
-    **{f"{g.name}.name": tuple(g.options) for g in GROUPS if g.chosen is by_name},
+    # a group's options: those with a schema (stopexp.config.options); a group with a base
+    # schema checks its names against the registry (stopexp.config.task.check_task)
+    **{f"{g.name}.name": tuple(g.options) for g in GROUPS if g.chosen is by_name and g.base is None},
     "task.format": ("fewshot", "chat"),
     "task.answer_format": ("numeric", "boxed"),
     "task.extraction": ("strict", "flexible"),
@@ -50,18 +54,28 @@ ALLOWED = {
 # Not here: search.beam_width (evaluate.compare_beam reads it under search=parallel:
 # check_beam_width_read). A sweep over policies sets each policy's budget with
 # ${stopexp_where_read:...} (conf/hparams_search/optuna_toy.yaml, scripts/sweep_policies.sh).
-LEARNED_PREDICTORS = tuple(p for p in PREDICTOR.options if p != "statistic")
+
+
+@dataclass(frozen=True)
+class AllBut:
+    """The readers of a key: every option but `options`, those registered from outside the
+    package included."""
+    options: tuple[str, ...]
+
+    def __contains__(self, option) -> bool:
+        return option not in self.options
+
+    def text(self, group: str) -> str:
+        return f"a {group} other than {'|'.join(self.options)}"
+
+
 READ_ONLY_BY = {
     # stopexp.training.fit: a statistic has no weights to fit (it is evaluated as is)
-    **{f"train.{k}": ("predictor.name", LEARNED_PREDICTORS)
+    **{f"train.{k}": ("predictor.name", AllBut(UNTRAINED_PREDICTORS))
        for k in ("epochs", "batch_prompts", "lr", "weight_decay", "patience", "seed")},
-    "loss.name": ("predictor.name", LEARNED_PREDICTORS),
-    "evaluate.esc_window": ("evaluate.methods", ("esc",)),
-    "evaluate.asc_threshold": ("evaluate.methods", ("adaptive_consistency",)),
-    "evaluate.deepconf_warmup": ("evaluate.methods", ("deepconf_online",)),
-    **{f"evaluate.combined_{k}": ("evaluate.methods", ("combined",)) for k in (
-        "signal", "first", "wave", "threshold", "prune_below", "prune_confidence")},
-    "evaluate.deepconf_keep_percent": ("evaluate.methods", ("deepconf_online", "deepconf_top")),
+    "loss.name": ("predictor.name", AllBut(UNTRAINED_PREDICTORS)),
+    # a stopping method's settings (stopexp.config.stopping): read when it runs
+    **{key: ("evaluate.methods", (m,)) for key, m in setting_keys(TracesStopping, "evaluate.stopping")},
     # the K sweep of the Pareto points: a threshold policy's one point is its run
     # (evaluate.retention under search=beam or several checks: check_sweeps_read)
     "evaluate.retention": ("policy.name", ("topk",)),
@@ -80,7 +94,7 @@ def reads(cfg, key: str) -> bool:
         return option in g.options and leaf in g.keys(option)
     option_key, readers = READ_ONLY_BY[key]
     option = OmegaConf.select(cfg, option_key)
-    return bool(set(option) & set(readers)) if is_list(option) else option in readers
+    return any(o in readers for o in option) if is_list(option) else option in readers
 
 
 def default_in(cfg, key: str) -> Any:
@@ -132,7 +146,7 @@ def unread_by_rule(cfg) -> list[tuple[str, str, str]]:
                         f"evaluate.methods without {' or '.join(readers)}"))
         else:
             group = option_key.split(".")[0]
-            out.append((key, f"{group}={'|'.join(readers)}",
+            out.append((key, readers.text(group) if isinstance(readers, AllBut) else f"{group}={'|'.join(readers)}",
                         f"{group}={OmegaConf.select(cfg, option_key)}"))
     return out
 
@@ -151,6 +165,8 @@ def check_unread_overrides(cfg, overrides) -> None:
     """Every key set on the command line (`overrides`, Hydra's task overrides) is read by
     the chosen options, even at its default value (`check_unread` sees values only): a
     sweep that sets each option's knob writes it as ${stopexp_where_read:KEY,VALUE}."""
+    if cfg.stage == "answers_replay":
+        return answers_replay.check_unread_overrides(cfg, overrides)
     unread = {key: (readers, chosen) for key, readers, chosen in
               [*unread_by_option(cfg), *unread_by_rule(cfg)]}
     if OmegaConf.is_config(overrides):  # Hydra's record: read as typed, not resolved

@@ -13,6 +13,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from stopexp.config.adapt import AdaptConfig
+from stopexp.config.answers_replay import AnswersReplayConfig
 from stopexp.config.collect import CollectConfig
 from stopexp.config.engine import ENGINE, EngineConfig
 from stopexp.config.evaluate import EvaluateConfig
@@ -58,6 +59,7 @@ class Config:
 def register() -> None:
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
+    cs.store(name="answers_replay_config", node=AnswersReplayConfig)  # its own root
     for group in GROUPS:
         for option, node in group.options.items():
             cs.store(group=group.name, name=f"{option}_schema", node=node)

@@ -1,6 +1,8 @@
-"""The task group (conf/task/): what problems are posed. One schema per task (arith, qa,
-wordprob, datatotext) with its checks beside it; `TaskConfig`, the view, holds every
-task's keys (stopexp.config.options)."""
+"""The task group (conf/task/): what problems are posed. One schema per built-in task
+(arith, qa, wordprob, datatotext) with its checks beside it; `TaskConfig`, the view, holds
+every task's keys (stopexp.config.options). A task registered without a schema of its own
+reads `TaskBaseConfig`'s keys and those its yaml adds; its class's capabilities
+(stopexp.tasks.base.Task) are read through the registry, which imports no torch."""
 from __future__ import annotations
 
 import functools
@@ -13,7 +15,7 @@ from omegaconf import OmegaConf
 from stopexp.config.machine import TOY_POSITIONS
 from stopexp.config.options import Group
 from stopexp.config.ranges import at_least, fail
-from stopexp.core.names import BENCHMARKS, SPLITS, lookup
+from stopexp.core.names import BENCHMARKS, SPLITS, lookup, names
 
 __all__ = ["TASK", "ArithTaskConfig", "DataToTextTaskConfig", "QATaskConfig", "TaskConfig",
            "WordProblemTaskConfig", "check_task", "task_draws_the_prompts"]
@@ -176,14 +178,15 @@ class TaskConfig(DataToTextTaskConfig, WordProblemTaskConfig, QATaskConfig, Arit
 
 TASK = Group("task", {"arith": ArithTaskConfig, "qa": QATaskConfig,
                        "wordprob": WordProblemTaskConfig, "datatotext": DataToTextTaskConfig},
-              TaskConfig)
+              TaskConfig, base=TaskBaseConfig)
 
 
 def check_task(t) -> None:
+    if t.name not in names("task"):
+        fail("task.name", f"{t.name!r} is not allowed; allowed: {', '.join(names('task'))}")
     TASK.check(t)
 
 
-GENERATED = ("arith", "wordprob", "datatotext")  # tasks that draw their problems (`distinct`)
 MAX_DRAWN = 100_000  # validate draws at most this many problems of a split (~1 s per 10_000)
 # the toy LM's tokenizer: a BOS, then one token per character (stopexp.models.tokenizer)
 TOY_PROMPT_TOKENS = "a BOS and one per character"
@@ -206,7 +209,7 @@ def _drawn(name: str, section: str, counts: tuple, toy: bool) -> tuple:
             task.distinct(split, n)
         except ValueError as e:
             return (f"collect.prompts.{split}", str(e).removeprefix("task: ")), None
-    if getattr(task, "shots", 0):
+    if task.shots:
         try:
             task.shot_pool()
         except ValueError as e:
@@ -222,17 +225,18 @@ def _drawn(name: str, section: str, counts: tuple, toy: bool) -> tuple:
 
 
 def task_draws_the_prompts(cfg) -> None:
-    """A generated task (GENERATED) has as many distinct problems in each split as
+    """A generated task (its class's `generated`) has as many distinct problems in each split as
     collect.prompts asks, and train problems for its solved examples and the toy LM to
     learn from: drawn here (tens of ms) rather than found short after the model loaded.
     Under the toy LM (its positions known: stopexp.config.machine.TOY_POSITIONS), each
     prompt leaves search.max_new_tokens of them (model.long_prompts=error)."""
     t, m = cfg.task, cfg.model
-    if t.name not in GENERATED:
+    cls = lookup("task", t.name)
+    if not cls.generated:
         return
     counts = dict(cfg.collect.prompts)
-    # the toy LM learns from train problems, and reads the arith prompts it learns whole
-    toy = m.name == "toy" and t.name == "arith"
+    # the toy LM learns from train problems, and reads the prompts of a task it learns whole
+    toy = m.name == "toy" and bool(cls.toy_keys)
     if toy:
         counts["train"] = max(counts.get("train", 0), 1)
     section = json.dumps(OmegaConf.to_container(t, resolve=True), sort_keys=True)

@@ -1,7 +1,7 @@
 """model.thinking (conf/model/*.yaml): a model that reasons inside <think> ... end_tag
 before its answer (DeepSeek-R1 and its distills, Qwen3, QwQ), and its checks.
 
-enabled: null (the default) reads the text as before and passes the chat template nothing;
+enabled: null (the default) reads the text as any other model's and passes the chat template nothing;
 true: the text after the first end_tag is the answer (no end_tag: no answer), reasoning
 steps end at step_separator (tap.positions.step_ends), the bank counts each path's thinking
 tokens, and the template's `enable_thinking` switch, where it has one, is set to true;

@@ -11,8 +11,8 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from stopexp.config import (adapt, collect, cross, engine, evaluate, loss, model, policy,
-                            predictor, reward, search, tap, task)
+from stopexp.config import (adapt, answers_replay, collect, cross, engine, evaluate, loss, model,
+                            policy, predictor, reward, search, tap, task)
 from stopexp.config.machine import check_machine
 from stopexp.config.option_files import check_option_files
 from stopexp.config.options import view_of
@@ -124,7 +124,7 @@ RULES = (
     (check_sweeps_read, EVALUATING),
     (check_bertscore_model_read, EVALUATING),
     (adapt.check_adapt, ("adapt",)),
-    (adapt_target_validates, ("adapt",)),  # last: an error now comes from the target's values
+    (adapt_target_validates, ("adapt",)),  # last: by then an error comes from the target's values
 )
 
 
@@ -137,6 +137,9 @@ def validate(cfg: DictConfig, runtime=None, machine: bool = True) -> DictConfig:
     this machine cannot run (stopexp.config.machine: False where the jobs run on other
     machines, as a SLURM sweep's, or to check a config written for another machine). Raises
     ConfigError naming the key; returns cfg."""
+    if cfg.stage == "answers_replay":  # a stage of its own schema, without the study's groups
+        answers_replay.check_answers_replay(cfg)
+        return cfg
     unknown = unknown_keys(cfg)
     if unknown:
         fail(unknown[0], "no such key in the config schema (stopexp/config/); check the spelling")

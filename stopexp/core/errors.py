@@ -32,6 +32,22 @@ class NotFound(UserError, FileNotFoundError):
     names it and how to make or point at it."""
 
 
+class NotMade(NotFound):
+    """An artifact that a stage makes is missing: the message names it, where it would be and
+    the stage's command, which repeats the command line's `overrides` (set by the stage
+    that raises it, or by stopexp.stages.cli for a library call that does not know them)."""
+
+    def __init__(self, what: str, where, stage: str, why: str = "", overrides: list[str] | None = None):
+        self.what, self.where, self.stage, self.why, self.overrides = what, where, stage, why, overrides
+        super().__init__(what)
+
+    def __str__(self) -> str:
+        command = f"python -m stopexp.{self.stage} {' '.join(self.overrides or [])}".rstrip()
+        why = f" ({self.why})" if self.why else ""
+        return (f"no {self.what} for this config at {self.where}{why}; make it with: {command} "
+                "(or run python -m stopexp.pipeline, which makes it for you)")
+
+
 class CannotWrite(UserError):
     """An output could not be written for a reason the user can fix (disk full, quota,
     read-only or not permitted). Names the output's final path, never a temporary name;

@@ -49,16 +49,44 @@ REGISTRY: dict[str, dict[str, str]] = {
     "control": {"random": "stopexp.signals.methods:random_scorer",
                 "oracle": "stopexp.signals.methods:oracle",
                 "error_oracle": "stopexp.signals.methods:error_oracle"},
-    # evaluate.methods with their own stopping protocol, not a score at the check: each
-    # one's rule (stopexp.stopping; replayed on a bank by stopexp.stopping.replay)
-    "stopping": {"esc": "stopexp.stopping.esc:esc",
-                 "adaptive_consistency":
-                     "stopexp.stopping.adaptive_consistency:adaptive_consistency",
-                 "deepconf_online": "stopexp.stopping.deepconf:online",
-                 "deepconf_weighted": "stopexp.stopping.deepconf:weighted_vote",
-                 "deepconf_top": "stopexp.stopping.deepconf:top_share",
-                 "combined": "stopexp.stopping.combined:combined"},
+    # the stopping methods, each a dataclass of its settings that replays on a trace bank
+    # (evaluate.methods) and/or an answers-only bank (answers_replay): stopexp.stopping.method
+    "stopping": {"esc": "stopexp.stopping.esc:ESC",
+                 "adaptive_consistency": "stopexp.stopping.adaptive_consistency:AdaptiveConsistency",
+                 "deepconf_online": "stopexp.stopping.deepconf:DeepConfOnline",
+                 "deepconf_weighted": "stopexp.stopping.deepconf:DeepConfWeighted",
+                 "deepconf_top": "stopexp.stopping.deepconf:DeepConfTop",
+                 "parallel_probe": "stopexp.stopping.parallel_probe:ParallelProbe",
+                 "combined": "stopexp.stopping.combined:Combined"},
 }
+
+
+def installed_plugins() -> dict[str, dict[str, str]]:
+    """What installed packages register, from their entry points: group `stopexp.<kind>`,
+    one entry `name = "module:attr"` per implementation, e.g. in a pyproject.toml
+
+        [project.entry-points."stopexp.predictor"]
+        my_probe = "my_package.probe:MyProbe"
+
+    Read from the packages' metadata, nothing imported (the modules load on `lookup`),
+    so every process finds them: a stage started by `python -m`, a sweep's workers."""
+    from importlib.metadata import entry_points
+
+    found: dict[str, dict[str, str]] = {}
+    for group in entry_points().groups:
+        if group.startswith("stopexp."):
+            for ep in entry_points(group=group):
+                found.setdefault(group.removeprefix("stopexp."), {})[ep.name] = ep.value
+    return found
+
+
+def _add_installed() -> None:
+    for kind, entries in installed_plugins().items():
+        for name, target in entries.items():
+            REGISTRY.setdefault(kind, {}).setdefault(name, target)  # a built-in name stays built in
+
+
+_add_installed()
 
 
 def register(kind: str, name: str, target: str) -> None:
@@ -79,13 +107,21 @@ def lookup(kind: str, name: str) -> Any:
 
 
 SPLITS = ("train", "val", "test")
-TASK_NAMES = names("task")
 # the benchmarks shipped in stopexp/tasks/data/, which task.path may name (stopexp.tasks.benchmarks)
 BENCHMARKS = ("gsm8k", "math500", "aime24", "aime25", "hmmt25", "amc23")
-# the token that ends a reasoning step, of the tasks that have one (their `step_separator`,
-# read by tap.positions.step_ends); a task not named here has none
-STEP_SEPARATORS = {"arith": ";", "qa": "\n", "wordprob": "\n"}
-PREDICTOR_NAMES = (*names("predictor"), *names("lm_predictor"))
+
+
+def predictor_names() -> tuple[str, ...]:
+    """Every registered predictor, those registered after import included."""
+    return (*names("predictor"), *names("lm_predictor"))
+
+
+def runs_the_lm(predictor: str) -> bool:
+    """Whether the predictor runs the LM on the prefix (kind lm_predictor: super_token)
+    rather than reading stored features."""
+    return predictor in REGISTRY.get("lm_predictor", {})
+
+
 # the signal columns of a feature batch, in order (stopexp.signals.columns computes them)
 SIGNAL_NAMES = ("mean_logprob", "min_logprob", "mean_entropy", "group_conf", "hidden_norm",
                 "hidden_mean", "hidden_var", "attn_entropy", "prefix_len")
@@ -100,9 +136,6 @@ ALWAYS_METHODS = ("no_prune", "random", "confidence", "oracle")
 # the controls that read what no check knows while generating: the path's outcome (oracle)
 # and whether a wrong intermediate value is written by the prefix (error_oracle)
 ORACLE_METHODS = ("oracle", "error_oracle")
-# the tasks whose problems carry their intermediate values, so that a path's first wrong one
-# is located (their `wrong_value_end`; the bank's first_wrong_value), which error_oracle reads
-INTERMEDIATE_VALUE_TASKS = ("wordprob",)
 BASELINE_METHODS = names("baseline")
 STOPPING_METHODS = names("stopping")
 ADAPT_VARIANTS = ("no_prune", "frozen", "kept_only", "explore", "mc_feedback", "retrained")

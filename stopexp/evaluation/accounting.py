@@ -33,7 +33,7 @@ def prompts_in(root: Path, split: str) -> int:
 
 def batches_at(ds, feats, checks: list[int]) -> list[dict]:
     """The predictor batch of every path of `ds` (a bank split) at each check (tokens), in
-    order, from its features `feats` (`stopexp.store.features.load_features` of the same
+    order, from its features `feats` (`stopexp.store.feature_rows.load_features` of the same
     split): the one place that reads features for pruning decisions in replay. ValueError
     naming the checks the features lack (add them to tap.checkpoints or tap.positions)."""
 
@@ -332,10 +332,9 @@ def add_text_metrics(task, split: str, bertscore_model: str | None, prompt_ids: 
     refs = [references(task, problems[i]) for i in prompt_ids]  # several where the task has them
     refs = [r[0] if len(r) == 1 else r for r in refs]
     scorer = BertScorer(bertscore_model) if bertscore_model else BertScorer()
-    answer = getattr(task, "answer_text", None)  # a thinking model: its answer only
-    chosen = {k: [answer(h) for h in v] if answer else list(v) for k, v in chosen.items()}
+    chosen = {k: [task.answer_text(h) for h in v] for k, v in chosen.items()}  # thinking: its answer
     base = chosen["no_prune"]
-    level = getattr(task, "text_level", "word")  # characters for the arithmetic task only
+    level = task.text_level
     for name, hyps in chosen.items():
         for key, against in (("text_vs_reference", refs), ("text_vs_no_prune", base)):
             m = results[name][key] = text_metrics(hyps, against, level=level, scorer=scorer,

@@ -28,9 +28,6 @@ from stopexp.tasks.rewards import build_reward, references
 log = logging.getLogger(__name__)
 
 
-# tasks whose `diagnose` finds the first wrong written step, which the beam oracle needs
-# (tasks with intermediate values, `has_values`, are checked by their written values)
-PROCESS_CHECKED_TASKS = ("arith",)
 # what beam metrics leave out, said in metrics.json rather than left to guess
 NOT_REPORTED = {
     "auroc": "beams are not independent paths with one outcome each: they share prefixes, are "
@@ -41,8 +38,10 @@ NOT_REPORTED = {
 
 
 def oracle_refusal(task) -> str | None:
-    """Why the beam oracle cannot run for this task, or None when it can."""
-    if task.name in PROCESS_CHECKED_TASKS or has_values(task):
+    """Why the beam oracle cannot run for this task, or None when it can: it needs a task
+    whose `diagnose` finds the first wrong written step (`checks_steps`) or whose written
+    intermediate values are checked (`has_values`)."""
+    if task.checks_steps or has_values(task):
         return None
     return (f"task {task.name!r} has no process check (no first wrong step can be read from a "
             "prefix), so a beam oracle would score every live beam alike and never prune; the "
@@ -97,7 +96,7 @@ def evaluate_beam(lm: OnlineLM, names: list[str], scorers: dict, search, tap, po
     (search.refill: keep the width or narrow it), taps of `tap`, pruning by `policy`, the
     accuracy's interval from `n_boot` resamples from `seed`. The oracle here is the
     task's process check: a beam whose written steps already contain an error scores 0
-    (`prefix_has_error`: tasks in PROCESS_CHECKED_TASKS or with intermediate values).
+    (`prefix_has_error`: tasks that check their steps or have intermediate values).
     Returns per method the metrics and the chosen output text of every prompt, and the
     prompts' ids."""
     task, model, tokenizer, problems = lm.task, lm.model, lm.tokenizer, lm.problems
@@ -159,10 +158,11 @@ def prefix_has_error(task, problem, text: str) -> bool:
     """Whether a beam's text already shows a wrong step: for tasks with intermediate values
     (`has_values`) a wrong completed value (a number at the end may still grow a digit, so
     it is not read yet), else the task's process check over its complete steps (up to the
-    last ';')."""
+    last step separator)."""
     if has_values(task):
         return task.wrong_value_end(problem, _TRAILING_NUMBER.sub("", text)) is not None
-    done = text[: text.rfind(";") + 1]
+    sep = task.step_separator
+    done = text[: text.rfind(sep) + len(sep)] if sep and sep in text else ""
     err = task.diagnose(problem, done)["first_error"]
     return 0 <= err < len(done)
 
@@ -192,7 +192,7 @@ def compare_with_beam(lm: OnlineLM, prompt_ids: np.ndarray, chosen: dict, result
         raise ValueError(f"beam search skipped prompts {missing[:5]} that the evaluation has")
     beam_texts = [by_id[int(p)] for p in prompt_ids]
     task = lm.task
-    level = getattr(task, "text_level", "word")
+    level = task.text_level
     scorer = BertScorer(evaluate.bertscore_model) if evaluate.bertscore_model else BertScorer()
     for name, hyps in chosen.items():
         results[name]["text_vs_beam"] = text_metrics(list(hyps), beam_texts, level=level, scorer=scorer,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from stopexp.core.names import runs_the_lm
 from stopexp.evaluation.paired import by_prefix
 from stopexp.metrics.ranking import auroc_by_position
 from stopexp.signals import methods as M
@@ -23,7 +24,7 @@ def prefix_curves(ds, rows: dict | None, scorers: dict, baseline: tuple[str, obj
     "<predictor>@<tokens>"). ({}, {}) without stored positions."""
     if rows is None:
         return {}, {}
-    use = {k: v for k, v in scorers.items() if v is not None and k != "super_token"}
+    use = {k: v for k, v in scorers.items() if v is not None and not runs_the_lm(k)}
     if baseline is not None:
         use[baseline[0]] = M.learned(baseline[1])
     keys = np.asarray([f"{p}/{j}" for p, j in zip(ds["prompt"][:], ds["path_id"][:])], dtype=object)

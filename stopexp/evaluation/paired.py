@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from stopexp.core.names import BASELINE_METHODS, PREDICTOR_NAMES
+from stopexp.core.names import BASELINE_METHODS, lookup, predictor_names, runs_the_lm
 from stopexp.metrics import paired_difference, per_group_auroc
 
 CONTROLS = ("confidence", "conf_features", "best_non_learned")
@@ -34,9 +34,14 @@ def in_order(roles) -> list[str]:
 
 
 def is_probe(name: str) -> bool:
-    """A learned method other than the conf_features control: a trained predictor, or the
+    """A predictor of the hidden state (its class's `inputs` hold it, or it runs the LM),
+    not a control such as conf_features, which reads the confidence columns only; or the
     single-checkpoint predictor of the prefix curves ("<predictor>@<tokens>")."""
-    return (name in PREDICTOR_NAMES and name != "conf_features") or "@" in name
+    if "@" in name:
+        return True
+    if name not in predictor_names():
+        return False
+    return runs_the_lm(name) or "hidden" in lookup("predictor", name).inputs
 
 
 def best_non_learned(mean_auroc: dict) -> str | None:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import logging
 
-from stopexp.config import ALLOWED
 from stopexp.config import ALWAYS_METHODS as ALWAYS
-from stopexp.core.names import method_name
+from stopexp.core.names import method_name, predictor_names
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +29,7 @@ def warn_off_checkpoint(names: list[str], plan: list[tuple[int, int]], trained: 
     (train.checkpoint) alone scores paths at a check of another prefix (a later progressive
     check, say): there it reads features from outside its training distribution.
     `positions`: train.positions (all: trained at every stored position, no warning)."""
-    learned = [m for m in names if m in ALLOWED["predictor.name"]]
+    learned = [m for m in names if m in predictor_names()]
     other = [t for t, _ in plan if t != trained]
     if not learned or not other or positions == "all":
         return None

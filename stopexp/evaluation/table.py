@@ -5,11 +5,9 @@ the Pareto points of no_prune and the first learned method; beam-search runs get
 columns. Also the table of a replay on an answers-only bank (`answers_table`)."""
 from __future__ import annotations
 
-from stopexp.core.names import ORACLE_METHODS
 from stopexp.core.policies import kept_text
 from stopexp.evaluation.first_errors import timing_lines
-from stopexp.evaluation.paired import in_order, role_label
-from stopexp.signals import methods as M
+from stopexp.evaluation.paired import in_order, is_probe, role_label
 
 
 def protocol_line(metrics: dict) -> str:
@@ -68,8 +66,7 @@ def print_table(metrics: dict) -> str:
             b = metrics["beam_search"]
             lines.append(f"  {'beam search':<{w}}reward {b.get('mean_reward', float('nan')):.4f}  ROUGE-L "
                          f"{b['text_vs_reference']['rougeL']:.3f} vs reference, {b['tokens_total']:.0f} tokens")
-    learned = [m for m in metrics["methods"] if m not in M.NON_LEARNABLE
-               and m not in ("no_prune", "random", *ORACLE_METHODS, "conf_features")]
+    learned = [m for m in metrics["methods"] if is_probe(m)]
     pts = [q for q in metrics.get("points", []) if q["method"] in ("no_prune", *learned[:1])]
     if pts:
         lines.append("points (N -> K: accuracy / tokens): " + "   ".join(

@@ -40,12 +40,12 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def model_dir(model, cache_dir, task, progress: bool = True) -> str:
-    """Where the weights of the `model` section come from: the toy LM's directory (trained
-    on `task` if needed, under `cache_dir`), the directory converted from
+    """Where the weights of the `model` section come from: the toy LM's directory (made by
+    the toy_lm stage under `cache_dir`, or committed), the directory converted from
     `model.gguf_file` (converted if needed, there too) or `model.path` (hub id or local
     directory)."""
     if model.name == "toy":
-        return str(toy_lm.ensure_toy_lm(model.toy, task, cache_dir, progress))
+        return str(toy_lm.find_toy_lm(model.toy, task, cache_dir))
     if model.gguf_file:
         return str(gguf.ensure_gguf(model.gguf_file, cache_dir))
     return model.path

@@ -150,3 +150,6 @@ def load_super_token(ckpt_dir: Path, lm, tokenizer, spec: FeatureSpec, pred_cfg,
                                  + REBUILD.format(dir=ckpt_dir))
     predictor.load_state_dict(state)
     return predictor.eval(), meta
+
+
+SuperTokenPredictor.from_checkpoint = staticmethod(load_super_token)  # what train saved

@@ -20,13 +20,15 @@ from safetensors import safe_open
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from stopexp.config.machine import TOY_POSITIONS
-from stopexp.core.errors import ConfigError, writing
+from stopexp.core.errors import ConfigError, NotMade, writing
+from stopexp.core.names import lookup, names
 from stopexp.models.tokenizer import CHARS, build_char_tokenizer
 from stopexp.runtime.artifacts import artifact_lock, config_hash, publish_dir, staging_dir, write_json
 from stopexp.runtime.integrity import dir_problem, records, set_aside
 from stopexp.search.decode import SamplingParams, make_engine
 from stopexp.search.sample import sample_paths
 from stopexp.tasks import build_task
+from stopexp.tasks.arith import ArithTask
 
 log = logging.getLogger(__name__)
 COMMITTED = Path(__file__).parent / "pretrained"
@@ -34,19 +36,16 @@ INFO = "toy_lm.json"
 REQUIRED = ("config.json", "model.safetensors", "tokenizer.json", INFO)
 
 
-ARITH_KEYS = ("name", "n_steps", "operators", "multipliers", "styles", "split_fractions", "seed")
-# the task keys the toy LM learns from, per task it can learn (other keys keep its cache key)
-LM_TASK_KEYS = {"arith": ARITH_KEYS,
-                "datatotext": ("name", "shots", "format", "instruction", "stop", "split_fractions",
-                               "seed")}
+ARITH_KEYS = ArithTask.toy_keys  # what model.toy.train_task pins (stopexp.stages.shift)
 
 
 def toy_key(toy_cfg, task_cfg) -> str:
     """What determines the toy LM: its own settings (screening sampler included) and the
-    task's keys it learns from (`LM_TASK_KEYS`); fields of other tasks stay out, so the
-    arith LM keeps the committed checkpoint."""
-    if task_cfg.name not in LM_TASK_KEYS:
-        raise ConfigError(f"task.name: the toy LM learns only task={' or '.join(LM_TASK_KEYS)}, not "
+    task's keys it learns from (its class's `toy_keys`); fields of other tasks stay out, so
+    the arith LM keeps the committed checkpoint."""
+    if not lookup("task", task_cfg.name).toy_keys:
+        learnable = [n for n in names("task") if lookup("task", n).toy_keys]
+        raise ConfigError(f"task.name: the toy LM learns only task={' or '.join(learnable)}, not "
                           f"{task_cfg.name!r}; use a real model (model=smollm2, model=llama or "
                           "model.path=DIR)")
     toy = OmegaConf.to_container(toy_cfg, resolve=True)
@@ -62,7 +61,7 @@ def lm_task(toy_cfg, task_cfg) -> dict:
     pinned = toy_cfg.get("train_task") if hasattr(toy_cfg, "get") else None
     if OmegaConf.is_config(pinned):
         pinned = OmegaConf.to_container(pinned, resolve=True)
-    return {k: task[k] for k in LM_TASK_KEYS[task["name"]]} | dict(pinned or {})
+    return {k: task[k] for k in lookup("task", task["name"]).toy_keys} | dict(pinned or {})
 
 
 def screening_params(toy_cfg) -> SamplingParams:
@@ -112,7 +111,7 @@ def screen(model, tokenizer, task, toy_cfg) -> float:
 
 def train_toy_lm(toy_cfg, task, out_dir: Path, progress=True) -> dict:
     """Train until screening accuracy reaches the target; save with `save_pretrained`."""
-    tokenizer = build_char_tokenizer(getattr(task, "toy_chars", CHARS))  # the task's alphabet
+    tokenizer = build_char_tokenizer(task.toy_chars or CHARS)  # the task's alphabet
     model = build_model(toy_cfg, tokenizer)
     opt = torch.optim.AdamW(model.parameters(), lr=toy_cfg.lr, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -150,8 +149,8 @@ def train_toy_lm(toy_cfg, task, out_dir: Path, progress=True) -> dict:
 
 def toy_lm_problem(directory: Path) -> str | None:
     """Why a toy LM directory cannot be used (a file missing, truncated or garbled), or
-    None. Checked against the sizes and SHA-256 in its toy_lm.json; directories saved
-    before that record: the files must be there and the weights' header must cover them."""
+    None. Checked against the sizes and SHA-256 in its toy_lm.json; a toy_lm.json without
+    them: the files must be there and the weights' header must cover them."""
     try:
         info = json.loads((directory / INFO).read_text())
     except (OSError, ValueError) as e:
@@ -166,6 +165,23 @@ def toy_lm_problem(directory: Path) -> str | None:
     except Exception as e:  # SafetensorError: "incomplete metadata, file not fully covered"
         return f"model.safetensors cannot be read ({str(e)[:120]})"
     return None
+
+
+def find_toy_lm(toy, task, cache_dir) -> Path:
+    """The directory of the toy LM of `toy` (model.toy) trained on `task` (the task
+    section): under `cache_dir`, else the committed checkpoint; NotMade naming
+    `python -m stopexp.toy_lm`, which trains it, when neither is there intact. Under the
+    cached copy's lock, so that none is read while the toy_lm stage replaces it."""
+    final = Path(cache_dir) / "toy_lm" / toy_key(toy, task)
+    damaged = []
+    with artifact_lock(final):
+        for where in (final, COMMITTED / f"toy-{final.name}"):
+            if where.exists():
+                problem = toy_lm_problem(where)
+                if problem is None:
+                    return where
+                damaged.append(f"{where} is damaged: {problem}")
+    raise NotMade("toy LM (model.toy, trained on its task)", final, "toy_lm", "; ".join(damaged))
 
 
 def ensure_toy_lm(toy, task, cache_dir, progress=True) -> Path:

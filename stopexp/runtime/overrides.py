@@ -25,6 +25,7 @@ from omegaconf.errors import OmegaConfBaseException
 import stopexp.config  # noqa: F401  (registers the schemas the configs extend)
 from stopexp.config import check_output_dirs, validate
 from stopexp.config.reads import check_unread_overrides
+from stopexp.config.stopping import check_moved
 from stopexp.core.errors import ConfigError
 from stopexp.runtime.launchers import slurm_problem
 
@@ -47,6 +48,7 @@ def check_overrides(config_name: str, argv: list[str], validate_run: bool = Fals
             or args.config_dir or args.experimental_rerun):
         return
     name, overrides = args.config_name or config_name, list(args.overrides)
+    check_moved(name, overrides)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"), \
             warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Hydra's deprecation notices: it composes again and warns

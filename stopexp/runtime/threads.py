@@ -2,7 +2,7 @@
 
 torch splits a CPU reduction (a matmul, a BatchNorm's statistics, a loss's sum) over its
 threads, and the summation order changes the float result in the last bits; in training
-such a bit can flip an early-stopping or top-k decision, so the same seed gave other
+such a bit can flip an early-stopping or top-k decision, so the same seed could give other
 tables under OMP_NUM_THREADS=1 and 2. The predictors are tiny, so they train and score
 on one thread: the same numbers whatever the core count, at little cost.
 """

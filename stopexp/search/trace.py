@@ -32,7 +32,7 @@ def prefix_holding(tokenizer, ids: list[int], end: int) -> int:
 def has_values(task) -> bool:
     """Whether the task's problems have intermediate values a path can get wrong (its bank
     then records `first_wrong_value`)."""
-    return hasattr(task, "wrong_value_end")
+    return task.wrong_value_end is not None
 
 
 def first_wrong_value(tokenizer, task, problem, ids: list[int], text: str) -> int:
@@ -93,7 +93,7 @@ def trace_problems(steps, tokenizer, task, problems, n_paths: int, seed: int,
     values = has_values(task)
     if values:
         cols["first_wrong_value"] = []
-    thinking = hasattr(task, "end_tag")  # a thinking model (stopexp.tasks.thinking)
+    thinking = task.end_tag is not None  # a thinking model (stopexp.tasks.thinking)
     if thinking:
         cols["thinking_tokens"] = []
     C = len(checkpoints) if mc_rollouts else 0

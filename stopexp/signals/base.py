@@ -28,7 +28,7 @@ class OnTappedLayer(Predictor):
     def __init__(self, predictor, spec: FeatureSpec, affine_norm: bool):
         super().__init__(spec)
         self.tap = tap_index(predictor.layer, spec)
-        self.position_input = bool(getattr(predictor, "position_input", False))  # older checkpoints: off
+        self.position_input = bool(getattr(predictor, "position_input", False))  # a checkpoint without it: off
         if self.position_input:
             self.inputs = ("hidden", "prefix_len")
         self.norm = nn.LayerNorm(spec.hidden_size, elementwise_affine=affine_norm)

@@ -93,7 +93,7 @@ def check_saved_predictor(saved: dict, pred_cfg, where: Path) -> None:
 def check_trained_on(meta: dict, current: dict | None, where: Path) -> None:
     """Refuse (CheckpointStale) a checkpoint whose `trained_on` differs from `current`
     ({artifact: fingerprint} of the artifacts at hand; None: one not there now, not compared),
-    or that records none (saved before it was recorded: its data cannot be told)."""
+    or that records none (its data cannot be told)."""
     if current is None:
         return
     saved, why = meta.get("trained_on"), None
@@ -114,8 +114,8 @@ def read_checkpoint(ckpt_dir: Path, pred_cfg) -> dict:
     """The checkpoint's metadata, its weights file checked against the recorded size and
     SHA-256 (checkpoints saved without a record: only that the file is there). Raises
     CheckpointDamaged naming the file and how to rebuild it, CheckpointMismatch when it
-    records another key than the directory it is in (checkpoints saved before the key was
-    recorded: not checked) or another predictor config than `pred_cfg`."""
+    records another key than the directory it is in (a checkpoint that records no key: not
+    checked) or another predictor config than `pred_cfg`."""
     ckpt_dir = Path(ckpt_dir)
     path = ckpt_dir / META
     try:

@@ -21,7 +21,7 @@ class FusionPredictor(Predictor):
     def __init__(self, predictor, spec: FeatureSpec):
         super().__init__(spec)
         n_taps, size = len(spec.tap_layers), spec.hidden_size
-        self.position_input = bool(getattr(predictor, "position_input", False))  # older checkpoints: off
+        self.position_input = bool(getattr(predictor, "position_input", False))  # a checkpoint without it: off
         if self.position_input:
             self.inputs = ("hidden", "prefix_len")
         self.projections = nn.ModuleList(

@@ -31,16 +31,14 @@ from stopexp.core.policies import policy_params
 from stopexp.evaluation import plots
 from stopexp.evaluation.accounting import replay_paths
 from stopexp.evaluation.learning_curves import flat_summary, summarize_variants, variants_table
-from stopexp.signals.checkpoint import load_predictor
 from stopexp.stages import build
 from stopexp.stages.cli import Stage, stage_main
 from stopexp.stages.shift import target_config, target_overrides
-from stopexp.stages.train import train
+from stopexp.stages.scorers import load_trained
 from stopexp.store import bank
 from stopexp.store.features import require_features, spec_of
 from stopexp.tasks import vote_format
 from stopexp.training.losses import build_loss
-from stopexp.training.data import trained_on
 from stopexp.training.online import online_decider, prompt_ids_of
 from stopexp.training.stream import (predictor_scores, prompt_aurocs, replay_continuations,
                                      replay_decider, run_stream, stream_order, take)
@@ -113,17 +111,15 @@ def check_tokens(search, trained_at) -> int:
 
 def load_predictors(variants, source: tuple, target: tuple) -> dict:
     """The source predictor ("frozen": trained on the source bank) and, when `variants`
-    (adapt.variants) hold it, the ceiling ("retrained": trained on the target bank), each
-    trained here when missing, like train would. `source`, `target`: (config, the
-    overrides that compose it, its features)."""
+    (adapt.variants) hold it, the ceiling ("retrained": trained on the target bank), as
+    train saved them (a missing one names the train command that makes it). `source`,
+    `target`: (config, the overrides that compose it, its features)."""
     out = {}
     for name, (c, ov, feats) in (("frozen", source), ("retrained", target)):
         if name == "retrained" and "retrained" not in variants:
             continue
         root = bank.require_bank(feats.bank, ov)
-        metrics = train(c, overrides=ov, progress=False)
-        out[name], _ = load_predictor(Path(metrics["checkpoint"]), spec_of(c.tap.layers, bank.read_meta(root)),
-                                      c.predictor, trained_on(feats))
+        out[name] = load_trained(c, spec_of(c.tap.layers, bank.read_meta(root)), feats, ov)
     return out
 
 

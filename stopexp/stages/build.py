@@ -3,19 +3,26 @@ object, so that nothing below the stages takes the whole config: each reads the 
 it needs and hands the library one object or a few plain values."""
 from __future__ import annotations
 
+import copy
 import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
+from stopexp.config import PredictorConfig
+from stopexp.config.option_files import find_config_file
+from stopexp.core.errors import NotFound
+from stopexp.core.names import method_name, predictor_names
 from stopexp.core.policies import selection_share
 from stopexp.core.protocol import checkpoint_tokens
 from stopexp.engines import Sections, backend
 from stopexp.evaluation.online import OnlineLM
 from stopexp.models import load_lm
 from stopexp.runtime.artifacts import config_hash
+from stopexp.runtime.overrides import CONF_DIR
 from stopexp.runtime.tracking import tracked_run
 from stopexp.search.decode import SamplingParams
 from stopexp.search.sample import fit_prompts, prompt_limit, row_cap
@@ -93,11 +100,47 @@ def features(cfg) -> FeatureSet:
 def predictor_dir(cfg, features: FeatureSet) -> Path:
     """Where the predictor of `cfg` is saved: a hash of its `features` (features(cfg)),
     predictor, loss and train sections under paths.cache_dir."""
-    # epochs picked on training prompts (policy=risk) make another predictor; keys as before otherwise
+    # epochs picked on training prompts (policy=risk) make another predictor; share 0 is left out
     share = selection_share(cfg.policy)
     key = config_hash(features.key, cfg.predictor, cfg.loss, cfg.train,
                       *([{"selection_share": share}] if share else []))
     return Path(cfg.paths.cache_dir) / "predictors" / key
+
+
+def with_predictor(cfg, name: str):
+    """cfg with predictor/<name>.yaml as its predictor section, the first on the run's
+    config search path (conf/, then hydra.searchpath's, where a predictor of another
+    package keeps its yaml)."""
+    sources = (HydraConfig.get().runtime.config_sources if HydraConfig.initialized()
+               else [{"schema": "file", "path": str(CONF_DIR)}])
+    found = find_config_file(f"predictor/{name}.yaml", sources)
+    if found is None:
+        raise NotFound(f"evaluate.methods: {name!r} has no predictor/{name}.yaml on the config "
+                       f"search path ({CONF_DIR}, and hydra.searchpath's); add its directory "
+                       "with hydra.searchpath=[file:///path/to/conf]")
+    node = OmegaConf.load(found)
+    node.pop("defaults", None)
+    sub = cfg.copy()
+    sub.predictor = OmegaConf.merge(OmegaConf.structured(PredictorConfig), node)
+    return sub
+
+
+def controls(cfg) -> dict[str, Any]:
+    """The predictors evaluate scores besides the configured one, by label, each as the
+    config that trains it (train makes them, evaluate loads them): every other predictor
+    named in evaluate.methods, and under train.positions=all the same predictor trained the
+    standard way (at train.checkpoint, without the position input), labelled
+    `<predictor>@<tokens>`, which evaluate scores at every position."""
+    out = {}
+    for name in dict.fromkeys(method_name(m, cfg.predictor.name) for m in cfg.evaluate.methods):
+        if name in predictor_names() and name != cfg.predictor.name:
+            out[name] = with_predictor(cfg, name)
+    if cfg.train.positions == "all":
+        sub = copy.deepcopy(cfg)
+        sub.train.positions, sub.predictor.position_input = "checkpoint", False
+        tokens = checkpoint_tokens(cfg.train.checkpoint, cfg.search.max_new_tokens)
+        out[f"{cfg.predictor.name}@{tokens}"] = sub
+    return out
 
 
 def training_data(cfg, features: FeatureSet, meta: dict, overrides: list[str] | None = None,

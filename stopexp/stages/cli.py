@@ -37,7 +37,7 @@ from stopexp.config import check_output_dirs, validate
 from stopexp.config.paths import probe_writable
 from stopexp.config.ranges import fail
 from stopexp.config.reads import check_unread_overrides
-from stopexp.core.errors import CannotWrite, reported
+from stopexp.core.errors import CannotWrite, NotMade, reported
 from stopexp.runtime.artifacts import write_json
 from stopexp.runtime.overrides import CONF_DIR, check_overrides
 from stopexp.runtime.sweeps import objective, worst_value
@@ -81,13 +81,19 @@ def stage_main(config_name: str, tracked: bool = True):
             validate(cfg, hc.runtime)  # with the option files that Hydra composed it from
             check_unread_overrides(cfg, hc.overrides.task)
             check_output_dirs(cfg)
-            stage = Stage(cfg, Path(hc.runtime.output_dir), list(hc.overrides.task))
+            # the repair commands a stage prints compose the same config: with its search path
+            searchpath = [o for o in hc.overrides.hydra if o.startswith("hydra.searchpath=")]
+            stage = Stage(cfg, Path(hc.runtime.output_dir), [*hc.overrides.task, *searchpath])
             try:
                 with build.tracked(cfg, config_name) if tracked else nullcontext() as run:
                     stage.run = run
                     metrics = recipe(stage)
                     if metrics is not None:
                         write_json(stage.run_dir / "metrics.json", metrics)  # before tracking's last calls
+            except NotMade as e:  # the command that makes it, with this command line's overrides
+                if e.overrides is None:
+                    e.overrides = stage.overrides
+                raise
             except Exception:
                 if not cfg.get("optimized_metric"):
                     raise

@@ -7,7 +7,7 @@ stopexp.search.bank_sampling); per path the tokens, text, answer, outcome and pe
 confidences are kept, and with collect.mc_rollouts a Monte Carlo success rate at each of
 tap.checkpoints. An engine that taps hidden states while it generates (vLLM, engine.taps)
 writes the tap's features beside the bank; otherwise `python -m stopexp.featurize` extracts
-them from the stored tokens (train and evaluate make them when missing). Shards are written
+them from the stored tokens (train and evaluate require them). Shards are written
 atomically; rerunning the same command resumes after the last finished one. The plan, the
 shards kept and meta.json: stopexp.store.bank_plan.
 
@@ -31,9 +31,10 @@ from stopexp.search.decode import SamplingParams
 from stopexp.search.trace import has_values
 from stopexp.stages import build
 from stopexp.stages.cli import Stage, stage_main
+from stopexp.stages.featurize import featurize
 from stopexp.store import bank
 from stopexp.store.bank_plan import difficulty_filter, plan, plan_parts, settle, summarize_bank, verified_shards
-from stopexp.store.tapped_features import finish_tapped, write_tapped
+from stopexp.store.tapped_features import all_tapped, write_tapped
 from stopexp.tasks import build_task, vote_format
 from stopexp.tasks.rewards import build_reward
 
@@ -121,8 +122,8 @@ def collect(job: build.Collection, rank: int = 0, world: int = 1, run=None) -> d
     if grouped and rank:
         return {"bank": str(root), "complete": True, **mine}
     summary = summarize_bank(root, vote_format(job.task))
-    if job.features is not None:
-        finish_tapped(job.features)
+    if job.features is not None and all_tapped(job.features):
+        featurize(job.features)  # their meta.json: no LM is loaded
     if run is not None:
         meta = bank.read_meta(root)
         run.summary_update({f"collect/{k}": v for k, v in summary.items()})
@@ -146,7 +147,7 @@ def _fill(job, root: Path, task, shards: list, pending: list[int], rank: int,
                                               "positions": job.features.positions}
     with job.open_engine(params, **tapped) as (engine, model, tokenizer):
         facts = engine_facts(engine, model)
-        feats = bank.features(len(checkpoints), hasattr(task, "end_tag"), has_values(task))
+        feats = bank.features(len(checkpoints), task.end_tag is not None, has_values(task))
         step_end = StepEnds(tokenizer, job.features.positions["separator"]) if job.features else None
         for shard in sample_shards(engine, model, tokenizer, task, {i: shards[i] for i in pending},
                                    job, checkpoints, reward):

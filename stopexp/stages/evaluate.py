@@ -11,7 +11,8 @@ policy=risk each method's thresholds are first calibrated on the bank's validati
 of checks the live paths are checked at each (progressive), one K per check. `replay` re-scores the
 trace bank without the LM (exact, since every path has its own random stream);
 `online` really runs the LM and measures wall time. Replay joins the bank with its features
-(`stopexp.store.features`), which it makes from the bank when they are missing. Methods with a stopping protocol of
+(made by featurize). The learned methods are the predictors train made (the configured one
+and its controls). Methods with a stopping protocol of
 their own (ESC, Adaptive-Consistency, DeepConf online and its votes: stopexp/stopping/replay.py)
 replay the bank in both modes (combined, which reads every check's scores, in replay); stopexp/evaluation/analyses.py adds the per-method analyses.
 Every scoring method is also scored at every stored position of the bank's paths
@@ -30,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from stopexp.config import check_method_names, check_plan
-from stopexp.core.names import INTERMEDIATE_VALUE_TASKS, method_name
+from stopexp.core.names import lookup, method_name
 from stopexp.core.policies import check_policies
 from stopexp.core.protocol import checkpoint_tokens
 from stopexp.evaluation.accounting import (account_methods, add_text_metrics, bank_paths_and_confs,
@@ -89,7 +90,7 @@ def evaluate(cfg, run=None, run_dir: Path | None = None, overrides: list[str] | 
                             root.name, start, cfg.search, cfg.tap, cfg.policy, ev, run, run_dir)
     # the threshold policies, one per check and method (policy=risk: calibrated on val first)
     features = None if ev.mode == "online" and cfg.policy.name != "risk" else \
-        feature_bank.require_features(feats, overrides)  # made here when missing
+        feature_bank.require_features(feats, overrides)
     calibrated = (calibrate_methods(cfg.policy, cfg.search, ev, scorers, checks,
                                     replay_paths(root, features, "val", checks, vote_format(cfg.task)))
                   if cfg.policy.name == "risk" else {})
@@ -105,10 +106,10 @@ def evaluate(cfg, run=None, run_dir: Path | None = None, overrides: list[str] | 
         paths = replay_paths(root, features, split, checks, vote_format(cfg.task))
     stops = {}
     if set(names) & set(STOPPING_METHODS):  # combined reads its signal's scores at every check
-        signal = [scorers[method_name(ev.combined_signal, cfg.predictor.name)](b).numpy().astype(float)
+        signal = [scorers[method_name(ev.stopping.combined.signal, cfg.predictor.name)](b).numpy().astype(float)
                   for b in paths.checks] if "combined" in names else None
         stops = stopping_outcomes(*bank_paths_and_confs(root, split, checkpoint, paths, views),
-                                  names, N, ev, cfg.search.group_window, checks, signal)
+                                  names, N, ev.stopping, cfg.search.group_window, checks, signal)
     # account, analyse
     results, outcomes, scores, points = account_methods(names, scorers, policies, paths, plan, stops,
                                                         views, timing, meta, cfg.search, cfg.policy, ev)
@@ -139,7 +140,7 @@ def evaluate(cfg, run=None, run_dir: Path | None = None, overrides: list[str] | 
     baseline = single_checkpoint_baseline(cfg, spec, feats, overrides) if rows is not None else None
     metrics["auroc_by_prefix"], metrics["paired_by_prefix"] = prefix_curves(
         ds, rows, scorers, baseline, ev.bootstrap, ev.seed)
-    if cfg.task.name in INTERMEDIATE_VALUE_TASKS:  # where the paths' first wrong values lie
+    if lookup("task", cfg.task.name).wrong_value_end is not None:  # where the first wrong values lie
         metrics["first_wrong_value"] = bank_timing(bank.load_bank(root, split), checks)
     metrics["eval_wall_s"] = round(time.time() - start, 2)
     record(metrics, paths, outcomes, scores, policies, N, root.name, run, run_dir)  # plot, log

@@ -1,5 +1,6 @@
-"""The whole study on one config: collect -> featurize -> train -> evaluate, each stage reusing what
-an earlier run already made for the same upstream config (found by hash).
+"""The whole study on one config: collect -> featurize -> train -> evaluate (after toy_lm for
+the toy LM when it is missing), each stage reusing what an earlier run already made for the
+same upstream config (found by hash). The one command that chains stages.
 
     python -m stopexp.pipeline +exp=toy_contrastive
 """
@@ -9,13 +10,14 @@ import logging
 import time
 from pathlib import Path
 
+from stopexp.models.toy_lm import ensure_toy_lm
 from stopexp.runtime.artifacts import write_json
 from stopexp.stages import build
 from stopexp.stages.cli import Stage, stage_main
 from stopexp.stages.collect import collect
 from stopexp.stages.evaluate import evaluate, print_table
-from stopexp.stages.train import train
-from stopexp.store.features import featurize
+from stopexp.stages.featurize import featurize
+from stopexp.stages.train import train_with_controls
 
 log = logging.getLogger(__name__)
 
@@ -25,11 +27,13 @@ def run_pipeline(cfg, run_dir: Path, overrides: list[str] | None = None) -> dict
     repair an artifact."""
     timings, start = {}, time.time()
     with build.tracked(cfg, "pipeline") as run:
+        if cfg.model.name == "toy":  # the toy_lm stage's model, trained when missing
+            ensure_toy_lm(cfg.model.toy, cfg.task, cfg.paths.cache_dir)
         collected = collect(build.collection(cfg), run=run)
         timings["collect_s"] = round(time.time() - start, 1)
         featurized = featurize(build.features(cfg), overrides, run=run)
         timings["featurize_s"] = round(time.time() - start - sum(timings.values()), 1)
-        trained = train(cfg, run, overrides, run_dir / "train")
+        trained = train_with_controls(cfg, run, overrides, run_dir / "train")
         timings["train_s"] = round(time.time() - start - sum(timings.values()), 1)
         evaluated = evaluate(cfg, run, run_dir / "evaluate", overrides)
         timings["evaluate_s"] = round(time.time() - start - sum(timings.values()), 1)

@@ -4,12 +4,14 @@ except by the super-token predictor, which runs it).
     python -m stopexp.train +exp=toy_contrastive
 
 Reads the bank made by collect for the same upstream config (found by hash) joined with
-its features (`stopexp.store.features`, extracted here from the bank when missing: the LM is
-loaded only then), trains on the `train` split at checkpoint `train.checkpoint` (or, with
+its features (made by featurize, or tapped by collect), trains on the `train` split at
+checkpoint `train.checkpoint` (or, with
 `train.positions=all`, at every stored position: stopexp/training/per_step.py), early-stops on the
 validation within-prompt AUROC (averaged over positions), keeps the best epoch, reports
 train/val/test metrics with the AUROC at every stored position (`auroc_by_prefix`,
-plotted) and saves a checkpoint that evaluate finds by hash.
+plotted) and saves a checkpoint that evaluate finds by hash. Then it trains the controls
+evaluate scores beside it (`stopexp.stages.build.controls`: the other predictors of
+evaluate.methods, and under train.positions=all the single-checkpoint predictor).
 """
 from __future__ import annotations
 
@@ -19,9 +21,9 @@ from pathlib import Path
 
 import torch
 
+from stopexp.core.names import lookup, runs_the_lm
 from stopexp.core.policies import selection_share
 from stopexp.core.protocol import checkpoint_tokens
-from stopexp.models.super_token import SuperTokenPredictor
 from stopexp.runtime.artifacts import artifact_lock
 from stopexp.signals import build_predictor
 from stopexp.signals.checkpoint import save_predictor
@@ -39,14 +41,13 @@ log = logging.getLogger(__name__)
 
 def train(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | None = None,
           progress: bool = True) -> dict:
-    """Train (or find) the predictor of `cfg`; returns its metrics and checkpoint path.
-    What evaluate and adapt call for a predictor that is missing."""
+    """Train (or find) the predictor of `cfg`; returns its metrics and checkpoint path."""
     features = build.features(cfg)
     root = bank.require_bank(features.bank, overrides)
     meta = bank.read_meta(root)
     spec = feature_bank.spec_of(cfg.tap.layers, meta)
     out = build.predictor_dir(cfg, features)
-    lm_based = cfg.predictor.name == "super_token"  # the one predictor that runs the LM
+    lm_based = runs_the_lm(cfg.predictor.name)
     with artifact_lock(out):  # concurrent trainers of this predictor take turns: the later find it
         if out.exists():
             # features replaced under the key (another tap, width or bank) are refused here as
@@ -64,8 +65,8 @@ def train(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
         fingerprint = trained_on(features)  # of the artifacts just read
         torch.manual_seed(cfg.train.seed)
         if lm_based:
-            predictor = SuperTokenPredictor(cfg.predictor, *build.lm(cfg, progress=False),
-                                            cfg.search.max_batch_rows)
+            predictor = lookup("lm_predictor", cfg.predictor.name)(
+                cfg.predictor, *build.lm(cfg, progress=False), cfg.search.max_batch_rows)
         else:
             predictor = build_predictor(cfg.predictor, spec)
         metrics, scores, history = fit_and_score(predictor, cfg.predictor.name, data, cfg.train,
@@ -83,9 +84,23 @@ def train(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
     return metrics
 
 
+def train_with_controls(cfg, run=None, overrides: list[str] | None = None,
+                        run_dir: Path | None = None, progress: bool = True) -> dict:
+    """Train (or find) the predictor of `cfg`, then the controls evaluate scores beside it
+    (build.controls); its metrics, with "controls": label -> the control's checkpoint and
+    test AUROC."""
+    metrics = train(cfg, run, overrides, run_dir, progress)
+    controls = {}
+    for label, sub in build.controls(cfg).items():
+        log.info("training the control %s (evaluate scores it beside %s)", label, cfg.predictor.name)
+        got = train(sub, overrides=overrides, progress=False)
+        controls[label] = {"checkpoint": got["checkpoint"], "test_auroc": got.get("test", {}).get("auroc")}
+    return {**metrics, "controls": controls} if controls else metrics
+
+
 @stage_main("train")
 def main(stage: Stage) -> dict:
-    metrics = train(stage.cfg, stage.run, stage.overrides, stage.run_dir)
+    metrics = train_with_controls(stage.cfg, stage.run, stage.overrides, stage.run_dir)
     for split in ("train", "val", "test"):
         if split in metrics:
             m = metrics[split]

@@ -1,2 +1,4 @@
-"""Numpy stopping rules that read only answers and confidences (ESC, Adaptive-Consistency,
-Parallel-Probe, DeepConf) and their replay on a bank; no LM."""
+"""The stopping methods, which read only answers and confidences (ESC, Adaptive-Consistency,
+DeepConf, Parallel-Probe, the combined controller): one registered class each with its
+settings and source (`method.StoppingMethod`), replayed on a trace bank (`replay`) or an
+answers-only bank (`branch_draws`); numpy only, no LM."""

@@ -11,13 +11,33 @@ P(x > 1/2) = P(Bin(a + b + 1, 1/2) <= a), so it is computed exactly.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from math import comb
+from typing import ClassVar
 
 import numpy as np
 
 from stopexp.stopping.answers import AnswersPrompt, Decision, vote_codes
+from stopexp.stopping.method import StoppingMethod, within
 
-DEFAULT_THRESHOLD = 0.95
+
+@dataclass
+class AdaptiveConsistency(StoppingMethod):
+    """Adaptive-Consistency's settings: threshold, the posterior that the leader is the
+    majority at which sampling stops (the paper's 0.95)."""
+    threshold: float = 0.95
+    name: ClassVar[str] = "adaptive_consistency"
+    source: ClassVar[str] = "arXiv 2305.11860"
+
+    def problems(self, n=None):
+        return {"threshold": within(self.threshold, 0, 1, low_open=True)}
+
+    def replay(self, r) -> dict:
+        """One path at a time in path-id order (each its own wave)."""
+        return r.outcome(*r.sequential(self.decide, 1))
+
+    def decide(self, prompt, order):
+        return adaptive_consistency(prompt, order, self.threshold)
 
 
 def beta_majority_prob(a: int, b: int) -> float:
@@ -27,7 +47,7 @@ def beta_majority_prob(a: int, b: int) -> float:
 
 
 def adaptive_consistency(prompt: AnswersPrompt, order: np.ndarray,
-                         threshold: float = DEFAULT_THRESHOLD) -> Decision:
+                         threshold: float = AdaptiveConsistency.threshold) -> Decision:
     """Adaptive-Consistency on one prompt. order: (n,) branch indices in sampling order;
     threshold in (0, 1]. Branches without an answer count for no one."""
     if not 0 < threshold <= 1:

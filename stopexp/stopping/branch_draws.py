@@ -9,16 +9,11 @@ from typing import Callable
 
 import numpy as np
 
-from stopexp.config import derived_keep
 from stopexp.core.errors import ConfigError
-from stopexp.stopping.adaptive_consistency import adaptive_consistency
+from stopexp.core.names import lookup, names
+from stopexp.core.protocol import derived_keep
 from stopexp.stopping.answers import AnswersBank, AnswersPrompt, Decision, vote_codes
-from stopexp.stopping.combined import DEFAULTS as COMBINED_DEFAULTS
-from stopexp.stopping.combined import combined_answers, knob_error
-from stopexp.stopping.esc import esc
-from stopexp.stopping.parallel_probe import parallel_probe
 
-METHOD_NAMES = ("no_prune", "random", "esc", "adaptive_consistency", "parallel_probe", "combined")
 Method = Callable[[AnswersPrompt, np.ndarray], Decision]
 CHECK_SHARE = 0.15  # check_tokens' default: this share of the median stored branch length
 
@@ -50,35 +45,34 @@ def random_keep(prompt: AnswersPrompt, order: np.ndarray, k: int, check_tokens: 
                     np.where(voters, tokens, check_tokens), len(order))
 
 
-def build_methods(names: list[str], k: int, check_tokens: int, esc_window: int,
-                  asc_threshold: float, pp_stable: int, pp_deviate: int, pp_warmup: int,
-                  pp_vote_pruned: bool = False, combined: dict | None = None) -> dict:
-    """name -> Method for the names in METHOD_NAMES; ConfigError naming an unknown one or
-    a method setting out of range. combined: the knobs of `stopexp.stopping.combined`
-    (None: its defaults), named combined_<knob> in the errors."""
-    knobs = COMBINED_DEFAULTS | (combined or {})
-    table = {"no_prune": no_prune,
-             "random": partial(random_keep, k=k, check_tokens=check_tokens),
-             "esc": partial(esc, window=esc_window),
-             "adaptive_consistency": partial(adaptive_consistency, threshold=asc_threshold),
-             "parallel_probe": partial(parallel_probe, stable=pp_stable, deviate=pp_deviate,
-                                       warmup=pp_warmup, vote_pruned=pp_vote_pruned),
-             "combined": partial(combined_answers, **knobs)}
-    unknown = [m for m in names if m not in table]
+def method_names() -> tuple[str, ...]:
+    """The methods an answers-only bank replays: no_prune, random and every registered
+    stopping method that runs on one (stopexp.core.names REGISTRY["stopping"])."""
+    return ("no_prune", "random",
+            *(m for m in names("stopping") if "answers" in lookup("stopping", m).banks))
+
+
+def build_methods(methods: list[str], k: int, check_tokens: int, stopping=None) -> dict:
+    """name -> Method for `methods` (of `method_names`): random with k and check_tokens, a
+    stopping method with its settings `stopping[name]` (answers_replay's stopping.<name>;
+    missing: its defaults). ConfigError naming an unknown method or a setting out of range
+    (stopping.<name>.<key>), before the bank is read."""
+    allowed = method_names()
+    unknown = [m for m in methods if m not in allowed]
     if unknown:
-        raise ConfigError(f"methods: {', '.join(unknown)} unknown; allowed: {', '.join(METHOD_NAMES)}")
-    for key, value, ok, allowed in (("esc_window", esc_window, esc_window >= 1, ">= 1"),
-                                    ("asc_threshold", asc_threshold, 0 < asc_threshold <= 1, "in (0, 1]"),
-                                    ("pp_stable", pp_stable, pp_stable >= 1, ">= 1"),
-                                    ("pp_deviate", pp_deviate, pp_deviate >= 1, ">= 1"),
-                                    ("pp_warmup", pp_warmup, pp_warmup >= 0, ">= 0")):
-        if not ok:  # before the bank is read, not mid-replay
-            raise ConfigError(f"{key}={value}: must be {allowed}")
-    for key, value in knobs.items():
-        why = knob_error(key, value)
-        if why:
-            raise ConfigError(f"combined_{key}={value}: {why}")
-    return {m: table[m] for m in names}
+        raise ConfigError(f"methods: {', '.join(unknown)} unknown; allowed: {', '.join(allowed)}")
+    stopping = stopping or {}
+    table: dict[str, Method] = {}
+    for m in methods:
+        if m == "no_prune":
+            table[m] = no_prune
+        elif m == "random":
+            table[m] = partial(random_keep, k=k, check_tokens=check_tokens)
+        else:
+            method = lookup("stopping", m).of(stopping[m] if m in stopping else None)
+            method.check(f"stopping.{m}")
+            table[m] = method.decide
+    return table
 
 
 SHUFFLERS = ("numpy", "python")

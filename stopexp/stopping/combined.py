@@ -26,21 +26,21 @@ nothing.
 Signals: on an answers-only bank (no hidden state) the signal of a running path is the
 stability of its own intermediate answer, the probes in a row it has been the same readable
 answer (0 when unreadable: `answers_timeline`); on a trace bank it is a scorer's score at
-the check (evaluate.combined_signal: the probe, the confidence or any registered scorer).
+the check (evaluate.stopping.combined.signal: the probe, the confidence or any registered
+scorer).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
 from stopexp.stopping.adaptive_consistency import beta_majority_prob
 from stopexp.stopping.answers import AnswersPrompt, Decision, vote_codes
+from stopexp.stopping.method import StoppingMethod
 
-# chosen on Parallel-Probe's AIME24 bank only (scripts/tune_combined.py: the fewest tokens at
-# SC@64's accuracy); settle and prune_below are in probes of stability (500 tokens there)
-DEFAULTS = {"first": 4, "wave": 2, "threshold": 0.95, "settle": 40.0, "prune_below": 8.0,
-            "prune_confidence": 0.75}
+KNOBS = ("first", "wave", "threshold", "settle", "prune_below", "prune_confidence")
 
 
 def knob_error(name: str, value) -> str | None:
@@ -55,6 +55,49 @@ def knob_error(name: str, value) -> str | None:
     if name in ("threshold", "prune_confidence") and not 0 < value <= 1:
         return f"must be in (0, 1], got {value}"
     return None
+
+
+@dataclass
+class Combined(StoppingMethod):
+    """The controller's settings (the module doc). The defaults are the setting that
+    scripts/tune_combined.py chose on Parallel-Probe's AIME24 bank (the fewest tokens at
+    SC@64's accuracy; AIME25 and HMMT25, the reported banks, are never tuned on), where
+    settle and prune_below count probes of a stable answer (500 tokens each). On a trace
+    bank the signal is `signal`'s score (an evaluate method; `learned`: the configured
+    predictor), so prune_below is in its units (a probe's logit) and is worth setting
+    there; settle is read on answers-only banks only (a running trace-bank path has no
+    answer to settle)."""
+    signal: str = "learned"
+    first: int = 4
+    wave: int = 2
+    threshold: float = 0.95
+    settle: float = 40.0
+    prune_below: float = 8.0
+    prune_confidence: float = 0.75
+    name: ClassVar[str] = "combined"
+    source: ClassVar[str] = "this project (stopexp.stopping.combined; tuned by scripts/tune_combined.py)"
+    traces_only: ClassVar[tuple[str, ...]] = ("signal",)
+    answers_only: ClassVar[tuple[str, ...]] = ("settle",)
+
+    def knobs(self) -> dict:
+        return {k: getattr(self, k) for k in KNOBS}
+
+    def problems(self, n=None):
+        return {k: knob_error(k, v) for k, v in self.knobs().items()}
+
+    def replay(self, r) -> dict:
+        """Every prompt's first n paths in waves, reading `signal`'s score at every check."""
+        n_rows = len(r.paths.length)
+        spent, voter = np.zeros(n_rows, np.int64), np.zeros(n_rows, bool)
+        wave = np.zeros(n_rows, np.int64)
+        for rows in r.prompt_rows():
+            c = combined(r.timeline(rows), **self.knobs())
+            spent[rows], voter[rows], wave[rows] = c.spent, c.voter, c.wave
+        return r.outcome(spent, voter, wave)
+
+    def decide(self, prompt, order):
+        """On an answers-only prompt the signal is each branch's answer stability."""
+        return combined_answers(prompt, order, **self.knobs())
 
 
 @dataclass
@@ -129,10 +172,10 @@ def leader_and_posterior(evidence: np.ndarray) -> tuple[int, float]:
     return lead, beta_majority_prob(a, int(counts.max(initial=0)))
 
 
-def combined(tl: Timeline, first: int = DEFAULTS["first"], wave: int = DEFAULTS["wave"],
-             threshold: float = DEFAULTS["threshold"], settle: float = DEFAULTS["settle"],
-             prune_below: float = DEFAULTS["prune_below"],
-             prune_confidence: float = DEFAULTS["prune_confidence"]) -> Run:
+def combined(tl: Timeline, first: int = Combined.first, wave: int = Combined.wave,
+             threshold: float = Combined.threshold, settle: float = Combined.settle,
+             prune_below: float = Combined.prune_below,
+             prune_confidence: float = Combined.prune_confidence) -> Run:
     """The controller of the module docstring on one prompt's Timeline."""
     for name, value in (("first", first), ("wave", wave), ("threshold", threshold),
                         ("prune_confidence", prune_confidence)):

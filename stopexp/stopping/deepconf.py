@@ -11,11 +11,11 @@ minimum over its full windows (the mean over the path when it is shorter), exact
   facebookresearch/deepconf deepconf/wrapper.py `warmup_traces=16`) run to the end; the
   threshold is the (100 - keep_percent)-th percentile of their lowest group confidences
   (keep_percent = 10: DeepConf-low, 90: DeepConf-high; the paper reports both and leaves
-  the choice open, the wrapper defaults to 90, evaluate.deepconf_keep_percent to 10).
+  the choice open, the wrapper defaults to 90, keep_percent here to 10).
   Every other path stops after the first token whose window (full, ending at that token)
   has a group confidence below the threshold, and leaves the vote; the warm-up paths and
   the paths that finished vote, weighted by their lowest group confidence.
-  evaluate.deepconf_warmup (a quarter of N), search.group_window (8) and search.conf_topk
+  warmup (a quarter of N), search.group_window (8) and search.conf_topk
   (5; the wrapper reads 20 log-probs) are this project's, sized to the toy's short paths.
 - Offline votes over N finished paths: `weighted` (each path's vote weighs its lowest group
   confidence) and `top` (the weighted vote among the keep_percent % most confident paths,
@@ -26,8 +26,81 @@ so a path that is not stopped continues exactly as it was collected.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
+
+from stopexp.core.protocol import warmup_paths
+from stopexp.stopping.method import StoppingMethod, within
+
+KEEP_PERCENT = 10.0  # DeepConf-low (see the module doc), for online and the top-share vote
+SOURCE = "arXiv 2508.15260"
+
+
+@dataclass
+class DeepConfOnline(StoppingMethod):
+    """DeepConf online's settings: warmup, the warm-up paths per prompt (below 1: a share
+    of N; this project's 0.25, see the module doc), and keep_percent (the threshold is the
+    (100 - keep_percent)-th percentile of their lowest group confidences)."""
+    warmup: float = 0.25
+    keep_percent: float = KEEP_PERCENT
+    name: ClassVar[str] = "deepconf_online"
+    source: ClassVar[str] = SOURCE
+    banks: ClassVar[tuple[str, ...]] = ("traces",)
+
+    def problems(self, n=None):
+        out = {"warmup": None if self.warmup > 0 else f"must be > 0, got {self.warmup}",
+               "keep_percent": within(self.keep_percent, 0, 100, low_open=True)}
+        k = warmup_paths(self.warmup, n) if n is not None else None
+        if out["warmup"] is None and k is not None and not 1 <= k < n:
+            out["warmup"] = (f"{self.warmup} gives {k} warm-up paths; they must lie in "
+                             f"1..{n - 1} (below search.n_paths)"
+                             + ("; set it to a count below search.n_paths" if n > 1 else
+                                "; DeepConf online needs search.n_paths >= 2: drop "
+                                "deepconf_online from evaluate.methods"))
+        return out
+
+    def replay(self, r) -> dict:
+        """The warm-up paths run first and set the stopping bar, then the rest together."""
+        spent, voter = np.asarray(r.paths.length).copy(), np.zeros(len(r.paths.length), bool)
+        wave = np.zeros(len(voter), np.int64)
+        warm = warmup_paths(self.warmup, r.n)
+        for rows in r.prompt_rows():
+            spent[rows], voter[rows], _, _ = online([r.confs[i] for i in rows], warm,
+                                                    self.keep_percent, r.group_window)
+            wave[rows] = np.arange(len(rows)) >= warm
+        return r.outcome(spent, voter, wave, r.lowest)
+
+
+@dataclass
+class DeepConfWeighted(StoppingMethod):
+    """DeepConf's confidence-weighted vote over all N finished paths (no settings)."""
+    name: ClassVar[str] = "deepconf_weighted"
+    source: ClassVar[str] = SOURCE
+    banks: ClassVar[tuple[str, ...]] = ("traces",)
+
+    def replay(self, r) -> dict:
+        return r.outcome(r.paths.length, np.ones(len(r.paths.length), bool), weight=r.lowest)
+
+
+@dataclass
+class DeepConfTop(StoppingMethod):
+    """DeepConf's weighted vote among the keep_percent % most confident of all N paths."""
+    keep_percent: float = KEEP_PERCENT
+    name: ClassVar[str] = "deepconf_top"
+    source: ClassVar[str] = SOURCE
+    banks: ClassVar[tuple[str, ...]] = ("traces",)
+
+    def problems(self, n=None):
+        return {"keep_percent": within(self.keep_percent, 0, 100, low_open=True)}
+
+    def replay(self, r) -> dict:
+        voter = np.zeros(len(r.paths.length), bool)
+        for rows in r.prompt_rows():
+            voter[rows] = top_share(r.lowest[rows], self.keep_percent)
+        return r.outcome(np.asarray(r.paths.length).copy(), voter, np.zeros(len(voter), np.int64),
+                         r.lowest)
 
 
 def window_means(conf: np.ndarray, window: int) -> np.ndarray:

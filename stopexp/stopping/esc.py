@@ -8,18 +8,37 @@ branch sampled so far. At most n = len(order) branches are sampled.
 Default window 8: the ESC baseline at 64 branches in Parallel-Probe's evaluation
 (zhengkid/Parallel-Probe evaluation/evaluation_main_table.py, `window_sizes = [8]`), whose
 published rows stopexp reproduces; the ESC paper's own setting is w = 5 with at most
-L = 40 samples (Yiwei98/ESC control_scheme.py: `sc_num = 5`, `max_up = 40`).
-"""
+L = 40 samples (Yiwei98/ESC control_scheme.py: `sc_num = 5`, `max_up = 40`)."""
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
 from stopexp.stopping.answers import AnswersPrompt, Decision, vote_codes
+from stopexp.stopping.method import StoppingMethod, at_least
 
-DEFAULT_WINDOW = 8
+
+@dataclass
+class ESC(StoppingMethod):
+    """ESC's settings: window, the branches sampled together (8, see the module doc)."""
+    window: int = 8
+    name: ClassVar[str] = "esc"
+    source: ClassVar[str] = "arXiv 2401.10480"
+
+    def problems(self, n=None):
+        return {"window": at_least(self.window, 1)}
+
+    def replay(self, r) -> dict:
+        """Windows of paths in path-id order; a window runs together (one wave)."""
+        return r.outcome(*r.sequential(self.decide, self.window))
+
+    def decide(self, prompt, order):
+        return esc(prompt, order, self.window)
 
 
-def esc(prompt: AnswersPrompt, order: np.ndarray, window: int = DEFAULT_WINDOW) -> Decision:
+def esc(prompt: AnswersPrompt, order: np.ndarray, window: int = ESC.window) -> Decision:
     """ESC on one prompt. order: (n,) branch indices in sampling order; window: w >= 1.
     Returns the Decision (a sampled branch runs to its end: spent = its tokens)."""
     if window < 1:

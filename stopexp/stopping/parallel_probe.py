@@ -29,15 +29,40 @@ evaluation/matrix_results_Qwen3-8B-128/*.csv and the README table).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import numpy as np
 
 from stopexp.stopping.answers import AnswersPrompt, Decision, vote_codes
+from stopexp.stopping.method import StoppingMethod, whole
 
-DEFAULTS = {"stable": 40, "deviate": 7, "warmup": 15, "vote_pruned": False}
+
+@dataclass
+class ParallelProbe(StoppingMethod):
+    """Parallel-Probe's settings (the published ones, see the module doc): stable and
+    deviate in probes, warmup in steps, vote_pruned whether a pruned branch keeps its vote.
+    It reads intermediate answers, which only an answers-only bank stores."""
+    stable: int = 40
+    deviate: int = 7
+    warmup: int = 15
+    vote_pruned: bool = False
+    name: ClassVar[str] = "parallel_probe"
+    source: ClassVar[str] = "arXiv 2602.03845"
+    banks: ClassVar[tuple[str, ...]] = ("answers",)
+
+    def problems(self, n=None):
+        return {"stable": whole(self.stable, 1), "deviate": whole(self.deviate, 1),
+                "warmup": whole(self.warmup, 0)}
+
+    def decide(self, prompt, order):
+        return parallel_probe(prompt, order, self.stable, self.deviate, self.warmup,
+                              self.vote_pruned)
 
 
-def parallel_probe(prompt: AnswersPrompt, order: np.ndarray, stable: int = 40, deviate: int = 7,
-                   warmup: int = 15, vote_pruned: bool = False) -> Decision:
+def parallel_probe(prompt: AnswersPrompt, order: np.ndarray, stable: int = ParallelProbe.stable,
+                   deviate: int = ParallelProbe.deviate, warmup: int = ParallelProbe.warmup,
+                   vote_pruned: bool = ParallelProbe.vote_pruned) -> Decision:
     """Parallel-Probe on one prompt's branches `order` (n,), all launched at once.
     stable, deviate >= 1 are counted in probes, warmup >= 0 in steps (probe warmup + 2 is
     the first that may prune)."""

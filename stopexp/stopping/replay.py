@@ -1,17 +1,18 @@
 """Evaluate's methods that follow their own stopping protocol instead of one check of a
 score: each decides, per prompt, how many tokens every path spends and which paths vote.
+Each is a registered stopping method (stopexp.core.names REGISTRY["stopping"], a
+`stopexp.stopping.method.StoppingMethod` with its settings, evaluate.stopping.<name>) whose
+`replay` reads the `Replay` of this module:
 
 - esc (arXiv 2401.10480) and adaptive_consistency (arXiv 2305.11860): sample the N paths
   of a prompt in path-id order (every path has its own random stream, so the order is a
-  random draw) and stop sampling on consensus (`stopexp.stopping.esc`,
-  `stopexp.stopping.adaptive_consistency`); ESC runs each window of paths together,
+  random draw) and stop sampling on consensus; ESC runs each window of paths together,
   Adaptive-Consistency one path at a time;
 - deepconf_online: DeepConf's early termination from the stored per-token confidences,
   confidence-weighted vote (the warm-up paths run first, then the others together);
-  deepconf_weighted and deepconf_top: DeepConf's offline votes over all N finished paths
-  (`stopexp.stopping.deepconf`);
+  deepconf_weighted and deepconf_top: DeepConf's offline votes over all N finished paths;
 - combined: the controller of `stopexp.stopping.combined`, in waves, reading the finished
-  paths' answers and each running path's score at every check (evaluate.combined_signal).
+  paths' answers and each running path's score at every check (its `signal`).
 All are replayed from the trace bank (exact, and the same in evaluate.mode=online).
 """
 from __future__ import annotations
@@ -22,17 +23,14 @@ from typing import Any
 
 import numpy as np
 
-from stopexp.core.names import STOPPING_METHODS
-from stopexp.core.protocol import warmup_paths
+from stopexp.core.names import STOPPING_METHODS, lookup, names
 from stopexp.search.memory import schedule_peaks
 from stopexp.stopping import deepconf as dc
-from stopexp.stopping.adaptive_consistency import adaptive_consistency
 from stopexp.stopping.answers import AnswersPrompt
-from stopexp.stopping.combined import Timeline, combined
-from stopexp.stopping.esc import esc
+from stopexp.stopping.combined import Timeline
 from stopexp.metrics.answers import vote_clusters
 
-__all__ = ["STOPPING_METHODS", "stopping_outcomes", "spent_outcome"]
+__all__ = ["STOPPING_METHODS", "stopping_outcomes", "spent_outcome", "trace_methods"]
 
 
 def spent_outcome(paths, spent: np.ndarray, voter: np.ndarray, weight: np.ndarray, n: int,
@@ -88,24 +86,52 @@ def _answers_prompt(paths, rows: np.ndarray) -> AnswersPrompt:
                          probes=np.zeros((len(rows), 0), np.int64), correct=np.asarray(right))
 
 
-def _prompt_rows(paths, n: int):
-    """The rows of each prompt's first n paths, in path-id (sampling) order."""
-    for g in range(int(paths.group.max()) + 1):
-        rows = np.nonzero((paths.group == g) & (paths.path_id < n))[0]
-        yield rows[np.argsort(paths.path_id[rows], kind="stable")]
+@dataclass
+class Replay:
+    """What a stopping method replays on: the bank's `paths`, `confs[i]` the per-token
+    confidences of row i, the first `n` paths of each prompt, `group_window`
+    (search.group_window), and for combined `marks`, the checks (tokens), and `signal[j]`,
+    its signal's score of every row at check j."""
+    paths: Any
+    confs: list
+    n: int
+    group_window: int
+    marks: list[int] | None = None
+    signal: list[np.ndarray] | None = None
 
+    @functools.cached_property
+    def lowest(self) -> np.ndarray:
+        """Each path's lowest group confidence (DeepConf's path confidence)."""
+        return np.asarray([dc.lowest_group_conf(c, self.group_window) for c in self.confs])
 
-def _sequential(paths, n: int, method, window: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(spent, voter, wave) of a method that samples a prompt's paths in path-id order,
-    `window` at a time (the wave of the k-th path is k // window)."""
-    spent, voter = np.zeros(len(paths.length), np.int64), np.zeros(len(paths.length), bool)
-    wave = np.zeros(len(paths.length), np.int64)
-    for rows in _prompt_rows(paths, n):
-        d = method(_answers_prompt(paths, rows), np.arange(len(rows)))
-        spent[rows] = d.spent
-        voter[rows] = np.arange(len(rows)) < d.launched
-        wave[rows] = np.arange(len(rows)) // window
-    return spent, voter, wave
+    def prompt_rows(self):
+        """The rows of each prompt's first n paths, in path-id (sampling) order."""
+        paths = self.paths
+        for g in range(int(paths.group.max()) + 1):
+            rows = np.nonzero((paths.group == g) & (paths.path_id < self.n))[0]
+            yield rows[np.argsort(paths.path_id[rows], kind="stable")]
+
+    def sequential(self, decide, window: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(spent, voter, wave) of a method that samples a prompt's paths in path-id order,
+        `window` at a time (the wave of the k-th path is k // window); decide(answers-only
+        prompt, order) -> Decision."""
+        size = len(self.paths.length)
+        spent, voter, wave = np.zeros(size, np.int64), np.zeros(size, bool), np.zeros(size, np.int64)
+        for rows in self.prompt_rows():
+            d = decide(_answers_prompt(self.paths, rows), np.arange(len(rows)))
+            spent[rows] = d.spent
+            voter[rows] = np.arange(len(rows)) < d.launched
+            wave[rows] = np.arange(len(rows)) // window
+        return spent, voter, wave
+
+    def timeline(self, rows: np.ndarray) -> Timeline:
+        """The rows of one prompt at the checks, as the combined controller reads them."""
+        return trace_timeline(self.paths, rows, np.asarray(self.marks, np.int64), self.signal)
+
+    def outcome(self, spent, voter, wave=None, weight=None) -> dict:
+        """`spent_outcome` of a decision per path; every voter weighs 1 unless `weight`."""
+        weight = np.ones(len(self.paths.length)) if weight is None else weight
+        return spent_outcome(self.paths, spent, voter, weight, self.n, wave)
 
 
 def trace_timeline(paths, rows: np.ndarray, marks: np.ndarray, signal: list[np.ndarray]) -> Timeline:
@@ -121,95 +147,22 @@ def trace_timeline(paths, rows: np.ndarray, marks: np.ndarray, signal: list[np.n
                     signal=np.stack([np.asarray(s, float)[rows] for s in signal], axis=1))
 
 
-def combined_knobs(ev) -> dict:
-    """The controller's knobs from the evaluate config section (evaluate.combined_*)."""
-    knobs = {k: getattr(ev, f"combined_{k}") for k in ("first", "wave", "threshold", "prune_below",
-                                                      "prune_confidence")}
-    return knobs | {"settle": 0}  # a running trace-bank path has no answer to settle
+def trace_methods(names_: list[str], settings: Any = None) -> dict:
+    """name -> the stopping method, with its settings from `settings[name]` (evaluate.stopping;
+    missing: its defaults), for each name of `names_` that is a registered stopping method
+    running on a trace bank."""
+    settings = settings or {}
+    out = {}
+    for name in names_:
+        if name in names("stopping") and "traces" in (cls := lookup("stopping", name)).banks:
+            out[name] = cls.of(settings[name] if name in settings else None)
+    return out
 
 
-@dataclass
-class Replay:
-    """What a stopping rule is replayed on: the bank's `paths`, `confs[i]` the per-token
-    confidences of row i, the first `n` paths of each prompt, `ev` the evaluate section
-    (esc_window, asc_threshold, deepconf_warmup, deepconf_keep_percent, combined_*),
-    `group_window` (search.group_window), and for combined `marks`, the checks (tokens),
-    and `signal[j]`, evaluate.combined_signal's score of every row at check j."""
-    paths: Any
-    confs: list
-    n: int
-    ev: Any
-    group_window: int
-    marks: list[int] | None = None
-    signal: list[np.ndarray] | None = None
-
-    @functools.cached_property
-    def lowest(self) -> np.ndarray:
-        """Each path's lowest group confidence (DeepConf's path confidence)."""
-        return np.asarray([dc.lowest_group_conf(c, self.group_window) for c in self.confs])
-
-    def outcome(self, spent, voter, wave=None, weight=None) -> dict:
-        """`spent_outcome` of a decision per path; every voter weighs 1 unless `weight`."""
-        weight = np.ones(len(self.paths.length)) if weight is None else weight
-        return spent_outcome(self.paths, spent, voter, weight, self.n, wave)
-
-
-def _esc(r: Replay) -> dict:
-    window = r.ev.esc_window
-    return r.outcome(*_sequential(r.paths, r.n, lambda q, o: esc(q, o, window), window))
-
-
-def _adaptive_consistency(r: Replay) -> dict:
-    threshold = r.ev.asc_threshold
-    return r.outcome(*_sequential(r.paths, r.n, lambda q, o: adaptive_consistency(q, o, threshold), 1))
-
-
-def _combined(r: Replay) -> dict:
-    """The combined controller on every prompt's first n paths, in waves."""
-    paths, knobs, marks = r.paths, combined_knobs(r.ev), np.asarray(r.marks, np.int64)
-    spent, voter = np.zeros(len(paths.length), np.int64), np.zeros(len(paths.length), bool)
-    wave = np.zeros(len(paths.length), np.int64)
-    for rows in _prompt_rows(paths, r.n):
-        c = combined(trace_timeline(paths, rows, marks, r.signal), **knobs)
-        spent[rows], voter[rows], wave[rows] = c.spent, c.voter, c.wave
-    return r.outcome(spent, voter, wave)
-
-
-def _deepconf_weighted(r: Replay) -> dict:
-    """Every path finishes and votes, weighted by its confidence."""
-    return r.outcome(r.paths.length, np.ones(len(r.paths.length), bool), weight=r.lowest)
-
-
-def _deepconf_top(r: Replay) -> dict:
-    """Every path finishes; the most confident share of each prompt's votes, weighted."""
-    voter = np.zeros(len(r.paths.length), bool)
-    for rows in _prompt_rows(r.paths, r.n):
-        voter[rows] = dc.top_share(r.lowest[rows], r.ev.deepconf_keep_percent)
-    return r.outcome(np.asarray(r.paths.length).copy(), voter, np.zeros(len(voter), np.int64),
-                     r.lowest)
-
-
-def _deepconf_online(r: Replay) -> dict:
-    """DeepConf online: the warm-up paths run first and set the stopping bar, then the rest."""
-    spent, voter = np.asarray(r.paths.length).copy(), np.zeros(len(r.paths.length), bool)
-    wave = np.zeros(len(voter), np.int64)
-    warm = warmup_paths(r.ev.deepconf_warmup, r.n)
-    for rows in _prompt_rows(r.paths, r.n):
-        spent[rows], voter[rows], _, _ = dc.online([r.confs[i] for i in rows], warm,
-                                                   r.ev.deepconf_keep_percent, r.group_window)
-        wave[rows] = np.arange(len(rows)) >= warm
-    return r.outcome(spent, voter, wave, r.lowest)
-
-
-# each of STOPPING_METHODS (stopexp.core.names) replayed on a bank: a new rule is one entry
-REPLAYS = {"esc": _esc, "adaptive_consistency": _adaptive_consistency, "combined": _combined,
-           "deepconf_weighted": _deepconf_weighted, "deepconf_top": _deepconf_top,
-           "deepconf_online": _deepconf_online}
-
-
-def stopping_outcomes(paths, confs: list, names: list[str], n: int, ev, group_window: int,
-                      marks: list[int] | None = None, signal: list[np.ndarray] | None = None) -> dict:
-    """name -> outcome dict for the names of STOPPING_METHODS among `names`, each replayed
-    by its entry of REPLAYS on the `Replay` of the other arguments."""
-    replay = Replay(paths, confs, n, ev, group_window, marks, signal)
-    return {name: REPLAYS[name](replay) for name in names if name in REPLAYS}
+def stopping_outcomes(paths, confs: list, names_: list[str], n: int, settings: Any,
+                      group_window: int, marks: list[int] | None = None,
+                      signal: list[np.ndarray] | None = None) -> dict:
+    """name -> outcome dict for the stopping methods among `names_` (`trace_methods`, with
+    `settings`), each replayed on the `Replay` of the other arguments."""
+    replay = Replay(paths, confs, n, group_window, marks, signal)
+    return {name: method.replay(replay) for name, method in trace_methods(names_, settings).items()}

@@ -84,7 +84,7 @@ def shard_misfit(root: Path, name: str, rec: dict, plan: dict[int, dict], want: 
     """Why a bank shard's own record says it belongs elsewhere: written for another bank,
     holding another part of the plan (`plan`: index -> its split and prompts), or measured
     on an LM of another width or depth than `want` records; None when it fits."""
-    if rec.get("bank", root.name) != root.name:  # shards written before the field: by the plan
+    if rec.get("bank", root.name) != root.name:  # a record without the field: judged by the plan
         return f"shard {name} was written for the bank {rec['bank']}"
     part = plan.get(shard_index(name))
     if part is None or (rec.get("split"), rec.get("prompts")) != (part["split"], part["prompts"]):
@@ -296,12 +296,12 @@ def left_out(meta: dict, split: str | None = None) -> str:
     were left out, by cause (model.long_prompts=skip, the difficulty filter)."""
     parts = meta.get("plan", [])
     plan = {p.get("index"): p for p in parts}
-    recs = [r for n, r in meta["shards"].items()  # an older record names no split: the plan does
+    recs = [r for n, r in meta["shards"].items()  # a record naming no split: the plan does
             if split is None or r.get("split", plan.get(shard_index(n), {}).get("split")) == split]
     planned = sum(p["prompts"] for p in parts if split is None or p["split"] == split) \
         if parts else sum(r.get("prompts", 0) for r in recs)
     which = f"{split} prompts" if split else "prompts"
-    if not any("too_long" in r for r in recs):  # a bank written before the records said
+    if not any("too_long" in r for r in recs):  # records that do not count the causes
         return (f"all {planned} {which} were left out, by model.long_prompts=skip (longer than "
                 "model.max_prompt_tokens) or by the difficulty filter collect.keep_correct")
     causes = [(sum(r.get("too_long", 0) for r in recs),

@@ -141,7 +141,7 @@ def write_meta(job, root: Path, task, shards: list, good: dict[int, str],
         "plan": [{"index": i, **part} for i, part in plan_parts(shards).items()],
         "shards": records, **({"missing": missing} if missing else {}),
         # which source rows form each split (file-based tasks), fixed by task.seed
-        **({"split_rows": task.split_rows} if hasattr(task, "split_rows") else {})})
+        **({"split_rows": task.split_rows} if task.split_rows is not None else {})})
     return missing
 
 

@@ -242,8 +242,8 @@ def _signals(ds, rows, prefix: np.ndarray, hidden: np.ndarray, attn: np.ndarray,
     return torch.cat(parts)
 
 
-def load_split(features: FeatureSet, split: str, overrides: list[str] | None = None, make: bool = True):
-    """A bank split and its features, joined row for row: (ds, feats). The features are
-    made when missing (`require_features`)."""
-    out = require_features(features, overrides, make)
+def load_split(features: FeatureSet, split: str, overrides: list[str] | None = None):
+    """A bank split and its features, joined row for row: (ds, feats) (`require_features`:
+    a missing one names the command that makes it)."""
+    out = require_features(features, overrides)
     return bank.load_bank(features.bank.root, split), load_features(out, split, repair_text(overrides))

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stopexp.core.evaluate_modules import module_script
-from stopexp.core.names import INTERMEDIATE_VALUE_TASKS
+from stopexp.core.names import lookup
 from stopexp.core.protocol import checkpoint_tokens
 from stopexp.core.text import decode_escapes, decoded_text
 from stopexp.models.gguf import resolve_gguf
@@ -143,28 +143,31 @@ def bank_key(*, model, task, search, collect, tap, seed: int, reward=None, engin
     """What the bank's content depends on (not batch sizes, the rank that wrote a shard,
     loggers or later stages); a local file (model, task, module) counts by its content, not
     its path alone. `reward`, `engine`: None where the config has none (the defaults);
-    `cache_dir`: where file digests are remembered (None: in this process only)."""
+    `cache_dir`: where file digests are remembered (None: in this process only). Settings
+    that only some configs use (thinking, tokenize, shot_match, reward, engine, ...) are
+    left out at their defaults, so a bank's key names only what differs from the defaults
+    and a new setting leaves the key of every bank that does not use it."""
     store = content_store(cache_dir)
     lm = {k: v for k, v in plain(model).items() if k != "max_batch_tokens"}
     weights = model_content(lm, store)
-    if weights is not None:  # None: a hub id or the toy LM, keys as before
+    if weights is not None:  # None: a hub id or the toy LM, which the section names in full
         lm["content"] = weights
     if isinstance(lm.get("toy"), dict) and not lm["toy"].get("train_task", True):
-        lm["toy"] = {k: v for k, v in lm["toy"].items() if k != "train_task"}  # unpinned: keys as before
-    if (lm.get("thinking") or {}).get("enabled") is None:  # not read as thinking: keys as before
+        lm["toy"] = {k: v for k, v in lm["toy"].items() if k != "train_task"}  # unpinned: left out
+    if (lm.get("thinking") or {}).get("enabled") is None:  # not read as thinking (the default): left out
         lm.pop("thinking", None)
     if lm.get("long_prompts", "error") == "error":  # refusing changes no bank's content
         lm.pop("long_prompts", None)
         lm.pop("max_prompt_tokens", None)
     labels = {k: v for k, v in plain(collect).items() if k not in ("rank", "world")}
     questions = decoded_text(plain(task))  # text keys as the task reads them
-    if questions.get("tokenize") == "13a":  # the default: keys as before
+    if questions.get("tokenize") == "13a":  # the default: left out
         questions.pop("tokenize")
-    # unread off wordprob: keys as before; a wordprob bank (which now records
-    # first_wrong_value) gets a new key
-    if questions.get("name") not in INTERMEDIATE_VALUE_TASKS:
+    # solution_style keys the banks that record first_wrong_value (a task with
+    # intermediate values) only
+    if lookup("task", questions["name"]).wrong_value_end is None:
         questions.pop("solution_style", None)
-    if questions.get("shot_match") == "first_operation":  # the default: keys as before
+    if questions.get("shot_match") == "first_operation":  # the default: left out
         questions.pop("shot_match")
     content = task_content(task, store)
     if content is not None:
@@ -176,9 +179,9 @@ def bank_key(*, model, task, search, collect, tap, seed: int, reward=None, engin
     mc = {"mc_checkpoints": mc_checkpoints(tap, search, collect)} if collect.mc_rollouts > 0 else {}
     key = {"version": BANK_VERSION, "model": lm, "task": questions, "tap": mc,
            "search": sampling_section(search), "collect": labels, "seed": seed}
-    if reward is not None and reward.name != "correct":  # the default: keys as before
+    if reward is not None and reward.name != "correct":  # the default: left out
         key["reward"] = reward_section(reward, store)
-    if engine is not None and engine.name != "hf":  # the default: keys as before
+    if engine is not None and engine.name != "hf":  # the default: left out
         key["engine"] = engine_section(engine)
     return config_hash(key)
 
@@ -186,8 +189,8 @@ def bank_key(*, model, task, search, collect, tap, seed: int, reward=None, engin
 def reward_section(reward, store: Path | None = None) -> dict:
     """reward.* as it keys a bank: the content of the code or model a reward runs (an edited
     file makes other rewards): an evaluate module's script, an external `module:function`'s
-    source file, a local BERTScore encoder directory; the evaluate keys only where set
-    (other rewards: keys as before)."""
+    source file, a local BERTScore encoder directory; `module` and `key` only where set
+    (left out at None, the default)."""
     out = {k: v for k, v in plain(reward).items() if not (k in ("module", "key") and v is None)}
     if reward.name == "evaluate":
         out["module_sha256"] = file_sha256(module_script(reward.module))

@@ -9,7 +9,7 @@ import numpy as np
 
 from stopexp.models.extract import StepEnds, path_positions
 from stopexp.store import bank
-from stopexp.store.features import FeatureSet, columns, featurize
+from stopexp.store.features import FeatureSet, columns
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +41,10 @@ def write_tapped(feats: FeatureSet, name: str, rows: dict, states: list[dict], b
         "nonfinite": int(sum((~np.isfinite(h)).sum() for h in cols["hidden"]))})
 
 
-def finish_tapped(feats: FeatureSet) -> dict | None:
-    """After a collect that tapped its paths' states: write the features' meta.json when
-    every bank shard has its features shard (featurize then finds them complete and loads
-    no LM); else (shards kept from an earlier collect) featurize computes the rest."""
+def all_tapped(feats: FeatureSet) -> bool:
+    """After a collect that tapped its paths' states: whether every bank shard has its
+    features shard (then featurize only writes the features' meta.json and loads no LM);
+    else (shards kept from an earlier collect) featurize computes the rest."""
     bmeta = bank.read_meta(feats.bank.root)
     have = [n for n in bmeta["shards"] if (feats.root / n).is_dir()
             and (rec := bank.read_record(feats.root / n)) is not None
@@ -52,5 +52,5 @@ def finish_tapped(feats: FeatureSet) -> dict | None:
     if len(have) < len(bmeta["shards"]):
         log.info("features %s: %d of %d bank shards were tapped while generated; featurize "
                  "extracts the rest", feats.root, len(have), len(bmeta["shards"]))
-        return None
-    return featurize(feats)
+        return False
+    return True

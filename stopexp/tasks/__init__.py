@@ -1,20 +1,36 @@
-"""Tasks: prompts, references and a checker. `build_task(cfg.task, cfg.model.thinking)`
-picks one by name (read through a thinking model where model.thinking.enabled is true)."""
+"""Tasks: prompts, references and a checker, each a `Task` (stopexp.tasks.base) registered
+by name (stopexp.core.names REGISTRY["task"]) and imported when it is looked up.
+`build_task(cfg.task, cfg.model.thinking)` picks one by name (read through a thinking model
+where model.thinking.enabled is true)."""
 from omegaconf import OmegaConf
 
 from stopexp.core.names import lookup
 from stopexp.core.text import decode_escapes, decoded_text
-from stopexp.tasks.arith import ArithTask, Problem
-from stopexp.tasks.datatotext import DataToTextTask, Record
-from stopexp.tasks.qa import QAProblem, QATask
+from stopexp.tasks.base import Task
 from stopexp.tasks.thinking import ThinkingTask
-from stopexp.tasks.wordprob import WordProblem, WordProblemTask
+
+# the public names of the built-in tasks' modules, imported on first use
+_LAZY = {"ArithTask": "arith", "Problem": "arith", "DataToTextTask": "datatotext",
+         "Record": "datatotext", "QATask": "qa", "QAProblem": "qa",
+         "WordProblemTask": "wordprob", "WordProblem": "wordprob"}
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+
 
 def vote_format(task) -> str | None:
     """The answer format whose equivalent answers vote as one (stopexp.metrics.answers.
-    vote_clusters), of a task or its config: qa's answer_format; None for the other tasks,
-    whose canonical answers are one string per answer (data-to-text's are words, not math)."""
-    return task.answer_format if task.name == "qa" else None
+    vote_clusters), of a built task or its config section (whose view holds answer_format
+    for every task: the task's class says whether it reads it); None for a task whose
+    canonical answers are one string per answer (data-to-text's are words, not math)."""
+    if isinstance(task, Task):
+        return task.answer_format
+    return task.answer_format if lookup("task", task.name).answer_format is not None else None
 
 
 def build_task(task_cfg, thinking=None):
@@ -30,5 +46,4 @@ def build_task(task_cfg, thinking=None):
     return task
 
 
-__all__ = ["ArithTask", "Problem", "DataToTextTask", "Record", "QATask", "QAProblem", "WordProblemTask", "WordProblem",
-           "build_task", "vote_format"]
+__all__ = [*_LAZY, "Task", "ThinkingTask", "build_task", "vote_format"]

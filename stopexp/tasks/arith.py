@@ -12,7 +12,7 @@ import random
 import re
 from dataclasses import dataclass
 
-from stopexp.core.names import STEP_SEPARATORS
+from stopexp.tasks.base import Task
 from stopexp.tasks.splits import draw_distinct, hash_split
 
 MOD = 10
@@ -97,7 +97,7 @@ def first_error(problem: Problem, text: str) -> int | None:
     return None
 
 
-class ArithTask:
+class ArithTask(Task):
     """Prompts, references and the checker of the embedded task.
 
     The split of a prompt is a function of the prompt text alone (a hash), so train,
@@ -106,7 +106,10 @@ class ArithTask:
 
     name = "arith"
     text_level = "char"  # outputs without spaces: text metrics compare characters
-    step_separator = STEP_SEPARATORS["arith"]  # ";" ends a step (tap.positions.step_ends)
+    step_separator = ";"
+    checks_steps = True  # first_error: the first step whose written result is wrong
+    generated = True
+    toy_keys = ("name", "n_steps", "operators", "multipliers", "styles", "split_fractions", "seed")
 
     def __init__(self, n_steps: int = 6, operators=("+", "-", "*"), multipliers=(3, 7, 9),
                  styles: dict | None = None, seed: int = 0,

@@ -26,6 +26,7 @@ import re
 import string
 from dataclasses import dataclass
 
+from stopexp.tasks.base import Task
 from stopexp.tasks.splits import draw_distinct, hash_split
 
 NAMES = ("Aromi", "Bibimbap House", "Blue Spice", "Clowns", "Cotto", "Fitzbillies", "Giraffe",
@@ -74,16 +75,19 @@ def mentions(text: str, value: str) -> bool:
     return re.search(rf"(?<![\w]){re.escape(value.lower())}(?![\w])", text.lower()) is not None
 
 
-class DataToTextTask:
-    """Prompts, references and the slot checker of the data-to-text task (the interface of
-    ArithTask, plus `references`). `stop_sequences`: a sentence ends at a newline.
+class DataToTextTask(Task):
+    """Prompts, references (several: `references`) and the slot checker of the data-to-text
+    task. `stop_sequences`: a sentence ends at a newline.
 
     Raises ValueError naming the task.* key when a knob is out of range."""
 
     name = "datatotext"
     text_level = "word"
     stop_sequences = ("\n",)
+    toy_keys = ("name", "shots", "format", "instruction", "stop", "split_fractions", "seed")
     toy_chars = TOY_CHARS
+    generated = True
+    formats = FORMATS
 
     def __init__(self, shots: int = 3, format: str = "fewshot", instruction: str = "",
                  stop=("\n",), seed: int = 0, split_fractions: dict | None = None):

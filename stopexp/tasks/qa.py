@@ -21,9 +21,9 @@ from pathlib import Path
 
 from stopexp.core import jsonfile
 from stopexp.core.errors import ConfigError, NotFound, UserError, error_text
-from stopexp.core.names import STEP_SEPARATORS
 from stopexp.runtime.hub import offline_unless_reachable
 from stopexp.metrics.answers import FORMATS, MODES, canonical, equivalent, extract_answer
+from stopexp.tasks.base import Task
 from stopexp.tasks.benchmarks import BENCHMARKS, shipped_file
 
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -189,15 +189,17 @@ def _field(path, where: str, row, key: str, config_key: str, other: str) -> str:
     return str(value).strip()
 
 
-class QATask:
-    """Questions and reference answers from `path`; the interface of `ArithTask`.
+class QATask(Task):
+    """Questions and reference answers from `path`; equivalent answers in `answer_format`
+    vote as one.
 
     extraction: ``strict`` (``####`` / ``\\boxed{}``) or ``flexible`` (also the last number
     of a completion that has no marked answer); see `stopexp.metrics.answers`."""
 
     name = "qa"
     text_level = "word"  # text metrics compare words (natural language)
-    step_separator = STEP_SEPARATORS["qa"]  # "\n" (tap.positions.step_ends)
+    step_separator = "\n"
+    answer_format = "numeric"  # the section's task.answer_format, set by __init__
 
     def __init__(self, path: str, answer_format: str = "numeric", prompt_template: str = "{question}",
                  question_key: str = "question", answer_key: str = "answer", subset: str | None = None,

@@ -39,9 +39,7 @@ from stopexp.tasks.evaluate_reward import EvaluateReward
 
 def references(task, problem) -> list[str]:
     """The task's references for `problem` (several where the task has them)."""
-    if hasattr(task, "references"):
-        return list(task.references(problem))
-    return [task.reference(problem)]
+    return list(task.references(problem))
 
 
 def _spaced(texts, level: str) -> list[str]:
@@ -125,7 +123,7 @@ class Reward:
     def scores(self, task, problems, texts, logprobs=None) -> np.ndarray:
         texts = list(texts)
         # a thinking model's text rewards compare its answer only (correct: task.check does)
-        answers = list(map(task.answer_text, texts)) if hasattr(task, "answer_text") else texts
+        answers = list(map(task.answer_text, texts))
         out, clipped = self.BY_NAME[self.name](self, task, problems, texts, answers, logprobs)
         self.clipped += clipped  # by the text metrics, which clip rounding into [0, 1]
         return np.asarray(out, dtype=np.float64)
@@ -196,7 +194,7 @@ class Reward:
 def _text_level(task) -> tuple[str, str]:
     """(level, tokenize) of the text rewards: words or characters (task.text_level) and how
     words are split (task.tokenize)."""
-    return getattr(task, "text_level", "word"), getattr(task, "tokenize", "13a")
+    return task.text_level, task.tokenize
 
 
 def build_reward(reward_cfg) -> Reward:

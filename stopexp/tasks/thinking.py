@@ -6,6 +6,7 @@ separator ("\\n\\n"), and each path's thinking tokens are counted (`thinking_len
 from __future__ import annotations
 
 from stopexp.core.token_text import text_of
+from stopexp.tasks.base import Task
 
 
 def split_thinking(text: str, end_tag: str) -> tuple[str, str | None]:
@@ -31,17 +32,63 @@ def thinking_length(tokenizer, ids: list[int], end_tag: str) -> int:
     return hi
 
 
-class ThinkingTask:
-    """`task` with each path's answer read after the thinking's end tag; everything else
-    (prompts, references, splits, the name) is the task's own."""
+def _of_task(attr: str) -> property:
+    return property(lambda self: getattr(self.task, attr), doc=f"The task's own `{attr}`.")
 
-    def __init__(self, task, end_tag: str = "</think>", step_separator: str = "\n\n"):
+
+class ThinkingTask(Task):
+    """`task` with each path's answer read after the thinking's end tag and its steps ended
+    by the thinking's separator; everything else (prompts, references, splits, the name,
+    the other capabilities) is the task's own."""
+
+    name = _of_task("name")
+    text_level = _of_task("text_level")
+    checks_steps = _of_task("checks_steps")
+    wrong_value_end = _of_task("wrong_value_end")
+    generated = _of_task("generated")
+    formats = _of_task("formats")
+    toy_chars = _of_task("toy_chars")
+    answer_format = _of_task("answer_format")
+    tokenize = _of_task("tokenize")
+    shots = _of_task("shots")
+    split_rows = _of_task("split_rows")
+
+    def __init__(self, task: Task, end_tag: str = "</think>", step_separator: str = "\n\n"):
         self.task, self.end_tag, self.step_separator = task, end_tag, step_separator
 
-    def __getattr__(self, name):  # what thinking does not change
+    def __getattr__(self, name):  # a task's own extras (its knobs, `render`, ...)
         if name == "task":  # not set yet (unpickling): no recursion
             raise AttributeError(name)
         return getattr(self.task, name)
+
+    @classmethod
+    def from_config(cls, task_cfg):
+        raise TypeError("a ThinkingTask wraps a built task: stopexp.tasks.build_task(task_cfg, "
+                        "model.thinking)")
+
+    def problems(self, split: str, n: int) -> list:
+        return self.task.problems(split, n)
+
+    def reference(self, problem) -> str:
+        return self.task.reference(problem)
+
+    def references(self, problem) -> list[str]:
+        return self.task.references(problem)
+
+    def size(self) -> int | None:
+        return self.task.size()
+
+    def distinct(self, split: str, n: int) -> list:
+        return self.task.distinct(split, n)
+
+    def shot_pool(self) -> list:
+        return self.task.shot_pool()
+
+    def sample(self, split: str, rng):
+        return self.task.sample(split, rng)
+
+    def training_text(self, problem, rng) -> str:
+        return self.task.training_text(problem, rng)
 
     def answer_text(self, text: str) -> str:
         """The path's answer ("" while it has none)."""

@@ -34,8 +34,8 @@ import random
 import re
 from dataclasses import dataclass
 
-from stopexp.core.names import STEP_SEPARATORS
 from stopexp.metrics import answers
+from stopexp.tasks.base import Task
 from stopexp.tasks.splits import draw_distinct, hash_split
 
 OPERATIONS = ("add", "sub", "compare", "count")
@@ -132,14 +132,17 @@ def first_wrong_value(problem: WordProblem, completion: str) -> int | None:
     return None
 
 
-class WordProblemTask:
-    """Prompts, references and the checker of the word-problem task (the interface of
-    `ArithTask`), plus `stop_sequences`: the strings where a path's answer is over.
+class WordProblemTask(Task):
+    """Prompts, references and the checker of the word-problem task, whose problems carry
+    their intermediate values (`wrong_value_end`); `stop_sequences`: the strings where a
+    path's answer is over.
 
     Raises ValueError naming the ``task.*`` key when a knob is out of range."""
 
     name = "wordprob"
-    step_separator = STEP_SEPARATORS["wordprob"]  # "\n" (tap.positions.step_ends)
+    step_separator = "\n"
+    generated = True
+    formats = FORMATS
     wrong_value_end = staticmethod(first_wrong_value)  # the bank's first_wrong_value column
 
     def __init__(self, steps=(1,), number_range=(2, 9), operations: dict | None = None,

@@ -4,7 +4,7 @@ Each stream batch really runs Launch-Check-Resume with the target LM: the curren
 predictor scores the live paths at the check, the policy keeps its top K plus the paths
 exploration draws, and only those continue. Feedback, votes and token counts come from
 what the LM generated. Every path has its own random stream, so the paths, and with them
-the curves, equal the replay's (tests/test_adapt.py); the seconds are measured, not
+the curves, equal the replay's (tests/test_adapt_stream.py); the seconds are measured, not
 estimated. The LM also runs the unpruned continuation of every path (as evaluate's online
 mode does), whose outcomes give the batch's AUROC; its time is not charged to the variant.
 

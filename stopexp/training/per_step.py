@@ -37,8 +37,8 @@ def position_data(ds, feats) -> dict | None:
 
 def position_rows(features, split: str, overrides: list[str] | None = None) -> tuple:
     """(the `split` paths of the trace bank of `features` (a FeatureSet), their position
-    batch: `position_data`, None when the bank holds none), the features made when missing
-    (`overrides`: the command line's, for the repair commands)."""
+    batch: `position_data`, None when the bank holds none); `overrides`: the command
+    line's, for the commands that make or repair the features."""
     ds, feats = feature_rows.load_split(features, split, overrides)
     return ds, position_data(ds, feats)
 

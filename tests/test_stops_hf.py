@@ -1,6 +1,7 @@
-"""Stop rules matched against HF `generate`: every EOS id of a model, stop strings (also
-across token boundaries, forks and beams), on the char tokenizer and on SmolLM2's real
-byte-level BPE tokenizer; NaN logits refused with the step and path named."""
+"""Paths end where HF `generate` ends them: every EOS id of a model, stop strings (also
+across token boundaries, forks, beams and the traced bank's rollouts), on the char
+tokenizer and on SmolLM2's real byte-level BPE tokenizer (whose module-scoped fixture all
+the SmolLM2 tests share, so it is loaded once)."""
 import copy
 
 import pytest
@@ -8,12 +9,13 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from stopexp.search.beam import beam_search
-from stopexp.search.decode import Engine, SamplingParams, make_engine
+from stopexp.search.decode import SamplingParams, make_engine
 from stopexp.search.stops import eos_ids
-from stopexp.stages.build import sampling
-from stopexp.stages import build
+
 
 PROMPTS = ["4+7*3-9?", "1-2?", "9*9*9+1-0?"]
+
+
 T = 24
 
 
@@ -152,14 +154,6 @@ def test_stop_strings_carry_through_forks(sharp_lm):
         assert child.finished.all()
 
 
-def test_engine_needs_the_tokenizer_for_stop_strings_and_refuses_empty_ones(tiny_lm):
-    model, tok = tiny_lm
-    with pytest.raises(ValueError, match="tokenizer"):
-        Engine(model, tok.eos_token_id, tok.pad_token_id, SamplingParams(stop=("x",)))
-    with pytest.raises(ValueError, match="search.stop: entry 1 is empty"):
-        make_engine(model, tok, SamplingParams(stop=("x", "")))
-
-
 def test_beam_search_with_stop_strings(sharp_lm):
     model, tok = sharp_lm
     for prompt in PROMPTS:
@@ -185,54 +179,28 @@ def test_beam_search_with_stop_strings(sharp_lm):
         assert text.endswith(stop) or res.tokens[-1] == tok.eos_token_id or len(res.tokens) == T
 
 
-def _nan_after(model, step: int, row: int):
-    """A hook making the LM head emit NaN for batch row `row` from decode step `step` on."""
-    calls = {"n": 0}
-
-    def hook(module, args, out):
-        calls["n"] += 1
-        if calls["n"] > step and out.shape[0] > row:
-            out = out.clone()
-            out[row] = float("nan")
-        return out
-    return model.lm_head.register_forward_hook(hook)
-
-
-def test_nan_logits_fail_naming_step_and_path(tiny_lm):
-    model, tok = tiny_lm
-    eng = make_engine(model, tok, SamplingParams(max_new_tokens=8))
-    ids = tok(PROMPTS[0])["input_ids"]
-    handle = _nan_after(model, 2, 1)
-    try:
-        with pytest.raises(FloatingPointError, match=r"decode step 2: .* 1 of 2 rows "
-                                                     r"\(prompt 7 path 1\)"):
-            eng.run(eng.launch([ids] * 3, [0, 1, 2], [f"prompt 7 path {j}" for j in range(3)]))
-    finally:
-        handle.remove()
-    handle = _nan_after(model, 2, 1)
-    try:
-        with pytest.raises(FloatingPointError, match=r"decode step 2: .*\(beam 1\)"):
-            beam_search(model, ids, beam_width=2, max_new_tokens=8, eos_ids=tok.eos_token_id,
-                        pad_id=tok.pad_token_id)
-    finally:
-        handle.remove()
-
-
-def test_sampled_paths_name_their_prompt_on_nan(tiny_lm):
-    from stopexp.search.sample import sample_paths
+def test_traced_paths_and_rollouts_end_at_the_stop(sharp_lm):
+    from stopexp.search.trace import trace_problems
     from stopexp.tasks import ArithTask
 
-    model, tok = tiny_lm
+    model, tok = sharp_lm
     task = ArithTask(n_steps=3)
-    problems = task.problems("test", 2)
-    eng = make_engine(model, tok, SamplingParams(max_new_tokens=6))
-    handle = _nan_after(model, 1, 2)
-    try:
-        with pytest.raises(FloatingPointError,
-                           match=rf"prompt {problems[1].prompt_id} \(test\) path 0"):
-            sample_paths(eng, tok, task, problems, 2, seed=0)
-    finally:
-        handle.remove()
+    problems = task.problems("test", 3)
+    free = make_engine(model, tok, SamplingParams(max_new_tokens=T))
+    cols, _ = trace_problems(free.steps(32), tok, task, problems, 4, 0, [2], 0)
+    texts = [t for t in cols["text"] if len(t) > 6]
+    stop = texts[0][4:6]
+    eng = make_engine(model, tok, SamplingParams(max_new_tokens=T, stop=(stop,)))
+    with_stop, mc_tokens = trace_problems(eng.steps(32), tok, task, problems, 4, 0, [2], 2)
+    assert mc_tokens > 0
+    hits = 0
+    for text, tokens, n, before in zip(with_stop["text"], with_stop["tokens"],
+                                       with_stop["length"], cols["text"]):
+        assert len(tokens) == n and text == tok.decode(tokens, skip_special_tokens=True)
+        end = _first_stop(before, [stop])
+        assert text == (before if end < 0 else before[:end])  # cut right after the stop
+        hits += end >= 0
+    assert hits and sum(with_stop["length"]) < sum(cols["length"])
 
 
 # --- the real SmolLM2 tokenizer (byte-level BPE, 49152 ids) on a tiny random Llama ---
@@ -300,176 +268,6 @@ def test_smollm2_tokenizer_stop_across_tokens_equals_hf(smol_lm):
     _assert_same_as_hf(ours, theirs, tok.pad_token_id)
     assert ours[0] == free[0][: i + 2] and bool(state.finished[0])
     assert stop in tok.decode(ours[0]) and stop not in tok.decode(ours[0][:-1])
-
-
-def test_traced_paths_and_rollouts_end_at_the_stop(sharp_lm):
-    from stopexp.search.trace import trace_problems
-    from stopexp.tasks import ArithTask
-
-    model, tok = sharp_lm
-    task = ArithTask(n_steps=3)
-    problems = task.problems("test", 3)
-    free = make_engine(model, tok, SamplingParams(max_new_tokens=T))
-    cols, _ = trace_problems(free.steps(32), tok, task, problems, 4, 0, [2], 0)
-    texts = [t for t in cols["text"] if len(t) > 6]
-    stop = texts[0][4:6]
-    eng = make_engine(model, tok, SamplingParams(max_new_tokens=T, stop=(stop,)))
-    with_stop, mc_tokens = trace_problems(eng.steps(32), tok, task, problems, 4, 0, [2], 2)
-    assert mc_tokens > 0
-    hits = 0
-    for text, tokens, n, before in zip(with_stop["text"], with_stop["tokens"],
-                                       with_stop["length"], cols["text"]):
-        assert len(tokens) == n and text == tok.decode(tokens, skip_special_tokens=True)
-        end = _first_stop(before, [stop])
-        assert text == (before if end < 0 else before[:end])  # cut right after the stop
-        hits += end >= 0
-    assert hits and sum(with_stop["length"]) < sum(cols["length"])
-
-
-def test_stop_strings_change_the_bank_and_are_validated(tmp_path):
-    from conftest import compose
-    from stopexp.config import ConfigError, validate
-
-    base = ["logger=none", f"paths.output_dir={tmp_path}"]
-    plain = validate(compose("collect", base))
-    stopped = validate(compose("collect", [*base, "search.stop=['Question:']"]))
-    assert list(stopped.search.stop) == ["Question:"] and build.bank(plain).key != build.bank(stopped).key
-    with pytest.raises(ConfigError, match="search.stop: every stop string must be non-empty"):
-        validate(compose("collect", [*base, "search.stop=['#','']"]))
-
-
-# --- stops split by tokens that decode to nothing (special tokens, skipped in the text) ---
-
-def _text_level_end(tok, tokens, stops) -> int:
-    """The reference: the first k whose decoded text tokens[:k] holds a stop (0 if none)."""
-    return next((k for k in range(1, len(tokens) + 1)
-                 if any(s in tok.decode(tokens[:k], skip_special_tokens=True) for s in stops)), 0)
-
-
-def _scripted(tok, text_with_blanks: str) -> list[int]:
-    """Token ids of `text_with_blanks`, where "_" stands for a run of special tokens
-    (<s>, <pad>, <unk>: each decodes to nothing)."""
-    blanks = [tok.bos_token_id, tok.pad_token_id, tok.unk_token_id, tok.bos_token_id]
-    ids = []
-    for c in text_with_blanks:
-        ids += blanks if c == "_" else tok.convert_tokens_to_ids([c])
-    return ids
-
-
-def test_stop_split_by_blank_tokens_is_found_like_the_text_level_search(tiny_lm):
-    from stopexp.search.stops import StopStrings
-
-    _, tok = tiny_lm
-    for stops, script in ((["4+"], "13*4_+9=2"), (["4+"], "1_3_4_+_9"), (["=2", "*4+"], "9*_4__+=2"),
-                          (["99"], "9_9"), (["4+"], "13*4_-4_+")):
-        tokens = _scripted(tok, script)
-        want = _text_level_end(tok, tokens, stops)
-        assert want  # every script holds a stop, split by blank tokens
-        stop = StopStrings(stops, tok)
-        tail, ended = [], 0
-        for k, token in enumerate(tokens, 1):  # as the engine keeps its tails
-            tail = stop.trim(tail + [token])
-            if stop.hits([tail])[0]:
-                ended = k
-                break
-        assert ended == want, (stops, script)
-        # beam search hands the whole sequence: the same answer
-        assert stop.hits([tokens[:want]]) == [True] and stop.hits([tokens[:want - 1]]) == [False]
-    # the old window (the last max-bytes + 2 tokens, blanks included) missed it
-    tokens = _scripted(tok, "13*4_+")
-    assert "4+" not in tok.decode(tokens[-StopStrings(["4+"], tok).window:], skip_special_tokens=True)
-
-
-def _force(model, script: list[int]):
-    """A hook making the LM head put all mass on script[i] at the i-th forward (the
-    prompt's prefill gives the first token), for every row."""
-    calls = {"n": 0}
-
-    def hook(module, args, out):
-        i = min(calls["n"], len(script) - 1)
-        calls["n"] += 1
-        out = torch.full_like(out, -1e4)
-        out[..., script[i]] = 0.0
-        return out
-    return model.lm_head.register_forward_hook(hook)
-
-
-def test_engine_and_beam_search_end_at_a_stop_split_by_special_tokens(tiny_lm):
-    model, tok = tiny_lm
-    script = _scripted(tok, "13*4_+9=2") + tok.convert_tokens_to_ids(list("123456"))
-    want = _text_level_end(tok, script, ["4+"])
-    ids = tok(PROMPTS[0])["input_ids"]
-    handle = _force(model, script)
-    try:
-        eng = make_engine(model, tok, SamplingParams(max_new_tokens=T, do_sample=False, stop=("4+",)))
-        state = eng.run(eng.launch([ids], [0]))
-    finally:
-        handle.remove()
-    tokens, *_, lengths = state.tensors(tok.pad_token_id)
-    assert tokens[0, : lengths[0]].tolist() == script[:want] and bool(state.finished[0])
-    handle = _force(model, script)
-    try:
-        res = beam_search(model, ids, beam_width=1, max_new_tokens=T, eos_ids=tok.eos_token_id,
-                          pad_id=tok.pad_token_id, stop=("4+",), tokenizer=tok)
-    finally:
-        handle.remove()
-    assert res.tokens == script[:want]
-
-
-def test_escapes_in_stop_strings_and_text_keys_are_decoded_once(tmp_path):
-    """Hydra hands `search.stop='["\n\nQuestion:"]'` over with a literal backslash-n: the
-    text keys decode \\n, \\t, \\r and \\\\ once (other backslashes stay), so the README's
-    form stops where a newline-written config does, in the same bank."""
-    from conftest import compose
-    from stopexp.config import validate
-    from stopexp.tasks import build_task
-
-    base = ["logger=none", f"paths.output_dir={tmp_path}", "task=wordprob", "task.format=chat"]
-    escaped = validate(compose("collect", [
-        *base, r'search.stop=["\n\nQuestion:","a\\nb","\boxed"]', r"task.stop=['\t']",
-        r"task.instruction='Solve.\nThink.'"]))
-    assert list(escaped.search.stop)[0] == "\\n\\nQuestion:"  # as Hydra delivers it
-    assert sampling(escaped).stop == ("\t", "\n\nQuestion:", "a\\nb", "\\boxed")
-    assert build_task(escaped.task).stop_sequences == ("\t",)
-    assert build_task(escaped.task).instruction == "Solve.\nThink."
-    # written with the characters themselves (a YAML "\n" is one): the same stops, one bank
-    literal = validate(compose("collect", [*base, "task.stop=['\t']",
-                                           "task.instruction='Solve.\nThink.'"]))
-    literal.search.stop = ["\n\nQuestion:", "a\\\\nb", "\\boxed"]  # two backslashes: one
-    assert sampling(literal).stop == sampling(escaped).stop
-    assert build.bank(literal).key == build.bank(escaped).key
-
-
-def test_escapes_that_start_latex_commands_stay(tmp_path):
-    """A prompt template, an instruction, a stop and a thinking tag that hold LaTeX keep it:
-    \\theta, \\text{}, \\neq, \\right) start commands, not a TAB, a newline or a CR."""
-    import json
-
-    from conftest import compose
-    from stopexp.config import validate
-    from stopexp.core.text import decode_escapes, decoded_text
-    from stopexp.tasks import build_task
-
-    data = tmp_path / "q.jsonl"
-    data.write_text(json.dumps({"problem": "What is 2+2?", "solution": "\\boxed{4}"}) + "\n")
-    latex = r"Let $\theta \neq 0$, \text{so} $\left(x\right)$ \times \tfrac12 \nabla \rangle"
-    cfg = validate(compose("collect", [
-        "logger=none", f"paths.output_dir={tmp_path}", "task=math", f"task.path={data}",
-        f"task.prompt_template='{{question}}\\n{latex}\\tEnd'", "model=smollm2",
-        r"task.stop=['\right)\n']", "model.thinking.enabled=true",
-        r"model.thinking.step_separator='\n\n\text{step}'"]))
-    task = build_task(cfg.task)
-    prompt = next(row[1] for rows in task._by_split.values() for row in rows)
-    assert prompt == f"What is 2+2?\n{latex}\tEnd"
-    assert sampling(cfg).stop[0] == "\\right)\n"
-    assert decode_escapes(cfg.model.thinking.step_separator) == "\n\n\\text{step}"
-    assert decoded_text({"instruction": r"Use \text{km}\nThen \rho", "stop": [r"\neq\n", r"\t"],
-                         "prompt_template": r"\right)\r"}) == {
-        "instruction": "Use \\text{km}\nThen \\rho", "stop": ["\\neq\n", "\t"], "prompt_template": "\\right)\r"}
-    for text, want in [(r"\n\nQuestion:", "\n\nQuestion:"), (r"\nthe", "\nthe"), (r"\nu", r"\nu"),
-                       (r"\not", r"\not"), (r"\nnot", "\nnot"), (r"\r\n", "\r\n"),
-                       (r"a \\ b", r"a \\ b"), (r"\\nb", r"\nb"), (r"\\text", r"\text")]:
-        assert decode_escapes(text) == want, text
 
 
 def test_smollm2_stop_split_by_many_special_tokens(smol_tok):

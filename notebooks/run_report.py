@@ -39,13 +39,13 @@ from stopexp.core.policies import build_policy
 from stopexp.evaluation import plots
 from stopexp.evaluation.accounting import keep_by_policy, outcome, replay_paths
 from stopexp.evaluation.report import make_plots
-from stopexp.signals.checkpoint import read_checkpoint
+from stopexp.signals.saved_predictor import read_checkpoint
 from stopexp.stages import build
 from stopexp.stages.evaluate import print_table
 from stopexp.stages.scorers import build_scorers
 from stopexp.stopping.replay import STOPPING_METHODS, stopping_outcomes
 from stopexp.store import bank
-from stopexp.store import features as feature_bank
+from stopexp.store import feature_sets
 
 run = Path(run_dir) if run_dir else max((project_root() / "outputs/runs/pipeline").iterdir())
 out = Path(out_dir) if out_dir else run / "report"
@@ -64,12 +64,12 @@ print(print_table(metrics))
 
 # %%
 p = metrics["protocol"]
-feats = build.features(cfg)
+feats = build.feature_set(cfg)
 root = bank.require_bank(feats.bank)
 meta = bank.read_meta(root)
-paths = replay_paths(root, feature_bank.require_features(feats), p["split"], p["check_tokens"])
+paths = replay_paths(root, feature_sets.require_features(feats), p["split"], p["check_tokens"])
 names = [m for m in metrics["methods"] if m != "no_prune" and m not in STOPPING_METHODS]
-scorers = build_scorers(cfg, names, feature_bank.spec_of(cfg.tap.layers, meta), feats)
+scorers = build_scorers(cfg, names, feature_sets.spec_of(cfg.tap.layers, meta), feats)
 scores = {m: scorers[m](paths.batch).numpy().astype(float) for m in names}
 outcomes = {"no_prune": outcome(paths, np.ones(len(paths.length), bool), p["check_tokens"], p["n"])}
 for m, s in scores.items():

@@ -22,7 +22,7 @@ from hydra import compose, initialize_config_dir
 
 from stopexp.config import project_root, validate
 from stopexp.store import bank
-from stopexp.store import features as feature_bank
+from stopexp.store import feature_sets
 from stopexp.stages import build
 
 
@@ -55,10 +55,10 @@ def main() -> None:
     collected = collect(build.collection(cfg))
     regenerate_s = time.perf_counter() - start
     start = time.perf_counter()
-    made = feature_bank.featurize(build.features(retap))
+    made = feature_sets.featurize(build.feature_set(retap))
     retap_s = time.perf_counter() - start
     bmeta = bank.read_meta(build.bank(cfg).root)
-    fmeta = bank.read_meta(build.features(retap).root, kind="features")
+    fmeta = bank.read_meta(build.feature_set(retap).root, kind="features")
     paths, tokens = collected["paths"], collected["tokens_total"]
     bank_b, feat_b = artifact_bytes(bmeta), artifact_bytes(fmeta)
     L, H = len(fmeta["tap_layers"]), fmeta["hidden_size"]

@@ -33,9 +33,9 @@ from stopexp.models.vllm_lm import open_vllm_engine
 from stopexp.search.sample import path_seeds, prompt_ids
 from stopexp.search.stepping import Running
 from stopexp.search.vllm_steps import Stepper
-from stopexp.stages.build import collection, features, sampling
+from stopexp.stages.build import collection, feature_set, sampling
 from stopexp.stages.collect import collect
-from stopexp.store.features import featurize
+from stopexp.store.feature_sets import featurize
 from stopexp.tasks import build_task
 
 
@@ -87,7 +87,7 @@ def collect_runs(overrides: list[str], prompts: int) -> dict:
             collect(collection(cfg))
             collected = time.perf_counter() - start
             start = time.perf_counter()
-            summary = featurize(features(cfg))
+            summary = featurize(feature_set(cfg))
             out[taps] = {"collect_s": collected, "featurize_s": time.perf_counter() - start,
                          "positions": summary["positions"], "tapped": summary["tapped_shards"]}
     return out

@@ -31,7 +31,7 @@ def main(overrides: list[str]) -> None:
             m = train(cfg, progress=False)
             rows.append((f"{pred} / {loss}", m["val"], m["test"]))
     root = bank.require_bank(build.bank(cfg))
-    data = build.training_data(cfg, build.features(cfg), bank.read_meta(root))
+    data = build.training_data(cfg, build.feature_set(cfg), bank.read_meta(root))
     for name, scorer in BASELINES.items():
         rows.append((name, evaluate_scores(scorer(data["val"]), data["val"]),
                      evaluate_scores(scorer(data["test"]), data["test"])))

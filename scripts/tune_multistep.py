@@ -48,7 +48,7 @@ def main(settings: list[dict], P: int, N: int, dtype: str = "float32") -> None:
         start = time.perf_counter()
         outs = [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
         seconds = time.perf_counter() - start
-        ok = np.array([task.check(probs[k // N], o.text) for k, o in enumerate(outs)])
+        ok = np.array([task.grade(probs[k // N], o.text) for k, o in enumerate(outs)])
         length = np.array([len(o.token_ids) for o in outs])
         ends = [first_wrong_value(probs[k // N], o.text) for k, o in enumerate(outs)]
         rel = np.array([-1 if e is None else e / max(len(o.text), 1) for e, o in zip(ends, outs)])

@@ -95,7 +95,7 @@ def main() -> None:
             text, stopped = cut(raw, stops)
             records.append({"prompt_id": p.prompt_id, "kind": p.kind, "answer": p.answer,
                             "text": text, "tokens": n, "ended": bool(stopped or n < len(row)),
-                            "strict": task.check(p, text),
+                            "strict": task.grade(p, text),
                             "flexible": answer_of(text, "flexible") == str(p.answer),
                             "marked": answer_of(text, "strict") != ""})
     wall = time.time() - start

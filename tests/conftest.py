@@ -91,7 +91,7 @@ def small_bank(tmp_path_factory):
     overrides = [f"paths.output_dir={out}", *SMALL_BANK]
     cfg = validate(compose("collect", overrides))
     collect(build.collection(cfg))
-    featurize(build.features(cfg))
+    featurize(build.feature_set(cfg))
     return overrides
 
 
@@ -150,7 +150,7 @@ def featurized(cfg):
     """`cfg` once the features of its bank under its tap are made (python -m stopexp.featurize)."""
     from stopexp.stages.featurize import featurize
 
-    featurize(build.features(cfg))
+    featurize(build.feature_set(cfg))
     return cfg
 
 
@@ -172,7 +172,7 @@ def run_stage(module: str, overrides: list[str]):
 def references_task(tokenize: str = "13a"):
     """A word-level task whose problem is its list of references (what a reward reads of a
     task)."""
-    from stopexp.tasks.base import Task
+    from stopexp.tasks.task import Task
 
     class References(Task):
         name = "references"
@@ -184,7 +184,7 @@ def references_task(tokenize: str = "13a"):
         def problems(self, split, n):
             return []
 
-        def check(self, problem, completion):
+        def grade(self, problem, completion):
             return False
 
         def answer_of(self, completion):

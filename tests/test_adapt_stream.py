@@ -30,8 +30,8 @@ MC = ["adapt.variants=[no_prune,frozen,kept_only,explore,mc_feedback,retrained]"
 
 
 def _setup(small_bank, *extra):
-    from stopexp.signals.checkpoint import load_predictor
-    from stopexp.store.features import require_features, spec_of
+    from stopexp.signals.saved_predictor import load_predictor
+    from stopexp.store.feature_sets import require_features, spec_of
     from stopexp.stages.build import predictor_dir
     from stopexp.stages.train import train_with_controls
 
@@ -39,9 +39,9 @@ def _setup(small_bank, *extra):
     train_with_controls(cfg, progress=False)
     root = bank.require_bank(build.bank(cfg))
     meta = bank.read_meta(root)
-    predictor, _ = load_predictor(predictor_dir(cfg, build.features(cfg)), spec_of(cfg.tap.layers, meta), cfg.predictor)
+    predictor, _ = load_predictor(predictor_dir(cfg, build.feature_set(cfg)), spec_of(cfg.tap.layers, meta), cfg.predictor)
     ckpt = checkpoint_tokens(cfg.search.check_at, cfg.search.max_new_tokens)
-    paths = replay_paths(root, require_features(build.features(cfg)), "test", ckpt)
+    paths = replay_paths(root, require_features(build.feature_set(cfg)), "test", ckpt)
     order, held = stream_order(int(paths.group.max()) + 1, 4, 2, cfg.adapt.seed)
     return cfg, predictor, paths, order, take(paths, held), ckpt
 

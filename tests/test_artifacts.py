@@ -20,7 +20,7 @@ from stopexp.runtime import artifacts, integrity
 from stopexp.runtime.artifacts import staging_dir, write_json
 from stopexp.stages import build
 from stopexp.store import bank
-from stopexp.store import features as feature_bank
+from stopexp.store import feature_sets
 from stopexp.stages.collect import collect
 from stopexp.stages.featurize import featurize
 
@@ -124,14 +124,14 @@ def _private_bank(small_bank, tmp_path) -> list[str]:
 
 def test_two_featurizers_at_once_make_features_once_that_train_accepts(small_bank, tmp_path,
                                                                       monkeypatch):
-    feats = build.features(validate(compose("train", _private_bank(small_bank, tmp_path))))
+    feats = build.feature_set(validate(compose("train", _private_bank(small_bank, tmp_path))))
     written = counted(monkeypatch, bank, "write_shard")
     a, b = race(monkeypatch, lambda: featurize(feats), bank, "write_shard")
     n_shards = len(bank.read_meta(feats.bank.root)["shards"])
     assert len(written) == n_shards  # each shard computed once
     assert {**a, "wall_s": 0} == {**b, "wall_s": 0} and a["paths"] == 24 * 8
     # the loser kept the winner's shards: their records match the bank's
-    assert feature_bank.require_features(feats) == feats.root
+    assert feature_sets.require_features(feats) == feats.root
     assert records_in_place(feats.root)
 
 
@@ -163,9 +163,9 @@ def test_two_collects_of_one_bank_at_once_keep_the_first_shards_and_record_them(
 
 
 def test_two_trainers_at_once_train_once_and_evaluate_loads_it(small_bank, tmp_path, monkeypatch):
-    from stopexp.signals.checkpoint import load_predictor
+    from stopexp.signals.saved_predictor import load_predictor
     from stopexp.stages import train as train_stage
-    from stopexp.store.features import spec_of
+    from stopexp.store.feature_sets import spec_of
 
     cfg = featurized(validate(compose("train", [*_private_bank(small_bank, tmp_path), "predictor=linear",
                                                 "train.epochs=2"])))

@@ -11,7 +11,7 @@ from conftest import FP32_REORDER, compose
 from stopexp.config import ConfigError, validate
 from stopexp.core.protocol import attention_heads
 from stopexp.search.taps import Taps
-from stopexp.signals.features import SIGNAL_NAMES
+from stopexp.signals.feature_spec import SIGNAL_NAMES
 from stopexp.stages import build
 
 ATTN = SIGNAL_NAMES.index("attn_entropy")
@@ -127,7 +127,7 @@ def test_config_asks_for_the_tap_and_loads_eager(tmp_path, caplog):
     on = validate(compose("evaluate", [*base, "tap.attention_heads=[0:1,last:2]",
                                        "evaluate.methods=[attn_entropy]"]))
     off = validate(compose("evaluate", base))
-    assert build.bank(on).key == build.bank(off).key and build.features(on).key != build.features(off).key  # a tap, not generation
+    assert build.bank(on).key == build.bank(off).key and build.feature_set(on).key != build.feature_set(off).key  # a tap, not generation
     with caplog.at_level(logging.INFO, logger="stopexp.models"):
         model, _ = build.lm(on, progress=False)
     assert model.config._attn_implementation == "eager"

@@ -7,7 +7,7 @@ from conftest import FP32_REORDER
 from stopexp.core.policies import FixedThreshold, TopK
 from stopexp.search.beam import beam_search, beam_search_batch
 from stopexp.search.taps import Taps
-from stopexp.signals.features import SIGNAL_NAMES
+from stopexp.signals.feature_spec import SIGNAL_NAMES
 
 PROMPTS = ["4+7*3-9?", "1-2?", "9*9*9+1-0?"]
 

@@ -74,21 +74,21 @@ def test_the_grader_accepts_the_gold_solutions(no_network):
     # GSM8K's worked solutions end in "#### <number>"; MATH-500's in a \boxed{} answer
     for task, problems, rows in ((t["gsm8k"], gsm8k, (0, 1, 1318)), (t["math"], math, (0, 1, 499))):
         for row in rows:
-            assert task.check(problems[row], problems[row].reference)
-    assert gsm8k[0].reference.endswith("#### 18") and not t["gsm8k"].check(gsm8k[0], "#### 17")
-    assert t["math"].check(math[0], r"so it is $\boxed{(3, \pi/2)}$.")  # equivalent, not equal
-    assert not t["math"].check(math[0], r"\boxed{(3, \pi)}")
+            assert task.grade(problems[row], problems[row].reference)
+    assert gsm8k[0].reference.endswith("#### 18") and not t["gsm8k"].grade(gsm8k[0], "#### 17")
+    assert t["math"].grade(math[0], r"so it is $\boxed{(3, \pi/2)}$.")  # equivalent, not equal
+    assert not t["math"].grade(math[0], r"\boxed{(3, \pi)}")
     # the competitions ship bare answers: a boxed gold answer is right, the next integer wrong
     for name in ("aime24", "aime25", "amc23"):
         problems = by_row(t[name])
         for p in problems.values():
-            assert t[name].check(p, f"Therefore the answer is $\\boxed{{{p.answer}}}$.")
-            assert not t[name].check(p, f"\\boxed{{{int(p.answer) + 1}}}")
+            assert t[name].grade(p, f"Therefore the answer is $\\boxed{{{p.answer}}}$.")
+            assert not t[name].grade(p, f"\\boxed{{{int(p.answer) + 1}}}")
     hmmt = by_row(t["hmmt25"])
-    assert t["hmmt25"].check(hmmt[2], r"\boxed{\dfrac{1}{576}}")
+    assert t["hmmt25"].grade(hmmt[2], r"\boxed{\dfrac{1}{576}}")
     assert hmmt[9].answer == r"\frac{-1+\sqrt{17}}{2},\frac{-1-\sqrt{17}}{2}"  # two values
-    assert t["hmmt25"].check(hmmt[9], r"\boxed{\frac{-1-\sqrt{17}}{2}, \frac{-1+\sqrt{17}}{2}}")
-    assert not t["hmmt25"].check(hmmt[9], r"\boxed{\frac{-1+\sqrt{17}}{2}}")
+    assert t["hmmt25"].grade(hmmt[9], r"\boxed{\frac{-1-\sqrt{17}}{2}, \frac{-1+\sqrt{17}}{2}}")
+    assert not t["hmmt25"].grade(hmmt[9], r"\boxed{\frac{-1+\sqrt{17}}{2}}")
 
 
 def test_a_hub_id_or_a_file_replaces_the_shipped_data(tmp_path):

@@ -248,7 +248,7 @@ def test_vllm_rollouts_cut_a_stop_that_starts_in_the_prefix():
     from stopexp.search.trace import rollout_rewards
 
     stepper, paths, core, tok = scripted_stepper(["12#3=7", "4"], ["#=7", "=7"], "##")
-    task = SimpleNamespace(check=lambda problem, text: text.endswith("=7"))
+    task = SimpleNamespace(grade=lambda problem, text: text.endswith("=7"))
     problems = [SimpleNamespace(prompt="1?")]
     got = {}
     for c in (1, 3):

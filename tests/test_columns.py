@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from stopexp.signals.columns import hidden_statistics, signal_matrix
-from stopexp.signals.features import SIGNAL_NAMES
+from stopexp.signals.feature_spec import SIGNAL_NAMES
 from stopexp.signals.methods import BASELINES
 from stopexp.stages import build
 
@@ -58,7 +58,7 @@ def test_features_give_the_statistics_of_their_hidden_states(small_bank):
     cfg = validate(compose("train", small_bank))
     root = build.bank(cfg).root
     assert bank.read_meta(root)["version"] == bank.BANK_VERSION == 4
-    ds, feats = feature_rows.load_split(build.features(cfg), "test")
+    ds, feats = feature_rows.load_split(build.feature_set(cfg), "test")
     batch = feature_rows.tensors_at(ds, feats, 5)
     hidden, signals = batch["hidden"].numpy(), batch["signals"].numpy()   # (P, L, H), (P, S)
     deepest = hidden[:, -1].astype(np.float64)

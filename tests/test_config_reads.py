@@ -122,11 +122,11 @@ def test_a_keep_correct_band_without_mixed_prompts_is_refused_at_every_stage(sta
 
 
 def test_evaluate_methods_lists_what_runs_besides_the_four_always_run(caplog):
-    from stopexp.evaluation.scorers import method_names
+    from stopexp.evaluation.method_names import method_names
 
     assert ALWAYS_METHODS == ("no_prune", "random", "confidence", "oracle")
     none = compose("evaluate", ["evaluate.methods=[]"])
-    with caplog.at_level(logging.INFO, logger="stopexp.evaluation.scorers"):
+    with caplog.at_level(logging.INFO, logger="stopexp.evaluation.method_names"):
         assert method_names(none.evaluate.methods, none.predictor.name) == list(ALWAYS_METHODS)
     assert "no_prune, random, confidence, oracle run too" in caplog.text
     # `learned` is the configured predictor
@@ -349,14 +349,14 @@ def test_a_threshold_policy_has_no_retention_sweep_its_point_is_its_run(policy, 
 
 def test_a_probe_used_at_a_check_it_was_not_trained_at_is_warned_about(caplog):
     from stopexp.config import check_plan, checkpoint_tokens
-    from stopexp.evaluation.scorers import warn_off_checkpoint
+    from stopexp.evaluation.method_names import warn_off_checkpoint
 
     def warn(c, names):
         return warn_off_checkpoint(names, check_plan(c.search, c.policy), checkpoint_tokens(c.train.checkpoint,
                                    c.search.max_new_tokens), c.train.positions)
 
     cfg = compose("evaluate", ["search.check_at=[0.08,0.25]"])
-    with caplog.at_level(logging.WARNING, logger="stopexp.evaluation.scorers"):
+    with caplog.at_level(logging.WARNING, logger="stopexp.evaluation.method_names"):
         msg = warn(cfg, ["no_prune", "mlp", "conf_features"])
     assert msg == ("mlp, conf_features trained at 5 tokens (train.checkpoint) score the check(s) "
                    "at [16] tokens too, outside their training distribution; train.positions=all "

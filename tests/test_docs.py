@@ -99,10 +99,10 @@ def named_paths(text: str) -> list[str]:
 
 
 def test_the_path_check_sees_a_moved_module():
-    assert named_paths("`stopexp/feature_bank.py` `stopexp.store.feature_rows.tensors_at` "
+    assert named_paths("`stopexp/feature_sets.py` `stopexp.store.feature_rows.tensors_at` "
                        "`stopexp.store.nothing` `tests/conftest.py::FP32_REORDER` "
                        "`tests/conftest.py::nothing` `python -m stopexp.collect`") == [
-        "stopexp/feature_bank.py", "stopexp.store.nothing", "tests/conftest.py::nothing"]
+        "stopexp/feature_sets.py", "stopexp.store.nothing", "tests/conftest.py::nothing"]
 
 
 @pytest.mark.parametrize("path", [README, *PAGES], ids=lambda p: str(p.relative_to(ROOT)))

@@ -106,7 +106,7 @@ def test_beam_search_under_engine_vllm_reads_the_predictor_of_the_vllm_bank(beam
     sampled = compose("evaluate", ["+exp=smollm2_multistep"])
     cfg = validate(compose("evaluate", ["+exp=smollm2_multistep", *beam]))
     assert cfg.engine.name == "vllm"
-    assert build.predictor_dir(cfg, build.features(cfg)) == build.predictor_dir(sampled, build.features(sampled))
+    assert build.predictor_dir(cfg, build.feature_set(cfg)) == build.predictor_dir(sampled, build.feature_set(sampled))
     hf = compose("evaluate", ["+exp=smollm2_multistep", *beam, "engine=hf"])
     assert build.bank(hf).key != build.bank(cfg).key
 

@@ -68,7 +68,7 @@ def test_a_read_only_output_or_cache_dir_is_named_before_any_run_dir(tmp_path, r
 def test_every_user_error_class_is_a_user_error():
     from stopexp.models import ModelNotAvailable
     from stopexp.search.sample import PromptTooLong
-    from stopexp.signals.checkpoint import CheckpointDamaged, CheckpointMismatch
+    from stopexp.signals.saved_predictor import CheckpointDamaged, CheckpointMismatch
     from stopexp.stopping.answers import AnswersBankError
     from stopexp.store.bank import BankDamaged, BankMissing
     from stopexp.tasks.qa import TaskFileError

@@ -14,7 +14,7 @@ from stopexp.config import ConfigError, validate
 from stopexp.models import extract as feature_extract
 from stopexp.search.taps import Taps
 from stopexp.store import bank, feature_rows
-from stopexp.store import features as feature_bank
+from stopexp.store import feature_sets
 from stopexp.stages import build
 from stopexp.stages.featurize import featurize
 
@@ -69,22 +69,22 @@ def test_tap_change_reextracts_without_regenerating(small_bank, monkeypatch, cap
     import stopexp.stages.collect
 
     cfg = validate(compose("train", small_bank))
-    first = feature_bank.require_features(build.features(cfg))
+    first = feature_sets.require_features(build.feature_set(cfg))
     root = build.bank(cfg).root
     before = _snapshot(root)
     monkeypatch.setattr(stopexp.stages.collect, "collect", lambda *a, **k: pytest.fail("regenerated"))
     other = validate(compose("train", [*small_bank, "tap.layers=[0,1]", "tap.pooling=mean",
                                        "tap.positions.stride=4", "tap.positions.step_ends=true"]))
-    assert build.bank(other).root == root and build.features(other).root != first
+    assert build.bank(other).root == root and build.feature_set(other).root != first
     with pytest.raises(bank.BankMissing, match="python -m stopexp.featurize"):
-        feature_bank.require_features(build.features(other))
+        feature_sets.require_features(build.feature_set(other))
     with caplog.at_level("INFO", logger="stopexp.stages.featurize"):
-        featurize(build.features(other))
-    second = feature_bank.require_features(build.features(other))
+        featurize(build.feature_set(other))
+    second = feature_sets.require_features(build.feature_set(other))
     assert "extracting features" in caplog.text and _snapshot(root) == before
     meta = bank.read_meta(second)
     assert meta["tap_layers"] == [0, 1] and meta["bank"] == root.name and meta["pooling"] == "mean"
-    ds, feats = feature_rows.load_split(build.features(other), "train")
+    ds, feats = feature_rows.load_split(build.feature_set(other), "train")
     for i in range(len(ds)):  # every stride multiple and checkpoint below the length
         n = int(ds["length"][i])
         pos = set(feats.positions[feats.offsets[i]:feats.offsets[i + 1]].tolist())
@@ -97,7 +97,7 @@ def test_tap_change_reextracts_without_regenerating(small_bank, monkeypatch, cap
 
 def test_step_ends_are_the_separator_tokens(small_bank):
     cfg = featurized(validate(compose("train", [*small_bank, "tap.positions.step_ends=true"])))
-    ds, feats = feature_rows.load_split(build.features(cfg), "val")
+    ds, feats = feature_rows.load_split(build.feature_set(cfg), "val")
 
     _, tok = build.lm(cfg, progress=False)
     semi = tok.convert_tokens_to_ids(";")
@@ -108,10 +108,10 @@ def test_step_ends_are_the_separator_tokens(small_bank):
 
 
 def test_views_agree_and_signals_match_the_bank(small_bank):
-    from stopexp.signals.features import SIGNAL_NAMES
+    from stopexp.signals.feature_spec import SIGNAL_NAMES
 
     cfg = validate(compose("train", small_bank))
-    ds, feats = feature_rows.load_split(build.features(cfg), "test")
+    ds, feats = feature_rows.load_split(build.feature_set(cfg), "test")
     at = feature_rows.tensors_at(ds, feats, 5)
     pb = feature_rows.position_batch(ds, feats, positions=[5])
     alive = at["alive"]
@@ -136,9 +136,9 @@ def test_float16_features_halve_the_bytes(small_bank):
     half = validate(compose("train", [*small_bank, "tap.positions.stride=2", "tap.positions.dtype=float16"]))
     sizes = {}
     for name, cfg in (("f32", base), ("f16", half)):
-        meta = bank.read_meta(feature_bank.require_features(build.features(featurized(cfg))))
+        meta = bank.read_meta(feature_sets.require_features(build.feature_set(featurized(cfg))))
         sizes[name] = sum(f["size"] for r in meta["shards"].values() for f in r["files"].values())
-        ds, feats = feature_rows.load_split(build.features(cfg), "val")
+        ds, feats = feature_rows.load_split(build.feature_set(cfg), "val")
         sizes[name + "_hidden"] = feats.hidden
     assert sizes["f16_hidden"].dtype == np.float16 and sizes["f32_hidden"].dtype == np.float32
     np.testing.assert_allclose(sizes["f16_hidden"].astype(np.float32), sizes["f32_hidden"], rtol=2e-3, atol=2e-3)
@@ -149,7 +149,7 @@ def test_damaged_features_name_the_file_and_the_command(small_bank, tmp_path):
     import shutil
 
     cfg = validate(compose("train", small_bank))
-    out = feature_bank.require_features(build.features(cfg))
+    out = feature_sets.require_features(build.feature_set(cfg))
     shard = sorted(p for p in out.glob("shard-*") if (p / "dataset_info.json").exists())[0]
     arrow = sorted(shard.glob("*.arrow"))[0]
     keep = tmp_path / "keep.arrow"
@@ -158,14 +158,14 @@ def test_damaged_features_name_the_file_and_the_command(small_bank, tmp_path):
         f.truncate(arrow.stat().st_size - 100)
     try:
         with pytest.raises(bank.BankDamaged) as err:
-            feature_bank.require_features(build.features(cfg), ["+exp=toy_contrastive"])
+            feature_sets.require_features(build.feature_set(cfg), ["+exp=toy_contrastive"])
         msg = str(err.value)
         assert f"features {out} is damaged: {shard.name}: {arrow.name} has" in msg
         assert "python -m stopexp.featurize +exp=toy_contrastive" in msg
         with pytest.raises(bank.BankDamaged, match=f"(?s){arrow.name}.*python -m stopexp.featurize"):
-            feature_rows.load_split(build.features(cfg), "train")
-        featurize(build.features(cfg))  # repairs: recomputes the damaged shard only
-        assert bank.verify_bank(out, full=True, kind="features", version=feature_bank.FEATURES_VERSION)
+            feature_rows.load_split(build.feature_set(cfg), "train")
+        featurize(build.feature_set(cfg))  # repairs: recomputes the damaged shard only
+        assert bank.verify_bank(out, full=True, kind="features", version=feature_sets.FEATURES_VERSION)
     finally:
         if not arrow.exists() or arrow.stat().st_size != keep.stat().st_size:
             shutil.copy(keep, arrow)
@@ -195,21 +195,21 @@ def test_features_of_another_tap_under_this_key_are_refused_and_featurize_repair
     trained = train_with_controls(cfg, progress=False)  # on the features of this tap (the last layer, 2)
     record = Path(trained["checkpoint"]) / "predictor.json"
     written = (record.stat().st_ino, record.stat().st_mtime_ns)
-    out = build.features(cfg).root
+    out = build.feature_set(cfg).root
     reference = feature_rows.load_features(out, "test").hidden.copy()
     other = validate(compose("evaluate", [*overrides, "tap.layers=[0]"]))
     shutil.rmtree(out)
-    shutil.copytree(feature_bank.require_features(build.features(featurized(other))), out)  # layer 0's, under this key
+    shutil.copytree(feature_sets.require_features(build.feature_set(featurized(other))), out)  # layer 0's, under this key
     want = (f"features {out} does not fit this config: its meta.json records tap_layers=[0], this "
             "config expects [2]; repair: python -m stopexp.featurize +exp=toy_contrastive (it recomputes ")
     with pytest.raises(bank.ArtifactMismatch) as err:
-        feature_bank.require_features(build.features(cfg), ["+exp=toy_contrastive"])
+        feature_sets.require_features(build.feature_set(cfg), ["+exp=toy_contrastive"])
     assert str(err.value).startswith(want)
     with pytest.raises(bank.ArtifactMismatch, match="records tap_layers=\\[0\\]"):
         evaluate(cfg)  # not layer 0 scored by the layer-2 predictor
     with pytest.raises(bank.ArtifactMismatch, match="records tap_layers=\\[0\\]"):
         train_with_controls(cfg, progress=False)  # the cached predictor is not reused either
-    summary = featurize(build.features(cfg))  # every shard names the other features: recomputed
+    summary = featurize(build.feature_set(cfg))  # every shard names the other features: recomputed
     assert bank.read_meta(out)["tap_layers"] == [2] and summary["paths"] == 24 * 8
     assert np.array_equal(feature_rows.load_features(out, "test").hidden, reference)
     assert set(evaluate(cfg)["methods"]) >= {"linear", "no_prune"}
@@ -220,22 +220,22 @@ def test_features_of_another_tap_under_this_key_are_refused_and_featurize_repair
 
 def test_a_features_record_with_another_width_is_refused_and_featurize_rewrites_it(small_bank, tmp_path):
     cfg = featurized(validate(compose("train", _private_bank(small_bank, tmp_path))))
-    out = feature_bank.require_features(build.features(cfg))
+    out = feature_sets.require_features(build.feature_set(cfg))
     original = bank.read_meta(out)
     shards = _snapshot(out)
     (out / "meta.json").write_text(json.dumps({**original, "hidden_size": 64}))
-    for consumer in (lambda: feature_bank.require_features(build.features(cfg)),
-                     lambda: feature_rows.load_split(build.features(cfg), "test")):
+    for consumer in (lambda: feature_sets.require_features(build.feature_set(cfg)),
+                     lambda: feature_rows.load_split(build.feature_set(cfg), "test")):
         with pytest.raises(bank.ArtifactMismatch, match=f"^features {out} does not fit this config: "
                                                         "its meta.json records hidden_size=64, this "
                                                         "config expects 96; repair: python -m "
                                                         "stopexp.featurize"):
             consumer()  # named at once, not an IndexError in evaluate
-    featurize(build.features(cfg))  # rewrites the record (its shards fit)
+    featurize(build.feature_set(cfg))  # rewrites the record (its shards fit)
     assert bank.read_meta(out) == original
     assert {k: v for k, v in _snapshot(out).items() if "meta.json" not in k} == \
         {k: v for k, v in shards.items() if "meta.json" not in k}  # the shards fit: kept
-    ds, feats = feature_rows.load_split(build.features(cfg), "test")
+    ds, feats = feature_rows.load_split(build.feature_set(cfg), "test")
     assert feats.hidden.shape[1:] == (1, 96)
 
 
@@ -243,21 +243,21 @@ def test_a_features_record_with_another_width_is_refused_and_featurize_rewrites_
 def test_shards_whose_records_name_no_features_are_judged_by_the_record(
         small_bank, tmp_path, record_fits):
     cfg = featurized(validate(compose("train", _private_bank(small_bank, tmp_path))))
-    out = feature_bank.require_features(build.features(cfg))
+    out = feature_sets.require_features(build.feature_set(cfg))
     meta = bank.read_meta(out)
     for name in meta["shards"]:  # records that name no features and no tap
         rec = {k: v for k, v in meta["shards"][name].items()
-               if k not in ("features", *feature_bank.TAP_INFO)}
+               if k not in ("features", *feature_sets.TAP_INFO)}
         (out / name / bank.MANIFEST).write_text(json.dumps(rec))
         meta["shards"][name] = rec
     if not record_fits:
         meta["tap_layers"] = [0]
     (out / "meta.json").write_text(json.dumps(meta))
     shards = {k: v for k, v in _snapshot(out).items() if "meta.json" not in k}
-    featurize(build.features(cfg))
+    featurize(build.feature_set(cfg))
     kept = {k: v for k, v in _snapshot(out).items() if "meta.json" not in k} == shards
     assert kept == record_fits  # a record of another tap vouches for none of them
-    assert bank.read_meta(feature_bank.require_features(build.features(cfg)))["tap_layers"] == [2]
+    assert bank.read_meta(feature_sets.require_features(build.feature_set(cfg)))["tap_layers"] == [2]
 
 
 def test_old_bank_says_rerun_collect(small_bank, tmp_path):
@@ -293,7 +293,7 @@ def test_keys_split_generation_from_taps(tmp_path):
                    "tap.positions.stride=8", "tap.positions.dtype=float16", "tap.checkpoints=[0.1,0.25]"):
         other = validate(compose("train", [*base, change, "train.checkpoint=0.25", "search.check_at=0.25"]))
         assert build.bank(other).key == build.bank(plain).key, change
-        assert build.features(other).key != build.features(plain).key, change
+        assert build.feature_set(other).key != build.feature_set(plain).key, change
     # Monte Carlo labels are generated at the checkpoints: then they key the bank
     mc = [*base, "collect.mc_rollouts=2"]
     a = validate(compose("train", mc))

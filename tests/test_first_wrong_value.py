@@ -44,7 +44,7 @@ def test_values_are_the_solutions_equation_results():
         assert [int(m.group(6)) for m in _EQUATION.finditer(p.solution)] == list(p.values)
         assert p.values[-1] == p.answer and p.solution.endswith(f"\n{MARKER} {p.answer}.")
         assert p.solution.count("\n") == len(p.values)  # a line per step, then the answer
-        assert first_wrong_value(p, p.solution) is None and task.check(p, p.solution)
+        assert first_wrong_value(p, p.solution) is None and task.grade(p, p.solution)
 
 
 PROBLEM = WordProblem(0, "test", "q", "q", 11, "", "sub+add+add", (1, 8, 11))

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import compose, featurized
 from stopexp.config import validate
-from stopexp.signals.checkpoint import CheckpointDamaged, CheckpointMismatch, load_predictor
+from stopexp.signals.saved_predictor import CheckpointDamaged, CheckpointMismatch, load_predictor
 from stopexp.stages import build
 from stopexp.stages.build import predictor_dir
 from stopexp.stages.train import train_with_controls
@@ -17,13 +17,13 @@ from stopexp.store import bank
 
 def test_damaged_predictor_is_named_and_train_rebuilds_it(copied, small_bank):
     from stopexp.stages.scorers import build_scorers
-    from stopexp.store.features import spec_of
+    from stopexp.store.feature_sets import spec_of
 
     _, root = copied
     cfg = validate(compose("train", [*small_bank, f"paths.output_dir={root.parents[2]}",
                                      "predictor=linear", "train.epochs=2"]))
     first = train_with_controls(featurized(cfg), progress=False)
-    ckpt = predictor_dir(cfg, build.features(cfg))
+    ckpt = predictor_dir(cfg, build.feature_set(cfg))
     weights = (ckpt / "predictor.safetensors").read_bytes()
     spec = spec_of(cfg.tap.layers, bank.read_meta(root))
     os.truncate(ckpt / "predictor.safetensors", 100)
@@ -31,7 +31,7 @@ def test_damaged_predictor_is_named_and_train_rebuilds_it(copied, small_bank):
                                                 rf"{len(weights)} recorded.*python -m stopexp.train"):
         load_predictor(ckpt, spec, cfg.predictor)
     with pytest.raises(CheckpointDamaged, match=r"; rebuild it with: python -m stopexp.train"):
-        build_scorers(cfg, ["linear"], spec, build.features(cfg))
+        build_scorers(cfg, ["linear"], spec, build.feature_set(cfg))
     assert train_with_controls(cfg, progress=False)["val"] == first["val"]  # rebuilt, not refused
     assert (ckpt / "predictor.safetensors").read_bytes() == weights
     other = validate(compose("train", [*small_bank, f"paths.output_dir={root.parents[2]}",
@@ -53,14 +53,14 @@ def test_damaged_predictor_is_named_and_train_rebuilds_it(copied, small_bank):
                 load_predictor(ckpt, spec, cfg.predictor)
         else:  # another config's checkpoint of the same spec: refused by its key
             shutil.rmtree(ckpt)
-            shutil.copytree(predictor_dir(other, build.features(other)), ckpt)
+            shutil.copytree(predictor_dir(other, build.feature_set(other)), ckpt)
             with pytest.raises(CheckpointMismatch, match=rf"^predictor checkpoint {ckpt} does not fit "
                                                          rf"this config: its predictor.json records "
-                                                         rf"key='{predictor_dir(other, build.features(other)).name}', this "
+                                                         rf"key='{predictor_dir(other, build.feature_set(other)).name}', this "
                                                          rf"config expects '{ckpt.name}'"):
                 load_predictor(ckpt, spec, cfg.predictor)
             with pytest.raises(CheckpointMismatch, match=r"; rebuild it with: python -m stopexp.train"):
-                build_scorers(cfg, ["linear"], spec, build.features(cfg))
+                build_scorers(cfg, ["linear"], spec, build.feature_set(cfg))
         assert train_with_controls(cfg, progress=False)["val"] == first["val"]
         predictor, saved = load_predictor(ckpt, spec, cfg.predictor)
         assert saved["weights"]["size"] == len(weights)
@@ -69,8 +69,8 @@ def test_damaged_predictor_is_named_and_train_rebuilds_it(copied, small_bank):
 
 def test_super_token_checkpoint_damage_is_named(tmp_path):
     from stopexp.models.super_token import checkpoint_meta
-    from stopexp.signals.checkpoint import load_weights
-    from stopexp.signals.features import FeatureSpec
+    from stopexp.signals.saved_predictor import load_weights
+    from stopexp.signals.feature_spec import FeatureSpec
 
     (tmp_path / "predictor.json").write_text('{"predictor": {"name": "super_token"}, "feat')
     spec = FeatureSpec("toy", 96, [2], ("a",))

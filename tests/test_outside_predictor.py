@@ -61,7 +61,7 @@ def test_a_predictor_from_outside_the_package_trains_and_evaluates(small_bank, l
     assert "low_rank" in result and 0.0 <= result["low_rank"]["accuracy"] <= 1.0
     # its own key is part of the predictor's key: another rank is another predictor
     other = validate(compose("evaluate", [*small_bank, low_rank, *FAST, "predictor.rank=3"]))
-    assert build.predictor_dir(other, build.features(other)) != Path(metrics["checkpoint"])
+    assert build.predictor_dir(other, build.feature_set(other)) != Path(metrics["checkpoint"])
     with pytest.raises(ConfigError, match=r"^predictor.hidden: 64 is read only by predictor="):
         validate(compose("evaluate", [*small_bank, low_rank, *FAST, "predictor.hidden=64"]))
 

@@ -134,11 +134,11 @@ def test_fit_on_every_position_is_pinned():
 
 def test_position_data_holds_every_alive_row_at_each_checkpoint(small_bank):
     from stopexp.store import feature_rows
-    from stopexp.store import features as feature_bank
+    from stopexp.store import feature_sets
 
     cfg = validate(compose("train", small_bank))
-    ds, rows = position_rows(build.features(cfg), "val")
-    feats = feature_rows.load_features(feature_bank.require_features(build.features(cfg)), "val")
+    ds, rows = position_rows(build.feature_set(cfg), "val")
+    feats = feature_rows.load_features(feature_sets.require_features(build.feature_set(cfg)), "val")
     for ckpt in (5, 16):
         t = feature_rows.tensors_at(ds, feats, ckpt)
         at = rows["position"] == ckpt
@@ -157,7 +157,7 @@ def test_train_on_every_position_reports_and_plots_the_curve(small_bank, tmp_pat
         assert curve["positions"] == [5, 16]
         assert m[split]["auroc"] == mean_over_positions(curve)
     assert (tmp_path / "auroc_by_prefix.png").exists()
-    saved = json.loads((predictor_dir(cfg, build.features(cfg)) / "predictor.json").read_text())
+    saved = json.loads((predictor_dir(cfg, build.feature_set(cfg)) / "predictor.json").read_text())
     assert saved["predictor"]["position_input"] is True
     assert saved["metrics"]["test"]["auroc_by_prefix"] == m["test"]["auroc_by_prefix"]
 
@@ -180,7 +180,7 @@ def test_evaluate_writes_every_methods_curve_and_the_single_checkpoint_baseline(
         if name != "mlp@5":
             assert c["auroc"][0] == pytest.approx(m["methods"][name]["auroc"], abs=1e-12), name
     # the baseline is the standard predictor, scored at every position
-    saved = json.loads((predictor_dir(one, build.features(one)) / "predictor.json").read_text())
+    saved = json.loads((predictor_dir(one, build.feature_set(one)) / "predictor.json").read_text())
     assert curves["mlp@5"] == saved["metrics"]["test"]["auroc_by_prefix"]
     assert curves["mlp@5"]["auroc"][0] == saved["metrics"]["test"]["auroc"]
     assert (tmp_path / "auroc_by_prefix.png").exists()

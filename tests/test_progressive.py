@@ -166,8 +166,8 @@ def test_bad_checks_and_votes_fail_naming_the_key(overrides, key, msg):
 def test_replay_refuses_checks_the_features_lack(small_bank):
     from stopexp.evaluation.accounting import replay_paths
     from stopexp.store import bank
-    from stopexp.store import features as feature_bank
+    from stopexp.store import feature_sets
 
     cfg = compose("evaluate", small_bank)  # the bank alone: no evaluate settings needed
     with pytest.raises(ValueError, match=r"no position 10 .*add it to tap.checkpoints or tap.positions"):
-        replay_paths(bank.require_bank(build.bank(cfg)), feature_bank.require_features(build.features(cfg)), "test", [5, 10])
+        replay_paths(bank.require_bank(build.bank(cfg)), feature_sets.require_features(build.feature_set(cfg)), "test", [5, 10])

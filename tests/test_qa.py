@@ -55,7 +55,7 @@ def test_malformed_completions_are_wrong_never_a_crash(text):
     problem = t.problems("train", 1)[0]
     for task in (t, QATask(str(MATH), "boxed", question_key="problem", answer_key="solution",
                            split_fractions=SPREAD)):
-        assert task.check(problem, text) is False
+        assert task.grade(problem, text) is False
         assert isinstance(task.answer_of(text), str)
 
 
@@ -67,12 +67,12 @@ def test_gsm8k_style_file_checks_and_references():
     by_row = {p.source_row: p for p in problems}
     tom = by_row[0]
     assert tom.answer == "29" and tom.prompt.startswith("Tom has 3 boxes") and "####" in tom.prompt
-    assert t.check(tom, "36 - 7 = 29\n#### 29") and t.check(tom, "so \\boxed{29}")
-    assert t.check(tom, "#### 29.0") and not t.check(tom, "#### 28") and not t.check(tom, "29")
+    assert t.grade(tom, "36 - 7 = 29\n#### 29") and t.grade(tom, "so \\boxed{29}")
+    assert t.grade(tom, "#### 29.0") and not t.grade(tom, "#### 28") and not t.grade(tom, "29")
     assert t.reference(tom).endswith("#### 29")
     assert t.diagnose(tom, "anything") == {"style": "n/a", "first_error": -1}
     assert by_row[3].answer == "900" and by_row[5].answer == "1/2" and by_row[15].answer == "81/2"
-    assert t.check(by_row[5], "#### 1/2") and t.answer_of("#### .5") == "1/2"
+    assert t.grade(by_row[5], "#### 1/2") and t.answer_of("#### .5") == "1/2"
 
 
 def test_math_style_file_with_boxed_answers(tmp_path):
@@ -89,8 +89,8 @@ def test_math_style_file_with_boxed_answers(tmp_path):
     assert [answers[i].answer for i in range(10)] == [
         "1/2", "-3", "180", "15", "23", "x+1", "1500", "3/4", "(2,1)", "6"]
     assert answers[0].prompt.endswith("within \\boxed{}.")
-    assert t.check(answers[0], "so it is $\\boxed{0.5}$") and t.check(answers[7], "\\boxed{\\frac34}")
-    assert not t.check(answers[0], "#### 0.5")
+    assert t.grade(answers[0], "so it is $\\boxed{0.5}$") and t.grade(answers[7], "\\boxed{\\frac34}")
+    assert not t.grade(answers[0], "#### 0.5")
 
 
 def test_split_is_fixed_by_the_seed_and_disjoint():
@@ -185,7 +185,7 @@ def test_an_integer_past_pythons_conversion_limit_is_an_answer_not_a_crash(tmp_p
         problems = [p for s, rows_of in task.split_rows.items() for p in task.problems(s, len(rows_of))]
         first = next(p for p in problems if p.source_row == 0)
         assert first.answer == huge and first.reference == huge
-        assert task.check(first, f"so #### {huge}") and not task.check(first, f"#### {huge[:-1]}8")
+        assert task.grade(first, f"so #### {huge}") and not task.grade(first, f"#### {huge[:-1]}8")
 
 
 def test_qa_configs_validate():
@@ -212,6 +212,6 @@ def test_extraction_mode_is_configured_checked_and_recorded():
     tom = flexible.problems("train", len(flexible.split_rows["train"]))
     tom = next(p for p in tom if p.source_row == 0)
     unmarked = "36 - 7 = 29 pencils are left."
-    assert flexible.check(tom, unmarked) and not strict.check(tom, unmarked)
+    assert flexible.grade(tom, unmarked) and not strict.grade(tom, unmarked)
     assert flexible.answer_of("#### 29\nQuestion: 5 more") == strict.answer_of("#### 29") == "29"
     assert compose("collect", ["task=arith"]).task.extraction == "strict"  # the default

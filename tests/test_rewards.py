@@ -19,7 +19,7 @@ from stopexp.metrics import reward_ranking, within_prompt_auroc
 from stopexp.runtime.artifacts import plain
 from stopexp.store.keys import sampling_section
 from stopexp.tasks import build_task
-from stopexp.tasks.base import Task
+from stopexp.tasks.task import Task
 from stopexp.tasks.datatotext import DataToTextTask
 from stopexp.tasks.rewards import Reward, bleu, neg_perplexity, register_reward, rouge_l
 from stopexp.training.losses import build_loss
@@ -100,11 +100,11 @@ def test_datatotext_task_is_seeded_split_and_checked_by_its_slots():
     rec = next(p for p in a if dict(p.values).get("rating"))
     refs = task.references(rec)
     assert len(refs) == 8 and len(set(refs)) == 8  # 4 templates x 2 rating clauses
-    assert all(task.check(rec, " " + r + "\nRecord:") for r in refs)
+    assert all(task.grade(rec, " " + r + "\nRecord:") for r in refs)
     assert task.reference(rec) == refs[0]
     values = dict(rec.values)
     wrong = refs[0].replace(f"rated {values['rating']}", f"rated {int(values['rating']) % 5 + 1}")
-    assert not task.check(rec, wrong) and not task.check(rec, refs[0].split(".")[0] + ".")
+    assert not task.grade(rec, wrong) and not task.grade(rec, refs[0].split(".")[0] + ".")
     assert task.answer_of(refs[0]) == task.answer_of(refs[3])  # the vote is on content
     assert a[0].prompt.count("Record:") == 3 and a[0].prompt.endswith("Sentence:")
     cfg = compose("collect", ["task=datatotext", "model.chat_template=false", "task.shots=0"])
@@ -344,7 +344,7 @@ class _ChineseTask(Task):
     def problems(self, split, n):
         return []
 
-    def check(self, problem, completion):
+    def grade(self, problem, completion):
         return completion == problem
 
     def answer_of(self, completion):

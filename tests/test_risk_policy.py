@@ -226,7 +226,7 @@ def test_the_predictor_never_saw_a_calibration_prompt(small_bank, monkeypatch):
     held_out, on_val = cfg_for(bank), cfg_for(bank, "policy.selection_share=0")
     topk = cfg_for([*small_bank, "train.seed=31"])
     assert build.bank(held_out).root == build.bank(on_val).root == build.bank(topk).root
-    assert build.predictor_dir(on_val, build.features(on_val)) == build.predictor_dir(topk, build.features(topk)) != build.predictor_dir(held_out, build.features(held_out))
+    assert build.predictor_dir(on_val, build.feature_set(on_val)) == build.predictor_dir(topk, build.feature_set(topk)) != build.predictor_dir(held_out, build.feature_set(held_out))
     for cfg in (held_out, on_val):  # seen[0]: selection_share 0.2, seen[1]: 0
         train_with_controls(cfg, progress=False)
     m = evaluate(held_out)

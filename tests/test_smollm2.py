@@ -26,7 +26,7 @@ def test_smollm2_experiment_end_to_end(tmp_path):
     meta = bank.read_meta(root)
     assert meta["complete"] and meta["model_name"] == "smollm2-135m-instruct"
     assert meta["num_layers"] == 30 and meta["hidden_size"] == 576
-    assert bank.read_meta(build.features(cfg).root, kind="features")["tap_layers"] == [15, 29]
+    assert bank.read_meta(build.feature_set(cfg).root, kind="features")["tap_layers"] == [15, 29]
     assert meta["task"]["extraction"] == "strict" and meta["task"]["name"] == "wordprob"
 
     ds = bank.load_bank(root)

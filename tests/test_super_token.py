@@ -9,8 +9,8 @@ from conftest import FP32_REORDER, compose
 from stopexp.config import ConfigError, LossConfig, PredictorConfig, validate
 from stopexp.models.super_token import SuperTokenPredictor, load_super_token
 from stopexp.search.decode import Engine, SamplingParams
-from stopexp.signals.checkpoint import CheckpointMismatch, save_predictor
-from stopexp.signals.features import FeatureSpec
+from stopexp.signals.saved_predictor import CheckpointMismatch, save_predictor
+from stopexp.signals.feature_spec import FeatureSpec
 from stopexp.training.losses import build_loss
 from stopexp.stages import build
 
@@ -145,7 +145,7 @@ def test_config_and_bad_values():
 def test_train_and_evaluate_through_the_harness(small_bank):
     from stopexp.stages.evaluate import evaluate
     from stopexp.store import bank
-    from stopexp.store.features import spec_of
+    from stopexp.store.feature_sets import spec_of
     from stopexp.stages.build import predictor_dir, training_data
     from stopexp.training.fit import evaluate_scores, score
     from stopexp.stages.train import train_with_controls
@@ -156,9 +156,9 @@ def test_train_and_evaluate_through_the_harness(small_bank):
     assert metrics["parameters"] < 60_000 and np.isfinite(metrics["val"]["auroc_pooled"])
     root = bank.require_bank(build.bank(cfg))
     meta = bank.read_meta(root)
-    st, _ = load_super_token(predictor_dir(cfg, build.features(cfg)), *build.lm(cfg, progress=False), spec_of(cfg.tap.layers, meta),
+    st, _ = load_super_token(predictor_dir(cfg, build.feature_set(cfg)), *build.lm(cfg, progress=False), spec_of(cfg.tap.layers, meta),
                              cfg.predictor)
-    test = training_data(cfg, build.features(cfg), meta, prefixes=True)["test"]
+    test = training_data(cfg, build.feature_set(cfg), meta, prefixes=True)["test"]
     assert evaluate_scores(score(st, test), test)["auroc_pooled"] == metrics["test"]["auroc_pooled"]
     ev = validate(compose("evaluate", [*small_bank, *extra, "evaluate.methods=[learned]",
                                        "evaluate.text_metrics=false", "evaluate.bootstrap=50",

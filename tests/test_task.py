@@ -19,14 +19,14 @@ def test_example_from_the_spec():
     assert p.prompt == "4+7*3-9?"
     assert solution(p, "careful") == "4+7=1;1*3=3;3-9=4;#4"
     assert solution(p, "shortcut") == "4+7*3=3;3-9=4;#4"
-    assert p.answer == 4 and t.check(p, "4+7=1;1*3=3;3-9=4;#4")
+    assert p.answer == 4 and t.grade(p, "4+7=1;1*3=3;3-9=4;#4")
 
 
 def test_references_are_right_in_both_styles(task):
     for p in task.problems("val", 50):
         for style in ("careful", "shortcut"):
             text = solution(p, style)
-            assert task.check(p, text) and first_error(p, text) is None
+            assert task.grade(p, text) and first_error(p, text) is None
             assert task.style_of(text) == style
 
 
@@ -34,9 +34,9 @@ def test_references_are_right_in_both_styles(task):
                                   "\x00\xff", "=;;;#", "#4 extra"])
 def test_malformed_outputs_are_wrong_not_crashes(task, text):
     p = task.problems("test", 1)[0]
-    assert task.check(p, text) in (False, True)
+    assert task.grade(p, text) in (False, True)
     if text in ("", "#", "garbage", "#a", "=;;;#", "#12"):
-        assert not task.check(p, text)
+        assert not task.grade(p, text)
     first_error(p, text)  # never raises
     extract_answer(text)
 

@@ -1,4 +1,4 @@
-"""The task interface (stopexp.tasks.base.Task): every registered task keeps its contract,
+"""The task interface (stopexp.tasks.task.Task): every registered task keeps its contract,
 a config names a task's capabilities without importing torch, and a task defined outside
 the package, registered by one line, composes, validates, builds and grades."""
 from __future__ import annotations
@@ -15,7 +15,7 @@ from conftest import compose
 from stopexp.config import ConfigError, validate
 from stopexp.core.names import REGISTRY, lookup, names
 from stopexp.tasks import build_task, vote_format
-from stopexp.tasks.base import Task
+from stopexp.tasks.task import Task
 
 ROOT = Path(__file__).resolve().parents[1]
 CLASS_CAPABILITIES = {"text_level": str, "checks_steps": bool, "generated": bool,
@@ -44,7 +44,7 @@ def test_the_built_tasks_answer_through_the_interface():
         problem = task.problems("test", 1)[0]
         ref = task.reference(problem)
         assert task.references(problem)[0] == ref and task.answer_text(ref) == ref
-        assert task.check(problem, ref) or name == "datatotext"  # its reference lacks the rating
+        assert task.grade(problem, ref) or name == "datatotext"  # its reference lacks the rating
         assert vote_format(task) is None and task.end_tag is None and task.split_rows is None
     qa = compose("collect", ["task=gsm8k"]).task
     assert vote_format(qa) == "numeric" and vote_format(compose("collect").task) is None
@@ -84,7 +84,7 @@ DIGITS = '''
 import random
 from dataclasses import dataclass
 
-from stopexp.tasks.base import Task
+from stopexp.tasks.task import Task
 from stopexp.tasks.splits import hash_split
 
 
@@ -122,7 +122,7 @@ class DigitsTask(Task):
                 seen.append(number)
         return [DigitsProblem(i, split, number) for i, number in enumerate(seen)]
 
-    def check(self, problem, completion):
+    def grade(self, problem, completion):
         return self.answer_of(completion) == str(problem.answer)
 
     def answer_of(self, completion):
@@ -148,8 +148,8 @@ def test_a_task_from_outside_the_package_composes_validates_builds_and_grades(di
     cfg = validate(compose("collect", ["task=digits", digits, "task.n_digits=4"]), machine=False)
     task = build_task(cfg.task)
     problem = task.problems("test", 2)[1]
-    assert len(problem.number) == 4 and task.check(problem, f"...#{problem.answer}")
-    assert not task.check(problem, "#") and task.answer_of("1+2=3#3") == "3"
+    assert len(problem.number) == 4 and task.grade(problem, f"...#{problem.answer}")
+    assert not task.grade(problem, "#") and task.answer_of("1+2=3#3") == "3"
     assert vote_format(task) is None and vote_format(cfg.task) is None
     with pytest.raises(ConfigError, match="^task.shots: 5 is read only by task="):
         validate(compose("collect", ["task=digits", digits, "task.shots=5"]), machine=False)

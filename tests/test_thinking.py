@@ -71,11 +71,11 @@ def test_the_answer_is_what_follows_the_end_tag():
     assert isinstance(task, ThinkingTask) and task.name == "arith" and task.step_separator == "\n\n"
     p = task.problems("test", 1)[0]
     answer = plain.reference(p)  # the careful solution, ending in "#<answer>"
-    assert plain.check(p, answer)
+    assert plain.grade(p, answer)
     thought = f"<think>\nmaybe #{p.answer + 1}\n\nno\n{END}" + answer
-    assert task.check(p, thought) and task.answer_of(thought) == str(p.answer)
-    assert not plain.check(p, thought[: thought.index(END)])  # the thinking's #answer is wrong
-    assert not task.check(p, answer)  # no end tag: the path never answered
+    assert task.grade(p, thought) and task.answer_of(thought) == str(p.answer)
+    assert not plain.grade(p, thought[: thought.index(END)])  # the thinking's #answer is wrong
+    assert not task.grade(p, answer)  # no end tag: the path never answered
     assert task.answer_of(answer) == "" and task.answer_text(answer) == ""
     assert split_thinking("a</think>b</think>c", END) == ("a</think>", "b</think>c")
     assert split_thinking("abc", END) == ("abc", None)
@@ -118,7 +118,7 @@ def test_a_special_end_tag_survives_every_decode():
     text = text_of(tok, ids)
     assert text == "<think>ak" + END + answer  # the tags stay, EOS and padding do not
     assert texts_of(tok, [ids, ids[:3]]) == [text, "<think>ak"]
-    assert task.check(p, text) and task.answer_of(text) == str(p.answer)
+    assert task.grade(p, text) and task.answer_of(text) == str(p.answer)
     assert thinking_length(tok, ids, END) == 4  # up to the tag, not the whole path
     assert prefix_holding(tok, ids, len("<think>ak" + END)) == 4
     assert StopStrings([END], tok).hits([ids[:3], ids[:4]]) == [False, True]

@@ -19,7 +19,7 @@ def test_training_gives_the_same_bits_at_one_and_at_two_threads(small_bank):
     try:
         for threads in (1, 2):
             torch.set_num_threads(threads)
-            shutil.rmtree(predictor_dir(cfg, build.features(cfg)), ignore_errors=True)
+            shutil.rmtree(predictor_dir(cfg, build.feature_set(cfg)), ignore_errors=True)
             m = train_with_controls(cfg, progress=False)
             weights.append(load_file(f"{m['checkpoint']}/predictor.safetensors"))
             metrics.append({s: m[s]["auroc_pooled"] for s in ("train", "val", "test")})

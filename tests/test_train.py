@@ -5,11 +5,11 @@ import pytest
 
 from conftest import compose, featurized
 from stopexp.config import ConfigError, validate
-from stopexp.signals.checkpoint import CheckpointMismatch, load_predictor
+from stopexp.signals.saved_predictor import CheckpointMismatch, load_predictor
 from stopexp.stages.build import predictor_dir, training_data
 from stopexp.stages.train import train
 from stopexp.store import bank
-from stopexp.store.features import spec_of
+from stopexp.store.feature_sets import spec_of
 from stopexp.training.fit import score
 from stopexp.stages import build
 
@@ -22,7 +22,7 @@ def test_train_writes_a_checkpoint_that_reloads_with_identical_scores(small_bank
     import shutil
 
     cfg = cfg_for(small_bank)
-    shutil.rmtree(predictor_dir(cfg, build.features(cfg)), ignore_errors=True)  # other tests may have made it
+    shutil.rmtree(predictor_dir(cfg, build.feature_set(cfg)), ignore_errors=True)  # other tests may have made it
     metrics = train(cfg, run_dir=tmp_path, progress=False)
     assert {"train", "val", "test"} <= set(metrics)
     for split in ("train", "val", "test"):
@@ -32,11 +32,11 @@ def test_train_writes_a_checkpoint_that_reloads_with_identical_scores(small_bank
     assert (tmp_path / "loss_curve.png").exists() and (tmp_path / "reliability.png").exists()
     root = bank.require_bank(build.bank(cfg))
     meta = bank.read_meta(root)
-    predictor, saved = load_predictor(predictor_dir(cfg, build.features(cfg)), spec_of(cfg.tap.layers, meta), cfg.predictor)
+    predictor, saved = load_predictor(predictor_dir(cfg, build.feature_set(cfg)), spec_of(cfg.tap.layers, meta), cfg.predictor)
     assert saved["bank_key"] == root.name and saved["feature_spec"]["hidden_size"] == 96
-    data = training_data(cfg, build.features(cfg), meta)
+    data = training_data(cfg, build.feature_set(cfg), meta)
     again = score(predictor, data["test"])
-    assert np.isclose(json.loads((predictor_dir(cfg, build.features(cfg)) / "predictor.json").read_text())
+    assert np.isclose(json.loads((predictor_dir(cfg, build.feature_set(cfg)) / "predictor.json").read_text())
                       ["metrics"]["test"]["auroc_pooled"], metrics["test"]["auroc_pooled"])
     from stopexp.training.fit import evaluate_scores
     assert evaluate_scores(again, data["test"])["auroc_pooled"] == metrics["test"]["auroc_pooled"]
@@ -52,7 +52,7 @@ def test_checkpoint_for_other_features_is_refused(small_bank):
     for field, value in (("hidden_size", 64), ("tap_layers", [0]), ("model_name", "llama")):
         other = type(spec)(**{**spec.__dict__, field: value})
         with pytest.raises(CheckpointMismatch, match=field):
-            load_predictor(predictor_dir(cfg, build.features(cfg)), other, cfg.predictor)
+            load_predictor(predictor_dir(cfg, build.feature_set(cfg)), other, cfg.predictor)
 
 
 def test_a_checkpoint_of_another_predictor_config_is_refused_on_every_load(small_bank):
@@ -64,19 +64,19 @@ def test_a_checkpoint_of_another_predictor_config_is_refused_on_every_load(small
     linear, mlp = cfg_for(small_bank, "predictor=linear", seed), cfg_for(small_bank, "predictor=mlp", seed)
     first = train(linear, progress=False)
     train(mlp, progress=False)
-    ckpt, spec = predictor_dir(linear, build.features(linear)), spec_of(linear.tap.layers, bank.read_meta(bank.require_bank(build.bank(linear))))
+    ckpt, spec = predictor_dir(linear, build.feature_set(linear)), spec_of(linear.tap.layers, bank.read_meta(bank.require_bank(build.bank(linear))))
     record = ckpt / "predictor.json"
     weights = (ckpt / "predictor.safetensors").read_bytes()
     # the mlp's checkpoint under the linear key, its record's key edited to match
     shutil.rmtree(ckpt)
-    shutil.copytree(predictor_dir(mlp, build.features(mlp)), ckpt)
+    shutil.copytree(predictor_dir(mlp, build.feature_set(mlp)), ckpt)
     record.write_text(json.dumps({**json.loads(record.read_text()), "key": ckpt.name}))
     want = (f"^predictor checkpoint {record} records predictor.name='mlp', this config has "
             "predictor.name='linear'; rerun python -m stopexp.train")
     with pytest.raises(CheckpointMismatch, match=want):  # not loaded as the linear probe
         load_predictor(ckpt, spec, linear.predictor)
     with pytest.raises(CheckpointMismatch, match=want + r".*; rebuild it with: python -m stopexp.train"):
-        build_scorers(linear, ["linear"], spec, build.features(linear))  # evaluate
+        build_scorers(linear, ["linear"], spec, build.feature_set(linear))  # evaluate
     assert train(linear, progress=False)["val"] == first["val"]  # train's cache: retrained
     assert (ckpt / "predictor.safetensors").read_bytes() == weights
     # a setting that changes no tensor shape, so only the record tells
@@ -91,7 +91,7 @@ def test_a_checkpoint_of_another_predictor_config_is_refused_on_every_load(small
 def test_splits_share_no_prompt(small_bank):
     cfg = cfg_for(small_bank)
     root = bank.require_bank(build.bank(cfg))
-    data = training_data(cfg, build.features(cfg), bank.read_meta(root))
+    data = training_data(cfg, build.feature_set(cfg), bank.read_meta(root))
     prompts = {}
     ds = bank.load_bank(root)
     for split in ("train", "val", "test"):
@@ -114,7 +114,7 @@ def test_training_is_seeded(small_bank):
 
     cfg = cfg_for(small_bank, "loss=reward_regression")
     first = train(cfg, progress=False)
-    ckpt = predictor_dir(cfg, build.features(cfg))
+    ckpt = predictor_dir(cfg, build.feature_set(cfg))
     weights = (ckpt / "predictor.safetensors").read_bytes()
     shutil.rmtree(ckpt)
     again = train(cfg, progress=False)
@@ -135,9 +135,9 @@ def test_two_losses_train_different_weights_and_scores(small_bank):
     for loss in ("contrastive", "pairwise", "reward_regression"):
         cfg = cfg_for(small_bank, "predictor=linear", f"loss={loss}")
         metrics[loss] = train(cfg, progress=False)
-        weights[loss] = load_file(str(predictor_dir(cfg, build.features(cfg)) / "predictor.safetensors"))["head.weight"]
-        predictor, _ = load_predictor(predictor_dir(cfg, build.features(cfg)), spec_of(cfg.tap.layers, meta), cfg.predictor)
-        scores[loss] = score(predictor, training_data(cfg, build.features(cfg), meta)["test"]).numpy()
+        weights[loss] = load_file(str(predictor_dir(cfg, build.feature_set(cfg)) / "predictor.safetensors"))["head.weight"]
+        predictor, _ = load_predictor(predictor_dir(cfg, build.feature_set(cfg)), spec_of(cfg.tap.layers, meta), cfg.predictor)
+        scores[loss] = score(predictor, training_data(cfg, build.feature_set(cfg), meta)["test"]).numpy()
     for other in ("pairwise", "reward_regression"):
         assert (weights[other] - weights["contrastive"]).abs().max() > 1e-6, other
         assert not np.allclose(scores[other], scores["contrastive"], rtol=0, atol=1e-6), other
@@ -155,7 +155,7 @@ def test_a_fit_that_does_not_beat_its_initialisation_says_so(small_bank):
         f"untrained initialisation (within-prompt AUROC {m['val_auroc_untrained']:.4f} vs "
         f"{m['val_auroc_untrained']:.4f} before training)")
     flat = cfg_for(small_bank, "train.lr=1e-12", "train.seed=7")
-    saved = json.loads((predictor_dir(flat, build.features(flat))
+    saved = json.loads((predictor_dir(flat, build.feature_set(flat))
                         / "predictor.json").read_text())
     assert saved["metrics"]["warnings"] == m["warnings"]  # the checkpoint is marked
 
@@ -167,7 +167,7 @@ def test_nan_validation_never_selects_the_untrained_state(small_bank, monkeypatc
     cfg = cfg_for(small_bank)
     root = bank.require_bank(build.bank(cfg))
     meta = bank.read_meta(root)
-    data = training_data(cfg, build.features(cfg), meta)
+    data = training_data(cfg, build.feature_set(cfg), meta)
     real = T.evaluate_scores
     monkeypatch.setattr(T, "evaluate_scores", lambda s, d: {**real(s, d), "auroc": float("nan")})
     predictor = build_predictor(cfg.predictor, spec_of(cfg.tap.layers, meta))
@@ -222,7 +222,7 @@ def test_train_refuses_a_bank_whose_val_split_has_no_mixed_prompt(small_bank, tm
                                              r"val prompts were left out: 6 outside the "
                                              r"difficulty filter collect.keep_correct)"):
         train(cfg, progress=False)
-    assert not predictor_dir(cfg, build.features(cfg)).exists()  # nothing saved
+    assert not predictor_dir(cfg, build.feature_set(cfg)).exists()  # nothing saved
 
 
 def _recollect_with_other_labels(root, name):
@@ -250,7 +250,7 @@ def test_a_predictor_of_a_bank_recollected_under_its_key_is_retrained_or_refused
 
     from stopexp.core.errors import UserError
     from stopexp.stages.scorers import build_scorers
-    from stopexp.signals.checkpoint import CheckpointStale
+    from stopexp.signals.saved_predictor import CheckpointStale
     from stopexp.stages.featurize import featurize
     from stopexp.training.data import trained_on
 
@@ -258,41 +258,41 @@ def test_a_predictor_of_a_bank_recollected_under_its_key_is_retrained_or_refused
     cfg = cfg_for(here, "predictor=linear")
     shutil.copytree(bank.require_bank(build.bank(cfg_for(small_bank))), build.bank(cfg).root)
     train(featurized(cfg), progress=False)
-    record = predictor_dir(cfg, build.features(cfg)) / "predictor.json"
+    record = predictor_dir(cfg, build.feature_set(cfg)) / "predictor.json"
     before = json.loads(record.read_text())["trained_on"]
-    assert before == trained_on(build.features(cfg)) and None not in before.values()
+    assert before == trained_on(build.feature_set(cfg)) and None not in before.values()
     root = bank.require_bank(build.bank(cfg))
     meta = bank.read_meta(root)
     name = next(n for n, rec in sorted(meta["shards"].items()) if rec["split"] == "train")
     _recollect_with_other_labels(root, name)
-    now = trained_on(build.features(cfg))
+    now = trained_on(build.feature_set(cfg))
     assert now["bank"] != before["bank"] and now["features"] == before["features"]
     spec = spec_of(cfg.tap.layers, bank.read_meta(root))
     stale = (f"^predictor checkpoint {record} was trained on another bank than the one now under "
              "its key")
     with pytest.raises(CheckpointStale, match=stale):  # trained on other labels: refused
-        load_predictor(predictor_dir(cfg, build.features(cfg)), spec, cfg.predictor, now)
+        load_predictor(predictor_dir(cfg, build.feature_set(cfg)), spec, cfg.predictor, now)
     # the features made from the old shard are refused first (train, evaluate), with their repair
-    for use in (lambda: train(cfg, progress=False), lambda: build_scorers(cfg, ["linear"], spec, build.features(cfg))):
-        with pytest.raises(UserError, match=f"^features {build.features(cfg).root} were made from another "
+    for use in (lambda: train(cfg, progress=False), lambda: build_scorers(cfg, ["linear"], spec, build.feature_set(cfg))):
+        with pytest.raises(UserError, match=f"^features {build.feature_set(cfg).root} were made from another "
                                             rf"copy of the trace bank .*\(shards {name} differ\); "
                                             "repair: python -m stopexp.featurize"):
             use()
-    featurize(build.features(cfg))
+    featurize(build.feature_set(cfg))
     with pytest.raises(CheckpointStale, match=stale + r".*; rebuild it with: python -m stopexp.train") as e:
-        build_scorers(cfg, ["linear"], spec, build.features(cfg))  # evaluate refuses the stale predictor
+        build_scorers(cfg, ["linear"], spec, build.feature_set(cfg))  # evaluate refuses the stale predictor
     assert "\n" not in str(e.value)
     with caplog.at_level("WARNING", logger="stopexp.training.predictor"):
         train(cfg, progress=False)
     said = [r.getMessage() for r in caplog.records if "retraining" in r.getMessage()]
-    assert said == [f"predictor {predictor_dir(cfg, build.features(cfg))} was trained on another bank than the one now "
+    assert said == [f"predictor {predictor_dir(cfg, build.feature_set(cfg))} was trained on another bank than the one now "
                     f"under its key (fingerprint {before['bank']}, now {now['bank']}: re-collected or "
                     "re-made since): retraining it on the data now there"]
-    assert json.loads(record.read_text())["trained_on"] == trained_on(build.features(cfg))
-    load_predictor(predictor_dir(cfg, build.features(cfg)), spec, cfg.predictor, trained_on(build.features(cfg)))  # fits now
+    assert json.loads(record.read_text())["trained_on"] == trained_on(build.feature_set(cfg))
+    load_predictor(predictor_dir(cfg, build.feature_set(cfg)), spec, cfg.predictor, trained_on(build.feature_set(cfg)))  # fits now
     # a checkpoint that records no fingerprint cannot be told from another bank's
     saved = json.loads(record.read_text())
     del saved["trained_on"]
     record.write_text(json.dumps(saved))
     with pytest.raises(CheckpointStale, match=f"^predictor checkpoint {record} records no fingerprint"):
-        load_predictor(predictor_dir(cfg, build.features(cfg)), spec, cfg.predictor, trained_on(build.features(cfg)))
+        load_predictor(predictor_dir(cfg, build.feature_set(cfg)), spec, cfg.predictor, trained_on(build.feature_set(cfg)))

@@ -151,7 +151,7 @@ def test_features_tapped_inside_vllm_equal_the_teacher_forced_ones(smol, banks):
     from stopexp.search.taps import Taps
     from stopexp.stages.featurize import featurize
 
-    feats = build.features(smol.cfg)
+    feats = build.feature_set(smol.cfg)
 
     def no_lm():
         raise AssertionError("featurize loaded the LM")

@@ -53,7 +53,7 @@ def test_splits_are_disjoint_and_follow_the_hash(task):
 def test_worked_solutions_are_right(task):
     assert {p.kind.split("+")[0] for p in task.problems("val", 60)} == set(ALL_OPS)
     for p in task.problems("val", 60):
-        assert task.check(p, p.solution) and first_wrong_equation(p.solution) is None
+        assert task.grade(p, p.solution) and first_wrong_equation(p.solution) is None
         assert p.solution.endswith(f"{MARKER} {p.answer}.") and p.answer >= 0
         assert task.reference(p) == p.solution
         assert task.diagnose(p, p.solution) == {"style": "marked", "first_error": -1}
@@ -113,18 +113,18 @@ def test_bad_knobs_name_the_key(kwargs, key):
 def test_checker_on_right_wrong_and_malformed(task):
     p = next(p for p in task.problems("test", 20) if p.answer >= 2)
     right = f" So it is {p.answer - 1} + 1 = {p.answer}. The answer is {p.answer}."
-    assert task.check(p, right)
-    assert task.check(p, f" #### {p.answer}")
-    assert not task.check(p, f" The answer is {p.answer + 1}.")
-    assert not task.check(p, f" {p.answer}")  # strict: no marker, no answer
+    assert task.grade(p, right)
+    assert task.grade(p, f" #### {p.answer}")
+    assert not task.grade(p, f" The answer is {p.answer + 1}.")
+    assert not task.grade(p, f" {p.answer}")  # strict: no marker, no answer
     flexible = WordProblemTask(steps=(1, 2), number_range=(2, 9), operations=ALL_OPS, shots=3,
                                extraction="flexible")
-    assert flexible.check(p, f" she has {p.answer} now")
-    assert flexible.check(p, f" The answer is {p.answer}. Then 3 more")  # a marked answer first
+    assert flexible.grade(p, f" she has {p.answer} now")
+    assert flexible.grade(p, f" The answer is {p.answer}. Then 3 more")  # a marked answer first
     for text in ("", "The answer is", "The answer is .", "####", "\x00\xff", "1 = = 2",
                  "The answer is 99999999999999999999999.", "The answer is " + "9" * 5000, "- - -", "The answer is -"):
-        assert task.check(p, text) is False
-        assert flexible.check(p, text) in (True, False)
+        assert task.grade(p, text) is False
+        assert flexible.grade(p, text) in (True, False)
         task.diagnose(p, text)  # never raises
 
 
@@ -231,7 +231,7 @@ def test_config_composes_validates_and_builds():
     assert task.stop_sequences == ("\n\n", "\nQuestion:") and list(cfg.task.stop) == list(task.stop_sequences)
     assert task.shots == cfg.task.shots and task.number_range == tuple(cfg.task.number_range)
     p = task.problems("test", 1)[0]
-    assert task.check(p, " " + p.solution)
+    assert task.grade(p, " " + p.solution)
     cfg = validate(compose("pipeline", ["task=wordprob", "task.steps=[1,2]", "task.format=chat",
                                         "task.extraction=flexible"]))
     assert build_task(cfg.task).steps == (1, 2)

@@ -28,7 +28,7 @@ def fewshot_is_plain_text(cfg) -> None:
 
 def step_ends_need_a_separator(cfg) -> None:
     """tap.positions.step_ends needs a task with a step separator (its class's
-    `step_separator`, stopexp.tasks.base.Task) that is not itself a stop string: a path ends
+    `step_separator`, stopexp.tasks.task.Task) that is not itself a stop string: a path ends
     at a stop string, so no step of it would end before the path does."""
     if not cfg.tap.positions.step_ends:
         return
@@ -113,7 +113,7 @@ def signals_are_tapped(cfg) -> None:
 
 def predictor_layer_is_tapped(cfg) -> None:
     """predictor.layer must be a tapped layer, or -1..-len(tap.layers) counted from the
-    deepest tapped one (stopexp.signals.features.tap_index), as far as the config tells;
+    deepest tapped one (stopexp.signals.feature_spec.tap_index), as far as the config tells;
     for the stages that load a single-tap predictor (statistic, linear, mlp)."""
     if cfg.predictor.name not in ("statistic", "linear", "mlp"):
         return

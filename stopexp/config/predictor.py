@@ -32,7 +32,7 @@ class StatisticPredictorConfig(PredictorBaseConfig):
 class PositionInputConfig(PredictorBaseConfig):
     """What the predictors with a learned head on the tap read."""
     # the position (generated tokens) as one more input of the head, log-scaled
-    # (stopexp.signals.features.position_feature)
+    # (stopexp.signals.feature_spec.position_feature)
     position_input: bool = False
 
 

@@ -12,7 +12,7 @@ from stopexp.core.protocol import SYMBOLIC_LAYERS, attention_heads, checkpoint_t
 
 @dataclass
 class TapPositionsConfig:
-    # Where features are extracted (stopexp.store.features), in generated tokens: always
+    # Where features are extracted (stopexp.store.feature_sets), in generated tokens: always
     # tap.checkpoints, plus these checkpoints (fractions of max_new_tokens or token counts),
     # every `stride` tokens, and with `step_ends` every token that ends a reasoning step
     # (the task's step separator: ";" in arith, a newline in text tasks).

@@ -2,7 +2,7 @@
 (arith, qa, wordprob, datatotext) with its checks beside it; `TaskConfig`, the view, holds
 every task's keys (stopexp.config.options). A task registered without a schema of its own
 reads `TaskBaseConfig`'s keys and those its yaml adds; its class's capabilities
-(stopexp.tasks.base.Task) are read through the registry, which imports no torch."""
+(stopexp.tasks.task.Task) are read through the registry, which imports no torch."""
 from __future__ import annotations
 
 import functools

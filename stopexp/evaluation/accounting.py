@@ -44,7 +44,7 @@ def replay_paths(root: Path, features: Path | None, split: str, checkpoint: int 
                  answer_format: str | None = None) -> Paths:
     """The bank's `split` paths with the predictor batch at `checkpoint` (tokens), or at
     each of several checks (`Paths.checks`; `batch` is the first), joined with their
-    `features` (a features directory, `stopexp.store.features`). Without features the batch
+    `features` (a features directory, `stopexp.store.feature_sets`). Without features the batch
     holds no hidden state or signals (enough for the stopping protocols); `answer_format`:
     the task's `vote_format`. ValueError when the bank holds no such paths or the features
     lack a check."""

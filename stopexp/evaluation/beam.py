@@ -127,7 +127,7 @@ def evaluate_beam(lm: OnlineLM, names: list[str], scorers: dict, search, tap, po
                     stop=stop, tokenizer=tokenizer, refill=s.refill)
                 for problem, prompt, r in zip(chunk, ids, found):
                     texts[name].append(text_of(tokenizer, r.tokens))
-                    correct.append(task.check(problem, texts[name][-1]))
+                    correct.append(task.grade(problem, texts[name][-1]))
                     tokens += r.n_forward_tokens - len(prompt)
                     steps += r.pruned_steps
                     alive[: len(r.alive_per_step)] += np.asarray(r.alive_per_step) / B

@@ -53,7 +53,7 @@ def online_paths(lm: OnlineLM, names, scorers, policies: dict, plan: list[tuple[
         views[name] = (Paths(
             group=np.repeat(np.arange(len(problems)), N), path_id=np.tile(np.arange(N), len(problems)),
             length=np.asarray([run.length[k] for k in keys]),
-            correct=np.asarray([task.check(problems[i], t) for (i, _), t in zip(keys, text)]),
+            correct=np.asarray([task.grade(problems[i], t) for (i, _), t in zip(keys, text)]),
             answer=answer, text=text, alive=np.asarray([k in batch["row"] for k in keys]),
             batch={}, prompt_ids=np.asarray([p.prompt_id for p in problems]),
             answer_format=vote_format(task), thinking=thinking),

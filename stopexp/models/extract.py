@@ -1,5 +1,5 @@
 """Teacher-forced extraction: the tapped hidden states of stored paths at chosen positions,
-by one forward over each path's tokens (the features artifact, `stopexp.store.features`,
+by one forward over each path's tokens (the features artifact, `stopexp.store.feature_sets`,
 is made of them).
 
 A causal LM's hidden state at a position depends only on the tokens up to it, so one

@@ -25,9 +25,9 @@ from torch import nn
 from transformers import DynamicCache
 
 from stopexp.search.sample import prompt_ids
-from stopexp.signals.checkpoint import (REBUILD, CheckpointMismatch, check_spec, check_trained_on,
+from stopexp.signals.saved_predictor import (REBUILD, CheckpointMismatch, check_spec, check_trained_on,
                                         load_weights, read_checkpoint)
-from stopexp.signals.features import FeatureSpec
+from stopexp.signals.feature_spec import FeatureSpec
 
 ADAPTER = "stop"
 

@@ -69,7 +69,7 @@ def open_vllm_engine(model, engine, cache_dir, task, params, in_process: bool = 
     shut down on exit unless `hold` keeps it open. With a `tap` section the states of
     tap.layers are tapped inside the engine (an in-process one:
     stopexp.search.vllm_taps) at the generated `positions` (a features position spec:
-    checkpoints, stride, step separator; stopexp.store.features.position_spec)."""
+    checkpoints, stride, step separator; stopexp.store.feature_sets.position_spec)."""
     s, model, tokenizer = vllm_settings(model, engine, cache_dir, task)
     layers = () if tap is None else \
         tuple(resolve_layers(list(tap.layers), model.config.get_text_config().num_hidden_layers))

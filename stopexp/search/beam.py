@@ -74,7 +74,7 @@ def _token_stats(logprobs: torch.Tensor, conf_topk: int) -> torch.Tensor:
 
 def _features(tokens: torch.Tensor, stats: torch.Tensor, hidden: torch.Tensor,
               window: int, attn: torch.Tensor | None = None) -> dict:
-    """The predictor batch (stopexp.signals.features) for the live beams, plus their tokens
+    """The predictor batch (stopexp.signals.feature_spec) for the live beams, plus their tokens
     for rule-based scorers; on the model's device, tokens on the CPU. `attn`: (R,)
     attention entropy, None when not tapped."""
     R, t = tokens.shape

@@ -32,7 +32,7 @@ from stopexp.search.memory import KVMeter
 from stopexp.search.sample import launch_lists, path_labels
 from stopexp.search.stepping import Running, Stepper, Steps
 from stopexp.signals.columns import signal_matrix
-from stopexp.signals.features import SIGNAL_NAMES
+from stopexp.signals.feature_spec import SIGNAL_NAMES
 
 
 @dataclass
@@ -185,7 +185,7 @@ def launch_check_resume(steps: Steps, tokenizer, task, problems, n_paths: int, s
         check_s = runs["no_prune"].check_s
         _run(launch(runs["no_prune"]), tokenizer, checks, record_first, runs["no_prune"])
         runs["no_prune"].check_s = check_s  # the AUROC batch it made is no part of not pruning
-        outcome.update({k: float(task.check(problems[k[0]], runs["no_prune"].text[k])) for k in owners})
+        outcome.update({k: float(task.grade(problems[k[0]], runs["no_prune"].text[k])) for k in owners})
         for name, (scorer, _) in methods.items():
             run = runs[name]
 

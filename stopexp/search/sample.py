@@ -116,5 +116,5 @@ def sample_paths(engine: Engine, tokenizer, task, problems, n_paths: int, seed: 
         for row, (i, j) in enumerate(owners):
             ids = tok[row, : lengths[row]].tolist()
             text = text_of(tokenizer, ids)
-            out.append(SampledPath(i, j, ids, text, task.check(problems[i], text)))
+            out.append(SampledPath(i, j, ids, text, task.grade(problems[i], text)))
     return out

@@ -4,7 +4,7 @@ Only the last position of each forward is kept (B, layers, H), never the hidden 
 The layers are resolved against the loaded model and ordered shallowest first, so
 `read()[:, -1]` is the deepest tapped layer whatever order tap.layers lists them in.
 Use as a context manager so the hooks are removed on exit, also on error. With
-`sequence=True` (teacher-forced feature extraction, `stopexp.store.features`) every position
+`sequence=True` (teacher-forced feature extraction, `stopexp.store.feature_sets`) every position
 of the forward is kept instead: `read()` is (B, T, layers, H), `attention_entropy()` (B, T).
 
 With `attention_heads` ((layer, head) pairs, `stopexp.core.protocol.attention_heads`), hooks on

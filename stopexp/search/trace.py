@@ -4,7 +4,7 @@ per-token confidences, and (optionally) per checkpoint a Monte Carlo success rat
 estimated by K rollouts from the prefix, which the stepper continues as the engine can
 (the hf engine forks the prefix's cache, vLLM adds requests). Hidden features are traced
 only by an engine that taps them while it generates (vLLM); otherwise
-`stopexp.store.features` extracts them from the stored tokens."""
+`stopexp.store.feature_sets` extracts them from the stored tokens."""
 from __future__ import annotations
 
 import numpy as np
@@ -69,7 +69,7 @@ def rollout_rewards(stepper, tokenizer, task, problems, paths: list, check: int,
 def mean_reward(task, problem, texts: list[str], reward=None, logprobs=None) -> float:
     """The mean reward of a path's rollouts (whole texts; reward None: their success rate)."""
     if reward is None:
-        return sum(task.check(problem, t) for t in texts) / len(texts)
+        return sum(task.grade(problem, t) for t in texts) / len(texts)
     return float(reward.scores(task, [problem] * len(texts), texts, logprobs).mean())
 
 
@@ -83,7 +83,7 @@ def trace_problems(steps, tokenizer, task, problems, n_paths: int, seed: int,
     path that ended by then: its own reward); without, it is empty. An engine that taps
     states while it generates (vLLM's: a path's `watch`) adds the column "states": per path
     {position: (layers, H) state}, for the features artifact
-    (stopexp.store.tapped_features); otherwise `stopexp.store.features` extracts them from
+    (stopexp.store.tapped_features); otherwise `stopexp.store.feature_sets` extracts them from
     the stored tokens."""
     mc_tokens = 0
     cols: dict[str, list] = {k: [] for k in (
@@ -119,11 +119,11 @@ def trace_problems(steps, tokenizer, task, problems, n_paths: int, seed: int,
             cols.setdefault("states", []).extend(p.watch.states for p in paths)
         texts = texts_of(tokenizer, [p.tokens for p in paths])
         owned = [problems[i] for i, _ in owners]
-        rewards = [float(task.check(q, t)) for q, t in zip(owned, texts)] if reward is None else \
+        rewards = [float(task.grade(q, t)) for q, t in zip(owned, texts)] if reward is None else \
             reward.scores(task, owned, texts, [s[0] for s in stats] if reward.needs_logprobs else None)
         for p, (i, j) in enumerate(owners):
             problem, text, n = problems[i], texts[p], len(paths[p].tokens)
-            correct = task.check(problem, text)
+            correct = task.grade(problem, text)
             ended = np.asarray(checkpoints[:C]) >= n  # alive at c <=> length > c
             mc[p, ended] = float(rewards[p])  # a path already ended knows its reward
             diag = task.diagnose(problem, text)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from stopexp.core.names import lookup
 from stopexp.signals.base import Predictor
-from stopexp.signals.features import SIGNAL_NAMES, FeatureSpec
+from stopexp.signals.feature_spec import SIGNAL_NAMES, FeatureSpec
 
 __all__ = ["SIGNAL_NAMES", "FeatureSpec", "Predictor", "build_predictor"]
 

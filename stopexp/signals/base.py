@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from stopexp.signals.features import FeatureSpec, hidden_of, position_feature, tap_index
+from stopexp.signals.feature_spec import FeatureSpec, hidden_of, position_feature, tap_index
 
 
 class Predictor(nn.Module):

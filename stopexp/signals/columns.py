@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from stopexp.signals.confidence import confidence_signals
-from stopexp.signals.features import SIGNAL_NAMES
+from stopexp.signals.feature_spec import SIGNAL_NAMES
 
 
 def hidden_statistics(hidden: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from stopexp.signals.base import Predictor
-from stopexp.signals.features import FeatureSpec, signal_columns
+from stopexp.signals.feature_spec import FeatureSpec, signal_columns
 from stopexp.signals.mlp import mlp_head
 
 CONF_SIGNALS = ("mean_logprob", "min_logprob", "mean_entropy", "group_conf", "prefix_len")

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from stopexp.signals.base import Predictor
-from stopexp.signals.features import FeatureSpec, hidden_of, position_feature
+from stopexp.signals.feature_spec import FeatureSpec, hidden_of, position_feature
 from stopexp.signals.mlp import mlp_head
 
 

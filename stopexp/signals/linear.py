@@ -11,7 +11,7 @@ from __future__ import annotations
 from torch import nn
 
 from stopexp.signals.base import OnTappedLayer
-from stopexp.signals.features import FeatureSpec
+from stopexp.signals.feature_spec import FeatureSpec
 
 
 class LinearPredictor(OnTappedLayer):

@@ -35,7 +35,7 @@ from stopexp.core.names import (  # noqa: F401
 )
 from stopexp.core.seeds import stream_seed
 from stopexp.runtime.threads import one_thread
-from stopexp.signals.features import SIGNAL_NAMES
+from stopexp.signals.feature_spec import SIGNAL_NAMES
 from stopexp.signals.st_bon import st_bon
 
 Scorer = Callable[[dict], torch.Tensor]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from torch import nn
 
 from stopexp.signals.base import OnTappedLayer
-from stopexp.signals.features import FeatureSpec
+from stopexp.signals.feature_spec import FeatureSpec
 
 
 def mlp_head(in_dim: int, hidden: int, depth: int, dropout: float) -> nn.Sequential:

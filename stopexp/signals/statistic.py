@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from stopexp.signals.base import Predictor
-from stopexp.signals.features import FeatureSpec, hidden_of, tap_index
+from stopexp.signals.feature_spec import FeatureSpec, hidden_of, tap_index
 
 STATISTICS = {
     "l2": lambda h: h.norm(dim=-1),

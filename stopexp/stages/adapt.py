@@ -36,7 +36,7 @@ from stopexp.stages.cli import Stage, stage_main
 from stopexp.stages.shift import target_config, target_overrides
 from stopexp.stages.scorers import load_trained
 from stopexp.store import bank
-from stopexp.store.features import require_features, spec_of
+from stopexp.store.feature_sets import require_features, spec_of
 from stopexp.tasks import vote_format
 from stopexp.training.losses import build_loss
 from stopexp.training.online import online_decider, prompt_ids_of
@@ -51,7 +51,7 @@ def adapt(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
     per-batch curves and a summary per variant (see the module docstring)."""
     a, overrides = cfg.adapt, list(overrides or [])
     tgt, t_ov = target_config(cfg), target_overrides(cfg, overrides)
-    src_feats, tgt_feats = build.features(cfg), build.features(tgt)
+    src_feats, tgt_feats = build.feature_set(cfg), build.feature_set(tgt)
     root = bank.require_bank(tgt_feats.bank, t_ov)
     meta = bank.read_meta(root)
     checkpoint = check_tokens(cfg.search, cfg.train.checkpoint)

@@ -28,8 +28,8 @@ from stopexp.search.decode import SamplingParams
 from stopexp.search.sample import fit_prompts, prompt_limit, row_cap
 from stopexp.store import bank as bank_store
 from stopexp.store import feature_rows
-from stopexp.store import features as feature_bank
-from stopexp.store.features import FeatureSet, feature_set
+from stopexp.store import feature_sets
+from stopexp.store.feature_sets import FeatureSet
 from stopexp.store.keys import BankSpec, bank_spec
 from stopexp.tasks import build_task
 from stopexp.training import data, per_step
@@ -87,18 +87,18 @@ def collection(cfg) -> Collection:
     return Collection(bank(cfg), cfg.model, cfg.task, cfg.search, cfg.collect, cfg.reward,
                       cfg.engine, cfg.seed, cfg.paths.cache_dir,
                       functools.partial(engine.open, cfg.model, cfg.engine, cfg.paths.cache_dir, cfg.task),
-                      features(cfg) if engine.taps_in_engine(cfg.engine, cfg.tap) else None)
+                      feature_set(cfg) if engine.taps_in_engine(cfg.engine, cfg.tap) else None)
 
 
-def features(cfg) -> FeatureSet:
+def feature_set(cfg) -> FeatureSet:
     """The features of the bank of `cfg` under its tap."""
-    return feature_set(bank(cfg), tap=cfg.tap, search=cfg.search, model=cfg.model, task=cfg.task,
+    return feature_sets.feature_set(bank(cfg), tap=cfg.tap, search=cfg.search, model=cfg.model, task=cfg.task,
                        cache_dir=cfg.paths.cache_dir)
 
 
 # ---- the predictor's artifacts and data (train, evaluate, adapt) ----------------------------
 def predictor_dir(cfg, features: FeatureSet) -> Path:
-    """Where the predictor of `cfg` is saved: a hash of its `features` (features(cfg)),
+    """Where the predictor of `cfg` is saved: a hash of its `features` (feature_set(cfg)),
     predictor, loss and train sections under paths.cache_dir."""
     # epochs picked on training prompts (policy=risk) make another predictor; share 0 is left out
     share = selection_share(cfg.policy)
@@ -130,12 +130,13 @@ def controls(cfg) -> dict[str, Any]:
     config that trains it (train makes them, evaluate loads them): every other predictor
     named in evaluate.methods, and under train.positions=all the same predictor trained the
     standard way (at train.checkpoint, without the position input), labelled
-    `<predictor>@<tokens>`, which evaluate scores at every position."""
+    `<predictor>@<tokens>`, which evaluate scores at every position of the bank's paths (not
+    under search=beam, whose evaluate reads no stored positions)."""
     out = {}
     for name in dict.fromkeys(method_name(m, cfg.predictor.name) for m in cfg.evaluate.methods):
         if name in predictor_names() and name != cfg.predictor.name:
             out[name] = with_predictor(cfg, name)
-    if cfg.train.positions == "all":
+    if cfg.train.positions == "all" and cfg.search.name != "beam":
         sub = copy.deepcopy(cfg)
         sub.train.positions, sub.predictor.position_input = "checkpoint", False
         tokens = checkpoint_tokens(cfg.train.checkpoint, cfg.search.max_new_tokens)
@@ -145,7 +146,7 @@ def controls(cfg) -> dict[str, Any]:
 
 def training_data(cfg, features: FeatureSet, meta: dict, overrides: list[str] | None = None,
                   prefixes: bool = False) -> dict[str, dict]:
-    """The predictor's splits from the trace bank of `features` (features(cfg); `meta` the
+    """The predictor's splits from the trace bank of `features` (feature_set(cfg); `meta` the
     bank's meta.json) and the features (made when missing): at train.checkpoint (with
     `prefixes`, also the prompts and tokens), or with train.positions=all at every stored
     position."""
@@ -155,7 +156,7 @@ def training_data(cfg, features: FeatureSet, meta: dict, overrides: list[str] | 
                                         for s in ("train", "val", "test")
                                         if bank_store.split_rows(meta, s)}, min_gap)
     ckpt = checkpoint_tokens(cfg.train.checkpoint, cfg.search.max_new_tokens)
-    return data.split_data(features.bank.root, meta, feature_bank.require_features(features, overrides),
+    return data.split_data(features.bank.root, meta, feature_sets.require_features(features, overrides),
                            ckpt, cfg.search.n_paths, min_gap, prefixes)
 
 

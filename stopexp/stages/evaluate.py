@@ -44,7 +44,7 @@ from stopexp.evaluation.online import online_paths
 from stopexp.evaluation.paired import combined_pairs, paired_stats, scores_at_checks
 from stopexp.evaluation.report import protocol_record, record
 from stopexp.evaluation.risk import calibrate_methods, calibration_record, realised_risk
-from stopexp.evaluation.scorers import method_names, warn_off_checkpoint
+from stopexp.evaluation.method_names import method_names, warn_off_checkpoint
 from stopexp.evaluation.select import attach_bank_columns
 from stopexp.evaluation.table import print_table  # pipeline and notebooks import it from here
 from stopexp.search.memory import add_memory
@@ -53,7 +53,7 @@ from stopexp.stages.cli import Stage, stage_main
 from stopexp.stages.scorers import build_scorers, single_checkpoint_baseline
 from stopexp.stopping.replay import STOPPING_METHODS, stopping_outcomes
 from stopexp.store import bank
-from stopexp.store import features as feature_bank
+from stopexp.store import feature_sets
 from stopexp.tasks import build_task, vote_format
 from stopexp.training.per_step import position_rows
 
@@ -68,7 +68,7 @@ def evaluate(cfg, run=None, run_dir: Path | None = None, overrides: list[str] | 
     printing the command that makes it with the command line's `overrides`."""
     ev = cfg.evaluate
     check_method_names(ev.methods)  # unknown names fail before any compute (as validate does)
-    feats = build.features(cfg)
+    feats = build.feature_set(cfg)
     root = bank.require_bank(feats.bank, overrides)
     meta = bank.read_meta(root)
     plan = check_plan(cfg.search, cfg.policy)  # (prefix tokens, K) per check; the first is where AUROC is read
@@ -81,7 +81,7 @@ def evaluate(cfg, run=None, run_dir: Path | None = None, overrides: list[str] | 
     if cfg.search.name == "parallel":
         warn_off_checkpoint(names, plan, checkpoint_tokens(cfg.train.checkpoint, cfg.search.max_new_tokens),
                             cfg.train.positions)
-    spec = feature_bank.spec_of(cfg.tap.layers, meta)
+    spec = feature_sets.spec_of(cfg.tap.layers, meta)
     scorers = build_scorers(cfg, names, spec, feats, overrides)
     start = time.time()
     if cfg.search.name == "beam":
@@ -90,7 +90,7 @@ def evaluate(cfg, run=None, run_dir: Path | None = None, overrides: list[str] | 
                             root.name, start, cfg.search, cfg.tap, cfg.policy, ev, run, run_dir)
     # the threshold policies, one per check and method (policy=risk: calibrated on val first)
     features = None if ev.mode == "online" and cfg.policy.name != "risk" else \
-        feature_bank.require_features(feats, overrides)
+        feature_sets.require_features(feats, overrides)
     calibrated = (calibrate_methods(cfg.policy, cfg.search, ev, scorers, checks,
                                     replay_paths(root, features, "val", checks, vote_format(cfg.task)))
                   if cfg.policy.name == "risk" else {})

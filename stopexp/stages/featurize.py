@@ -3,7 +3,7 @@
     python -m stopexp.featurize +exp=toy_contrastive
 
 A teacher-forced forward over each stored path (prompt + generated tokens) yields the
-features at every position of `tap.positions` at once (`stopexp.store.features`). Changing
+features at every position of `tap.positions` at once (`stopexp.store.feature_sets`). Changing
 tap.layers, tap.pooling, tap.attention_heads or tap.positions makes new features from the
 same bank; nothing is regenerated. Train, evaluate and adapt require the features this
 makes (or collect's in-engine taps); rerunning it repairs damaged shards. Concurrent
@@ -28,8 +28,8 @@ from stopexp.search.taps import Taps
 from stopexp.stages import build
 from stopexp.stages.cli import Stage, stage_main
 from stopexp.store import bank
-from stopexp.signals.features import SIGNAL_NAMES
-from stopexp.store.features import (FEATURES_VERSION, KIND, TAP_INFO, FeatureSet, columns,
+from stopexp.signals.feature_spec import SIGNAL_NAMES
+from stopexp.store.feature_sets import (FEATURES_VERSION, KIND, TAP_INFO, FeatureSet, feature_columns,
                                     expected_meta, old_meta, repair_text, summarize_features)
 
 log = logging.getLogger(__name__)
@@ -127,7 +127,7 @@ def _fill(feats: FeatureSet, root: Path, todo: list[str], bmeta: dict, good: dic
     with Taps(model, list(tap.layers), tap.pooling, tap.get("attention_heads"),
               sequence=True) as taps:
         hidden = model.config.get_text_config().hidden_size
-        schema = columns(len(taps.layers), hidden, tap.positions.dtype)
+        schema = feature_columns(len(taps.layers), hidden, tap.positions.dtype)
         info = {"tap_layers": list(taps.layers), "hidden_size": hidden,
                 "attention_heads": [list(h) for h in taps.heads]}
         for name in tqdm(todo, desc="featurize", unit="shard"):
@@ -187,7 +187,7 @@ def _write_meta(feats: FeatureSet, root: Path, bmeta: dict, good: dict, info: di
 
 @stage_main("featurize", tracked=False)
 def main(stage: Stage) -> dict:
-    result = featurize(build.features(stage.cfg), stage.overrides)
+    result = featurize(build.feature_set(stage.cfg), stage.overrides)
     log.info("features %s: %d paths, %d positions, %.1f MB, tap layers %s, in %.1f s",
              result["features"], result["paths"], result["positions"], result["bytes"] / 1e6,
              result["tap_layers"], result["wall_s"])

@@ -31,7 +31,7 @@ def run_pipeline(cfg, run_dir: Path, overrides: list[str] | None = None) -> dict
             ensure_toy_lm(cfg.model.toy, cfg.task, cfg.paths.cache_dir)
         collected = collect(build.collection(cfg), run=run)
         timings["collect_s"] = round(time.time() - start, 1)
-        featurized = featurize(build.features(cfg), overrides, run=run)
+        featurized = featurize(build.feature_set(cfg), overrides, run=run)
         timings["featurize_s"] = round(time.time() - start - sum(timings.values()), 1)
         trained = train_with_controls(cfg, run, overrides, run_dir / "train")
         timings["train_s"] = round(time.time() - start - sum(timings.values()), 1)

@@ -9,17 +9,17 @@ from stopexp.core.errors import ConfigError, NotFound, error_text
 from stopexp.core.names import REGISTRY, STOPPING_METHODS, lookup, predictor_names, runs_the_lm
 from stopexp.core.protocol import checkpoint_tokens
 from stopexp.signals import methods as M
-from stopexp.signals.checkpoint import CheckpointDamaged, CheckpointMismatch, load_predictor
+from stopexp.signals.saved_predictor import CheckpointDamaged, CheckpointMismatch, load_predictor
 from stopexp.stages import build
-from stopexp.store import features as feature_bank
-from stopexp.store.features import FeatureSet
+from stopexp.store import feature_sets
+from stopexp.store.feature_sets import FeatureSet
 from stopexp.training.data import trained_on
 
 
 def build_scorers(cfg, names: list[str], spec, features: FeatureSet,
                   overrides: list[str] | None = None) -> dict:
     """name -> scorer for every method but no_prune; learned ones load the checkpoint train
-    made (`load_trained`). `features`: the stage's (build.features(cfg)), which every
+    made (`load_trained`). `features`: the stage's (build.feature_set(cfg)), which every
     predictor of cfg's bank and tap reads; `overrides`: the command line's, which the
     repair commands repeat."""
     scorers = {}
@@ -87,6 +87,6 @@ def single_checkpoint_baseline(cfg, spec, features: FeatureSet,
 def _trained_on(features: FeatureSet, overrides: list[str] | None) -> dict:
     """trained_on(features), complete features first checked against their record, so that
     features of another tap under the key are named as such, not as a stale predictor."""
-    if feature_bank.is_complete(features.root):
-        feature_bank.require_features(features, overrides)
+    if feature_sets.is_complete(features.root):
+        feature_sets.require_features(features, overrides)
     return trained_on(features)

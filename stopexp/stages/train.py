@@ -26,11 +26,11 @@ from stopexp.core.policies import selection_share
 from stopexp.core.protocol import checkpoint_tokens
 from stopexp.runtime.artifacts import artifact_lock
 from stopexp.signals import build_predictor
-from stopexp.signals.checkpoint import save_predictor
+from stopexp.signals.saved_predictor import save_predictor
 from stopexp.stages import build
 from stopexp.stages.cli import Stage, stage_main
 from stopexp.store import bank
-from stopexp.store import features as feature_bank
+from stopexp.store import feature_sets
 from stopexp.training.data import check_reward_range, pair_min_gap, trained_on
 from stopexp.training.per_step import position_rows
 from stopexp.training.predictor import fit_and_score, prefix_curve, report, trained_checkpoint
@@ -42,17 +42,17 @@ log = logging.getLogger(__name__)
 def train(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | None = None,
           progress: bool = True) -> dict:
     """Train (or find) the predictor of `cfg`; returns its metrics and checkpoint path."""
-    features = build.features(cfg)
+    features = build.feature_set(cfg)
     root = bank.require_bank(features.bank, overrides)
     meta = bank.read_meta(root)
-    spec = feature_bank.spec_of(cfg.tap.layers, meta)
+    spec = feature_sets.spec_of(cfg.tap.layers, meta)
     out = build.predictor_dir(cfg, features)
     lm_based = runs_the_lm(cfg.predictor.name)
     with artifact_lock(out):  # concurrent trainers of this predictor take turns: the later find it
         if out.exists():
             # features replaced under the key (another tap, width or bank) are refused here as
             # evaluate refuses them, not passed over with the cached predictor
-            feature_bank.require_features(features, overrides)
+            feature_sets.require_features(features, overrides)
             found = trained_checkpoint(out, spec, cfg.predictor, trained_on(features), lm_based)
             if found is not None:
                 return found

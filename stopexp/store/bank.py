@@ -4,7 +4,7 @@ Per path: tokens, text, answer, outcome, its reward (`reward=`), where its first
 intermediate value appears (`first_wrong_value`, tasks that have them), per-token log-prob /
 entropy / confidence, the prompt's length in tokens and, when collect ran Monte Carlo
 rollouts, the mean reward of the rollouts at each of `tap.checkpoints`. Hidden features are
-not here: they are a second artifact made from the stored tokens (`stopexp.store.features`),
+not here: they are a second artifact made from the stored tokens (`stopexp.store.feature_sets`),
 so a tap change never regenerates paths.
 
 An HF `datasets` Arrow store with explicit features (fixed-shape float32 arrays), written
@@ -96,7 +96,7 @@ def shard_misfit(root: Path, name: str, rec: dict, plan: dict[int, dict], want: 
     return None
 
 
-def features(n_checkpoints: int, thinking: bool = False, wrong_values: bool = False) -> Features:
+def path_columns(n_checkpoints: int, thinking: bool = False, wrong_values: bool = False) -> Features:
     """The bank's columns; `mc` holds one rate per Monte Carlo checkpoint (none without
     rollouts); a thinking model's bank also counts each path's thinking tokens
     (`thinking_tokens`: stopexp.tasks.thinking.thinking_length), and the bank of a task with

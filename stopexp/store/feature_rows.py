@@ -14,9 +14,9 @@ from datasets import load_from_disk
 
 from stopexp.core.errors import error_text
 from stopexp.signals.columns import signal_matrix
-from stopexp.signals.features import SIGNAL_NAMES
+from stopexp.signals.feature_spec import SIGNAL_NAMES
 from stopexp.store import bank
-from stopexp.store.features import FEATURES_VERSION, KIND, FeatureSet, repair_text, require_features
+from stopexp.store.feature_sets import FEATURES_VERSION, KIND, FeatureSet, repair_text, require_features
 
 log = logging.getLogger(__name__)
 

@@ -173,7 +173,7 @@ def bank_key(*, model, task, search, collect, tap, seed: int, reward=None, engin
     if content is not None:
         questions = {**questions, "content": content}
     # Tap layers, pooling, attention heads and feature positions are not generation: they
-    # key the features (stopexp.store.features). The checkpoints count only when collect runs
+    # key the features (stopexp.store.feature_sets). The checkpoints count only when collect runs
     # Monte Carlo rollouts there (the labels are generated); without rollouts the same
     # paths serve any checkpoints.
     mc = {"mc_checkpoints": mc_checkpoints(tap, search, collect)} if collect.mc_rollouts > 0 else {}

@@ -9,7 +9,7 @@ import numpy as np
 
 from stopexp.models.extract import StepEnds, path_positions
 from stopexp.store import bank
-from stopexp.store.features import FeatureSet, columns
+from stopexp.store.feature_sets import FeatureSet, feature_columns
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ def write_tapped(feats: FeatureSet, name: str, rows: dict, states: list[dict], b
         cols["hidden"].append(np.stack([got[c] for c in pos]).astype(np.float32) if pos
                               else np.zeros((0, len(layers), hidden), np.float32))
     cols["attn"] = [np.zeros(0, np.float32)] * len(states)
-    return bank.write_shard(feats.root, name, cols, columns(len(layers), hidden, feats.tap.positions.dtype), {
+    return bank.write_shard(feats.root, name, cols, feature_columns(len(layers), hidden, feats.tap.positions.dtype), {
         "features": feats.root.name, "tap_layers": list(layers), "hidden_size": hidden,
         "attention_heads": [], "tapped": "in the engine, while generating",
         "bank_files": bank_record["files"], "seconds": seconds,

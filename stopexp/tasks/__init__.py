@@ -1,4 +1,4 @@
-"""Tasks: prompts, references and a checker, each a `Task` (stopexp.tasks.base) registered
+"""Tasks: prompts, references and a checker, each a `Task` (stopexp.tasks.task) registered
 by name (stopexp.core.names REGISTRY["task"]) and imported when it is looked up.
 `build_task(cfg.task, cfg.model.thinking)` picks one by name (read through a thinking model
 where model.thinking.enabled is true)."""
@@ -6,7 +6,7 @@ from omegaconf import OmegaConf
 
 from stopexp.core.names import lookup
 from stopexp.core.text import decode_escapes, decoded_text
-from stopexp.tasks.base import Task
+from stopexp.tasks.task import Task
 from stopexp.tasks.thinking import ThinkingTask
 
 # the public names of the built-in tasks' modules, imported on first use

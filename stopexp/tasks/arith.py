@@ -12,7 +12,7 @@ import random
 import re
 from dataclasses import dataclass
 
-from stopexp.tasks.base import Task
+from stopexp.tasks.task import Task
 from stopexp.tasks.splits import draw_distinct, hash_split
 
 MOD = 10
@@ -175,7 +175,7 @@ class ArithTask(Task):
         """The careful, fully written solution: the reference for text metrics."""
         return solution(problem, "careful")
 
-    def check(self, problem: Problem, completion: str) -> bool:
+    def grade(self, problem: Problem, completion: str) -> bool:
         return extract_answer(completion) == problem.answer
 
     def answer_of(self, completion: str) -> str:

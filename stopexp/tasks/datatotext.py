@@ -26,7 +26,7 @@ import re
 import string
 from dataclasses import dataclass
 
-from stopexp.tasks.base import Task
+from stopexp.tasks.task import Task
 from stopexp.tasks.splits import draw_distinct, hash_split
 
 NAMES = ("Aromi", "Bibimbap House", "Blue Spice", "Clowns", "Cotto", "Fitzbillies", "Giraffe",
@@ -204,7 +204,7 @@ class DataToTextTask(Task):
         found += sorted({f"rated {d}" for d in _RATED.findall(text)})
         return "|".join(sorted(found))
 
-    def check(self, record: Record, completion: str) -> bool:
+    def grade(self, record: Record, completion: str) -> bool:
         """Every value of the record is mentioned, and no other name, food, area or price."""
         want = {v for k, v in record.values if k != "rating"} | {
             f"rated {v}" for k, v in record.values if k == "rating"}
@@ -214,7 +214,7 @@ class DataToTextTask(Task):
         """style: ``rated`` / ``unrated`` (the record has a rating); first_error: the
         character offset where the first wrong or missing value shows (-1: none)."""
         rated = any(k == "rating" for k, _ in record.values)
-        if self.check(record, completion):
+        if self.grade(record, completion):
             return {"style": "rated" if rated else "unrated", "first_error": -1}
         text = self.sentence(completion)
         wrong = [m.start() for v in (*NAMES, *FOODS, *AREAS, *PRICES) if v not in dict(record.values).values()

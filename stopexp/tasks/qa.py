@@ -23,7 +23,7 @@ from stopexp.core import jsonfile
 from stopexp.core.errors import ConfigError, NotFound, UserError, error_text
 from stopexp.runtime.hub import offline_unless_reachable
 from stopexp.metrics.answers import FORMATS, MODES, canonical, equivalent, extract_answer
-from stopexp.tasks.base import Task
+from stopexp.tasks.task import Task
 from stopexp.tasks.benchmarks import BENCHMARKS, shipped_file
 
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -272,7 +272,7 @@ class QATask(Task):
         return canonical(extract_answer(completion, self.answer_format, self.extraction),
                          self.answer_format)
 
-    def check(self, problem: QAProblem, completion: str) -> bool:
+    def grade(self, problem: QAProblem, completion: str) -> bool:
         return equivalent(self.answer_of(completion), problem.answer, self.answer_format)
 
     def reference(self, problem: QAProblem) -> str:

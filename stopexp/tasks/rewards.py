@@ -1,7 +1,7 @@
 """A path's reward: a float stored in the bank beside its 0/1 outcome (`correct`), the
 label that the losses order or regress and that Monte Carlo rollouts average.
 
-    correct         1.0 when task.check accepts the text, else 0.0
+    correct         1.0 when task.grade accepts the text, else 0.0
     rouge_l         ROUGE-L F-measure (rouge-score) against the task's references, the best one
     bleu            sentence BLEU (sacrebleu, all references at once) / 100
     bertscore       BERTScore F1 (bert-score, offline MiniLM by default), the best reference
@@ -122,7 +122,7 @@ class Reward:
 
     def scores(self, task, problems, texts, logprobs=None) -> np.ndarray:
         texts = list(texts)
-        # a thinking model's text rewards compare its answer only (correct: task.check does)
+        # a thinking model's text rewards compare its answer only (correct: task.grade does)
         answers = list(map(task.answer_text, texts))
         out, clipped = self.BY_NAME[self.name](self, task, problems, texts, answers, logprobs)
         self.clipped += clipped  # by the text metrics, which clip rounding into [0, 1]
@@ -130,7 +130,7 @@ class Reward:
 
     # one per reward.name: (task, problems, texts, their answers, logprobs) -> (rewards, clipped)
     def _correct(self, task, problems, texts, answers, logprobs):
-        return [float(task.check(p, t)) for p, t in zip(problems, texts, strict=True)], 0
+        return [float(task.grade(p, t)) for p, t in zip(problems, texts, strict=True)], 0
 
     def _rouge_l(self, task, problems, texts, answers, logprobs):
         return rouge_l_scores(answers, [references(task, p) for p in problems], *_text_level(task))

@@ -6,7 +6,7 @@ separator ("\\n\\n"), and each path's thinking tokens are counted (`thinking_len
 from __future__ import annotations
 
 from stopexp.core.token_text import text_of
-from stopexp.tasks.base import Task
+from stopexp.tasks.task import Task
 
 
 def split_thinking(text: str, end_tag: str) -> tuple[str, str | None]:
@@ -94,9 +94,9 @@ class ThinkingTask(Task):
         """The path's answer ("" while it has none)."""
         return split_thinking(text, self.end_tag)[1] or ""
 
-    def check(self, problem, text: str) -> bool:
+    def grade(self, problem, text: str) -> bool:
         answer = split_thinking(text, self.end_tag)[1]
-        return answer is not None and self.task.check(problem, answer)
+        return answer is not None and self.task.grade(problem, answer)
 
     def answer_of(self, text: str):
         return self.task.answer_of(self.answer_text(text))

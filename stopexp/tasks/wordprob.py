@@ -35,7 +35,7 @@ import re
 from dataclasses import dataclass
 
 from stopexp.metrics import answers
-from stopexp.tasks.base import Task
+from stopexp.tasks.task import Task
 from stopexp.tasks.splits import draw_distinct, hash_split
 
 OPERATIONS = ("add", "sub", "compare", "count")
@@ -352,7 +352,7 @@ class WordProblemTask(Task):
     def answer_of(self, completion: str) -> str:
         return answer_of(completion, self.extraction)
 
-    def check(self, problem: WordProblem, completion: str) -> bool:
+    def grade(self, problem: WordProblem, completion: str) -> bool:
         return self.answer_of(completion) == str(problem.answer)
 
     def reference(self, problem: WordProblem) -> str:

@@ -14,12 +14,12 @@ from stopexp.metrics.bounds import BOUND_SLACK, digits
 from stopexp.runtime.artifacts import config_hash
 from stopexp.signals import FeatureSpec
 from stopexp.store import bank, feature_rows
-from stopexp.store import features as feature_bank
+from stopexp.store import feature_sets
 
 log = logging.getLogger(__name__)
 
 
-def trained_on(features: feature_bank.FeatureSet) -> dict:
+def trained_on(features: feature_sets.FeatureSet) -> dict:
     """What a predictor learns from, by content: {"bank", "features"} (the trace bank of
     `features` and the features themselves), each a SHA-256 of the SHA-256s of the
     artifact's shard files as its meta.json records them (stopexp.runtime.integrity), None
@@ -27,7 +27,7 @@ def trained_on(features: feature_bank.FeatureSet) -> dict:
     re-collected or features re-made under the key change it."""
     out = {}
     for name, root, kind in (("bank", features.bank.root, "trace bank"),
-                             ("features", features.root, feature_bank.KIND)):
+                             ("features", features.root, feature_sets.KIND)):
         meta = bank.read_meta(root, kind=kind) if (root / "meta.json").exists() else {}
         files = {n: {f: r["sha256"] for f, r in rec["files"].items()}
                  for n, rec in meta["shards"].items()} if meta.get("complete") else None
@@ -36,8 +36,8 @@ def trained_on(features: feature_bank.FeatureSet) -> dict:
 
 
 def feature_spec(meta: dict) -> FeatureSpec:
-    """The spec recorded in a features meta.json (`stopexp.store.features.feature_spec`)."""
-    return feature_bank.feature_spec(meta)
+    """The spec recorded in a features meta.json (`stopexp.store.feature_sets.feature_spec`)."""
+    return feature_sets.feature_spec(meta)
 
 
 def split_data(root: Path, meta: dict, features: Path, ckpt: int, n_paths: int,

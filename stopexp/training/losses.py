@@ -1,5 +1,5 @@
 """Training losses for signal predictors: `build_loss(loss_cfg)` returns a callable
-(scores (B,), batch) -> scalar tensor. Batch keys are described in stopexp/signals/features.py;
+(scores (B,), batch) -> scalar tensor. Batch keys are described in stopexp/signals/feature_spec.py;
 an optional `weight` (B,) weights paths (pairs by the product of their paths' weights).
 
 Pairwise losses compare paths of the same prompt only: pruning chooses among the paths

@@ -113,7 +113,7 @@ def _view(run, batch: dict, problems: list, task, n: int, checkpoint: int) -> Pa
     text = np.asarray([run.text[k] for k in keys], dtype=object)
     view = Paths(group=np.repeat(np.arange(len(problems)), n), path_id=np.tile(np.arange(n), len(problems)),
                  length=np.asarray([run.length[k] for k in keys]),
-                 correct=np.asarray([task.check(problems[i], t) for (i, _), t in zip(keys, text)]),
+                 correct=np.asarray([task.grade(problems[i], t) for (i, _), t in zip(keys, text)]),
                  answer=np.asarray([task.answer_of(t) for t in text], dtype=object), text=text,
                  alive=np.asarray([k in batch["row"] for k in keys]), batch={},
                  prompt_ids=np.asarray([p.prompt_id for p in problems]), answer_format=vote_format(task))

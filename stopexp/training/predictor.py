@@ -16,7 +16,7 @@ from stopexp.metrics.ranking import auroc_by_position
 from stopexp.models.super_token import checkpoint_meta
 from stopexp.runtime.integrity import set_aside
 from stopexp.runtime.threads import one_thread
-from stopexp.signals.checkpoint import (CheckpointDamaged, CheckpointMismatch, CheckpointStale,
+from stopexp.signals.saved_predictor import (CheckpointDamaged, CheckpointMismatch, CheckpointStale,
                                         load_predictor)
 from stopexp.training.fit import evaluate_scores, fit, learning_warnings, score
 

@@ -38,7 +38,7 @@ from stopexp.store.path_table import Paths
 from stopexp.evaluation.accounting import keep_by_policy, outcome
 from stopexp.metrics import per_group_auroc, within_prompt_auroc
 
-# what the predictors and the losses read (stopexp/signals/features.py, stopexp/training/losses.py)
+# what the predictors and the losses read (stopexp/signals/feature_spec.py, stopexp/training/losses.py)
 FEEDBACK_KEYS = ("hidden", "signals", "prefix_len", "group", "correct", "mc", "remaining")
 
 

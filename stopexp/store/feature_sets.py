@@ -34,7 +34,7 @@ from stopexp.core.errors import ConfigError
 from stopexp.core.protocol import attention_heads, checkpoint_tokens, resolve_layers
 from stopexp.models import load_lm
 from stopexp.runtime.artifacts import config_hash, plain
-from stopexp.signals.features import SIGNAL_NAMES, FeatureSpec
+from stopexp.signals.feature_spec import SIGNAL_NAMES, FeatureSpec
 from stopexp.store import bank
 from stopexp.store.keys import BankSpec
 from stopexp.tasks import build_task
@@ -52,7 +52,7 @@ KIND = "features"
 @dataclass(frozen=True)
 class FeatureSet:
     """The features of one trace bank under one tap: where they live and what they hold;
-    a stage builds it once (stopexp.stages.build.features, from `feature_set`)."""
+    a stage builds it once (stopexp.stages.build.feature_set, from `feature_set`)."""
     bank: BankSpec
     root: Path                 # <cache>/features/<feature_key>
     tap: Any                   # the tap section: layers, pooling, attention heads, dtype
@@ -134,7 +134,7 @@ def expected_meta(feats: FeatureSet, bank_meta: dict) -> dict:
 TAP_INFO = ("tap_layers", "hidden_size", "attention_heads")  # measured on the loaded LM
 
 
-def columns(n_layers: int, hidden: int, dtype: str) -> Features:
+def feature_columns(n_layers: int, hidden: int, dtype: str) -> Features:
     return Features({
         "split": Value("string"), "prompt_id": Value("int32"), "path_id": Value("int32"),
         "length": Value("int32"), "positions": List(Value("int32")),

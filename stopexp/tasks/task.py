@@ -27,7 +27,7 @@ class Task(abc.ABC):
         """The first `n` problems of `split` (train, val or test), the same on every call."""
 
     @abc.abstractmethod
-    def check(self, problem, completion: str) -> bool:
+    def grade(self, problem, completion: str) -> bool:
         """Whether a path's text answers `problem` correctly."""
 
     @abc.abstractmethod

@@ -43,7 +43,8 @@ from stopexp.signals.saved_predictor import read_checkpoint
 from stopexp.stages import build
 from stopexp.stages.evaluate import print_table
 from stopexp.stages.scorers import build_scorers
-from stopexp.stopping.replay import STOPPING_METHODS, stopping_outcomes
+from stopexp.core.names import names as registered
+from stopexp.stopping.replay import stopping_outcomes
 from stopexp.store import bank
 from stopexp.store import feature_sets
 
@@ -68,7 +69,7 @@ feats = build.feature_set(cfg)
 root = bank.require_bank(feats.bank)
 meta = bank.read_meta(root)
 paths = replay_paths(root, feature_sets.require_features(feats), p["split"], p["check_tokens"])
-names = [m for m in metrics["methods"] if m != "no_prune" and m not in STOPPING_METHODS]
+names = [m for m in metrics["methods"] if m != "no_prune" and m not in registered("stopping")]
 scorers = build_scorers(cfg, names, feature_sets.spec_of(cfg.tap.layers, meta), feats)
 scores = {m: scorers[m](paths.batch).numpy().astype(float) for m in names}
 outcomes = {"no_prune": outcome(paths, np.ones(len(paths.length), bool), p["check_tokens"], p["n"])}
@@ -76,7 +77,7 @@ for m, s in scores.items():
     kept = keep_by_policy(paths, s, build_policy(cfg.policy, keep=p["k"]), p["n"])
     outcomes[m] = outcome(paths, kept, p["check_tokens"], p["n"])
 # the stopping protocols (ESC, Adaptive-Consistency, DeepConf online, ...) replay the bank
-stopping = [m for m in metrics["methods"] if m in STOPPING_METHODS]
+stopping = [m for m in metrics["methods"] if m in registered("stopping")]
 confs = list(bank.load_bank(root, p["split"])["token_conf"][:])
 outcomes.update(stopping_outcomes(paths, confs, stopping, p["n"], cfg.evaluate.stopping, cfg.search.group_window))
 for m, o in outcomes.items():

@@ -7,7 +7,7 @@ agree (exit 0). What depends on the machine or the moment, not on the code, is l
 wall time and rates (keys ending in `_s`, `seconds`, `per_s`, `wall`, and `check_share`, the check's share of the wall time), where files were
 written (string values that are paths under either run's output or cache dirs), and the
 process's memory (`rss`). Everything else must be equal, BERTScore too (its batches
-depend on the texts only, stopexp.metrics.text); `--rtol` allows a relative difference
+depend on the texts only, stopexp.metrics.text_similarity); `--rtol` allows a relative difference
 for floats (0: bit-equal as printed by json).
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Write a collected trace bank's split as an answers-only bank (the public JSON shape of
-`stopexp.stopping.answers`), reading an intermediate answer every PROBE_FREQ tokens of each
+`stopexp.stopping.answers_bank`), reading an intermediate answer every PROBE_FREQ tokens of each
 path from its decoded prefix, so that the answer-consensus methods (Parallel-Probe among
 them) can be replayed on it with `python -m stopexp.answers_replay`.
 

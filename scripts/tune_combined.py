@@ -15,7 +15,7 @@ import itertools
 
 import numpy as np
 
-from stopexp.stopping.answers import load_answers_bank
+from stopexp.stopping.answers_bank import load_answers_bank
 from stopexp.stopping.branch_draws import draws, no_prune
 from stopexp.stopping.combined import answers_timeline, combined
 

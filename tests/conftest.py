@@ -29,7 +29,7 @@ atexit.register(shutil.rmtree, _MODULES, ignore_errors=True)
 # rouge_score's absl logging (imported by test modules at collection) writes to the stderr
 # of its import, a capture of pytest's, and closes it when Hydra shuts logging down after an
 # in-process stage (run_stage); the interpreter's own stderr it never closes (as
-# stopexp.metrics.text.rouge_scorer sets it for a run)
+# stopexp.metrics.text_similarity.rouge_scorer sets it for a run)
 absl_logging.get_absl_handler().python_handler.stream = sys.__stderr__
 torch.set_num_threads(1)  # tiny models gain nothing from more, and a shared CI box suffers
 

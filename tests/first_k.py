@@ -5,7 +5,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from stopexp.stopping.answers import Decision, vote_codes
+from stopexp.stopping.answers_bank import Decision, vote_codes
 from stopexp.stopping.method import StoppingMethod, at_least
 
 

@@ -206,7 +206,7 @@ def _with_bank_features(decide, paths):
 
 
 def test_replay_equals_online(small_bank):
-    from stopexp.training.online import online_decider, prompt_ids_of
+    from stopexp.training.online_lm import online_decider, prompt_ids_of
 
     cfg, predictor, paths, order, heldout, ckpt = _setup(small_bank, *MC)
     lm = build.online_lm(cfg, cfg.adapt.split, int(prompt_ids_of(paths).max()) + 1, progress=False)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, run_stage
-from stopexp.stopping.answers import AnswersBankError, load_answers_bank, vote_codes
+from stopexp.stopping.answers_bank import AnswersBankError, load_answers_bank, vote_codes
 from stopexp.stopping.branch_draws import draws, no_prune, random_keep, replay
 from stopexp.stages import build
 
@@ -221,7 +221,7 @@ def test_export_a_trace_bank_as_an_answers_only_bank(small_bank, tmp_path, capsy
 def test_replay_counts_pruned_branches_and_flips(bank):
     from functools import partial
 
-    from stopexp.stopping.answers import AnswersBank
+    from stopexp.stopping.answers_bank import AnswersBank
     from stopexp.stopping.esc import esc
     from stopexp.stopping.parallel_probe import parallel_probe
 

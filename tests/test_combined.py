@@ -11,7 +11,7 @@ from stopexp.config import validate
 from stopexp.core.errors import ConfigError
 from stopexp.store.path_table import Paths
 from stopexp.stopping.adaptive_consistency import adaptive_consistency
-from stopexp.stopping.answers import load_answers_bank
+from stopexp.stopping.answers_bank import load_answers_bank
 from stopexp.stopping.branch_draws import build_methods
 from stopexp.stopping.combined import (Timeline, answers_timeline, combined, combined_answers,
                                        stability)

@@ -229,7 +229,7 @@ def replay_of(*overrides):
 
 
 def test_answers_replay_derives_k_and_check_tokens_and_reads_the_bank_first():
-    from stopexp.stopping.answers import load_answers_bank
+    from stopexp.stopping.answers_bank import load_answers_bank
     from stopexp.stopping.branch_draws import CHECK_SHARE, derived_check_tokens
 
     fixture = str(ROOT / "tests" / "data" / "answers_bank.json")

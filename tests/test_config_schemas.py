@@ -156,10 +156,9 @@ assert lookup("loss", "mse").__name__ == "mse" and "torch" in sys.modules  # imp
 def test_every_registered_name_looks_up_what_it_names():
     # each kind's targets import and are what their users call (a class or a function);
     # evaluate's method names are the registry's
-    from stopexp.core.names import BASELINE_METHODS, REGISTRY, STOPPING_METHODS, lookup
+    from stopexp.core.names import BASELINE_METHODS, REGISTRY, lookup
     from stopexp.signals import methods as M
 
     assert all(callable(lookup(kind, name)) for kind in REGISTRY for name in REGISTRY[kind])
     assert BASELINE_METHODS == names("baseline") == tuple(M.BASELINES)
-    assert STOPPING_METHODS == names("stopping")
     assert lookup("baseline", "entropy") is M.BASELINES["entropy"] and lookup("control", "oracle") is M.oracle

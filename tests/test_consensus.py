@@ -16,7 +16,7 @@ from stopexp.store.path_table import Paths
 from stopexp.evaluation.accounting import outcome
 from stopexp.metrics import cons_at_n
 from stopexp.stopping.adaptive_consistency import adaptive_consistency, beta_majority_prob
-from stopexp.stopping.answers import load_answers_bank, vote_codes
+from stopexp.stopping.answers_bank import load_answers_bank, vote_codes
 from stopexp.stopping.branch_draws import no_prune
 from stopexp.stopping.esc import esc
 from stopexp.stopping.parallel_probe import parallel_probe

@@ -69,7 +69,7 @@ def test_every_user_error_class_is_a_user_error():
     from stopexp.models import ModelNotAvailable
     from stopexp.search.sample import PromptTooLong
     from stopexp.signals.saved_predictor import CheckpointDamaged, CheckpointMismatch
-    from stopexp.stopping.answers import AnswersBankError
+    from stopexp.stopping.answers_bank import AnswersBankError
     from stopexp.store.bank import BankDamaged, BankMissing
     from stopexp.tasks.qa import TaskFileError
     from stopexp.training.data import NothingToLearn
@@ -167,7 +167,7 @@ def test_answers_replay_refuses_a_negative_seed_before_reading_further(capsys, t
 # swept value is composed before the first job runs.
 HYDRA_ERRORS = [
     (["search.n_pathz=3"], "search.n_pathz: Key 'n_pathz' not in 'ParallelSearchConfig' (Could not "
-                           "override 'search.n_pathz'; To append to your config use +search.n_pathz=3)"),
+                           "override 'search.n_pathz'; check the key's spelling)"),
     (["search.n_paths=abc"], "search.n_paths: Value 'abc' of type 'str' could not be converted to "
                              "Integer (Error merging override search.n_paths=abc)"),
     (["model=nosuch"], "In 'common': Could not find 'model/nosuch'; Available options in 'model': "

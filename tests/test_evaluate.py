@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from conftest import compose, run_stage
-from stopexp.config import STOPPING_METHODS, validate
+from stopexp.config import validate
+from stopexp.core.names import names
 from stopexp.config.stopping import methods_on
 from stopexp.core.policies import TopK
 from stopexp.store.path_table import Paths
@@ -84,7 +85,7 @@ def test_replay_equals_online(trained):
             assert online[name][key] == replay[name][key], (name, key)
         assert replay[name]["kv_estimated"]
         if online[name].get("replayed"):  # stopping protocols replay the bank in both modes
-            assert name in STOPPING_METHODS and online[name]["wall_estimated"]
+            assert name in names("stopping") and online[name]["wall_estimated"]
             continue
         assert online[name]["wall_s"] > 0 and 0 <= online[name]["check_share"] < 1
         assert not online[name]["kv_estimated"]  # measured from the engine's live rows

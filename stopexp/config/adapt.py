@@ -82,7 +82,7 @@ def check_adapt(cfg) -> None:
                             "adapt keeps the top K of each check: use policy=topk")
     if cfg.engine.name == "vllm" and ev.mode == "online":
         fail("evaluate.mode", "'online' adapt forks the hf engine's decode state at the check "
-                              "(stopexp.training.online), which engine=vllm does not expose; adapt "
+                              "(stopexp.training.online_lm), which engine=vllm does not expose; adapt "
                               "replays the bank (evaluate.mode=replay) or runs online with engine=hf")
     if a.split not in SPLITS:
         fail("adapt.split", f"{a.split!r} unknown; allowed: {', '.join(SPLITS)}")

@@ -26,7 +26,7 @@ def method_names() -> list[str]:
 @dataclass
 class AnswersReplayConfig:
     stage: str = "answers_replay"
-    bank: str = MISSING                 # the answers-only bank (.json; stopexp.stopping.answers)
+    bank: str = MISSING                 # the answers-only bank (.json; stopexp.stopping.answers_bank)
     methods: List[str] = field(default_factory=method_names)
     n: Optional[int] = None             # branches drawn per prompt; None: the bank's branch count
     k: Optional[int] = None             # random's kept branches; None: round(sqrt(n))

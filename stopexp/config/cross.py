@@ -15,7 +15,7 @@ from stopexp.config.ranges import fail, is_list, n_layers_of
 from stopexp.config.thinking import thinks
 from stopexp.core.names import BOUNDED_REWARDS, lookup, names, runs_the_lm
 from stopexp.core.protocol import check_values, checkpoint_tokens, resolve_layers
-from stopexp.core.text import decode_escapes, stop_strings
+from stopexp.core.config_text import decode_escapes, stop_strings
 
 
 def fewshot_is_plain_text(cfg) -> None:

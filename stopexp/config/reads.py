@@ -18,7 +18,7 @@ from stopexp.config.ranges import fail, is_list
 from stopexp.config.root import GROUPS, schema, schema_default
 from stopexp.config.stopping import TracesStopping, setting_keys
 from stopexp.core.protocol import check_values
-from stopexp.core.text import TEXT_TOKENIZERS
+from stopexp.core.config_text import TEXT_TOKENIZERS
 
 ALLOWED = {
     "model.dtype": ("auto", "float32", "bfloat16", "float16"),

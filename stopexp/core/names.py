@@ -13,7 +13,7 @@ import importlib.util
 from pathlib import Path
 from typing import Any, Callable
 
-from stopexp.core.errors import error_text
+from stopexp.core.errors import ConfigError, error_text
 
 # kind -> name -> "module:attr": what each name is, imported on `lookup` only, so that a
 # name is checked (stopexp.config) without importing its module (torch, for most)
@@ -102,8 +102,16 @@ def lookup(kind: str, name: str) -> Any:
     """The `kind` named `name`, its module imported now; ValueError naming what is allowed."""
     if name not in REGISTRY.get(kind, {}):
         raise ValueError(f"{kind}.name: {name!r} unknown; allowed: {', '.join(names(kind))}")
-    module, _, attr = REGISTRY[kind][name].partition(":")
-    return getattr(importlib.import_module(module), attr)
+    target = REGISTRY[kind][name]
+    module, _, attr = target.partition(":")
+    if module.split(".")[0] == "stopexp":
+        return getattr(importlib.import_module(module), attr)
+    try:  # registered by another package or a script: its failure is the user's to fix
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(f"{kind}.name: {name!r} is registered as {target!r}, which cannot be "
+                          f"imported ({error_text(e)}); install the package that registers it "
+                          f"(its entry point in group stopexp.{kind}) or fix the target") from e
 
 
 SPLITS = ("train", "val", "test")
@@ -137,7 +145,6 @@ ALWAYS_METHODS = ("no_prune", "random", "confidence", "oracle")
 # and whether a wrong intermediate value is written by the prefix (error_oracle)
 ORACLE_METHODS = ("oracle", "error_oracle")
 BASELINE_METHODS = names("baseline")
-STOPPING_METHODS = names("stopping")
 ADAPT_VARIANTS = ("no_prune", "frozen", "kept_only", "explore", "mc_feedback", "retrained")
 ONLINE_VARIANTS = ("kept_only", "explore", "mc_feedback")  # the variants that learn from the stream
 # the rewards validate lets the regression losses (mse, reward_regression) use: the

@@ -36,7 +36,7 @@ import torch
 
 from stopexp.core.errors import ConfigError
 from stopexp.core.policies import quantize
-from stopexp.core.text import has_answer
+from stopexp.core.config_text import has_answer
 
 VOTES = ("majority", "weighted", "filtered")
 SCORE_RULES = ("last", "running_mean")

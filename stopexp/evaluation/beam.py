@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from stopexp.core.names import names as registered
 from stopexp.core.policies import build_policy, policy_params
 from stopexp.core.protocol import checkpoint_tokens
 from stopexp.core.token_text import text_of
@@ -22,7 +23,6 @@ from stopexp.search.sample import prompt_ids
 from stopexp.search.stops import eos_ids
 from stopexp.search.taps import Taps
 from stopexp.search.trace import has_values
-from stopexp.stopping.replay import STOPPING_METHODS
 from stopexp.tasks.rewards import build_reward, references
 
 log = logging.getLogger(__name__)
@@ -60,9 +60,9 @@ def beam_metrics(lm: OnlineLM, names: list[str], scorers: dict, bank_name: str, 
         omitted["oracle"] = oracle_refusal(lm.task)
         log.warning("oracle: %s", omitted["oracle"])
         names = [n for n in names if n != "oracle"]
-    for n in (n for n in names if n in STOPPING_METHODS):
+    for n in (n for n in names if n in registered("stopping")):
         omitted[n] = "a stopping protocol over parallel paths; beam search has none"
-    names = [n for n in names if n not in STOPPING_METHODS]
+    names = [n for n in names if n not in registered("stopping")]
     results, texts, prompt_ids = evaluate_beam(lm, names, scorers, search, tap, policy,
                                                evaluate.bootstrap, evaluate.seed)
     not_reported = dict(NOT_REPORTED)

@@ -50,7 +50,7 @@ def make_plots(paths: Paths, outcomes: dict, scores: dict, points: list, run_dir
     figs["signal_histograms"] = plots.signal_histograms(
         {m: s[paths.alive] for m, s in scores.items()}, paths.correct[paths.alive],
         run_dir / "signal_histograms.png")
-    learned = [m for m in scores if m not in M.NON_LEARNABLE and m not in ("random", *ORACLE_METHODS)]
+    learned = [m for m in scores if m not in M.non_learnable() and m not in ("random", *ORACLE_METHODS)]
     for m in learned:
         s = scores[m][paths.alive]
         figs[f"calibration_{m}"] = plots.reliability_diagram(
@@ -74,7 +74,7 @@ def sample_table(run, paths: Paths, scores: dict, policies: dict, n: int, rows: 
     """A W&B table of the first `rows` live paths: text, the first learned method's score
     (confidence when none), whether its first check's policy (`policies`: name -> one per
     check) keeps it, whether it ends right."""
-    method = next((m for m in scores if m not in M.NON_LEARNABLE and m not in ("random", *ORACLE_METHODS)),
+    method = next((m for m in scores if m not in M.non_learnable() and m not in ("random", *ORACLE_METHODS)),
                   "confidence")
     s = scores[method]
     kept = keep_by_policy(paths, s, policies[method][0], n)

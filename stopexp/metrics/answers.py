@@ -43,7 +43,7 @@ from decimal import Decimal
 from fractions import Fraction
 from functools import lru_cache
 
-from stopexp.core.text import has_answer
+from stopexp.core.config_text import has_answer
 from stopexp.metrics.disproof import differ, tame
 
 FORMATS = ("numeric", "boxed")

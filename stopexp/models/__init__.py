@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from stopexp.core.errors import ConfigError, UserError
-from stopexp.core.text import decode_escapes
+from stopexp.core.config_text import decode_escapes
 from stopexp.core.token_text import keep_in_text
 from stopexp.models import gguf, toy_lm
 from stopexp.runtime.hub import endpoint, offline_by_choice, offline_unless_reachable, reachable

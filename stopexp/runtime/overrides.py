@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import re
 import warnings
 from pathlib import Path
 
@@ -170,6 +171,11 @@ def condensed(e: Exception) -> str:
         else:
             parts.append(line)
     hydra_text = "; ".join(p.rstrip(",.") for p in parts)
+    # Hydra's advice to append a misspelt key would add it silently where the section is open
+    hydra_text = re.sub(r"; To append to your config use \+\S+", "; check the key's spelling", hydra_text)
+    if hydra_text.startswith("In ") and "Could not find '" in hydra_text:  # an option's yaml
+        hydra_text += ("; an option's yaml outside conf/ is found with "
+                       "hydra.searchpath=[file:///path/to/its/conf]")
     if getattr(e, "override", None):  # a parse error: name the override
         hydra_text = f"{e.override}: {hydra_text}"
     cause = e.__cause__

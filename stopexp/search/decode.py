@@ -19,12 +19,12 @@ import torch
 import transformers
 from transformers import DynamicCache
 
-from stopexp.core.text import decode_escapes, stop_strings
+from stopexp.core.config_text import decode_escapes, stop_strings
 from stopexp.core.version import __version__
 from stopexp.search.decode_steps import DecodeSteps
 from stopexp.search.stops import StopStrings, eos_ids
 from stopexp.search.taps import Taps
-from stopexp.search.thinking import ThinkingBudget, ThinkRows
+from stopexp.search.budget_forcing import ThinkingBudget, ThinkRows
 from stopexp.signals.confidence import entropy, token_confidence
 
 
@@ -37,14 +37,14 @@ class SamplingParams:
     do_sample: bool = True
     conf_topk: int = 5  # DeepConf's token confidence: -mean log-prob of the top-k tokens
     stop: tuple[str, ...] = ()  # stop strings (stopexp.search.stops): a path ends at one
-    # a thinking model's budget: then its end tag is forced (stopexp.search.thinking)
+    # a thinking model's budget: then its end tag is forced (stopexp.search.budget_forcing)
     max_thinking_tokens: int | None = None
     think_end: str = "</think>"
 
     @classmethod
     def from_config(cls, search, task, thinking=None) -> "SamplingParams":
         """From the `search` section, the stop strings of it and the `task`
-        (stopexp.core.text.stop_strings) and a thinking model's budget (model.thinking,
+        (stopexp.core.config_text.stop_strings) and a thinking model's budget (model.thinking,
         None: not a thinking model)."""
         think = thinking
         budget = think.max_thinking_tokens if think is not None and think.enabled else None

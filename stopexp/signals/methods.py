@@ -29,8 +29,8 @@ import torch
 from stopexp.core.names import (  # noqa: F401
     _EXTERNAL,
     BASELINE_METHODS,
-    STOPPING_METHODS,
     external,
+    names,
     register_external,
 )
 from stopexp.core.seeds import stream_seed
@@ -39,7 +39,10 @@ from stopexp.signals.feature_spec import SIGNAL_NAMES
 from stopexp.signals.st_bon import st_bon
 
 Scorer = Callable[[dict], torch.Tensor]
-NON_LEARNABLE = (*BASELINE_METHODS, *STOPPING_METHODS)  # the names config.validate accepts
+def non_learnable() -> tuple[str, ...]:
+    """The methods that learn nothing: the baselines and the stopping methods (those
+    registered after import included)."""
+    return (*BASELINE_METHODS, *names("stopping"))
 
 
 def _signal(name: str, sign: float = 1.0) -> Scorer:

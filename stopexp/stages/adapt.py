@@ -10,7 +10,7 @@ The stream is `adapt.stream_prompts` prompts of the target bank's `adapt.split` 
 seeded order, cut into batches of `adapt.batch_prompts`, each pruned by the current
 predictor and its feedback learned from before the next (stopexp/training/stream.py). By
 default everything is replayed from the trace bank, so a run costs seconds;
-`evaluate.mode=online` runs the target LM instead (stopexp/training/online.py) and gives
+`evaluate.mode=online` runs the target LM instead (stopexp/training/online_lm.py) and gives
 the same curves.
 
 Variants (`adapt.variants`): no_prune (every path finishes), frozen (the source
@@ -39,7 +39,7 @@ from stopexp.store import bank
 from stopexp.store.feature_sets import require_features, spec_of
 from stopexp.tasks import vote_format
 from stopexp.training.losses import build_loss
-from stopexp.training.online import online_decider, prompt_ids_of
+from stopexp.training.online_lm import online_decider, prompt_ids_of
 from stopexp.training.stream import (predictor_scores, prompt_aurocs, replay_continuations,
                                      replay_decider, run_stream, stream_order, take)
 

@@ -1,4 +1,4 @@
-"""Replay stopping methods on an answers-only bank (`stopexp.stopping.answers`), under one
+"""Replay stopping methods on an answers-only bank (`stopexp.stopping.answers_bank`), under one
 accounting: a prompt's cost is the tokens its branches consumed before they ended or were
 stopped; the answer is the method's vote. Drawing n of the stored branches is repeated over
 seeded shuffles, and every number is reported as a mean and a standard deviation over them
@@ -36,7 +36,7 @@ from stopexp.core.errors import ConfigError
 from stopexp.evaluation import plots
 from stopexp.evaluation.table import answers_table
 from stopexp.stages.cli import Stage, stage_main
-from stopexp.stopping.answers import load_answers_bank
+from stopexp.stopping.answers_bank import load_answers_bank
 from stopexp.stopping.branch_draws import (build_methods, derived_check_tokens, derived_k, draws,
                                            grader_difference, no_prune_points, replay)
 

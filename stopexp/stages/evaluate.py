@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from stopexp.config import check_method_names, check_plan
-from stopexp.core.names import lookup, method_name
+from stopexp.core.names import lookup, method_name, names as registered
 from stopexp.core.policies import check_policies
 from stopexp.core.protocol import checkpoint_tokens
 from stopexp.evaluation.accounting import (account_methods, add_text_metrics, bank_paths_and_confs,
@@ -51,7 +51,7 @@ from stopexp.search.memory import add_memory
 from stopexp.stages import build
 from stopexp.stages.cli import Stage, stage_main
 from stopexp.stages.scorers import build_scorers, single_checkpoint_baseline
-from stopexp.stopping.replay import STOPPING_METHODS, stopping_outcomes
+from stopexp.stopping.replay import stopping_outcomes
 from stopexp.store import bank
 from stopexp.store import feature_sets
 from stopexp.tasks import build_task, vote_format
@@ -105,7 +105,7 @@ def evaluate(cfg, run=None, run_dir: Path | None = None, overrides: list[str] | 
     else:  # replay reads the features of the bank's paths
         paths = replay_paths(root, features, split, checks, vote_format(cfg.task))
     stops = {}
-    if set(names) & set(STOPPING_METHODS):  # combined reads its signal's scores at every check
+    if set(names) & set(registered("stopping")):  # combined reads its signal's scores at every check
         signal = [scorers[method_name(ev.stopping.combined.signal, cfg.predictor.name)](b).numpy().astype(float)
                   for b in paths.checks] if "combined" in names else None
         stops = stopping_outcomes(*bank_paths_and_confs(root, split, checkpoint, paths, views),

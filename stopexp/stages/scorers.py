@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from stopexp.core.errors import ConfigError, NotFound, error_text
-from stopexp.core.names import REGISTRY, STOPPING_METHODS, lookup, predictor_names, runs_the_lm
+from stopexp.core.names import REGISTRY, lookup, names as registered, predictor_names, runs_the_lm
 from stopexp.core.protocol import checkpoint_tokens
 from stopexp.signals import methods as M
 from stopexp.signals.saved_predictor import CheckpointDamaged, CheckpointMismatch, load_predictor
@@ -24,7 +24,7 @@ def build_scorers(cfg, names: list[str], spec, features: FeatureSet,
     repair commands repeat."""
     scorers = {}
     for name in names:
-        if name == "no_prune" or name in STOPPING_METHODS:  # no scorer: their own protocol
+        if name == "no_prune" or name in registered("stopping"):  # no scorer: their own protocol
             continue
         if name == "random":  # a seeded draw per path
             scorers[name] = lookup("control", name)(cfg.evaluate.seed)

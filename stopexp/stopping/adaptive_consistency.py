@@ -17,7 +17,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from stopexp.stopping.answers import AnswersPrompt, Decision, vote_codes
+from stopexp.stopping.answers_bank import AnswersPrompt, Decision, vote_codes
 from stopexp.stopping.method import StoppingMethod, within
 
 

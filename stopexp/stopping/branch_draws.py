@@ -12,7 +12,7 @@ import numpy as np
 from stopexp.core.errors import ConfigError
 from stopexp.core.names import lookup, names
 from stopexp.core.protocol import derived_keep
-from stopexp.stopping.answers import AnswersBank, AnswersPrompt, Decision, vote_codes
+from stopexp.stopping.answers_bank import AnswersBank, AnswersPrompt, Decision, vote_codes
 
 Method = Callable[[AnswersPrompt, np.ndarray], Decision]
 CHECK_SHARE = 0.15  # check_tokens' default: this share of the median stored branch length

@@ -37,7 +37,7 @@ from typing import ClassVar
 import numpy as np
 
 from stopexp.stopping.adaptive_consistency import beta_majority_prob
-from stopexp.stopping.answers import AnswersPrompt, Decision, vote_codes
+from stopexp.stopping.answers_bank import AnswersPrompt, Decision, vote_codes
 from stopexp.stopping.method import StoppingMethod
 
 KNOBS = ("first", "wave", "threshold", "settle", "prune_below", "prune_confidence")

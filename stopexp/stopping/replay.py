@@ -23,14 +23,14 @@ from typing import Any
 
 import numpy as np
 
-from stopexp.core.names import STOPPING_METHODS, lookup, names
+from stopexp.core.names import lookup, names
 from stopexp.search.memory import schedule_peaks
 from stopexp.stopping import deepconf as dc
-from stopexp.stopping.answers import AnswersPrompt
+from stopexp.stopping.answers_bank import AnswersPrompt
 from stopexp.stopping.combined import Timeline
 from stopexp.metrics.answers import vote_clusters
 
-__all__ = ["STOPPING_METHODS", "stopping_outcomes", "spent_outcome", "trace_methods"]
+__all__ = ["stopping_outcomes", "spent_outcome", "trace_methods"]
 
 
 def spent_outcome(paths, spent: np.ndarray, voter: np.ndarray, weight: np.ndarray, n: int,

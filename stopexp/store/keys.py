@@ -19,7 +19,7 @@ from pathlib import Path
 from stopexp.core.evaluate_modules import module_script
 from stopexp.core.names import lookup
 from stopexp.core.protocol import checkpoint_tokens
-from stopexp.core.text import decode_escapes, decoded_text
+from stopexp.core.config_text import decode_escapes, decoded_text
 from stopexp.models.gguf import resolve_gguf
 from stopexp.runtime.artifacts import config_hash, plain
 from stopexp.runtime.integrity import content_sha256, file_sha256

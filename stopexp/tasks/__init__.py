@@ -1,11 +1,11 @@
-"""Tasks: prompts, references and a checker, each a `Task` (stopexp.tasks.task) registered
+"""Tasks: prompts, references and a grader, each a `Task` (stopexp.tasks.task) registered
 by name (stopexp.core.names REGISTRY["task"]) and imported when it is looked up.
 `build_task(cfg.task, cfg.model.thinking)` picks one by name (read through a thinking model
 where model.thinking.enabled is true)."""
 from omegaconf import OmegaConf
 
 from stopexp.core.names import lookup
-from stopexp.core.text import decode_escapes, decoded_text
+from stopexp.core.config_text import decode_escapes, decoded_text
 from stopexp.tasks.task import Task
 from stopexp.tasks.thinking import ThinkingTask
 

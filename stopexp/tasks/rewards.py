@@ -13,7 +13,7 @@ label that the losses order or regress and that Monte Carlo rollouts average.
                     (reward.module, reward.key: stopexp.tasks.evaluate_reward)
 
 Text rewards compare words for natural language and characters for tasks whose outputs
-have no spaces (`task.text_level == "char"`, the arithmetic task), as stopexp.metrics.text
+have no spaces (`task.text_level == "char"`, the arithmetic task), as stopexp.metrics.text_similarity
 does. References come from `task.references(problem)` when the task has several, else
 `[task.reference(problem)]`. `BOUNDED` (stopexp.core.names.BOUNDED_REWARDS, with the
 reward registry): the rewards validate lets the regression losses (mse,
@@ -33,7 +33,7 @@ from stopexp.core.errors import ConfigError
 from stopexp.core.names import BOUNDED_REWARDS as BOUNDED  # noqa: F401
 from stopexp.core.names import register_reward, resolve_external  # noqa: F401  (re-exported)
 from stopexp.metrics.bounds import clip_to_range
-from stopexp.metrics.text import BertScorer, check_script, check_tokenize, rouge_scorer
+from stopexp.metrics.text_similarity import BertScorer, check_script, check_tokenize, rouge_scorer
 from stopexp.tasks.evaluate_reward import EvaluateReward
 
 
@@ -53,7 +53,7 @@ def rouge_l(hyp: str, refs: list[str], level: str = "word", tokenize: str = "13a
 
 def rouge_l_scores(hyps, refs, level: str = "word", tokenize: str = "13a") -> tuple[np.ndarray, int]:
     """ROUGE-L F-measure of each hyps[i] against the best of refs[i] (rouge-score's
-    score_multi; words split as stopexp.metrics.text.UnicodeTokenizer(tokenize) does), in
+    score_multi; words split as stopexp.metrics.text_similarity.UnicodeTokenizer(tokenize) does), in
     [0, 1], and how many were clipped into it (rounding: stopexp.metrics.bounds)."""
     scorer = rouge_scorer(("rougeL",), level == "char", tokenize)
     out = []

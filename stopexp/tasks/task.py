@@ -10,7 +10,7 @@ from typing import Any, Callable, ClassVar
 
 
 class Task(abc.ABC):
-    """A task: prompts, references and a checker (stopexp.tasks.build_task builds one by
+    """A task: prompts, references and a grader (stopexp.tasks.build_task builds one by
     name from its config section). A problem is any object with `prompt_id`, `split` and
     `prompt`."""
 

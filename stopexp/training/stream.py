@@ -7,7 +7,7 @@ Each batch is pruned with Launch-Check-Resume (N paths, the policy's top K at th
 the kept paths finish and are graded, and the predictor takes `adapt.steps` AdamW steps
 with the training loss (stopexp/training/losses.py) on that feedback, plus `adapt.buffer`
 earlier batches of it. In replay a finished path's outcome is looked up in the bank, not
-generated; online (stopexp/training/online.py) the LM runs, and since every path has its
+generated; online (stopexp/training/online_lm.py) the LM runs, and since every path has its
 own random stream the curves are the same.
 
 Only kept paths reveal their outcome, so kept-only feedback is a sample the predictor's
@@ -192,7 +192,7 @@ def run_stream(predictor, decide, order: np.ndarray, heldout: Paths | None, adap
                continue_=None) -> list[dict]:
     """One variant over the stream, with the settings of the `adapt` section and the
     training `loss` (stopexp.training.losses.build_loss); returns one record per batch.
-    `decide` prunes a batch (replay_decider, or stopexp.training.online for the LM in the
+    `decide` prunes a batch (replay_decider, or stopexp.training.online_lm for the LM in the
     loop); `continue_` runs the Monte Carlo continuations of mc_feedback
     (replay_continuations, or the LM's); `predictor` (None for no_prune) is updated in
     place for the online variants."""

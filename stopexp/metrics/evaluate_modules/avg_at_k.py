@@ -1,8 +1,8 @@
-"""avg@k as an `evaluate` module (stopexp.metrics.voting.avg_at_k)."""
+"""avg@k as an `evaluate` module (stopexp.metrics.vote_accuracy.avg_at_k)."""
 import datasets
 import evaluate
 
-from stopexp.metrics.voting import avg_at_k
+from stopexp.metrics.vote_accuracy import avg_at_k
 
 _DESCRIPTION = """avg@k (avg@k|N after pruning N sampled paths to k): for each prompt, the mean
 correctness of the paths kept for it; then the mean over prompts. A prompt left with no

@@ -1,8 +1,8 @@
-"""Cons@N as an `evaluate` module (stopexp.metrics.voting.cons_at_n)."""
+"""Cons@N as an `evaluate` module (stopexp.metrics.vote_accuracy.cons_at_n)."""
 import datasets
 import evaluate
 
-from stopexp.metrics.voting import cons_at_n
+from stopexp.metrics.vote_accuracy import cons_at_n
 
 _DESCRIPTION = """Cons@N (majority-vote accuracy, self-consistency): for each prompt, the answer
 most of its N paths give (paths without an answer do not vote; ties go to the answer seen

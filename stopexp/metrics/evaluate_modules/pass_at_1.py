@@ -1,8 +1,8 @@
-"""pass@1 as an `evaluate` module (stopexp.metrics.voting.pass_at_1)."""
+"""pass@1 as an `evaluate` module (stopexp.metrics.vote_accuracy.pass_at_1)."""
 import datasets
 import evaluate
 
-from stopexp.metrics.voting import pass_at_1
+from stopexp.metrics.vote_accuracy import pass_at_1
 
 _DESCRIPTION = """pass@1 estimated from N sampled paths per prompt: the chance that one sampled
 path is right, i.e. the mean over prompts of the share of its N paths that are correct (the

@@ -16,7 +16,7 @@ import regex
 import sacrebleu
 
 from stopexp.core.errors import ConfigError
-from stopexp.core.text import TEXT_TOKENIZERS
+from stopexp.core.config_text import TEXT_TOKENIZERS
 from stopexp.metrics.bounds import clip_to_range
 
 ROUGE_TYPES = ("rouge1", "rouge2", "rougeL")

@@ -24,6 +24,8 @@ from typing import Any, Callable
 
 from omegaconf import DictConfig, OmegaConf
 
+from stopexp.core.errors import fail
+
 
 def by_name(node) -> str:
     return node.name
@@ -38,10 +40,13 @@ class Group:
     # refused off their default where the chosen option lacks them (reads.check_unread);
     # False where the group's own checks name the options in their own words (model)
     refuse_unread: bool = True
-    # the schema of an option registered without one of its own (a task from outside the
-    # package): it reads the base's keys and those its yaml adds beyond the view; None: every
-    # option has a schema
+    # the schema of an option registered without one of its own (from another package): it
+    # reads the base's keys and those its yaml adds beyond the view; None: every option has
+    # a schema
     base: type | None = None
+    # with `base`: the registered names an option may take (stopexp.core.names), read when
+    # checked so that names registered after import count
+    registered: Callable[[], tuple[str, ...]] | None = None
 
     def __post_init__(self):
         missing = [o for o, schema in self.options.items() if not issubclass(self.view, schema)]
@@ -60,8 +65,12 @@ class Group:
         return [o for o in self.options if key in self.keys(o)]
 
     def check(self, node) -> None:
-        """Every schema's `ranges` (once per class, base classes first), then the chosen
-        option's `needs`."""
+        """A registered option (where the group takes options without a schema), every
+        schema's `ranges` (once per class, base classes first), then the chosen option's
+        `needs`."""
+        if self.registered is not None and self.chosen(node) not in self.registered():
+            fail(f"{self.name}.name", f"{self.chosen(node)!r} is not allowed; allowed: "
+                                      f"{', '.join(self.registered())}")
         for cls in reversed(self.view.__mro__):
             if "ranges" in cls.__dict__:
                 cls.ranges(node)

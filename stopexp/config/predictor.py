@@ -108,7 +108,7 @@ PREDICTOR = Group("predictor", {
     "statistic": StatisticPredictorConfig, "linear": LinearPredictorConfig,
     "mlp": MLPPredictorConfig, "fusion": FusionPredictorConfig,
     "conf_features": ConfFeaturesPredictorConfig, "super_token": SuperTokenPredictorConfig},
-    PredictorConfig, base=PredictorBaseConfig)
+    PredictorConfig, base=PredictorBaseConfig, registered=predictor_names)
 # the predictors evaluated as they are, with no weights to fit (train.* and loss unread)
 UNTRAINED_PREDICTORS = ("statistic",)
 # the predictors whose head takes the position as an extra input (predictor.position_input)
@@ -133,8 +133,6 @@ class TrainConfig:
 def check_predictor(pred) -> None:
     """predictor.*: a registered predictor (those of other packages included:
     stopexp.core.names), every predictor's ranges, then what the chosen one needs."""
-    if pred.name not in predictor_names():
-        fail("predictor.name", f"{pred.name!r} is not allowed; allowed: {', '.join(predictor_names())}")
     PREDICTOR.check(pred)
 
 

@@ -178,12 +178,10 @@ class TaskConfig(DataToTextTaskConfig, WordProblemTaskConfig, QATaskConfig, Arit
 
 TASK = Group("task", {"arith": ArithTaskConfig, "qa": QATaskConfig,
                        "wordprob": WordProblemTaskConfig, "datatotext": DataToTextTaskConfig},
-              TaskConfig, base=TaskBaseConfig)
+              TaskConfig, base=TaskBaseConfig, registered=functools.partial(names, "task"))
 
 
 def check_task(t) -> None:
-    if t.name not in names("task"):
-        fail("task.name", f"{t.name!r} is not allowed; allowed: {', '.join(names('task'))}")
     TASK.check(t)
 
 

@@ -104,11 +104,12 @@ def lookup(kind: str, name: str) -> Any:
         raise ValueError(f"{kind}.name: {name!r} unknown; allowed: {', '.join(names(kind))}")
     target = REGISTRY[kind][name]
     module, _, attr = target.partition(":")
-    if module.split(".")[0] == "stopexp":
-        return getattr(importlib.import_module(module), attr)
-    try:  # registered by another package or a script: its failure is the user's to fix
+    try:
         return getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as e:
+        if module.split(".")[0] == "stopexp":  # the package's own: a bug or a missing extra
+            raise
+        # registered by another package or a script: its failure is the user's to fix
         raise ConfigError(f"{kind}.name: {name!r} is registered as {target!r}, which cannot be "
                           f"imported ({error_text(e)}); install the package that registers it "
                           f"(its entry point in group stopexp.{kind}) or fix the target") from e

@@ -14,7 +14,6 @@ from omegaconf import OmegaConf
 
 from stopexp.config import PredictorConfig
 from stopexp.config.options import filled
-from stopexp.config.predictor import PREDICTOR
 from stopexp.config.option_files import find_config_file
 from stopexp.core.errors import NotFound
 from stopexp.core.names import method_name, predictor_names
@@ -123,9 +122,9 @@ def with_predictor(cfg, name: str):
     node = OmegaConf.load(found)
     node.pop("defaults", None)
     sub = cfg.copy()
-    # a built-in predictor's keys are the view's; one of another package adds its yaml's own
-    base = OmegaConf.structured(PredictorConfig) if name in PREDICTOR.options else filled(PredictorConfig)
-    sub.predictor = OmegaConf.merge(base, node)
+    # every built-in predictor's keys at their defaults, and the keys its yaml adds (a
+    # predictor of another package has its own)
+    sub.predictor = OmegaConf.merge(filled(PredictorConfig), node)
     return sub
 
 

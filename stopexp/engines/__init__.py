@@ -49,6 +49,13 @@ class Backend(Protocol):
         (tokens, or a list: progressive), at most `max_rows` rows per forward: (runs, check
         batch) as stopexp.search.lcr.launch_check_resume returns them."""
 
+    def stopping(self, lm, tokenizer, task, problems, controllers: dict, *, sections: Sections,
+                 params, max_rows: int) -> dict:
+        """Each stopping method's protocol inside the running paths of `problems`
+        (`controllers`: name -> its controller, stopexp.search.inpath), one run per method:
+        name -> stopexp.search.lcr.OnlineRun. A controller with a `separator` reads the
+        tapped states at the tokens that end a reasoning step."""
+
 
 def backend(name: str) -> Backend:
     """The engine registered as `name` (engine.name)."""

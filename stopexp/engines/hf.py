@@ -10,6 +10,7 @@ from stopexp.engines import Sections
 from stopexp.models import load_lm
 from stopexp.search.decode import make_engine
 from stopexp.search.decode_steps import DecodeSteps
+from stopexp.search.inpath import run_in_path
 from stopexp.search.lcr import launch_check_resume
 from stopexp.search.taps import Taps
 
@@ -35,6 +36,15 @@ class HF:
         return run_launch_check_resume(lm, tokenizer, task, problems, methods, checkpoint,
                                        params, sections.search, sections.tap, sections.seed,
                                        max_rows)
+
+    def stopping(self, lm, tokenizer, task, problems, controllers, *, sections: Sections,
+                 params, max_rows):
+        if any(getattr(c, "separator", None) for c in controllers.values()):  # validate refuses it first
+            raise ValueError("engine=hf records no states at step ends while it generates: "
+                             "run step online with engine=vllm")
+        steps = DecodeSteps(make_engine(lm, tokenizer, params), max_rows)
+        return {name: run_in_path(steps, tokenizer, problems, sections.search.n_paths,
+                                  sections.seed, c) for name, c in controllers.items()}
 
 
 def run_launch_check_resume(model, tokenizer, task, problems, methods: dict, checkpoint,

@@ -12,6 +12,7 @@ from stopexp.models import load_lm
 from stopexp.models.extract import DEFAULT_BATCH_TOKENS, prefix_features
 from stopexp.models.vllm_lm import model_skeleton, open_vllm_engine
 from stopexp.search.taps import Taps
+from stopexp.search.inpath import run_in_path
 from stopexp.search.lcr import launch_check_resume
 from stopexp.search.vllm_steps import VllmSteps
 
@@ -51,3 +52,16 @@ class VLLM:
                                         s.model.max_batch_tokens or DEFAULT_BATCH_TOKENS,
                                         search.max_batch_rows)
             return launch_check_resume(VllmSteps(engine, hidden_at), **run)
+
+    def stopping(self, lm, tokenizer, task, problems, controllers, *, sections: Sections,
+                 params, max_rows):
+        s = sections
+        separators = {c.separator for c in controllers.values() if getattr(c, "separator", None)}
+        tapped = {}
+        if separators:  # validate has checked that the taps run inside the engine
+            tapped = dict(tap=s.tap, positions={"checkpoints": [], "stride": None,
+                                                "separator": separators.pop()})
+        with open_vllm_engine(s.model, s.engine, s.cache_dir, s.task, params, in_process=True,
+                              **tapped) as (engine, *_):
+            return {name: run_in_path(VllmSteps(engine), tokenizer, problems, s.search.n_paths,
+                                      s.seed, c) for name, c in controllers.items()}

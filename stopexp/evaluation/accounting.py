@@ -228,7 +228,7 @@ def account_methods(names: list[str], scorers: dict, policies: dict, paths: Path
     prompt, keep K of the last check of `plan`, stopexp.core.protocol.check_plan; `search`,
     `policy` and `evaluate`: the config's sections); policies: name -> one threshold policy per check
     (stopexp.core.policies.check_policies, built once by the stage). stops: name -> outcome of the stopping-protocol methods
-    (replayed from the bank); views/timing: per method the online run's own paths, kept
+    (replayed from the bank, or run inside the engine online: those have a `timing`); views/timing: per method the online run's own paths, kept
     set and measured time (None in replay). Returns (results, outcomes, scores, points):
     name -> metrics, name -> `outcome` dict, name -> (P,) scores at the check, and the
     Pareto points of the stopping methods and, with several checks or a threshold policy,
@@ -245,10 +245,11 @@ def account_methods(names: list[str], scorers: dict, policies: dict, paths: Path
     results, outcomes, scores, points, ks = {}, {}, {}, [], {}
     all_rows = np.ones(len(paths.length), bool)
     for name in names:
-        if name in stops:  # replayed from the bank in either mode (exact)
+        if name in stops:  # replayed from the bank (exact), or run inside the engine online
             outcomes[name] = stops[name]
-            results[name] = summarize_outcome(stops[name], sec_tok, flops_tok, n_boot, seed) | {
-                "replayed": True, "check_s": 0.0}
+            ran = timing.get(name) if timing is not None else None
+            results[name] = summarize_outcome(stops[name], sec_tok, flops_tok, n_boot, seed) | (
+                {"replayed": True, "check_s": 0.0} if ran is None else {"replayed": False, **ran})
             points.append({"method": name, "n": N, "k": N, "accuracy": results[name]["accuracy"],
                            "tokens_total": results[name]["tokens_total"]})
             continue

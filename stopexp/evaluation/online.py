@@ -3,7 +3,7 @@ every method on the bank's test prompts and measures wall time and KV memory, on
 configured engine (stopexp.engines; the loop: stopexp.search.lcr)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -12,6 +12,7 @@ import torch
 from stopexp.store.path_table import Pruning, Paths
 from stopexp.search.decode import SamplingParams
 from stopexp.search.memory import kv_bytes_per_token, memory_summary
+from stopexp.stopping.replay import spent_outcome
 from stopexp.tasks import vote_format
 from stopexp.tasks.thinking import ThinkingTask, thinking_length
 
@@ -21,7 +22,8 @@ class OnlineLM:
     """What an online evaluation runs: the LM and its tokenizer, the task and its prompts
     (`problems`, those that fit the model), the sampling (`params`), and `launch(methods,
     checks) -> (runs, check batch)`, Launch-Check-Resume of the prompts on the configured
-    engine (stopexp.engines.Backend.online, bound by the stage), and
+    engine (stopexp.engines.Backend.online, bound by the stage), `stop(controllers) ->
+    runs`, stopping methods inside the running paths (stopexp.engines.Backend.stopping), and
     `rows_for(problems)`, the rows per forward for those prompts (stopexp.search.sample.row_cap)."""
     model: Any
     tokenizer: Any
@@ -30,6 +32,7 @@ class OnlineLM:
     params: SamplingParams
     launch: Callable
     rows_for: Callable
+    stop: Callable | None = None
 
 
 def online_paths(lm: OnlineLM, names, scorers, policies: dict, plan: list[tuple[int, int]],
@@ -99,3 +102,33 @@ def scatter_batch(batch: dict, rows: list[int], n: int, paths: Paths) -> dict:
         full["seed_key"][i] = batch["seed_key"][r]
         full["prompt"][i], full["tokens"][i] = batch["prompt"][r], batch["tokens"][r]
     return full
+
+
+def online_stopping(lm: OnlineLM, methods: dict, no_prune: Paths, n_paths: int,
+                    group_window: int, scorers: dict) -> tuple[dict, dict]:
+    """Run the stopping methods of `methods` (name -> StoppingMethod with a `controller`)
+    inside the running paths, one run each from the launch, on the prompts of `lm`.
+    Returns (name -> outcome dict as replay gives it, name -> measured time and memory).
+    `no_prune` (online_paths' paths) gives each stopped path's full length; a voter's
+    answer is its own run's."""
+    controllers = {name: m.controller(n_paths, group_window, scorers=scorers, tokenizer=lm.tokenizer,
+                                      task=lm.task)
+                   for name, m in methods.items()}
+    runs = lm.stop(controllers)
+    keys = [(i, j) for i in range(len(lm.problems)) for j in range(n_paths)]
+    outcomes, timing = {}, {}
+    for name, run in runs.items():
+        voter = np.asarray([run.kept[k] for k in keys])
+        text = np.where(voter, np.asarray([run.text[k] for k in keys], dtype=object), no_prune.text)
+        view = replace(no_prune, text=text,
+                       answer=np.asarray([lm.task.answer_of(t) for t in text], dtype=object),
+                       correct=np.asarray([lm.task.grade(lm.problems[i], t) for (i, _), t in zip(keys, text)]))
+        spent = np.asarray([run.pruned_at.get(k, run.length[k]) for k in keys], np.int64)
+        weight = np.asarray([run.signal.get(k, 0.0) for k in keys])
+        outcomes[name] = spent_outcome(view, spent, voter, weight, n_paths)
+        timing[name] = {"wall_s": run.wall_s, "wall_estimated": False, "check_s": run.check_s,
+                        "prefix_s": 0.0, "resume_s": run.resume_s,
+                        "check_share": run.check_s / run.resume_s if run.resume_s else 0.0,
+                        **memory_summary([run.kv.peak[i] for i in range(len(lm.problems))],
+                                         kv_bytes_per_token(lm.model), estimated=False)}
+    return outcomes, timing

@@ -181,8 +181,9 @@ def online_lm(cfg, split: str, n_prompts: int, progress: bool = True,
     params = sampling(cfg)
     sections = Sections(cfg.model, cfg.engine, cfg.task, cfg.search, cfg.tap, cfg.seed,
                         cfg.paths.cache_dir)
-    launch = functools.partial(engine.online, model, tokenizer, task, problems, sections=sections,
-                               params=params,
-                               max_rows=row_cap(cfg.search, cfg.model, tokenizer, problems))
+    bound = dict(sections=sections, params=params,
+                 max_rows=row_cap(cfg.search, cfg.model, tokenizer, problems))
+    launch = functools.partial(engine.online, model, tokenizer, task, problems, **bound)
+    stop = functools.partial(engine.stopping, model, tokenizer, task, problems, **bound)
     return OnlineLM(model, tokenizer, task, problems, params, launch,
-                    functools.partial(row_cap, cfg.search, cfg.model, tokenizer))
+                    functools.partial(row_cap, cfg.search, cfg.model, tokenizer), stop)

@@ -40,7 +40,7 @@ from stopexp.evaluation.analyses import add_analyses
 from stopexp.evaluation.beam import beam_metrics, compare_with_beam
 from stopexp.evaluation.curves import prefix_curves
 from stopexp.evaluation.first_errors import bank_timing
-from stopexp.evaluation.online import online_paths
+from stopexp.evaluation.online import online_paths, online_stopping
 from stopexp.evaluation.paired import combined_pairs, paired_stats, scores_at_checks
 from stopexp.evaluation.report import protocol_record, record
 from stopexp.evaluation.risk import calibrate_methods, calibration_record, realised_risk
@@ -51,7 +51,7 @@ from stopexp.search.memory import add_memory
 from stopexp.stages import build
 from stopexp.stages.cli import Stage, stage_main
 from stopexp.stages.scorers import build_scorers, single_checkpoint_baseline
-from stopexp.stopping.replay import stopping_outcomes
+from stopexp.stopping.replay import stopping_outcomes, trace_methods
 from stopexp.store import bank
 from stopexp.store import feature_sets
 from stopexp.tasks import build_task, vote_format
@@ -98,18 +98,24 @@ def evaluate(cfg, run=None, run_dir: Path | None = None, overrides: list[str] | 
                 for m in scorers}
     # run: the paths (replayed from the bank, or online with the LM)
     views = timing = None
+    stops = {}
     if ev.mode == "online":  # the same test prompts as the bank
-        paths, views, timing = online_paths(build.online_lm(cfg, split, prompts_in(root, split)),
-                                            names, scorers, policies, plan, N)
+        lm = build.online_lm(cfg, split, prompts_in(root, split))
+        paths, views, timing = online_paths(lm, names, scorers, policies, plan, N)
         attach_bank_columns(views, root, split)  # rewards and LM scores, checked text by text
+        inside = {m: s for m, s in trace_methods(names, ev.stopping).items() if s.inside}
+        if inside:  # they stop paths while they run: on the engine, each its own run
+            stops, more = online_stopping(lm, inside, views["no_prune"][0], N, cfg.search.group_window,
+                                          scorers)
+            timing.update(more)
     else:  # replay reads the features of the bank's paths
         paths = replay_paths(root, features, split, checks, vote_format(cfg.task))
-    stops = {}
-    if set(names) & set(registered("stopping")):  # combined reads its signal's scores at every check
+    replayed = [m for m in names if m not in stops]
+    if set(replayed) & set(registered("stopping")):  # combined reads its signal's scores at every check
         signal = [scorers[method_name(ev.stopping.combined.signal, cfg.predictor.name)](b).numpy().astype(float)
                   for b in paths.checks] if "combined" in names else None
-        stops = stopping_outcomes(*bank_paths_and_confs(root, split, checkpoint, paths, views),
-                                  names, N, ev.stopping, cfg.search.group_window, checks, signal)
+        stops |= stopping_outcomes(*bank_paths_and_confs(root, split, checkpoint, paths, views),
+                                   replayed, N, ev.stopping, cfg.search.group_window, checks, signal)
     # account, analyse
     results, outcomes, scores, points = account_methods(names, scorers, policies, paths, plan, stops,
                                                         views, timing, meta, cfg.search, cfg.policy, ev)

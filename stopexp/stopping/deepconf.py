@@ -48,6 +48,7 @@ class DeepConfOnline(StoppingMethod):
     name: ClassVar[str] = "deepconf_online"
     source: ClassVar[str] = SOURCE
     banks: ClassVar[tuple[str, ...]] = ("traces",)
+    inside: ClassVar[bool] = True
 
     def problems(self, n=None):
         out = {"warmup": None if self.warmup > 0 else f"must be > 0, got {self.warmup}",
@@ -71,6 +72,49 @@ class DeepConfOnline(StoppingMethod):
                                                     self.keep_percent, r.group_window)
             wave[rows] = np.arange(len(rows)) >= warm
         return r.outcome(spent, voter, wave, r.lowest)
+
+    def controller(self, n: int, group_window: int, **_) -> "OnlineStops":
+        """The engine-side protocol (stopexp.search.inpath) for `n` paths per prompt."""
+        return OnlineStops(warmup_paths(self.warmup, n), self.keep_percent, group_window)
+
+
+class OnlineStops:
+    """DeepConf online as the engine runs it (stopexp.search.inpath): the `warmup` paths of
+    each prompt run to their end first; their lowest group confidences set the prompt's
+    threshold; every later path stops at the end of its first full window below it (the
+    token that completed the window spent, as `stop_point` counts it). Voters weigh their
+    lowest group confidence."""
+
+    def __init__(self, warmup: int, keep_percent: float, window: int):
+        self.warmup, self.keep_percent, self.window = warmup, keep_percent, window
+        self.threshold: dict = {}   # prompt -> its threshold, once its warm-up paths ended
+        self.weights: dict = {}     # (prompt, path id) -> lowest group confidence
+        self.checked: dict = {}     # (prompt, path id) -> tokens whose window was checked
+
+    def waves(self, n: int) -> list[range]:
+        return [range(self.warmup), range(self.warmup, n)]
+
+    def stops(self, stepper, prompt, paths) -> list:
+        threshold = self.threshold.get(prompt)
+        if threshold is None:  # warm-up paths are never stopped
+            return []
+        out = []
+        for p, (_, _, conf) in zip(paths, stepper.columns(paths)):
+            # the windows ending after those already checked, computed as replay computes them
+            done = max(self.checked.get(p.key, 0), self.window - 1)
+            self.checked[p.key] = len(conf)
+            below = np.nonzero(window_means(conf, self.window)[done - self.window + 1:] < threshold)[0]
+            if len(below):
+                out.append((p, done + 1 + int(below[0])))
+        return out
+
+    def wave_done(self, stepper, wave: int, prompt, paths) -> None:
+        ran = [p for p in paths if not p.pruned]
+        for p, (_, _, conf) in zip(ran, stepper.columns(ran)):
+            self.weights[p.key] = lowest_group_conf(conf, self.window)
+        if wave == 0:
+            lowest = [self.weights[p.key] for p in sorted(paths, key=lambda p: p.key)]
+            self.threshold[prompt] = float(np.percentile(lowest, 100 - self.keep_percent))
 
 
 @dataclass

@@ -16,7 +16,9 @@ knows where it runs and how, registered by name in stopexp.core.names REGISTRY["
         def decide(self, prompt, order):       # on an answers-only prompt -> Decision
             ...
 
-`banks` says where it runs ("traces": evaluate's replay, "answers": answers_replay);
+`banks` says where it runs ("traces": evaluate's replay, "answers": answers_replay); a
+method that stops paths while they run (`inside`) also has a `controller`, which runs its
+protocol on the engine under evaluate.mode=online (stopexp.search.inpath);
 `traces_only` / `answers_only` name the fields only one kind of bank reads. The config
 holds one subtree per method and bank kind (evaluate.stopping.<name>, answers_replay's
 stopping.<name>: stopexp.config.stopping), whose values build the method (`of`).
@@ -60,6 +62,7 @@ class StoppingMethod:
     banks: ClassVar[tuple[str, ...]] = BANKS
     traces_only: ClassVar[tuple[str, ...]] = ()
     answers_only: ClassVar[tuple[str, ...]] = ()
+    inside: ClassVar[bool] = False      # stops running paths: `controller` runs it online
 
     @classmethod
     def settings(cls, bank: str) -> list[dataclasses.Field]:
@@ -88,6 +91,11 @@ class StoppingMethod:
     def replay(self, r) -> dict:
         """The outcome dict on a trace bank's paths (`stopexp.stopping.replay.Replay`)."""
         raise NotImplementedError(f"{self.name} does not run on a trace bank")
+
+    def controller(self, n: int, group_window: int, **inputs):
+        """The engine-side protocol for `n` paths per prompt (stopexp.search.inpath);
+        `inputs`: scorers, tokenizer, task, for the methods that read them."""
+        raise NotImplementedError(f"{self.name} does not run inside the engine")
 
     def decide(self, prompt, order: np.ndarray):
         """The Decision on an answers-only prompt's branches `order`, in sampling order."""

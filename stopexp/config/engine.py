@@ -15,6 +15,14 @@ from stopexp.config.ranges import at_least, fail, within
 @dataclass
 class EngineBaseConfig:
     name: str = "hf"                      # hf | vllm
+    # STEP's KV budget per prompt (evaluate.methods=[step]: stopexp/stopping/step.py): the KV
+    # blocks of block_size tokens its running paths may hold before the lowest-scored is
+    # pruned (an integer >= 1), or a share in (0, 1) of what its N paths hold at full length;
+    # null = no budget
+    kv_budget: Optional[float] = None
+    # KV tokens per cache block (vLLM's paging unit; for the hf engine, whose cache is not
+    # paged, the unit of engine.kv_budget only)
+    block_size: int = 32
 
 
 @dataclass
@@ -35,10 +43,9 @@ class VLLMEngineConfig(EngineBaseConfig):
     tensor_parallel_size: int = 1
     # prompt tokens prefilled per step (chunked prefill is off); None = max(max_model_len, 8192)
     max_num_batched_tokens: Optional[int] = None
+    # prefix caching shares whole blocks only (engine.block_size), so a prompt's N paths
+    # recompute the prompt's last partial block each; the CPU build needs a multiple of 32
     enable_prefix_caching: bool = True
-    # KV tokens per cache block: prefix caching shares whole blocks only, so a prompt's N
-    # paths recompute the prompt's last partial block each; the CPU build needs a multiple of 32
-    block_size: int = 32
     enforce_eager: bool = False           # true: no graph capture / compile (faster start, slower steps)
     seed: int = 0                         # vLLM's global seed; every path samples from its own seed
     # alternatives returned per token: the entropy column is over these, renormalised
@@ -63,6 +70,10 @@ def check_engine(cfg) -> None:
     search.max_new_tokens, max_logprobs at least search.conf_topk) and vllm importable,
     before any model loads."""
     e = cfg.engine
+    at_least("engine.block_size", e.block_size, 1)
+    if e.kv_budget is not None and not (0 < e.kv_budget < 1 or (e.kv_budget >= 1 and float(e.kv_budget).is_integer())):
+        fail("engine.kv_budget", f"{e.kv_budget}: give KV blocks (an integer >= 1), a share in "
+                                 "(0, 1), or null")
     if e.name != "vllm":
         return
     if e.max_model_len is not None and not e.max_model_len > cfg.search.max_new_tokens:
@@ -74,7 +85,6 @@ def check_engine(cfg) -> None:
         within("engine.cpu_kvcache_space", e.cpu_kvcache_space, 0, math.inf, low_open=True,
                high_open=True)
     at_least("engine.tensor_parallel_size", e.tensor_parallel_size, 1)
-    at_least("engine.block_size", e.block_size, 1)
     if e.max_num_batched_tokens is not None and e.max_model_len is not None \
             and not e.max_num_batched_tokens >= e.max_model_len:
         fail("engine.max_num_batched_tokens", f"{e.max_num_batched_tokens} is below engine.max_model_len="

@@ -97,18 +97,46 @@ def check_evaluate(cfg) -> None:
     check_stopping(ev.stopping, "evaluate.stopping", "traces", ev.methods, s.n_paths)
     if "combined" in ev.methods:
         check_combined(ev, cfg.predictor.name)
+    if "step" in ev.methods:
+        check_step(cfg)
+
+
+def check_step(cfg) -> None:
+    """STEP has its budget (engine.kv_budget) and a scoring method that runs as its step
+    score, reads the states at step boundaries (tap.positions.step_ends, or every position),
+    and online runs on
+    vLLM's in-engine taps (the hf engine records states at fixed checks only)."""
+    ev = cfg.evaluate
+    if cfg.engine.kv_budget is None:
+        fail("engine.kv_budget", "step prunes when a prompt's running paths hold more KV than "
+                                 "the budget: give KV blocks (e.g. engine.kv_budget=40) or a share "
+                                 "(e.g. engine.kv_budget=0.5)")
+    _check_signal("evaluate.stopping.step.signal", ev.stopping.step.signal, ev, cfg.predictor.name)
+    if not (cfg.tap.positions.step_ends or cfg.tap.positions.stride == 1):
+        fail("tap.positions.step_ends", "step scores the states at step boundaries: set "
+                                        "tap.positions.step_ends=true (or tap.positions.stride=1) "
+                                        "and featurize")
+    if ev.mode == "online" and not (cfg.engine.name == "vllm" and cfg.engine.taps
+                                    and not cfg.tap.get("attention_heads")):
+        fail("evaluate.methods", "step online reads the states at step boundaries inside vLLM "
+                                 "while it generates: run it with engine=vllm (engine.taps=true, "
+                                 "no tap.attention_heads), or with evaluate.mode=replay")
+
+
+def _check_signal(key: str, signal: str, ev, predictor_name: str) -> None:
+    """`signal` (at `key`) is a scoring method that runs (`learned`: the configured
+    predictor, also by its name)."""
+    scoring = {method_name(m, predictor_name) for m in (*ALWAYS_METHODS, *ev.methods)} - {
+        "no_prune", *registered("stopping")}
+    if method_name(signal, predictor_name) not in scoring:
+        fail(key, f"{signal!r} is not a scoring method that runs; allowed: "
+                  f"{', '.join(sorted(scoring))} (add it to evaluate.methods)")
 
 
 def check_combined(ev, predictor_name: str) -> None:
     """evaluate.stopping.combined.signal is a scoring method that runs (`learned`: the
     configured predictor, also by its name), and the bank's features are read (replay)."""
-    scoring = {method_name(m, predictor_name) for m in (*ALWAYS_METHODS, *ev.methods)} - {
-        "no_prune", *registered("stopping")}
-    signal = ev.stopping.combined.signal
-    if method_name(signal, predictor_name) not in scoring:
-        fail("evaluate.stopping.combined.signal", f"{signal!r} is not a scoring method that "
-                                                  f"runs; allowed: {', '.join(sorted(scoring))} "
-                                                  "(add it to evaluate.methods)")
+    _check_signal("evaluate.stopping.combined.signal", ev.stopping.combined.signal, ev, predictor_name)
     if ev.mode != "replay":
         fail("evaluate.methods", "combined reads every check's scores from the bank's features: "
                                  "run it with evaluate.mode=replay")

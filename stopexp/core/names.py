@@ -57,7 +57,11 @@ REGISTRY: dict[str, dict[str, str]] = {
                  "deepconf_weighted": "stopexp.stopping.deepconf:DeepConfWeighted",
                  "deepconf_top": "stopexp.stopping.deepconf:DeepConfTop",
                  "parallel_probe": "stopexp.stopping.parallel_probe:ParallelProbe",
-                 "combined": "stopexp.stopping.combined:Combined"},
+                 "combined": "stopexp.stopping.combined:Combined",
+                 "step": "stopexp.stopping.step:Step"},
+    # the engine-side protocol of a stopping method whose module needs torch (the method's
+    # `controller` looks it up, so that the config reads the method's settings without torch)
+    "stopping_online": {"step": "stopexp.stopping.step_online:OnlineStep"},
 }
 
 

@@ -105,14 +105,14 @@ def scatter_batch(batch: dict, rows: list[int], n: int, paths: Paths) -> dict:
 
 
 def online_stopping(lm: OnlineLM, methods: dict, no_prune: Paths, n_paths: int,
-                    group_window: int, scorers: dict) -> tuple[dict, dict]:
+                    group_window: int, inputs: dict) -> tuple[dict, dict]:
     """Run the stopping methods of `methods` (name -> StoppingMethod with a `controller`)
     inside the running paths, one run each from the launch, on the prompts of `lm`.
     Returns (name -> outcome dict as replay gives it, name -> measured time and memory).
     `no_prune` (online_paths' paths) gives each stopped path's full length; a voter's
-    answer is its own run's."""
-    controllers = {name: m.controller(n_paths, group_window, scorers=scorers, tokenizer=lm.tokenizer,
-                                      task=lm.task)
+    answer is its own run's. `inputs`: what controllers read beside the task (scorers, the
+    predictor's name, STEP's budget)."""
+    controllers = {name: m.controller(n_paths, group_window, task=lm.task, **inputs)
                    for name, m in methods.items()}
     runs = lm.stop(controllers)
     keys = [(i, j) for i in range(len(lm.problems)) for j in range(n_paths)]

@@ -83,6 +83,19 @@ def load_lm(model, cache_dir, task, tap=None, progress: bool = True):
     return lm, tokenizer
 
 
+def load_tokenizer(model, cache_dir, task):
+    """The tokenizer of the `model` section as `load_lm` prepares it, without the weights."""
+    from transformers import AutoTokenizer
+
+    source = model_dir(model, cache_dir, task)
+    try:
+        with offline_unless_reachable(source):
+            tokenizer = AutoTokenizer.from_pretrained(source, revision=model.revision)
+    except (OSError, ValueError) as e:
+        raise ModelNotAvailable(not_available_message(source, e)) from e
+    return prepare_tokenizer(tokenizer, model)
+
+
 def prepare_tokenizer(tokenizer, model_cfg):
     """The tokenizer as every engine uses it: the chat template off where model.chat_template
     is false, its thinking switch set as model.thinking.enabled says, a thinking model's end

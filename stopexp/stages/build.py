@@ -21,7 +21,8 @@ from stopexp.core.policies import selection_share
 from stopexp.core.protocol import checkpoint_tokens
 from stopexp.engines import Sections, backend
 from stopexp.evaluation.online import OnlineLM
-from stopexp.models import load_lm
+from stopexp.models import load_lm, load_tokenizer
+from stopexp.models.extract import StepEnds
 from stopexp.runtime.artifacts import config_hash
 from stopexp.runtime.overrides import CONF_DIR
 from stopexp.runtime.tracking import tracked_run
@@ -32,6 +33,8 @@ from stopexp.store import feature_rows
 from stopexp.store import feature_sets
 from stopexp.store.feature_sets import FeatureSet
 from stopexp.store.keys import BankSpec, bank_spec
+from stopexp.stopping.step import KVBudget
+from stopexp.stopping.step_online import bank_steps
 from stopexp.tasks import build_task
 from stopexp.training import data, per_step
 
@@ -161,6 +164,28 @@ def training_data(cfg, features: FeatureSet, meta: dict, overrides: list[str] | 
     ckpt = checkpoint_tokens(cfg.train.checkpoint, cfg.search.max_new_tokens)
     return data.split_data(features.bank.root, meta, feature_sets.require_features(features, overrides),
                            ckpt, cfg.search.n_paths, min_gap, prefixes)
+
+
+def kv_budget(cfg):
+    """engine.kv_budget as STEP reads it (None: unset): the prompt's full blocks are shared
+    where vLLM's prefix caching shares them."""
+    e = cfg.engine
+    if e.kv_budget is None:
+        return None
+    return KVBudget(float(e.kv_budget), int(e.block_size),
+                    e.name == "vllm" and bool(e.enable_prefix_caching), int(cfg.search.max_new_tokens))
+
+
+def step_boundaries(cfg, features: FeatureSet, split: str, scorer, overrides=None) -> list[list]:
+    """STEP's replay input: per bank row of `split` its (position, step probability) at the
+    tokens that end a reasoning step (the features stored there: tap.positions.step_ends),
+    scored by `scorer`."""
+    ds, rows = per_step.position_rows(features, split, overrides)
+    if rows is None:
+        return [[] for _ in range(len(ds))]
+    tokenizer = load_tokenizer(cfg.model, cfg.paths.cache_dir, cfg.task)
+    separator = build_task(cfg.task, cfg.model.get("thinking")).step_separator
+    return bank_steps(rows, ds["tokens"][:], StepEnds(tokenizer, separator), scorer(rows), len(ds))
 
 
 # ---- the LM run online (evaluate: mode=online, search=beam, compare_beam) ------------------

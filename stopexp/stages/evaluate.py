@@ -106,7 +106,8 @@ def evaluate(cfg, run=None, run_dir: Path | None = None, overrides: list[str] | 
         inside = {m: s for m, s in trace_methods(names, ev.stopping).items() if s.inside}
         if inside:  # they stop paths while they run: on the engine, each its own run
             stops, more = online_stopping(lm, inside, views["no_prune"][0], N, cfg.search.group_window,
-                                          scorers)
+                                          dict(scorers=scorers, predictor=cfg.predictor.name,
+                                               budget=build.kv_budget(cfg)))
             timing.update(more)
     else:  # replay reads the features of the bank's paths
         paths = replay_paths(root, features, split, checks, vote_format(cfg.task))
@@ -114,8 +115,11 @@ def evaluate(cfg, run=None, run_dir: Path | None = None, overrides: list[str] | 
     if set(replayed) & set(registered("stopping")):  # combined reads its signal's scores at every check
         signal = [scorers[method_name(ev.stopping.combined.signal, cfg.predictor.name)](b).numpy().astype(float)
                   for b in paths.checks] if "combined" in names else None
+        steps = build.step_boundaries(cfg, feats, split, scorers[method_name(
+            ev.stopping.step.signal, cfg.predictor.name)], overrides) if "step" in replayed else None
         stops |= stopping_outcomes(*bank_paths_and_confs(root, split, checkpoint, paths, views),
-                                   replayed, N, ev.stopping, cfg.search.group_window, checks, signal)
+                                   replayed, N, ev.stopping, cfg.search.group_window, checks, signal,
+                                   steps, build.kv_budget(cfg))
     # account, analyse
     results, outcomes, scores, points = account_methods(names, scorers, policies, paths, plan, stops,
                                                         views, timing, meta, cfg.search, cfg.policy, ev)

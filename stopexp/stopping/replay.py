@@ -91,13 +91,15 @@ class Replay:
     """What a stopping method replays on: the bank's `paths`, `confs[i]` the per-token
     confidences of row i, the first `n` paths of each prompt, `group_window`
     (search.group_window), and for combined `marks`, the checks (tokens), and `signal[j]`,
-    its signal's score of every row at check j."""
+    its signal's score of every row at check j; for STEP `steps` and `budget`."""
     paths: Any
     confs: list
     n: int
     group_window: int
     marks: list[int] | None = None
     signal: list[np.ndarray] | None = None
+    steps: list | None = None    # STEP: per row its (position, step probability) at step boundaries
+    budget: Any = None           # STEP: engine.kv_budget (stopexp.stopping.step.KVBudget)
 
     @functools.cached_property
     def lowest(self) -> np.ndarray:
@@ -161,8 +163,9 @@ def trace_methods(names_: list[str], settings: Any = None) -> dict:
 
 def stopping_outcomes(paths, confs: list, names_: list[str], n: int, settings: Any,
                       group_window: int, marks: list[int] | None = None,
-                      signal: list[np.ndarray] | None = None) -> dict:
+                      signal: list[np.ndarray] | None = None, steps: list | None = None,
+                      budget: Any = None) -> dict:
     """name -> outcome dict for the stopping methods among `names_` (`trace_methods`, with
     `settings`), each replayed on the `Replay` of the other arguments."""
-    replay = Replay(paths, confs, n, group_window, marks, signal)
+    replay = Replay(paths, confs, n, group_window, marks, signal, steps, budget)
     return {name: method.replay(replay) for name, method in trace_methods(names_, settings).items()}

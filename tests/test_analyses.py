@@ -57,6 +57,8 @@ def test_add_analyses_fills_every_method():
     add_analyses(results, outcomes, {"score": np.array([0.0, 1.0, 2.0])}, paths, 3)
     assert results["score"]["wrongly_pruned"] == 1.0 and results["score"]["pruned_paths"] == 1
     assert results["score"]["vs_no_prune"]["worsened"] == 1
+    diff = results["score"]["vs_no_prune"]["accuracy_diff"]  # one prompt, right -> wrong
+    assert diff["diff"] == -1.0 and diff["ci"] == [-1.0, -1.0] and diff["prompts"] == 1
     assert results["score"]["auroc_length_matched"] == 0.0  # (10 right, 10 wrong): wrong above
     assert results["no_prune"]["wrongly_pruned"] is None and "auroc_length_matched" not in results["no_prune"]
 

@@ -23,9 +23,10 @@ def test_engine_vllm_keys_another_bank_and_memory_knobs_do_not():
     vllm = ["+exp=smollm2_contrastive", "engine=vllm"]
     key = build.bank(compose("collect", vllm)).key
     assert key != PINNED_KEYS[("+exp=smollm2_contrastive",)]
-    # memory sizes change no path
+    # memory sizes change no path, nor does STEP's budget (an evaluation's)
     assert build.bank(compose("collect", [*vllm, "engine.cpu_kvcache_space=2",
-                                        "engine.gpu_memory_utilization=0.5"])).key == key
+                                        "engine.gpu_memory_utilization=0.5",
+                                        "engine.kv_budget=0.5"])).key == key
     # what the paths depend on does
     for override in ("engine.max_logprobs=10", "engine.dtype=bfloat16", "engine.enforce_eager=true"):
         assert build.bank(compose("collect", [*vllm, override])).key != key, override
@@ -54,6 +55,9 @@ def test_engine_vllm_serves_monte_carlo_rollouts():
     (["engine=vllm", "engine.gpu_memory_utilization=0"], "engine.gpu_memory_utilization"),
     (["engine=vllm", "engine.gpu_memory_utilization=1.5"], "engine.gpu_memory_utilization"),
     (["engine=vllm", "engine.cpu_kvcache_space=0"], "engine.cpu_kvcache_space"),
+    (["engine.kv_budget=1.5"], "engine.kv_budget"),  # neither blocks nor a share
+    (["engine.kv_budget=0"], "engine.kv_budget"),
+    (["engine.block_size=0"], "engine.block_size"),
     (["engine=vllm", "engine.tensor_parallel_size=0"], "engine.tensor_parallel_size"),
     (["engine=vllm", "engine.seed=-1"], "engine.seed"),
     (["engine=vllm", "engine.dtype=int8"], "engine.dtype"),

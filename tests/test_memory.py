@@ -38,6 +38,15 @@ def test_meter_sums_the_cached_tokens_of_each_prompt():
     assert meter.peak == {"a": 5, "b": 1}
 
 
+def test_meter_counts_the_engine_queue_as_request_seconds():
+    meter = KVMeter()
+    assert meter.queue_summary() == {}  # an engine without a queue (hf)
+    meter.queue(2.0, running=3, waiting=1, preempted=0)
+    meter.queue(1.0, running=2, waiting=2, preempted=1)
+    assert meter.queue_summary() == {"waiting_share": 4.0 / 12.0, "waiting_request_s": 4.0,
+                                     "preemptions": 1}
+
+
 def test_online_meter_equals_the_schedule_estimate(tiny_lm):
     from stopexp.core.policies import TopK
     from stopexp.search.decode import SamplingParams, make_engine

@@ -140,3 +140,20 @@ def test_step_replays_on_the_toy_bank(small_bank):
     step, base = m["step"], m["no_prune"]
     assert step["replayed"] and step["pruned_paths"] > 0
     assert step["tokens_total"] < base["tokens_total"] and step["peak_kv_bytes"] < base["peak_kv_bytes"]
+
+
+@pytest.mark.parametrize("overrides, key", [
+    ([], "engine.kv_budget"),  # no budget
+    (["engine.kv_budget=0.5", "evaluate.stopping.step.signal=hidden_norm"],
+     "evaluate.stopping.step.signal"),  # not among evaluate.methods
+    (["engine.kv_budget=0.5", "tap.positions.step_ends=false"], "tap.positions.step_ends"),
+    (["engine.kv_budget=0.5", "evaluate.mode=online"], "evaluate.methods"),  # hf: no states at step ends
+])
+def test_what_step_cannot_run_fails_at_validate_naming_the_key(overrides, key):
+    from conftest import compose
+    from stopexp.config import ConfigError, validate
+
+    base = ["evaluate.methods=[step,learned]", "tap.positions.step_ends=true"]
+    with pytest.raises(ConfigError, match=f"^{key}: ") as err:
+        validate(compose("evaluate", [*base, *overrides]))
+    assert "\n" not in str(err.value)

@@ -391,3 +391,28 @@ def test_monte_carlo_labels_from_rollout_requests_average_to_the_paths_accuracy(
     auroc = within_prompt_auroc(mc[:, 1], correct, prompt)
     print(f"within-prompt AUROC of the labels at 15 tokens against the outcomes: {auroc:.3f}")
     assert auroc > 0.55
+
+
+def test_stopping_inside_vllm_equals_replay_of_its_bank(smol, banks):
+    """DeepConf online and STEP run inside the stepped vLLM engine (warm-up paths first, then
+    early stops on the running group confidence; STEP's step scores from the states tapped
+    at step ends, the lowest-scored aborted when a prompt's KV passes its budget): per
+    method the accuracy, tokens and where each path stopped that replay of the vLLM bank
+    gives, with the KV the engine held."""
+    from stopexp.stages.evaluate import evaluate
+
+    common = [*SHARED, *VLLM, f"paths.output_dir={smol.cfg.paths.output_dir}",
+              "evaluate.methods=[deepconf_online,step,hidden_mean]", "evaluate.text_metrics=false",
+              "evaluate.bootstrap=50", "engine.kv_budget=0.4", "evaluate.stopping.step.signal=hidden_mean",
+              "evaluate.stopping.deepconf_online.warmup=2"]
+    replay = evaluate(validate(compose("evaluate", common)))["methods"]
+    online = evaluate(validate(compose("evaluate", [*common, "evaluate.mode=online"])))["methods"]
+    for name in ("deepconf_online", "step"):
+        r, o = replay[name], online[name]
+        assert r["replayed"] and not o["replayed"] and o["wall_s"] > 0
+        assert r["pruned_paths"] > 0, name
+        for key in ("accuracy", "tokens_total", "pruned_paths", "mean_prune_step", "peak_kv_bytes"):
+            assert o[key] == r[key], (name, key, o[key], r[key])
+        assert not o["kv_estimated"]
+    for name in ("no_prune", "deepconf_online", "step"):  # the engine's queue, measured
+        assert 0 <= online[name]["waiting_share"] < 1 and online[name]["preemptions"] >= 0, name

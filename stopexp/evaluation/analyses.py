@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from stopexp.metrics import paired_difference
+
 LENGTH_TOLERANCE = 0.10
 
 
@@ -28,14 +30,16 @@ def wrongly_pruned(stopped: np.ndarray, correct: np.ndarray) -> dict:
             "wrongly_pruned": float(correct[stopped].mean()) if n else None}
 
 
-def vs_no_prune(method: dict, base: dict) -> dict:
-    """method, base: outcome dicts (per prompt "correct" and "tokens")."""
+def vs_no_prune(method: dict, base: dict, n_boot: int = 1000, seed: int = 0) -> dict:
+    """method, base: outcome dicts (per prompt "correct" and "tokens"); n_boot, seed: the
+    paired bootstrap's."""
     m, b = method["correct"].astype(bool), base["correct"].astype(bool)
     ratio = method["tokens"] / np.maximum(base["tokens"], 1)
     p10, p50, p90 = np.percentile(ratio, [10, 50, 90]).tolist()
     return {"improved": int((m & ~b).sum()), "worsened": int((~m & b).sum()),
             "unchanged": int((m == b).sum()),
-            "tokens_ratio_p10": p10, "tokens_ratio_p50": p50, "tokens_ratio_p90": p90}
+            "tokens_ratio_p10": p10, "tokens_ratio_p50": p50, "tokens_ratio_p90": p90,
+            "accuracy_diff": paired_difference(m.astype(float), b.astype(float), n_boot, seed)}
 
 
 def length_matched_auroc(scores: np.ndarray, correct: np.ndarray, length: np.ndarray,
@@ -61,16 +65,17 @@ def length_matched_auroc(scores: np.ndarray, correct: np.ndarray, length: np.nda
     return (float(np.mean(per)) if per else float("nan")), pairs
 
 
-def add_analyses(results: dict, outcomes: dict, scores: dict, paths, n: int) -> None:
+def add_analyses(results: dict, outcomes: dict, scores: dict, paths, n: int,
+                 n_boot: int = 1000, seed: int = 0) -> None:
     """Add the analyses above to every method's entry of `results` (in place). outcomes:
     name -> outcome dict with a "stopped" (P,) mask; scores: name -> (P,) scores; paths: the
-    evaluated Paths; n: paths per prompt."""
+    evaluated Paths; n: paths per prompt; n_boot, seed: the paired bootstrap's."""
     correct = paths.correct.astype(bool)
     live = paths.alive & (paths.path_id < n)
     for name, o in outcomes.items():
         r = results[name]
         r.update(wrongly_pruned(o["stopped"], correct))
-        r["vs_no_prune"] = vs_no_prune(o, outcomes["no_prune"])
+        r["vs_no_prune"] = vs_no_prune(o, outcomes["no_prune"], n_boot, seed)
         if name in scores:
             r["auroc_length_matched"], r["length_matched_pairs"] = length_matched_auroc(
                 scores[name][live], correct[live], paths.length[live], paths.group[live])

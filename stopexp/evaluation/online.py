@@ -69,7 +69,8 @@ def online_paths(lm: OnlineLM, names, scorers, policies: dict, plan: list[tuple[
                         "resume_s": run.resume_s,
                         "check_share": run.check_s / gen if gen else 0.0,
                         **memory_summary([run.kv.peak[i] for i in range(len(problems))],
-                                         kv_bytes_per_token(model), estimated=False)}
+                                         kv_bytes_per_token(model), estimated=False),
+                        **run.kv.queue_summary()}
     paths = views["no_prune"][0]
     rows = [batch["row"][k] for k in keys if k in batch["row"]]
     paths.batch = scatter_batch(batch, rows, len(keys), paths)
@@ -130,5 +131,6 @@ def online_stopping(lm: OnlineLM, methods: dict, no_prune: Paths, n_paths: int,
                         "prefix_s": 0.0, "resume_s": run.resume_s,
                         "check_share": run.check_s / run.resume_s if run.resume_s else 0.0,
                         **memory_summary([run.kv.peak[i] for i in range(len(lm.problems))],
-                                         kv_bytes_per_token(lm.model), estimated=False)}
+                                         kv_bytes_per_token(lm.model), estimated=False),
+                        **run.kv.queue_summary()}
     return outcomes, timing

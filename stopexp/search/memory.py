@@ -46,6 +46,10 @@ class KVMeter:
 
     def __init__(self):
         self.peak: dict = {}   # prompt -> largest number of cached tokens seen
+        # an engine that schedules requests itself (vLLM) queues them when its KV cache is
+        # full: request-seconds spent waiting and running, and the preemptions, per `queue`
+        self.waiting_s = self.request_s = 0.0
+        self.preemptions: int | None = None
 
     def observe(self, cached: torch.Tensor, prompt_of_row: list) -> None:
         """cached: (B,) cached tokens per row (a decode state's `positions`: its prompt
@@ -55,6 +59,21 @@ class KVMeter:
             now[prompt] = now.get(prompt, 0) + n
         for prompt, n in now.items():
             self.peak[prompt] = max(self.peak.get(prompt, 0), n)
+
+    def queue(self, seconds: float, running: int, waiting: int, preempted: int) -> None:
+        """One engine step of `seconds` with `running` requests scheduled and `waiting`
+        queued (preempted ones included), `preempted` of them preempted in this step."""
+        self.waiting_s += seconds * waiting
+        self.request_s += seconds * (running + waiting)
+        self.preemptions = (self.preemptions or 0) + preempted
+
+    def queue_summary(self) -> dict:
+        """metrics.json's queue keys: the share of the requests' time spent waiting (STEP's
+        "time waiting", arXiv 2601.09093) and the preemptions; {} where no engine queued."""
+        if self.preemptions is None:
+            return {}
+        return {"waiting_share": self.waiting_s / self.request_s if self.request_s else 0.0,
+                "waiting_request_s": self.waiting_s, "preemptions": self.preemptions}
 
 
 def schedule_peaks(group: np.ndarray, prompt_len: np.ndarray, length: np.ndarray,

@@ -11,6 +11,8 @@ through the HF model (stopexp.models.extract.prefix_features, what featurize com
 a bank)."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 
@@ -50,6 +52,9 @@ class Stepper:
         if self.core.has_unfinished_requests():
             raise RuntimeError("the vLLM engine has unfinished requests: it is not free for a run")
         self.taps, self.ids, self.stats = engine.taps, {}, {}
+        # the in-process core's scheduler (None out of process): its queue, for the meter
+        self.scheduler = getattr(getattr(self.core.engine_core, "engine_core", None), "scheduler", None)
+        self.preempted: dict[str, int] = {}  # request id -> preemptions seen
         # rollouts: id -> (token ids, log-probs or None, finished)
         self.pending: dict[str, tuple] = {}
         for n, p in enumerate(paths):
@@ -76,7 +81,11 @@ class Stepper:
                                [p.key[0] for p in live])
 
     def step(self) -> None:
-        for out in self.core.step():
+        tic = time.perf_counter()
+        outputs = self.core.step()
+        if self.meter is not None and self.scheduler is not None:
+            self._queue(time.perf_counter() - tic)
+        for out in outputs:
             if out.request_id in self.pending:
                 self._rollout_output(out)
                 continue
@@ -89,6 +98,18 @@ class Stepper:
             p.finish_reason = o.finish_reason or p.finish_reason
             if out.finished and self.taps is not None:
                 self.taps.forget(p.request_id)
+
+    def _queue(self, seconds: float) -> None:
+        """The meter sees the step's queue. A preempted request waits, so preemptions are
+        counted only after a step that leaves some request waiting."""
+        running, waiting = self.scheduler.get_request_counts()
+        new = 0
+        if waiting:
+            for rid, req in self.scheduler.requests.items():
+                if req.num_preemptions > self.preempted.get(rid, 0):
+                    new += req.num_preemptions - self.preempted.get(rid, 0)
+                    self.preempted[rid] = req.num_preemptions
+        self.meter.queue(seconds, running, waiting, new)
 
     def abort(self, paths: list[Running]) -> None:
         self.core.abort_request([p.request_id for p in paths])

@@ -126,7 +126,7 @@ def evaluate(cfg, run=None, run_dir: Path | None = None, overrides: list[str] | 
     for m, cal in calibrated.items():  # what policy=risk realised on the evaluated split
         results[m]["risk"] = realised_risk(paths, outcomes[m], N, cfg.policy.risk, cal,
                                            ev.bootstrap, ev.seed)
-    add_analyses(results, outcomes, scores, paths, N)
+    add_analyses(results, outcomes, scores, paths, N, ev.bootstrap, ev.seed)
     add_memory(results, outcomes, meta.get("kv_bytes_per_token"))
     points += pareto_points(paths, scores, checkpoint, plan, cfg.search, cfg.policy, ev)
     ids = paths.prompt_ids if paths.prompt_ids is not None else np.arange(int(paths.group.max()) + 1)

@@ -220,7 +220,7 @@ def module_source(function: str | None) -> Path | None:
 # engine keys that size memory or a scheduler's step, or say where states are read; they
 # change no path
 ENGINE_MEMORY_KEYS = ("gpu_memory_utilization", "cpu_kvcache_space", "max_num_batched_tokens",
-                      "taps", "block_size")
+                      "taps", "block_size", "kv_budget")  # kv_budget: STEP's evaluation, not collect
 
 
 def engine_section(engine) -> dict:

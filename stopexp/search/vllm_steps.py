@@ -53,7 +53,8 @@ class Stepper:
             raise RuntimeError("the vLLM engine has unfinished requests: it is not free for a run")
         self.taps, self.ids, self.stats = engine.taps, {}, {}
         # the in-process core's scheduler (None out of process): its queue, for the meter
-        self.scheduler = getattr(getattr(self.core.engine_core, "engine_core", None), "scheduler", None)
+        self.scheduler = getattr(getattr(getattr(self.core, "engine_core", None), "engine_core", None),
+                                 "scheduler", None)
         self.preempted: dict[str, int] = {}  # request id -> preemptions seen
         # rollouts: id -> (token ids, log-probs or None, finished)
         self.pending: dict[str, tuple] = {}

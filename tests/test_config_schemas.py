@@ -33,6 +33,36 @@ def test_every_section_hashes_as_pinned(name):
     assert {s: config_hash(plain(cfg[s])) for s in PINNED[name]} == PINNED[name]
 
 
+# The predictor's artifact key (build.predictor_dir) of these compositions, as it was before
+# train.max_prompts and predictor.centre_prompts existed: keys added later are left out at
+# their defaults (stopexp.core.added_keys), so every predictor trained before keeps its key
+# although the sections above hash otherwise.
+PREDICTOR_KEYS = {
+    "": "2f87fabb6aa0", "predictor=linear": "709aa7a91b26", "predictor=statistic": "ab88e2c56f68",
+    "predictor=conf_features": "b71066356059", "predictor=fusion tap=multi": "4669148eec0d",
+    "policy=risk": "63ba639f814b",
+    "train.positions=all predictor.position_input=true tap.positions.stride=2": "3d8bfd8b87d6",
+}
+
+
+@pytest.mark.parametrize("overrides", sorted(PREDICTOR_KEYS))
+def test_a_predictors_key_leaves_the_added_keys_out_at_their_defaults(overrides):
+    from stopexp.stages import build
+
+    cfg = validate(compose("pipeline", overrides.split()))
+    features = build.feature_set(cfg)
+    assert build.predictor_dir(cfg, features).name == PREDICTOR_KEYS[overrides]
+    if cfg.train.positions == "all":  # its single-checkpoint control too
+        control = build.controls(cfg)["mlp@5"]
+        assert build.predictor_dir(control, features).name == "fc0b4d4fb837"
+    others = [validate(compose("pipeline", [*overrides.split(), extra])) for extra in
+            ("train.max_prompts=150", *(["predictor.centre_prompts=true"]
+                                        if cfg.predictor.name in ("linear", "mlp", "fusion") else []))]
+    for other in others:  # set, they make other predictors of the same features
+        assert build.feature_set(other).key == features.key
+        assert build.predictor_dir(other, features).name != PREDICTOR_KEYS[overrides]
+
+
 def test_the_pinned_compositions_cover_every_exp_and_option():
     cases = set(PINNED)
     assert {f"{'adapt' if p.stem == 'toy_shift' else 'pipeline'} +exp={p.stem}"

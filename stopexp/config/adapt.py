@@ -80,6 +80,10 @@ def check_adapt(cfg) -> None:
     if cfg.policy.name == "risk":
         fail("policy.name", "risk calibrates evaluate's thresholds on the validation prompts; "
                             "adapt keeps the top K of each check: use policy=topk")
+    if cfg.predictor.centre_prompts:
+        fail("predictor.centre_prompts", "adapt updates the predictor on the paths it revealed (the "
+                                         "kept ones), whose mean is not that of all of a prompt's "
+                                         "live paths it is scored on; leave it false under adapt")
     if cfg.engine.name == "vllm" and ev.mode == "online":
         fail("evaluate.mode", "'online' adapt forks the hf engine's decode state at the check "
                               "(stopexp.training.online_lm), which engine=vllm does not expose; adapt "

@@ -112,6 +112,12 @@ def check_step(cfg) -> None:
                                  "the budget: give KV blocks (e.g. engine.kv_budget=40) or a share "
                                  "(e.g. engine.kv_budget=0.5)")
     _check_signal("evaluate.stopping.step.signal", ev.stopping.step.signal, ev, cfg.predictor.name)
+    if cfg.predictor.centre_prompts and \
+            method_name(ev.stopping.step.signal, cfg.predictor.name) == cfg.predictor.name:
+        fail("predictor.centre_prompts", "step scores each path at its own step boundaries, not a "
+                                         "prompt's live paths together at one position, so there is "
+                                         "no mean of its siblings to centre on; leave it false, or "
+                                         "give step another signal (evaluate.stopping.step.signal)")
     if not (cfg.tap.positions.step_ends or cfg.tap.positions.stride == 1):
         fail("tap.positions.step_ends", "step scores the states at step boundaries: set "
                                         "tap.positions.step_ends=true (or tap.positions.stride=1) "

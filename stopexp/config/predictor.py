@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import List
+from typing import List, Optional
 
 from stopexp.config.options import Group
 from stopexp.config.ranges import at_least, fail, within
@@ -34,6 +34,10 @@ class PositionInputConfig(PredictorBaseConfig):
     # the position (generated tokens) as one more input of the head, log-scaled
     # (stopexp.signals.feature_spec.position_feature)
     position_input: bool = False
+    # subtract from each path's hidden state the mean of its prompt's live paths at the same
+    # position (stopexp.signals.centring): what all paths of a prompt share is gone, so the
+    # head sees only what sets a path apart from its siblings (within-prompt ranking)
+    centre_prompts: bool = False
 
 
 @dataclass
@@ -113,6 +117,8 @@ PREDICTOR = Group("predictor", {
 UNTRAINED_PREDICTORS = ("statistic",)
 # the predictors whose head takes the position as an extra input (predictor.position_input)
 POSITION_INPUT_PREDICTORS = tuple(PREDICTOR.readers("position_input"))
+# the predictors of the hidden state, which can centre it per prompt (predictor.centre_prompts)
+CENTRING_PREDICTORS = tuple(PREDICTOR.readers("centre_prompts"))
 
 
 @dataclass
@@ -128,6 +134,9 @@ class TrainConfig:
     # on the validation within-prompt AUROC averaged over positions (stopexp/training/per_step.py)
     positions: str = "checkpoint"
     seed: int = 0
+    # train on the first N prompts of the bank's train split only (the N smallest prompt
+    # ids: nested, so one bank serves every size); None = all of them
+    max_prompts: Optional[int] = None
 
 
 def check_predictor(pred) -> None:
@@ -141,6 +150,8 @@ def check_train(tr) -> None:
         at_least(f"train.{key}", tr[key], 1)
     within("train.lr", tr.lr, 0, math.inf, low_open=True, high_open=True)
     at_least("train.weight_decay", tr.weight_decay, 0)
+    if tr.max_prompts is not None:
+        at_least("train.max_prompts", tr.max_prompts, 1)
 
 
 def check_position_input(pred) -> None:
@@ -149,3 +160,10 @@ def check_position_input(pred) -> None:
                else "has no learned head to feed it")
         fail("predictor.position_input", f"predictor={pred.name} {why}; allowed with "
                                          f"{', '.join(POSITION_INPUT_PREDICTORS)}")
+
+
+def check_centre_prompts(pred) -> None:
+    if pred.centre_prompts and pred.name not in CENTRING_PREDICTORS:
+        fail("predictor.centre_prompts", f"predictor={pred.name} has no learned head on the "
+                                         "tapped hidden state to centre it for; allowed with "
+                                         f"{', '.join(CENTRING_PREDICTORS)}")

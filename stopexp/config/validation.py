@@ -75,6 +75,7 @@ def group_checks(cfg) -> None:
     loss.check_loss(cfg.loss)
     predictor.check_train(cfg.train)
     predictor.check_position_input(cfg.predictor)
+    predictor.check_centre_prompts(cfg.predictor)
     reward.check_reward(cfg.reward)
     engine.check_engine(cfg)
     policy.check_thresholds(cfg.policy)

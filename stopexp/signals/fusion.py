@@ -2,15 +2,17 @@
 projection; the projections are concatenated and mixed by a small MLP to one logit.
 Concatenation (not a weighted sum) lets the mixer combine layers non-additively.
 
-With `predictor.position_input` the position_feature is concatenated to the projections
-(n_taps * hidden + 1 mixer inputs; the mixer's leading GELU keeps the positive feature
-monotone)."""
+With `predictor.centre_prompts` each tapped layer's state is first centred on its prompt's
+live paths (stopexp.signals.centring). With `predictor.position_input` the position_feature
+is concatenated to the projections (n_taps * hidden + 1 mixer inputs; the mixer's leading
+GELU keeps the positive feature monotone)."""
 from __future__ import annotations
 
 import torch
 from torch import nn
 
 from stopexp.signals.base import Predictor
+from stopexp.signals.centring import centred
 from stopexp.signals.feature_spec import FeatureSpec, hidden_of, position_feature
 from stopexp.signals.mlp import mlp_head
 
@@ -22,6 +24,7 @@ class FusionPredictor(Predictor):
         super().__init__(spec)
         n_taps, size = len(spec.tap_layers), spec.hidden_size
         self.position_input = bool(getattr(predictor, "position_input", False))  # a checkpoint without it: off
+        self.centre_prompts = bool(getattr(predictor, "centre_prompts", False))
         if self.position_input:
             self.inputs = ("hidden", "prefix_len")
         self.projections = nn.ModuleList(
@@ -32,6 +35,8 @@ class FusionPredictor(Predictor):
 
     def forward(self, batch: dict) -> torch.Tensor:
         hidden = hidden_of(batch, self.spec)
+        if self.centre_prompts:  # every tapped layer on its prompt's live paths
+            hidden = centred(hidden, batch)
         parts = [proj(hidden[:, i]) for i, proj in enumerate(self.projections)]
         if self.position_input:
             parts.append(position_feature(batch))

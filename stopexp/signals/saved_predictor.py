@@ -18,6 +18,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 from safetensors.torch import load_file, save_file
 
+from stopexp.core.added_keys import PREDICTOR_KEYS_ADDED
 from stopexp.core.errors import UserError, error_text, writing
 from stopexp.runtime.artifacts import plain, publish_dir, staging_dir, write_json
 from stopexp.runtime.integrity import file_problem, file_record
@@ -82,7 +83,8 @@ def check_saved_predictor(saved: dict, pred_cfg, where: Path) -> None:
     than `pred_cfg` (another type, width, layer, ...), naming the file and the first field:
     the key alone does not prove it (a copied checkpoint with an edited key)."""
     want = json.loads(json.dumps(plain(pred_cfg)))  # lists, as META holds them
-    field = first_difference(saved, want)
+    # a checkpoint saved before a key was added was trained at its default
+    field = first_difference({**PREDICTOR_KEYS_ADDED, **saved}, want)
     if field is not None:
         raise CheckpointMismatch(
             f"predictor checkpoint {where / META} records predictor.{field}="

@@ -23,7 +23,6 @@ from stopexp.engines import Sections, backend
 from stopexp.evaluation.online import OnlineLM
 from stopexp.models import load_lm, load_tokenizer
 from stopexp.models.extract import StepEnds
-from stopexp.runtime.artifacts import config_hash
 from stopexp.runtime.overrides import CONF_DIR
 from stopexp.runtime.tracking import tracked_run
 from stopexp.search.decode import SamplingParams
@@ -32,7 +31,7 @@ from stopexp.store import bank as bank_store
 from stopexp.store import feature_rows
 from stopexp.store import feature_sets
 from stopexp.store.feature_sets import FeatureSet
-from stopexp.store.keys import BankSpec, bank_spec
+from stopexp.store.keys import BankSpec, bank_spec, predictor_key
 from stopexp.stopping.step import KVBudget
 from stopexp.stopping.step_online import bank_steps
 from stopexp.tasks import build_task
@@ -104,10 +103,8 @@ def feature_set(cfg) -> FeatureSet:
 def predictor_dir(cfg, features: FeatureSet) -> Path:
     """Where the predictor of `cfg` is saved: a hash of its `features` (feature_set(cfg)),
     predictor, loss and train sections under paths.cache_dir."""
-    # epochs picked on training prompts (policy=risk) make another predictor; share 0 is left out
-    share = selection_share(cfg.policy)
-    key = config_hash(features.key, cfg.predictor, cfg.loss, cfg.train,
-                      *([{"selection_share": share}] if share else []))
+    # epochs picked on training prompts (policy=risk) make another predictor
+    key = predictor_key(features.key, cfg.predictor, cfg.loss, cfg.train, selection_share(cfg.policy))
     return Path(cfg.paths.cache_dir) / "predictors" / key
 
 
@@ -155,15 +152,15 @@ def training_data(cfg, features: FeatureSet, meta: dict, overrides: list[str] | 
     """The predictor's splits from the trace bank of `features` (feature_set(cfg); `meta` the
     bank's meta.json) and the features (made when missing): at train.checkpoint (with
     `prefixes`, also the prompts and tokens), or with train.positions=all at every stored
-    position."""
-    min_gap = data.pair_min_gap(cfg.loss)
+    position; the train split of the first train.max_prompts prompts only."""
+    min_gap, limit = data.pair_min_gap(cfg.loss), cfg.train.max_prompts
     if cfg.train.positions == "all":
         return per_step.split_data_all({s: feature_rows.load_split(features, s, overrides)
                                         for s in ("train", "val", "test")
-                                        if bank_store.split_rows(meta, s)}, min_gap)
+                                        if bank_store.split_rows(meta, s)}, min_gap, limit)
     ckpt = checkpoint_tokens(cfg.train.checkpoint, cfg.search.max_new_tokens)
     return data.split_data(features.bank.root, meta, feature_sets.require_features(features, overrides),
-                           ckpt, cfg.search.n_paths, min_gap, prefixes)
+                           ckpt, cfg.search.n_paths, min_gap, prefixes, limit)
 
 
 def kv_budget(cfg):

@@ -4,7 +4,8 @@ except by the super-token predictor, which runs it).
     python -m stopexp.train +exp=toy_contrastive
 
 Reads the bank made by collect for the same upstream config (found by hash) joined with
-its features (made by featurize, or tapped by collect), trains on the `train` split at
+its features (made by featurize, or tapped by collect), trains on the `train` split (its
+first `train.max_prompts` prompts where set, `train_prompts` in the metrics) at
 checkpoint `train.checkpoint` (or, with
 `train.positions=all`, at every stored position: stopexp/training/per_step.py), early-stops on the
 validation within-prompt AUROC (averaged over positions), keeps the best epoch, reports
@@ -31,7 +32,7 @@ from stopexp.stages import build
 from stopexp.stages.cli import Stage, stage_main
 from stopexp.store import bank
 from stopexp.store import feature_sets
-from stopexp.training.data import check_reward_range, pair_min_gap, trained_on
+from stopexp.training.data import check_reward_range, pair_min_gap, train_prompts, trained_on
 from stopexp.training.per_step import position_rows
 from stopexp.training.predictor import fit_and_score, prefix_curve, report, trained_checkpoint
 from stopexp.training.selection import hold_out_for_selection
@@ -59,6 +60,8 @@ def train(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
         start = time.time()
         every_position = cfg.train.positions == "all"
         data = build.training_data(cfg, features, meta, overrides, prefixes=lm_based)
+        # the bank's train prompts given to training: the first train.max_prompts, or all
+        n_prompts = train_prompts(bank.load_bank(root, "train"), cfg.train.max_prompts)
         check_reward_range(cfg.loss, cfg.reward.name, data)
         # policy=risk: the epoch is picked on training prompts, so no calibration prompt shapes it
         data = hold_out_for_selection(data, selection_share(cfg.policy), pair_min_gap(cfg.loss))
@@ -71,6 +74,7 @@ def train(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
             predictor = build_predictor(cfg.predictor, spec)
         metrics, scores, history = fit_and_score(predictor, cfg.predictor.name, data, cfg.train,
                                                  cfg.loss, start, progress)
+        metrics["train_prompts"] = n_prompts
         if not every_position and not lm_based:  # the checkpoint's predictor at every position
             for split in data:
                 metrics[split]["auroc_by_prefix"] = prefix_curve(

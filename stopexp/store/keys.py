@@ -8,7 +8,10 @@ model directory (weights, tokenizer, chat template: every file a loader reads), 
 file, a task's data file, an evaluate module, an external reward's module, a local
 BERTScore encoder. Their SHA-256 is read once per version of each file and remembered
 under `<cache>/content_sha256` (stopexp.runtime.integrity.content_sha256), so an unchanged
-model costs a stat per file. A hub id counts by its id and model.revision."""
+model costs a stat per file. A hub id counts by its id and model.revision.
+
+A trained predictor's key (`predictor_key`) leaves the keys added to its sections since
+predictors were first saved out at their defaults, as the bank's leaves settings out."""
 from __future__ import annotations
 
 import importlib.util
@@ -16,6 +19,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from stopexp.core.added_keys import PREDICTOR_KEYS_ADDED, TRAIN_KEYS_ADDED
 from stopexp.core.evaluate_modules import module_script
 from stopexp.core.names import lookup
 from stopexp.core.protocol import checkpoint_tokens
@@ -227,3 +231,18 @@ def engine_section(engine) -> dict:
     """What of `engine` the paths depend on (for the bank's key)."""
     return {k: v for k, v in plain(engine).items() if k not in ENGINE_MEMORY_KEYS}
 
+
+def without_added_defaults(section, added: dict) -> dict:
+    """`section` (plain) without the keys of `added` that hold the value given there."""
+    return {k: v for k, v in plain(section).items() if not (k in added and v == added[k])}
+
+
+def predictor_key(features_key: str, predictor, loss, train, selection_share: float = 0.0) -> str:
+    """What a trained predictor depends on: its features (their key), the predictor, loss
+    and train sections and, where it is not 0, the share of the training prompts its epoch
+    is picked on (policy=risk). Keys added since predictors were first saved
+    (PREDICTOR_KEYS_ADDED, TRAIN_KEYS_ADDED) are left out at their defaults, as bank_key
+    leaves settings out, so every predictor that does not use them keeps its key."""
+    return config_hash(features_key, without_added_defaults(predictor, PREDICTOR_KEYS_ADDED), loss,
+                       without_added_defaults(train, TRAIN_KEYS_ADDED),
+                       *([{"selection_share": selection_share}] if selection_share else []))

@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from stopexp.core.errors import ConfigError, UserError
 from stopexp.metrics import is_binary
@@ -40,14 +41,39 @@ def feature_spec(meta: dict) -> FeatureSpec:
     return feature_sets.feature_spec(meta)
 
 
+def first_prompts(prompt_ids: np.ndarray, max_prompts: int | None) -> np.ndarray:
+    """(R,) bool: the rows (`prompt_ids`: the prompt id of each row of the bank's train
+    split) whose prompt is among the split's first `max_prompts` (train.max_prompts), those
+    of the smallest ids: the bank's order, so that a smaller limit's prompts are among a
+    larger one's and one bank serves every size. Every row for None; ConfigError naming the
+    key when the split holds fewer prompts."""
+    held = np.unique(prompt_ids)
+    if max_prompts is None:
+        return np.ones(len(prompt_ids), bool)
+    if max_prompts > len(held):
+        raise ConfigError(f"train.max_prompts: {max_prompts} exceeds the {len(held)} train prompts "
+                          f"the trace bank holds; lower it to at most {len(held)} or collect more "
+                          "(collect.prompts.train)")
+    return np.isin(prompt_ids, held[:max_prompts])
+
+
+def train_prompts(ds, max_prompts: int | None) -> int:
+    """How many prompts of the bank's train split `ds` the predictor trains on."""
+    ids = np.asarray(ds["prompt_id"][:])
+    return len(np.unique(ids[first_prompts(ids, max_prompts)]))
+
+
 def split_data(root: Path, meta: dict, features: Path, ckpt: int, n_paths: int,
-               min_gap: float, prefixes: bool = False) -> dict[str, dict]:
+               min_gap: float, prefixes: bool = False,
+               max_prompts: int | None = None) -> dict[str, dict]:
     """Per split, the tensors of the paths still alive at the training checkpoint `ckpt`
     (tokens; with `prefixes`, also their prompts and tokens), from the bank at `root`
-    (`meta` its meta.json) and its features at `features`. The splits are the task's, which
-    are disjoint by prompt, so no prompt is in two parts. `n_paths` (search.n_paths) and
-    `min_gap` (`pair_min_gap`) word the error when a split cannot teach anything
-    (NothingToLearn; an empty split's error says why its prompts were left out)."""
+    (`meta` its meta.json) and its features at `features`; of the train split, only the
+    paths of its first `max_prompts` prompts (`first_prompts`; None: all). The splits are
+    the task's, which are disjoint by prompt, so no prompt is in two parts. `n_paths`
+    (search.n_paths) and `min_gap` (`pair_min_gap`) word the error when a split cannot
+    teach anything (NothingToLearn; an empty split's error says why its prompts were left
+    out)."""
     out = {}
     for split in ("train", "val", "test"):
         if not bank.split_rows(meta, split):
@@ -56,7 +82,10 @@ def split_data(root: Path, meta: dict, features: Path, ckpt: int, n_paths: int,
         t = feature_rows.tensors_at(ds, feature_rows.load_features(features, split), ckpt)
         if prefixes:
             t.update(bank.prefix_columns(ds))
-        out[split] = bank.select_rows(t, t["alive"])
+        keep = t["alive"]
+        if split == "train":
+            keep = keep & torch.from_numpy(first_prompts(np.asarray(ds["prompt_id"][:]), max_prompts))
+        out[split] = bank.select_rows(t, keep)
     for needed in ("train", "val"):
         if needed not in out or not len(out[needed]["correct"]):
             raise NothingToLearn(_empty_split(meta, needed, ckpt))

@@ -13,6 +13,7 @@ from tqdm import tqdm
 
 from stopexp.metrics import (auprc, brier, ece, is_binary, length_correlation, nonfinite,
                              pooled_auroc, reward_ranking, within_prompt_auroc)
+from stopexp.signals.centring import peer_chunks
 from stopexp.store import bank
 from stopexp.metrics.ranking import auroc_by_position
 from stopexp.training import per_step
@@ -23,10 +24,19 @@ log = logging.getLogger(__name__)
 
 @torch.no_grad()
 def score(predictor, data: dict, chunk: int = 8192) -> torch.Tensor:
+    """The predictor's scores of every row of `data`, `chunk` rows at a time; a predictor
+    that centres on a prompt's paths gets whole groups of them (stopexp.signals.centring)."""
     predictor.eval()
     n = len(data["correct"])
-    return torch.cat([predictor(bank.select_rows(data, slice(i, i + chunk)))
-                      for i in range(0, n, chunk)]) if n else torch.zeros(0)
+    if not n:
+        return torch.zeros(0)
+    if not getattr(predictor, "centre_prompts", False):  # getattr: the super token is no Predictor
+        return torch.cat([predictor(bank.select_rows(data, slice(i, i + chunk)))
+                          for i in range(0, n, chunk)])
+    out = torch.zeros(n)
+    for rows in peer_chunks(data, chunk):
+        out[rows] = predictor(bank.select_rows(data, rows))
+    return out
 
 
 def evaluate_scores(scores: torch.Tensor, data: dict) -> dict:

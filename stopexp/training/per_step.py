@@ -21,7 +21,7 @@ import torch
 
 from stopexp.metrics import is_binary
 from stopexp.store import bank, feature_rows
-from stopexp.training.data import NothingToLearn
+from stopexp.training.data import NothingToLearn, first_prompts
 
 
 def position_data(ds, feats) -> dict | None:
@@ -81,14 +81,19 @@ def usable_groups(rows: dict, min_gap: float = 0.0) -> int:
     return int((np.maximum.reduceat(v, starts) - np.minimum.reduceat(v, starts) > gap).sum())
 
 
-def split_data_all(loaded: dict, min_gap: float) -> dict[str, dict]:
+def split_data_all(loaded: dict, min_gap: float, max_prompts: int | None = None) -> dict[str, dict]:
     """train.positions=all: per split, the training rows of every stored position, from
     `loaded` (split -> (ds, feats) of `feature_rows.load_split`, the splits the bank holds);
-    `min_gap`: `stopexp.training.data.pair_min_gap`. Raises NothingToLearn when train or val
-    has no (prompt, position) with both a correct and a wrong path."""
+    of the train split, only the rows of its first `max_prompts` prompts
+    (`stopexp.training.data.first_prompts`; None: all); `min_gap`:
+    `stopexp.training.data.pair_min_gap`. Raises NothingToLearn when train or val has no
+    (prompt, position) with both a correct and a wrong path."""
     out = {}
     for split, (ds, feats) in loaded.items():
         rows = position_data(ds, feats)
+        if rows is not None and split == "train":
+            chosen = first_prompts(np.asarray(ds["prompt_id"][:]), max_prompts)
+            rows = bank.select_rows(rows, torch.from_numpy(chosen[rows["path"].numpy()]))
         if rows is not None and len(rows["correct"]):
             out[split] = training_rows(rows)
     for split in ("train", "val"):

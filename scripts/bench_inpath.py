@@ -5,7 +5,9 @@ accuracy and its paired difference from no_prune with a bootstrap interval over 
 prompts, tokens, end-to-end wall seconds, the share of the requests' time spent waiting in
 the engine's queue and the preemptions (vLLM; a small engine.cpu_kvcache_space forces
 them), the peak KV per prompt; and the ratios to no_prune. Then the same methods replayed
-from the bank: the pruned paths and tokens must be equal (online equals replay).
+from the bank: the pruned paths and tokens must be equal (online equals replay) unless vLLM
+preempted a path and its recomputed cache flipped a sampled token ("off bank": the online
+Launch-Check-Resume paths that differ from the bank's).
 
     scripts/main.sh +exp=smollm2_multistep tap.positions.step_ends=true   # the outputs it needs
     python scripts/bench_inpath.py +exp=smollm2_multistep tap.positions.step_ends=true \\
@@ -35,7 +37,7 @@ def main(overrides: list[str]) -> None:
     print(f"stopping inside the paths, online on engine={online_cfg.engine.name}: {p['prompts']} "
           f"prompts x N={p['n']}, engine.kv_budget={online_cfg.engine.kv_budget}")
     print(f"{'method':<17}{'accuracy':>9}{'vs no_prune [95% CI]':>26}{'tokens':>9}{'ratio':>7}"
-          f"{'wall s':>8}{'ratio':>7}{'waiting':>8}{'preempt':>8}{'KV MiB':>8}{'pruned':>7}")
+          f"{'wall s':>8}{'ratio':>7}{'waiting':>8}{'preempt':>8}{'KV MiB':>8}{'pruned':>7}{'off bank':>9}")
     for name in ("no_prune", *METHODS):
         r = m[name]
         d = r["vs_no_prune"]["accuracy_diff"]
@@ -43,7 +45,8 @@ def main(overrides: list[str]) -> None:
         print(f"{name:<17}{r['accuracy']:>9.3f}{diff:>26}{r['tokens_total']:>9.0f}"
               f"{r['tokens_total'] / full['tokens_total']:>7.3f}{r['wall_s']:>8.1f}"
               f"{r['wall_s'] / full['wall_s']:>7.3f}{r.get('waiting_share', float('nan')):>8.3f}"
-              f"{r.get('preemptions', -1):>8}{r['peak_kv_bytes'] / 2 ** 20:>8.1f}{r['pruned_paths']:>7}")
+              f"{r.get('preemptions', -1):>8}{r['peak_kv_bytes'] / 2 ** 20:>8.1f}{r['pruned_paths']:>7}"
+              f"{r.get('paths_off_bank', '-'):>9}")
     replay = evaluate(replay_cfg)["methods"]
     for name in METHODS:
         same = all(m[name][k] == replay[name][k] for k in ("accuracy", "tokens_total", "pruned_paths"))

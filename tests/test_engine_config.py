@@ -183,3 +183,35 @@ def test_a_sweep_checks_this_machine_only_where_its_jobs_run(machine):
             check_overrides("collect", [*sweep, *launcher])
     # SLURM's jobs run on other nodes: each checks its own machine when it starts
     check_overrides("collect", [*sweep, "hydra/launcher=submitit_slurm"])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
+def test_a_fraction_of_a_gib_of_cpu_kv_cache_reaches_vllm_in_bytes(monkeypatch):
+    """VLLM_CPU_KVCACHE_SPACE takes whole GiB only (int() of it fails on 0.25) and overrides
+    the engine's argument: engine.cpu_kvcache_space goes in bytes, the variable unset meanwhile."""
+    import os
+    from dataclasses import replace
+
+    import vllm
+
+    from stopexp.search import vllm_engine
+
+    seen = {}
+
+    class LLM:
+        def __init__(self, **kwargs):
+            seen.update(kwargs, env=os.environ.get("VLLM_CPU_KVCACHE_SPACE"))
+
+    monkeypatch.setattr(vllm, "LLM", LLM)
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "4")
+    s = vllm_engine.VllmSettings(model="m", dtype="float32", max_model_len=512,
+                                 gpu_memory_utilization=0.9, cpu_kvcache_space=0.25,
+                                 tensor_parallel_size=1, max_num_batched_tokens=None,
+                                 enable_prefix_caching=True, block_size=32, enforce_eager=True,
+                                 seed=0, max_logprobs=20)
+    vllm_engine.build_llm(s)
+    assert seen["kv_cache_memory_bytes"] == 268435456 and seen["env"] is None
+    assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "4"  # the user's setting, back afterwards
+    seen.clear()
+    vllm_engine.build_llm(replace(s, cpu_kvcache_space=None))
+    assert "kv_cache_memory_bytes" not in seen and seen["env"] == "4"  # null: vLLM's own

@@ -92,6 +92,28 @@ def test_replay_equals_online(trained):
             continue
         assert online[name]["wall_s"] > 0 and 0 <= online[name]["check_share"] < 1
         assert not online[name]["kv_estimated"]  # measured from the engine's live rows
+    assert online["no_prune"]["paths_off_bank"] == online["confidence"]["paths_off_bank"] == 0
+
+
+def test_an_online_path_off_the_bank_gets_no_reward_from_it(small_bank):
+    """A path whose online text differs from the bank's (vLLM recomputes a preempted
+    request's cache in other roundings) carries NaN, not the bank's reward; the rest do."""
+    from dataclasses import replace
+
+    from stopexp.evaluation.accounting import replay_paths
+    from stopexp.evaluation.select import attach_bank_columns
+    from stopexp.stages import build
+
+    root = build.bank(cfg_for(small_bank)).root
+    paths = replay_paths(root, None, "test", 5)
+    changed = paths.text.copy()
+    changed[3] = changed[3] + " 7"
+    views = {"no_prune": (paths, None), "off": (replace(paths, text=changed), None)}
+    assert attach_bank_columns(views, root, "test") == {"no_prune": 0, "off": 1}
+    same, off = views["no_prune"][0], views["off"][0]
+    assert np.isnan(off.reward[3]) and np.isnan(off.lm_score[3]) and not np.isnan(same.reward[3])
+    rest = np.arange(len(same.text)) != 3
+    np.testing.assert_array_equal(off.reward[rest], same.reward[rest])
 
 
 def test_text_metrics_are_reported(trained):

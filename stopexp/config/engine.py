@@ -39,7 +39,7 @@ class VLLMEngineConfig(EngineBaseConfig):
     dtype: str = "auto"                   # auto (as model.dtype=auto) | float32 | bfloat16 | float16
     max_model_len: Optional[int] = None   # prompt + generated tokens; None = the model's positions
     gpu_memory_utilization: float = 0.9   # share of GPU memory vLLM takes (CPU: of RAM, without cpu_kvcache_space)
-    cpu_kvcache_space: Optional[float] = None  # GiB of KV cache on a CPU (VLLM_CPU_KVCACHE_SPACE); None = vLLM's
+    cpu_kvcache_space: Optional[float] = None  # GiB of KV cache on a CPU (fractions too); None = vLLM's
     tensor_parallel_size: int = 1
     # prompt tokens prefilled per step (chunked prefill is off); None = max(max_model_len, 8192)
     max_num_batched_tokens: Optional[int] = None

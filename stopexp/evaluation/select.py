@@ -12,8 +12,8 @@ that ended before the check), chosen by `evaluate.select`:
 
 Ties go to the lowest path id. Besides the choice this module adds what selection is
 judged by: the paths' rewards and LM scores read from the bank (online runs reproduce the
-bank's paths, checked text by text), the within-prompt rank correlations of a method's
-scores with a continuous reward, and the comparison of every chosen output with plain
+bank's paths, checked text by text; a path that does not gets none), the within-prompt rank
+correlations of a method's scores with a continuous reward, and the comparison of every chosen output with plain
 beam search's (stopexp.evaluation.beam, pruning off, the same prompts).
 """
 from __future__ import annotations
@@ -57,24 +57,29 @@ def pick(rows: np.ndarray, mode: str, kept_rows: np.ndarray, scores: np.ndarray 
     return int(rows[int(np.argmax(values))])  # argmax: the first of ties, rows are in path order
 
 
-def attach_bank_columns(views: dict, root, split: str) -> None:
+def attach_bank_columns(views: dict, root, split: str) -> dict:
     """Online: give every method's paths their reward and LM score from the bank. The paths
-    that finish are the bank's own (each path has its own random stream), which is checked:
-    a finishing path whose text differs from the bank's raises ValueError naming it; paths
-    pruned online (their text is a prefix) get NaN."""
+    that finish are the bank's own (each path has its own random stream), which is checked
+    text by text. A finishing path whose text differs (vLLM recomputes a preempted request's
+    cache, in other float roundings, so a sampled token can flip) gets NaN, as paths pruned
+    online (their text is a prefix) do. Returns, per method, how many finishing paths differ."""
     ds = bank.load_bank(root, split)
     index = {(int(p), int(j)): i for i, (p, j) in enumerate(zip(ds["prompt_id"][:], ds["path_id"][:]))}
     texts, rewards = ds["text"][:], bank.rewards_of(ds).astype(float)  # as replay_paths
     scores = lm_scores(ds["token_logprob"][:])
+    off = {}
     for name, (paths, decision) in views.items():
         ids = paths.prompt_ids[paths.group]
         rows = np.asarray([index[(int(p), int(j))] for p, j in zip(ids, paths.path_id)])
         # no_prune (no decision): every path finishes
         finishing = ~paths.alive | (True if decision is None else np.asarray(decision.kept, bool))
         differ = finishing & (np.asarray(texts)[rows] != paths.text)
+        off[name] = int(differ.sum())
         if differ.any():
             i = int(np.nonzero(differ)[0][0])
-            raise ValueError(f"{name}: online path {paths.path_id[i]} of prompt {ids[i]} differs "
-                             "from the bank's, so the bank's reward is not its reward")
-        paths.reward = np.where(finishing, rewards[rows], np.nan)
-        paths.lm_score = np.where(finishing, scores[rows], np.nan)
+            log.warning("%s: %d online paths differ from the bank's (the first: path %d of prompt "
+                        "%d), so they carry no reward or LM score from it", name, off[name],
+                        paths.path_id[i], ids[i])
+        paths.reward = np.where(finishing & ~differ, rewards[rows], np.nan)
+        paths.lm_score = np.where(finishing & ~differ, scores[rows], np.nan)
+    return off

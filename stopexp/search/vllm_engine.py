@@ -111,8 +111,13 @@ def build_llm(s: VllmSettings):
     each `llm_engine.step()` is one decode step and an abort costs no token more."""
     from vllm import LLM
 
-    if s.cpu_kvcache_space is not None:  # read by the engine core when it starts
-        os.environ["VLLM_CPU_KVCACHE_SPACE"] = f"{s.cpu_kvcache_space:g}"
+    from vllm.platforms import current_platform
+
+    # the KV cache in bytes, so that a fraction of a GiB is kept (VLLM_CPU_KVCACHE_SPACE takes
+    # whole GiB only, and would override it: unset meanwhile); a GPU sizes it by
+    # gpu_memory_utilization
+    kv_bytes = s.cpu_kvcache_space is not None and current_platform.is_cpu()
+    memory = {"kv_cache_memory_bytes": int(s.cpu_kvcache_space * 2 ** 30)} if kv_bytes else {}
     log.info("starting vLLM %s for %s (%s, max_model_len %d%s)", vllm_package()[1], s.model,
              s.dtype, s.max_model_len, ", in process" if s.in_process else "")
     threads = torch.get_num_threads()  # an in-process CPU engine sets this process's to 1
@@ -121,7 +126,8 @@ def build_llm(s: VllmSettings):
         if not s.in_process:
             raise ValueError("in-engine taps need the engine core in this process (VllmSettings.in_process)")
         overrides["architectures"] = [tapped_architecture(_architecture(s.model), s.tap_layers)]
-    with _environ(VLLM_ENABLE_V1_MULTIPROCESSING="0" if s.in_process else None):
+    with _environ(VLLM_ENABLE_V1_MULTIPROCESSING="0" if s.in_process else None,
+                  VLLM_CPU_KVCACHE_SPACE=UNSET if kv_bytes else None):
         llm = LLM(model=s.model, dtype=s.dtype, max_model_len=s.max_model_len,
                   gpu_memory_utilization=s.gpu_memory_utilization,
                   tensor_parallel_size=s.tensor_parallel_size,
@@ -131,7 +137,7 @@ def build_llm(s: VllmSettings):
                   enable_chunked_prefill=False,
                   max_num_batched_tokens=s.max_num_batched_tokens or max(s.max_model_len,
                                                                          MIN_BATCHED_TOKENS),
-                  generation_config="vllm", hf_overrides=overrides,
+                  generation_config="vllm", hf_overrides=overrides, **memory,
                   **({"async_scheduling": False} if s.in_process else {}))
     torch.set_num_threads(threads)
     return llm
@@ -144,11 +150,18 @@ def _architecture(model: str) -> str:
     return AutoConfig.from_pretrained(model).architectures[0]
 
 
+UNSET = object()  # an _environ value: the variable is removed while inside
+
+
 @contextmanager
 def _environ(**values):
-    """Environment variables set (None: left as they are) while inside."""
+    """Environment variables set (None: left as they are; UNSET: removed) while inside."""
     old = {k: os.environ.get(k) for k, v in values.items() if v is not None}
-    os.environ.update({k: v for k, v in values.items() if v is not None})
+    for k, v in values.items():
+        if v is UNSET:
+            os.environ.pop(k, None)
+        elif v is not None:
+            os.environ[k] = v
     try:
         yield
     finally:

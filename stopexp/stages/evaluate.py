@@ -102,7 +102,9 @@ def evaluate(cfg, run=None, run_dir: Path | None = None, overrides: list[str] | 
     if ev.mode == "online":  # the same test prompts as the bank
         lm = build.online_lm(cfg, split, prompts_in(root, split))
         paths, views, timing = online_paths(lm, names, scorers, policies, plan, N)
-        attach_bank_columns(views, root, split)  # rewards and LM scores, checked text by text
+        off_bank = attach_bank_columns(views, root, split)  # rewards and LM scores, checked text by text
+        for name, n in off_bank.items():
+            timing[name]["paths_off_bank"] = n
         inside = {m: s for m, s in trace_methods(names, ev.stopping).items() if s.inside}
         if inside:  # they stop paths while they run: on the engine, each its own run
             stops, more = online_stopping(lm, inside, views["no_prune"][0], N, cfg.search.group_window,

@@ -105,7 +105,7 @@ def test_chunks_hold_whole_peer_groups_and_score_as_one_batch():
     ("predictor=statistic", "predictor.centre_prompts: predictor=statistic has no learned head"),
 ])
 def test_predictors_without_a_head_on_the_hidden_state_refuse_it(override, message):
-    with pytest.raises(ConfigError, match=f"^{message}.*allowed with linear, mlp, fusion$"):
+    with pytest.raises(ConfigError, match=f"^{message}.*allowed with linear, mlp, fusion, hidden_conf$"):
         validate(compose("train", [override, "predictor.centre_prompts=true"]))
 
 

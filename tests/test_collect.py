@@ -230,7 +230,7 @@ def scripted_stepper(paths, scripts, stop):
     core = ScriptedCore(tok, paths, scripts)
     engine = NS(llm=NS(llm_engine=core), taps=None, max_logprobs=1, stops=StopStrings([stop], tok),
                 params=NS(max_new_tokens=10, stop=(stop,), conf_topk=1),
-                request=lambda seed, delta, max_tokens=None, logprobs=None: NS(seed=seed, max_tokens=10 if max_tokens is None else max_tokens))
+                request=lambda seed, delta, max_tokens=None, logprobs=None, params=None: NS(seed=seed, max_tokens=10 if max_tokens is None else max_tokens))
     prompt = tok("1?", add_special_tokens=False)["input_ids"]
     running = [Running((0, j), prompt, j) for j in range(len(paths))]
     return VllmSteps(engine).start(running), running, core, tok

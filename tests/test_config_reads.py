@@ -57,7 +57,7 @@ README = "\n".join(p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "
      "read only by policy=adaptive"),
     ("train", ["policy.gain=0.2"], "policy.gain", "read only by policy=adaptive"),
     ("train", ["predictor=linear", "predictor.hidden=64"], "predictor.hidden",
-     "64 is read only by predictor=mlp|fusion|conf_features, not under predictor=linear"),
+     "64 is read only by predictor=mlp|fusion|conf_features|hidden_conf, not under predictor=linear"),
     ("pipeline", ["predictor=statistic", "predictor.dropout=0.1"], "predictor.dropout",
      "not under predictor=statistic"),
     ("train", ["predictor=statistic", "train.lr=0.1"], "train.lr", "0.1 is read only by "

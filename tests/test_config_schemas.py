@@ -34,7 +34,8 @@ def test_every_section_hashes_as_pinned(name):
 
 
 # The predictor's artifact key (build.predictor_dir) of these compositions, as it was before
-# train.max_prompts and predictor.centre_prompts existed: keys added later are left out at
+# train.max_prompts, train.early_stopping, predictor.centre_prompts and
+# predictor.pca_components existed: keys added later are left out at
 # their defaults (stopexp.core.added_keys), so every predictor trained before keeps its key
 # although the sections above hash otherwise.
 PREDICTOR_KEYS = {
@@ -56,8 +57,10 @@ def test_a_predictors_key_leaves_the_added_keys_out_at_their_defaults(overrides)
         control = build.controls(cfg)["mlp@5"]
         assert build.predictor_dir(control, features).name == "fc0b4d4fb837"
     others = [validate(compose("pipeline", [*overrides.split(), extra])) for extra in
-            ("train.max_prompts=150", *(["predictor.centre_prompts=true"]
-                                        if cfg.predictor.name in ("linear", "mlp", "fusion") else []))]
+            ("train.max_prompts=150",
+             *(["train.early_stopping=false"] if cfg.predictor.name != "statistic" else []),
+             *(["predictor.centre_prompts=true"] if cfg.predictor.name in ("linear", "mlp", "fusion") else []),
+             *(["predictor.pca_components=8"] if cfg.predictor.name in ("linear", "mlp") else []))]
     for other in others:  # set, they make other predictors of the same features
         assert build.feature_set(other).key == features.key
         assert build.predictor_dir(other, features).name != PREDICTOR_KEYS[overrides]
@@ -101,7 +104,8 @@ def test_an_option_schema_lacks_the_other_options_keys():
     task = {g.name: g for g in GROUPS}["task"]
     assert "shots" not in task.keys("arith") and "n_steps" not in task.keys("wordprob")
     assert task.readers("tokenize") == ["qa", "wordprob", "datatotext"]
-    assert {g.name: g for g in GROUPS}["predictor"].readers("hidden") == ["mlp", "fusion", "conf_features"]
+    assert {g.name: g for g in GROUPS}["predictor"].readers("hidden") == ["mlp", "fusion", "conf_features",
+                                                                          "hidden_conf"]
 
 
 def test_an_options_yaml_sets_only_its_schemas_keys():

@@ -125,7 +125,8 @@ def _fmt(v) -> str:
 
 
 SECTIONS = {"model", "model.toy", "model.thinking", "task", "tap", "tap.positions", "predictor", "loss", "policy",
-            "search", "logger", "reward", "engine", "collect", "train", "evaluate", "adapt", "paths"}
+            "search", "logger", "reward", "engine", "collect", "train", "evaluate", "adapt", "serve",
+            "paths"}
 
 
 def _leaves(d: dict, prefix: str = ""):
@@ -154,7 +155,7 @@ def test_the_key_page_lists_every_key_with_its_default():
 # compute, in this process. A console block whose next line is `error: ...` documents a
 # refusal, and the command must be refused with that message.
 HYDRA_STAGES = ("collect", "featurize", "train", "evaluate", "pipeline", "adapt", "toy_lm",
-                "answers_replay")
+                "answers_replay", "serve")
 COMMAND = re.compile(r"(?:python -m stopexp\.(\w+)|scripts/main\.sh)(?=\s|$)")
 SETTING = re.compile(r"\s*(?:export\s+)?([A-Z_][A-Z0-9_]*)=(\"[^\"]*\"|'[^']*'|\S+)\s*$")
 END = re.compile(r"\s(?:&&|\|\||;|\||&|>|2>|#)(?:\s|$)|;\s")

@@ -416,3 +416,41 @@ def test_stopping_inside_vllm_equals_replay_of_its_bank(smol, banks):
         assert not o["kv_estimated"]
     for name in ("no_prune", "deepconf_online", "step"):  # the engine's queue, measured
         assert 0 <= online[name]["waiting_share"] < 1 and online[name]["preemptions"] >= 0, name
+
+
+def test_the_server_shares_the_vllm_engine_between_requests_and_aborts_what_it_prunes(smol):
+    """python -m stopexp.serve on engine=vllm, on the session's engine: 8 clients' requests
+    (8 paths each) are in flight together in the in-process core; the confidence check at 6
+    tokens keeps 3 of each request's live paths and aborts the others; every request is
+    answered and the engine is left with none of them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import openai
+
+    from stopexp.serve.app import make_app
+    from stopexp.serve.http import bind, serving_in_thread
+    from stopexp.stages.serve import serving
+
+    cfg = validate(compose("serve", [*SHARED, *VLLM, f"paths.output_dir={smol.cfg.paths.output_dir}",
+                                     "serve.method=confidence", "serve.port=0"]))
+    problems = build_task(cfg.task).problems("test", PROMPTS)
+    sock = bind("127.0.0.1", 0)
+    with serving(cfg) as service, serving_in_thread(make_app(service), sock):
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{sock.getsockname()[1]}/v1", api_key="none",
+                               max_retries=0, timeout=600)
+        with ThreadPoolExecutor(PROMPTS) as pool:
+            answers = list(pool.map(lambda k: client.completions.create(
+                model=service.model_name, prompt=problems[k].prompt, seed=k), range(PROMPTS)))
+        status, core = service.loop.status(), service.loop.stepper.core
+        assert status["answered"] == PROMPTS and status["failed"] == 0 and status["peak_active"] > 1
+        assert service.loop.stepper.held() == [] and not core.has_unfinished_requests()
+    for r in answers:
+        info = r.model_extra["stopexp"]
+        check = info["checks"][0]
+        assert info["paths_launched"] == PATHS and check["at"] == 6 and len(check["kept"]) == 3
+        assert info["paths_pruned"] == len(check["scores"]) - 3
+        assert r.usage.completion_tokens == sum(p["tokens"] for p in info["paths"])
+        # an aborted request samples one token past the check (vLLM's taps read with a lag)
+        assert all(p["tokens"] <= 7 for p in info["paths"] if p["pruned_at"] is not None)
+        assert r.choices[0].text and info["vote"]["chosen_path"] in check["kept"] + [
+            p["id"] for p in info["paths"] if str(p["id"]) not in check["scores"]]

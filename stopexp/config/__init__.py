@@ -1,7 +1,7 @@
 """Structured-config schemas for every config group, registered in Hydra's ConfigStore,
 and validate(). The package mirrors conf/: one module per group with its schemas and range
 checks (model, task, tap, predictor: predictor/train, loss, policy, search, reward, engine,
-collect, evaluate, adapt, paths: paths/logger); where a group's options read different keys,
+collect, evaluate, adapt, serve, paths: paths/logger); where a group's options read different keys,
 one schema per option (`options`: the mechanism); `reads` (allowed values, keys only another
 group's option reads), `cross` (rules spanning groups), `root` (Config, register),
 `validation` (validate, RULES) and `resolvers` (the ${stopexp_*:} resolvers conf/ uses).
@@ -27,6 +27,7 @@ from stopexp.config.resolvers import model_name_of, project_root, run_id  # noqa
 from stopexp.config.reward import RewardConfig
 from stopexp.config.root import Config, register
 from stopexp.config.search import MIN_TEMPERATURE, SearchConfig
+from stopexp.config.serve import ServeConfig
 from stopexp.config.tap import TapConfig, TapPositionsConfig
 from stopexp.config.task import TaskConfig
 from stopexp.config.validation import SEED_KEYS, validate
@@ -43,7 +44,7 @@ __all__ = [
     "SYMBOLIC_LAYERS", "TEXT_KEYS", "TEXT_TOKENIZERS", "TOY_UNREAD",
     "AdaptConfig", "CollectConfig", "Config", "ConfigError", "EngineConfig", "EvaluateConfig",
     "LoggerConfig", "LossConfig", "ModelConfig", "PathsConfig", "PolicyConfig", "PredictorConfig",
-    "RewardConfig", "SearchConfig", "TapConfig", "TapPositionsConfig", "TaskConfig", "ToyLMConfig",
+    "RewardConfig", "SearchConfig", "ServeConfig", "TapConfig", "TapPositionsConfig", "TaskConfig", "ToyLMConfig",
     "TrainConfig",
     "attention_heads", "check_method_names", "check_output_dirs", "check_plan", "check_values",
     "checkpoint_tokens", "decode_escapes", "decoded_text", "derived_keep", "derived_n_points",

@@ -17,7 +17,7 @@ from stopexp.core.names import SIGNAL_NAMES, predictor_names
 @dataclass
 class PredictorBaseConfig:
     """What every predictor reads."""
-    name: str = "mlp"       # statistic | linear | mlp | fusion | conf_features | super_token
+    name: str = "mlp"       # statistic | linear | mlp | fusion | conf_features | hidden_conf | super_token
     layer: int = -1         # which tap layer single-tap predictors read
 
 
@@ -29,11 +29,8 @@ class StatisticPredictorConfig(PredictorBaseConfig):
 
 
 @dataclass
-class PositionInputConfig(PredictorBaseConfig):
-    """What the predictors with a learned head on the tap read."""
-    # the position (generated tokens) as one more input of the head, log-scaled
-    # (stopexp.signals.feature_spec.position_feature)
-    position_input: bool = False
+class CentringConfig(PredictorBaseConfig):
+    """What the predictors with a learned head on the tapped hidden state read."""
     # subtract from each path's hidden state the mean of its prompt's live paths at the same
     # position (stopexp.signals.centring): what all paths of a prompt share is gone, so the
     # head sees only what sets a path apart from its siblings (within-prompt ranking)
@@ -41,7 +38,29 @@ class PositionInputConfig(PredictorBaseConfig):
 
 
 @dataclass
-class LinearPredictorConfig(PositionInputConfig):
+class PositionInputConfig(CentringConfig):
+    """What the predictors whose head can take the position as an input read."""
+    # the position (generated tokens) as one more input of the head, log-scaled
+    # (stopexp.signals.feature_spec.position_feature)
+    position_input: bool = False
+
+
+@dataclass
+class PCAConfig(PredictorBaseConfig):
+    """What the predictors on one tapped layer's hidden state read."""
+    # the hidden state standardised and projected onto its first k principal components,
+    # whitened, in place of the LayerNorm (stopexp.signals.pca): fitted on the training rows
+    # only, saved with the predictor; None = off
+    pca_components: Optional[int] = None
+
+    @staticmethod
+    def ranges(pred) -> None:
+        if pred.pca_components is not None:
+            at_least("predictor.pca_components", pred.pca_components, 1)
+
+
+@dataclass
+class LinearPredictorConfig(PositionInputConfig, PCAConfig):
     name: str = "linear"
 
 
@@ -60,7 +79,7 @@ class HeadConfig(PredictorBaseConfig):
 
 
 @dataclass
-class MLPPredictorConfig(HeadConfig, PositionInputConfig):
+class MLPPredictorConfig(HeadConfig, PositionInputConfig, PCAConfig):
     name: str = "mlp"
 
 
@@ -70,8 +89,8 @@ class FusionPredictorConfig(HeadConfig, PositionInputConfig):
 
 
 @dataclass
-class ConfFeaturesPredictorConfig(HeadConfig):
-    name: str = "conf_features"
+class SignalsConfig(PredictorBaseConfig):
+    """What the predictors on the confidence columns read."""
     # signal columns read besides the confidence ones (e.g. [attn_entropy])
     signals: List[str] = field(default_factory=list)
 
@@ -80,6 +99,23 @@ class ConfFeaturesPredictorConfig(HeadConfig):
         for name in pred.signals:
             if name not in SIGNAL_NAMES:
                 fail("predictor.signals", f"{name!r} unknown; allowed: {', '.join(SIGNAL_NAMES)}")
+
+
+@dataclass
+class ConfFeaturesPredictorConfig(HeadConfig, SignalsConfig):
+    name: str = "conf_features"
+
+
+@dataclass
+class HiddenConfPredictorConfig(HeadConfig, SignalsConfig, CentringConfig, PCAConfig):
+    """hidden_conf: one tapped layer's hidden state and the confidence columns of
+    conf_features, each projected by its own half of the first hidden layer
+    (stopexp.signals.hidden_conf)."""
+    name: str = "hidden_conf"
+
+    @staticmethod
+    def needs(pred) -> None:
+        at_least("predictor.depth", pred.depth, 1)  # its first hidden layer fuses the two inputs
 
 
 @dataclass
@@ -102,8 +138,9 @@ class SuperTokenPredictorConfig(PredictorBaseConfig):
 
 
 @dataclass
-class PredictorConfig(SuperTokenPredictorConfig, ConfFeaturesPredictorConfig, FusionPredictorConfig,
-                      MLPPredictorConfig, LinearPredictorConfig, StatisticPredictorConfig):
+class PredictorConfig(SuperTokenPredictorConfig, HiddenConfPredictorConfig, ConfFeaturesPredictorConfig,
+                      FusionPredictorConfig, MLPPredictorConfig, LinearPredictorConfig,
+                      StatisticPredictorConfig):
     """Every predictor's keys (the view: what cfg.predictor holds)."""
     name: str = "mlp"
 
@@ -111,7 +148,8 @@ class PredictorConfig(SuperTokenPredictorConfig, ConfFeaturesPredictorConfig, Fu
 PREDICTOR = Group("predictor", {
     "statistic": StatisticPredictorConfig, "linear": LinearPredictorConfig,
     "mlp": MLPPredictorConfig, "fusion": FusionPredictorConfig,
-    "conf_features": ConfFeaturesPredictorConfig, "super_token": SuperTokenPredictorConfig},
+    "conf_features": ConfFeaturesPredictorConfig, "hidden_conf": HiddenConfPredictorConfig,
+    "super_token": SuperTokenPredictorConfig},
     PredictorConfig, base=PredictorBaseConfig, registered=predictor_names)
 # the predictors evaluated as they are, with no weights to fit (train.* and loss unread)
 UNTRAINED_PREDICTORS = ("statistic",)
@@ -119,6 +157,8 @@ UNTRAINED_PREDICTORS = ("statistic",)
 POSITION_INPUT_PREDICTORS = tuple(PREDICTOR.readers("position_input"))
 # the predictors of the hidden state, which can centre it per prompt (predictor.centre_prompts)
 CENTRING_PREDICTORS = tuple(PREDICTOR.readers("centre_prompts"))
+# the predictors of one tapped layer's state, which can project it (predictor.pca_components)
+PCA_PREDICTORS = tuple(PREDICTOR.readers("pca_components"))
 
 
 @dataclass
@@ -137,6 +177,10 @@ class TrainConfig:
     # train on the first N prompts of the bank's train split only (the N smallest prompt
     # ids: nested, so one bank serves every size); None = all of them
     max_prompts: Optional[int] = None
+    # true: keep the epoch with the best validation AUROC and stop after `patience` epochs
+    # without a better one; false: train all `epochs` and keep the last (nothing is picked
+    # on the validation prompts)
+    early_stopping: bool = True
 
 
 def check_predictor(pred) -> None:
@@ -156,10 +200,19 @@ def check_train(tr) -> None:
 
 def check_position_input(pred) -> None:
     if pred.position_input and pred.name not in POSITION_INPUT_PREDICTORS:
-        why = ("reads prefix_len among its signal columns already" if pred.name == "conf_features"
-               else "has no learned head to feed it")
+        why = ("reads prefix_len among its signal columns already"
+               if pred.name in ("conf_features", "hidden_conf") else "has no learned head to feed it")
         fail("predictor.position_input", f"predictor={pred.name} {why}; allowed with "
                                          f"{', '.join(POSITION_INPUT_PREDICTORS)}")
+
+
+def check_pca_components(pred) -> None:
+    if pred.pca_components is not None and pred.name not in PCA_PREDICTORS:
+        why = {"fusion": "reads every tapped layer (its own projection of each)",
+               "conf_features": "reads no hidden state"}.get(
+                   pred.name, "has no learned head on one tapped layer's state")
+        fail("predictor.pca_components", f"predictor={pred.name} {why}; allowed with "
+                                         f"{', '.join(PCA_PREDICTORS)}")
 
 
 def check_centre_prompts(pred) -> None:

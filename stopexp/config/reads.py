@@ -72,7 +72,7 @@ class AllBut:
 READ_ONLY_BY = {
     # stopexp.training.fit: a statistic has no weights to fit (it is evaluated as is)
     **{f"train.{k}": ("predictor.name", AllBut(UNTRAINED_PREDICTORS))
-       for k in ("epochs", "batch_prompts", "lr", "weight_decay", "patience", "seed")},
+       for k in ("epochs", "batch_prompts", "lr", "weight_decay", "patience", "seed", "early_stopping")},
     "loss.name": ("predictor.name", AllBut(UNTRAINED_PREDICTORS)),
     # a stopping method's settings (stopexp.config.stopping): read when it runs
     **{key: ("evaluate.methods", (m,)) for key, m in setting_keys(TracesStopping, "evaluate.stopping")},

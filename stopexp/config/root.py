@@ -25,6 +25,7 @@ from stopexp.config.policy import POLICY, PolicyConfig
 from stopexp.config.predictor import PREDICTOR, PredictorConfig, TrainConfig
 from stopexp.config.reward import REWARD, RewardConfig
 from stopexp.config.search import SEARCH, SearchConfig
+from stopexp.config.serve import ServeConfig
 from stopexp.config.tap import TapConfig
 from stopexp.config.task import TASK, TaskConfig
 
@@ -52,6 +53,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     adapt: AdaptConfig = field(default_factory=AdaptConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
     optimized_metric: Optional[str] = None
 

@@ -12,7 +12,7 @@ from typing import Any, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from stopexp.config import (adapt, answers_replay, collect, cross, engine, evaluate, loss, model,
-                            policy, predictor, reward, search, tap, task)
+                            policy, predictor, reward, search, serve, tap, task)
 from stopexp.config.machine import check_machine
 from stopexp.config.option_files import check_option_files
 from stopexp.config.options import view_of
@@ -76,6 +76,7 @@ def group_checks(cfg) -> None:
     predictor.check_train(cfg.train)
     predictor.check_position_input(cfg.predictor)
     predictor.check_centre_prompts(cfg.predictor)
+    predictor.check_pca_components(cfg.predictor)
     reward.check_reward(cfg.reward)
     engine.check_engine(cfg)
     policy.check_thresholds(cfg.policy)
@@ -91,7 +92,7 @@ def adapt_target_validates(cfg) -> None:
         raise ConfigError(f"adapt.target: {e}") from None
 
 
-STAGES = ("collect", "featurize", "train", "evaluate", "pipeline", "adapt", "toy_lm")
+STAGES = ("collect", "featurize", "train", "evaluate", "pipeline", "adapt", "toy_lm", "serve")
 EVALUATING = ("evaluate", "pipeline")
 TRAINING = ("train", "pipeline", "adapt")
 # The rules spanning groups (stopexp.config.cross), the keys read unused
@@ -104,7 +105,7 @@ RULES = (
     (cross.keep_per_check, STAGES),
     (cross.adapt_takes_one_check, ("adapt",)),
     (cross.signals_are_tapped, STAGES),
-    (cross.predictor_layer_is_tapped, ("train", "evaluate", "pipeline", "adapt")),
+    (cross.predictor_layer_is_tapped, ("train", "evaluate", "pipeline", "adapt", "serve")),
     (cross.positions_fit_the_predictor, STAGES),
     (cross.regression_needs_bounded_reward, STAGES),
     (cross.online_reward_needs_no_logprobs, EVALUATING),
@@ -125,6 +126,7 @@ RULES = (
     (check_sweeps_read, EVALUATING),
     (check_bertscore_model_read, EVALUATING),
     (adapt.check_adapt, ("adapt",)),
+    (serve.check_serve, ("serve",)),
     (adapt_target_validates, ("adapt",)),  # last: by then an error comes from the target's values
 )
 

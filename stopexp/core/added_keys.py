@@ -5,5 +5,5 @@ trained at it (stopexp.signals.saved_predictor.check_saved_predictor), so no pre
 before they existed is retrained or refused."""
 from __future__ import annotations
 
-PREDICTOR_KEYS_ADDED = {"centre_prompts": False}
-TRAIN_KEYS_ADDED = {"max_prompts": None}
+PREDICTOR_KEYS_ADDED = {"centre_prompts": False, "pca_components": None}
+TRAIN_KEYS_ADDED = {"max_prompts": None, "early_stopping": True}

@@ -28,7 +28,8 @@ REGISTRY: dict[str, dict[str, str]] = {
                   "linear": "stopexp.signals.linear:LinearPredictor",
                   "mlp": "stopexp.signals.mlp:MLPPredictor",
                   "fusion": "stopexp.signals.fusion:FusionPredictor",
-                  "conf_features": "stopexp.signals.conf_features:ConfFeaturesPredictor"},
+                  "conf_features": "stopexp.signals.conf_features:ConfFeaturesPredictor",
+                  "hidden_conf": "stopexp.signals.hidden_conf:HiddenConfPredictor"},
     # predictors that run the LM on the prefix (stopexp.models.super_token)
     "lm_predictor": {"super_token": "stopexp.models.super_token:SuperTokenPredictor"},
     "loss": {"contrastive": "stopexp.training.losses:contrastive",

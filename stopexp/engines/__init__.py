@@ -49,6 +49,13 @@ class Backend(Protocol):
         (tokens, or a list: progressive), at most `max_rows` rows per forward: (runs, check
         batch) as stopexp.search.lcr.launch_check_resume returns them."""
 
+    def serve(self, lm, tokenizer, *, sections: Sections, params, checks: tuple[int, ...],
+              max_rows: int) -> AbstractContextManager[Any]:
+        """An open stepper for a server (stopexp.search.cohorts: `add(paths, params)` while
+        others run, `step`, `abort`, `release`, `held`, and the check's inputs at `checks`,
+        tokens), sampling with `params` unless `add` says otherwise; at most `max_rows` rows
+        per forward where the engine batches by rows."""
+
     def stopping(self, lm, tokenizer, task, problems, controllers: dict, *, sections: Sections,
                  params, max_rows: int) -> dict:
         """Each stopping method's protocol inside the running paths of `problems`

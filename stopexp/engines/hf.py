@@ -4,10 +4,12 @@ a path's cache, and online Launch-Check-Resume steps its batches (stopexp.search
 in the one loop of stopexp.search.lcr."""
 from __future__ import annotations
 
+import functools
 from contextlib import contextmanager
 
 from stopexp.engines import Sections
 from stopexp.models import load_lm
+from stopexp.search.cohorts import CohortStepper
 from stopexp.search.decode import make_engine
 from stopexp.search.decode_steps import DecodeSteps
 from stopexp.search.inpath import run_in_path
@@ -36,6 +38,16 @@ class HF:
         return run_launch_check_resume(lm, tokenizer, task, problems, methods, checkpoint,
                                        params, sections.search, sections.tap, sections.seed,
                                        max_rows)
+
+    @contextmanager
+    def serve(self, lm, tokenizer, *, sections: Sections, params, checks, max_rows):
+        with Taps.from_config(lm, sections.tap) as taps:
+            @functools.lru_cache(maxsize=64)  # one engine per sampling a request asks for
+            def engine_for(p):
+                p = params if p is None else p
+                return make_engine(lm, tokenizer, p, taps,
+                                   tuple(c for c in checks if c < p.max_new_tokens))
+            yield CohortStepper(engine_for, max_rows)
 
     def stopping(self, lm, tokenizer, task, problems, controllers, *, sections: Sections,
                  params, max_rows):

@@ -7,6 +7,8 @@ Launch-Check-Resume steps an in-process engine (stopexp.search.vllm_steps) in th
 of stopexp.search.lcr, and aborts pruned requests."""
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 from stopexp.engines import Sections
 from stopexp.models import load_lm
 from stopexp.models.extract import DEFAULT_BATCH_TOKENS, prefix_features
@@ -35,23 +37,37 @@ class VLLM:
     def online(self, lm, tokenizer, task, problems, methods, checkpoint, *, sections: Sections,
                params, max_rows):
         s = sections
-        search, tap = s.search, s.tap
+        search = s.search
         run = dict(tokenizer=tokenizer, task=task, problems=problems, n_paths=search.n_paths,
                    seed=s.seed, checkpoint=checkpoint, methods=methods,
                    group_window=search.group_window, score_rule=search.score_rule)
+        checks = [checkpoint] if isinstance(checkpoint, int) else sorted(checkpoint)
+        with self._steps(lm, tokenizer, s, params, checks) as steps:
+            return launch_check_resume(steps, **run)
+
+    @contextmanager
+    def serve(self, lm, tokenizer, *, sections: Sections, params, checks, max_rows):
+        with self._steps(lm, tokenizer, sections, params, sorted(checks)) as steps:
+            yield steps.open()
+
+    @contextmanager
+    def _steps(self, lm, tokenizer, s: Sections, params, checks: list[int]):
+        """The in-process engine stepped, its check's states at `checks` tapped inside it,
+        or without taps read by the HF model `lm` (teacher-forced)."""
+        tap = s.tap
         opened = dict(model=s.model, engine=s.engine, cache_dir=s.cache_dir, task=s.task,
                       params=params, in_process=True)
         if self.taps_in_engine(s.engine, tap):
-            checks = [checkpoint] if isinstance(checkpoint, int) else sorted(checkpoint)
             with open_vllm_engine(**opened, tap=tap, positions={
                     "checkpoints": checks, "stride": None, "separator": None}) as (engine, *_):
-                return launch_check_resume(VllmSteps(engine), **run)
+                yield VllmSteps(engine)
+            return
         with Taps(lm, list(tap.layers), tap.pooling, tap.get("attention_heads"),
                   sequence=True) as taps, open_vllm_engine(**opened) as (engine, *_):
             hidden_at = prefix_features(lm, taps, tokenizer.pad_token_id, tap.positions.dtype,
                                         s.model.max_batch_tokens or DEFAULT_BATCH_TOKENS,
-                                        search.max_batch_rows)
-            return launch_check_resume(VllmSteps(engine, hidden_at), **run)
+                                        s.search.max_batch_rows)
+            yield VllmSteps(engine, hidden_at)
 
     def stopping(self, lm, tokenizer, task, problems, controllers, *, sections: Sections,
                  params, max_rows):

@@ -47,7 +47,7 @@ def run_in_path(steps: Steps, tokenizer, problems, n_paths: int, seed: int, cont
                 stepper.step()
                 stepper.observe()  # a stopped path held its last token's cache (as replay counts it)
                 tic = time.perf_counter()
-                stopped = _stops(controller, stepper, wave, ended)
+                stopped = controller_stops(controller, stepper, wave, ended)
                 if stopped:
                     running = [p for p, _ in stopped if not p.finished]
                     if running:
@@ -73,7 +73,7 @@ def run_in_path(steps: Steps, tokenizer, problems, n_paths: int, seed: int, cont
     return run
 
 
-def _stops(controller, stepper, wave: list[Running], ended: set) -> list[tuple[Running, int]]:
+def controller_stops(controller, stepper, wave: list[Running], ended: set) -> list[tuple[Running, int]]:
     """What the controller stops after a step, prompt by prompt, among the paths that were
     running before it: an ended path is shown once, with its last tokens (`ended` holds the
     keys already shown ended)."""

@@ -101,6 +101,41 @@ def check_batch(stepper: Stepper, paths: list[Running], check: int, group_window
     return batch
 
 
+class CheckSchedule:
+    """Which prompts are due at which check. A prompt is checked at `checks[i]` once every
+    one of its paths has reached it (stopexp.search.stepping.Running.reached: ended, pruned,
+    or long enough); the paths checked there are those alive at it. Paths join by prompt
+    (`add`), also while others run (a server's requests: stopexp.serve)."""
+
+    def __init__(self, checks: list[int], paths: list[Running] = ()):
+        self.checks, self.groups, self.at = checks, {}, {}
+        self.add(paths)
+
+    def add(self, paths: list[Running]) -> None:
+        for p in paths:
+            self.groups.setdefault(p.key[0], []).append(p)
+            self.at.setdefault(p.key[0], 0)  # per prompt: the index of its next check
+
+    def due(self):
+        """Yield (check index, paths alive there) for every prompt group ready now, lowest
+        index first; the caller decides (and aborts) before the next is computed, since a
+        pruned path has reached every later check."""
+        checks, groups, at = self.checks, self.groups, self.at
+        while True:
+            ready = [g for g, i in at.items() if i < len(checks) and all(p.reached(checks[i]) for p in groups[g])]
+            if not ready:
+                return
+            for i in sorted({at[g] for g in ready}):
+                yield i, [p for g in ready if at[g] == i for p in groups[g]
+                          if not p.pruned and p.live_at(checks[i])]
+            for g in ready:
+                at[g] += 1
+
+    def done(self, prompt) -> bool:
+        """Whether `prompt` has passed every check."""
+        return self.at[prompt] >= len(self.checks)
+
+
 def _run(launch, tokenizer, checks: list[int], decide, run: OnlineRun) -> None:
     """Launch the paths (`launch()` returns their stepper; an engine may prefill there) and
     step them to the end; at each check, every prompt whose live paths all reached it is
@@ -108,10 +143,8 @@ def _run(launch, tokenizer, checks: list[int], decide, run: OnlineRun) -> None:
     prune (an empty list for no_prune). Fills `run`'s lengths, texts and times."""
     start, checked, first_done = time.perf_counter(), 0.0, None
     stepper = launch()
-    paths, groups = stepper.paths, {}
-    for p in paths:
-        groups.setdefault(p.key[0], []).append(p)
-    at = dict.fromkeys(groups, 0)  # per prompt: the index of its next check
+    paths = stepper.paths
+    schedule = CheckSchedule(checks, paths)
     # the cache a check sees is that of the step where every path holds `check` tokens: with
     # a lag that step is the one before, so the cache is observed after the pruned paths left
     late = any(p.lag for p in paths)
@@ -119,24 +152,17 @@ def _run(launch, tokenizer, checks: list[int], decide, run: OnlineRun) -> None:
         stepper.step()
         if not late:
             stepper.observe()
-        while True:
-            ready = [g for g, i in at.items() if i < len(checks) and all(p.reached(checks[i]) for p in groups[g])]
-            if not ready:
-                break
-            for i in sorted({at[g] for g in ready}):
-                tic = time.perf_counter()
-                live = [p for g in ready if at[g] == i for p in groups[g]
-                        if not p.pruned and p.live_at(checks[i])]
-                if live and first_done is None:  # the launch phase ends at the first check
-                    first_done = tic
-                gone = decide(stepper, i, live) if live else []
-                if gone:
-                    stepper.abort(gone)
-                    for p in gone:
-                        run.pruned_at[p.key] = checks[i]
-                checked += time.perf_counter() - tic
-            for g in ready:
-                at[g] += 1
+        tic = time.perf_counter()
+        for i, live in schedule.due():
+            if live and first_done is None:  # the launch phase ends at the first check
+                first_done = tic
+            gone = decide(stepper, i, live) if live else []
+            if gone:
+                stepper.abort(gone)
+                for p in gone:
+                    run.pruned_at[p.key] = checks[i]
+            checked += time.perf_counter() - tic
+            tic = time.perf_counter()
         if late:
             stepper.observe()
     wall = time.perf_counter() - start

@@ -239,16 +239,17 @@ class VllmEngine:
         self.taps, self.wanted = taps, wanted
 
     def request(self, seed: int, delta: bool = False, max_tokens: int | None = None,
-                logprobs: str | None = "alternatives"):
+                logprobs: str | None = "alternatives", params=None):
         """The vLLM sampling parameters of one path; `delta`: each step's output holds only
         the new tokens (a stepped run), else the whole completion at its end. `max_tokens`
         (None: search.max_new_tokens) and `logprobs` ("alternatives": the sampled token's and
         engine.max_logprobs others; "sampled": the sampled token's; None: none) serve Monte
-        Carlo rollouts."""
+        Carlo rollouts; `params` (stopexp.search.decode.SamplingParams) a server's request
+        (None: the engine's)."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        p = self.params
+        p = self.params if params is None else params
         kind = {"output_kind": RequestOutputKind.DELTA} if delta else {}
         return SamplingParams(
             n=1, temperature=p.temperature if p.do_sample else 0.0, top_p=p.top_p, top_k=p.top_k,

@@ -34,6 +34,11 @@ class VllmSteps:
     def start(self, paths: list[Running], meter=None, labels=None) -> "Stepper":
         return Stepper(self.engine, paths, meter, self.hidden_at)
 
+    def open(self) -> "Stepper":
+        """A stepper holding no path yet, to which paths are added while others run (a
+        server's requests, stopexp.serve: `add`, `release`)."""
+        return Stepper(self.engine, [], None, self.hidden_at)
+
     def chunks(self, n_prompts: int, n_paths: int) -> list[range]:
         return [range(n_prompts)]
 
@@ -45,10 +50,8 @@ class Stepper:
     per prompt at the launch and at each `observe`."""
 
     def __init__(self, engine, paths: list[Running], meter=None, hidden_at=None):
-        from vllm.inputs import TokensPrompt
-
         self.engine, self.hidden_at = engine, hidden_at
-        self.core, self.paths, self.meter = engine.llm.llm_engine, paths, meter
+        self.core, self.meter = engine.llm.llm_engine, meter
         if self.core.has_unfinished_requests():
             raise RuntimeError("the vLLM engine has unfinished requests: it is not free for a run")
         self.taps, self.ids, self.stats = engine.taps, {}, {}
@@ -58,16 +61,42 @@ class Stepper:
         self.preempted: dict[str, int] = {}  # request id -> preemptions seen
         # rollouts: id -> (token ids, log-probs or None, finished)
         self.pending: dict[str, tuple] = {}
-        for n, p in enumerate(paths):
-            p.request_id = f"path{n}"
-            self.ids[p.request_id] = p
-            if self.taps is not None:
-                p.watch = self.taps.watch(p.request_id, len(p.prompt), engine.wanted(p.tokens))
-                p.lag = 1
-            self.core.add_request(p.request_id, TokensPrompt(prompt_token_ids=list(p.prompt)),
-                                  engine.request(p.seed, delta=True))
+        self.paths, self.added = paths, 0
+        for p in paths:
+            self._request(p)
         if meter is not None:
             meter.observe(torch.tensor([len(p.prompt) for p in paths]), [p.key[0] for p in paths])
+
+    def add(self, paths: list[Running], params=None) -> None:
+        """Add `paths` as requests now, sampled with `params` (stopexp.search.decode.
+        SamplingParams; None: the engine's); they run from the next step with those running."""
+        for p in paths:
+            self._request(p, params)
+        self.paths += paths
+
+    def _request(self, p: Running, params=None) -> None:
+        from vllm.inputs import TokensPrompt
+
+        p.request_id = f"path{self.added}"
+        self.added += 1
+        self.ids[p.request_id] = p
+        if self.taps is not None:
+            p.watch = self.taps.watch(p.request_id, len(p.prompt), self.engine.wanted(p.tokens))
+            p.lag = 1
+        self.core.add_request(p.request_id, TokensPrompt(prompt_token_ids=list(p.prompt)),
+                              self.engine.request(p.seed, delta=True, params=params))
+
+    def release(self, paths: list[Running]) -> None:
+        """Forget `paths`, which have ended or were aborted (a server's finished request)."""
+        gone = {id(p) for p in paths}
+        for p in paths:
+            self.ids.pop(p.request_id, None)
+            self.stats.pop(p.request_id, None)
+        self.paths = [p for p in self.paths if id(p) not in gone]
+
+    def held(self) -> list[Running]:
+        """The paths the engine still runs (neither ended nor aborted)."""
+        return [p for p in self.paths if not (p.finished or p.pruned)]
 
     @property
     def running(self) -> bool:
@@ -90,7 +119,10 @@ class Stepper:
             if out.request_id in self.pending:
                 self._rollout_output(out)
                 continue
-            p, o = self.ids[out.request_id], out.outputs[0]
+            p = self.ids.get(out.request_id)
+            if p is None:  # released after its abort (a server's cancelled request)
+                continue
+            o = out.outputs[0]
             if p.prefilled is None and out.num_cached_tokens is not None:
                 p.prefilled = len(p.prompt) - out.num_cached_tokens
             p.tokens += list(o.token_ids)

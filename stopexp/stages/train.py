@@ -72,6 +72,7 @@ def train(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
                 cfg.predictor, *build.lm(cfg, progress=False), cfg.search.max_batch_rows)
         else:
             predictor = build_predictor(cfg.predictor, spec)
+            predictor.fit_inputs(data["train"])  # predictor.pca_components: on training rows only
         metrics, scores, history = fit_and_score(predictor, cfg.predictor.name, data, cfg.train,
                                                  cfg.loss, start, progress)
         metrics["train_prompts"] = n_prompts

@@ -88,7 +88,9 @@ def fit(predictor, data: dict, train, loss, progress: bool = True) -> tuple[dict
     reward where it is continuous: `selection_value`); returns the best state and the
     per-epoch history. Only a trained epoch with a finite validation AUROC
     is ever selected; `best["init_auroc"]` is the untrained initialisation's, for
-    comparison. Raises ValueError when no epoch has a finite validation AUROC."""
+    comparison. Raises ValueError when no epoch has a finite validation AUROC. With
+    train.early_stopping=false every epoch runs and the last is kept, whatever its
+    validation AUROC (recorded, never used)."""
     loss_fn = build_loss(loss)
     params = [p for p in predictor.parameters() if p.requires_grad]
     init_auroc = selection_value(evaluate_scores(score(predictor, data["val"]), data["val"]))
@@ -100,6 +102,7 @@ def fit(predictor, data: dict, train, loss, progress: bool = True) -> tuple[dict
     best["auroc"] = -math.inf
     opt = torch.optim.AdamW(params, lr=train.lr, weight_decay=train.weight_decay)
     rng, stale = random.Random(train.seed), 0
+    early = bool(getattr(train, "early_stopping", True))  # a section saved without the key: on
     bar = tqdm(range(1, train.epochs + 1), desc="train", unit="epoch", disable=not progress)
     for epoch in bar:
         predictor.train()
@@ -122,14 +125,13 @@ def fit(predictor, data: dict, train, loss, progress: bool = True) -> tuple[dict
         # few mixed prompts) is no reason to keep an earlier, less trained state. Keeping
         # the first of tied epochs kept epoch 1, a single Adam step of lr * sign(gradient),
         # which is the same for every loss whose gradient has the same signs.
-        if math.isfinite(selection_value(val)) and selection_value(val) >= best["auroc"]:
+        better = math.isfinite(selection_value(val)) and selection_value(val) >= best["auroc"]
+        if better or not early:  # without early stopping: the last epoch, however it ranks
             best.update(state={k: v.clone() for k, v in predictor.state_dict().items()},
                         auroc=selection_value(val), epoch=epoch)
-            stale = 0
-        else:
-            stale += 1
-            if stale >= train.patience:
-                break
+        stale = 0 if better else stale + 1
+        if early and stale >= train.patience:
+            break
     if best["epoch"] == 0:
         raise ValueError(
             f"train: the validation within-prompt AUROC was not finite after any of "

@@ -1,0 +1,124 @@
+"""The routes (FastAPI): /v1/completions, /v1/chat/completions, /v1/models, /health and,
+with serve.feedback, /v1/feedback. A bad request is HTTP 400 with OpenAI's error body, its
+message one line naming the field; a request whose client goes away before its answer has
+its paths aborted (`until_answered`; a streamed one when its stream is cancelled)."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from stopexp.serve.loop import Closed
+from stopexp.serve.requests import BadRequest
+from stopexp.serve.responses import body, error, events
+from stopexp.serve.service import Service
+
+
+def make_app(service: Service) -> FastAPI:
+    app = FastAPI(title="stopexp", docs_url=None, redoc_url=None)
+
+    @app.exception_handler(BadRequest)
+    async def bad_request(request: Request, e: BadRequest):
+        return JSONResponse(error(str(e), e.param), status_code=400)
+
+    @app.get("/health")
+    async def health():
+        return service.status()
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": service.model_name, "object": "model",
+                                            "created": int(service.started), "owned_by": "stopexp"}]}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await generate(service, request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await generate(service, request, chat=True)
+
+    if service.adapter is not None:
+        @app.post("/v1/feedback")
+        async def feedback(request: Request):
+            return await learn(service, request)
+
+    return app
+
+
+async def generate(service: Service, request: Request, chat: bool):
+    gen = service.reader.read(await request.body(), chat)
+    try:
+        future = service.loop.submit(gen)
+    except Closed as e:
+        return JSONResponse(error(str(e), kind="server_error"), status_code=503)
+    if gen.stream:
+        return StreamingResponse(stream(service, gen, future), media_type="text/event-stream")
+    answered = await until_answered(service, request, future)
+    if answered is None:  # the client went away; nobody reads this
+        return Response(status_code=499)
+    try:
+        answer = answered.result()
+    except Exception as e:  # noqa: BLE001  (the request's own failure, one line)
+        return JSONResponse(error(f"the request failed: {e}", kind="server_error"), status_code=500)
+    return JSONResponse(body(gen, answer, service.model_name))
+
+
+async def until_answered(service: Service, request: Request, future):
+    """The answered asyncio future of `future`, or None when the client disconnected first
+    (its request is cancelled: its paths are aborted between two engine steps)."""
+    answered = asyncio.wrap_future(future)
+    gone = asyncio.ensure_future(disconnected(request))
+    done, _ = await asyncio.wait({answered, gone}, return_when=asyncio.FIRST_COMPLETED)
+    if answered in done:
+        gone.cancel()
+        return answered
+    service.loop.cancel(future)
+    answered.cancel()  # nobody reads its answer
+    return None
+
+
+async def disconnected(request: Request) -> None:
+    """Returns when the client closes the connection (the body has been read: the server
+    then only has the disconnect to tell)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def stream(service: Service, gen, future):
+    """The chosen path's events once the vote is decided; cancelled with the stream when the
+    client goes away, which cancels the request."""
+    try:
+        answer = await asyncio.wrap_future(future)
+    except asyncio.CancelledError:
+        service.loop.cancel(future)
+        raise
+    except Exception as e:  # noqa: BLE001
+        yield f"data: {json.dumps(error(f'the request failed: {e}', kind='server_error'))}\n\n"
+        yield "data: [DONE]\n\n"
+        return
+    for event in events(gen, answer, service.model_name):
+        yield event
+
+
+async def learn(service: Service, request: Request):
+    """POST /v1/feedback {"id": response id, "correct": bool} or {"id", "answer": reference}:
+    one adapt update of the served predictor, run in the engine loop between steps."""
+    try:
+        data = json.loads(await request.body())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise BadRequest("body", f"not valid JSON ({e})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("id"), str):
+        raise BadRequest("id", "the id of a response of this server is expected")
+    correct, answer = data.get("correct"), data.get("answer")
+    if (correct is None) == (answer is None):
+        raise BadRequest("correct", "give one of correct (true or false) and answer (the reference)")
+    if correct is not None and not isinstance(correct, bool):
+        raise BadRequest("correct", f"true or false is expected, got {correct!r}")
+    if answer is not None and not isinstance(answer, (str, int, float)):
+        raise BadRequest("answer", f"a string is expected, got {answer!r}")
+    adapter = service.adapter
+    done = service.loop.call(lambda: adapter.update(data["id"], correct, None if answer is None else str(answer)))
+    return await asyncio.wrap_future(done)  # a BadRequest reaches the handler above

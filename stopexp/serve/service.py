@@ -1,0 +1,67 @@
+"""The server's parts put together from built objects (stopexp.stages.serve builds them):
+the request reader, the engine loop over the open stepper, the served method and, with
+feedback on, the adapter."""
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import Any
+
+from stopexp.core.token_text import text_of
+from stopexp.serve.feedback import Adapter
+from stopexp.serve.loop import EngineLoop
+from stopexp.serve.requests import Limits, RequestReader
+from stopexp.serve.responses import outcome
+from stopexp.serve.run import Method, RequestRun
+
+
+@dataclass
+class Service:
+    """What the routes (stopexp.serve.app) serve."""
+    model_name: str
+    method: Method
+    reader: RequestReader
+    loop: EngineLoop
+    predictor: dict | None = None  # the served predictor's artifact: {"name", "key"}
+    adapter: Adapter | None = None
+    started: float = 0.0
+
+    def status(self) -> dict:
+        version = {"predictor_version": self.method.version()} if self.predictor else {}
+        return {"status": "ok", "model": self.model_name, "method": self.method.name,
+                **version, **self.loop.status()}
+
+
+@contextmanager
+def open_service(stepper, tokenizer, task, method: Method, limits: Limits, *,
+                 max_concurrent: int, template: bool, predictor: dict | None = None,
+                 adapter: Adapter | None = None) -> Any:
+    """The service over `stepper` (an engine's open stepper, stopexp.engines.Backend.serve)
+    with the engine loop running; on exit the loop drains (every request taken is answered)."""
+    lock = threading.Lock()  # the tokenizer, shared by the reader and the loop's decoding
+
+    def decode(ids) -> str:
+        with lock:
+            return text_of(tokenizer, list(ids))
+
+    if adapter is not None:
+        method = replace(method, version=lambda: adapter.version)
+
+    def answer(run: RequestRun) -> dict:
+        ballot = run.ballot(task, decode)
+        result = outcome(run.gen, run, ballot, predictor)
+        if adapter is not None:
+            adapter.keep(run.gen.id, run, ballot)
+        return result
+
+    def start_run(gen, key: int) -> RequestRun:
+        return RequestRun(key, gen, method, unpruned=not gen.prune)
+
+    loop = EngineLoop(stepper, start_run, answer, max_concurrent).start()
+    try:
+        yield Service(limits.model_name, method, RequestReader(tokenizer, limits, template, lock),
+                      loop, predictor, adapter, time.time())
+    finally:
+        loop.stop()

@@ -20,6 +20,7 @@ import sys
 from hydra import compose, initialize_config_dir
 
 from stopexp.config import project_root, validate
+from stopexp.core.errors import reported
 from stopexp.stages.evaluate import evaluate
 
 METHODS = ("step", "deepconf_online")
@@ -56,4 +57,5 @@ def main(overrides: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    with reported():  # a user error (a missing predictor, a bad key) is one line
+        main(sys.argv[1:])

@@ -25,6 +25,7 @@ import openai
 from hydra import compose, initialize_config_dir
 
 from stopexp.config import project_root, validate
+from stopexp.core.errors import reported
 from stopexp.serve.app import make_app
 from stopexp.serve.http import bind, serving_in_thread
 from stopexp.stages.serve import serving
@@ -106,4 +107,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    with reported():  # a user error (a missing predictor, a bad key) is one line
+        main(sys.argv[1:])

@@ -93,8 +93,8 @@ class CohortStepper:
         if len(parts) == 1:
             return parts[0][0].inputs(paths, check)
         read = [cohort.inputs(part, check) for cohort, part in parts]
-        order = [id(p) for _, part in parts for p in part]
-        back = torch.tensor([order.index(id(p)) for p in paths])
+        row = {id(p): r for r, p in enumerate(p for _, part in parts for p in part)}
+        back = torch.tensor([row[id(p)] for p in paths])
         out = []
         for k in range(len(read[0])):
             pieces = [r[k] for r in read]

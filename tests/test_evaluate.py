@@ -1,3 +1,4 @@
+import json
 import numpy as np
 import pytest
 import torch
@@ -51,6 +52,12 @@ def test_replay_metrics_follow_the_contract(trained, tmp_path):
     assert all(r["tokens_total"] <= methods["no_prune"]["tokens_total"] for r in methods.values())
     for fig in ("pareto", "survival", "prune_steps", "signal_histograms", "analyses"):
         assert (tmp_path / f"{fig}.png").exists()
+    records = [json.loads(line) for line in (tmp_path / "prompts.jsonl").read_text().splitlines()]
+    for name, r in methods.items():  # each method's answer per prompt, as its summary counts them
+        mine = [x for x in records if x["method"] == name]
+        assert len(mine) == m["protocol"]["prompts"] and len({x["prompt_id"] for x in mine}) == len(mine)
+        assert np.mean([x["correct"] for x in mine]) == pytest.approx(r["accuracy"])
+        assert sum(x["tokens"] for x in mine) == r["tokens_total"]
     # not run by default: combined, and step (it needs engine.kv_budget)
     stopping = [s for s in methods_on("traces") if s not in ("combined", "step")]
     assert {p["method"] for p in m["points"]} >= {"no_prune", "mlp", "random", "st_bon", *stopping}

@@ -149,6 +149,8 @@ def test_32_clients_with_4_requests_each_are_all_answered_each_with_its_own_prom
     after = served.service.loop.status()
     assert after["answered"] - before.get("answered", 0) == 128 and after.get("failed", 0) == 0
     assert after["peak_active"] >= 8  # requests from many clients shared the engine's steps
+    assert after["completion_tokens"] - before.get("completion_tokens", 0) == \
+        sum(r.usage.completion_tokens for r in answers.values())
     for k in (0, 57, 127):  # alone, the same request gives the same answer
         assert ask(k)[1].choices[0].text == answers[k].choices[0].text
 

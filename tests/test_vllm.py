@@ -454,3 +454,65 @@ def test_the_server_shares_the_vllm_engine_between_requests_and_aborts_what_it_p
         assert all(p["tokens"] <= 7 for p in info["paths"] if p["pruned_at"] is not None)
         assert r.choices[0].text and info["vote"]["chosen_path"] in check["kept"] + [
             p["id"] for p in info["paths"] if str(p["id"]) not in check["scores"]]
+
+
+def test_lm_eval_scores_the_vllm_server_and_a_client_that_goes_away_leaves_no_request(smol, monkeypatch):
+    """lm-evaluation-harness (local-completions, the repository's task YAML over the shipped
+    GSM8K file) asks the server what a plain client asking the same prompts with the same
+    seed gets, text for text, and scores it with stopexp's grader; a client that closes its
+    connection mid-request has its paths aborted inside vLLM, which holds none of them after."""
+    import json
+    import socket
+    import time
+
+    import openai
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    from stopexp.serve.app import make_app
+    from stopexp.serve.http import bind, serving_in_thread
+    from stopexp.stages.serve import serving
+
+    cfg = validate(compose("serve", [*SHARED, *VLLM, f"paths.output_dir={smol.cfg.paths.output_dir}",
+                                     "serve.method=confidence", "serve.port=0"]))
+    sock = bind("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    with serving(cfg) as service, serving_in_thread(make_app(service), sock):
+        url = f"http://127.0.0.1:{port}/v1"
+        harness = simple_evaluate(
+            model="local-completions", tasks=["stopexp_gsm8k"], limit=2, gen_kwargs="max_gen_toks=12",
+            model_args=f"base_url={url}/completions,model={service.model_name},tokenizer_backend=None,"
+                       "tokenized_requests=False,seed=0,max_retries=1",
+            task_manager=TaskManager(include_path="evals/lm_eval"), log_samples=True,
+            random_seed=None, numpy_random_seed=None, torch_random_seed=None, fewshot_random_seed=None)
+        samples = sorted(harness["samples"]["stopexp_gsm8k"], key=lambda s: s["doc_id"])
+        gsm8k = build_task(OmegaConf.load("conf/task/gsm8k.yaml"))
+        problems = gsm8k.problems("test", 2)
+        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=600)
+        for sample, problem in zip(samples, problems, strict=True):
+            assert sample["doc"]["stopexp_prompt"] == problem.prompt
+            direct = client.completions.create(model=service.model_name, prompt=problem.prompt, seed=0,
+                                               temperature=0.7, max_tokens=12)
+            assert sample["resps"][0][0] == direct.choices[0].text
+            assert sample["acc"] == float(gsm8k.grade(problem, direct.choices[0].text))
+        assert harness["results"]["stopexp_gsm8k"]["acc,none"] == np.mean([s["acc"] for s in samples])
+
+        loop, core = service.loop, service.loop.stepper.core
+        real = loop.stepper.step
+        monkeypatch.setattr(loop.stepper, "step", lambda: (time.sleep(0.1), real())[1])  # 40 steps: > 4 s
+        before = loop.status().get("cancelled", 0)
+        body = json.dumps({"model": service.model_name, "prompt": problems[0].prompt, "n": 8,
+                           "seed": 1}).encode()
+        with socket.create_connection(("127.0.0.1", port)) as client_sock:
+            client_sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json"
+                                b"\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+            end = time.time() + 120
+            while not (loop.active and any(len(p.tokens) >= 3 for r in list(loop.active.values())
+                                           for p in r.launched)):
+                assert time.time() < end, "the request never ran"
+                time.sleep(0.01)
+        end = time.time() + 120
+        while loop.status()["cancelled"] != before + 1:
+            assert time.time() < end, "the request was not cancelled"
+            time.sleep(0.01)
+        assert not loop.active and loop.stepper.held() == [] and not core.has_unfinished_requests()

@@ -1,29 +1,53 @@
-"""stopexp's view of GSM8K for the harness: its test split, in its order, and its prompt
-(conf/task/gsm8k.yaml, read through stopexp's own task so that both name the same prompts)."""
+"""stopexp's view of GSM8K for the harness: its test split in its order, its prompts and its
+grader (conf/task/gsm8k.yaml, read through stopexp's own task, so that the harness and
+stopexp's evaluate name the same prompts and grade a text alike)."""
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
 TASK_YAML = Path(__file__).resolve().parents[2] / "conf" / "task" / "gsm8k.yaml"
+GSM8K_MARK = re.compile(r"#### (\-?[0-9\.\,]+)")  # GSM8K's strict match, as the harness' gsm8k task
 
 
 @lru_cache(maxsize=1)
 def _task():
-    from stopexp.tasks.qa import QATask
+    from stopexp.tasks import build_task
 
-    cfg = OmegaConf.load(TASK_YAML)
-    return QATask(path=cfg.path, answer_format=cfg.answer_format, prompt_template=cfg.prompt_template,
-                  question_key=cfg.question_key, answer_key=cfg.answer_key, source_split=cfg.source_split,
-                  seed=cfg.seed, split_fractions=dict(cfg.split_fractions), extraction=cfg.extraction)
+    return build_task(OmegaConf.load(TASK_YAML))
 
 
 def stopexp_test_split(dataset):
-    """The rows of stopexp's test split, in the order stopexp draws them."""
-    return dataset.select(_task().split_rows["test"])
+    """The rows of stopexp's test split in the order stopexp draws them, each with stopexp's
+    prompt and reference answer (`--limit n` asks the prompts of collect.prompts.test=n)."""
+    task = _task()
+    rows = task.split_rows["test"]
+    problems = task.problems("test", len(rows))
+    return (dataset.select(rows)
+            .add_column("stopexp_prompt", [p.prompt for p in problems])
+            .add_column("stopexp_answer", [p.answer for p in problems]))
 
 
 def stopexp_prompt(doc) -> str:
-    return OmegaConf.load(TASK_YAML).prompt_template.replace("{question}", doc["question"])
+    return doc["stopexp_prompt"]
+
+
+def _normalise(number: str) -> str:
+    return number.replace(",", "").replace("$", "").rstrip(".")
+
+
+def process_results(doc, results) -> dict:
+    """acc: stopexp's grade of the answer (task.extraction: the first answer mark, `#### N`,
+    `The answer is N` or `\\boxed{N}`, equal values), what stopexp's evaluate reports as vote
+    accuracy when the text is the server's chosen path; strict_match: GSM8K's first
+    `#### N`, string-equal after removing commas, `$` and a final period."""
+    from stopexp.metrics.answers import equivalent
+
+    task, text = _task(), results[0]
+    marked = GSM8K_MARK.findall(text)
+    reference = doc["answer"].split("####")[-1].strip()
+    return {"acc": float(equivalent(task.answer_of(text), doc["stopexp_answer"], task.answer_format)),
+            "strict_match": float(bool(marked) and _normalise(marked[0]) == _normalise(reference))}

@@ -1,6 +1,9 @@
-"""The evaluate stage's figures (through stopexp/evaluation/plots.py) and its W&B sample table."""
+"""The evaluate stage's figures (through stopexp/evaluation/plots.py), its per-prompt records
+and its W&B sample table."""
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -92,6 +95,7 @@ def record(metrics: dict, paths: Paths, outcomes: dict, scores: dict, policies: 
     if run_dir is not None:
         figs = make_plots(paths, outcomes, scores, metrics["points"], run_dir, results, metrics)
         metrics["plots"] = {k: str(v) for k, v in figs.items()}
+        write_prompt_records(run_dir / "prompts.jsonl", paths, outcomes)
         if run is not None:
             run.log({f"plots/{k}": run.image(v) for k, v in figs.items()})
     if run is not None:
@@ -99,3 +103,18 @@ def record(metrics: dict, paths: Paths, outcomes: dict, scores: dict, policies: 
         run.summary_update({f"{m}/{k}": v for m, r in results.items() for k, v in r.items()
                             if isinstance(v, (int, float))})
         run.log({"samples": sample_table(run, paths, scores, policies, n)})
+
+
+def write_prompt_records(path: Path, paths: Paths, outcomes: dict) -> None:
+    """One line per method and prompt (as lm-evaluation-harness' --log_samples records each
+    document): the prompt id, the voted answer (null: no voter had one), whether it is
+    correct, the tokens spent and the chosen path's text. Written whole or not at all."""
+    ids = paths.prompt_ids if paths.prompt_ids is not None else np.arange(int(paths.group.max()) + 1)
+    tmp = path.with_suffix(".jsonl.tmp")
+    with open(tmp, "w") as f:
+        for method, o in outcomes.items():
+            for g, prompt_id in enumerate(ids):
+                f.write(json.dumps({"method": method, "prompt_id": int(prompt_id), "answer": o["winner"][g],
+                                    "correct": bool(o["correct"][g]), "tokens": int(o["tokens"][g]),
+                                    "text": str(o["chosen"][g])}) + "\n")
+    os.replace(tmp, path)

@@ -41,8 +41,9 @@ class EngineLoop:
         self.cancels: list[Future] = []
         self.tasks: list[tuple] = []       # (function, future) to run between steps
         self.closed = False
+        # completion_tokens: every generated token of every path, as the responses' `usage`
         self.counts: Counter = Counter(dict.fromkeys(("answered", "cancelled", "failed", "steps",
-                                                      "peak_active"), 0))
+                                                      "peak_active", "completion_tokens"), 0))
         self.keys = 0
         self.threads = torch.get_num_threads()  # this thread's, which opened the engine
         self.thread = threading.Thread(target=self._main, name="stopexp-engine", daemon=True)
@@ -177,6 +178,7 @@ class EngineLoop:
             except Exception as e:  # noqa: BLE001
                 error = e
         self.stepper.release(run.launched)
+        self.counts["completion_tokens"] += sum(len(p.tokens) for p in run.launched)
         if error is not None:
             self.counts["failed"] += 1
             future.set_exception(error)
@@ -196,6 +198,7 @@ class EngineLoop:
             return
         run.abort(self.stepper)
         self.stepper.release(run.launched)
+        self.counts["completion_tokens"] += sum(len(p.tokens) for p in run.launched)
         self.counts["cancelled"] += 1
         future.cancel() or future.set_exception(Closed("cancelled: the client went away"))
 

@@ -45,10 +45,11 @@ def spent_outcome(paths, spent: np.ndarray, voter: np.ndarray, weight: np.ndarra
     G = int(paths.group.max()) + 1
     correct, avg = np.zeros(G, bool), np.zeros(G)
     chosen = np.full(G, "", dtype=object)
+    winners = np.full(G, None, dtype=object)
     for g in range(G):
         rows = np.nonzero((paths.group == g) & voter)[0]
         answers = np.asarray(vote_clusters(paths.answer[rows], paths.answer_format), dtype=object)
-        winner = dc.weighted_vote(answers, weight[rows])
+        winners[g] = winner = dc.weighted_vote(answers, weight[rows])
         hit = rows[answers == winner] if winner is not None else rows[:0]
         correct[g] = bool(len(hit)) and bool(paths.correct[hit[0]])
         chosen[g] = paths.text[hit[0]] if len(hit) else (paths.text[rows[0]] if len(rows) else "")
@@ -57,7 +58,7 @@ def spent_outcome(paths, spent: np.ndarray, voter: np.ndarray, weight: np.ndarra
     np.maximum.at(seq, paths.group, spent)
     steps = np.arange(1, int(paths.length.max()) + 1)
     stopped = use & (spent > 0) & (spent < paths.length)
-    return {"correct": correct, "chosen": chosen, "avg": avg,
+    return {"correct": correct, "chosen": chosen, "winner": winners, "avg": avg,
             "tokens": np.bincount(paths.group, weights=spent, minlength=G), "seq_tokens": seq,
             "survival": ((spent[use][:, None] >= steps[None, :]).mean(0)).tolist(),
             "pruned_at": spent[stopped], "alive_at_check": float((spent[use] > 0).mean()),

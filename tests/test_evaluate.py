@@ -196,7 +196,6 @@ def _synthetic(G=300, n=16, seed=0):
 
 def test_random_pruning_keeps_avg_at_n():
     paths = _synthetic()
-    cfg = compose("evaluate", ["policy.keep=4", "search.n_paths=16"])
     full = outcome(paths, paths.alive, 6, 16)["avg"].mean()
     kept = keep_by_policy(paths, random_scorer(0)(paths.batch).numpy(), TopK(4), 16)
     assert kept.reshape(300, 16).sum(1).tolist() == [4] * 300

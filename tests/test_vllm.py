@@ -7,6 +7,7 @@ the module at a few minutes on 2 cores, most of it vLLM's start and the GGUF con
 """
 import math
 from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -36,6 +37,7 @@ SHARED = ["+exp=smollm2_contrastive", "logger=none", f"search.n_paths={PATHS}",
           f"collect.shard_prompts={PROMPTS}"]
 VLLM = ["engine=vllm", "engine.dtype=float32", "engine.enforce_eager=true",
         "engine.max_model_len=1024", "engine.cpu_kvcache_space=1", "tap.positions.stride=1"]
+ROOT = Path(__file__).resolve().parents[1]
 TAP_LAYERS = (15, 29)  # the experiment's tap: mid and last of SmolLM2's 30 layers
 # two-sided false-alarm rate of the accuracy comparison (z = 3.29)
 ALPHA = 1e-3
@@ -483,10 +485,10 @@ def test_lm_eval_scores_the_vllm_server_and_a_client_that_goes_away_leaves_no_re
             model="local-completions", tasks=["stopexp_gsm8k"], limit=2, gen_kwargs="max_gen_toks=12",
             model_args=f"base_url={url}/completions,model={service.model_name},tokenizer_backend=None,"
                        "tokenized_requests=False,seed=0,max_retries=1",
-            task_manager=TaskManager(include_path="evals/lm_eval"), log_samples=True,
+            task_manager=TaskManager(include_path=str(ROOT / "evals" / "lm_eval")), log_samples=True,
             random_seed=None, numpy_random_seed=None, torch_random_seed=None, fewshot_random_seed=None)
         samples = sorted(harness["samples"]["stopexp_gsm8k"], key=lambda s: s["doc_id"])
-        gsm8k = build_task(OmegaConf.load("conf/task/gsm8k.yaml"))
+        gsm8k = build_task(OmegaConf.load(ROOT / "conf" / "task" / "gsm8k.yaml"))
         problems = gsm8k.problems("test", 2)
         client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=600)
         for sample, problem in zip(samples, problems, strict=True):
@@ -496,6 +498,14 @@ def test_lm_eval_scores_the_vllm_server_and_a_client_that_goes_away_leaves_no_re
             assert sample["resps"][0][0] == direct.choices[0].text
             assert sample["acc"] == float(gsm8k.grade(problem, direct.choices[0].text))
         assert harness["results"]["stopexp_gsm8k"]["acc,none"] == np.mean([s["acc"] for s in samples])
+        # local-chat-completions: the prompt as one user turn, which /v1/completions also renders
+        chat = simple_evaluate(
+            model="local-chat-completions", tasks=["stopexp_gsm8k"], limit=1, gen_kwargs="max_gen_toks=12",
+            model_args=f"base_url={url}/chat/completions,model={service.model_name},tokenizer_backend=None,"
+                       "tokenized_requests=False,seed=0,max_retries=1", apply_chat_template=True,
+            task_manager=TaskManager(include_path=str(ROOT / "evals" / "lm_eval")), log_samples=True,
+            random_seed=None, numpy_random_seed=None, torch_random_seed=None, fewshot_random_seed=None)
+        assert chat["samples"]["stopexp_gsm8k"][0]["resps"][0][0] == samples[0]["resps"][0][0]
 
         loop, core = service.loop, service.loop.stepper.core
         real = loop.stepper.step

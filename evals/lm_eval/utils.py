@@ -20,15 +20,18 @@ def _task():
     return build_task(OmegaConf.load(TASK_YAML))
 
 
-def stopexp_test_split(dataset):
-    """The rows of stopexp's test split in the order stopexp draws them, each with stopexp's
-    prompt and reference answer (`--limit n` asks the prompts of collect.prompts.test=n)."""
+def stopexp_gsm8k(**kwargs):
+    """stopexp's test split of the shipped GSM8K file, in the order stopexp draws it (so
+    `--limit n` asks the prompts of collect.prompts.test=n), each row with its source
+    row, its reference solution, stopexp's prompt and reference answer; the file is read
+    by stopexp (no hub access), so the harness may run from any directory."""
+    import datasets
+
     task = _task()
-    rows = task.split_rows["test"]
-    problems = task.problems("test", len(rows))
-    return (dataset.select(rows)
-            .add_column("stopexp_prompt", [p.prompt for p in problems])
-            .add_column("stopexp_answer", [p.answer for p in problems]))
+    problems = task.problems("test", len(task.split_rows["test"]))
+    return datasets.DatasetDict({"test": datasets.Dataset.from_list([
+        {"prompt_id": p.prompt_id, "source_row": p.source_row, "answer": p.reference,
+         "stopexp_prompt": p.prompt, "stopexp_answer": p.answer} for p in problems])})
 
 
 def stopexp_prompt(doc) -> str:

@@ -10,7 +10,7 @@ import pytest
 from conftest import FP32_REORDER, ROOT, compose
 from stopexp.config import validate
 from stopexp.store import bank
-from stopexp.stages.collect import collect
+from stopexp.stages.collect import collect, log_line
 from stopexp.stages import build
 
 SMALL = ["logger=none", "search.n_paths=4", "collect.prompts.train=3", "collect.prompts.val=1",
@@ -288,3 +288,55 @@ def test_vllm_rollouts_score_a_reward_on_the_prefix_and_rollout_log_probs():
                                paths, 3, seed=0, rollouts=2, reward=reward)
     assert seen == [(["12##", "12#=7"], [[-1, -2, -3, -0.1], [-1, -2, -3, -0.1, -0.2]])]
     assert rates[(0, 0)] == pytest.approx((-6.1 - 6.3) / 2, abs=1e-5)
+
+
+def test_a_bank_with_more_prompts_links_the_shards_a_smaller_one_holds_and_their_features(out_dir, tmp_path):
+    from stopexp.stages.featurize import featurize
+    from stopexp.store import feature_rows
+
+    small = small_cfg(out_dir, "collect.mc_rollouts=0")  # shards: train 2+1, val 1, test 2
+    collect(build.collection(small))
+    featurize(build.feature_set(small))
+    grown = small_cfg(out_dir, "collect.mc_rollouts=0", "collect.prompts.train=5",
+                      "collect.prompts.test=1")  # train 2+2+1, val 1, test 1
+    result = collect(build.collection(grown))
+    root = build.bank(grown).root
+    assert root != build.bank(small).root and result["complete"]
+    # train's first shard and val's are linked; train's 2nd and 3rd and test's (1 prompt, not 2) sampled
+    assert (result["shards_linked"], result["shards_written"]) == (2, 3)
+    assert "and linked 2 from a bank with other collect.prompts" in log_line({**result, "wall_s": 1.0})
+    records = bank.read_meta(root)["shards"]
+    froms = {name: rec.get("grown_from") for name, rec in records.items()}
+    small_root = build.bank(small).root
+    assert froms == {"shard-00000-r000": {"bank": small_root.name, "shard": "shard-00000-r000"},
+                     "shard-00001-r000": None, "shard-00002-r000": None,
+                     "shard-00003-r000": {"bank": small_root.name, "shard": "shard-00002-r000"},
+                     "shard-00004-r000": None}
+    assert all(rec["bank"] == root.name and rec["index"] == bank.shard_index(n) for n, rec in records.items())
+    # the same bank as one collected from scratch, path for path
+    scratch = small_cfg(tmp_path / "scratch", "collect.mc_rollouts=0", "collect.prompts.train=5",
+                        "collect.prompts.test=1")
+    assert collect(build.collection(scratch))["shards_linked"] == 0
+    got, want = bank.load_bank(root), bank.load_bank(build.bank(scratch).root)
+    for col in ("split", "prompt_id", "path_id", "text", "answer", "correct"):
+        assert list(got[col][:]) == list(want[col][:])
+    assert np.allclose(np.concatenate(got["token_logprob"][:]), np.concatenate(want["token_logprob"][:]),
+                       **FP32_REORDER)
+    # featurize links the linked shards' features and computes the others
+    featurize(build.feature_set(grown))
+    out = build.feature_set(grown).root
+    feats = {n: bank.read_record(out / n) for n in records}
+    assert {n for n, r in feats.items() if r.get("grown_from")} == {"shard-00000-r000", "shard-00003-r000"}
+    assert all(r["features"] == out.name for r in feats.values())
+    featurize(build.feature_set(scratch))
+    for split in ("train", "val"):
+        (_, a), (_, b) = (feature_rows.load_split(build.feature_set(c), split) for c in (grown, scratch))
+        assert np.array_equal(a.positions, b.positions) and np.array_equal(a.keys, b.keys)
+        assert np.allclose(a.hidden, b.hidden, **FP32_REORDER)
+    # a damaged shard of the smaller bank is sampled again, not linked
+    arrow = sorted((small_root / "shard-00000-r000").glob("*.arrow"))[0]
+    import shutil
+    shutil.rmtree(root)
+    with open(arrow, "r+b") as f:
+        f.truncate(arrow.stat().st_size - 10)
+    assert collect(build.collection(grown))["shards_linked"] == 1

@@ -50,6 +50,16 @@ def test_the_built_tasks_answer_through_the_interface():
     assert vote_format(qa) == "numeric" and vote_format(compose("collect").task) is None
 
 
+@pytest.mark.parametrize("option", sorted(p.stem for p in (ROOT / "conf" / "task").glob("*.yaml")))
+def test_a_split_grows_by_appending_prompts(option):
+    # what lets a bank with more prompts link a smaller bank's shards (stopexp.store.bank_growth)
+    task = build_task(compose("collect", [f"task={option}"]).task)
+    for split in ("train", "test"):
+        n = min(12, len(task.split_rows[split])) if task.split_rows is not None else 12
+        more, fewer = task.problems(split, n), task.problems(split, n // 2)
+        assert [(p.split, p.prompt) for p in more[: n // 2]] == [(p.split, p.prompt) for p in fewer]
+
+
 def test_validating_a_task_name_imports_no_torch():
     """The command line's check (what `python -m stopexp.<stage>` runs before the stage), on
     configs whose checks read the task's capabilities: its step separator, its intermediate

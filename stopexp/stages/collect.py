@@ -9,7 +9,8 @@ tap.checkpoints. An engine that taps hidden states while it generates (vLLM, eng
 writes the tap's features beside the bank; otherwise `python -m stopexp.featurize` extracts
 them from the stored tokens (train and evaluate require them). Shards are written
 atomically; rerunning the same command resumes after the last finished one. The plan, the
-shards kept and meta.json: stopexp.store.bank_plan.
+shards kept and meta.json: stopexp.store.bank_plan. Shards that a bank differing in
+collect.prompts alone already holds are linked from it, not sampled: stopexp.store.bank_growth.
 
 Sharded over processes, each rank takes the shards whose index % world == rank:
 
@@ -33,6 +34,7 @@ from stopexp.stages import build
 from stopexp.stages.cli import Stage, stage_main
 from stopexp.stages.featurize import featurize
 from stopexp.store import bank
+from stopexp.store.bank_growth import grow
 from stopexp.store.bank_plan import difficulty_filter, plan, plan_parts, settle, summarize_bank, verified_shards
 from stopexp.store.tapped_features import all_tapped, write_tapped
 from stopexp.tasks import build_task, vote_format
@@ -62,8 +64,10 @@ def main(stage: Stage) -> dict | None:
 def log_line(result: dict) -> str:
     """What this process wrote and where the bank stands (a rank that did not finish the
     bank has no bank-wide summary to report)."""
+    linked = result.get("shards_linked", 0)
     mine = (f"rank {result['rank']}/{result['world']} wrote {result['shards_written']} shards "
-            f"({result['paths_written']} paths) in {result['wall_s']:.0f}s")
+            f"({result['paths_written']} paths) in {result['wall_s']:.0f}s"
+            + (f" and linked {linked} from a bank with other collect.prompts" if linked else ""))
     if not result["complete"]:
         return (f"bank {result['bank']}: {mine}; the bank is incomplete "
                 f"({result.get('shards_done', '?')} of {result['shards_total']} shards finished; "
@@ -91,11 +95,13 @@ def collect(job: build.Collection, rank: int = 0, world: int = 1, run=None) -> d
     with artifact_lock(root):  # no other collect sets a shard aside while this one reads it
         done = verified_shards(root, todo, plan_parts(shards), job.bank.want)
     pending = [i for i in todo if i not in done]
+    linked = grow(job.bank, shards, pending, list(job.collect.prompts), rank) if pending else {}
+    pending = [i for i in pending if i not in linked]
     checkpoints = job.bank.checkpoints
     written, paths = _fill(job, root, task, shards, pending, rank, checkpoints) if pending else (set(), 0)
     # what this process did, for its log line (a rank that is not last sees no summary)
     mine = {"rank": rank, "world": world, "shards_written": len(pending), "paths_written": paths,
-            "shards_total": len(shards)}
+            "shards_linked": len(linked), "shards_total": len(shards)}
     grouped = in_group()
     if grouped:
         barrier()  # every rank's shards exist before rank 0 verifies them and writes meta
@@ -103,7 +109,8 @@ def collect(job: build.Collection, rank: int = 0, world: int = 1, run=None) -> d
         barrier()  # rank 0 has written meta.json: report what it found
         complete, lost = bank.read_meta(root).get("complete", False), "see rank 0's log"
     else:
-        missing = settle(job, root, task, shards, set(done.values()) | written, rank)
+        missing = settle(job, root, task, shards, set(done.values()) | written | set(linked.values()),
+                         rank)
         if grouped:
             barrier()
         complete = not missing

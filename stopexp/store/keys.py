@@ -14,10 +14,14 @@ A trained predictor's key (`predictor_key`) leaves the keys added to its section
 predictors were first saved out at their defaults, as the bank's leaves settings out."""
 from __future__ import annotations
 
+import functools
 import importlib.util
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
+
+from omegaconf import OmegaConf
 
 from stopexp.core.added_keys import PREDICTOR_KEYS_ADDED, TRAIN_KEYS_ADDED
 from stopexp.core.evaluate_modules import module_script
@@ -43,6 +47,9 @@ class BankSpec:
     root: Path                  # <cache>/traces/<bank_key>
     want: dict                  # expected_meta
     checkpoints: list[int]      # where the bank holds Monte Carlo labels (mc_checkpoints)
+    # prompts per split -> the key of the bank that differs from this one in collect.prompts
+    # alone (stopexp.store.bank_growth); None: no such bank is looked for
+    key_with: Callable[[dict], str] | None = field(default=None, compare=False)
 
     @property
     def key(self) -> str:
@@ -55,8 +62,17 @@ def bank_spec(*, model, task, search, collect, tap, seed: int, reward, engine, c
     key = bank_key(model=model, task=task, search=search, collect=collect, tap=tap, seed=seed,
                    reward=reward, engine=engine, cache_dir=cache_dir)
     checkpoints = mc_checkpoints(tap, search, collect)
+    key_with = functools.partial(_key_with_prompts, model=model, task=task, search=search,
+                                 collect=collect, tap=tap, seed=seed, reward=reward,
+                                 engine=engine, cache_dir=cache_dir)
     return BankSpec(Path(cache_dir) / "traces" / key,
-                    expected_meta(model, search, collect, seed, checkpoints, key), checkpoints)
+                    expected_meta(model, search, collect, seed, checkpoints, key), checkpoints,
+                    key_with)
+
+
+def _key_with_prompts(prompts: dict, *, collect, **sections) -> str:
+    """bank_key of `sections` with collect.prompts set to `prompts` (split -> count)."""
+    return bank_key(collect=OmegaConf.create({**plain(collect), "prompts": dict(prompts)}), **sections)
 
 
 def expected_meta(model, search, collect, seed: int, checkpoints: list[int], key: str) -> dict:

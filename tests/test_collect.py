@@ -1,4 +1,7 @@
+import dataclasses
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -9,7 +12,9 @@ import pytest
 
 from conftest import FP32_REORDER, ROOT, compose
 from stopexp.config import validate
-from stopexp.store import bank
+from stopexp.store import bank, bank_plan
+from stopexp.store.bank_growth import grow
+from stopexp.tasks import build_task
 from stopexp.stages.collect import collect, log_line
 from stopexp.stages import build
 
@@ -333,10 +338,21 @@ def test_a_bank_with_more_prompts_links_the_shards_a_smaller_one_holds_and_their
         (_, a), (_, b) = (feature_rows.load_split(build.feature_set(c), split) for c in (grown, scratch))
         assert np.array_equal(a.positions, b.positions) and np.array_equal(a.keys, b.keys)
         assert np.allclose(a.hidden, b.hidden, **FP32_REORDER)
-    # a damaged shard of the smaller bank is sampled again, not linked
-    arrow = sorted((small_root / "shard-00000-r000").glob("*.arrow"))[0]
-    import shutil
+    # features made another way (tapped in the engine, not by featurize's forward) are not linked
+    other = dataclasses.replace(build.feature_set(grown), in_engine=True)
+    shutil.rmtree(other.root)
+    featurize(other)
+    assert not any(bank.read_record(other.root / n).get("grown_from") for n in records)
+    # nor is a bank shard whose features the collect taps in the engine and the other bank lacks
     shutil.rmtree(root)
+    plan = bank_plan.plan(grown.collect, build_task(grown.task))
+    assert grow(build.bank(grown), plan, [0, 3], ["train", "val", "test"], 0, other) == {}
+    assert not list(root.glob("shard-*"))
+    # a meta.json collect did not write lends nothing; a damaged shard of the smaller bank is
+    # sampled again, not linked
+    (small_root.parent / "junk").mkdir()
+    (small_root.parent / "junk" / "meta.json").write_text(json.dumps({**bank.read_meta(small_root), "plan": 3}))
+    arrow = sorted((small_root / "shard-00000-r000").glob("*.arrow"))[0]
     with open(arrow, "r+b") as f:
         f.truncate(arrow.stat().st_size - 10)
     assert collect(build.collection(grown))["shards_linked"] == 1

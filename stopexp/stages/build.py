@@ -96,7 +96,8 @@ def collection(cfg) -> Collection:
 def feature_set(cfg) -> FeatureSet:
     """The features of the bank of `cfg` under its tap."""
     return feature_sets.feature_set(bank(cfg), tap=cfg.tap, search=cfg.search, model=cfg.model, task=cfg.task,
-                       cache_dir=cfg.paths.cache_dir)
+                       cache_dir=cfg.paths.cache_dir,
+                       in_engine=backend(cfg.engine.name).taps_in_engine(cfg.engine, cfg.tap))
 
 
 # ---- the predictor's artifacts and data (train, evaluate, adapt) ----------------------------

@@ -95,7 +95,8 @@ def collect(job: build.Collection, rank: int = 0, world: int = 1, run=None) -> d
     with artifact_lock(root):  # no other collect sets a shard aside while this one reads it
         done = verified_shards(root, todo, plan_parts(shards), job.bank.want)
     pending = [i for i in todo if i not in done]
-    linked = grow(job.bank, shards, pending, list(job.collect.prompts), rank) if pending else {}
+    linked = grow(job.bank, shards, pending, list(job.collect.prompts), rank, job.features) \
+        if pending else {}
     pending = [i for i in pending if i not in linked]
     checkpoints = job.bank.checkpoints
     written, paths = _fill(job, root, task, shards, pending, rank, checkpoints) if pending else (set(), 0)

@@ -28,10 +28,10 @@ from stopexp.search.taps import Taps
 from stopexp.stages import build
 from stopexp.stages.cli import Stage, stage_main
 from stopexp.store import bank
-from stopexp.store.bank_growth import grown_features
+from stopexp.store.bank_growth import donor_features, grown_features
 from stopexp.signals.feature_spec import SIGNAL_NAMES
 from stopexp.store.feature_sets import (FEATURES_VERSION, KIND, TAP_INFO, FeatureSet, feature_columns,
-                                    feature_key, expected_meta, old_meta, repair_text, summarize_features)
+                                    expected_meta, old_meta, repair_text, summarize_features)
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +81,8 @@ def _make(feats: FeatureSet, overrides: list[str] | None) -> dict:
                         "other features; set aside, it is recomputed", out, name)
             set_aside(out / name)
         grown = bmeta["shards"][name].get("grown_from")  # linked from another bank: its features too
-        rec = grown_features(out, name, bmeta["shards"][name], out.parent / feature_key(
-            grown["bank"], feats.tap, feats.positions)) if grown else None
+        rec = grown_features(feats, name, bmeta["shards"][name],
+                             donor_features(feats, grown["bank"])) if grown else None
         if rec is not None:
             good[name] = rec
             continue

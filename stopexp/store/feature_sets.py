@@ -61,19 +61,23 @@ class FeatureSet:
     max_batch_rows: int        # search.max_batch_rows
     max_batch_tokens: int | None  # model.max_batch_tokens
     load_lm: Callable          # () -> (model, tokenizer), called only when a shard is computed
+    in_engine: bool = False    # collect taps them in the engine (else featurize's forward makes them)
 
     @property
     def key(self) -> str:
         return self.root.name
 
 
-def feature_set(bank_spec: BankSpec, *, tap, search, model, task, cache_dir) -> FeatureSet:
+def feature_set(bank_spec: BankSpec, *, tap, search, model, task, cache_dir,
+                in_engine: bool = False) -> FeatureSet:
     """The FeatureSet of `bank_spec` under the `tap` section, read from the LM of `model`
-    (weights cached under `cache_dir`) at the positions of `tap`, `search` and `task`."""
+    (weights cached under `cache_dir`) at the positions of `tap`, `search` and `task`;
+    `in_engine`: collect's engine taps them while it generates."""
     positions = position_spec(tap, search.max_new_tokens, task, model.get("thinking"))
     return FeatureSet(bank_spec, Path(cache_dir) / "features" / feature_key(bank_spec.key, tap, positions),
                       tap, positions, search.group_window, search.max_batch_rows,
-                      model.max_batch_tokens, functools.partial(load_lm, model, cache_dir, task, tap))
+                      model.max_batch_tokens, functools.partial(load_lm, model, cache_dir, task, tap),
+                      in_engine)
 
 
 def position_spec(tap, max_new_tokens: int, task, thinking=None) -> dict:

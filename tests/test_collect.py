@@ -348,6 +348,17 @@ def test_a_bank_with_more_prompts_links_the_shards_a_smaller_one_holds_and_their
     plan = bank_plan.plan(grown.collect, build_task(grown.task))
     assert grow(build.bank(grown), plan, [0, 3], ["train", "val", "test"], 0, other) == {}
     assert not list(root.glob("shard-*"))
+    # with the other bank's features tapped in the engine too, both are linked
+    donor = build.feature_set(small).root
+    for name in ("shard-00000-r000", "shard-00002-r000"):
+        rec = bank.read_record(donor / name)
+        (donor / name / bank.MANIFEST).write_text(json.dumps({**rec, "tapped": "in the engine"}))
+    shutil.rmtree(other.root)
+    assert grow(build.bank(grown), plan, [0, 3], ["train", "val", "test"], 0, other) == \
+        {0: "shard-00000-r000", 3: "shard-00003-r000"}
+    assert bank.read_record(other.root / "shard-00003-r000")["grown_from"] == \
+        {"bank": small_root.name, "shard": "shard-00002-r000"}
+    shutil.rmtree(root)
     # a meta.json collect did not write lends nothing; a damaged shard of the smaller bank is
     # sampled again, not linked
     (small_root.parent / "junk").mkdir()

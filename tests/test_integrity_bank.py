@@ -190,7 +190,8 @@ def test_an_array_job_may_end_incomplete_and_says_which_ranks_owe_shards(copied,
     with caplog.at_level("INFO"):
         result = collect(build.collection(cfg), 0, 2)
     assert result == {"bank": str(root), "complete": False, "rank": 0, "world": 2,
-                      "shards_written": 0, "paths_written": 0, "shards_total": 4, "shards_done": 3}
+                      "shards_written": 0, "paths_written": 0, "shards_linked": 0, "shards_total": 4,
+                      "shards_done": 3}
     assert "1 of 4 shards missing (indices 3), of ranks 1" in caplog.text
     meta = bank.read_meta(root)
     assert not meta["complete"] and meta["missing"] == [3] and len(meta["shards"]) == 3

@@ -27,6 +27,7 @@ from stopexp.core.errors import writing
 from stopexp.runtime.artifacts import publish_dir, staging_dir, write_json
 from stopexp.runtime.integrity import dir_problem, set_aside
 from stopexp.store import bank
+from stopexp.store.bank_plan import plan_parts
 from stopexp.store.feature_sets import FeatureSet, feature_key
 from stopexp.store.keys import BankSpec
 
@@ -76,7 +77,7 @@ def family(spec: BankSpec, splits: list[str]) -> list[tuple[Path, dict, dict]]:
             continue  # another family, or a meta.json not written by collect
         if spec.key_with(counts) == root.name:
             found.append((root, meta, shards))
-    return sorted(found, key=lambda found: -len(found[2]))
+    return sorted(found, key=lambda bank_found: -len(bank_found[2]))
 
 
 def lends(meta: dict) -> dict[tuple[str, int, int], str]:
@@ -92,7 +93,7 @@ def grow(spec: BankSpec, shards: list[list], pending: list[int], splits: list[st
     of its family holds intact; with `features` (tapped in the engine as collect samples),
     only shards whose features that bank also holds, linked too. Returns plan index -> the
     name linked."""
-    ours = places([{"index": i, "split": s[0].split, "prompts": len(s)} for i, s in enumerate(shards)])
+    ours = places([{"index": i, **part} for i, part in plan_parts(shards).items()])
     linked: dict[int, str] = {}
     for root, meta, theirs in family(spec, splits):
         before = len(linked)

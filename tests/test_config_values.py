@@ -75,7 +75,7 @@ BAD_VALUES = [
     ("search.conf_topk=0", "search.conf_topk", "must be >= 1"),
     ("search.group_window=0", "search.group_window", "must be >= 1"),
     ("search.max_batch_rows=0", "search.max_batch_rows", "must be >= 1"),
-    ("search.check_at=-0.5", "search.check_at", "is not one of tap.checkpoints"),
+    ("search.check_at=-0.5", "search.check_at", "is not a position the features hold"),
     ("evaluate.bootstrap=0", "evaluate.bootstrap", "must be >= 1, got 0"),
     ("evaluate.bootstrap=-5", "evaluate.bootstrap", "must be >= 1, got -5"),
     ("evaluate.retention=[0]", "evaluate.retention", "K=0 must lie in 1..N=64"),

@@ -82,6 +82,25 @@ def test_one_check_is_todays_protocol(trained3):
                 base[name]["accuracy"], base[name]["tokens_total"]), (over, name)
 
 
+def test_a_check_between_checkpoints_reads_the_stride_positions(trained3, small_bank):
+    """A check at a multiple of tap.positions.stride is read from the features' stride
+    positions: the same decisions as with that prefix among tap.checkpoints (10 tokens:
+    0.16 of 64), and no check elsewhere passes validation."""
+    strided = [*small_bank, "tap.checkpoints=[0.08,0.25]", "tap.positions.stride=10"]
+    train_with_controls(featurized(cfg_for(strided, stage="train")), progress=False)
+    over = ["search.check_at=[0.08,0.16,0.25]", "policy.keep=[6,4,2]"]
+    listed, read = (evaluate(cfg_for(bank, *over))["methods"] for bank in (trained3, strided))
+    assert set(listed) == set(read)
+    for name in listed:
+        assert (read[name]["accuracy"], read[name]["tokens_total"]) == (
+            listed[name]["accuracy"], listed[name]["tokens_total"]), name
+    for extra, held in [((), "hold: tap.checkpoints [0.08, 0.25]"),
+                        (("tap.positions.stride=3",), "or a multiple of tap.positions.stride=3")]:
+        with pytest.raises(ConfigError, match="search.check_at") as e:
+            cfg_for(small_bank, "tap.checkpoints=[0.08,0.25]", *extra, *over)
+        assert str(e.value).endswith(held), str(e.value)
+
+
 def _paths(alive_at):
     """One prompt, 4 paths of length 20 except path 0 (3 tokens); alive masks per check."""
     P = 4
@@ -140,7 +159,7 @@ def test_votes_and_what_unscored_paths_get():
 
 @pytest.mark.parametrize("overrides,key,msg", [
     (["search.check_at=[0.25,0.08]"], "search.check_at", "checks must be increasing prefixes"),
-    (["search.check_at=[0.08,0.5]"], "search.check_at", "0.5 is not one of tap.checkpoints"),
+    (["search.check_at=[0.08,0.5]"], "search.check_at", "0.5 is not a position the features hold: tap.checkpoints"),
     (["search.check_at=[]"], "search.check_at", "give a prefix"),
     (["search.check_at=[0.08,0.25]", "policy.keep=[4,2,1]"], "policy.keep",
      "3 values for the 2 checks of search.check_at [0.08, 0.25]; give one K per check"),

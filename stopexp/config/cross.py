@@ -50,18 +50,29 @@ def step_ends_need_a_separator(cfg) -> None:
 
 
 def checks_are_tapped(cfg) -> None:
-    """search.check_at (increasing) and train.checkpoint are among tap.checkpoints."""
+    """search.check_at (increasing) and train.checkpoint are positions the features hold:
+    tap.checkpoints, tap.positions.checkpoints or a multiple of tap.positions.stride (replay
+    and training read them there; online checks tap wherever they are asked)."""
     s, tap = cfg.search, cfg.tap
-    tapped = [checkpoint_tokens(c, s.max_new_tokens) for c in tap.checkpoints]
+    m = s.max_new_tokens
+    listed = sorted({checkpoint_tokens(c, m) for c in [*tap.checkpoints, *tap.positions.checkpoints]})
+    stride = tap.positions.stride
+    held = f"tap.checkpoints {list(tap.checkpoints)}"
+    if tap.positions.checkpoints:
+        held += f", tap.positions.checkpoints {list(tap.positions.checkpoints)}"
+    if stride:
+        held += f" or a multiple of tap.positions.stride={stride}"
     checks = check_values(s.check_at)
     if not checks:
-        fail("search.check_at", "give a prefix (one of tap.checkpoints) or a non-empty list of them")
+        fail("search.check_at", f"give a prefix ({held}) or a non-empty list of them")
     for key, value in [*(("search.check_at", c) for c in checks),
                        ("train.checkpoint", cfg.train.checkpoint)]:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 \
-                or checkpoint_tokens(value, s.max_new_tokens) not in tapped:
-            fail(key, f"{value} is not one of tap.checkpoints {list(tap.checkpoints)}")
-    tokens = [checkpoint_tokens(c, s.max_new_tokens) for c in checks]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            fail(key, f"{value} is not a position the features hold: {held}")
+        tokens = checkpoint_tokens(value, m)
+        if tokens not in listed and not (stride and tokens % stride == 0 and 1 <= tokens < m):
+            fail(key, f"{value} is not a position the features hold: {held}")
+    tokens = [checkpoint_tokens(c, m) for c in checks]
     if any(b <= a for a, b in zip(tokens, tokens[1:])):
         fail("search.check_at", f"checks must be increasing prefixes, got {list(checks)} = "
                                 f"{tokens} tokens")

@@ -168,7 +168,7 @@ class TrainConfig:
     lr: float = 1e-3
     weight_decay: float = 0.01
     patience: int = 5
-    checkpoint: float = 0.08  # which tap checkpoint the predictor is trained at
+    checkpoint: float = 0.08  # the prefix the predictor is trained at (as search.check_at)
     # checkpoint: at train.checkpoint only | all: at every stored position, pairs mined
     # within (prompt, position), a batch holds batch_prompts such groups, epochs selected
     # on the validation within-prompt AUROC averaged over positions (stopexp/training/per_step.py)

@@ -24,8 +24,9 @@ class ParallelSearchConfig:
     name: str = "parallel"      # parallel (Launch-Check-Resume) | beam
     n_paths: int = 64           # N paths launched per prompt (parallel)
     beam_width: int = 4         # search=beam, and evaluate.compare_beam's plain beam search
-    # the prefix where Launch-Check-Resume checks (one of tap.checkpoints), or a list of
-    # them (progressive: policy=topk then takes one decreasing K per check in policy.keep)
+    # the prefix where Launch-Check-Resume checks (a position the features hold: one of
+    # tap.checkpoints or a multiple of tap.positions.stride), or a list of them
+    # (progressive: policy=topk then takes one decreasing K per check in policy.keep)
     check_at: Any = 0.08
     score_rule: str = "last"    # several checks: last | running_mean (STEP, arXiv 2601.09093)
     max_new_tokens: int = 64

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -131,27 +132,40 @@ def write_shard(root: Path, name: str, rows: dict, feats: Features, info: dict |
     split, rows, per-file size and SHA-256, and `info`); returns the record of the shard now
     in place: this one's, or, when a concurrent writer published the same shard first, that
     writer's (its files and timings differ from this copy's, which is dropped)."""
-    final = root / name
+    with staged_shard(root / name) as tmp:
+        n = len(rows["length"])
+        if n:  # else every prompt was filtered out: the shard is done but holds nothing
+            Dataset.from_dict(rows, features=feats).save_to_disk(str(tmp))
+        splits = sorted(set(rows["split"]))
+        record = {"index": shard_index(name), "rows": n,
+                  "splits": {s: rows["split"].count(s) for s in splits},
+                  "files": records(tmp), **(info or {})}
+        return publish_shard(tmp, root / name, record)
+
+
+@contextmanager
+def staged_shard(final: Path):
+    """A temporary directory beside shard `final` to fill, removed if anything fails; a
+    full disk names the shard, not the temporary directory."""
     tmp = staging_dir(final)
     try:
-        with writing(final):  # a full disk names the shard, not its temporary dir
-            n = len(rows["length"])
-            if n:  # else every prompt was filtered out: the shard is done but holds nothing
-                Dataset.from_dict(rows, features=feats).save_to_disk(str(tmp))
-            splits = sorted(set(rows["split"]))
-            record = {"index": shard_index(name), "rows": n,
-                      "splits": {s: rows["split"].count(s) for s in splits},
-                      "files": records(tmp),
-                      **(info or {})}
-            write_json(tmp / MANIFEST, record)
-            if not publish_dir(tmp, final):
-                record = read_record(final)
-                if record is None:  # removed again meanwhile: nothing in place to record
-                    raise BankDamaged(f"{root}: shard {name}, published by a concurrent writer, "
-                                      "was removed before it could be read; rerun the command")
+        with writing(final):
+            yield tmp
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def publish_shard(tmp: Path, final: Path, record: dict) -> dict:
+    """Write `record` into the filled `tmp` and rename it to `final`; the record of the
+    shard now in place (a concurrent writer's when it published first)."""
+    write_json(tmp / MANIFEST, record)
+    if publish_dir(tmp, final):
+        return record
+    record = read_record(final)
+    if record is None:  # removed again meanwhile: nothing in place to record
+        raise BankDamaged(f"{final.parent}: shard {final.name}, published by a concurrent "
+                          "writer, was removed before it could be read; rerun the command")
     return record
 
 

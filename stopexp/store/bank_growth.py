@@ -23,8 +23,6 @@ import os
 import shutil
 from pathlib import Path
 
-from stopexp.core.errors import writing
-from stopexp.runtime.artifacts import publish_dir, staging_dir, write_json
 from stopexp.runtime.integrity import dir_problem, set_aside
 from stopexp.store import bank
 from stopexp.store.bank_plan import plan_parts
@@ -151,8 +149,7 @@ def link_shard(source: Path, final: Path, record: dict) -> dict:
     """Publish `source`'s recorded files at `final` with `record` as its shard.json
     (atomically, as bank.write_shard), each byte checked against the record first
     (LinkFailed where one differs); returns the record in place."""
-    tmp = staging_dir(final)
-    try:
+    with bank.staged_shard(final) as tmp:
         for file in record["files"]:
             try:
                 os.link(source / file, tmp / file)
@@ -161,11 +158,4 @@ def link_shard(source: Path, final: Path, record: dict) -> dict:
         problem = dir_problem(tmp, record["files"], full=True)
         if problem is not None:
             raise LinkFailed(problem)
-        with writing(final):
-            write_json(tmp / bank.MANIFEST, record)
-            if not publish_dir(tmp, final):
-                return bank.read_record(final) or record
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return record
+        return bank.publish_shard(tmp, final, record)

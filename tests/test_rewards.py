@@ -210,6 +210,8 @@ def test_selection_picks_the_best_kept_path_by_each_rule():
     (["reward.name=meteor"], "reward.name"),
     (["evaluate.select=best"], "evaluate.select"),
     (["loss.min_gap=-0.1"], "loss.min_gap"),
+    (["loss=reward_regression", "loss.labels=soft"], "loss.labels"),
+    (["loss.labels=reward"], "loss.labels"),  # contrastive reads no labels
     (["search=beam", "policy=quantile", "evaluate.select=signal"], "evaluate.select"),
     (["search=beam", "policy=quantile", "evaluate.compare_beam=true"], "evaluate.compare_beam"),
 ])

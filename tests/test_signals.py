@@ -127,6 +127,20 @@ def test_loss_pinned_values(name):
     assert reg(scores, HAND).item() == pytest.approx(EXPECTED[name] + 0.5 * corr ** 2, abs=1e-6)
 
 
+def test_reward_regression_on_hard_labels_ignores_the_monte_carlo_labels():
+    """loss.labels=reward: binary cross-entropy on the outcomes, the mc column unread; the
+    predictor's key is the old one at the default (mc) and another with reward."""
+    from stopexp.store.keys import predictor_key
+    scores = torch.tensor(SCORES)
+    hard = build_loss(LossConfig(name="reward_regression", labels="reward"))(scores, HAND)
+    assert hard.item() == pytest.approx(sum(bce(s, t) for s, t in zip(SCORES, [1, 0, 0, 1, 0, 1])) / 6, abs=1e-6)
+    soft = LossConfig(name="reward_regression")
+    keys = {labels: predictor_key("f", {"name": "mlp"}, {**vars(soft), "labels": labels}, {"epochs": 3})
+            for labels in ("mc", "reward")}
+    without = {k: v for k, v in vars(soft).items() if k != "labels"}
+    assert keys["mc"] == predictor_key("f", {"name": "mlp"}, without, {"epochs": 3}) != keys["reward"]
+
+
 @pytest.mark.parametrize("name", ["contrastive", "pairwise"])
 def test_pair_loss_without_pairs_is_zero_with_grad(name):
     scores = torch.tensor(SCORES, requires_grad=True)

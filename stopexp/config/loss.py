@@ -49,6 +49,9 @@ class PairwiseLossConfig(PairLossConfig):
 @dataclass
 class RewardRegressionLossConfig(LossBaseConfig):
     name: str = "reward_regression"
+    # the target: mc, the Monte Carlo label (collect.mc_rollouts) where the bank has one,
+    # else the path's reward | reward, the path's reward only (hard labels: its 0/1 outcome)
+    labels: str = "mc"
 
 
 @dataclass

@@ -36,6 +36,7 @@ ALLOWED = {
     "tap.positions.dtype": ("float32", "float16"),
     "predictor.statistic": ("l2", "mean", "var"),
     "train.positions": ("checkpoint", "all"),
+    "loss.labels": ("mc", "reward"),
     "policy.risk": ("voter", "answer"),
     "logger.name": ("wandb", "none"),
     "logger.mode": ("offline", "online", "disabled"),

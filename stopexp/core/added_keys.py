@@ -7,3 +7,4 @@ from __future__ import annotations
 
 PREDICTOR_KEYS_ADDED = {"centre_prompts": False, "pca_components": None}
 TRAIN_KEYS_ADDED = {"max_prompts": None, "early_stopping": True}
+LOSS_KEYS_ADDED = {"labels": "mc"}

@@ -23,7 +23,7 @@ from typing import Callable
 
 from omegaconf import OmegaConf
 
-from stopexp.core.added_keys import PREDICTOR_KEYS_ADDED, TRAIN_KEYS_ADDED
+from stopexp.core.added_keys import LOSS_KEYS_ADDED, PREDICTOR_KEYS_ADDED, TRAIN_KEYS_ADDED
 from stopexp.core.evaluate_modules import module_script
 from stopexp.core.names import lookup
 from stopexp.core.protocol import checkpoint_tokens
@@ -257,8 +257,9 @@ def predictor_key(features_key: str, predictor, loss, train, selection_share: fl
     """What a trained predictor depends on: its features (their key), the predictor, loss
     and train sections and, where it is not 0, the share of the training prompts its epoch
     is picked on (policy=risk). Keys added since predictors were first saved
-    (PREDICTOR_KEYS_ADDED, TRAIN_KEYS_ADDED) are left out at their defaults, as bank_key
-    leaves settings out, so every predictor that does not use them keeps its key."""
-    return config_hash(features_key, without_added_defaults(predictor, PREDICTOR_KEYS_ADDED), loss,
+    (PREDICTOR_KEYS_ADDED, LOSS_KEYS_ADDED, TRAIN_KEYS_ADDED) are left out at their defaults,
+    as bank_key leaves settings out, so every predictor that does not use them keeps its key."""
+    return config_hash(features_key, without_added_defaults(predictor, PREDICTOR_KEYS_ADDED),
+                       without_added_defaults(loss, LOSS_KEYS_ADDED),
                        without_added_defaults(train, TRAIN_KEYS_ADDED),
                        *([{"selection_share": selection_share}] if selection_share else []))

@@ -69,9 +69,11 @@ def _min_gap(loss) -> float:
 
 def reward_regression(scores, batch, loss):
     """Soft binary cross-entropy of sigmoid(score) on the Monte Carlo label (the mean reward
-    of rollouts from the prefix) where there is one, else the path's reward (in [0, 1])."""
+    of rollouts from the prefix) where there is one, else the path's reward (in [0, 1]);
+    with loss.labels=reward on the path's reward only."""
     mc, label = batch["mc"], _label(batch)
-    target = torch.where(torch.isnan(mc), label, mc)
+    use_mc = getattr(loss, "labels", "mc") == "mc"
+    target = torch.where(torch.isnan(mc), label, mc) if use_mc else label
     if "weight" not in batch:
         return F.binary_cross_entropy_with_logits(scores, target)
     return _mean(F.binary_cross_entropy_with_logits(scores, target, reduction="none"), batch)

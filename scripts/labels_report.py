@@ -1,0 +1,144 @@
+"""Soft against hard labels, and the published super token, on one bank with Monte Carlo
+labels at train.checkpoint (collect.mc_rollouts > 0 with the checkpoint among
+tap.checkpoints): each predictor trained (or found) by the train stage with
+
+  soft   loss=reward_regression (the Monte Carlo label of each prefix, the STOP paper's)
+  hard   loss=reward_regression loss.labels=reward (the path's 0/1 outcome, the same loss)
+  pairs  loss=contrastive (the outcome, ranked within the prompt: stopexp's default)
+
+and scored on the test paths alive at the checkpoint: the within-prompt AUROC, its paired
+bootstrap difference from confidence over the prompts with both outcomes (evaluate.bootstrap
+resamples, evaluate.seed), and soft minus hard for each predictor.
+
+    python -m stopexp.collect +exp=smollm2_super_token && python -m stopexp.featurize +exp=smollm2_super_token
+    python scripts/labels_report.py +exp=smollm2_super_token [--predictors=mlp,super_token] [--labels=soft,hard,pairs]
+
+Hydra overrides compose the bank's config as train's do; nothing is collected or
+featurized here (a missing bank or features ends the script with the command that makes
+them). The super token (predictor=super_token) loads the LM and re-encodes every prefix
+in every epoch: on 2 cores it is the slow row. Prints the table as markdown and writes
+labels.json into --out (default <paths.output_dir>/labels/<features key>).
+"""
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+
+from stopexp.config import project_root, validate
+from stopexp.core.errors import ConfigError, reported
+from stopexp.core.protocol import checkpoint_tokens
+from stopexp.evaluation import scaling
+from stopexp.runtime.artifacts import write_json
+from stopexp.signals import methods as M
+from stopexp.stages import build
+from stopexp.stages.scorers import load_trained
+from stopexp.stages.train import train
+from stopexp.store import bank, feature_sets
+
+log = logging.getLogger("labels_report")
+
+LABELS = {"soft": ["loss=reward_regression"],
+          "hard": ["loss=reward_regression", "loss.labels=reward"],
+          "pairs": ["loss=contrastive"]}
+OPTIONS = ("--predictors", "--labels", "--out")
+
+
+def parse(argv: list[str]) -> tuple[dict, list[str]]:
+    options, overrides = {}, []
+    for arg in argv:
+        key = arg.split("=", 1)[0]
+        if key in OPTIONS:
+            options[key] = arg.split("=", 1)[1] if "=" in arg else ""
+        elif arg.startswith("--"):
+            raise ConfigError(f"{key}: unknown option; allowed: {', '.join(OPTIONS)} and Hydra overrides")
+        else:
+            overrides.append(arg)
+    for key, allowed in (("--labels", tuple(LABELS)), ("--predictors", None)):
+        if key in options:
+            values = [v for v in options[key].split(",") if v]
+            bad = [v for v in values if allowed is not None and v not in allowed]
+            if not values or bad:
+                raise ConfigError(f"{key}: {options[key]!r}; give a comma-separated list"
+                                  + (f" of {', '.join(allowed)}" if allowed else ""))
+            options[key] = values
+    return options, overrides
+
+
+def composed(overrides: list[str]):
+    with initialize_config_dir(str(project_root() / "conf"), version_base="1.3"):
+        return validate(compose("train", ["logger=none", *overrides]))
+
+
+def main(argv: list[str]) -> dict:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    options, overrides = parse(argv)
+    cfg = composed(overrides)
+    predictors = options.get("--predictors", ["mlp", "super_token"])
+    labels = options.get("--labels", list(LABELS))
+    features = build.feature_set(cfg)
+    root = bank.require_bank(features.bank, overrides)  # never collects: names the command
+    meta = bank.read_meta(root)
+    ckpt = checkpoint_tokens(cfg.train.checkpoint, cfg.search.max_new_tokens)
+    if ckpt not in meta.get("checkpoints", []):
+        raise ConfigError(f"train.checkpoint: the bank {root.name} holds Monte Carlo labels at "
+                          f"{meta.get('checkpoints') or 'no prefix'} (collect.mc_rollouts="
+                          f"{meta.get('mc_rollouts', 0)}), not at {ckpt} tokens; collect with "
+                          "collect.mc_rollouts > 0 and the checkpoint among tap.checkpoints")
+    spec = feature_sets.spec_of(cfg.tap.layers, meta)
+    test = build.training_data(cfg, features, meta, overrides, prefixes=True)["test"]
+    correct, group = test["correct"].numpy(), test["group"].numpy()
+    confidence = M.confidence(test).numpy().astype(float)
+    n_boot, seed = int(cfg.evaluate.bootstrap), int(cfg.evaluate.seed)
+    rows, scores = [], {}
+    for predictor in predictors:
+        for label in labels:
+            sub = composed([*overrides, f"predictor={predictor}", *LABELS[label]])
+            start = time.time()
+            m = train(sub, overrides=overrides, progress=False)
+            s = M.learned(load_trained(sub, spec, features, overrides))(test).numpy().astype(float)
+            scores[(predictor, label)] = s
+            rows.append({"predictor": predictor, "labels": label, "checkpoint": m["checkpoint"],
+                         "best_epoch": m["best_epoch"], "epochs": m["epochs"],
+                         "val_auroc": m["val"]["auroc"],
+                         **scaling.versus(s, confidence, correct, group, n_boot, seed),
+                         "seconds": round(time.time() - start, 1)})
+            log.info("%s / %s: test %.3f (%.0f s)", predictor, label, rows[-1]["auroc"],
+                     rows[-1]["seconds"])
+    soft_hard = {p: scaling.versus(scores[(p, "soft")], scores[(p, "hard")], correct, group, n_boot, seed)
+                 for p in predictors if (p, "soft") in scores and (p, "hard") in scores}
+    report = {"bank": root.name, "features": features.key, "checkpoint_tokens": ckpt,
+              "mc_rollouts": meta.get("mc_rollouts"), "test_paths": len(correct),
+              "confidence_auroc": rows[0]["reference_auroc"] if rows else None,
+              "rows": rows, "soft_minus_hard": soft_hard}
+    out = Path(options["--out"]) if options.get("--out") else \
+        Path(cfg.paths.output_dir) / "labels" / features.key
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "labels.json", report)
+    print(table(report))
+    print(f"\nlabels.json in {out}")
+    return report
+
+
+def table(report: dict) -> str:
+    lines = [f"Test paths alive at {report['checkpoint_tokens']} tokens ({report['test_paths']}), "
+             f"{report['mc_rollouts']} Monte Carlo rollouts per live prefix; confidence "
+             f"{report['confidence_auroc']:.3f}",
+             "", "| predictor | labels | val | test | test - confidence | mixed prompts |",
+             "|---|---|---|---|---|---|"]
+    for r in report["rows"]:
+        lo, hi = r["ci"]
+        lines.append(f"| {r['predictor']} | {r['labels']} | {r['val_auroc']:.3f} | {r['auroc']:.3f} | "
+                     f"{r['diff']:+.3f} [{lo:+.3f}, {hi:+.3f}] | {r['mixed_prompts']} |")
+    for p, d in report["soft_minus_hard"].items():
+        lo, hi = d["ci"]
+        lines.append(f"\n{p}: soft - hard {d['diff']:+.3f} [{lo:+.3f}, {hi:+.3f}]")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    with reported():
+        main(sys.argv[1:])

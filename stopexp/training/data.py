@@ -182,4 +182,4 @@ def _empty_split(meta: dict, split: str, ckpt: int) -> str:
         return f"train: the trace bank holds no {split} path: {bank.left_out(meta, split)}"
     return (f"train.checkpoint: none of the {rows} {split} paths of the trace bank is still "
             f"generating at checkpoint {ckpt} tokens (all ended earlier); choose an earlier "
-            f"train.checkpoint (one of tap.checkpoints)")
+            f"train.checkpoint (a position the features hold)")

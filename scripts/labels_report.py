@@ -30,6 +30,7 @@ from hydra import compose, initialize_config_dir
 
 from stopexp.config import project_root, validate
 from stopexp.core.errors import ConfigError, reported
+from stopexp.core.names import predictor_names
 from stopexp.core.protocol import checkpoint_tokens
 from stopexp.evaluation import scaling
 from stopexp.runtime.artifacts import write_json
@@ -45,25 +46,27 @@ LABELS = {"soft": ["loss=reward_regression"],
           "hard": ["loss=reward_regression", "loss.labels=reward"],
           "pairs": ["loss=contrastive"]}
 OPTIONS = ("--predictors", "--labels", "--out")
+EXAMPLES = {"--predictors": "mlp,super_token", "--labels": "soft,hard", "--out": "DIR"}
 
 
 def parse(argv: list[str]) -> tuple[dict, list[str]]:
     options, overrides = {}, []
     for arg in argv:
-        key = arg.split("=", 1)[0]
+        key, eq, value = arg.partition("=")
         if key in OPTIONS:
-            options[key] = arg.split("=", 1)[1] if "=" in arg else ""
+            if not eq or not value:
+                raise ConfigError(f"{key}: give a value, e.g. {key}={EXAMPLES[key]}")
+            options[key] = value
         elif arg.startswith("--"):
             raise ConfigError(f"{key}: unknown option; allowed: {', '.join(OPTIONS)} and Hydra overrides")
         else:
             overrides.append(arg)
-    for key, allowed in (("--labels", tuple(LABELS)), ("--predictors", None)):
+    for key, allowed in (("--labels", tuple(LABELS)), ("--predictors", predictor_names())):
         if key in options:
-            values = [v for v in options[key].split(",") if v]
-            bad = [v for v in values if allowed is not None and v not in allowed]
-            if not values or bad:
-                raise ConfigError(f"{key}: {options[key]!r}; give a comma-separated list"
-                                  + (f" of {', '.join(allowed)}" if allowed else ""))
+            values = list(dict.fromkeys(v for v in options[key].split(",") if v))
+            if not values or any(v not in allowed for v in values):
+                raise ConfigError(f"{key}: {options[key]!r}; give a comma-separated list of "
+                                  f"{', '.join(allowed)}")
             options[key] = values
     return options, overrides
 

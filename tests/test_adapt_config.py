@@ -70,6 +70,11 @@ def test_bad_adapt_values_fail_before_compute(override, match):
     (["adapt.variants=[mc_feedback]", "evaluate.mode=online", "adapt.mc_rollouts=0"],
      r"adapt.mc_rollouts: must be >= 1"),
     (["adapt.mc_prefixes=-1"], r"adapt.mc_prefixes: must be >= 0"),
+    # a check at a stride position: the features hold it, the rollouts are at tap.checkpoints
+    (["adapt.variants=[frozen,mc_feedback]", "++adapt.target={collect.mc_rollouts:4}",
+      "tap.positions.stride=10", "search.check_at=10", "train.checkpoint=10"],
+     r"search.check_at: 10 tokens: mc_feedback replays the target bank's Monte Carlo labels, "
+     r"which collect rolls out at tap.checkpoints \[0.08, 0.25\] only"),
     (["++adapt.target={collect.seed:1}"], r"adapt.target: \['collect.seed'\] are not config keys"),
 ])
 def test_bad_mc_feedback_values_fail_before_compute(overrides, match):

@@ -367,3 +367,23 @@ def test_a_bank_with_more_prompts_links_the_shards_a_smaller_one_holds_and_their
     with open(arrow, "r+b") as f:
         f.truncate(arrow.stat().st_size - 10)
     assert collect(build.collection(grown))["shards_linked"] == 1
+
+
+def test_a_donor_file_that_is_gone_fails_linking_as_an_os_error_and_leaves_nothing(tmp_path):
+    """The growth callers sample a shard whose link raises OSError: a missing donor file
+    must surface as one (not as a write error of the new bank), with no staging dir left."""
+    from stopexp.runtime.integrity import records
+    from stopexp.store.bank_growth import link_shard
+
+    src, dst = tmp_path / "donor", tmp_path / "bank"
+    src.mkdir(), dst.mkdir()
+    for name in ("data-00000-of-00001.arrow", "state.json"):
+        (src / name).write_bytes(name.encode())
+    record = {"index": 0, "files": records(src)}
+    (src / "state.json").unlink()
+    with pytest.raises(FileNotFoundError):
+        link_shard(src, dst / "shard-00000-r000", record)
+    assert list(dst.iterdir()) == []
+    (src / "state.json").write_bytes(b"state.json")
+    assert link_shard(src, dst / "shard-00000-r000", record) == record
+    assert json.loads((dst / "shard-00000-r000" / bank.MANIFEST).read_text()) == record

@@ -19,12 +19,18 @@ spec.loader.exec_module(report)
 @pytest.mark.parametrize("argv, message", [
     (["--label=soft"], "--label: unknown option; allowed: --predictors, --labels, --out"),
     (["--labels=soft,soft2"], "--labels: 'soft,soft2'; give a comma-separated list of soft, hard, pairs"),
-    (["--predictors="], "--predictors: ''; give a comma-separated list"),
+    (["--predictors="], "--predictors: give a value, e.g. --predictors=mlp,super_token"),
+    (["--predictors=mlp,nope"], "--predictors: 'mlp,nope'; give a comma-separated list of statistic, "),
+    (["--out", "x=1"], "--out: give a value, e.g. --out=DIR"),
 ])
 def test_a_bad_option_is_one_line(argv, message):
     with pytest.raises(ConfigError, match=f"^{message}") as e:
         report.parse(argv)
     assert "\n" not in str(e.value)
+
+
+def test_repeated_values_train_once():
+    assert report.parse(["--labels=soft,hard,soft", "x=1"]) == ({"--labels": ["soft", "hard"]}, ["x=1"])
 
 
 def test_a_checkpoint_without_monte_carlo_labels_is_refused(small_bank):

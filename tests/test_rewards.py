@@ -212,6 +212,9 @@ def test_selection_picks_the_best_kept_path_by_each_rule():
     (["loss.min_gap=-0.1"], "loss.min_gap"),
     (["loss=reward_regression", "loss.labels=soft"], "loss.labels"),
     (["loss.labels=reward"], "loss.labels"),  # contrastive reads no labels
+    # Monte Carlo labels at tap.checkpoints only, not at a stride position the features hold
+    (["loss=reward_regression", "collect.mc_rollouts=2", "tap.positions.stride=10",
+      "train.checkpoint=10", "search.check_at=10"], "train.checkpoint"),
     (["search=beam", "policy=quantile", "evaluate.select=signal"], "evaluate.select"),
     (["search=beam", "policy=quantile", "evaluate.compare_beam=true"], "evaluate.compare_beam"),
 ])
@@ -383,3 +386,13 @@ def test_task_tokenize_is_validated_passed_to_the_task_and_keys_the_bank():
     with pytest.raises(ConfigError, match=re.escape("task.tokenize: 'zh' is read only by "
                                                     "task=qa|wordprob|datatotext, not under task=arith")):
         validate(compose("collect", ["task.tokenize=zh"]))
+
+
+def test_hard_labels_train_anywhere_the_features_hold():
+    over = ["loss=reward_regression", "collect.mc_rollouts=2", "tap.positions.stride=10",
+            "train.checkpoint=10", "search.check_at=10"]
+    with pytest.raises(ConfigError, match=r"add it to tap.checkpoints, or train on the outcomes "
+                                          r"with loss.labels=reward$"):
+        validate(compose("train", over))
+    assert validate(compose("train", [*over, "loss.labels=reward"])).train.checkpoint == 10
+    assert validate(compose("train", [*over, "train.checkpoint=0.08"])).train.checkpoint == 0.08

@@ -160,6 +160,22 @@ def regression_needs_bounded_reward(cfg) -> None:
                           f"in [0, 1]; reward={r.name} is unbounded: use loss=contrastive or pairwise")
 
 
+def monte_carlo_labels_are_tapped(cfg) -> None:
+    """Collect rolls out at tap.checkpoints only: a predictor trained on the Monte Carlo
+    labels at one checkpoint is trained at one of them, not at a stride position, where it
+    would silently fall back to the outcomes."""
+    loss, train = cfg.loss, cfg.train
+    if cfg.collect.mc_rollouts <= 0 or loss.name != "reward_regression" or loss.labels != "mc" \
+            or train.positions != "checkpoint":
+        return
+    m = cfg.search.max_new_tokens
+    if checkpoint_tokens(train.checkpoint, m) not in {checkpoint_tokens(c, m) for c in cfg.tap.checkpoints}:
+        fail("train.checkpoint", f"{train.checkpoint}: the bank holds Monte Carlo labels "
+                                 f"(collect.mc_rollouts={cfg.collect.mc_rollouts}) at tap.checkpoints "
+                                 f"{list(cfg.tap.checkpoints)} only; add it to tap.checkpoints, or "
+                                 "train on the outcomes with loss.labels=reward")
+
+
 def online_reward_needs_no_logprobs(cfg) -> None:
     if cfg.reward.name == "neg_perplexity" and cfg.evaluate.mode == "online":
         fail("evaluate.mode", "online paths carry text only; reward=neg_perplexity needs the per-token "

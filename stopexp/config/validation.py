@@ -108,6 +108,7 @@ RULES = (
     (cross.predictor_layer_is_tapped, ("train", "evaluate", "pipeline", "adapt", "serve")),
     (cross.positions_fit_the_predictor, STAGES),
     (cross.regression_needs_bounded_reward, STAGES),
+    (cross.monte_carlo_labels_are_tapped, TRAINING),
     (cross.online_reward_needs_no_logprobs, EVALUATING),
     (cross.min_gap_below_reward_range, STAGES),
     (cross.vllm_serves_it, STAGES),

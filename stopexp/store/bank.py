@@ -134,8 +134,9 @@ def write_shard(root: Path, name: str, rows: dict, feats: Features, info: dict |
     writer's (its files and timings differ from this copy's, which is dropped)."""
     with staged_shard(root / name) as tmp:
         n = len(rows["length"])
-        if n:  # else every prompt was filtered out: the shard is done but holds nothing
-            Dataset.from_dict(rows, features=feats).save_to_disk(str(tmp))
+        with writing(root / name):  # a full disk names the shard, not its temporary dir
+            if n:  # else every prompt was filtered out: the shard is done but holds nothing
+                Dataset.from_dict(rows, features=feats).save_to_disk(str(tmp))
         splits = sorted(set(rows["split"]))
         record = {"index": shard_index(name), "rows": n,
                   "splits": {s: rows["split"].count(s) for s in splits},
@@ -145,12 +146,10 @@ def write_shard(root: Path, name: str, rows: dict, feats: Features, info: dict |
 
 @contextmanager
 def staged_shard(final: Path):
-    """A temporary directory beside shard `final` to fill, removed if anything fails; a
-    full disk names the shard, not the temporary directory."""
+    """A temporary directory beside shard `final` to fill, removed if anything fails."""
     tmp = staging_dir(final)
     try:
-        with writing(final):
-            yield tmp
+        yield tmp
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -159,9 +158,10 @@ def staged_shard(final: Path):
 def publish_shard(tmp: Path, final: Path, record: dict) -> dict:
     """Write `record` into the filled `tmp` and rename it to `final`; the record of the
     shard now in place (a concurrent writer's when it published first)."""
-    write_json(tmp / MANIFEST, record)
-    if publish_dir(tmp, final):
-        return record
+    with writing(final):
+        write_json(tmp / MANIFEST, record)
+        if publish_dir(tmp, final):
+            return record
     record = read_record(final)
     if record is None:  # removed again meanwhile: nothing in place to record
         raise BankDamaged(f"{final.parent}: shard {final.name}, published by a concurrent "

@@ -88,6 +88,25 @@ def test_left_padded_rows_score_as_if_alone(tiny_lm):
     assert torch.allclose(online, alone, **FP32_REORDER) and torch.allclose(replay, alone, **FP32_REORDER)
 
 
+def test_paths_of_one_prompt_share_its_prefill_and_score_as_if_alone(tiny_lm):
+    """Replay encodes each prompt once and each path's generated ids after it, right-padded
+    and masked: rows of one prompt with other prefix lengths, in any order, score as each
+    row alone (a full left-padded re-encode of its own prefix)."""
+    st = fresh(tiny_lm)
+    _, state = launched(st, until=6)
+    tokens, *_ = state.tensors(st.tokenizer.pad_token_id)
+    rows, lens = [0, 2, 0, 1, 0, 2], [6, 2, 1, 4, 3, 6]
+    batch = {"prompt": [PROMPTS[r] for r in rows], "tokens": [tokens[r] for r in rows],
+             "prefix_len": torch.tensor(lens, dtype=torch.float32)}
+    with torch.no_grad():
+        shared = st(batch)
+        alone = torch.cat([st({k: v[i : i + 1] for k, v in batch.items()}) for i in range(len(rows))])
+        prefixes = [st.tokenizer(PROMPTS[r])["input_ids"] + tokens[r][:n].tolist() for r, n in zip(rows, lens)]
+        whole = torch.cat([st.score_cache(*st.encode([p])) for p in prefixes])
+    assert torch.allclose(shared, alone, **FP32_REORDER) and torch.allclose(shared, whole, **FP32_REORDER)
+    assert len(set(shared.tolist())) == len(rows)  # other prefixes, other scores: nothing vacuous
+
+
 def test_first_losses_are_pinned_and_only_the_adapter_stop_and_head_train(tiny_lm):
     st = fresh(tiny_lm, perturb=False)
     _, state = launched(st, until=4)

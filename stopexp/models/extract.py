@@ -60,7 +60,7 @@ class _Enough(Exception):
     """Raised by a hook after the deepest layer a forward needs: the rest is not computed."""
 
 
-def _plan(sequences, batch_tokens: int, max_rows: int) -> list[list[tuple[tuple, list[int]]]]:
+def plan_batches(sequences, batch_tokens: int, max_rows: int) -> list[list[tuple[tuple, list[int]]]]:
     """Batches of (prompt, path indices) units: the paths of one prompt share one prefill,
     and a batch holds at most `max_rows` paths and `batch_tokens` padded tokens."""
     groups: dict[tuple, list[int]] = {}
@@ -181,7 +181,7 @@ def _extract_runs(model, taps, sequences, pad_id: int, batch_tokens: int, max_ro
 
     handle = decoder_layers(model)[deepest].register_forward_hook(stop)  # after the taps' hooks
     try:
-        for batch in _plan(sequences, batch_tokens, max_rows):
+        for batch in plan_batches(sequences, batch_tokens, max_rows):
             width = max(len(p) for p, _ in batch)
             ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
             mask = torch.zeros((len(batch), width), dtype=torch.long)

@@ -24,6 +24,7 @@ from peft.tuners.tuners_utils import BaseTunerLayer
 from torch import nn
 from transformers import DynamicCache
 
+from stopexp.models.extract import DEFAULT_BATCH_TOKENS, plan_batches
 from stopexp.search.sample import prompt_ids
 from stopexp.signals.saved_predictor import (REBUILD, CheckpointMismatch, check_spec, check_trained_on,
                                         load_weights, read_checkpoint)
@@ -87,21 +88,43 @@ class SuperTokenPredictor(nn.Module):
         return self.head(hidden[:, -1].float()).squeeze(-1)
 
     @torch.no_grad()
-    def encode(self, prefixes: list[list[int]]):
-        """(cache, attention mask, next positions) of left-padded prefixes, LoRA off."""
-        width = max(map(len, prefixes))
-        device = self.stop.device
-        ids = torch.full((len(prefixes), width), self.tokenizer.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(prefixes), width), dtype=torch.long)
-        for i, p in enumerate(prefixes):
-            ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-            mask[i, width - len(p):] = 1
+    def encode(self, prefixes: list[list[int]], prompt_lens: list[int] | None = None):
+        """(cache, attention mask, next positions) of `prefixes` (prompt + generated ids),
+        LoRA off. Rows whose first `prompt_lens` ids are one prompt share its prefill, as
+        featurize does (stopexp.models.extract): the prompts left-padded, each row's
+        generated ids after its prompt's cache rows, right-padded and masked, so [STOP]
+        attends to the prefix only; positions count the unpadded prefix."""
+        lens = prompt_lens if prompt_lens is not None else [len(p) for p in prefixes]
+        device, pad = self.stop.device, self.tokenizer.pad_token_id
+        units: dict[tuple, int] = {}
+        unit = [units.setdefault(tuple(p[:n]), len(units)) for p, n in zip(prefixes, lens)]
+        prompts = list(units)
+        width = max(map(len, prompts))
+        ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for u, p in enumerate(prompts):
+            ids[u, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            mask[u, width - len(p):] = 1
         ids, mask = ids.to(device), mask.to(device)
         pos = (mask.cumsum(-1) - 1).clamp_min(0)  # as Engine.launch numbers them
         cache = DynamicCache(config=self.lm.config)
-        self.lm.get_decoder()(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache,
-                              use_cache=True)
-        return cache, mask, pos[:, -1] + 1
+        decoder = self.lm.get_decoder()
+        decoder(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True)
+        rows = torch.tensor(unit, device=device)
+        cache.reorder_cache(rows)
+        gens = [p[n:] for p, n in zip(prefixes, lens)]
+        G = max(map(len, gens))
+        gen = torch.full((len(gens), G), pad, dtype=torch.long)
+        gen_mask = torch.zeros((len(gens), G), dtype=torch.long)
+        for r, g in enumerate(gens):
+            gen[r, :len(g)] = torch.tensor(g, dtype=torch.long)
+            gen_mask[r, :len(g)] = 1
+        full = torch.cat([mask[rows], gen_mask.to(device)], -1)
+        start = pos[rows, -1] + 1
+        if G:
+            decoder(input_ids=gen.to(device), attention_mask=full, position_ids=start[:, None] +
+                    torch.arange(G, device=device), cache=cache, use_cache=True)
+        return cache, full, start + gen_mask.sum(-1).to(device)
 
     def forward(self, batch: dict) -> torch.Tensor:
         state = batch.get("lm_state")
@@ -110,13 +133,20 @@ class SuperTokenPredictor(nn.Module):
         if "prompt" not in batch:
             raise ValueError("super_token scores from the live decode state ('lm_state') or from "
                              "the prefixes ('prompt', 'tokens', 'prefix_len'); the batch has neither")
-        ids = {p: prompt_ids(self.tokenizer, p) for p in set(batch["prompt"])}
-        prefixes = [ids[p] + [int(t) for t in tok[: int(n)]]
-                    for p, tok, n in zip(batch["prompt"], batch["tokens"], batch["prefix_len"])]
-        if not prefixes:
+        if not len(batch["prompt"]):
             return torch.zeros(0, device=self.stop.device)
-        return torch.cat([self.score_cache(*self.encode(prefixes[i : i + self.max_rows]))
-                          for i in range(0, len(prefixes), self.max_rows)])
+        ids = {p: prompt_ids(self.tokenizer, p) for p in set(batch["prompt"])}
+        sequences = [(ids[p], [int(t) for t in tok[: int(n)]], [int(n)])
+                     for p, tok, n in zip(batch["prompt"], batch["tokens"], batch["prefix_len"])]
+        parts, order = [], []
+        for units in plan_batches(sequences, DEFAULT_BATCH_TOKENS, self.max_rows):
+            rows = [i for _, idx in units for i in idx]
+            parts.append(self.score_cache(*self.encode([sequences[i][0] + sequences[i][1] for i in rows],
+                                                       [len(sequences[i][0]) for i in rows])))
+            order += rows
+        back = torch.empty(len(order), dtype=torch.long)
+        back[torch.tensor(order)] = torch.arange(len(order))
+        return torch.cat(parts)[back.to(self.stop.device)]
 
 
 def checkpoint_meta(ckpt_dir: Path, spec: FeatureSpec, pred_cfg, trained_on: dict | None = None) -> dict:

@@ -40,5 +40,11 @@ def test_one_thread_leaves_big_models_alone():
         assert torch.get_num_threads() == 2
         with one_thread(torch.nn.Embedding(10_000, 1_001)):  # > 10M parameters: an LM
             assert torch.get_num_threads() == 2
+        # the super token holds a small adapter and runs a big LM kept out of its submodules
+        head = torch.nn.Linear(4, 1)
+        object.__setattr__(head, "lm", torch.nn.Embedding(10_000, 1_001))
+        assert sum(p.numel() for p in head.parameters()) == 5
+        with one_thread(head):
+            assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)

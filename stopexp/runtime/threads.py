@@ -16,12 +16,20 @@ import torch
 SMALL = 10_000_000  # parameters; bigger models (the LM behind super_token) keep every thread
 
 
+def lm_parameters(model: torch.nn.Module) -> list:
+    """The parameters of the LM a predictor runs (the super token's `lm`, kept out of its
+    submodules so that its state_dict holds the adapter only): it computes with them too."""
+    lm = getattr(model, "lm", None)
+    return list(lm.parameters()) if isinstance(lm, torch.nn.Module) else []
+
+
 @contextlib.contextmanager
 def one_thread(model: torch.nn.Module | None = None) -> Iterator[None]:
-    """Run the block on one torch CPU thread (unless `model` has more than `SMALL`
-    parameters or lives on an accelerator), restoring the thread count afterwards."""
-    big = model is not None and (sum(p.numel() for p in model.parameters()) > SMALL
-                                 or any(p.device.type != "cpu" for p in model.parameters()))
+    """Run the block on one torch CPU thread (unless `model`, with the LM it runs, has more
+    than `SMALL` parameters or lives on an accelerator), restoring the thread count
+    afterwards."""
+    params = [] if model is None else [*model.parameters(), *lm_parameters(model)]
+    big = sum(p.numel() for p in params) > SMALL or any(p.device.type != "cpu" for p in params)
     before = torch.get_num_threads()
     if big or before == 1:
         yield

@@ -10,7 +10,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from stopexp.config.ranges import TOGETHER, at_least, fail, within
 from stopexp.core.names import ADAPT_VARIANTS, SPLITS, names, runs_the_lm
-from stopexp.core.protocol import check_values, checkpoint_tokens
+from stopexp.core.protocol import check_values, checkpoint_tokens, checkpoints_of
 
 # what adapt.target may change (collect.mc_rollouts: Monte Carlo labels in the target bank
 # only; collect.prompts: its prompt counts, e.g. a stream longer than the source's test split)
@@ -137,7 +137,7 @@ def check_mc_feedback(cfg) -> None:
                                   f"adapt.mc_rollouts={have} if > 0, or evaluate.mode=online)")
     m = cfg.search.max_new_tokens
     check = checkpoint_tokens(check_values(cfg.search.check_at)[0], m)
-    if check not in {checkpoint_tokens(c, m) for c in cfg.tap.checkpoints}:
+    if check not in checkpoints_of(cfg.tap.checkpoints, m):
         fail("search.check_at", f"{check} tokens: mc_feedback replays the target bank's Monte Carlo "
                                 f"labels, which collect rolls out at tap.checkpoints "
                                 f"{list(cfg.tap.checkpoints)} only; check at one of them (or set "

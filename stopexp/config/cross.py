@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from stopexp.config.ranges import fail, is_list, n_layers_of
 from stopexp.config.thinking import thinks
 from stopexp.core.names import BOUNDED_REWARDS, lookup, names, runs_the_lm
-from stopexp.core.protocol import check_values, checkpoint_tokens, resolve_layers
+from stopexp.core.protocol import check_values, checkpoint_tokens, checkpoints_of, resolve_layers
 from stopexp.core.config_text import decode_escapes, stop_strings
 
 
@@ -55,7 +55,7 @@ def checks_are_tapped(cfg) -> None:
     and training read them there; online checks tap wherever they are asked)."""
     s, tap = cfg.search, cfg.tap
     m = s.max_new_tokens
-    listed = sorted({checkpoint_tokens(c, m) for c in [*tap.checkpoints, *tap.positions.checkpoints]})
+    listed = checkpoints_of([*tap.checkpoints, *tap.positions.checkpoints], m)
     stride = tap.positions.stride
     held = f"tap.checkpoints {list(tap.checkpoints)}"
     if tap.positions.checkpoints:
@@ -169,7 +169,7 @@ def monte_carlo_labels_are_tapped(cfg) -> None:
             or train.positions != "checkpoint":
         return
     m = cfg.search.max_new_tokens
-    if checkpoint_tokens(train.checkpoint, m) not in {checkpoint_tokens(c, m) for c in cfg.tap.checkpoints}:
+    if checkpoint_tokens(train.checkpoint, m) not in checkpoints_of(cfg.tap.checkpoints, m):
         fail("train.checkpoint", f"{train.checkpoint}: the bank holds Monte Carlo labels "
                                  f"(collect.mc_rollouts={cfg.collect.mc_rollouts}) at tap.checkpoints "
                                  f"{list(cfg.tap.checkpoints)} only; add it to tap.checkpoints, or "

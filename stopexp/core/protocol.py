@@ -55,6 +55,12 @@ def checkpoint_tokens(value: float, max_new_tokens: int) -> int:
     return int(round(value * max_new_tokens)) if value < 1 else int(value)
 
 
+def checkpoints_of(checkpoints, max_new_tokens: int) -> list[int]:
+    """Checkpoints (fractions of max_new_tokens or token counts) in generated tokens,
+    sorted and distinct."""
+    return sorted({checkpoint_tokens(c, max_new_tokens) for c in checkpoints})
+
+
 def is_list(value) -> bool:
     return isinstance(value, (list, tuple, ListConfig))
 

@@ -26,7 +26,7 @@ from omegaconf import OmegaConf
 from stopexp.core.added_keys import LOSS_KEYS_ADDED, PREDICTOR_KEYS_ADDED, TRAIN_KEYS_ADDED
 from stopexp.core.evaluate_modules import module_script
 from stopexp.core.names import lookup
-from stopexp.core.protocol import checkpoint_tokens
+from stopexp.core.protocol import checkpoints_of
 from stopexp.core.config_text import decode_escapes, decoded_text
 from stopexp.models.gguf import resolve_gguf
 from stopexp.runtime.artifacts import config_hash, plain
@@ -84,11 +84,6 @@ def expected_meta(model, search, collect, seed: int, checkpoints: list[int], key
     want.update({k: size[k] for k in ("hidden_size", "num_layers") if size.get(k) is not None})
     return {**want, "n_paths": search.n_paths, "seed": seed,
             "mc_rollouts": collect.mc_rollouts, "checkpoints": checkpoints, "key": key}
-
-
-def checkpoints_of(checkpoints, max_new_tokens: int) -> list[int]:
-    """tap.checkpoints in generated tokens, sorted and distinct."""
-    return sorted({checkpoint_tokens(c, max_new_tokens) for c in checkpoints})
 
 
 def mc_checkpoints(tap, search, collect) -> list[int]:

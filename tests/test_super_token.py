@@ -95,9 +95,8 @@ def test_paths_of_one_prompt_share_its_prefill_and_score_as_if_alone(tiny_lm):
     st = fresh(tiny_lm)
     _, state = launched(st, until=6)
     tokens, *_ = state.tensors(st.tokenizer.pad_token_id)
+    batch = shared_batch(st, state)
     rows, lens = [0, 2, 0, 1, 0, 2], [6, 2, 1, 4, 3, 6]
-    batch = {"prompt": [PROMPTS[r] for r in rows], "tokens": [tokens[r] for r in rows],
-             "prefix_len": torch.tensor(lens, dtype=torch.float32)}
     with torch.no_grad():
         shared = st(batch)
         alone = torch.cat([st({k: v[i : i + 1] for k, v in batch.items()}) for i in range(len(rows))])
@@ -107,8 +106,48 @@ def test_paths_of_one_prompt_share_its_prefill_and_score_as_if_alone(tiny_lm):
     assert len(set(shared.tolist())) == len(rows)  # other prefixes, other scores: nothing vacuous
 
 
-def test_first_losses_are_pinned_and_only_the_adapter_stop_and_head_train(tiny_lm):
+def shared_batch(st, state):
+    """Rows of the three prompts with other prefix lengths, in mixed order."""
+    tokens, *_ = state.tensors(st.tokenizer.pad_token_id)
+    rows, lens = [0, 2, 0, 1, 0, 2], [6, 2, 1, 4, 3, 6]
+    return {"prompt": [PROMPTS[r] for r in rows], "tokens": [tokens[r] for r in rows],
+            "prefix_len": torch.tensor(lens, dtype=torch.float32)}
+
+
+def test_kept_prefixes_score_as_encoded_and_are_encoded_once(tiny_lm, monkeypatch):
+    """Training keeps the prefixes' K/V (LoRA-free) across calls: a second call encodes
+    nothing and scores as the first (which encoded every row); a budget too small for
+    every row keeps what fits and encodes the rest at every call."""
+    st = fresh(tiny_lm)
+    _, state = launched(st, until=6)
+    batch = shared_batch(st, state)
+    encoded = []
+    encode = st.encode
+    monkeypatch.setattr(st, "encode", lambda prefixes, lens=None: encoded.append(len(prefixes))
+                        or encode(prefixes, lens))
+    with torch.no_grad():
+        plain = st(batch)
+        st.keep_prefixes(1.0)
+        first, n_first = st(batch), sum(encoded)
+        second, n_second = st(batch), sum(encoded) - n_first
+        assert torch.equal(first, plain) and n_first == 12 and n_second == 0
+        assert torch.allclose(second, plain, **FP32_REORDER)
+        full = st.prefixes.bytes
+        st.keep_prefixes(full * 0.6 / 2**30)  # the first prompt's rows and some of the next
+        st(batch)
+        before = sum(encoded)
+        again = st(batch)
+        kept = len(st.prefixes.rows)
+        assert 0 < kept < 6 and st.prefixes.bytes <= full * 0.6
+        assert sum(encoded) - before == 6 - kept  # only what did not fit is encoded again
+        assert torch.allclose(again, plain, **FP32_REORDER)
+
+
+@pytest.mark.parametrize("budget_gb", [0, 1.0])
+def test_first_losses_are_pinned_and_only_the_adapter_stop_and_head_train(tiny_lm, budget_gb):
+    """The same losses whether the prefixes are encoded at every step or kept (budget_gb)."""
     st = fresh(tiny_lm, perturb=False)
+    st.keep_prefixes(budget_gb)
     _, state = launched(st, until=4)
     batch = replay_batch(state, st.tokenizer.pad_token_id)
     batch.update(mc=torch.tensor([0.25, float("nan"), 1.0]), correct=torch.tensor([0.0, 1.0, 1.0]))
@@ -159,6 +198,15 @@ def test_config_and_bad_values():
     assert cfg.predictor.n_tokens == 4 and "down_proj" in cfg.predictor.lora_targets
     with pytest.raises(ConfigError, match="predictor"):
         validate(compose("train", ["predictor=super_token", "predictor.lora_rank=0"]))
+    with pytest.raises(ConfigError, match="train.prefix_cache_gb"):
+        validate(compose("train", ["predictor=super_token", "train.prefix_cache_gb=-1"]))
+    with pytest.raises(ConfigError, match="train.prefix_cache_gb.*memory"):
+        validate(compose("train", ["predictor=super_token", "train.prefix_cache_gb=100000"]))
+    # a memory setting: the trained predictor's key (its directory) is the same at any budget
+    keys = {build.predictor_dir(cfg, build.feature_set(cfg)).name for cfg in
+            (validate(compose("train", ["predictor=super_token", f"train.prefix_cache_gb={gb}"]))
+             for gb in (0, 8))}
+    assert len(keys) == 1
 
 
 def test_train_and_evaluate_through_the_harness(small_bank):

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stopexp.config.ranges import fail
+from stopexp.core.names import runs_the_lm
 
 TOY_POSITIONS = 256  # the toy LM's max_position_embeddings (stopexp.models.toy_lm.build_model)
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -276,12 +277,24 @@ def check_toy_memory(toy) -> None:
                           f"takes {need:.3g} GiB or more, and this machine has {memory:.1f} GiB")
 
 
+def check_prefix_cache(train) -> None:
+    """train.prefix_cache_gb (the super token's prefixes kept across epochs) within this
+    machine's memory: a budget is only a cap, so one above it would fail half-way."""
+    memory = memory_gib()
+    if train.prefix_cache_gb >= memory:
+        fail("train.prefix_cache_gb", f"{train.prefix_cache_gb:g} GiB is not below this machine's "
+                                      f"{memory:.1f} GiB of memory, which the LM and its training "
+                                      "need too; give less (0: no cache)")
+
+
 def check_machine(cfg) -> None:
     """What this machine cannot run, refused before any model loads."""
     check_device(cfg.model.device)
     check_attention(cfg.model.attn_implementation)
     if cfg.model.name == "toy" and cfg.model.toy is not None:
         check_toy_memory(cfg.model.toy)
+    if cfg.get("train") is not None and runs_the_lm(cfg.predictor.name):
+        check_prefix_cache(cfg.train)
     shape = model_shape(cfg.model)
     check_positions(cfg, shape)
     if cfg.engine.name == "vllm":

@@ -11,7 +11,8 @@ into the LM but switched off except inside the scoring call, which only ever fee
 appends to the cache and crops it back, so a live path continues as if never checked.
 
 The batch gives the prefixes either as the live decode state ("lm_state", online) or as
-"prompt" + "tokens" + "prefix_len" (replay, training), which are re-encoded without LoRA.
+"prompt" + "tokens" + "prefix_len" (replay, training), which are encoded without LoRA;
+training keeps their K/V across epochs (`keep_prefixes`, stopexp.models.prefix_cache).
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from stopexp.models.extract import DEFAULT_BATCH_TOKENS, plan_batches
+from stopexp.models.prefix_cache import PrefixCache
 from stopexp.search.sample import prompt_ids
 from stopexp.signals.saved_predictor import (REBUILD, CheckpointMismatch, check_spec, check_trained_on,
                                         load_weights, read_checkpoint)
@@ -41,6 +43,7 @@ class SuperTokenPredictor(nn.Module):
         # not a submodule: the frozen LM stays out of state_dict(), .train() and .to()
         object.__setattr__(self, "lm", lm)
         self.tokenizer, self.n_tokens, self.max_rows = tokenizer, predictor.n_tokens, max_rows
+        self.prefixes: PrefixCache | None = None
         inject_adapter_in_model(LoraConfig(r=predictor.lora_rank, lora_alpha=predictor.lora_alpha,
                                            target_modules=list(predictor.lora_targets), lora_dropout=0.0),
                                 lm, adapter_name=ADAPTER)
@@ -52,6 +55,11 @@ class SuperTokenPredictor(nn.Module):
         emb = lm.get_input_embeddings().weight
         self.stop = nn.Parameter(emb.detach().float().mean(0))  # a neutral, in-distribution start
         self.head = nn.Linear(emb.shape[1], 1, device=emb.device)
+
+    def keep_prefixes(self, budget_gb: float) -> None:
+        """Keep the replayed prefixes' K/V (LoRA-free, so fixed while the adapter trains)
+        across calls, up to `budget_gb` GiB; 0 encodes every prefix at every call."""
+        self.prefixes = PrefixCache(budget_gb) if budget_gb > 0 else None
 
     def _set_adapter(self, on: bool) -> None:
         for m in self._layers:
@@ -141,9 +149,20 @@ class SuperTokenPredictor(nn.Module):
         parts, order = [], []
         for units in plan_batches(sequences, DEFAULT_BATCH_TOKENS, self.max_rows):
             rows = [i for _, idx in units for i in idx]
-            parts.append(self.score_cache(*self.encode([sequences[i][0] + sequences[i][1] for i in rows],
-                                                       [len(sequences[i][0]) for i in rows])))
-            order += rows
+            keys = {i: (tuple(sequences[i][0]), tuple(sequences[i][1])) for i in rows}
+            kept = [i for i in rows if self.prefixes is not None and keys[i] in self.prefixes]  # cached
+            if kept:
+                parts.append(self.score_cache(*self.prefixes.assemble([keys[i] for i in kept],
+                                                                      self.lm.config)))
+                order += kept
+            rows = [i for i in rows if i not in set(kept)]  # to encode (and keep)
+            if rows:
+                encoded = self.encode([sequences[i][0] + sequences[i][1] for i in rows],
+                                      [len(sequences[i][0]) for i in rows])
+                if self.prefixes is not None:
+                    self.prefixes.store([keys[i] for i in rows], encoded[0], encoded[1])
+                parts.append(self.score_cache(*encoded))
+                order += rows
         back = torch.empty(len(order), dtype=torch.long)
         back[torch.tensor(order)] = torch.arange(len(order))
         return torch.cat(parts)[back.to(self.stop.device)]

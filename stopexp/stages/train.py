@@ -70,6 +70,7 @@ def train(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
         if lm_based:
             predictor = lookup("lm_predictor", cfg.predictor.name)(
                 cfg.predictor, *build.lm(cfg, progress=False), cfg.search.max_batch_rows)
+            predictor.keep_prefixes(cfg.train.prefix_cache_gb)
         else:
             predictor = build_predictor(cfg.predictor, spec)
             predictor.fit_inputs(data["train"])  # predictor.pca_components: on training rows only

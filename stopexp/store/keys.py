@@ -243,6 +243,10 @@ def engine_section(engine) -> dict:
     return {k: v for k, v in plain(engine).items() if k not in ENGINE_MEMORY_KEYS}
 
 
+# train keys that size memory; they change no weight
+TRAIN_MEMORY_KEYS = ("prefix_cache_gb",)
+
+
 def without_added_defaults(section, added: dict) -> dict:
     """`section` (plain) without the keys of `added` that hold the value given there."""
     return {k: v for k, v in plain(section).items() if not (k in added and v == added[k])}
@@ -253,8 +257,10 @@ def predictor_key(features_key: str, predictor, loss, train, selection_share: fl
     and train sections and, where it is not 0, the share of the training prompts its epoch
     is picked on (policy=risk). Keys added since predictors were first saved
     (PREDICTOR_KEYS_ADDED, LOSS_KEYS_ADDED, TRAIN_KEYS_ADDED) are left out at their defaults,
-    as bank_key leaves settings out, so every predictor that does not use them keeps its key."""
+    as bank_key leaves settings out, so every predictor that does not use them keeps its key;
+    TRAIN_MEMORY_KEYS are left out at any value."""
     return config_hash(features_key, without_added_defaults(predictor, PREDICTOR_KEYS_ADDED),
                        without_added_defaults(loss, LOSS_KEYS_ADDED),
-                       without_added_defaults(train, TRAIN_KEYS_ADDED),
+                       {k: v for k, v in without_added_defaults(train, TRAIN_KEYS_ADDED).items()
+                        if k not in TRAIN_MEMORY_KEYS},
                        *([{"selection_share": selection_share}] if selection_share else []))

@@ -104,7 +104,7 @@ def main() -> None:
           f"paths x {args.prefix} generated tokens; batch_prompts={cfg.train.batch_prompts}")
     plain_s, plain_loss, _ = run(cfg, lm, tokenizer, rows, args.epochs, 0.0)
     kept_s, kept_loss, gib = run(cfg, lm, tokenizer, rows, args.epochs, args.budget_gb)
-    print(f"\n| epoch | encoded every epoch (s) | prefixes kept (s) | ratio |\n|---|---|---|---|")
+    print("\n| epoch | encoded every epoch (s) | prefixes kept (s) | ratio |\n|---|---|---|---|")
     for e, (a, b) in enumerate(zip(plain_s, kept_s), 1):
         print(f"| {e} | {a:.1f} | {b:.1f} | {a / b:.2f}x |")
     later = sum(plain_s[1:]) / max(sum(kept_s[1:]), 1e-9)

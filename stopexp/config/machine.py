@@ -1,5 +1,6 @@
 """What this machine can run, checked before any model loads (`check_machine`): the device
-model.device names, the model's positions against search.max_new_tokens, and what vLLM
+model.device names, the model's positions against search.max_new_tokens, the super token's
+train.prefix_cache_gb against the memory of its device, and what vLLM
 would refuse at start-up (devices or cores for engine.tensor_parallel_size, memory for
 engine.cpu_kvcache_space, the model's heads and positions).
 
@@ -277,14 +278,26 @@ def check_toy_memory(toy) -> None:
                           f"takes {need:.3g} GiB or more, and this machine has {memory:.1f} GiB")
 
 
-def check_prefix_cache(train) -> None:
-    """train.prefix_cache_gb (the super token's prefixes kept across epochs) within this
-    machine's memory: a budget is only a cap, so one above it would fail half-way."""
-    memory = memory_gib()
-    if train.prefix_cache_gb >= memory:
-        fail("train.prefix_cache_gb", f"{train.prefix_cache_gb:g} GiB is not below this machine's "
-                                      f"{memory:.1f} GiB of memory, which the LM and its training "
-                                      "need too; give less (0: no cache)")
+def device_memory_gib(device) -> tuple[float, str]:
+    """(GiB, what to call it) of the memory behind a torch device: a CUDA device's own,
+    else this machine's."""
+    if getattr(device, "type", str(device).split(":")[0]) == "cuda":
+        import torch
+
+        return torch.cuda.get_device_properties(device).total_memory / 2**30, f"{device}'s"
+    return memory_gib(), "this machine's"
+
+
+def check_prefix_cache(budget_gb: float, device) -> None:
+    """train.prefix_cache_gb (the super token's prefixes kept across epochs, on the LM's
+    device) below that device's memory: a budget is only a cap, so one above it would fail
+    half-way. model.device=auto is checked against this machine's memory here, and against
+    the device's once the LM has loaded (stopexp.stages.train)."""
+    memory, what = device_memory_gib(device)
+    if budget_gb >= memory:
+        fail("train.prefix_cache_gb", f"{budget_gb:g} GiB is not below {what} {memory:.1f} GiB "
+                                      "of memory (the cache lives on the LM's device), which the "
+                                      "LM and its training need too; give less (0: no cache)")
 
 
 def check_machine(cfg) -> None:
@@ -294,7 +307,7 @@ def check_machine(cfg) -> None:
     if cfg.model.name == "toy" and cfg.model.toy is not None:
         check_toy_memory(cfg.model.toy)
     if cfg.get("train") is not None and runs_the_lm(cfg.predictor.name):
-        check_prefix_cache(cfg.train)
+        check_prefix_cache(cfg.train.prefix_cache_gb, "cpu" if cfg.model.device == "auto" else cfg.model.device)
     shape = model_shape(cfg.model)
     check_positions(cfg, shape)
     if cfg.engine.name == "vllm":

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from stopexp.config.machine import check_prefix_cache
 from stopexp.core.names import lookup, runs_the_lm
 from stopexp.core.policies import selection_share
 from stopexp.core.protocol import checkpoint_tokens
@@ -70,6 +71,7 @@ def train(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
         if lm_based:
             predictor = lookup("lm_predictor", cfg.predictor.name)(
                 cfg.predictor, *build.lm(cfg, progress=False), cfg.search.max_batch_rows)
+            check_prefix_cache(cfg.train.prefix_cache_gb, predictor.stop.device)  # auto: now known
             predictor.keep_prefixes(cfg.train.prefix_cache_gb)
         else:
             predictor = build_predictor(cfg.predictor, spec)

@@ -16,16 +16,19 @@ from transformers import DynamicCache
 GIB = 1024 ** 3
 
 
-def _nbytes(kv: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
-    return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
+def _slice(cache, row: int, start: int, stop: int) -> torch.Tensor:
+    """Positions start:stop of `row` of a batch cache, every layer's keys and values in one
+    new tensor: (layers, 2, kv heads, stop - start, head dim)."""
+    return torch.stack([torch.stack([layer.keys[row, :, start:stop], layer.values[row, :, start:stop]])
+                        for layer in cache.layers])
 
 
 class PrefixCache:
     def __init__(self, budget_gb: float):
         self.budget = int(budget_gb * GIB)
         self.bytes = 0
-        self.prompts: dict[tuple, list] = {}  # prompt ids -> per layer (keys, values): (kv heads, P, head dim)
-        self.rows: dict[tuple, list] = {}     # (prompt ids, generated ids) -> the same for the generated part
+        self.prompts: dict[tuple, torch.Tensor] = {}  # prompt ids -> (layers, 2, kv heads, P, head dim)
+        self.rows: dict[tuple, torch.Tensor] = {}     # (prompt ids, generated ids) -> the generated part's
 
     def __contains__(self, row: tuple) -> bool:
         return row in self.rows
@@ -40,16 +43,12 @@ class PrefixCache:
             if (prompt, gen) in self.rows:
                 continue
             new_prompt = prompt not in self.prompts
-            p_kv = [(layer.keys[r, :, width - len(prompt):width].clone(),
-                     layer.values[r, :, width - len(prompt):width].clone())
-                    for layer in cache.layers] if new_prompt else self.prompts[prompt]
-            g_kv = [(layer.keys[r, :, width:width + len(gen)].clone(),
-                     layer.values[r, :, width:width + len(gen)].clone()) for layer in cache.layers]
-            size = _nbytes(g_kv) + (_nbytes(p_kv) if new_prompt else 0)
+            p_kv = _slice(cache, r, width - len(prompt), width) if new_prompt else self.prompts[prompt]
+            g_kv = _slice(cache, r, width, width + len(gen))
+            size = g_kv.nbytes + (p_kv.nbytes if new_prompt else 0)
             if self.bytes + size > self.budget:
                 return  # full: later rows are encoded again when they come back
-            self.prompts[prompt] = p_kv
-            self.rows[(prompt, gen)] = g_kv
+            self.prompts[prompt], self.rows[(prompt, gen)] = p_kv, g_kv
             self.bytes += size
 
     def assemble(self, rows: list[tuple], config) -> tuple[DynamicCache, torch.Tensor, torch.Tensor]:
@@ -57,19 +56,15 @@ class PrefixCache:
         the longest: the layout SuperTokenPredictor.score_cache takes."""
         lengths = [len(prompt) + len(gen) for prompt, gen in rows]
         width = max(lengths)
-        first = self.rows[rows[0]][0][0]
-        heads, dim = first.shape[0], first.shape[-1]
-        mask = torch.zeros((len(rows), width), dtype=torch.long, device=first.device)
-        for r, n in enumerate(lengths):
-            mask[r, width - n:] = 1
+        layers, _, heads, _, dim = self.rows[rows[0]].shape
+        kv = self.rows[rows[0]].new_zeros((layers, 2, len(rows), heads, width, dim))
+        mask = torch.zeros((len(rows), width), dtype=torch.long, device=kv.device)
+        for r, ((prompt, gen), n) in enumerate(zip(rows, lengths)):
+            start = width - n
+            kv[:, :, r, :, start:start + len(prompt)] = self.prompts[prompt]
+            kv[:, :, r, :, start + len(prompt):] = self.rows[(prompt, gen)]
+            mask[r, start:] = 1
         cache = DynamicCache(config=config)
-        for layer in range(len(self.rows[rows[0]])):
-            keys = first.new_zeros((len(rows), heads, width, dim))
-            values = first.new_zeros((len(rows), heads, width, dim))
-            for r, (prompt, gen) in enumerate(rows):
-                (pk, pv), (gk, gv) = self.prompts[prompt][layer], self.rows[(prompt, gen)][layer]
-                start = width - lengths[r]
-                keys[r, :, start:start + len(prompt)], values[r, :, start:start + len(prompt)] = pk, pv
-                keys[r, :, start + len(prompt):], values[r, :, start + len(prompt):] = gk, gv
-            cache.update(keys, values, layer)
-        return cache, mask, torch.tensor(lengths, device=first.device)
+        for layer in range(layers):
+            cache.update(kv[layer, 0], kv[layer, 1], layer)
+        return cache, mask, torch.tensor(lengths, device=kv.device)

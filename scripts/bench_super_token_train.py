@@ -25,6 +25,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,8 +49,10 @@ def data(cfg, tokenizer, n_prompts: int, prefix: int, seed: int = 0) -> dict:
     problems = build_task(cfg.task).problems("train", n_prompts)
     gen = torch.Generator().manual_seed(seed)
     rows = n_prompts * PATHS
-    return {"prompt": [p.prompt for p in problems for _ in range(PATHS)],
-            "tokens": list(torch.randint(100, tokenizer.vocab_size - 100, (rows, prefix), generator=gen)),
+    tokens = np.empty(rows, dtype=object)  # object arrays, as stopexp.store.bank.prefix_columns
+    tokens[:] = list(torch.randint(100, tokenizer.vocab_size - 100, (rows, prefix), generator=gen).numpy())
+    return {"prompt": np.asarray([p.prompt for p in problems for _ in range(PATHS)], dtype=object),
+            "tokens": tokens,
             "prefix_len": torch.full((rows,), float(prefix)),
             "group": torch.arange(n_prompts).repeat_interleave(PATHS),
             "mc": torch.rand(rows, generator=gen), "correct": (torch.rand(rows, generator=gen) < 0.5).float()}

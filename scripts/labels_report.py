@@ -15,8 +15,9 @@ resamples, evaluate.seed), and soft minus hard for each predictor.
 
 Hydra overrides compose the bank's config as train's do; nothing is collected or
 featurized here (a missing bank or features ends the script with the command that makes
-them). The super token (predictor=super_token) loads the LM and re-encodes every prefix
-in every epoch: on 2 cores it is the slow row. Prints the table as markdown and writes
+them). The super token (predictor=super_token) loads the LM, encodes every prefix in its
+first epoch and keeps their K/V for the next (train.prefix_cache_gb): on 2 cores it is the
+slow row. Prints the table as markdown and writes
 labels.json into --out (default <paths.output_dir>/labels/<features key>).
 """
 from __future__ import annotations

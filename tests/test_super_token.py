@@ -233,3 +233,43 @@ def test_train_and_evaluate_through_the_harness(small_bank):
                                        "policy.keep=4", "evaluate.mode=online"]))
     r = evaluate(ev)["methods"]["super_token"]
     assert 0 <= r["accuracy"] <= 1 and 0 < r["check_share"] < 1 and np.isfinite(r["auroc_pooled"])
+
+
+def test_stop_attention_holds_the_prefix_constant_and_matches_the_models_attention(tiny_lm, monkeypatch):
+    """[STOP]'s attention with the cached prefix detached (stopexp.models.stop_attention)
+    gives the scores and the trained parameters' gradients of the LM's own attention, and
+    is what every layer runs in the scoring call."""
+    import contextlib
+
+    import stopexp.models.stop_attention as sa
+    import stopexp.models.super_token as super_token
+
+    st = fresh(tiny_lm)
+    _, state = launched(st, until=6)
+    batch = shared_batch(st, state)
+    batch.update(mc=torch.tensor([0.25, 0.5, 1.0, 0.0, 0.75, float("nan")]),
+                 correct=torch.tensor([0.0, 1.0, 1.0, 0.0, 1.0, 0.0]))
+    loss_fn = build_loss(LossConfig(name="reward_regression"))
+    calls = []
+    attend = sa.prefix_constant_attention
+    monkeypatch.setattr(sa, "prefix_constant_attention", lambda *a, **k: calls.append(1) or attend(*a, **k))
+    sa.AttentionInterface.register(sa.NAME, sa.prefix_constant_attention)
+
+    def scored():
+        st.zero_grad(set_to_none=True)
+        scores = st(batch)
+        loss_fn(scores, batch).backward()
+        return scores.detach(), {n: p.grad.clone() for n, p in st.named_parameters()}
+
+    try:
+        ours, ours_grads = scored()
+        assert len(calls) == st.lm.config.num_hidden_layers  # one scoring call, every layer
+        monkeypatch.setattr(super_token, "stop_attention", lambda lm: contextlib.nullcontext())
+        theirs, their_grads = scored()
+    finally:
+        sa.AttentionInterface.register(sa.NAME, attend)
+    assert st.lm.config._attn_implementation != sa.NAME  # switched back after the call
+    assert torch.allclose(ours, theirs, **FP32_REORDER)
+    for name, grad in ours_grads.items():
+        assert torch.allclose(grad, their_grads[name], rtol=1e-4, atol=1e-6), name
+    assert any(g.abs().sum() > 0 for n, g in ours_grads.items() if "lora_A" in n)

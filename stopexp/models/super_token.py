@@ -27,6 +27,7 @@ from transformers import DynamicCache
 
 from stopexp.models.extract import DEFAULT_BATCH_TOKENS, plan_batches
 from stopexp.models.prefix_cache import PrefixCache
+from stopexp.models.stop_attention import stop_attention
 from stopexp.search.sample import prompt_ids
 from stopexp.signals.saved_predictor import (REBUILD, CheckpointMismatch, check_spec, check_trained_on,
                                         load_weights, read_checkpoint)
@@ -82,7 +83,7 @@ class SuperTokenPredictor(nn.Module):
         dtype = self.lm.get_input_embeddings().weight.dtype
         length = cache.get_seq_length()
         try:
-            with self._adapter():
+            with self._adapter(), stop_attention(self.lm):
                 hidden = self.lm.get_decoder()(
                     inputs_embeds=self.stop.to(dtype).expand(B, n, -1),
                     attention_mask=torch.cat([attention_mask, attention_mask.new_ones(B, n)], -1),

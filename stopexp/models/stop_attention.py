@@ -1,0 +1,55 @@
+"""The attention of the super token's [STOP] positions, with the cached prefix held constant.
+
+The super token trains only what acts on [STOP] (stopexp.models.super_token): the prefix's
+keys and values come from the cache, computed without LoRA, and need no gradient. PyTorch's
+fused attention differentiates with respect to every key and value it is given, so its
+backward fills and computes gradients the size of the whole prefix cache, in every layer,
+for the few [STOP] positions. Here the scores are split into the prefix's (its keys and
+values detached: their backward is a matmul against the few queries) and the [STOP]
+positions' own, under one softmax: the same attention (grouped-query heads without copies
+of the keys), a fraction of the backward. Registered as an attention implementation of
+transformers (its mask: the eager one, additive); `stop_attention(lm)` switches the LM to
+it for the scoring call only.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+from transformers import AttentionInterface
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
+
+NAME = "stopexp_stop"
+
+
+def prefix_constant_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+    """(attention output (B, n, heads, head dim), None) of the n newest positions (`query`,
+    B x heads x n x head dim) over `key` / `value` (B x kv heads x L x head dim, the cache
+    and these n positions last); `attention_mask` additive, B x 1 x n x L."""
+    B, heads, n, dim = query.shape
+    kv_heads, length = key.shape[1], key.shape[2]
+    groups, past = heads // kv_heads, length - n
+    q = query.reshape(B, kv_heads, groups * n, dim)  # query head h = kv head h // groups
+    scores = torch.cat([q @ key[:, :, :past].detach().transpose(-1, -2),
+                        q @ key[:, :, past:].transpose(-1, -2)], -1) * scaling
+    scores = scores.view(B, kv_heads, groups, n, length)
+    if attention_mask is not None:
+        scores = scores + attention_mask[:, :, None, :, :length]
+    weights = torch.softmax(scores.float(), -1).to(query.dtype).view(B, kv_heads, groups * n, length)
+    out = weights[..., :past] @ value[:, :, :past].detach() + weights[..., past:] @ value[:, :, past:]
+    return out.view(B, heads, n, dim).transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(NAME, prefix_constant_attention)
+ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, eager_mask)
+
+
+@contextmanager
+def stop_attention(lm):
+    """`lm` attends with `prefix_constant_attention` inside the block."""
+    before = lm.config._attn_implementation
+    lm.config._attn_implementation = NAME
+    try:
+        yield
+    finally:
+        lm.config._attn_implementation = before

@@ -1,19 +1,27 @@
-"""What keeping the prefixes' K/V across epochs (train.prefix_cache_gb,
-stopexp.models.prefix_cache) saves the super token's training, measured in one run.
+"""What the super token's training saves by keeping the prefixes' K/V across epochs
+(train.prefix_cache_gb, stopexp.models.prefix_cache) and by attending from [STOP] with the
+prefix held constant (stopexp.models.stop_attention), measured in one run.
 
-SmolLM2-135M-Instruct as +exp=smollm2_super_token loads it for training (the HF model),
---prompts prompts of its task (the multi-step mix's few-shot prompts) x 16 paths, each a
-prefix of --prefix seeded random token ids (49: the exp's check), soft labels drawn at
-random: timing needs the shapes, not the text. Each way runs --epochs epochs of the
-training step (batches of train.batch_prompts prompts, reward regression, AdamW) from the
-same initial weights; the table gives the seconds of each epoch, the ratio, the cache's
-size and the largest difference of the per-epoch mean loss between the two ways (the
-cached rows are laid out in another padding, so float32 reductions may reorder).
+SmolLM2-135M-Instruct as +exp=smollm2_super_token loads it for training (the HF model, in
+bfloat16), --prompts prompts of its task (the multi-step mix's few-shot prompts) x 16
+paths, each a prefix of --prefix seeded random token ids (49: the exp's check), soft labels
+drawn at random: timing needs the shapes, not the text. Each way runs --epochs epochs of
+the training step (batches of train.batch_prompts prompts, reward regression, AdamW) from
+the same initial weights:
+
+  fused, encoded   PyTorch's fused attention (the LM's own) for [STOP], every prefix
+                   encoded at every step: the training before either change;
+  stop, encoded    stopexp's [STOP] attention, every prefix encoded at every step;
+  stop, kept       stopexp's [STOP] attention, the prefixes' K/V kept (what train runs).
+
+The table gives the seconds of each epoch and the ratios, then the cache's size and the
+largest difference of the per-epoch mean loss from the first way (other kernels and
+padding: float reductions reorder).
 
     .venv/bin/python scripts/bench_super_token_train.py
     .venv/bin/python scripts/bench_super_token_train.py --prompts 32 --epochs 3
 
-Run it on an idle machine: it prints the load average.
+About 5 minutes on 2 cores. Run it on an idle machine: it prints the load average.
 """
 from __future__ import annotations
 
@@ -58,11 +66,14 @@ def data(cfg, tokenizer, n_prompts: int, prefix: int, seed: int = 0) -> dict:
             "mc": torch.rand(rows, generator=gen), "correct": (torch.rand(rows, generator=gen) < 0.5).float()}
 
 
-def run(cfg, lm, tokenizer, rows: dict, epochs: int, budget_gb: float) -> tuple[list[float], list[float], float]:
-    """(seconds per epoch, mean loss per epoch, GiB kept) training from the seeded start."""
+def run(cfg, lm, tokenizer, rows: dict, epochs: int, budget_gb: float,
+        fused: bool = False) -> tuple[list[float], list[float], float]:
+    """(seconds per epoch, mean loss per epoch, GiB kept) training from the seeded start;
+    `fused`: [STOP] attends with the LM's own attention instead of stopexp's."""
+    import contextlib
+
+    import stopexp.models.super_token as super_token
     from stopexp.models.super_token import SuperTokenPredictor
-    from stopexp.store import bank
-    from stopexp.training.fit import prompt_batches
     from stopexp.training.losses import build_loss
 
     torch.manual_seed(cfg.train.seed)
@@ -73,6 +84,22 @@ def run(cfg, lm, tokenizer, rows: dict, epochs: int, budget_gb: float) -> tuple[
                             weight_decay=cfg.train.weight_decay)
     rng, seconds, losses = random.Random(cfg.train.seed), [], []
     st.train()
+    ours = super_token.stop_attention
+    if fused:
+        super_token.stop_attention = lambda lm: contextlib.nullcontext()
+    try:
+        _epochs(st, rows, epochs, loss_fn, opt, rng, cfg, seconds, losses)
+    finally:
+        super_token.stop_attention = ours
+    kept = st.prefixes.bytes / 2**30 if st.prefixes is not None else 0.0
+    return seconds, losses, kept
+
+
+def _epochs(st, rows, epochs, loss_fn, opt, rng, cfg, seconds, losses) -> None:
+    """`epochs` epochs of training steps, appending each one's seconds and mean loss."""
+    from stopexp.store import bank
+    from stopexp.training.fit import prompt_batches
+
     for _ in range(epochs):
         start, epoch_losses = time.perf_counter(), []
         for idx in prompt_batches(rows["group"], cfg.train.batch_prompts, rng):
@@ -84,8 +111,6 @@ def run(cfg, lm, tokenizer, rows: dict, epochs: int, budget_gb: float) -> tuple[
             epoch_losses.append(loss.item())
         seconds.append(time.perf_counter() - start)
         losses.append(sum(epoch_losses) / len(epoch_losses))
-    kept = st.prefixes.bytes / 2**30 if st.prefixes is not None else 0.0
-    return seconds, losses, kept
 
 
 def main() -> None:
@@ -105,16 +130,20 @@ def main() -> None:
     print(f"load average {os.getloadavg()[0]:.2f}; torch threads {torch.get_num_threads()}; "
           f"{args.prompts} prompts ({prompt_tokens / args.prompts:.0f} tokens on average) x {PATHS} "
           f"paths x {args.prefix} generated tokens; batch_prompts={cfg.train.batch_prompts}")
-    plain_s, plain_loss, _ = run(cfg, lm, tokenizer, rows, args.epochs, 0.0)
-    kept_s, kept_loss, gib = run(cfg, lm, tokenizer, rows, args.epochs, args.budget_gb)
-    print("\n| epoch | encoded every epoch (s) | prefixes kept (s) | ratio |\n|---|---|---|---|")
-    for e, (a, b) in enumerate(zip(plain_s, kept_s), 1):
-        print(f"| {e} | {a:.1f} | {b:.1f} | {a / b:.2f}x |")
-    later = sum(plain_s[1:]) / max(sum(kept_s[1:]), 1e-9)
-    print(f"\nepochs after the first: {later:.1f}x faster; kept {gib:.2f} GiB "
+    ways = {"fused, encoded": run(cfg, lm, tokenizer, rows, args.epochs, 0.0, fused=True),
+            "stop, encoded": run(cfg, lm, tokenizer, rows, args.epochs, 0.0),
+            "stop, kept": run(cfg, lm, tokenizer, rows, args.epochs, args.budget_gb)}
+    (base, base_loss, _), (enc, _, _), (kept, _, gib) = ways.values()
+    print(f"\n| epoch | {' (s) | '.join(ways)} (s) | stop, encoded vs fused | stop, kept vs fused |")
+    print("|---" * (len(ways) + 3) + "|")
+    for e in range(args.epochs):
+        print(f"| {e + 1} | {' | '.join(f'{w[0][e]:.1f}' for w in ways.values())} | "
+              f"{base[e] / enc[e]:.2f}x | {base[e] / kept[e]:.2f}x |")
+    later = sum(base[1:]) / max(sum(kept[1:]), 1e-9)
+    diff = max(abs(a - b) for w in ways.values() for a, b in zip(base_loss, w[1]))
+    print(f"\nepochs after the first, stop + kept against fused + encoded: {later:.2f}x; kept {gib:.2f} GiB "
           f"({gib * 2**30 / len(rows['group']) / 2**20:.2f} MiB a path with its share of the prompt); "
-          f"largest per-epoch mean loss difference {max(abs(a - b) for a, b in zip(plain_loss, kept_loss)):.2e}")
-
+          f"largest per-epoch mean loss difference from fused, encoded {diff:.2e}")
 
 if __name__ == "__main__":
     main()

@@ -29,15 +29,18 @@ def prefix_constant_attention(module, query, key, value, attention_mask, scaling
     B, heads, n, dim = query.shape
     kv_heads, length = key.shape[1], key.shape[2]
     groups, past = heads // kv_heads, length - n
-    q = query.reshape(B, kv_heads, groups * n, dim)  # query head h = kv head h // groups
+    # in float32, as fused kernels accumulate: half-precision scores would round the small
+    # differences between paths that the head ranks
+    q = query.float().reshape(B, kv_heads, groups * n, dim)  # query head h = kv head h // groups
+    key, value = key.float(), value.float()
     scores = torch.cat([q @ key[:, :, :past].detach().transpose(-1, -2),
                         q @ key[:, :, past:].transpose(-1, -2)], -1) * scaling
     scores = scores.view(B, kv_heads, groups, n, length)
     if attention_mask is not None:
-        scores = scores + attention_mask[:, :, None, :, :length]
-    weights = torch.softmax(scores.float(), -1).to(query.dtype).view(B, kv_heads, groups * n, length)
+        scores = scores + attention_mask[:, :, None, :, :length].float()
+    weights = torch.softmax(scores, -1).view(B, kv_heads, groups * n, length)
     out = weights[..., :past] @ value[:, :, :past].detach() + weights[..., past:] @ value[:, :, past:]
-    return out.view(B, heads, n, dim).transpose(1, 2).contiguous(), None
+    return out.view(B, heads, n, dim).transpose(1, 2).to(query.dtype).contiguous(), None
 
 
 AttentionInterface.register(NAME, prefix_constant_attention)

@@ -273,3 +273,13 @@ def test_stop_attention_holds_the_prefix_constant_and_matches_the_models_attenti
     for name, grad in ours_grads.items():
         assert torch.allclose(grad, their_grads[name], rtol=1e-4, atol=1e-6), name
     assert any(g.abs().sum() > 0 for n, g in ours_grads.items() if "lora_A" in n)
+
+
+def test_stop_attention_refuses_what_it_does_not_apply():
+    from stopexp.models.stop_attention import prefix_constant_attention
+
+    q, kv = torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 3, 4)
+    out, _ = prefix_constant_attention(None, q, kv, kv, None, 0.5, sliding_window=None)
+    assert out.shape == (1, 1, 2, 4)
+    with pytest.raises(ValueError, match="softcap"):
+        prefix_constant_attention(None, q, kv, kv, None, 0.5, softcap=30.0)

@@ -20,12 +20,19 @@ from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
 
 NAME = "stopexp_stop"
+# what some models' own attention adds (logit soft-capping, sink logits), refused rather
+# than left out; sliding windows need nothing here: their mask holds them
+UNSUPPORTED = ("softcap", "s_aux")
 
 
 def prefix_constant_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
     """(attention output (B, n, heads, head dim), None) of the n newest positions (`query`,
     B x heads x n x head dim) over `key` / `value` (B x kv heads x L x head dim, the cache
     and these n positions last); `attention_mask` additive, B x 1 x n x L."""
+    found = [k for k in UNSUPPORTED if kwargs.get(k) is not None]
+    if found:
+        raise ValueError(f"predictor=super_token: this model's attention has {', '.join(found)}, "
+                         "which the [STOP] attention (stopexp/models/stop_attention.py) does not apply")
     B, heads, n, dim = query.shape
     kv_heads, length = key.shape[1], key.shape[2]
     groups, past = heads // kv_heads, length - n

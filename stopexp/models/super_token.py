@@ -7,7 +7,8 @@ prefix and run through the frozen LM with a LoRA adapter; the last layer's hidde
 [STOP] has no token id: it is fed as `inputs_embeds`, so the tokenizer and the embedding
 matrix are untouched and no existing id or output can change. The adapter is injected
 into the LM but switched off except inside the scoring call, which only ever feeds the
-[STOP] positions (the prefix K/V come from the cache, computed without it). Scoring
+[STOP] positions (the prefix K/V come from the cache, computed without it; [STOP] attends
+to them as constants, stopexp.models.stop_attention). Scoring
 appends to the cache and crops it back, so a live path continues as if never checked.
 
 The batch gives the prefixes either as the live decode state ("lm_state", online) or as
@@ -156,7 +157,8 @@ class SuperTokenPredictor(nn.Module):
                 parts.append(self.score_cache(*self.prefixes.assemble([keys[i] for i in kept],
                                                                       self.lm.config)))
                 order += kept
-            rows = [i for i in rows if i not in set(kept)]  # to encode (and keep)
+            hit = set(kept)
+            rows = [i for i in rows if i not in hit]  # to encode (and keep)
             if rows:
                 encoded = self.encode([sequences[i][0] + sequences[i][1] for i in rows],
                                       [len(sequences[i][0]) for i in rows])

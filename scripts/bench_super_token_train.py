@@ -118,7 +118,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--prefix", type=int, default=49, help="generated tokens per prefix")
-    ap.add_argument("--budget-gb", type=float, default=8.0, help="train.prefix_cache_gb of the cached way")
+    ap.add_argument("--budget-gb", type=float, default=8.0, help="the cached way's budget (GiB)")
     args = ap.parse_args()
     from stopexp.search.sample import prompt_ids
     from stopexp.stages import build

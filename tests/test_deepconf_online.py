@@ -32,6 +32,10 @@ def test_group_confidence_and_stop_point():
     assert dc.lowest_group_conf([1, 2], 3) == 1.5  # shorter than a window: the mean
     assert dc.stop_point([5, 5, 2, 2, 5], 2, 3.0) == 4  # window (2, 2) ends at token 4
     assert dc.stop_point([3, 3, 3], 2, 3.0) == 3  # never below: runs to the end
+    # a copy of a warm-up path at the threshold, its confidences rounded otherwise (the
+    # engine's live ones against the bank's), is at the threshold, not below
+    assert dc.stop_point([3, 3 - 1e-6, 3], 2, 3.0) == 3
+    assert dc.stop_point([3, 3 - 1e-3, 3], 2, 3.0) == 2
 
 
 def test_online_threshold_and_stops():

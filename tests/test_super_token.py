@@ -200,12 +200,18 @@ def test_config_and_bad_values():
         validate(compose("train", ["predictor=super_token", "predictor.lora_rank=0"]))
     with pytest.raises(ConfigError, match="train.prefix_cache_gb"):
         validate(compose("train", ["predictor=super_token", "train.prefix_cache_gb=-1"]))
-    with pytest.raises(ConfigError, match="train.prefix_cache_gb.*memory"):
-        validate(compose("train", ["predictor=super_token", "train.prefix_cache_gb=100000"]))
+    # sized where the LM has loaded: a number below the memory free there, null half of it
+    from stopexp.config.machine import free_memory_gib, prefix_cache_budget
+
+    free = free_memory_gib(torch.device("cpu"))[0]
+    with pytest.raises(ConfigError, match=r"^train.prefix_cache_gb: 100000 GiB is not below the .* GiB available"):
+        prefix_cache_budget(100000, torch.device("cpu"))
+    assert 0 < prefix_cache_budget(None, torch.device("cpu")) <= free / 2 + 1
+    assert prefix_cache_budget(0, torch.device("cpu")) == 0 and prefix_cache_budget(0.5, "cpu") == 0.5
     # a memory setting: the trained predictor's key (its directory) is the same at any budget
     keys = {build.predictor_dir(cfg, build.feature_set(cfg)).name for cfg in
             (validate(compose("train", ["predictor=super_token", f"train.prefix_cache_gb={gb}"]))
-             for gb in (0, 8))}
+             for gb in (0, 8, "null"))}
     assert len(keys) == 1
 
 

@@ -1,13 +1,13 @@
 """What this machine can run, checked before any model loads (`check_machine`): the device
-model.device names, the model's positions against search.max_new_tokens, the super token's
-train.prefix_cache_gb against the memory of its device, and what vLLM
+model.device names, the model's positions against search.max_new_tokens, and what vLLM
 would refuse at start-up (devices or cores for engine.tensor_parallel_size, memory for
 engine.cpu_kvcache_space, the model's heads and positions).
 
 The model's shape is read without its weights (`model_shape`): from model.toy, from the
 config.json of a local directory or of the hub cache, or from a GGUF file's header; a hub
 model not yet downloaded has none, and is checked once it loads. torch is imported only
-where a config names a device other than auto / cpu, or engine=vllm.
+where a config names a device other than auto / cpu, or engine=vllm. The super token's
+prefix cache is sized where its LM has loaded (`prefix_cache_budget`, called by train).
 """
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stopexp.config.ranges import fail
-from stopexp.core.names import runs_the_lm
 
 TOY_POSITIONS = 256  # the toy LM's max_position_embeddings (stopexp.models.toy_lm.build_model)
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -278,26 +277,34 @@ def check_toy_memory(toy) -> None:
                           f"takes {need:.3g} GiB or more, and this machine has {memory:.1f} GiB")
 
 
-def device_memory_gib(device) -> tuple[float, str]:
-    """(GiB, what to call it) of the memory behind a torch device: a CUDA device's own,
-    else this machine's."""
+def free_memory_gib(device) -> tuple[float, str]:
+    """(GiB, what to call it) of the memory free on a torch device now: a CUDA device's own,
+    else this machine's available memory (MemAvailable; the total where it is not known)."""
     if getattr(device, "type", str(device).split(":")[0]) == "cuda":
         import torch
 
-        return torch.cuda.get_device_properties(device).total_memory / 2**30, f"{device}'s"
-    return memory_gib(), "this machine's"
+        return torch.cuda.mem_get_info(device)[0] / 2**30, f"free on {device}"
+    try:
+        with open("/proc/meminfo") as f:
+            kib = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
+        return min(kib / 2**20, memory_gib()), "available on this machine"
+    except (OSError, StopIteration, ValueError, IndexError):
+        return memory_gib(), "of this machine's memory"
 
 
-def check_prefix_cache(budget_gb: float, device) -> None:
-    """train.prefix_cache_gb (the super token's prefixes kept across epochs, on the LM's
-    device) below that device's memory: a budget is only a cap, so one above it would fail
-    half-way. model.device=auto is checked against this machine's memory here, and against
-    the device's once the LM has loaded (stopexp.stages.train)."""
-    memory, what = device_memory_gib(device)
-    if budget_gb >= memory:
-        fail("train.prefix_cache_gb", f"{budget_gb:g} GiB is not below {what} {memory:.1f} GiB "
-                                      "of memory (the cache lives on the LM's device), which the "
-                                      "LM and its training need too; give less (0: no cache)")
+def prefix_cache_budget(setting: float | None, device) -> float:
+    """The GiB the super token keeps of its prefixes on `device`, where its LM has loaded:
+    train.prefix_cache_gb, refused unless below the memory free there (a budget is only a
+    cap, so one above it would fail half-way through training); null: half of it."""
+    free, what = free_memory_gib(device)
+    if setting is None:
+        return free / 2
+    if setting and setting >= free:
+        fail("train.prefix_cache_gb", f"{setting:g} GiB is not below the {free:.1f} GiB {what} "
+                                      "with the LM loaded (the cache lives on the LM's device, "
+                                      "beside its training); give less, null (half of it) or 0 "
+                                      "(no cache)")
+    return setting
 
 
 def check_machine(cfg) -> None:
@@ -306,8 +313,6 @@ def check_machine(cfg) -> None:
     check_attention(cfg.model.attn_implementation)
     if cfg.model.name == "toy" and cfg.model.toy is not None:
         check_toy_memory(cfg.model.toy)
-    if cfg.get("train") is not None and runs_the_lm(cfg.predictor.name):
-        check_prefix_cache(cfg.train.prefix_cache_gb, "cpu" if cfg.model.device == "auto" else cfg.model.device)
     shape = model_shape(cfg.model)
     check_positions(cfg, shape)
     if cfg.engine.name == "vllm":

@@ -183,8 +183,9 @@ class TrainConfig:
     early_stopping: bool = True
     # GiB of the prefixes' keys and values predictor=super_token keeps across epochs (on the
     # LM's device; its prefixes are encoded without LoRA, so they do not change while it
-    # trains): rows beyond it are encoded again every epoch; 0 = no cache. Changes no result.
-    prefix_cache_gb: float = 8.0
+    # trains): rows beyond it are encoded again every epoch; null = half the memory free
+    # there once the LM has loaded; 0 = no cache. Sizes memory only, changes no result.
+    prefix_cache_gb: Optional[float] = None
 
 
 def check_predictor(pred) -> None:
@@ -198,7 +199,8 @@ def check_train(tr) -> None:
         at_least(f"train.{key}", tr[key], 1)
     within("train.lr", tr.lr, 0, math.inf, low_open=True, high_open=True)
     at_least("train.weight_decay", tr.weight_decay, 0)
-    at_least("train.prefix_cache_gb", tr.prefix_cache_gb, 0)
+    if tr.prefix_cache_gb is not None:
+        at_least("train.prefix_cache_gb", tr.prefix_cache_gb, 0)
     if tr.max_prompts is not None:
         at_least("train.max_prompts", tr.max_prompts, 1)
 

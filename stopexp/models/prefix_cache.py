@@ -47,13 +47,14 @@ class PrefixCache:
             g_kv = _slice(cache, r, width, width + len(gen))
             size = g_kv.nbytes + (p_kv.nbytes if new_prompt else 0)
             if self.bytes + size > self.budget:
-                return  # full: later rows are encoded again when they come back
+                continue  # encoded again when it comes back; a smaller row may still fit
             self.prompts[prompt], self.rows[(prompt, gen)] = p_kv, g_kv
             self.bytes += size
 
-    def assemble(self, rows: list[tuple], config) -> tuple[DynamicCache, torch.Tensor, torch.Tensor]:
+    def assemble(self, rows: list[tuple], lm_config) -> tuple[DynamicCache, torch.Tensor, torch.Tensor]:
         """(cache, attention mask, next positions) of cached `rows`, each row left-padded to
-        the longest: the layout SuperTokenPredictor.score_cache takes."""
+        the longest (a cache of the LM of `lm_config`): the layout SuperTokenPredictor.score_cache
+        takes."""
         lengths = [len(prompt) + len(gen) for prompt, gen in rows]
         width = max(lengths)
         layers, _, heads, _, dim = self.rows[rows[0]].shape
@@ -64,7 +65,7 @@ class PrefixCache:
             kv[:, :, r, :, start:start + len(prompt)] = self.prompts[prompt]
             kv[:, :, r, :, start + len(prompt):] = self.rows[(prompt, gen)]
             mask[r, start:] = 1
-        cache = DynamicCache(config=config)
+        cache = DynamicCache(config=lm_config)
         for layer in range(layers):
             cache.update(kv[layer, 0], kv[layer, 1], layer)
         return cache, mask, torch.tensor(lengths, device=kv.device)

@@ -20,8 +20,8 @@ from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
 
 NAME = "stopexp_stop"
-# what some models' own attention adds (logit soft-capping, sink logits), refused rather
-# than left out; sliding windows need nothing here: their mask holds them
+# what some models' own attention adds (logit soft-capping, sink logits): refused rather
+# than left out
 UNSUPPORTED = ("softcap", "s_aux")
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from stopexp.config.machine import check_prefix_cache
+from stopexp.config.machine import prefix_cache_budget
 from stopexp.core.names import lookup, runs_the_lm
 from stopexp.core.policies import selection_share
 from stopexp.core.protocol import checkpoint_tokens
@@ -71,14 +71,17 @@ def train(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
         if lm_based:
             predictor = lookup("lm_predictor", cfg.predictor.name)(
                 cfg.predictor, *build.lm(cfg, progress=False), cfg.search.max_batch_rows)
-            check_prefix_cache(cfg.train.prefix_cache_gb, predictor.stop.device)  # auto: now known
-            predictor.keep_prefixes(cfg.train.prefix_cache_gb)
+            predictor.keep_prefixes(prefix_cache_budget(cfg.train.prefix_cache_gb, predictor.stop.device))
         else:
             predictor = build_predictor(cfg.predictor, spec)
             predictor.fit_inputs(data["train"])  # predictor.pca_components: on training rows only
         metrics, scores, history = fit_and_score(predictor, cfg.predictor.name, data, cfg.train,
                                                  cfg.loss, start, progress)
         metrics["train_prompts"] = n_prompts
+        if lm_based and predictor.prefixes is not None:  # whether the prefixes fitted
+            kept = predictor.prefixes
+            log.info("kept the K/V of %d prefixes across epochs: %.2f of %.2f GiB (train.prefix_cache_gb)",
+                     len(kept.rows), kept.bytes / 2**30, kept.budget / 2**30)
         if not every_position and not lm_based:  # the checkpoint's predictor at every position
             for split in data:
                 metrics[split]["auroc_by_prefix"] = prefix_curve(

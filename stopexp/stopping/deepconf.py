@@ -103,7 +103,7 @@ class OnlineStops:
             # the windows ending after those already checked, computed as replay computes them
             done = max(self.checked.get(p.key, 0), self.window - 1)
             self.checked[p.key] = len(conf)
-            below = np.nonzero(window_means(conf, self.window)[done - self.window + 1:] < threshold)[0]
+            below = np.nonzero(is_below(window_means(conf, self.window)[done - self.window + 1:], threshold))[0]
             if len(below):
                 out.append((p, done + 1 + int(below[0])))
         return out
@@ -147,6 +147,19 @@ class DeepConfTop(StoppingMethod):
                          r.lowest)
 
 
+# a group confidence within this relative distance of the threshold is at it, not below:
+# a path equal to a warm-up path (whose lowest group confidence is the threshold) has the
+# same windows up to float rounding, which differs between the engine's live confidences
+# and the bank's stored ones (other batch shapes), and must not be stopped by one and kept
+# by the other
+TIE = 1e-5
+
+
+def is_below(values, threshold: float) -> np.ndarray:
+    """Group confidences below `threshold` by more than float rounding (TIE)."""
+    return np.asarray(values, np.float64) < threshold - TIE * abs(threshold)
+
+
 def window_means(conf: np.ndarray, window: int) -> np.ndarray:
     """(L - window + 1,) group confidences of the full windows; entry i ends at token
     i + window (1-based); empty when the path is shorter than the window."""
@@ -169,7 +182,7 @@ def lowest_group_conf(conf: np.ndarray, window: int) -> float:
 def stop_point(conf: np.ndarray, window: int, threshold: float) -> int:
     """Tokens a path generates before DeepConf online stops it: the end of the first full
     window whose group confidence is below `threshold`, else its full length."""
-    below = np.nonzero(window_means(conf, window) < threshold)[0]
+    below = np.nonzero(is_below(window_means(conf, window), threshold))[0]
     return int(below[0]) + window if len(below) else len(conf)
 
 
@@ -205,7 +218,7 @@ def online(confs: list[np.ndarray], warmup: int, keep_percent: float, window: in
     threshold = float(np.percentile(lowest[:warmup], 100 - keep_percent))
     warm = np.arange(len(confs)) < warmup
     # a path is stopped when some window falls below: then its lowest one does too
-    voter = warm | ~(lowest < threshold) | np.asarray([len(c) < window for c in confs])
+    voter = warm | ~is_below(lowest, threshold) | np.asarray([len(c) < window for c in confs])
     spent = np.asarray([len(c) if v else stop_point(c, window, threshold)
                         for c, v in zip(confs, voter)], np.int64)
     return spent, voter, lowest, threshold

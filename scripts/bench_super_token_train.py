@@ -82,24 +82,24 @@ def run(cfg, lm, tokenizer, rows: dict, epochs: int, budget_gb: float,
     loss_fn = build_loss(cfg.loss)
     opt = torch.optim.AdamW([p for p in st.parameters() if p.requires_grad], lr=cfg.train.lr,
                             weight_decay=cfg.train.weight_decay)
-    rng, seconds, losses = random.Random(cfg.train.seed), [], []
     st.train()
     ours = super_token.stop_attention
     if fused:
         super_token.stop_attention = lambda lm: contextlib.nullcontext()
     try:
-        _epochs(st, rows, epochs, loss_fn, opt, rng, cfg, seconds, losses)
+        seconds, losses = _epochs(st, rows, epochs, loss_fn, opt, random.Random(cfg.train.seed), cfg)
     finally:
         super_token.stop_attention = ours
     kept = st.prefixes.bytes / 2**30 if st.prefixes is not None else 0.0
     return seconds, losses, kept
 
 
-def _epochs(st, rows, epochs, loss_fn, opt, rng, cfg, seconds, losses) -> None:
-    """`epochs` epochs of training steps, appending each one's seconds and mean loss."""
+def _epochs(st, rows, epochs, loss_fn, opt, rng, cfg) -> tuple[list[float], list[float]]:
+    """(seconds, mean loss) of each of `epochs` epochs of training steps."""
     from stopexp.store import bank
     from stopexp.training.fit import prompt_batches
 
+    seconds, losses = [], []
     for _ in range(epochs):
         start, epoch_losses = time.perf_counter(), []
         for idx in prompt_batches(rows["group"], cfg.train.batch_prompts, rng):
@@ -111,6 +111,7 @@ def _epochs(st, rows, epochs, loss_fn, opt, rng, cfg, seconds, losses) -> None:
             epoch_losses.append(loss.item())
         seconds.append(time.perf_counter() - start)
         losses.append(sum(epoch_losses) / len(epoch_losses))
+    return seconds, losses
 
 
 def main() -> None:

@@ -152,7 +152,7 @@ class SuperTokenPredictor(nn.Module):
         for units in plan_batches(sequences, DEFAULT_BATCH_TOKENS, self.max_rows):
             rows = [i for _, idx in units for i in idx]
             keys = {i: (tuple(sequences[i][0]), tuple(sequences[i][1])) for i in rows}
-            kept = [i for i in rows if self.prefixes is not None and keys[i] in self.prefixes]  # cached
+            kept = [i for i in rows if keys[i] in self.prefixes] if self.prefixes is not None else []
             if kept:
                 parts.append(self.score_cache(*self.prefixes.assemble([keys[i] for i in kept],
                                                                       self.lm.config)))

@@ -14,8 +14,8 @@ minimum over its full windows (the mean over the path when it is shorter), exact
   the choice open, the wrapper defaults to 90, keep_percent here to 10).
   Every other path stops after the first token whose window (full, ending at that token)
   has a group confidence below the threshold (by more than float rounding: TIE), and leaves
-  the vote; the warm-up paths and
-  the paths that finished vote, weighted by their lowest group confidence.
+  the vote; the warm-up paths and the paths that finished vote, weighted by their lowest
+  group confidence.
   warmup (a quarter of N), search.group_window (8) and search.conf_topk
   (5; the wrapper reads 20 log-probs) are this project's, sized to the toy's short paths.
 - Offline votes over N finished paths: `weighted` (each path's vote weighs its lowest group

@@ -25,9 +25,7 @@ import sys
 import time
 
 import torch
-from hydra import compose, initialize_config_dir
 
-from stopexp.config import project_root, validate
 from stopexp.core.protocol import checkpoint_tokens
 from stopexp.stages import build
 from stopexp.search.decode import eos_ids, make_engine
@@ -35,6 +33,7 @@ from stopexp.search.sample import launch_lists
 from stopexp.search.stepping import run_paths
 from stopexp.search.taps import Taps
 from stopexp.tasks import build_task
+from stopexp.runtime.overrides import stage_config
 
 
 def sync():
@@ -102,8 +101,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--keep", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=3)
     args, overrides = parser.parse_known_args(argv)
-    with initialize_config_dir(str(project_root() / "conf"), version_base="1.3"):
-        cfg = validate(compose("collect", ["logger=none", *overrides]))
+    cfg = stage_config("collect", overrides)
     if cfg.engine.name == "vllm":
         return compare_vllm(cfg, args)
     rss_start = peak_rss_gib()

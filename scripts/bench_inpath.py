@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import sys
 
-from hydra import compose, initialize_config_dir
 
-from stopexp.config import project_root, validate
 from stopexp.core.errors import reported
 from stopexp.stages.evaluate import evaluate
+from stopexp.runtime.overrides import stage_config
 
 METHODS = ("step", "deepconf_online")
 
@@ -29,9 +28,8 @@ METHODS = ("step", "deepconf_online")
 def main(overrides: list[str]) -> None:
     base = ["logger=none", f"evaluate.methods=[{','.join(METHODS)},learned]",
             "evaluate.text_metrics=false", *overrides]
-    with initialize_config_dir(str(project_root() / "conf"), version_base="1.3"):
-        online_cfg = validate(compose("evaluate", [*base, "evaluate.mode=online"]))
-        replay_cfg = validate(compose("evaluate", base))
+    online_cfg = stage_config("evaluate", [*base, "evaluate.mode=online"])
+    replay_cfg = stage_config("evaluate", base)
     online = evaluate(online_cfg)
     m, p = online["methods"], online["protocol"]
     full = m["no_prune"]

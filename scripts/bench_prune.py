@@ -15,13 +15,12 @@ import sys
 import time
 
 import numpy as np
-from hydra import compose, initialize_config_dir
 
-from stopexp.config import project_root, validate
 from stopexp.core.policies import build_policy, kept_text
 from stopexp.store.path_table import Paths
 from stopexp.evaluation.accounting import keep_by_policy, outcome
 from stopexp.stages.evaluate import evaluate
+from stopexp.runtime.overrides import stage_config
 
 
 def replay_seconds(cfg, prompts: int = 1000, n: int = 32, k: int = 8) -> float:
@@ -40,10 +39,8 @@ def replay_seconds(cfg, prompts: int = 1000, n: int = 32, k: int = 8) -> float:
 
 
 def main(overrides: list[str]) -> None:
-    with initialize_config_dir(str(project_root() / "conf"), version_base="1.3"):
-        cfg = validate(compose("evaluate", ["logger=none", "evaluate.mode=online",
-                                            "evaluate.methods=[learned]",
-                                            "evaluate.text_metrics=false", *overrides]))
+    cfg = stage_config("evaluate", ["evaluate.mode=online", "evaluate.methods=[learned]",
+                                    "evaluate.text_metrics=false", *overrides])
     m = evaluate(cfg)
     full, pruned = m["methods"]["no_prune"], m["methods"][cfg.predictor.name]
     p = m["protocol"]

@@ -18,12 +18,11 @@ import time
 from pathlib import Path
 
 import torch
-from hydra import compose, initialize_config_dir
 
-from stopexp.config import project_root, validate
 from stopexp.store import bank
 from stopexp.store import feature_sets
 from stopexp.stages import build
+from stopexp.runtime.overrides import stage_config
 
 
 def artifact_bytes(meta: dict) -> int:
@@ -46,9 +45,8 @@ def main() -> None:
     base = [f"+exp={exp}", "logger=none", f"paths.output_dir={out}", f"collect.prompts.train={n}",
             f"collect.prompts.val={max(1, n // 4)}", f"collect.prompts.test={max(1, n // 4)}",
             *args.overrides]
-    with initialize_config_dir(str(project_root() / "conf"), version_base="1.3"):
-        cfg = validate(compose("pipeline", base))
-        retap = validate(compose("pipeline", [*base, f"tap.layers={layers}"]))
+    cfg = stage_config("pipeline", base)
+    retap = stage_config("pipeline", [*base, f"tap.layers={layers}"])
     from stopexp.stages.collect import collect
 
     start = time.perf_counter()

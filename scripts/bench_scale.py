@@ -16,9 +16,8 @@ import time
 
 import torch
 import torch.multiprocessing as mp
-from hydra import compose, initialize_config_dir
 
-from stopexp.config import project_root, validate
+from stopexp.runtime.overrides import stage_config
 
 WORK = ["logger=none", "search.n_paths=16", "collect.prompts.train=0", "collect.prompts.val=0",
         "collect.prompts.test=32", "collect.shard_prompts=2", "collect.mc_rollouts=0"]
@@ -36,8 +35,7 @@ def worker(rank: int, world: int, threads: int | None, overrides: list[str], rep
     if threads:
         torch.set_num_threads(threads)
     os.environ["LOCAL_RANK"] = str(rank)  # device=auto: one GPU per rank where there are several
-    with initialize_config_dir(str(project_root() / "conf"), version_base="1.3"):
-        cfg = validate(compose("collect", [*WORK, *overrides]))
+    cfg = stage_config("collect", [*WORK, *overrides])
     task = build_task(cfg.task)
     shards = plan(cfg.collect, task)[rank::world]
     model, tok = build.lm(cfg, progress=False)

@@ -22,14 +22,13 @@ import time
 
 import numpy as np
 import openai
-from hydra import compose, initialize_config_dir
 
-from stopexp.config import project_root, validate
 from stopexp.core.errors import reported
 from stopexp.serve.app import make_app
 from stopexp.serve.http import bind, serving_in_thread
 from stopexp.stages.serve import serving
 from stopexp.tasks import build_task
+from stopexp.runtime.overrides import stage_config
 
 ARMS = {"pruned": {}, "unpruned": {"prune": False}}
 
@@ -77,8 +76,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--requests", type=int, default=64, help="requests per cell (test prompts)")
     parser.add_argument("--clients", default="1,8,32", help="concurrent clients, comma-separated")
     args, overrides = parser.parse_known_args(argv)
-    with initialize_config_dir(str(project_root() / "conf"), version_base="1.3"):
-        cfg = validate(compose("serve", ["logger=none", *overrides, "serve.port=0"]))
+    cfg = stage_config("serve", [*overrides, "serve.port=0"])
     task = build_task(cfg.task, cfg.model.get("thinking"))
     problems = task.problems("test", args.requests)
     levels = [int(c) for c in args.clients.split(",")]

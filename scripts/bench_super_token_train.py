@@ -42,12 +42,9 @@ PATHS = 16
 
 
 def config(extra: list[str]):
-    from hydra import compose, initialize_config_dir
+    from stopexp.runtime.overrides import stage_config
 
-    from stopexp.config import validate
-
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return validate(compose("train", ["+exp=smollm2_super_token", "logger=none", *extra]))
+    return stage_config("train", ["+exp=smollm2_super_token", *extra])
 
 
 def data(cfg, tokenizer, n_prompts: int, prefix: int, seed: int = 0) -> dict:

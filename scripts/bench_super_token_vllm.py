@@ -81,14 +81,12 @@ TAP = 29  # SmolLM2's last decoder layer: the super token reads the last layer
 
 
 def config():
-    from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from stopexp.config import validate
+    from stopexp.runtime.overrides import stage_config
 
     GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return validate(compose("collect", OVERRIDES))
+    return stage_config("collect", OVERRIDES)
 
 
 def save_adapter(st, directory: Path, base: str, pred_cfg, stop_id: int) -> None:

@@ -25,10 +25,8 @@ import time
 
 import torch
 
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from stopexp.config import project_root, validate
 from stopexp.models.vllm_lm import open_vllm_engine
 from stopexp.search.sample import path_seeds, prompt_ids
 from stopexp.search.stepping import Running
@@ -37,11 +35,11 @@ from stopexp.stages.build import collection, feature_set, sampling
 from stopexp.stages.collect import collect
 from stopexp.store.feature_sets import featurize
 from stopexp.tasks import build_task
+from stopexp.runtime.overrides import stage_config
 
 
 def config(overrides: list[str], out: str):
-    with initialize_config_dir(str(project_root() / "conf"), version_base="1.3"):
-        return validate(compose("collect", ["logger=none", f"paths.output_dir={out}", *overrides]))
+    return stage_config("collect", [f"paths.output_dir={out}", *overrides])
 
 
 def decode(cfg, prompts: int, every: bool, block_size: int | None = None, repeats: int = 1) -> dict:

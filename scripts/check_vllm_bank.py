@@ -15,21 +15,19 @@ import sys
 
 import numpy as np
 import torch
-from hydra import compose, initialize_config_dir
 
-from stopexp.config import project_root, validate
 from stopexp.stages import build
 from stopexp.search.sample import prompt_ids
 from stopexp.search.vllm_engine import hf_token_columns
 from stopexp.store import bank
+from stopexp.runtime.overrides import stage_config
 
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--paths", type=int, default=400)
     args, overrides = parser.parse_known_args(argv)
-    with initialize_config_dir(str(project_root() / "conf"), version_base="1.3"):
-        cfg = validate(compose("collect", ["logger=none", *overrides]))
+    cfg = stage_config("collect", overrides)
     root = build.bank(cfg).root
     meta = bank.read_meta(root)
     if meta.get("engine", {}).get("name") != "vllm":

@@ -7,27 +7,23 @@ from __future__ import annotations
 
 import sys
 
-from hydra import compose, initialize_config_dir
 
-from stopexp.config import project_root, validate
 from stopexp.signals.methods import BASELINES
 from stopexp.stages import build
 from stopexp.stages.train import train
 from stopexp.store import bank
 from stopexp.training.fit import evaluate_scores
+from stopexp.runtime.overrides import stage_config
 
 PREDICTORS = ("statistic", "linear", "mlp", "conf_features")
 LOSSES = ("contrastive", "pairwise", "reward_regression", "mse")
 
 
 def main(overrides: list[str]) -> None:
-    conf = str(project_root() / "conf")
     rows = []
     for pred in PREDICTORS:
         for loss in LOSSES if pred != "statistic" else ("contrastive",):
-            with initialize_config_dir(conf, version_base="1.3"):
-                cfg = validate(compose("train", ["logger=none", *overrides,
-                                                 f"predictor={pred}", f"loss={loss}"]))
+            cfg = stage_config("train", [*overrides, f"predictor={pred}", f"loss={loss}"])
             m = train(cfg, progress=False)
             rows.append((f"{pred} / {loss}", m["val"], m["test"]))
     root = bank.require_bank(build.bank(cfg))

@@ -16,11 +16,10 @@ import json
 import re
 import sys
 
-from hydra import compose, initialize_config_dir
 
-from stopexp.config import project_root, validate
 from stopexp.store import bank
 from stopexp.stages import build
+from stopexp.runtime.overrides import stage_config
 
 
 def probe_answers(tokens, tokenizer, task, probe_freq: int, pattern: re.Pattern) -> list[str]:
@@ -49,8 +48,7 @@ def main(argv: list[str]) -> None:
     from stopexp.models import model_dir
     from stopexp.tasks import build_task
 
-    with initialize_config_dir(str(project_root() / "conf"), version_base="1.3"):
-        cfg = validate(compose("collect", ["logger=none", *args.overrides]))
+    cfg = stage_config("collect", args.overrides)
     root = bank.require_bank(build.bank(cfg))
     ds = bank.load_bank(root, args.split)
     tokenizer = AutoTokenizer.from_pretrained(model_dir(cfg.model, cfg.paths.cache_dir, cfg.task, progress=False))

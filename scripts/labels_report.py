@@ -27,9 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
 
-from stopexp.config import project_root, validate
 from stopexp.core.errors import ConfigError, reported
 from stopexp.core.names import predictor_names
 from stopexp.core.protocol import checkpoint_tokens
@@ -40,6 +38,7 @@ from stopexp.stages import build
 from stopexp.stages.scorers import load_trained
 from stopexp.stages.train import train
 from stopexp.store import bank, feature_sets
+from stopexp.runtime.overrides import stage_config
 
 log = logging.getLogger("labels_report")
 
@@ -72,15 +71,10 @@ def parse(argv: list[str]) -> tuple[dict, list[str]]:
     return options, overrides
 
 
-def composed(overrides: list[str]):
-    with initialize_config_dir(str(project_root() / "conf"), version_base="1.3"):
-        return validate(compose("train", ["logger=none", *overrides]))
-
-
 def main(argv: list[str]) -> dict:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     options, overrides = parse(argv)
-    cfg = composed(overrides)
+    cfg = stage_config("train", overrides)
     predictors = options.get("--predictors", ["mlp", "super_token"])
     labels = options.get("--labels", list(LABELS))
     features = build.feature_set(cfg)
@@ -100,7 +94,7 @@ def main(argv: list[str]) -> dict:
     rows, scores = [], {}
     for predictor in predictors:
         for label in labels:
-            sub = composed([*overrides, f"predictor={predictor}", *LABELS[label]])
+            sub = stage_config("train", [*overrides, f"predictor={predictor}", *LABELS[label]])
             start = time.time()
             m = train(sub, overrides=overrides, progress=False)
             s = M.learned(load_trained(sub, spec, features, overrides))(test).numpy().astype(float)

@@ -13,13 +13,13 @@ from __future__ import annotations
 import sys
 
 import numpy as np
-from hydra import compose, initialize_config_dir
 
-from stopexp.config import check_plan, project_root, validate
+from stopexp.config import check_plan
 from stopexp.evaluation.first_errors import bank_timing, timing_lines
 from stopexp.store import bank
 from stopexp.tasks import build_task
 from stopexp.stages import build
+from stopexp.runtime.overrides import stage_config
 
 
 def split_lines(ds, problems, checks) -> list[str]:
@@ -42,8 +42,7 @@ def split_lines(ds, problems, checks) -> list[str]:
 
 
 def main(argv: list[str]) -> None:
-    with initialize_config_dir(str(project_root() / "conf"), version_base="1.3"):
-        cfg = validate(compose("collect", ["logger=none", *argv]))
+    cfg = stage_config("collect", argv)
     root = build.bank(cfg).root
     checks = [c for c, _ in check_plan(cfg.search, cfg.policy)]
     print(f"bank {root} (temperature {cfg.search.temperature}, steps {list(cfg.task.steps)}, "

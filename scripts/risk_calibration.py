@@ -14,19 +14,16 @@ from __future__ import annotations
 
 import argparse
 
-from hydra import compose, initialize_config_dir
 
-from stopexp.config import project_root, validate
 from stopexp.stages.evaluate import evaluate
 from stopexp.stages.train import train
+from stopexp.runtime.overrides import stage_config
 
 
 def rows(alpha: float, delta: float, overrides: list[str], methods: list[str] | None) -> list[str]:
-    with initialize_config_dir(str(project_root() / "conf"), version_base="1.3"):
-        cfg = validate(compose("evaluate", ["logger=none", "evaluate.text_metrics=false",
-                                            "evaluate.methods=[learned]", "policy=risk",
-                                            f"policy.alpha={alpha}", f"policy.delta={delta}",
-                                            *overrides]))
+    cfg = stage_config("evaluate", ["evaluate.text_metrics=false", "evaluate.methods=[learned]",
+                                    "policy=risk", f"policy.alpha={alpha}", f"policy.delta={delta}",
+                                    *overrides])
     train(cfg, progress=False)  # found when trained
     m = evaluate(cfg)
     base, n = m["methods"]["no_prune"], m["protocol"]["n"]

@@ -50,9 +50,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from hydra import compose, initialize_config_dir
 
-from stopexp.config import project_root, validate
 from stopexp.core.errors import ConfigError, reported
 from stopexp.evaluation import scaling
 from stopexp.evaluation.curves import prefix_scores
@@ -63,6 +61,7 @@ from stopexp.stages import build
 from stopexp.stages.train import train
 from stopexp.store import bank, feature_rows, feature_sets
 from stopexp.training.data import first_prompts
+from stopexp.runtime.overrides import stage_config
 
 log = logging.getLogger("scaling_report")
 
@@ -93,18 +92,13 @@ def parse(argv: list[str]) -> tuple[dict, list[str]]:
     return options, overrides
 
 
-def composed(overrides: list[str]):
-    with initialize_config_dir(str(project_root() / "conf"), version_base="1.3"):
-        return validate(compose("train", ["logger=none", *overrides]))
-
-
 class Report:
     """The bank's paths of every split at the compared positions, and every predictor
     trained and scored on them."""
 
     def __init__(self, overrides: list[str]):
         self.overrides = overrides
-        self.cfg = cfg = composed(overrides)
+        self.cfg = cfg = stage_config("train", overrides)
         self.features = build.feature_set(cfg)
         root = bank.require_bank(self.features.bank, overrides)  # never collects: names the command
         self.spec = feature_sets.spec_of(cfg.tap.layers, bank.read_meta(root))
@@ -141,7 +135,7 @@ class Report:
         """Train (or find) `predictor` on the first `size` train prompts with `extra`
         overrides, and score it at the positions against confidence."""
         limit = [f"train.max_prompts={size}"] if size < self.held else []
-        cfg = composed([*self.overrides, f"predictor={predictor}", *limit, *extra])
+        cfg = stage_config("train", [*self.overrides, f"predictor={predictor}", *limit, *extra])
         start = time.time()
         m = train(cfg, progress=False)
         model, _ = load_predictor(m["checkpoint"], self.spec, cfg.predictor)

@@ -280,6 +280,29 @@ def test_a_key_set_on_the_command_line_that_the_chosen_option_ignores_is_refused
                     validate_run=True)
 
 
+@pytest.mark.parametrize("overrides, message", [
+    (["train.epoks=3"], r"^train\.epoks: Key 'epoks' not in 'TrainConfig'"),
+    (["predictor=nope"], r"Could not find 'predictor/nope'; Available options in 'predictor': "),
+    (["search.temperature=hot"], r"^search\.temperature: Value 'hot' of type 'str' could not be converted"),
+    (["policy=topk", "policy.quantile=0.3"], r"^policy\.quantile: .*policy=topk"),
+])
+def test_a_config_composed_from_python_refuses_a_bad_override_in_one_line(overrides, message):
+    """What scripts and notebooks compose (stage_config) is checked as the command line is."""
+    from stopexp.runtime.overrides import stage_config
+
+    with pytest.raises(ConfigError, match=message) as e:
+        stage_config("train", ["+exp=toy_contrastive", *overrides])
+    assert "\n" not in str(e.value)
+
+
+def test_a_config_composed_from_python_is_the_validated_stage_config_without_a_tracker():
+    from stopexp.runtime.overrides import stage_config
+
+    cfg = stage_config("train", ["+exp=toy_contrastive", "train.epochs=3"])
+    assert cfg.train.epochs == 3 and cfg.logger.name == "none"
+    assert stage_config("train", ["logger=wandb"]).logger.name == "wandb"
+
+
 @pytest.mark.parametrize("key, mode", [("hydra.run.dir", "run"), ("hydra.sweep.dir", "multirun")])
 def test_a_run_dir_that_cannot_be_written_is_one_line_before_hydra_makes_it(tmp_path, key, mode,
                                                                            capsys):

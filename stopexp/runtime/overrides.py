@@ -4,7 +4,8 @@ code 1, after its own argument parsing. `check_overrides` composes the overrides
 Hydra 1.3 will (its argument parser, `compose_config`) and raises ConfigError with Hydra's
 message on one line, before Hydra is handed the command line. In a multirun it composes and
 validates every job of the sweep (`sweep_jobs`), so that a bad value in the last job is
-refused before the first one starts."""
+refused before the first one starts. `stage_config` composes a stage's config from Python
+(scripts, notebooks) with the same checks."""
 from __future__ import annotations
 
 import functools
@@ -13,7 +14,7 @@ import re
 import warnings
 from pathlib import Path
 
-from hydra import initialize_config_dir
+from hydra import compose, initialize_config_dir
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra._internal.utils import get_args_parser
 from hydra.core.global_hydra import GlobalHydra
@@ -54,11 +55,11 @@ def check_overrides(config_name: str, argv: list[str], validate_run: bool = Fals
             warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Hydra's deprecation notices: it composes again and warns
         hydra_ = GlobalHydra.instance().hydra
-        compose = functools.partial(hydra_.compose_config, name, from_shell=True)
+        compose_as = functools.partial(hydra_.compose_config, name, from_shell=True)
         tried = overrides
         try:
             # as Hydra finds the mode: sweeps are not composed yet
-            cfg = compose(overrides, run_mode=RunMode.MULTIRUN, validate_sweep_overrides=False)
+            cfg = compose_as(overrides, run_mode=RunMode.MULTIRUN, validate_sweep_overrides=False)
             multirun = args.multirun or cfg.hydra.mode == RunMode.MULTIRUN
             parsed = OverridesParser.create().parse_overrides(overrides)
             ConfigLoaderImpl.validate_sweep_overrides_legal(
@@ -77,7 +78,7 @@ def check_overrides(config_name: str, argv: list[str], validate_run: bool = Fals
             for i, tried in enumerate(jobs):
                 # a run's one job is the config composed above (the modes differ only where a
                 # group's default is missing, which a sweeper may fill)
-                job = compose(tried, run_mode=RunMode.RUN) if multirun else cfg
+                job = compose_as(tried, run_mode=RunMode.RUN) if multirun else cfg
                 hc = job.hydra
                 with open_dict(job):  # as Hydra hands a job its config (validate is faster so)
                     del job["hydra"]
@@ -100,6 +101,16 @@ def check_overrides(config_name: str, argv: list[str], validate_run: bool = Fals
                 raise
             raise ConfigError(inside) from e
 
+
+
+def stage_config(stage: str, overrides=()):
+    """conf/<stage>.yaml composed with Hydra `overrides` (command-line syntax) and validated,
+    as the stage's command line composes it; no tracker unless an override names one. A bad
+    override raises ConfigError on one line (`check_overrides`) before anything runs."""
+    overrides = ["logger=none", *overrides]
+    check_overrides(stage, overrides, validate_run=True)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return validate(compose(stage, overrides))
 
 # launchers whose jobs run on this machine; any other (submitit's SLURM) runs them elsewhere,
 # where each job checks its machine itself

@@ -17,6 +17,24 @@ from stopexp.stages import build
 PROMPTS = ["4+7*3-9?", "1-2?", "9*9*9+1-0-3*7?"]  # different lengths: left padding matters
 
 
+@pytest.fixture(scope="module")
+def sliding_lm(tiny_lm):
+    """The tiny LM's weights as a Mistral whose layers attend over a window of 6 positions,
+    shorter than every prefix here."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    lm, tok = tiny_lm
+    cfg = MistralConfig(**{**lm.config.to_dict(), "model_type": "mistral", "sliding_window": 6})
+    sliding = MistralForCausalLM(cfg).eval()
+    sliding.load_state_dict(lm.state_dict())
+    return sliding, tok
+
+
+@pytest.fixture(params=["full", "sliding"])
+def any_lm(request, tiny_lm, sliding_lm):
+    return tiny_lm if request.param == "full" else sliding_lm
+
+
 def fresh(tiny_lm, seed=0, perturb=True):
     """A super token on a copy of the tiny LM; LoRA B is perturbed (peft starts it at 0,
     which would make every adapter check vacuous)."""
@@ -44,6 +62,22 @@ def replay_batch(state, pad_id):
             "prefix_len": torch.full((len(rows),), float(state.n_generated))}
 
 
+def test_the_window_of_a_sliding_lm_is_in_effect(tiny_lm, sliding_lm):
+    """The sliding-window LM's scores differ from its weights' without the window, and a
+    check leaves its live cache (which holds only the window) as it was."""
+    st, unwindowed = fresh(sliding_lm), fresh(tiny_lm)
+    _, state = launched(st)
+    layers = state.cache.layers
+    assert all(layer.is_sliding and layer.cumulative_length > 6 for layer in layers)
+    before = [(layer.keys.clone(), layer.cumulative_length, layer.record_past) for layer in layers]
+    with torch.no_grad():
+        online = st({"lm_state": state})
+        batch = replay_batch(state, st.tokenizer.pad_token_id)
+        assert not torch.allclose(online, unwindowed(batch), atol=1e-3)
+    for (keys, length, record), layer in zip(before, layers):
+        assert torch.equal(layer.keys, keys) and (layer.cumulative_length, layer.record_past) == (length, record)
+
+
 def test_ordinary_tokens_see_no_adapter(tiny_lm):
     st = fresh(tiny_lm, perturb=False)
     ids = st.tokenizer(PROMPTS[0], return_tensors="pt")["input_ids"]
@@ -60,8 +94,8 @@ def test_ordinary_tokens_see_no_adapter(tiny_lm):
         assert torch.equal(st.lm(ids).logits, plain)  # ... and on nothing else
 
 
-def test_check_leaves_the_live_cache_and_the_paths_untouched(tiny_lm):
-    st = fresh(tiny_lm)
+def test_check_leaves_the_live_cache_and_the_paths_untouched(any_lm):
+    st = fresh(any_lm)
     eng, state = launched(st)
     before = [(l.keys.clone(), l.values.clone()) for l in state.cache.layers]
     mask, pos = state.attention_mask.clone(), state.positions.clone()
@@ -76,8 +110,8 @@ def test_check_leaves_the_live_cache_and_the_paths_untouched(tiny_lm):
     assert all(torch.equal(a, b) for a, b in zip(checked, unchecked))
 
 
-def test_left_padded_rows_score_as_if_alone(tiny_lm):
-    st = fresh(tiny_lm)
+def test_left_padded_rows_score_as_if_alone(any_lm):
+    st = fresh(any_lm)
     _, state = launched(st)
     assert len({len(st.tokenizer(p)["input_ids"]) for p in PROMPTS}) == 3 and state.size == 3
     with torch.no_grad():
@@ -88,11 +122,11 @@ def test_left_padded_rows_score_as_if_alone(tiny_lm):
     assert torch.allclose(online, alone, **FP32_REORDER) and torch.allclose(replay, alone, **FP32_REORDER)
 
 
-def test_paths_of_one_prompt_share_its_prefill_and_score_as_if_alone(tiny_lm):
+def test_paths_of_one_prompt_share_its_prefill_and_score_as_if_alone(any_lm):
     """Replay encodes each prompt once and each path's generated ids after it, right-padded
     and masked: rows of one prompt with other prefix lengths, in any order, score as each
     row alone (a full left-padded re-encode of its own prefix)."""
-    st = fresh(tiny_lm)
+    st = fresh(any_lm)
     _, state = launched(st, until=6)
     tokens, *_ = state.tensors(st.tokenizer.pad_token_id)
     batch = shared_batch(st, state)
@@ -114,11 +148,11 @@ def shared_batch(st, state):
             "prefix_len": torch.tensor(lens, dtype=torch.float32)}
 
 
-def test_kept_prefixes_score_as_encoded_and_are_encoded_once(tiny_lm, monkeypatch):
+def test_kept_prefixes_score_as_encoded_and_are_encoded_once(any_lm, monkeypatch):
     """Training keeps the prefixes' K/V (LoRA-free) across calls: a second call encodes
     nothing and scores as the first (which encoded every row); a budget too small for
     every row keeps what fits and encodes the rest at every call."""
-    st = fresh(tiny_lm)
+    st = fresh(any_lm)
     _, state = launched(st, until=6)
     batch = shared_batch(st, state)
     encoded = []

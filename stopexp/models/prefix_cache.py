@@ -51,9 +51,9 @@ class PrefixCache:
             self.prompts[prompt], self.rows[(prompt, gen)] = p_kv, g_kv
             self.bytes += size
 
-    def assemble(self, rows: list[tuple], lm_config) -> tuple[DynamicCache, torch.Tensor, torch.Tensor]:
+    def assemble(self, rows: list[tuple], cache: DynamicCache) -> tuple[DynamicCache, torch.Tensor, torch.Tensor]:
         """(cache, attention mask, next positions) of cached `rows`, each row left-padded to
-        the longest (a cache of the LM of `lm_config`): the layout SuperTokenPredictor.score_cache
+        the longest, filled into the empty `cache`: the layout SuperTokenPredictor.score_cache
         takes."""
         lengths = [len(prompt) + len(gen) for prompt, gen in rows]
         width = max(lengths)
@@ -65,7 +65,6 @@ class PrefixCache:
             kv[:, :, r, :, start:start + len(prompt)] = self.prompts[prompt]
             kv[:, :, r, :, start + len(prompt):] = self.rows[(prompt, gen)]
             mask[r, start:] = 1
-        cache = DynamicCache(config=lm_config)
         for layer in range(layers):
             cache.update(kv[layer, 0], kv[layer, 1], layer)
         return cache, mask, torch.tensor(lengths, device=kv.device)

@@ -9,11 +9,15 @@ matrix are untouched and no existing id or output can change. The adapter is inj
 into the LM but switched off except inside the scoring call, which only ever feeds the
 [STOP] positions (the prefix K/V come from the cache, computed without it; [STOP] attends
 to them as constants, stopexp.models.stop_attention). Scoring
-appends to the cache and crops it back, so a live path continues as if never checked.
+appends to the cache and crops it back, so a live path continues as if never checked
+(a sliding-window layer records its past for the call, so that it can be cropped).
 
 The batch gives the prefixes either as the live decode state ("lm_state", online) or as
 "prompt" + "tokens" + "prefix_len" (replay, training), which are encoded without LoRA;
 training keeps their K/V across epochs (`keep_prefixes`, stopexp.models.prefix_cache).
+An LM with sliding-window layers encodes each prefix as one left-padded row in a cache that
+keeps every position: its masks count the window in cache columns, which a prompt shared by
+rows with right-padded generated parts would shift.
 """
 from __future__ import annotations
 
@@ -54,6 +58,7 @@ class SuperTokenPredictor(nn.Module):
         self.lora = nn.ParameterDict({n.replace(".", "__"): p for n, p in lm.named_parameters()
                                       if "lora_" in n})
         self._set_adapter(False)
+        self.sliding = any(getattr(layer, "is_sliding", False) for layer in DynamicCache(config=lm.config).layers)
         emb = lm.get_input_embeddings().weight
         self.stop = nn.Parameter(emb.detach().float().mean(0))  # a neutral, in-distribution start
         self.head = nn.Linear(emb.shape[1], 1, device=emb.device)
@@ -62,6 +67,12 @@ class SuperTokenPredictor(nn.Module):
         """Keep the replayed prefixes' K/V (LoRA-free, so fixed while the adapter trains)
         across calls, up to `budget_gb` GiB; 0 encodes every prefix at every call."""
         self.prefixes = PrefixCache(budget_gb) if budget_gb > 0 else None
+
+    def empty_cache(self) -> DynamicCache:
+        """The cache replayed prefixes are encoded into: every position in every layer where
+        the LM has sliding-window layers (the masks still apply the window), the LM's own
+        cache otherwise."""
+        return DynamicCache() if self.sliding else DynamicCache(config=self.lm.config)
 
     def _set_adapter(self, on: bool) -> None:
         for m in self._layers:
@@ -83,6 +94,10 @@ class SuperTokenPredictor(nn.Module):
         B, n = attention_mask.shape[0], self.n_tokens
         dtype = self.lm.get_input_embeddings().weight.dtype
         length = cache.get_seq_length()
+        sliding = [layer for layer in cache.layers if getattr(layer, "is_sliding", False)]
+        recording = [layer.record_past for layer in sliding]
+        for layer in sliding:  # else past its window a layer drops what crop would restore
+            layer.activate_past_recording()
         try:
             with self._adapter(), stop_attention(self.lm):
                 hidden = self.lm.get_decoder()(
@@ -95,6 +110,8 @@ class SuperTokenPredictor(nn.Module):
                 extra = layer.get_seq_length() - length
                 if extra > 0:
                     layer.crop(-extra)
+            for layer, record in zip(sliding, recording):
+                layer.record_past = record
         return self.head(hidden[:, -1].float()).squeeze(-1)
 
     @torch.no_grad()
@@ -117,7 +134,7 @@ class SuperTokenPredictor(nn.Module):
             mask[u, width - len(p):] = 1
         ids, mask = ids.to(device), mask.to(device)
         pos = (mask.cumsum(-1) - 1).clamp_min(0)  # as Engine.launch numbers them
-        cache = DynamicCache(config=self.lm.config)
+        cache = self.empty_cache()
         decoder = self.lm.get_decoder()
         decoder(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True)
         rows = torch.tensor(unit, device=device)
@@ -148,6 +165,8 @@ class SuperTokenPredictor(nn.Module):
         ids = {p: prompt_ids(self.tokenizer, p) for p in set(batch["prompt"])}
         sequences = [(ids[p], [int(t) for t in tok[: int(n)]], [int(n)])
                      for p, tok, n in zip(batch["prompt"], batch["tokens"], batch["prefix_len"])]
+        if self.sliding:  # each prefix one row of its own (the module's doc)
+            sequences = [(prompt + gen, [], [0]) for prompt, gen, _ in sequences]
         parts, order = [], []
         for units in plan_batches(sequences, DEFAULT_BATCH_TOKENS, self.max_rows):
             rows = [i for _, idx in units for i in idx]
@@ -155,7 +174,7 @@ class SuperTokenPredictor(nn.Module):
             kept = [i for i in rows if keys[i] in self.prefixes] if self.prefixes is not None else []
             if kept:
                 parts.append(self.score_cache(*self.prefixes.assemble([keys[i] for i in kept],
-                                                                      self.lm.config)))
+                                                                      self.empty_cache())))
                 order += kept
             hit = set(kept)
             rows = [i for i in rows if i not in hit]  # to encode (and keep)

@@ -58,13 +58,16 @@ class PrefixCache:
         lengths = [len(prompt) + len(gen) for prompt, gen in rows]
         width = max(lengths)
         layers, _, heads, _, dim = self.rows[rows[0]].shape
-        kv = self.rows[rows[0]].new_zeros((layers, 2, len(rows), heads, width, dim))
-        mask = torch.zeros((len(rows), width), dtype=torch.long, device=kv.device)
-        for r, ((prompt, gen), n) in enumerate(zip(rows, lengths)):
-            start = width - n
-            kv[:, :, r, :, start:start + len(prompt)] = self.prompts[prompt]
-            kv[:, :, r, :, start + len(prompt):] = self.rows[(prompt, gen)]
-            mask[r, start:] = 1
-        for layer in range(layers):
-            cache.update(kv[layer, 0], kv[layer, 1], layer)
-        return cache, mask, torch.tensor(lengths, device=kv.device)
+        device = self.rows[rows[0]].device
+        mask = torch.zeros((len(rows), width), dtype=torch.long, device=device)
+        for r, n in enumerate(lengths):
+            mask[r, width - n:] = 1
+        for layer in range(layers):  # a layer at a time: the batch is never held twice
+            kv = self.rows[rows[0]].new_zeros((2, len(rows), heads, width, dim))
+            for r, ((prompt, gen), n) in enumerate(zip(rows, lengths)):
+                start = width - n
+                kv[:, r, :, start:start + len(prompt)] = self.prompts[prompt][layer]
+                kv[:, r, :, start + len(prompt):] = self.rows[(prompt, gen)][layer]
+            cache.update(kv[0], kv[1], layer)
+            del kv
+        return cache, mask, torch.tensor(lengths, device=device)

@@ -74,6 +74,19 @@ def tiny_lm():
     return LlamaForCausalLM(cfg).eval(), tok
 
 
+@pytest.fixture(scope="session")
+def sliding_lm(tiny_lm):
+    """The tiny LM's weights as a Mistral whose layers attend over a window of 6 positions,
+    shorter than the prompts and paths of the tests that use it."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    lm, tok = tiny_lm
+    sliding = MistralForCausalLM(MistralConfig(**{**lm.config.to_dict(), "model_type": "mistral",
+                                                  "sliding_window": 6})).eval()
+    sliding.load_state_dict(lm.state_dict())
+    return sliding, tok
+
+
 SMALL_BANK = ["logger=none", "search.n_paths=8", "collect.prompts.train=12", "collect.prompts.val=6",
               "collect.prompts.test=6", "collect.shard_prompts=6", "collect.mc_rollouts=2",
               "search.max_batch_rows=256"]

@@ -128,6 +128,21 @@ def test_bad_tap_layer_and_checkpoint(tiny_lm):
         _engine(tiny_lm, max_new_tokens=8, checkpoints=(8,))
 
 
+def test_a_fork_on_a_sliding_window_lm_continues_as_the_original(sliding_lm):
+    """Its cache holds only the window, and the masks count every position seen: forked
+    left-padded rows get the original's next logits."""
+    tok = sliding_lm[1]
+    eng = _engine(sliding_lm, max_new_tokens=16)
+    state = eng.run(eng.launch(_ids(tok, PROMPTS), [3, 4, 5]), until=4)
+    assert state.size == 3 and not state.attention_mask.all()  # rows of other lengths: padding
+    assert all(layer.keys.shape[2] == 5 < layer.cumulative_length for layer in state.cache.layers)
+    same = eng.fork(state, 1, [0] * state.size)
+    same.uniforms = state.uniforms.clone()
+    eng.run(same, until=6)
+    eng.run(state, until=6)
+    assert same.size == state.size and torch.equal(same.next_logits, state.next_logits)
+
+
 def test_fork_shares_the_prefix_and_leaves_the_original(tiny_lm):
     model, tok = tiny_lm
     eng = _engine(tiny_lm, max_new_tokens=16)

@@ -285,6 +285,9 @@ def test_a_key_set_on_the_command_line_that_the_chosen_option_ignores_is_refused
     (["predictor=nope"], r"Could not find 'predictor/nope'; Available options in 'predictor': "),
     (["search.temperature=hot"], r"^search\.temperature: Value 'hot' of type 'str' could not be converted"),
     (["policy=topk", "policy.quantile=0.3"], r"^policy\.quantile: .*policy=topk"),
+    (["predictor=mlp,linear"], r"^predictor=mlp,linear: a sweep; stage_config composes one job"),
+    (["-m", "predictor=mlp"], r"^-m: a command-line flag"),
+    (["train.epochs=[1"], r"^train\.epochs=\[1: no viable alternative"),
 ])
 def test_a_config_composed_from_python_refuses_a_bad_override_in_one_line(overrides, message):
     """What scripts and notebooks compose (stage_config) is checked as the command line is."""
@@ -293,14 +296,26 @@ def test_a_config_composed_from_python_refuses_a_bad_override_in_one_line(overri
     with pytest.raises(ConfigError, match=message) as e:
         stage_config("train", ["+exp=toy_contrastive", *overrides])
     assert "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match=r"^stage: 'answers_replay'; stage_config composes adapt, "):
+        stage_config("answers_replay")  # a config of its own
 
 
 def test_a_config_composed_from_python_is_the_validated_stage_config_without_a_tracker():
-    from stopexp.runtime.overrides import stage_config
+    """Without a tracker unless an override sets the logger; a Hydra the caller initialised
+    is set aside for the call and there again after it."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from stopexp.runtime.overrides import CONF_DIR, stage_config
 
     cfg = stage_config("train", ["+exp=toy_contrastive", "train.epochs=3"])
     assert cfg.train.epochs == 3 and cfg.logger.name == "none"
     assert stage_config("train", ["logger=wandb"]).logger.name == "wandb"
+    online = stage_config("train", ["logger.mode=online"]).logger
+    assert (online.name, online.mode) == ("wandb", "online")
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        assert stage_config("collect", ["search.n_paths=4"]).search.n_paths == 4
+        assert hydra_compose("collect").search.n_paths != 4
 
 
 @pytest.mark.parametrize("key, mode", [("hydra.run.dir", "run"), ("hydra.sweep.dir", "multirun")])

@@ -17,19 +17,6 @@ from stopexp.stages import build
 PROMPTS = ["4+7*3-9?", "1-2?", "9*9*9+1-0-3*7?"]  # different lengths: left padding matters
 
 
-@pytest.fixture(scope="module")
-def sliding_lm(tiny_lm):
-    """The tiny LM's weights as a Mistral whose layers attend over a window of 6 positions,
-    shorter than every prefix here."""
-    from transformers import MistralConfig, MistralForCausalLM
-
-    lm, tok = tiny_lm
-    cfg = MistralConfig(**{**lm.config.to_dict(), "model_type": "mistral", "sliding_window": 6})
-    sliding = MistralForCausalLM(cfg).eval()
-    sliding.load_state_dict(lm.state_dict())
-    return sliding, tok
-
-
 @pytest.fixture(params=["full", "sliding"])
 def any_lm(request, tiny_lm, sliding_lm):
     return tiny_lm if request.param == "full" else sliding_lm

@@ -120,8 +120,9 @@ class SuperTokenPredictor(nn.Module):
         LoRA off. Rows whose first `prompt_lens` ids are one prompt share its prefill, as
         featurize does (stopexp.models.extract): the prompts left-padded, each row's
         generated ids after its prompt's cache rows, right-padded and masked, so [STOP]
-        attends to the prefix only; positions count the unpadded prefix."""
-        lens = prompt_lens if prompt_lens is not None else [len(p) for p in prefixes]
+        attends to the prefix only; positions count the unpadded prefix. On a sliding-window
+        LM every row is its own prompt (`prompt_lens` unused: the module's doc)."""
+        lens = ([len(p) for p in prefixes] if prompt_lens is None or self.sliding else prompt_lens)
         device, pad = self.stop.device, self.tokenizer.pad_token_id
         units: dict[tuple, int] = {}
         unit = [units.setdefault(tuple(p[:n]), len(units)) for p, n in zip(prefixes, lens)]

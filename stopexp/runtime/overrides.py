@@ -104,13 +104,44 @@ def check_overrides(config_name: str, argv: list[str], validate_run: bool = Fals
 
 
 def stage_config(stage: str, overrides=()):
-    """conf/<stage>.yaml composed with Hydra `overrides` (command-line syntax) and validated,
-    as the stage's command line composes it; no tracker unless an override names one. A bad
-    override raises ConfigError on one line (`check_overrides`) before anything runs."""
-    overrides = ["logger=none", *overrides]
-    check_overrides(stage, overrides, validate_run=True)
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return validate(compose(stage, overrides))
+    """conf/<stage>.yaml (a stage built on conf/common.yaml) composed with Hydra `overrides`
+    (command-line syntax) and validated as the stage's command line composes one job;
+    without a tracker (logger=none) unless an override sets the logger. A bad override, a
+    sweep or a flag raises ConfigError on one line before anything runs. A Hydra that the
+    caller initialised (a notebook's `initialize`, a Hydra app) is set aside for the call."""
+    overrides, stages = list(overrides), common_stages()
+    if stage not in stages:
+        raise ConfigError(f"stage: {stage!r}; stage_config composes {', '.join(stages)}")
+    for o in overrides:
+        if o.startswith("-"):
+            raise ConfigError(f"{o}: a command-line flag; stage_config takes overrides (key=value)")
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except HydraException as e:
+        raise ConfigError(condensed(e)) from None
+    for o in parsed:
+        if o.is_sweep_override():
+            raise ConfigError(f"{o.input_line}: a sweep; stage_config composes one job (one value; "
+                              "a sweep runs from the command line with -m)")
+    if not any(o.key_or_group.split(".")[0] == "logger" for o in parsed):
+        overrides.insert(0, "logger=none")
+    gh = GlobalHydra.instance()
+    aside = gh.hydra if gh.is_initialized() else None
+    gh.clear()
+    try:
+        check_overrides(stage, overrides, validate_run=True)
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            return validate(compose(stage, overrides))
+    finally:
+        if aside is not None:
+            GlobalHydra.instance().initialize(aside)
+
+
+def common_stages() -> list[str]:
+    """The configs of conf/ built on common.yaml: the stages whose config is `Config`."""
+    return sorted(p.stem for p in CONF_DIR.glob("*.yaml")
+                  if "common" in (OmegaConf.load(p).get("defaults") or []))
+
 
 # launchers whose jobs run on this machine; any other (submitit's SLURM) runs them elsewhere,
 # where each job checks its machine itself

@@ -344,6 +344,9 @@ class Engine:
         cache = DynamicCache(config=self.model.config)
         for i, layer in enumerate(state.cache.layers):
             cache.update(layer.keys[idx], layer.values[idx], i)
+            if hasattr(layer, "cumulative_length"):  # a sliding-window layer holds its window
+                # only; its masks count every position it has seen
+                cache.layers[i].cumulative_length = layer.cumulative_length
         P = len(idx)
         t = state.n_generated
         u = torch.zeros(P, self.params.max_new_tokens, dtype=torch.float64)

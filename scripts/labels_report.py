@@ -99,7 +99,8 @@ def main(argv: list[str]) -> dict:
             m = train(sub, overrides=overrides, progress=False)
             s = M.learned(load_trained(sub, spec, features, overrides))(test).numpy().astype(float)
             scores[(predictor, label)] = s
-            rows.append({"predictor": predictor, "labels": label, "checkpoint": m["checkpoint"],
+            rows.append({"predictor": predictor, "labels": label, "train_prompts": m["train_prompts"],
+                         "checkpoint": m["checkpoint"],
                          "best_epoch": m["best_epoch"], "epochs": m["epochs"],
                          "val_auroc": m["val"]["auroc"],
                          **scaling.versus(s, confidence, correct, group, n_boot, seed),
@@ -125,11 +126,12 @@ def table(report: dict) -> str:
     lines = [f"Test paths alive at {report['checkpoint_tokens']} tokens ({report['test_paths']}), "
              f"{report['mc_rollouts']} Monte Carlo rollouts per live prefix; confidence "
              f"{report['confidence_auroc']:.3f}",
-             "", "| predictor | labels | val | test | test - confidence | mixed prompts |",
-             "|---|---|---|---|---|---|"]
+             "", "| predictor | labels | train prompts | val | test | test - confidence | mixed prompts |",
+             "|---|---|---|---|---|---|---|"]
     for r in report["rows"]:
         lo, hi = r["ci"]
-        lines.append(f"| {r['predictor']} | {r['labels']} | {r['val_auroc']:.3f} | {r['auroc']:.3f} | "
+        lines.append(f"| {r['predictor']} | {r['labels']} | {r['train_prompts']} | {r['val_auroc']:.3f} | "
+                     f"{r['auroc']:.3f} | "
                      f"{r['diff']:+.3f} [{lo:+.3f}, {hi:+.3f}] | {r['mixed_prompts']} |")
     for p, d in report["soft_minus_hard"].items():
         lo, hi = d["ci"]

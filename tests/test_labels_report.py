@@ -52,6 +52,7 @@ def test_soft_hard_and_the_super_token_on_the_toy_bank(small_bank, tmp_path):
     assert [(r["predictor"], r["labels"]) for r in got["rows"]] == [
         (p, label) for p in ("mlp", "super_token") for label in ("soft", "hard", "pairs")]
     assert len({r["checkpoint"] for r in got["rows"]}) == 6  # six predictors, six keys
+    assert {r["train_prompts"] for r in got["rows"]} == {12}  # the small bank's train split
 
     # the mlp on soft labels, by hand: per-prompt AUROC on the test paths alive at 5 tokens
     cfg = validate(compose("train", [*over, "loss=reward_regression"]))

@@ -58,7 +58,8 @@ class SuperTokenPredictor(nn.Module):
         self.lora = nn.ParameterDict({n.replace(".", "__"): p for n, p in lm.named_parameters()
                                       if "lora_" in n})
         self._set_adapter(False)
-        self.sliding = any(getattr(layer, "is_sliding", False) for layer in DynamicCache(config=lm.config).layers)
+        self.sliding = any(getattr(layer, "is_sliding", False)
+                           for layer in DynamicCache(config=lm.config).layers)
         emb = lm.get_input_embeddings().weight
         self.stop = nn.Parameter(emb.detach().float().mean(0))  # a neutral, in-distribution start
         self.head = nn.Linear(emb.shape[1], 1, device=emb.device)

@@ -102,7 +102,6 @@ def check_overrides(config_name: str, argv: list[str], validate_run: bool = Fals
             raise ConfigError(inside) from e
 
 
-
 def stage_config(stage: str, overrides=()):
     """conf/<stage>.yaml (a stage built on conf/common.yaml) composed with Hydra `overrides`
     (command-line syntax) and validated as the stage's command line composes one job;

@@ -193,6 +193,8 @@ HYDRA_ERRORS = [
      "search.beam_checks itself (e.g. search.beam_checks=[...])"),
     (["collect.keep_correct.1=3"], "collect.keep_correct.1: collect.keep_correct is null, so nothing "
                                    "inside it can be set; set collect.keep_correct itself"),
+    (["search.n_paths=4", "model=null"], "model=null: model is a config group; give one of its options"),
+    (["+exp=null"], "+exp=null: exp is a config group; give one of its options"),
 ]
 
 

@@ -100,6 +100,13 @@ def check_overrides(config_name: str, argv: list[str], validate_run: bool = Fals
             if inside is None:
                 raise
             raise ConfigError(inside) from e
+        except ValueError as e:  # Hydra's check of a group set to null (`model=null`)
+            if isinstance(e, ConfigError) or not str(e).startswith("Config group override must be"):
+                raise
+            null = next(o for o in OverridesParser.create().parse_overrides(tried) if o.value() is None)
+            group = null.key_or_group
+            raise ConfigError(f"{null.input_line}: {group} is a config group; give one of its "
+                              "options") from e
 
 
 def stage_config(stage: str, overrides=()):

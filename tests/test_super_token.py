@@ -310,3 +310,39 @@ def test_stop_attention_refuses_what_it_does_not_apply():
     assert out.shape == (1, 1, 2, 4)
     with pytest.raises(ValueError, match="softcap"):
         prefix_constant_attention(None, q, kv, kv, None, 0.5, softcap=30.0)
+
+
+def test_stop_attention_keeps_the_half_precision_prefix_not_a_float32_copy():
+    """In bfloat16 the [STOP] attention gives the output and query / new-key gradients of
+    the same float32 computation with the prefix's float32 copies kept by autograd, and
+    keeps for the backward no float32 tensor the size of the prefix."""
+    from stopexp.models.stop_attention import prefix_constant_attention
+
+    torch.manual_seed(0)
+    B, heads, kv_heads, n, past, dim = 2, 4, 2, 3, 40, 8
+    q = torch.randn(B, heads, n, dim, dtype=torch.bfloat16, requires_grad=True)
+    prefix = torch.randn(2, B, kv_heads, past, dim, dtype=torch.bfloat16)
+    new = torch.randn(2, B, kv_heads, n, dim, dtype=torch.bfloat16, requires_grad=True)
+    key, value = (torch.cat([prefix[i], new[i]], 2) for i in (0, 1))
+    saved = []
+
+    def keep(t):
+        saved.append((t.dtype, t.numel()))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        out, _ = prefix_constant_attention(None, q, key, value, None, dim ** -0.5)
+    grads = torch.autograd.grad(out.float().square().sum(), (q, new))
+    assert not [s for s in saved if s[0] == torch.float32 and s[1] >= B * kv_heads * past * dim]
+
+    # the reference: the prefix upcast once and detached, every product in float32
+    qf = q.float().reshape(B, kv_heads, heads // kv_heads * n, dim)
+    kf, vf = key.float(), value.float()
+    scores = torch.cat([qf @ kf[:, :, :past].detach().transpose(-1, -2),
+                        qf @ kf[:, :, past:].transpose(-1, -2)], -1) * dim ** -0.5
+    w = torch.softmax(scores.view(B, kv_heads, heads // kv_heads, n, -1), -1).view(B, kv_heads, -1, past + n)
+    ref = (w[..., :past] @ vf[:, :, :past].detach() + w[..., past:] @ vf[:, :, past:])
+    ref = ref.view(B, heads, n, dim).transpose(1, 2).to(torch.bfloat16)
+    assert torch.equal(out, ref)
+    for got, want in zip(grads, torch.autograd.grad(ref.float().square().sum(), (q, new))):
+        assert torch.allclose(got.float(), want.float(), **FP32_REORDER)

@@ -162,6 +162,13 @@ def test_kept_prefixes_score_as_encoded_and_are_encoded_once(any_lm, monkeypatch
         assert 0 < kept < 6 and st.prefixes.bytes <= full * 0.6
         assert sum(encoded) - before == 6 - kept  # only what did not fit is encoded again
         assert torch.allclose(again, plain, **FP32_REORDER)
+        # the same cut where the machine would have less free than the reserve for training
+        st.keep_prefixes(1.0, free_gib=lambda: 2.0 + full * 0.6 / 2**30, reserve_gb=2.0)
+        assert torch.allclose(st(batch), plain, **FP32_REORDER)
+        assert len(st.prefixes.rows) == kept and st.prefixes.at_reserve
+        st.keep_prefixes(1.0, free_gib=lambda: 1.5, reserve_gb=2.0)
+        st(batch)
+        assert not st.prefixes.rows and st.prefixes.bytes == 0
 
 
 @pytest.mark.parametrize("budget_gb", [0, 1.0])

@@ -17,6 +17,7 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from stopexp.config.ranges import fail
 
@@ -290,6 +291,20 @@ def free_memory_gib(device) -> tuple[float, str]:
         return min(kib / 2**20, memory_gib()), "available on this machine"
     except (OSError, StopIteration, ValueError, IndexError):
         return memory_gib(), "of this machine's memory"
+
+
+# the share of the memory free when the super token's training begins that its prefix cache
+# leaves free whatever its budget: a training step's working set (the batch's K/V, their
+# [STOP] copies, activations, gradients; 9 GB for 240 SmolLM2 paths of 420 tokens before the
+# [STOP] attention kept its prefix in half precision)
+PREFIX_CACHE_RESERVE = 0.25
+
+
+def prefix_cache_reserve(device) -> tuple[Callable[[], float], float]:
+    """(the GiB free on `device` now, as a function; the GiB the prefix cache leaves free)."""
+    def free_now() -> float:
+        return free_memory_gib(device)[0]
+    return free_now, PREFIX_CACHE_RESERVE * free_now()
 
 
 def prefix_cache_budget(setting: float | None, device) -> float:

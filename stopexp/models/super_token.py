@@ -64,10 +64,11 @@ class SuperTokenPredictor(nn.Module):
         self.stop = nn.Parameter(emb.detach().float().mean(0))  # a neutral, in-distribution start
         self.head = nn.Linear(emb.shape[1], 1, device=emb.device)
 
-    def keep_prefixes(self, budget_gb: float) -> None:
+    def keep_prefixes(self, budget_gb: float, free_gib=None, reserve_gb: float = 0.0) -> None:
         """Keep the replayed prefixes' K/V (LoRA-free, so fixed while the adapter trains)
-        across calls, up to `budget_gb` GiB; 0 encodes every prefix at every call."""
-        self.prefixes = PrefixCache(budget_gb) if budget_gb > 0 else None
+        across calls, up to `budget_gb` GiB and never below `reserve_gb` of `free_gib()` (the
+        memory free now); 0 encodes every prefix at every call."""
+        self.prefixes = PrefixCache(budget_gb, free_gib, reserve_gb) if budget_gb > 0 else None
 
     def empty_cache(self) -> DynamicCache:
         """The cache replayed prefixes are encoded into: every position in every layer where

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from stopexp.config.machine import prefix_cache_budget
+from stopexp.config.machine import prefix_cache_budget, prefix_cache_reserve
 from stopexp.core.names import lookup, runs_the_lm
 from stopexp.core.policies import selection_share
 from stopexp.core.protocol import checkpoint_tokens
@@ -71,7 +71,9 @@ def train(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
         if lm_based:
             predictor = lookup("lm_predictor", cfg.predictor.name)(
                 cfg.predictor, *build.lm(cfg, progress=False), cfg.search.max_batch_rows)
-            predictor.keep_prefixes(prefix_cache_budget(cfg.train.prefix_cache_gb, predictor.stop.device))
+            device = predictor.stop.device
+            predictor.keep_prefixes(prefix_cache_budget(cfg.train.prefix_cache_gb, device),
+                                    *prefix_cache_reserve(device))
         else:
             predictor = build_predictor(cfg.predictor, spec)
             predictor.fit_inputs(data["train"])  # predictor.pca_components: on training rows only
@@ -80,8 +82,10 @@ def train(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
         metrics["train_prompts"] = n_prompts
         if lm_based and predictor.prefixes is not None:  # whether the prefixes fitted
             kept = predictor.prefixes
-            log.info("kept the K/V of %d prefixes across epochs: %.2f of %.2f GiB (train.prefix_cache_gb)",
-                     len(kept.rows), kept.bytes / 2**30, kept.budget / 2**30)
+            log.info("kept the K/V of %d prefixes across epochs: %.2f of %.2f GiB (train.prefix_cache_gb)%s",
+                     len(kept.rows), kept.bytes / 2**30, kept.budget / 2**30,
+                     f"; stopped at {kept.reserve / 2**30:.1f} GiB free, the reserve for training"
+                     if kept.at_reserve else "")
         if not every_position and not lm_based:  # the checkpoint's predictor at every position
             for split in data:
                 metrics[split]["auroc_by_prefix"] = prefix_curve(

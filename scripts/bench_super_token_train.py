@@ -11,26 +11,33 @@ the same initial weights:
 
   fused, encoded   PyTorch's fused attention (the LM's own) for [STOP], every prefix
                    encoded at every step: the training before either change;
-  stop, encoded    stopexp's [STOP] attention, every prefix encoded at every step;
+  stop, float32    stopexp's [STOP] attention holding a float32 copy of each layer's prefix
+                   for the backward (its products in plain matmuls), every prefix encoded;
+  stop, encoded    stopexp's [STOP] attention, the prefix saved in its own precision
+                   (stop_attention.constant_matmul), every prefix encoded at every step;
   stop, kept       stopexp's [STOP] attention, the prefixes' K/V kept (what train runs).
 
-The table gives the seconds of each epoch and the ratios, then the cache's size and the
-largest difference of the per-epoch mean loss from the first way (other kernels and
-padding: float reductions reorder).
+Each way runs in a process of its own, one after the other, so that its peak resident
+memory (the kernel's high-water mark) is its own. The tables give the seconds of each
+epoch and the ratios, then each way's resident memory before training (the LM and the
+rows) and its peak, the cache's size and the largest difference of the per-epoch mean
+loss from the first way (other kernels and padding: float reductions reorder).
 
     .venv/bin/python scripts/bench_super_token_train.py
     .venv/bin/python scripts/bench_super_token_train.py --prompts 32 --epochs 3
 
-About 5 minutes on 2 cores. Run it on an idle machine: it prints the load average.
+About 7 minutes on 2 cores. Run it on an idle machine: it prints the load average.
 """
 from __future__ import annotations
 
 import argparse
 import copy
+import multiprocessing
 import os
 import random
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -63,12 +70,45 @@ def data(cfg, tokenizer, n_prompts: int, prefix: int, seed: int = 0) -> dict:
             "mc": torch.rand(rows, generator=gen), "correct": (torch.rand(rows, generator=gen) < 0.5).float()}
 
 
+def plain_matmul(a: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """a @ c in float32 by a plain matmul: autograd saves the float32 copy of c."""
+    return a @ c.float()
+
+
+def resident_gib(field: str) -> float:
+    """This process's resident memory now (VmRSS) or its peak (VmHWM), GiB."""
+    with open("/proc/self/status") as f:
+        kib = next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+    return kib / 2**20
+
+
+def way(name: str, args) -> dict:
+    """One way in this process: the LM loaded, the rows drawn, `args.epochs` epochs."""
+    from stopexp.search.sample import prompt_ids
+    from stopexp.stages import build
+
+    torch.set_num_threads(args.threads)
+    cfg = config([])
+    lm, tokenizer = build.lm(cfg, progress=False)
+    rows = data(cfg, tokenizer, args.prompts, args.prefix)
+    prompt_tokens = sum(len(prompt_ids(tokenizer, p)) for p in set(rows["prompt"]))
+    before = resident_gib("VmRSS")
+    seconds, losses, kept = run(cfg, lm, tokenizer, rows, args.epochs,
+                                args.budget_gb if name == "stop, kept" else 0.0,
+                                fused=name == "fused, encoded", float32_copy=name == "stop, float32")
+    return {"seconds": seconds, "losses": losses, "kept_gib": kept, "rss_before_gib": before,
+            "peak_gib": resident_gib("VmHWM"), "prompt_tokens": prompt_tokens,
+            "rows": len(rows["group"]), "batch_prompts": cfg.train.batch_prompts}
+
+
 def run(cfg, lm, tokenizer, rows: dict, epochs: int, budget_gb: float,
-        fused: bool = False) -> tuple[list[float], list[float], float]:
+        fused: bool = False, float32_copy: bool = False) -> tuple[list[float], list[float], float]:
     """(seconds per epoch, mean loss per epoch, GiB kept) training from the seeded start;
-    `fused`: [STOP] attends with the LM's own attention instead of stopexp's."""
+    `fused`: [STOP] attends with the LM's own attention instead of stopexp's; `float32_copy`:
+    stopexp's, with its prefix products as plain matmuls."""
     import contextlib
 
+    import stopexp.models.stop_attention as stop_attention
     import stopexp.models.super_token as super_token
     from stopexp.models.super_token import SuperTokenPredictor
     from stopexp.training.losses import build_loss
@@ -80,13 +120,15 @@ def run(cfg, lm, tokenizer, rows: dict, epochs: int, budget_gb: float,
     opt = torch.optim.AdamW([p for p in st.parameters() if p.requires_grad], lr=cfg.train.lr,
                             weight_decay=cfg.train.weight_decay)
     st.train()
-    ours = super_token.stop_attention
+    ours, matmul = super_token.stop_attention, stop_attention.constant_matmul
     if fused:
         super_token.stop_attention = lambda lm: contextlib.nullcontext()
+    if float32_copy:
+        stop_attention.constant_matmul = plain_matmul
     try:
         seconds, losses = _epochs(st, rows, epochs, loss_fn, opt, random.Random(cfg.train.seed), cfg)
     finally:
-        super_token.stop_attention = ours
+        super_token.stop_attention, stop_attention.constant_matmul = ours, matmul
     kept = st.prefixes.bytes / 2**30 if st.prefixes is not None else 0.0
     return seconds, losses, kept
 
@@ -111,37 +153,45 @@ def _epochs(st, rows, epochs, loss_fn, opt, rng, cfg) -> tuple[list[float], list
     return seconds, losses
 
 
+WAYS = ("fused, encoded", "stop, float32", "stop, encoded", "stop, kept")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--prefix", type=int, default=49, help="generated tokens per prefix")
     ap.add_argument("--budget-gb", type=float, default=8.0, help="the cached way's budget (GiB)")
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads")
     args = ap.parse_args()
-    from stopexp.search.sample import prompt_ids
-    from stopexp.stages import build
-
-    cfg = config([])
-    lm, tokenizer = build.lm(cfg, progress=False)
-    rows = data(cfg, tokenizer, args.prompts, args.prefix)
-    prompt_tokens = sum(len(prompt_ids(tokenizer, p)) for p in set(rows["prompt"]))
-    print(f"load average {os.getloadavg()[0]:.2f}; torch threads {torch.get_num_threads()}; "
-          f"{args.prompts} prompts ({prompt_tokens / args.prompts:.0f} tokens on average) x {PATHS} "
-          f"paths x {args.prefix} generated tokens; batch_prompts={cfg.train.batch_prompts}")
-    ways = {"fused, encoded": run(cfg, lm, tokenizer, rows, args.epochs, 0.0, fused=True),
-            "stop, encoded": run(cfg, lm, tokenizer, rows, args.epochs, 0.0),
-            "stop, kept": run(cfg, lm, tokenizer, rows, args.epochs, args.budget_gb)}
-    (base, base_loss, _), (enc, _, _), (kept, _, gib) = ways.values()
+    print(f"load average {os.getloadavg()[0]:.2f}; torch threads {args.threads}")
+    ways = {}
+    for name in WAYS:  # one at a time: each in its own process, for its own peak memory
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            ways[name] = pool.submit(way, name, args).result()
+    base, enc, kept = ways["fused, encoded"], ways["stop, encoded"], ways["stop, kept"]
+    print(f"{args.prompts} prompts ({base['prompt_tokens'] / args.prompts:.0f} tokens on average) x "
+          f"{PATHS} paths x {args.prefix} generated tokens; batch_prompts={base['batch_prompts']}")
     print(f"\n| epoch | {' (s) | '.join(ways)} (s) | stop, encoded vs fused | stop, kept vs fused |")
     print("|---" * (len(ways) + 3) + "|")
     for e in range(args.epochs):
-        print(f"| {e + 1} | {' | '.join(f'{w[0][e]:.1f}' for w in ways.values())} | "
-              f"{base[e] / enc[e]:.2f}x | {base[e] / kept[e]:.2f}x |")
-    later = sum(base[1:]) / max(sum(kept[1:]), 1e-9)
-    diff = max(abs(a - b) for w in ways.values() for a, b in zip(base_loss, w[1]))
+        cells = " | ".join(f"{w['seconds'][e]:.1f}" for w in ways.values())
+        print(f"| {e + 1} | {cells} | "
+              f"{base['seconds'][e] / enc['seconds'][e]:.2f}x | {base['seconds'][e] / kept['seconds'][e]:.2f}x |")
+    print("\n| way | resident before training (GiB) | peak (GiB) | peak - before (GiB) |\n|---|---|---|---|")
+    for name, w in ways.items():
+        print(f"| {name} | {w['rss_before_gib']:.2f} | {w['peak_gib']:.2f} | "
+              f"{w['peak_gib'] - w['rss_before_gib']:.2f} |")
+    later = sum(base["seconds"][1:]) / max(sum(kept["seconds"][1:]), 1e-9)
+    diff = max(abs(a - b) for w in ways.values() for a, b in zip(base["losses"], w["losses"]))
+    gib = kept["kept_gib"]
+    f32, own = ways["stop, float32"], enc
     print(f"\nepochs after the first, stop + kept against fused + encoded: {later:.2f}x; kept {gib:.2f} GiB "
-          f"({gib * 2**30 / len(rows['group']) / 2**20:.2f} MiB a path with its share of the prompt); "
+          f"({gib * 2**30 / kept['rows'] / 2**20:.2f} MiB a path with its share of the prompt); "
+          f"the prefix saved in its own precision against a float32 copy: peak - before "
+          f"{own['peak_gib'] - own['rss_before_gib']:.2f} against {f32['peak_gib'] - f32['rss_before_gib']:.2f} GiB; "
           f"largest per-epoch mean loss difference from fused, encoded {diff:.2e}")
+
 
 if __name__ == "__main__":
     main()

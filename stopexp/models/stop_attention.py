@@ -10,7 +10,8 @@ positions' own, under one softmax: the same attention (grouped-query heads witho
 of the keys), a fraction of the backward. The prefix is read in float32 without being kept
 in float32: its products save the cached (half-precision) tensors and upcast them again in
 the backward (`constant_matmul`), where a float32 copy of every layer's prefix would be held
-until the backward (4.7 GB for a training batch of 240 SmolLM2 paths of 420 tokens).
+until the backward (a SmolLM2 training step of 256 paths of 421 tokens peaks 6.4 GiB above
+the loaded LM, 9.0 GiB with the float32 copies: scripts/bench_super_token_train.py).
 Registered as an attention implementation of transformers (its mask: the eager one,
 additive); `stop_attention(lm)` switches the LM to it for the scoring call only.
 """

@@ -234,8 +234,10 @@ def test_config_and_bad_values():
     free = free_memory_gib(torch.device("cpu"))[0]
     with pytest.raises(ConfigError, match=r"^train.prefix_cache_gb: 100000 GiB is not below the .* GiB available"):
         prefix_cache_budget(100000, torch.device("cpu"))
-    assert 0 < prefix_cache_budget(None, torch.device("cpu")) <= free / 2 + 1
-    assert prefix_cache_budget(0, torch.device("cpu")) == 0 and prefix_cache_budget(0.5, "cpu") == 0.5
+    assert 0 < prefix_cache_budget(None, torch.device("cpu"))[0] <= free / 2 + 1
+    assert prefix_cache_budget(0, torch.device("cpu"))[0] == 0 and prefix_cache_budget(0.5, "cpu")[0] == 0.5
+    budget, free_now, reserve = prefix_cache_budget(None, torch.device("cpu"))
+    assert reserve == budget / 2 and 0 < free_now() <= free + 1  # quarter and half of one reading
     # a memory setting: the trained predictor's key (its directory) is the same at any budget
     keys = {build.predictor_dir(cfg, build.feature_set(cfg)).name for cfg in
             (validate(compose("train", ["predictor=super_token", f"train.prefix_cache_gb={gb}"]))

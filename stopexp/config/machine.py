@@ -301,26 +301,23 @@ def free_memory_gib(device) -> tuple[float, str]:
 PREFIX_CACHE_RESERVE = 0.25
 
 
-def prefix_cache_reserve(device) -> tuple[Callable[[], float], float]:
-    """(the GiB free on `device` now, as a function; the GiB the prefix cache leaves free)."""
+def prefix_cache_budget(setting: float | None, device) -> tuple[float, Callable[[], float], float]:
+    """(budget GiB, the GiB free now as a function, reserve GiB): what the super token keeps
+    of its prefixes on `device`, where its LM has loaded (`SuperTokenPredictor.keep_prefixes`'s
+    arguments). The budget: train.prefix_cache_gb, refused unless below the memory free there
+    (a budget is only a cap, so one above it would fail half-way through training); null:
+    half of it. The reserve: PREFIX_CACHE_RESERVE of that memory, which the cache leaves free."""
+    free, what = free_memory_gib(device)
+
     def free_now() -> float:
         return free_memory_gib(device)[0]
-    return free_now, PREFIX_CACHE_RESERVE * free_now()
 
-
-def prefix_cache_budget(setting: float | None, device) -> float:
-    """The GiB the super token keeps of its prefixes on `device`, where its LM has loaded:
-    train.prefix_cache_gb, refused unless below the memory free there (a budget is only a
-    cap, so one above it would fail half-way through training); null: half of it."""
-    free, what = free_memory_gib(device)
-    if setting is None:
-        return free / 2
     if setting and setting >= free:
         fail("train.prefix_cache_gb", f"{setting:g} GiB is not below the {free:.1f} GiB {what} "
                                       "with the LM loaded (the cache lives on the LM's device, "
                                       "beside its training); give less, null (half of it) or 0 "
                                       "(no cache)")
-    return setting
+    return (free / 2 if setting is None else setting), free_now, PREFIX_CACHE_RESERVE * free
 
 
 def check_machine(cfg) -> None:

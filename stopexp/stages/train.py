@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from stopexp.config.machine import prefix_cache_budget, prefix_cache_reserve
+from stopexp.config.machine import prefix_cache_budget
 from stopexp.core.names import lookup, runs_the_lm
 from stopexp.core.policies import selection_share
 from stopexp.core.protocol import checkpoint_tokens
@@ -71,9 +71,7 @@ def train(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
         if lm_based:
             predictor = lookup("lm_predictor", cfg.predictor.name)(
                 cfg.predictor, *build.lm(cfg, progress=False), cfg.search.max_batch_rows)
-            device = predictor.stop.device
-            predictor.keep_prefixes(prefix_cache_budget(cfg.train.prefix_cache_gb, device),
-                                    *prefix_cache_reserve(device))
+            predictor.keep_prefixes(*prefix_cache_budget(cfg.train.prefix_cache_gb, predictor.stop.device))
         else:
             predictor = build_predictor(cfg.predictor, spec)
             predictor.fit_inputs(data["train"])  # predictor.pca_components: on training rows only

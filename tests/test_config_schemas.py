@@ -57,8 +57,8 @@ def test_a_predictors_key_leaves_the_added_keys_out_at_their_defaults(overrides)
         control = build.controls(cfg)["mlp@5"]
         assert build.predictor_dir(control, features).name == "fc0b4d4fb837"
     others = [validate(compose("pipeline", [*overrides.split(), extra])) for extra in
-            ("train.max_prompts=150",
-             *(["train.early_stopping=false"] if cfg.predictor.name != "statistic" else []),
+            (*(["train.max_prompts=150", "train.early_stopping=false"]
+               if cfg.predictor.name != "statistic" else []),  # a statistic reads neither
              *(["predictor.centre_prompts=true"] if cfg.predictor.name in ("linear", "mlp", "fusion") else []),
              *(["predictor.pca_components=8"] if cfg.predictor.name in ("linear", "mlp") else []))]
     for other in others:  # set, they make other predictors of the same features

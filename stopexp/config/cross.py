@@ -191,17 +191,12 @@ def min_gap_below_reward_range(cfg) -> None:
 
 def bank_has_training_prompts(cfg) -> None:
     """train (and pipeline, and adapt, which trains the source and target predictors) fits
-    on the train prompts (the first train.max_prompts of them) and selects the epoch on the
-    val ones."""
+    on the train prompts (the first train.max_prompts of them, at most the bank's:
+    stopexp.config.limits) and selects the epoch on the val ones."""
     for split in ("train", "val"):
         if not cfg.collect.prompts.get(split, 0) > 0:
             fail(f"collect.prompts.{split}", f"train needs {split} prompts in the trace bank, "
                                              f"got {cfg.collect.prompts.get(split, 0)}")
-    limit, collected = cfg.train.max_prompts, cfg.collect.prompts.get("train", 0)
-    if limit is not None and limit > collected:
-        fail("train.max_prompts", f"{limit} exceeds the {collected} train prompts the trace bank "
-                                  f"is collected with (collect.prompts.train); lower it to at most "
-                                  f"{collected} or collect more")
 
 
 def attn_entropy_method_is_tapped(cfg) -> None:

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import importlib.util
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 from stopexp.config.options import Group
 from stopexp.config.ranges import at_least, fail, within
+from stopexp.core.limits import count
 
 
 @dataclass
@@ -19,7 +20,7 @@ class EngineBaseConfig:
     # blocks of block_size tokens its running paths may hold before the lowest-scored is
     # pruned (an integer >= 1), or a share in (0, 1) of what its N paths hold at full length;
     # null = no budget
-    kv_budget: Optional[float] = None
+    kv_budget: Optional[float] = field(default=None, metadata=count(share=True))
     # KV tokens per cache block (vLLM's paging unit; for the hf engine, whose cache is not
     # paged, the unit of engine.kv_budget only)
     block_size: int = 32
@@ -71,7 +72,7 @@ def check_engine(cfg) -> None:
     before any model loads."""
     e = cfg.engine
     at_least("engine.block_size", e.block_size, 1)
-    if e.kv_budget is not None and not (0 < e.kv_budget < 1 or (e.kv_budget >= 1 and float(e.kv_budget).is_integer())):
+    if e.kv_budget is not None and not e.kv_budget > 0:  # a whole count at 1 and up: validate
         fail("engine.kv_budget", f"{e.kv_budget}: give KV blocks (an integer >= 1), a share in "
                                  "(0, 1), or null")
     if e.name != "vllm":

@@ -9,6 +9,7 @@ from typing import List, Optional
 from stopexp.config import policy
 from stopexp.config.ranges import TOGETHER, at_least, fail, within
 from stopexp.config.stopping import TracesStopping, check_stopping
+from stopexp.core.limits import count
 from stopexp.core.names import (ALWAYS_METHODS, BASELINE_METHODS, ORACLE_METHODS, SPLITS, external,
                                 method_name, names as registered, predictor_names)
 
@@ -35,7 +36,7 @@ class EvaluateConfig:
     select: str = "vote"            # vote | signal | lm_score | oracle
     compare_beam: bool = False      # also run plain beam search (no pruning) and compare outputs
     # search=beam (which runs the LM online): the first N prompts of the split; None: all
-    max_prompts: Optional[int] = None
+    max_prompts: Optional[int] = field(default=None, metadata=count("split_prompts"))
     bertscore_model: Optional[str] = None  # None = the offline MiniLM encoder
     seed: int = 0
     # the settings of the stopping methods of `methods`, one subtree per method with settings

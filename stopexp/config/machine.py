@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Callable
 
 from stopexp.config.ranges import fail
+from stopexp.core.names import lookup, names
+from stopexp.core.protocol import TOY_CHARS, TOY_SPECIALS
 
 TOY_POSITIONS = 256  # the toy LM's max_position_embeddings (stopexp.models.toy_lm.build_model)
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -34,6 +36,8 @@ class Shape:
     head_dim: int
     source: str             # where it was read, for messages
     rope_scaled: bool = False  # config.json's rope_scaling: vLLM may serve more positions
+    hidden: int | None = None  # the hidden state's width
+    vocab: int | None = None   # the rows of the LM head (the logits' width)
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes
@@ -78,7 +82,8 @@ def _from_config_json(path: Path) -> Shape | None:
         head_dim = int(c.get("head_dim") or int(c["hidden_size"]) // heads)
         return Shape(c.get("max_position_embeddings"), int(c["num_hidden_layers"]), heads,
                      int(c.get("num_key_value_heads") or heads), head_dim, str(path),
-                     bool(c.get("rope_scaling")))
+                     bool(c.get("rope_scaling")), int(c["hidden_size"]),
+                     int(c["vocab_size"]) if c.get("vocab_size") else None)
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         return None
 
@@ -116,11 +121,13 @@ def _from_gguf(path: Path) -> Shape | None:
             def string():
                 return f.read(read("Q")).decode("utf-8", "replace")
 
-            def skip(kind):
+            def skip(kind, leaf=""):
                 if kind == 8:
                     f.seek(read("Q"), 1)
                 elif kind == 9:
                     item, n = read("I"), read("Q")
+                    if leaf == "ggml.tokens":  # the vocabulary: its length is all we read
+                        found["vocab"] = n
                     if item in _GGUF_SIZES:
                         f.seek(n * _GGUF_SIZES[item], 1)
                     else:
@@ -137,10 +144,10 @@ def _from_gguf(path: Path) -> Shape | None:
                 leaf = key.partition(".")[2]
                 if leaf in want and kind in _GGUF_INTS:
                     found[leaf] = read(_GGUF_INTS[kind])
-                    if len(found) == len(want):
-                        break
                 else:
-                    skip(kind)
+                    skip(kind, leaf)
+                if len(found) == len(want) + 1:
+                    break
     except (OSError, struct.error, KeyError, ValueError):
         return None
     if any(k not in found for k in want[1:3]) or "embedding_length" not in found:
@@ -148,15 +155,19 @@ def _from_gguf(path: Path) -> Shape | None:
     heads = found["attention.head_count"]
     return Shape(found.get("context_length"), found["block_count"], heads,
                  found.get("attention.head_count_kv", heads), found["embedding_length"] // heads,
-                 str(path))
+                 str(path), hidden=found["embedding_length"], vocab=found.get("vocab"))
 
 
-def model_shape(model) -> Shape | None:
-    """The LM's shape from the model section, without loading it; None where unknown."""
+def model_shape(model, task: str | None = None) -> Shape | None:
+    """The LM's shape from the model section, without loading it; None where unknown. The
+    toy LM's vocabulary is its tokenizer's for `task` (a task name; None: unknown)."""
     t = model.toy
     if model.name == "toy" and t is not None:
+        vocab = len(TOY_SPECIALS) + len(lookup("task", task).toy_chars or TOY_CHARS) \
+            if task in names("task") else None
         return Shape(TOY_POSITIONS, t.num_layers, t.num_heads, t.num_heads,
-                     t.hidden_size // t.num_heads, "model.toy")
+                     max(1, t.hidden_size // max(t.num_heads, 1)), "model.toy",
+                     hidden=t.hidden_size, vocab=vocab)
     if model.gguf_file:
         path = _gguf_path(model.gguf_file)
         return _from_gguf(path) if path else None

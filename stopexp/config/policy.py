@@ -4,11 +4,12 @@ K per check of search.check_at: stopexp.config.cross.keep_per_check; policy=risk
 `check_risk_calibration`."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from stopexp.config.options import Group
 from stopexp.config.ranges import TOGETHER, at_least, fail, within
+from stopexp.core.limits import count
 from stopexp.core.protocol import check_values
 
 
@@ -38,7 +39,8 @@ class TopKPolicyConfig(PolicyBaseConfig):
     name: str = "topk"
     # K paths kept out of N (a list: one K per search.check_at); default derived from
     # search.n_paths: round(sqrt(N)), and with several checks one K per check (derived_keep)
-    keep: Any = "${stopexp_keep:${search.n_paths},${search.check_at},${policy.name}}"
+    keep: Any = field(default="${stopexp_keep:${search.n_paths},${search.check_at},${policy.name}}",
+                      metadata=count())
 
 
 @dataclass

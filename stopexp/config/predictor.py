@@ -11,6 +11,7 @@ from typing import List, Optional
 
 from stopexp.config.options import Group
 from stopexp.config.ranges import at_least, fail, within
+from stopexp.core.limits import count
 from stopexp.core.names import SIGNAL_NAMES, predictor_names
 
 
@@ -51,7 +52,7 @@ class PCAConfig(PredictorBaseConfig):
     # the hidden state standardised and projected onto its first k principal components,
     # whitened, in place of the LayerNorm (stopexp.signals.pca): fitted on the training rows
     # only, saved with the predictor; None = off
-    pca_components: Optional[int] = None
+    pca_components: Optional[int] = field(default=None, metadata=count("width"))
 
     @staticmethod
     def ranges(pred) -> None:
@@ -168,7 +169,8 @@ class TrainConfig:
     lr: float = 1e-3
     weight_decay: float = 0.01
     patience: int = 5
-    checkpoint: float = 0.08  # the prefix the predictor is trained at (as search.check_at)
+    # the prefix the predictor is trained at (as search.check_at)
+    checkpoint: float = field(default=0.08, metadata=count("max_new_tokens", share=True, below=True))
     # checkpoint: at train.checkpoint only | all: at every stored position, pairs mined
     # within (prompt, position), a batch holds batch_prompts such groups, epochs selected
     # on the validation within-prompt AUROC averaged over positions (stopexp/training/per_step.py)
@@ -176,7 +178,7 @@ class TrainConfig:
     seed: int = 0
     # train on the first N prompts of the bank's train split only (the N smallest prompt
     # ids: nested, so one bank serves every size); None = all of them
-    max_prompts: Optional[int] = None
+    max_prompts: Optional[int] = field(default=None, metadata=count("train_prompts"))
     # true: keep the epoch with the best validation AUROC and stop after `patience` epochs
     # without a better one; false: train all `epochs` and keep the last (nothing is picked
     # on the validation prompts)

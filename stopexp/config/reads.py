@@ -48,7 +48,8 @@ ALLOWED = {
 }
 # Keys that only some options of another group read (a group's own options' keys are their
 # schemas': `unread_by_option`): key -> (the key naming the option, the options that read
-# it; for evaluate.methods, the methods). Under another option the run would ignore the
+# it; for evaluate.methods, the methods; for a bool key, the values), or a tuple of such
+# conditions, all of which must hold. Under another option the run would ignore the
 # key, so validate refuses any value but the schema default (`check_unread`). An exp sets
 # such a key as ${stopexp_where_read:KEY,VALUE}: VALUE where it is read, else the default,
 # so that replacing the exp's option (+exp=toy_datatotext loss=mse) just works.
@@ -73,7 +74,16 @@ class AllBut:
 READ_ONLY_BY = {
     # stopexp.training.fit: a statistic has no weights to fit (it is evaluated as is)
     **{f"train.{k}": ("predictor.name", AllBut(UNTRAINED_PREDICTORS))
-       for k in ("epochs", "batch_prompts", "lr", "weight_decay", "patience", "seed", "early_stopping")},
+       for k in ("epochs", "batch_prompts", "lr", "weight_decay", "seed", "early_stopping",
+                 "max_prompts")},
+    # stopexp.training.fit: patience counts epochs without a better one, with early stopping
+    "train.patience": (("predictor.name", AllBut(UNTRAINED_PREDICTORS)),
+                       ("train.early_stopping", (True,))),
+    # stopexp.models.prefix_cache: the super token's cache of its prefixes
+    "train.prefix_cache_gb": ("predictor.name", ("super_token",)),
+    # STEP's budget (stopexp.stopping.step), in every stage, so that the command that makes
+    # an evaluation's bank (collect) takes the evaluation's settings
+    "engine.kv_budget": ("evaluate.methods", ("step",)),
     "loss.name": ("predictor.name", AllBut(UNTRAINED_PREDICTORS)),
     # a stopping method's settings (stopexp.config.stopping): read when it runs
     **{key: ("evaluate.methods", (m,)) for key, m in setting_keys(TracesStopping, "evaluate.stopping")},
@@ -86,6 +96,17 @@ READ_ONLY_BY = {
 _GROUPS = {g.name: g for g in GROUPS if g.refuse_unread}
 
 
+def conditions(key: str) -> tuple[tuple[str, Any], ...]:
+    """READ_ONLY_BY's conditions for `key`: (the key naming the option, its readers), each."""
+    rule = READ_ONLY_BY[key]
+    return rule if isinstance(rule[0], tuple) else (rule,)
+
+
+def _holds(cfg, option_key: str, readers) -> bool:
+    option = OmegaConf.select(cfg, option_key)
+    return any(o in readers for o in option) if is_list(option) else option in readers
+
+
 def reads(cfg, key: str) -> bool:
     """Whether the chosen options of `cfg` read `key`."""
     group, _, leaf = key.partition(".")
@@ -93,9 +114,7 @@ def reads(cfg, key: str) -> bool:
         g = _GROUPS[group]
         option = g.chosen(OmegaConf.select(cfg, group))
         return option in g.options and leaf in g.keys(option)
-    option_key, readers = READ_ONLY_BY[key]
-    option = OmegaConf.select(cfg, option_key)
-    return any(o in readers for o in option) if is_list(option) else option in readers
+    return all(_holds(cfg, option_key, readers) for option_key, readers in conditions(key))
 
 
 def default_in(cfg, key: str) -> Any:
@@ -139,17 +158,25 @@ def unread_by_option(cfg) -> list[tuple[str, str, str]]:
 def unread_by_rule(cfg) -> list[tuple[str, str, str]]:
     """READ_ONLY_BY's keys that the chosen options do not read, named as `unread_by_option`."""
     out = []
-    for key, (option_key, readers) in READ_ONLY_BY.items():
-        if reads(cfg, key):
+    for key in READ_ONLY_BY:
+        unmet = [(k, r) for k, r in conditions(key) if not _holds(cfg, k, r)]
+        if not unmet:
             continue
+        option_key, readers = unmet[0]
         if option_key == "evaluate.methods":
             out.append((key, f"the method {' or '.join(readers)}",
                         f"evaluate.methods without {' or '.join(readers)}"))
-        else:
-            group = option_key.split(".")[0]
-            out.append((key, readers.text(group) if isinstance(readers, AllBut) else f"{group}={'|'.join(readers)}",
-                        f"{group}={OmegaConf.select(cfg, option_key)}"))
+        else:  # a group's option by the group's name (predictor=mlp), another key by its own
+            label = option_key.split(".")[0] if option_key.endswith(".name") else option_key
+            out.append((key, readers.text(label) if isinstance(readers, AllBut) else
+                        f"{label}={'|'.join(map(_shown, readers))}",
+                        f"{label}={_shown(OmegaConf.select(cfg, option_key))}"))
     return out
+
+
+def _shown(value) -> str:
+    """A value as a command line writes it (true, not True)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def check_unread(cfg) -> None:

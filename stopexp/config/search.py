@@ -9,6 +9,7 @@ from typing import Any, List, Optional
 
 from stopexp.config.options import Group
 from stopexp.config.ranges import at_least, fail, within
+from stopexp.core.limits import count
 from stopexp.core.protocol import checkpoint_tokens
 
 # The smallest sampling temperature. Logits are divided by it in float32: at 1e-38 a logit
@@ -27,15 +28,16 @@ class ParallelSearchConfig:
     # the prefix where Launch-Check-Resume checks (a position the features hold: one of
     # tap.checkpoints or a multiple of tap.positions.stride), or a list of them
     # (progressive: policy=topk then takes one decreasing K per check in policy.keep)
-    check_at: Any = 0.08
+    check_at: Any = field(default=0.08, metadata=count("max_new_tokens", share=True, below=True))
     score_rule: str = "last"    # several checks: last | running_mean (STEP, arXiv 2601.09093)
     max_new_tokens: int = 64
     temperature: float = 1.0
     top_p: float = 1.0
-    top_k: int = 0
+    top_k: int = field(default=0, metadata=count("vocab"))
     do_sample: bool = True
-    conf_topk: int = 5
-    group_window: int = 8       # DeepConf group-confidence window (tokens)
+    conf_topk: int = field(default=5, metadata=count("vocab"))
+    # DeepConf group-confidence window (tokens)
+    group_window: int = field(default=8, metadata=count("max_new_tokens"))
     max_batch_rows: int = 1024  # rows per forward; larger prompt sets run in chunks
     # stop strings: a path ends at the token that completes one (kept, as in HF
     # generate(stop_strings=...)); nothing after it is generated or counted
@@ -47,7 +49,9 @@ class BeamSearchConfig(ParallelSearchConfig):
     """beam: beam search pruned by the checks."""
     name: str = "beam"
     patience: int = 2           # consecutive marks before a beam is pruned
-    beam_checks: Optional[List[float]] = None  # prefixes checked (like tap.checkpoints); None = every step
+    # prefixes checked (like tap.checkpoints); None = every step
+    beam_checks: Optional[List[float]] = field(
+        default=None, metadata=count("max_new_tokens", share=True, below=True))
     refill: bool = True         # a pruned beam's slot goes to the next best candidate; false = the beam narrows
 
     @staticmethod

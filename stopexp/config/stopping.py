@@ -25,7 +25,7 @@ def settings_schema(bank: str) -> type:
     for name in methods_on(bank):
         cls = lookup("stopping", name)
         hints = typing.get_type_hints(cls)
-        own = [(f.name, hints[f.name], dataclasses.field(default=f.default))
+        own = [(f.name, hints[f.name], dataclasses.field(default=f.default, metadata=f.metadata))
                for f in cls.settings(bank)]
         if own:
             node = dataclasses.make_dataclass(f"{cls.__name__}Settings", own)

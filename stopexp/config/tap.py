@@ -7,6 +7,7 @@ from typing import Any, List, Optional
 
 from stopexp.config.ranges import fail
 from stopexp.core.errors import ConfigError
+from stopexp.core.limits import count
 from stopexp.core.protocol import SYMBOLIC_LAYERS, attention_heads, checkpoint_tokens, layer_index
 
 
@@ -16,8 +17,9 @@ class TapPositionsConfig:
     # tap.checkpoints, plus these checkpoints (fractions of max_new_tokens or token counts),
     # every `stride` tokens, and with `step_ends` every token that ends a reasoning step
     # (the task's step separator: ";" in arith, a newline in text tasks).
-    checkpoints: List[float] = field(default_factory=list)
-    stride: Optional[int] = None
+    checkpoints: List[float] = field(default_factory=list, metadata=count(
+        "max_new_tokens", share=True, below=True))
+    stride: Optional[int] = field(default=None, metadata=count("max_new_tokens", below=True))
     step_ends: bool = False
     dtype: str = "float32"  # float32 | float16 (half the bytes)
 
@@ -29,7 +31,8 @@ class TapConfig:
     layers: List[Any] = field(default_factory=lambda: [-1])
     pooling: str = "last"  # last | mean
     # prefix lengths in generated tokens; values below 1 are fractions of max_new_tokens
-    checkpoints: List[float] = field(default_factory=lambda: [0.08, 0.25])
+    checkpoints: List[float] = field(default_factory=lambda: [0.08, 0.25], metadata=count(
+        "max_new_tokens", share=True, below=True))
     # attention entropy (signal attn_entropy): None = off; "all" = every head of the tapped
     # layers; or a list of "layer:head" (layer as in tap.layers). Forces eager attention.
     attention_heads: Any = None

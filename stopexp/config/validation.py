@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from stopexp.config import (adapt, answers_replay, collect, cross, engine, evaluate, loss, model,
                             policy, predictor, reward, search, serve, tap, task)
+from stopexp.config.limits import check_bounds, check_whole
 from stopexp.config.machine import check_machine
 from stopexp.config.option_files import check_option_files
 from stopexp.config.options import view_of
@@ -113,6 +114,7 @@ RULES = (
     (cross.min_gap_below_reward_range, STAGES),
     (cross.vllm_serves_it, STAGES),
     (check_unread, STAGES),
+    (check_bounds, STAGES),  # after check_unread: a key nothing reads is named as such first
     (check_beam_width_read, STAGES),
     (task.task_draws_the_prompts, STAGES),  # after the rules on values: it draws the problems
     (cross.bank_has_training_prompts, TRAINING),
@@ -136,12 +138,14 @@ def validate(cfg: DictConfig, runtime=None, machine: bool = True) -> DictConfig:
     """Every check that needs no compute, for the stages that `cfg.stage` will run: unknown
     keys, the option files' keys (with `runtime`, Hydra's runtime of the composition, or
     cfg.hydra.runtime where cfg carries it: stopexp.config.option_files), allowed names,
-    finite floats (NaN and inf are refused everywhere), the range of every numeric key (the
+    finite floats (NaN and inf are refused everywhere), whole counts and counts within their
+    bounds (stopexp.config.limits), the range of every numeric key (the
     group checks), the rules of RULES whose stages include cfg.stage and, with `machine`, what
     this machine cannot run (stopexp.config.machine: False where the jobs run on other
     machines, as a SLURM sweep's, or to check a config written for another machine). Raises
     ConfigError naming the key; returns cfg."""
     if cfg.stage == "answers_replay":  # a stage of its own schema, without the study's groups
+        check_whole(cfg, answers_replay.AnswersReplayConfig)
         answers_replay.check_answers_replay(cfg)
         return cfg
     unknown = unknown_keys(cfg)
@@ -162,6 +166,7 @@ def validate(cfg: DictConfig, runtime=None, machine: bool = True) -> DictConfig:
                               if OmegaConf.is_config(node) else node, str(key))
             if found:
                 fail(found[0], f"{found[1]} is not a finite number")
+    check_whole(cfg)
     for key in SEED_KEYS:  # numpy's generators refuse negative seeds
         if get(cfg, key) is not None:
             at_least(key, get(cfg, key), 0)

@@ -14,6 +14,10 @@ from omegaconf import ListConfig, OmegaConf
 from stopexp.core.errors import fail
 
 SYMBOLIC_LAYERS = ("first", "mid", "last")
+# the embedded toy LM's character tokenizer (stopexp.models.tokenizer): its special tokens
+# and its default alphabet (a task may give its own: Task.toy_chars)
+TOY_SPECIALS = ("<pad>", "<s>", "</s>", "<unk>")
+TOY_CHARS = "0123456789+-*=;#?"
 
 
 # Defaults that only make sense relative to N = search.n_paths are derived from it, so a

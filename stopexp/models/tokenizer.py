@@ -5,8 +5,9 @@ from __future__ import annotations
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
-SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
-CHARS = "0123456789+-*=;#?"
+from stopexp.core.protocol import TOY_CHARS as CHARS, TOY_SPECIALS
+
+SPECIALS = list(TOY_SPECIALS)
 
 
 def build_char_tokenizer(chars: str = CHARS) -> PreTrainedTokenizerFast:

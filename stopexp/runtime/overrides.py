@@ -26,6 +26,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 import stopexp.config  # noqa: F401  (registers the schemas the configs extend)
 from stopexp.config import check_output_dirs, validate
+from stopexp.config.limits import check_bool_overrides
 from stopexp.config.reads import check_unread_overrides
 from stopexp.config.stopping import check_moved
 from stopexp.core.errors import ConfigError
@@ -83,6 +84,7 @@ def check_overrides(config_name: str, argv: list[str], validate_run: bool = Fals
                 with open_dict(job):  # as Hydra hands a job its config (validate is faster so)
                     del job["hydra"]
                 try:
+                    check_bool_overrides(job, hc.overrides.task)
                     validate(job, hc.runtime, machine=here)
                     check_unread_overrides(job, hc.overrides.task)
                     if launch and here:  # as the stage does later

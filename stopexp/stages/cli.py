@@ -36,6 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 from stopexp.config import check_output_dirs, validate
 from stopexp.config.paths import probe_writable
 from stopexp.config.ranges import fail
+from stopexp.config.limits import check_bool_overrides
 from stopexp.config.reads import check_unread_overrides
 from stopexp.core.errors import CannotWrite, NotMade, reported
 from stopexp.runtime.artifacts import write_json
@@ -78,6 +79,7 @@ def stage_main(config_name: str, tracked: bool = True):
         @functools.wraps(recipe)
         def task(cfg):
             hc = HydraConfig.get()
+            check_bool_overrides(cfg, hc.overrides.task)  # before OmegaConf's true for 2 is read
             validate(cfg, hc.runtime)  # with the option files that Hydra composed it from
             check_unread_overrides(cfg, hc.overrides.task)
             check_output_dirs(cfg)

@@ -31,11 +31,12 @@ scorer).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
 
+from stopexp.core.limits import count
 from stopexp.stopping.adaptive_consistency import beta_majority_prob
 from stopexp.stopping.answers_bank import AnswersPrompt, Decision, vote_codes
 from stopexp.stopping.method import StoppingMethod
@@ -68,8 +69,8 @@ class Combined(StoppingMethod):
     there; settle is read on answers-only banks only (a running trace-bank path has no
     answer to settle)."""
     signal: str = "learned"
-    first: int = 4
-    wave: int = 2
+    first: int = field(default=4, metadata=count(bound="n_paths"))
+    wave: int = field(default=2, metadata=count(bound="n_paths"))
     threshold: float = 0.95
     settle: float = 40.0
     prune_below: float = 8.0

@@ -27,11 +27,12 @@ so a path that is not stopped continues exactly as it was collected.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
 
+from stopexp.core.limits import count
 from stopexp.core.protocol import warmup_paths
 from stopexp.stopping.method import StoppingMethod, within
 
@@ -44,7 +45,7 @@ class DeepConfOnline(StoppingMethod):
     """DeepConf online's settings: warmup, the warm-up paths per prompt (below 1: a share
     of N; this project's 0.25, see the module doc), and keep_percent (the threshold is the
     (100 - keep_percent)-th percentile of their lowest group confidences)."""
-    warmup: float = 0.25
+    warmup: float = field(default=0.25, metadata=count(share=True))
     keep_percent: float = KEEP_PERCENT
     name: ClassVar[str] = "deepconf_online"
     source: ClassVar[str] = SOURCE

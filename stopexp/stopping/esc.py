@@ -11,11 +11,12 @@ published rows stopexp reproduces; the ESC paper's own setting is w = 5 with at 
 L = 40 samples (Yiwei98/ESC control_scheme.py: `sc_num = 5`, `max_up = 40`)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
 
+from stopexp.core.limits import count
 from stopexp.stopping.answers_bank import AnswersPrompt, Decision, vote_codes
 from stopexp.stopping.method import StoppingMethod, at_least
 
@@ -23,7 +24,7 @@ from stopexp.stopping.method import StoppingMethod, at_least
 @dataclass
 class ESC(StoppingMethod):
     """ESC's settings: window, the branches sampled together (8, see the module doc)."""
-    window: int = 8
+    window: int = field(default=8, metadata=count(bound="n_paths"))
     name: ClassVar[str] = "esc"
     source: ClassVar[str] = "arXiv 2401.10480"
 

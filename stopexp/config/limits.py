@@ -151,6 +151,7 @@ def check_bounds(cfg) -> None:
         most = limit - 1 if leaf.below else limit
         for v in _values(get(cfg, leaf.key)):
             if _number(v) and v >= 1 and v > most:
+                v = int(v) if v == int(v) else v  # a count given as a float (64.0) reads as 64
                 fail(leaf.key, f"{v} {'reaches' if v == limit else 'exceeds'} {what}; give at "
                                f"most {most}")
 

@@ -35,7 +35,7 @@ def test_the_first_prompts_are_those_of_the_smallest_ids():
     ("0", "train.max_prompts: must be >= 1, got 0"),
     ("-3", "train.max_prompts: must be >= 1, got -3"),
     ("13", "train.max_prompts: 13 exceeds the 12 train prompts the trace bank is collected with "
-           r"\(collect.prompts.train\); lower it to at most 12 or collect more"),
+           r"\(collect.prompts.train\); give at most 12"),
 ])
 def test_a_bad_limit_fails_before_compute(small_bank, value, message):
     with pytest.raises(ConfigError, match=f"^{message}$"):

@@ -164,7 +164,7 @@ def test_votes_and_what_unscored_paths_get():
     (["search.check_at=[0.08,0.25]", "policy.keep=[4,2,1]"], "policy.keep",
      "3 values for the 2 checks of search.check_at [0.08, 0.25]; give one K per check"),
     (["policy.keep=[9]"], "policy.keep", "retention K=9 must lie in 1..N=8"),
-    (["policy.keep=two"], "policy.keep", "is not a whole number K"),
+    (["policy.keep=two"], "policy.keep", "'two' is not a whole number; give an integer"),
     (["search=beam", "search.check_at=[0.08,0.25]"], "search.check_at",
      "are a Launch-Check-Resume protocol of evaluate (search=parallel); search=beam takes one"),
     (["search.score_rule=median"], "search.score_rule", "allowed: last, running_mean"),

@@ -85,9 +85,9 @@ def keep_per_check(cfg) -> None:
     checks = check_values(s.check_at)
     keep = cfg.policy.keep
     keeps = check_values(keep)
-    if any(isinstance(k, bool) or not isinstance(k, int) for k in keeps) or not keeps:
-        fail("policy.keep", f"{keep} is not a whole number K or a list of them (one per check "
-                            "of search.check_at)")
+    if not keeps:  # each K is whole: stopexp.config.limits.check_whole
+        fail("policy.keep", f"{list(keep)} gives no K; give a whole number K or a list of them "
+                            "(one per check of search.check_at)")
     if len(keeps) > 1 and len(keeps) != len(checks) or (len(keeps) == 1 and is_list(keep)
                                                           and len(checks) > 1):
         fail("policy.keep", f"{len(keeps)} values for the {len(checks)} checks of "

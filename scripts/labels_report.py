@@ -8,7 +8,8 @@ tap.checkpoints): each predictor trained (or found) by the train stage with
 
 and scored on the test paths alive at the checkpoint: the within-prompt AUROC, its paired
 bootstrap difference from confidence over the prompts with both outcomes (evaluate.bootstrap
-resamples, evaluate.seed), and soft minus hard for each predictor.
+resamples, evaluate.seed), and soft minus hard for each predictor; every interval with its
+bootstrap p-value and Holm's over the table's intervals (one family), * where it survives.
 
     python -m stopexp.collect +exp=smollm2_super_token && python -m stopexp.featurize +exp=smollm2_super_token
     python scripts/labels_report.py +exp=smollm2_super_token [--predictors=mlp,super_token] [--labels=soft,hard,pairs]
@@ -32,6 +33,7 @@ from stopexp.core.errors import ConfigError, reported
 from stopexp.core.names import predictor_names
 from stopexp.core.protocol import checkpoint_tokens
 from stopexp.evaluation import scaling
+from stopexp.metrics.multiplicity import correct_family, holm_note, holm_text
 from stopexp.runtime.artifacts import write_json
 from stopexp.signals import methods as M
 from stopexp.stages import build
@@ -109,7 +111,8 @@ def main(argv: list[str]) -> dict:
                      rows[-1]["seconds"])
     soft_hard = {p: scaling.versus(scores[(p, "soft")], scores[(p, "hard")], correct, group, n_boot, seed)
                  for p in predictors if (p, "soft") in scores and (p, "hard") in scores}
-    report = {"bank": root.name, "features": features.key, "checkpoint_tokens": ckpt,
+    family = correct_family(rows + list(soft_hard.values()))  # one table, one family
+    report = {"bank": root.name, "holm_family": family, "bootstrap": n_boot, "features": features.key, "checkpoint_tokens": ckpt,
               "mc_rollouts": meta.get("mc_rollouts"), "test_paths": len(correct),
               "confidence_auroc": rows[0]["reference_auroc"] if rows else None,
               "rows": rows, "soft_minus_hard": soft_hard}
@@ -132,10 +135,12 @@ def table(report: dict) -> str:
         lo, hi = r["ci"]
         lines.append(f"| {r['predictor']} | {r['labels']} | {r['train_prompts']} | {r['val_auroc']:.3f} | "
                      f"{r['auroc']:.3f} | "
-                     f"{r['diff']:+.3f} [{lo:+.3f}, {hi:+.3f}] | {r['mixed_prompts']} |")
+                     f"{r['diff']:+.3f} [{lo:+.3f}, {hi:+.3f}]{holm_text(r)} | {r['mixed_prompts']} |")
     for p, d in report["soft_minus_hard"].items():
         lo, hi = d["ci"]
-        lines.append(f"\n{p}: soft - hard {d['diff']:+.3f} [{lo:+.3f}, {hi:+.3f}]")
+        lines.append(f"\n{p}: soft - hard {d['diff']:+.3f} [{lo:+.3f}, {hi:+.3f}]{holm_text(d)}")
+    if "holm_family" in report:
+        lines.append(f"\n{holm_note(report['holm_family'], report['bootstrap'])}")
     return "\n".join(lines)
 
 

@@ -27,6 +27,11 @@ script with the command that makes it; nothing is collected or featurized here).
   within-prompt AUROC averaged over the four positions on the predictor's own training
   prompts (the first N), the validation and the test prompts: how much it learns its
   prompts (train's own metrics, averaged over every stored position, are in the JSON).
+- The fusion's own difference: hidden_conf - conf_features at each size and position, the
+  same paired bootstrap (what the hidden state adds to the confidence columns it is fused with).
+- Corrections: each table is one family; beside every interval its bootstrap p-value and
+  Holm's adjusted one over the table's cells, * where it survives at family-wise 0.05
+  (`stopexp.metrics.multiplicity`: the p-value inverts the percentile interval).
 - Controls, mlp at the largest size: early stopping on the validation prompts (what train
   does: the baseline row), no early stopping (train.early_stopping=false: every epoch, the
   last kept), weight decay 0.1 and 1.0 (the default is 0.01), dropout 0.5, PCA to 32
@@ -54,6 +59,7 @@ import torch
 from stopexp.core.errors import ConfigError, reported
 from stopexp.evaluation import scaling
 from stopexp.evaluation.curves import prefix_scores
+from stopexp.metrics.multiplicity import holm_note
 from stopexp.runtime.artifacts import write_json
 from stopexp.signals import methods as M
 from stopexp.signals.saved_predictor import load_predictor
@@ -115,7 +121,10 @@ class Report:
             self.batches[split] = bank.select_rows(rows, rows["alive"])
         self.train_ids = np.asarray(loaded["train"][0]["prompt_id"][:])  # per row of the train split
         self.held = len(np.unique(self.train_ids))
-        self.confidence = M.confidence(self.batches["test"]).numpy().astype(float)
+        test = self.batches["test"]
+        self.confidence = M.confidence(test).numpy().astype(float)
+        self.columns = tuple(test[k].numpy() for k in ("correct", "group", "position"))
+        self.scores = {}  # (predictor, size) -> test scores, for the fusion's own difference
         self.n_boot, self.seed = int(cfg.evaluate.bootstrap), int(cfg.evaluate.seed)
 
     def fit_gap(self, model, size: int) -> dict:
@@ -141,6 +150,8 @@ class Report:
         model, _ = load_predictor(m["checkpoint"], self.spec, cfg.predictor)
         test = self.batches["test"]
         scores = prefix_scores({predictor: M.learned(model)}, test)[predictor]
+        if not extra:
+            self.scores[(predictor, size)] = scores
         at = []
         for p in self.positions:
             here = (test["position"] == p).numpy()
@@ -189,6 +200,11 @@ def main(argv: list[str]) -> dict:
             row = same[0] if layer == deepest else report.run(p, best, [f"predictor.layer={layer}"])
             layers.append({**row, "layer": layer})
     reference = by_size[0]["at"]
+    fusion = [{"prompts": n, "at": scaling.differences(
+        report.scores[("hidden_conf", n)], report.scores[("conf_features", n)], report.positions,
+        *report.columns, report.n_boot, report.seed)} for n in sizes]
+    (by_size, m_size), (controls, m_controls), (layers, m_layers), (fusion, m_fusion) = (
+        scaling.corrected(rows) for rows in (by_size, controls, layers, fusion))
 
     out = Path(options.get("--out") or Path(cfg.paths.output_dir) / "scaling" / report.features.key)
     out.mkdir(parents=True, exist_ok=True)
@@ -202,6 +218,9 @@ def main(argv: list[str]) -> dict:
               "shares": list(shares), "positions": report.positions, "median_length": report.median,
               "bootstrap": report.n_boot, "seed": report.seed, "best_size": best,
               "tap_layers": list(tapped), "by_size": by_size, "controls": controls, "layers": layers,
+              "hidden_conf_minus_conf_features": fusion,
+              "holm_families": {"by_size": m_size, "controls": m_controls, "layers": m_layers,
+                                "hidden_conf_minus_conf_features": m_fusion},
               "confidence": [{k: a[k] for k in ("position", "reference_auroc", "mixed_prompts")}
                              for a in reference]}
     write_json(out / "scaling.json", result)
@@ -211,12 +230,18 @@ def main(argv: list[str]) -> dict:
           f"{', '.join(f'{round(100 * s)}%' for s in shares)} of the median test path "
           f"({report.median:.0f} tokens); a cell: AUROC (minus confidence [95% paired bootstrap "
           f"over the mixed prompts, {report.n_boot} resamples])\n")
+    note = (lambda m: f"\n{holm_note(m, report.n_boot)}")
     print(scaling.markdown_table([{**r, "prompts": r["size"]} for r in by_size], report.positions,
-                                 shares, ("prompts", "predictor"), reference))
+                                 shares, ("prompts", "predictor"), reference) + note(m_size))
+    print(f"\n## The hidden state's share of the fusion: hidden_conf - conf_features\n\n"
+          f"the same paths and prompts; a cell: the paired difference of their within-prompt "
+          f"AUROC [95% paired bootstrap]\n")
+    print(scaling.difference_table(fusion, report.positions, shares, "prompts") + note(m_fusion))
     print(f"\n## Anti-overfitting controls: mlp on {largest} prompts\n")
-    print(scaling.markdown_table(controls, report.positions, shares, ("control",)))
+    print(scaling.markdown_table(controls, report.positions, shares, ("control",)) + note(m_controls))
     print(f"\n## By tapped layer, {best} prompts (the size whose mlp ranks validation paths best)\n")
-    print(scaling.markdown_table(layers, report.positions, shares, ("layer", "predictor")))
+    print(scaling.markdown_table(layers, report.positions, shares, ("layer", "predictor"))
+          + note(m_layers))
     print(f"\n{out / 'scaling.json'}\n{figure}")
     return result
 

@@ -119,7 +119,7 @@ def test_an_options_yaml_sets_only_its_schemas_keys():
 
 
 MYTASK = "defaults:\n  - arith_schema\n  - _self_\n\nname: arith\nn_steps: 4\nshots: {shots}\n"
-ARITH_KEYS = "name, split_fractions, seed, stop, n_steps, operators, multipliers, styles"
+ARITH_KEYS = "name, split_fractions, seed, stop, n_steps, operators, multipliers, styles, prompt_offset"
 
 
 @pytest.mark.parametrize("shots", [3, 5])  # wordprob's default, and another value

@@ -62,9 +62,11 @@ class ArithTaskConfig(TaskBaseConfig):
     operators: List[str] = field(default_factory=lambda: ["+", "-", "*"])
     multipliers: List[int] = field(default_factory=lambda: [3, 7, 9])
     styles: Dict[str, float] = field(default_factory=lambda: {"careful": 0.5, "shortcut": 0.5})
+    prompt_offset: int = 0   # each split's prompts start after this many of its seeded draw
 
     @staticmethod
     def ranges(t) -> None:
+        at_least("task.prompt_offset", t.prompt_offset, 0)
         if not 1 <= t.n_steps <= MAX_ARITH_STEPS:
             fail("task.n_steps", f"must lie in 1..{MAX_ARITH_STEPS}, got {t.n_steps}")
         bad_ops = [o for o in t.operators if o not in ("+", "-", "*")]
@@ -124,9 +126,13 @@ class FewShotTaskConfig(WordTaskConfig):
     shots: int = 3                       # solved examples before the question
     format: str = "fewshot"              # fewshot (plain text) | chat (one user turn)
     instruction: str = ""                # chat format: text before the examples
+    # each split's prompts start after this many of its seeded draw: fresh prompts of the
+    # same task, sharing no text with a bank that drew at most this many per split
+    prompt_offset: int = 0
 
     @staticmethod
     def ranges(t) -> None:
+        at_least("task.prompt_offset", t.prompt_offset, 0)
         by_operations = t.name == "wordprob" and t.shot_match == "operations"
         pool = OPERATIONS_POOL if by_operations else SHOT_POOL
         if not 0 <= t.shots <= pool - 1:

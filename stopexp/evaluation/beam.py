@@ -18,6 +18,7 @@ from stopexp.evaluation import figures, plots
 from stopexp.evaluation.accounting import add_text_metrics
 from stopexp.evaluation.online import OnlineLM
 from stopexp.metrics import BertScorer, bootstrap_ci, paired_difference, text_metrics
+from stopexp.metrics.multiplicity import correct_family
 from stopexp.search.beam import beam_search_batch
 from stopexp.search.sample import prompt_ids
 from stopexp.search.stops import eos_ids
@@ -148,6 +149,7 @@ def evaluate_beam(lm: OnlineLM, names: list[str], scorers: dict, search, tap, po
         if name != "no_prune":  # on the same prompts as plain beam search of the same width
             r["accuracy_vs_no_prune"] = paired_difference(correct_of[name], correct_of["no_prune"],
                                                           n_boot, seed)
+    correct_family([r["accuracy_vs_no_prune"] for r in results.values() if "accuracy_vs_no_prune" in r])
     return results, texts, [p.prompt_id for p in problems]
 
 

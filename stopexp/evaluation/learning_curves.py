@@ -16,6 +16,7 @@ import numpy as np
 from stopexp.core.names import ONLINE_VARIANTS
 from stopexp.core.policies import kept_text
 from stopexp.metrics import bootstrap_over_groups, paired_difference
+from stopexp.metrics.multiplicity import correct_family, holm_note, holm_text
 
 
 def summarize_variants(curves: dict, last: int = 5, held_aurocs: dict | None = None,
@@ -61,7 +62,8 @@ def summarize_variants(curves: dict, last: int = 5, held_aurocs: dict | None = N
 def add_gap_intervals(out: dict, per_prompt: dict, n_boot: int, seed: int) -> None:
     """Into `out` (summarize_variants'): per variant with held-out AUROCs per prompt
     (`per_prompt`: variant -> (prompts,), NaN where a prompt's paths share one outcome, the
-    same prompts for every variant) the paired difference to frozen and, where `out` has a
+    same prompts for every variant) the paired difference to frozen (Holm-corrected over
+    the variants: one family) and, where `out` has a
     gap closed, its percentile interval over the prompts that all three rank (a ratio:
     wide when the gap, retrained's `heldout_vs_frozen`, is near 0). Where that gap's interval
     is not above 0 the online variants get `no_gap` instead of a share, its interval and
@@ -70,6 +72,7 @@ def add_gap_intervals(out: dict, per_prompt: dict, n_boot: int, seed: int) -> No
     for v, values in per_prompt.items():
         if v != "frozen":
             out[v]["heldout_vs_frozen"] = paired_difference(values, frozen, n_boot, seed)
+    correct_family([out[v]["heldout_vs_frozen"] for v in per_prompt if v != "frozen"])
     gap = out.get("retrained", {}).get("heldout_vs_frozen")
     if gap is not None and not gap["ci"][0] > 0:
         for v in ONLINE_VARIANTS:
@@ -135,5 +138,8 @@ def variants_table(metrics: dict) -> str:
             lo, hi = s["gap_closed_ci"]
             gap = f"; gap closed {s['gap_closed']:.2f} [{lo:.2f}, {hi:.2f}]"
         lines.append(f"{v}: held-out AUROC - frozen {d['diff']:+.3f} [{d['ci'][0]:+.3f}, "
-                     f"{d['ci'][1]:+.3f}] (95%, paired over {d['prompts']} prompts){gap}")
+                     f"{d['ci'][1]:+.3f}] (95%, paired over {d['prompts']} prompts{holm_text(d)}){gap}")
+    family = sum(s.get("heldout_vs_frozen", {}).get("p_holm") is not None for s in variants.values())
+    if family:
+        lines.append(holm_note(family))
     return "\n".join(lines)

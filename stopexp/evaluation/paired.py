@@ -19,6 +19,7 @@ import numpy as np
 
 from stopexp.core.names import BASELINE_METHODS, lookup, predictor_names, runs_the_lm
 from stopexp.metrics import paired_difference, per_group_auroc
+from stopexp.metrics.multiplicity import ALPHA, correct_family, holm
 
 CONTROLS = ("confidence", "conf_features", "best_non_learned")
 
@@ -101,7 +102,9 @@ def paired_stats(paths, check_scores: list[dict], plan: list, n: int, outcomes: 
     (`check_scores[i]`: method -> (P,) scores of every path at check i; online only the
     first check has them), and the vote-accuracy differences of the run (`outcomes`:
     method -> outcome dict, "correct" per prompt), against the best non-learned signal of
-    the first check. {} without a probe."""
+    the first check. Every difference carries its bootstrap p-value and Holm's adjusted
+    one over all of them (one family: `holm_family` tests; `correct_family`). {} without a
+    probe."""
     if not any(is_probe(m) for m in check_scores[0]):
         return {}
     G = int(paths.group.max()) + 1
@@ -118,16 +121,21 @@ def paired_stats(paths, check_scores: list[dict], plan: list, n: int, outcomes: 
         roles["best_non_learned"] = first["best_non_learned"]
     correct = {m: o["correct"].astype(float) for m, o in outcomes.items()
                if m in roles.values() or is_probe(m)}
+    accuracy = compare(correct, roles, n_boot, seed)
+    cells = [d for c in checks for by_role in c["auroc_diff"].values() for d in by_role.values()]
+    m = correct_family(cells + [d for by_role in accuracy.values() for d in by_role.values()])
     return {"bootstrap": n_boot, "seed": seed, "level": 0.95, "prompts": G, "checks": checks,
             "accuracy_best_non_learned": roles.get("best_non_learned"),
-            "accuracy_diff": compare(correct, roles, n_boot, seed)}
+            "accuracy_diff": accuracy, "holm_family": m}
 
 
 def by_prefix(scores: dict, correct, group, position, n_boot: int, seed: int) -> dict:
     """The AUROC differences at every stored prefix (the position batch's rows: `scores`
     method -> (B,), `correct`, `group` the prompt, `position`), as lists over the sorted
     positions: {"positions", "mixed_prompts", "excluded_prompts", "best_non_learned",
-    "auroc_diff": probe -> role -> {"diff": [...], "ci": [[lo, hi], ...]}}. {} without a probe."""
+    "auroc_diff": probe -> role -> {"diff": [...], "ci": [[lo, hi], ...], "p": [...],
+    "p_holm": [...], "holm": [...]}}, Holm's correction over the prefixes of one probe and
+    control (a family each; "holm" True where it survives at 0.05). {} without a probe."""
     if not any(is_probe(m) for m in scores):
         return {}
     correct, group, position = np.asarray(correct) > 0.5, np.asarray(group), np.asarray(position)
@@ -143,9 +151,16 @@ def by_prefix(scores: dict, correct, group, position, n_boot: int, seed: int) ->
             out[key].append(row[key])
         for probe, by_role in row["auroc_diff"].items():
             for role, d in by_role.items():
-                series = out["auroc_diff"].setdefault(probe, {}).setdefault(role, {"diff": [], "ci": []})
+                series = out["auroc_diff"].setdefault(probe, {}).setdefault(
+                    role, {"diff": [], "ci": [], "p": []})
                 series["diff"].append(d["diff"])
                 series["ci"].append(d["ci"])
+                series["p"].append(d["p"])
+    for roles in out["auroc_diff"].values():
+        for series in roles.values():  # a family per probe and control: its prefixes
+            adjusted = holm(series["p"])
+            series["p_holm"] = adjusted.tolist()
+            series["holm"] = [bool(a <= ALPHA) for a in adjusted]
     return out
 
 

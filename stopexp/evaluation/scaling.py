@@ -18,6 +18,7 @@ import numpy as np
 from stopexp.core.errors import ConfigError
 from stopexp.evaluation import figures, plots
 from stopexp.metrics import paired_difference, per_group_auroc
+from stopexp.metrics.multiplicity import ALPHA, correct_family, holm_text
 from stopexp.metrics.ranking import auroc_by_position
 
 SHARES = (0.2, 0.4, 0.6, 0.8)
@@ -71,13 +72,14 @@ def versus(scores, reference, correct, group, n_boot: int = 1000, seed: int = 0)
     """`scores` against `reference` (confidence) on the same paths (`correct`, `group` the
     prompt; all (B,)): {"auroc", "reference_auroc"} each the mean over the prompts with
     both outcomes of the per-prompt AUROC, "diff" and "ci" the paired bootstrap of their
-    difference over those prompts, "mixed_prompts" their number."""
+    difference over those prompts and "p" its bootstrap p-value, "mixed_prompts" their
+    number."""
     _, a = per_group_auroc(scores, correct, group)
     _, b = per_group_auroc(reference, correct, group)
     d = paired_difference(a, b, n_boot, seed)
     mean = (lambda v: float(np.nanmean(v)) if np.isfinite(v).any() else float("nan"))
     return {"auroc": mean(a), "reference_auroc": mean(b), "diff": d["diff"], "ci": d["ci"],
-            "mixed_prompts": d["prompts"]}
+            "p": d["p"], "mixed_prompts": d["prompts"]}
 
 
 def mean_auroc(scores, correct, group, position) -> float:
@@ -87,11 +89,29 @@ def mean_auroc(scores, correct, group, position) -> float:
     return float(np.mean(values)) if values else float("nan")
 
 
+def corrected(rows: list[dict], alpha: float = ALPHA) -> tuple[list[dict], int]:
+    """(copies of `rows` whose "at" cells carry Holm's correction over every cell of the
+    rows: one table, one family; `correct_family`, the family's size). Copies: rows of
+    different tables share their cells."""
+    out = [{**r, "at": [dict(a) for a in r["at"]]} for r in rows]
+    return out, correct_family([a for r in out for a in r["at"]], alpha)
+
+
+def differences(first: dict, second: dict, positions: list[int], correct, group, position,
+                n_boot: int, seed: int) -> list[dict]:
+    """Per position, `versus` of the `first` scores against the `second` on the same test
+    rows (`correct`, `group`, `position` theirs): e.g. hidden_conf - conf_features, the
+    hidden state's share of the fusion."""
+    return [versus(first[position == p], second[position == p], correct[position == p],
+                   group[position == p], n_boot, seed) for p in positions]
+
+
 # ---- the report ------------------------------------------------------------------------
 def cell(at: dict) -> str:
-    """`0.561 (+0.012 [-0.030, +0.055])`: AUROC, paired difference from confidence, 95% CI."""
+    """`0.561 (+0.012 [-0.030, +0.055] p 0.41, Holm 1)`: AUROC, paired difference from
+    confidence, 95% CI, and where corrected its p-value and Holm's (* where it survives)."""
     lo, hi = at["ci"]
-    return f"{at['auroc']:.3f} ({at['diff']:+.3f} [{lo:+.3f}, {hi:+.3f}])"
+    return f"{at['auroc']:.3f} ({at['diff']:+.3f} [{lo:+.3f}, {hi:+.3f}]{holm_text(at)})"
 
 
 def header(positions: list[int], shares) -> list[str]:
@@ -116,6 +136,17 @@ def markdown_table(rows: list[dict], positions: list[int], shares, first: tuple[
                                         *(f"{a['reference_auroc']:.3f}" for a in reference)]) + " |")
         lines.append("| " + " | ".join(["mixed prompts", *pad, "",
                                         *(str(a["mixed_prompts"]) for a in reference)]) + " |")
+    return "\n".join(lines)
+
+
+def difference_table(rows: list[dict], positions: list[int], shares, first: str) -> str:
+    """One row per entry of `rows` (its `first` column and "at": `differences` per
+    position), the cells the paired difference, its interval and its correction."""
+    cols = [first, *header(positions, shares)]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        cells = [f"{a['diff']:+.3f} [{a['ci'][0]:+.3f}, {a['ci'][1]:+.3f}]{holm_text(a)}" for a in r["at"]]
+        lines.append("| " + " | ".join([str(r[first]), *cells]) + " |")
     return "\n".join(lines)
 
 

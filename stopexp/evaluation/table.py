@@ -8,6 +8,7 @@ from __future__ import annotations
 from stopexp.core.policies import kept_text
 from stopexp.evaluation.first_errors import timing_lines
 from stopexp.evaluation.paired import in_order, is_probe, role_label
+from stopexp.metrics.multiplicity import holm_note, holm_text
 
 
 def protocol_line(metrics: dict) -> str:
@@ -34,10 +35,13 @@ def print_table(metrics: dict) -> str:
         for name, r in metrics["methods"].items():
             ci = f"[{r['accuracy_ci'][0]:.3f},{r['accuracy_ci'][1]:.3f}]"
             d = r.get("accuracy_vs_no_prune")
-            vs = f"   {d['diff']:+.3f} [{d['ci'][0]:+.3f},{d['ci'][1]:+.3f}]" if d else ""
+            vs = f"   {_signed(d)}" if d else ""
             lines.append(f"{name:<{w}}{r['accuracy']:>9.3f}{ci:>16}{r['tokens_total']:>10.0f}"
                          f"{r['tokens_ratio']:>7.2f}{r['pruned']:>8}{r['wall_s']:>8.1f}"
                          f"{100 * r['check_share']:>9.2f}{vs}")
+        family = sum("p_holm" in r.get("accuracy_vs_no_prune", {}) for r in metrics["methods"].values())
+        if family:
+            lines.append(holm_note(family))
         return "\n".join(lines)
     policy = p.get("policy", "topk")
     lines = [protocol_line(metrics),
@@ -99,7 +103,7 @@ def risk_lines(metrics: dict) -> list[str]:
 
 
 def _signed(d: dict) -> str:
-    return f"{d['diff']:+.3f} [{d['ci'][0]:+.3f},{d['ci'][1]:+.3f}]"
+    return f"{d['diff']:+.3f} [{d['ci'][0]:+.3f},{d['ci'][1]:+.3f}]{holm_text(d)}"
 
 
 def _runs(positions: list, where: list) -> str:
@@ -127,6 +131,8 @@ def paired_lines(metrics: dict) -> list[str]:
     lines = [f"paired differences, probe - control: mean over prompts, 95% bootstrap CI over "
              f"prompts ({paired['bootstrap']} resamples, seed {paired['seed']}); an interval "
              "with 0 inside: not distinguishable"]
+    if "holm_family" in paired:
+        lines.append(f"  {holm_note(paired['holm_family'], paired['bootstrap'])}")
     for c in checks:
         lines.append(f"  AUROC at {c['tokens']} tokens: {c['mixed_prompts']} prompts with mixed "
                      f"outcomes ({c['excluded_prompts']} excluded: all paths right or all wrong)")
@@ -146,10 +152,12 @@ def paired_lines(metrics: dict) -> list[str]:
     for probe, roles in prefix.get("auroc_diff", {}).items():
         for role in in_order(roles):
             lo, hi = [c[0] for c in roles[role]["ci"]], [c[1] for c in roles[role]["ci"]]
+            holm = (f"; surviving Holm over the prefixes: {_runs(prefix['positions'], roles[role]['holm'])}"
+                    if "holm" in roles[role] else "")
             lines.append(f"  by prefix, {probe} - {role_label(role)}: interval above 0 at "
                          f"{_runs(prefix['positions'], [x > 0 for x in lo])}; below 0 at "
                          f"{_runs(prefix['positions'], [x < 0 for x in hi])} "
-                         f"(tokens, of {len(prefix['positions'])} stored prefixes)")
+                         f"(tokens, of {len(prefix['positions'])} stored prefixes){holm}")
     return lines
 
 

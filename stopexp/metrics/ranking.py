@@ -19,6 +19,7 @@ from scipy.stats import rankdata
 from sklearn.metrics import average_precision_score, roc_auc_score
 
 from stopexp.metrics.bounds import clip_to_range
+from stopexp.metrics.multiplicity import bootstrap_p
 
 log = logging.getLogger(__name__)
 
@@ -148,13 +149,19 @@ def paired_difference(a_per_group, b_per_group, n: int = 1000, seed: int = 0,
     whose paths all end right or all wrong): `diff` the mean over the groups where both
     have a value, `ci` its percentile bootstrap CI (`bootstrap_ci` of the per-group
     differences: the groups resampled once, each drawn with both methods' values),
-    `prompts` the groups used and `excluded` those left out. NaN where none is left."""
+    `p` the two-sided p of a zero difference from the same resamples
+    (`stopexp.metrics.multiplicity.bootstrap_p`: the interval inverted), `prompts` the
+    groups used and `excluded` those left out. NaN where none is left."""
     a, b = np.asarray(a_per_group, dtype=float), np.asarray(b_per_group, dtype=float)
     if a.shape != b.shape or a.ndim != 1:
         raise ValueError(f"paired values {a.shape} and {b.shape} must be equal-length 1-d")
     d = (a - b)[~(np.isnan(a) | np.isnan(b))]
-    lo, hi = bootstrap_ci(d, n=n, seed=seed, alpha=alpha) if len(d) else (np.nan, np.nan)
-    return {"diff": float(d.mean()) if len(d) else float("nan"), "ci": [float(lo), float(hi)],
+    if not len(d):
+        return {"diff": float("nan"), "ci": [float("nan")] * 2, "p": float("nan"), "prompts": 0,
+                "excluded": int(len(a))}
+    stats = d[_resamples(len(d), n, seed)].mean(axis=1)  # bootstrap_ci's resamples
+    lo, hi = _interval(stats, alpha)
+    return {"diff": float(d.mean()), "ci": [float(lo), float(hi)], "p": bootstrap_p(stats),
             "prompts": int(len(d)), "excluded": int(len(a) - len(d))}
 
 

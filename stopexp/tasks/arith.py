@@ -113,12 +113,12 @@ class ArithTask(Task):
 
     def __init__(self, n_steps: int = 6, operators=("+", "-", "*"), multipliers=(3, 7, 9),
                  styles: dict | None = None, seed: int = 0,
-                 split_fractions: dict | None = None):
+                 split_fractions: dict | None = None, prompt_offset: int = 0):
         self.n_steps = n_steps
         self.operators = tuple(operators)
         self.multipliers = tuple(multipliers)
         self.styles = dict(styles or {"careful": 0.5, "shortcut": 0.5})
-        self.seed = seed
+        self.seed, self.prompt_offset = seed, int(prompt_offset)
         self.split_fractions = dict(split_fractions or {"train": 0.8, "val": 0.1, "test": 0.1})
 
     @classmethod
@@ -126,7 +126,8 @@ class ArithTask(Task):
         """The task of a task section (task=arith), its text decoded (stopexp.tasks.build_task)."""
         return cls(n_steps=task_cfg.n_steps, operators=list(task_cfg.operators),
                    multipliers=list(task_cfg.multipliers), styles=dict(task_cfg.styles),
-                   seed=task_cfg.seed, split_fractions=dict(task_cfg.split_fractions))
+                   seed=task_cfg.seed, split_fractions=dict(task_cfg.split_fractions),
+                   prompt_offset=task_cfg.prompt_offset)
 
     def split_of(self, prompt: str) -> str:
         return hash_split(prompt, self.split_fractions)
@@ -143,7 +144,8 @@ class ArithTask(Task):
         """The first `n` distinct problems of `split` for this task's seed (deterministic)."""
         drawn = draw_distinct(f"{self.seed}:{split}", split, n, self.split_fractions,
                               self._random_problem, lambda d: Problem(-1, split, *d).prompt,
-                              f"prompts with n_steps={self.n_steps}; lower the count or raise n_steps")
+                              f"prompts with n_steps={self.n_steps}; lower the count or raise n_steps",
+                              skip=self.prompt_offset)
         return [Problem(i, split, start, ops) for i, (start, ops) in enumerate(drawn)]
 
     def size(self) -> int:

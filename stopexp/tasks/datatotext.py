@@ -90,14 +90,15 @@ class DataToTextTask(Task):
     formats = FORMATS
 
     def __init__(self, shots: int = 3, format: str = "fewshot", instruction: str = "",
-                 stop=("\n",), seed: int = 0, split_fractions: dict | None = None):
+                 stop=("\n",), seed: int = 0, split_fractions: dict | None = None,
+                 prompt_offset: int = 0):
         if format not in FORMATS:
             raise ValueError(f"task.format: {format!r}; allowed: {', '.join(FORMATS)}")
         if shots < 0:
             raise ValueError(f"task.shots: must be >= 0, got {shots}")
         self.shots, self.format, self.instruction = int(shots), format, instruction
         self.stop_sequences = tuple(stop)
-        self.seed = seed
+        self.seed, self.prompt_offset = seed, int(prompt_offset)
         self.split_fractions = dict(split_fractions or {"train": 0.8, "val": 0.1, "test": 0.1})
         self._pool: list[Record] | None = None
 
@@ -105,7 +106,8 @@ class DataToTextTask(Task):
     def from_config(cls, task_cfg) -> "DataToTextTask":
         """The task of a task section (task=datatotext), its text decoded (stopexp.tasks.build_task)."""
         return cls(shots=task_cfg.shots, format=task_cfg.format, instruction=task_cfg.instruction,
-                   stop=list(task_cfg.stop), seed=task_cfg.seed, split_fractions=dict(task_cfg.split_fractions))
+                   stop=list(task_cfg.stop), seed=task_cfg.seed, split_fractions=dict(task_cfg.split_fractions),
+                   prompt_offset=task_cfg.prompt_offset)
 
     # --- generation -------------------------------------------------------------------
     def split_of(self, data: str) -> str:
@@ -127,7 +129,8 @@ class DataToTextTask(Task):
         return draw_distinct(f"{self.seed}:{stream}:{split}", split, n, self.split_fractions,
                              self._draw, self.data_of,
                              f"records of the {len(NAMES) * len(FOODS) * len(AREAS) * len(PRICES) * 6} "
-                             "there are; lower the count")
+                             "there are; lower the count",
+                             skip=self.prompt_offset if stream == "problems" else 0)
 
     def _record(self, i: int, split: str, values, prompt: str | None = None) -> Record:
         data = self.data_of(values)

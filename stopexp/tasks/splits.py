@@ -21,15 +21,18 @@ def hash_split(text: str, fractions: dict[str, float]) -> str:
 
 def draw_distinct(seed: str, split: str, n: int, fractions: dict[str, float],
                   draw: Callable[[random.Random], object], key: Callable[[object], str],
-                  what: str) -> list:
+                  what: str, skip: int = 0) -> list:
     """The first `n` draws of `draw` (from `random.Random(seed)`) whose `key` text is new and
-    hash-splits into `split`, in draw order: a generated task's problems of one split,
-    deterministic for the seed. ValueError for a split not in `fractions`, or when 1000 *
-    (n + 10) draws find fewer than n (`what` names what was drawn and how to get more)."""
+    hash-splits into `split`, in draw order, after the first `skip` such draws: a generated
+    task's problems of one split, deterministic for the seed (those after `skip` share no
+    text with the first `skip`, nor with another split's). ValueError for a split not in
+    `fractions`, or when 1000 * (n + 10) draws find fewer than n (`what` names what was
+    drawn and how to get more)."""
     if split not in fractions:
         raise ValueError(f"split {split!r} unknown; allowed: {', '.join(fractions)}")
     rng = random.Random(seed)
     out, seen = [], set()
+    n += skip
     tries = 1000 * (n + 10)
     for _ in range(tries):
         if len(out) >= n:
@@ -43,4 +46,4 @@ def draw_distinct(seed: str, split: str, n: int, fractions: dict[str, float],
         what, _, hint = what.partition("; ")
         raise ValueError(f"task: cannot draw {n} distinct {split} {what} ({len(out)} found in "
                          f"{tries} draws){'; ' + hint if hint else ''}")
-    return out
+    return out[skip:]

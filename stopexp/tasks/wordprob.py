@@ -149,7 +149,7 @@ class WordProblemTask(Task):
                  shots: int = 3, format: str = "fewshot", extraction: str = "strict",
                  instruction: str = "", stop=STOP_SEQUENCES, seed: int = 0,
                  split_fractions: dict | None = None, solution_style: str = "inline",
-                 shot_match: str = "first_operation"):
+                 shot_match: str = "first_operation", prompt_offset: int = 0):
         if len(number_range) != 2:
             raise ValueError(f"task.number_range: needs [low, high], got {list(number_range)}")
         self.steps = tuple(int(s) for s in steps)
@@ -160,7 +160,7 @@ class WordProblemTask(Task):
         self.solution_style = solution_style
         self.shot_match = shot_match
         self.stop_sequences = tuple(stop)
-        self.seed = seed
+        self.seed, self.prompt_offset = seed, int(prompt_offset)
         self.split_fractions = dict(split_fractions or {"train": 0.8, "val": 0.1, "test": 0.1})
         self._check_knobs()
         self._shot_pool: list[WordProblem] | None = None
@@ -173,7 +173,8 @@ class WordProblemTask(Task):
                    format=task_cfg.format, extraction=task_cfg.extraction,
                    instruction=task_cfg.instruction, stop=list(task_cfg.stop),
                    solution_style=task_cfg.solution_style, shot_match=task_cfg.shot_match,
-                   seed=task_cfg.seed, split_fractions=dict(task_cfg.split_fractions))
+                   seed=task_cfg.seed, split_fractions=dict(task_cfg.split_fractions),
+                   prompt_offset=task_cfg.prompt_offset)
 
     def _check_knobs(self) -> None:
         lo, hi = self.number_range
@@ -277,7 +278,8 @@ class WordProblemTask(Task):
         return draw_distinct(f"{self.seed}:{stream}:{split}", split, n, self.split_fractions,
                              self._draw, lambda d: d[0],
                              f"word problems with number_range={list(self.number_range)}, "
-                             f"steps={list(self.steps)}; lower the count or widen the range")
+                             f"steps={list(self.steps)}; lower the count or widen the range",
+                             skip=self.prompt_offset if stream == "problems" else 0)
 
     @staticmethod
     def size() -> None:

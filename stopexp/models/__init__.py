@@ -39,6 +39,15 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
     return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
 
 
+def resolved_numerics(dtype: str, device: str, on_vllm: bool = False) -> tuple[str, str]:
+    """(dtype, device kind) an LM runs in on this machine, `auto` resolved as loading
+    resolves it, without loading it: `dtype` (model.dtype, or engine.dtype under vLLM) on
+    `device` (model.device); `on_vllm`: the device is vLLM's, a GPU wherever torch sees one."""
+    where = pick_device(device)
+    kind = ("cuda" if torch.cuda.is_available() else "cpu") if on_vllm else where.type
+    return str(pick_dtype(dtype, where)).removeprefix("torch."), kind
+
+
 def model_dir(model, cache_dir, task, progress: bool = True) -> str:
     """Where the weights of the `model` section come from: the toy LM's directory (made by
     the toy_lm stage under `cache_dir`, or committed), the directory converted from

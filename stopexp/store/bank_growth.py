@@ -122,7 +122,8 @@ def grow(spec: BankSpec, shards: list[list], pending: list[int], splits: list[st
 
 def donor_features(features: FeatureSet, bank_key: str) -> Path:
     """Where the features of `features`' tap over the bank `bank_key` live."""
-    return features.root.parent / feature_key(bank_key, features.tap, features.positions)
+    return features.root.parent / feature_key(bank_key, features.tap, features.positions,
+                                              features.numerics)
 
 
 def grown_features(features: FeatureSet, name: str, bank_record: dict, donor: Path) -> dict | None:

@@ -36,7 +36,7 @@ from stopexp.models import load_lm
 from stopexp.runtime.artifacts import config_hash, plain
 from stopexp.signals.feature_spec import SIGNAL_NAMES, FeatureSpec
 from stopexp.store import bank
-from stopexp.store.keys import BankSpec
+from stopexp.store.keys import BankSpec, numerics_section
 from stopexp.tasks import build_task
 
 log = logging.getLogger(__name__)
@@ -62,6 +62,9 @@ class FeatureSet:
     max_batch_tokens: int | None  # model.max_batch_tokens
     load_lm: Callable          # () -> (model, tokenizer), called only when a shard is computed
     in_engine: bool = False    # collect taps them in the engine (else featurize's forward makes them)
+    # the HF model's dtype and device kind where featurize's forward makes them and they are
+    # not a CPU's float32 (stopexp.store.keys.numerics_section); None: the bank's key says them
+    numerics: dict | None = None
 
     @property
     def key(self) -> str:
@@ -74,10 +77,12 @@ def feature_set(bank_spec: BankSpec, *, tap, search, model, task, cache_dir,
     (weights cached under `cache_dir`) at the positions of `tap`, `search` and `task`;
     `in_engine`: collect's engine taps them while it generates."""
     positions = position_spec(tap, search.max_new_tokens, task, model.get("thinking"))
-    return FeatureSet(bank_spec, Path(cache_dir) / "features" / feature_key(bank_spec.key, tap, positions),
+    numerics = None if in_engine else numerics_section(model)
+    return FeatureSet(bank_spec, Path(cache_dir) / "features" /
+                      feature_key(bank_spec.key, tap, positions, numerics),
                       tap, positions, search.group_window, search.max_batch_rows,
                       model.max_batch_tokens, functools.partial(load_lm, model, cache_dir, task, tap),
-                      in_engine)
+                      in_engine, numerics)
 
 
 def position_spec(tap, max_new_tokens: int, task, thinking=None) -> dict:
@@ -94,13 +99,15 @@ def position_spec(tap, max_new_tokens: int, task, thinking=None) -> dict:
     return {"checkpoints": checkpoints, "stride": pos.stride, "separator": separator}
 
 
-def feature_key(bank_key: str, tap, positions: dict) -> str:
-    """What the features depend on: the bank they are made from and the tap."""
+def feature_key(bank_key: str, tap, positions: dict, numerics: dict | None = None) -> str:
+    """What the features depend on: the bank they are made from, the tap and, where not
+    None, the numerics of the forward that makes them (FeatureSet.numerics)."""
     heads = tap.get("attention_heads")
     taps = {"layers": list(tap.layers), "pooling": tap.pooling,
             "attention_heads": heads if heads is None or isinstance(heads, str) else list(heads),
             "positions": positions, "dtype": tap.positions.dtype}
-    return config_hash({"version": FEATURES_VERSION, "bank": bank_key, "tap": plain(taps)})
+    key = {"version": FEATURES_VERSION, "bank": bank_key, "tap": plain(taps)}
+    return config_hash({**key, "numerics": numerics} if numerics is not None else key)
 
 
 def feature_spec(meta: dict) -> FeatureSpec:

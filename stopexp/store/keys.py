@@ -1,7 +1,9 @@
 """Where a trace bank lives: its key, the hash of everything its content depends on (the
 model, the task and its file's content, the sampling, collect's labels, the seed, the
-reward, the engine where it is not hf, the bank format's version), and nothing else (batch sizes, ranks, loggers, later
-stages), so that any config that would make the same paths finds them.
+reward, the engine where it is not hf, the dtype and device kind `auto` resolves to on this
+machine where they are not a CPU's float32, the bank format's version), and nothing else
+(batch sizes, ranks, loggers, later stages), so that any config that would make the same
+paths finds them. Features and predictors are keyed on the bank's key, so they follow it.
 
 What a config names by a local file counts by the file's content, not its path: a local
 model directory (weights, tokenizer, chat template: every file a loader reads), a GGUF
@@ -28,6 +30,7 @@ from stopexp.core.evaluate_modules import module_script
 from stopexp.core.names import lookup
 from stopexp.core.protocol import checkpoints_of
 from stopexp.core.config_text import decode_escapes, decoded_text
+from stopexp.models import resolved_numerics
 from stopexp.models.gguf import resolve_gguf
 from stopexp.runtime.artifacts import config_hash, plain
 from stopexp.runtime.integrity import content_sha256, file_sha256
@@ -200,7 +203,26 @@ def bank_key(*, model, task, search, collect, tap, seed: int, reward=None, engin
         key["reward"] = reward_section(reward, store)
     if engine is not None and engine.name != "hf":  # the default: left out
         key["engine"] = engine_section(engine)
+    numerics = numerics_section(model, engine)
+    if numerics is not None:
+        key["numerics"] = numerics
     return config_hash(key)
+
+
+def numerics_section(model, engine=None) -> dict | None:
+    """The dtype and device kind the paths are computed in (`auto` resolved on this
+    machine: stopexp.models.resolved_numerics), where they differ from what the config says
+    read as on a CPU (dtype auto: float32, device auto: cpu); None where they do not. So a
+    GPU's bfloat16 bank never shares a key with a CPU's float32 one, and every bank whose
+    config already says its numerics (every CPU bank) keeps its key."""
+    m = plain(model)
+    on_vllm = engine is not None and engine.name == "vllm"
+    written = plain(engine)["dtype"] if on_vllm else m.get("dtype", "auto")
+    device = m.get("device", "auto")
+    dtype, kind = resolved_numerics(written, device, on_vllm)
+    as_written = ("float32" if written == "auto" else written,
+                  "cpu" if device == "auto" else device.split(":")[0])
+    return None if (dtype, kind) == as_written else {"dtype": dtype, "device": kind}
 
 
 def reward_section(reward, store: Path | None = None) -> dict:

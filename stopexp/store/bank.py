@@ -33,6 +33,7 @@ import numpy as np
 from datasets import Dataset, Features, List, Value, concatenate_datasets, load_from_disk
 from datasets.utils.logging import disable_progress_bar
 
+from stopexp.core.commands import make_with, stage_command
 from stopexp.core.errors import UserError, error_text, writing
 from stopexp.runtime.artifacts import publish_dir, staging_dir, write_json
 from stopexp.runtime.integrity import dir_problem, records
@@ -337,12 +338,11 @@ def require_bank(spec: BankSpec, overrides: list[str] | None = None) -> Path:
     the config (`spec.want`) and its shards' records (`shard_misfit`), or an error that
     names what is missing, damaged or misfitting and prints the collect command."""
     root = spec.root
-    command = f"python -m stopexp.collect {' '.join(overrides or [])}".rstrip()
     if not (root / "meta.json").exists():
-        raise BankMissing(f"no complete trace bank for this config at {root}; make it with: "
-                          f"{command} (or run python -m stopexp.pipeline, which makes it for you)")
-    repair = (f"{command} (collect recomputes only the damaged, missing or misfitting shards "
-              "and rewrites meta.json; python -m stopexp.pipeline does too)")
+        raise BankMissing(f"no complete trace bank for this config at {root}; "
+                          + make_with("collect", overrides))
+    repair = (f"{stage_command('collect', overrides)} (collect recomputes only the damaged, missing "
+              "or misfitting shards and rewrites meta.json; the pipeline does too)")
     meta = verify_bank(root, repair=repair)
     check_fit("trace bank", root, meta, spec.want, repair)
     plan = {p["index"]: p for p in meta.get("plan", [])}

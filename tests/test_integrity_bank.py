@@ -13,7 +13,7 @@ from stopexp.config import validate
 from stopexp.stages import build
 from stopexp.stages.collect import collect
 from stopexp.stages.train import train_with_controls
-from stopexp.store import bank
+from stopexp.store import bank, bank_records
 
 
 COLUMNS = ("split", "prompt_id", "path_id", "text", "answer", "correct", "length", "tokens",
@@ -140,15 +140,15 @@ def test_every_malformed_record_is_named_and_a_valid_one_is_not(copied):
     cfg, root = copied
     name = shard_of(root, "train")
     rec = bank.read_record(root / name)
-    assert bank.record_problem(rec) is None
+    assert bank_records.record_problem(rec) is None
     for bad in malformed_records(rec):
-        assert bank.record_problem(bad), bad
+        assert bank_records.record_problem(bad), bad
         (root / name / "shard.json").write_text(json.dumps(bad))
         assert bank.read_record(root / name) is None
         assert bank.shard_problem(root / name) == "shard.json is missing, unreadable or malformed"
-    assert bank.record_problem({**rec, "files": {"../x": rec["files"]["state.json"]}}) == \
+    assert bank_records.record_problem({**rec, "files": {"../x": rec["files"]["state.json"]}}) == \
         "it records a file '../x', which is no plain file name"
-    assert bank.record_problem({"rows": "many", "files": 7}) == "it records rows='many', a whole number expected"
+    assert bank_records.record_problem({"rows": "many", "files": 7}) == "it records rows='many', a whole number expected"
 
 
 def test_a_malformed_meta_record_is_named_and_collect_rewrites_it(copied):

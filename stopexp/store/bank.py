@@ -36,12 +36,12 @@ from datasets.utils.logging import disable_progress_bar
 from stopexp.core.commands import make_with, stage_command
 from stopexp.core.errors import UserError, error_text, writing
 from stopexp.runtime.artifacts import publish_dir, staging_dir, write_json
-from stopexp.runtime.integrity import dir_problem, is_count, records, records_problem
+from stopexp.runtime.integrity import dir_problem, records
+from stopexp.store.bank_records import MANIFEST, meta_problem, read_record
 from stopexp.store.keys import BANK_VERSION, BankSpec
 
 disable_progress_bar()  # one bar per shard save would drown the collect progress bar
 
-MANIFEST = "shard.json"
 REPAIR = ("rerun the collect command that made it (python -m stopexp.collect with the same "
           "overrides); it recomputes damaged or missing shards and rewrites meta.json")
 
@@ -184,31 +184,6 @@ def finished_shards(root: Path) -> set[str]:
             if read_record(root / n) is not None}
 
 
-def record_problem(rec) -> str | None:
-    """Why a shard's record (its `shard.json`, or its entry in meta.json) is not one that
-    `write_shard` writes, or None: its rows and per-split rows whole numbers, its files a
-    map of records (`records_problem`). A record edited or garbled into another shape is
-    damage to repair, never a value to compute with."""
-    if not isinstance(rec, dict):
-        return f"it is {type(rec).__name__}, an object expected"
-    if not is_count(rec.get("rows")):
-        return f"it records rows={rec.get('rows')!r}, a whole number expected"
-    splits = rec.get("splits", {})
-    if not isinstance(splits, dict) or not all(isinstance(s, str) and is_count(n) for s, n in splits.items()):
-        return f"it records splits={splits!r}, a map of split -> rows expected"
-    return records_problem(rec.get("files"))
-
-
-def read_record(shard: Path) -> dict | None:
-    """A shard's own record (`shard.json`), or None when it is missing, unreadable or
-    malformed (`record_problem`)."""
-    try:
-        rec = json.loads((shard / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return None
-    return None if record_problem(rec) else rec
-
-
 def shard_problem(shard: Path, record: dict | None = None, full: bool = False) -> str | None:
     """Why a shard differs from `record` (default: its own `shard.json`), or None."""
     if not shard.is_dir():
@@ -260,8 +235,7 @@ def verify_bank(root: Path, full: bool = False, repair: str = REPAIR, kind: str 
                           + ("; since version 4 a bank holds the paths only and the hidden "
                              "features are a separate artifact" if kind == "trace bank" else "")
                           + f"); repair: {repair}")
-    malformed = meta_problem(meta)
-    if malformed:
+    if malformed := meta_problem(meta):
         raise BankDamaged(f"{kind} {root}: meta.json is malformed ({malformed}); repair: {repair}")
     if not meta.get("complete"):
         missing = meta.get("missing", [])
@@ -278,26 +252,6 @@ def verify_bank(root: Path, full: bool = False, repair: str = REPAIR, kind: str 
                           + "; ".join(f"{n}: {p}" for n, p in sorted(damaged.items()))
                           + f"; repair: {repair}")
     return meta
-
-
-def meta_problem(meta: dict) -> str | None:
-    """Why meta.json's record of the shards and the plan has another shape than the one
-    collect writes (`record_problem` for each shard), or None."""
-    shards, plan, missing = meta["shards"], meta.get("plan", []), meta.get("missing", [])
-    if not isinstance(shards, dict):
-        return f"its shards are {type(shards).__name__}, a map of shard name -> record expected"
-    for name, rec in shards.items():
-        problem = record_problem(rec) if name.startswith("shard-") and name[6:11].isdigit() \
-            else "no shard's name"
-        if problem:
-            return f"its record of shard {name!r}: {problem}"
-    if not isinstance(plan, list) or not all(  # a bank's parts hold a split's prompts
-            isinstance(p, dict) and is_count(p.get("index")) and is_count(p.get("prompts", 0))
-            and isinstance(p.get("split", ""), str) for p in plan):
-        return "its plan is not a list of parts, each with its index"
-    if not isinstance(missing, list) or not all(is_count(i) for i in missing):
-        return "its missing shards are not a list of indices"
-    return None
 
 
 def brief(items: list, n: int = 10) -> str:

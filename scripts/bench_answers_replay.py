@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from stopexp.core.commands import override
+
 BANKS = [Path("/work/data/parallel-probe") / f"{b}.json" for b in ("aime24", "aime25", "hmmt25")]
 
 ONE = """
@@ -39,8 +41,8 @@ def timed(bank: Path, mode: str, n: int, shuffles: int, timeout: int) -> tuple[f
     with tempfile.TemporaryDirectory() as out:
         start = time.time()
         try:
-            subprocess.run([sys.executable, "-c", ONE, mode, f"bank={bank}", f"n={n}",
-                            f"shuffles={shuffles}", f"hydra.run.dir={out}"],
+            subprocess.run([sys.executable, "-c", ONE, mode, override("bank", str(bank)), f"n={n}",
+                            f"shuffles={shuffles}", override("hydra.run.dir", out)],
                            check=True, timeout=timeout, capture_output=True)
         except subprocess.TimeoutExpired:
             return None, None

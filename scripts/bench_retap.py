@@ -22,6 +22,7 @@ import torch
 from stopexp.store import bank
 from stopexp.store import feature_sets
 from stopexp.stages import build
+from stopexp.core.commands import override
 from stopexp.runtime.overrides import stage_config
 
 
@@ -42,7 +43,7 @@ def main() -> None:
     exp, layers = ("smollm2_contrastive", "[5,15,25]") if args.smollm2 else ("toy_contrastive", "[0,1,2]")
     n = args.prompts or (8 if args.smollm2 else 100)
     out = args.out or Path(tempfile.mkdtemp(prefix="bench_retap-"))
-    base = [f"+exp={exp}", "logger=none", f"paths.output_dir={out}", f"collect.prompts.train={n}",
+    base = [f"+exp={exp}", "logger=none", override("paths.output_dir", str(out)), f"collect.prompts.train={n}",
             f"collect.prompts.val={max(1, n // 4)}", f"collect.prompts.test={max(1, n // 4)}",
             *args.overrides]
     cfg = stage_config("pipeline", base)

@@ -35,11 +35,12 @@ from stopexp.stages.build import collection, feature_set, sampling
 from stopexp.stages.collect import collect
 from stopexp.store.feature_sets import featurize
 from stopexp.tasks import build_task
+from stopexp.core.commands import override
 from stopexp.runtime.overrides import stage_config
 
 
 def config(overrides: list[str], out: str):
-    return stage_config("collect", [f"paths.output_dir={out}", *overrides])
+    return stage_config("collect", [override("paths.output_dir", out), *overrides])
 
 
 def decode(cfg, prompts: int, every: bool, block_size: int | None = None, repeats: int = 1) -> dict:

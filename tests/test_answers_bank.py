@@ -169,7 +169,7 @@ BANK = f"bank={FIXTURE}"
 
 @pytest.mark.parametrize("argv, message", [
     (["n=6"], "bank: give the answers-only bank, bank=PATH.json"),
-    ([str(FIXTURE)], f"bank: give the answers-only bank as bank={FIXTURE}"),
+    ([str(FIXTURE)], f"bank: give the answers-only bank as 'bank=\"{FIXTURE}\"'"),
     ([BANK, "windw=3"], "windw: Key 'windw' not in 'AnswersReplayConfig'"),
     ([BANK, "n=six"], "n: Value 'six' of type 'str' could not be converted to Integer"),
     ([BANK, "methods=[no_prune,esc2]"], "methods: esc2 unknown; allowed: no_prune, random, esc"),

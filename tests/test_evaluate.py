@@ -1,4 +1,5 @@
 import json
+import shlex
 import numpy as np
 import pytest
 import torch
@@ -146,8 +147,9 @@ def test_the_stage_prints_the_train_command_with_the_command_lines_overrides(tra
         run_stage("evaluate", [*over, f"hydra.run.dir={tmp_path}"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1
-    assert f"; make it with: python -m stopexp.train {' '.join(over)} (or run python -m " \
-           "stopexp.pipeline, which makes it for you)\n" in err
+    words = shlex.join(over)  # quoted for the shell: [4,8] is a glob
+    assert f"; make it with: python -m stopexp.train {words} (or python -m stopexp.pipeline " \
+           f"{words}, which makes what it needs too)\n" in err
 
 
 def test_external_scorer_plugs_in(trained):

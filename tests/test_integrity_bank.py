@@ -13,7 +13,7 @@ from stopexp.config import validate
 from stopexp.stages import build
 from stopexp.stages.collect import collect
 from stopexp.stages.train import train_with_controls
-from stopexp.store import bank
+from stopexp.store import bank, bank_records
 
 
 COLUMNS = ("split", "prompt_id", "path_id", "text", "answer", "correct", "length", "tokens",
@@ -88,7 +88,8 @@ def test_missing_shard_is_named_and_collect_recomputes_only_it(copied, small_ban
     ("truncate_arrow", r"data-00000-of-00001.arrow has \d+ bytes, \d+ recorded"),
     ("garble_arrow", "data-00000-of-00001.arrow differs from its recorded SHA-256"),
     ("drop_dataset_info", "dataset_info.json is missing"),
-    ("garble_record", "shard.json is missing or unreadable"),
+    ("garble_record", "shard.json is missing, unreadable or malformed"),
+    ("malformed_record", "shard.json is missing, unreadable or malformed"),
 ])
 def test_damaged_shard_is_named_and_collect_repairs_it(copied, small_bank, damage, named):
     cfg, root = copied
@@ -104,8 +105,10 @@ def test_damaged_shard_is_named_and_collect_repairs_it(copied, small_bank, damag
             f.write(os.urandom(64))
     elif damage == "drop_dataset_info":
         (root / bad / "dataset_info.json").unlink()
-    else:
+    elif damage == "garble_record":
         (root / bad / "shard.json").write_text("{\"rows\": ")
+    else:  # valid JSON of another shape
+        (root / bad / "shard.json").write_text(json.dumps({"rows": "many", "files": 7}))
     with pytest.raises(bank.BankDamaged, match=rf"damaged: {bad}: {named}"):
         bank.load_bank(root, "val")
     result = collect(build.collection(cfg))  # the damaged shard recomputed once, and kept
@@ -113,6 +116,54 @@ def test_damaged_shard_is_named_and_collect_repairs_it(copied, small_bank, damag
     assert bank.verify_bank(root, full=True)["complete"]
     assert not [p for p in root.iterdir() if p.name.startswith(".")]  # nothing half left
     assert_same_rows(root, reference)
+
+
+# every field of a shard's record given each wrong shape: a string, a bool, a float, a
+# negative count, null, a list, a map of non-records, a file name outside the shard
+WRONG = ["many", True, 2.5, -1, None, [], {"x": 7}, {"../meta.json": {"size": 1, "sha256": "0" * 64}}]
+
+
+def malformed_records(rec: dict):
+    for field in ("rows", "splits", "files"):
+        for bad in WRONG:
+            if not (field == "splits" and bad == {"x": 7}):  # 7 rows of a split "x": a record
+                yield {**rec, field: bad}
+    for name in rec["files"]:  # each field of a file's record
+        for key in ("size", "sha256"):
+            for bad in WRONG:
+                yield {**rec, "files": {**rec["files"], name: {**rec["files"][name], key: bad}}}
+    yield {**rec, "splits": {"train": "6"}}
+    yield [rec]
+
+
+def test_every_malformed_record_is_named_and_a_valid_one_is_not(copied):
+    cfg, root = copied
+    name = shard_of(root, "train")
+    rec = bank.read_record(root / name)
+    assert bank_records.record_problem(rec) is None
+    for bad in malformed_records(rec):
+        assert bank_records.record_problem(bad), bad
+        (root / name / "shard.json").write_text(json.dumps(bad))
+        assert bank.read_record(root / name) is None
+        assert bank.shard_problem(root / name) == "shard.json is missing, unreadable or malformed"
+    assert bank_records.record_problem({**rec, "files": {"../x": rec["files"]["state.json"]}}) == \
+        "it records a file '../x', which is no plain file name"
+    assert bank_records.record_problem({"rows": "many", "files": 7}) == "it records rows='many', a whole number expected"
+
+
+def test_a_malformed_meta_record_is_named_and_collect_rewrites_it(copied):
+    cfg, root = copied
+    original = bank.read_meta(root)
+    name = shard_of(root, "val")
+    for shards, named in [({**original["shards"], name: {"rows": "many", "files": 7}},
+                           rf"its record of shard '{name}': it records rows='many'"),
+                          (7, "its shards are int, a map of shard name -> record expected")]:
+        (root / "meta.json").write_text(json.dumps({**original, "shards": shards}))
+        with pytest.raises(bank.BankDamaged, match=rf"meta.json is malformed \({named}.*\); repair: "
+                                                    r"python -m stopexp.collect"):
+            bank.require_bank(build.bank(cfg))
+        assert collect(build.collection(cfg))["complete"]
+        assert bank.read_meta(root) == original
 
 
 def test_truncated_meta_is_named_and_collect_rewrites_it(copied):

@@ -14,6 +14,7 @@ import pytest
 
 from conftest import ROOT, compose, run_stage
 from stopexp.config import ConfigError, validate
+from stopexp.core.commands import shell_word
 from stopexp.core.names import REGISTRY
 from stopexp.stages import build
 from stopexp.stages.evaluate import evaluate
@@ -97,7 +98,7 @@ def test_an_installed_package_registers_its_predictor_by_entry_point(tmp_path):
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith("error: no complete trace bank for this config"), done.stderr
     assert "make it with: python -m stopexp.collect predictor=low_rank " in done.stderr
-    assert f"{searchpath} (or run python -m stopexp.pipeline" in done.stderr  # it composes the same config
+    assert f"{shell_word(searchpath)} (or python -m stopexp.pipeline" in done.stderr  # it composes the same config
     (info / "entry_points.txt").unlink()  # not installed: refused by name
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stderr.startswith(

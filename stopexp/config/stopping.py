@@ -10,6 +10,7 @@ import dataclasses
 import typing
 
 from stopexp.config.ranges import fail
+from stopexp.core.commands import override, shell_word
 from stopexp.core.names import lookup, names
 
 
@@ -84,7 +85,7 @@ def check_moved(config_name: str, overrides: list[str]) -> None:
     for line in overrides:
         key, eq, value = line.lstrip("+~").partition("=")
         if config_name == "answers_replay" and not eq:
-            fail("bank", f"give the answers-only bank as bank={line}")
+            fail("bank", f"give the answers-only bank as {shell_word(override('bank', line))}")
         if key in moved:
             fail(key, f"moved: set {moved[key]}={value}" if " " not in moved[key] else
                  f"moved: set {moved[key]}")

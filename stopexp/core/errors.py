@@ -15,6 +15,8 @@ import os
 import sys
 from typing import Iterator
 
+from stopexp.core.commands import make_with
+
 USAGE_EXIT = 2  # as argparse exits on a bad command line; a crash exits 1
 
 
@@ -42,10 +44,8 @@ class NotMade(NotFound):
         super().__init__(what)
 
     def __str__(self) -> str:
-        command = f"python -m stopexp.{self.stage} {' '.join(self.overrides or [])}".rstrip()
         why = f" ({self.why})" if self.why else ""
-        return (f"no {self.what} for this config at {self.where}{why}; make it with: {command} "
-                "(or run python -m stopexp.pipeline, which makes it for you)")
+        return f"no {self.what} for this config at {self.where}{why}; {make_with(self.stage, self.overrides)}"
 
 
 class CannotWrite(UserError):

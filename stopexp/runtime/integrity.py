@@ -100,6 +100,30 @@ def records(directory: Path, skip: tuple[str, ...] = ()) -> dict[str, dict]:
             if p.is_file() and p.name not in skip}
 
 
+def is_count(value) -> bool:
+    """A whole number >= 0 as JSON holds one (not a bool, a float or a string)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def is_digest(value) -> bool:
+    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+
+
+def records_problem(recs) -> str | None:
+    """Why `recs` (file name -> record, as `records` makes them, read back from a JSON file
+    that may have been edited or garbled) is no such map, or None: a plain file name each
+    (no folder, so a record cannot point outside its directory), a size and SHA-256 each."""
+    if not isinstance(recs, dict):
+        return f"its files are recorded as {type(recs).__name__}, a map of file name -> record expected"
+    for name, rec in recs.items():
+        if not name or name in (".", "..") or "/" in name or "\\" in name:
+            return f"it records a file {name!r}, which is no plain file name"
+        if not isinstance(rec, dict) or not is_count(rec.get("size")) or not is_digest(rec.get("sha256")) \
+                or ("spot" in rec and not is_digest(rec["spot"])):
+            return f"its record of {name} is {rec!r}, not a size and SHA-256"
+    return None
+
+
 def file_problem(path: Path, rec: dict, full: bool = False) -> str | None:
     """Why `path` differs from its record, or None. Cheap unless `full` (every byte)."""
     path = Path(path)

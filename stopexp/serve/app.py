@@ -11,7 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from stopexp.serve.loop import Closed
-from stopexp.serve.requests import BadRequest
+from stopexp.serve.bodies import BadRequest, read_json
 from stopexp.serve.responses import body, error, events
 from stopexp.serve.service import Service
 
@@ -106,19 +106,18 @@ async def stream(service: Service, gen, future):
 async def learn(service: Service, request: Request):
     """POST /v1/feedback {"id": response id, "correct": bool} or {"id", "answer": reference}:
     one adapt update of the served predictor, run in the engine loop between steps."""
-    try:
-        data = json.loads(await request.body())
-    except (ValueError, UnicodeDecodeError) as e:
-        raise BadRequest("body", f"not valid JSON ({e})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("id"), str):
+    data = read_json(await request.body())
+    if not isinstance(data.get("id"), str):
         raise BadRequest("id", "the id of a response of this server is expected")
     correct, answer = data.get("correct"), data.get("answer")
-    if (correct is None) == (answer is None):
-        raise BadRequest("correct", "give one of correct (true or false) and answer (the reference)")
+    if (correct is None) == (answer is None):  # the field given (a null one too), else correct
+        field = "answer" if "answer" in data and (answer is not None or "correct" not in data) else "correct"
+        raise BadRequest(field, "give one of correct (true or false) and answer (the reference)")
     if correct is not None and not isinstance(correct, bool):
         raise BadRequest("correct", f"true or false is expected, got {correct!r}")
-    if answer is not None and not isinstance(answer, (str, int, float)):
-        raise BadRequest("answer", f"a string is expected, got {answer!r}")
+    if answer is not None and (not isinstance(answer, (str, int, float)) or isinstance(answer, bool)
+                               or not str(answer).strip()):
+        raise BadRequest("answer", f"the reference answer, a non-empty string, is expected, got {answer!r}")
     adapter = service.adapter
     done = service.loop.call(lambda: adapter.update(data["id"], correct, None if answer is None else str(answer)))
     return await asyncio.wrap_future(done)  # a BadRequest reaches the handler above

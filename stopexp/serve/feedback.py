@@ -20,7 +20,7 @@ from collections import OrderedDict, deque
 import torch
 
 from stopexp.metrics.answers import vote_clusters
-from stopexp.serve.requests import BadRequest
+from stopexp.serve.bodies import BadRequest
 from stopexp.tasks import vote_format
 from stopexp.training.stream import FEEDBACK_KEYS, concat
 

@@ -4,6 +4,7 @@ every request in flight is answered, then `serve_forever` returns (the stage exi
 from __future__ import annotations
 
 import contextlib
+import errno
 import signal
 import socket
 import threading
@@ -32,18 +33,39 @@ class DrainingServer(uvicorn.Server):
 
 
 def bind(host: str, port: int) -> socket.socket:
-    """A listening socket on host:port (0: a free port); a taken port is serve.port's error."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    """A listening socket on host:port (0: a free port). What cannot be bound is the error
+    of the key at fault: serve.host for a name that does not resolve or an address that is
+    not this machine's, serve.port for a port in use or one reserved to root."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(  # "": every interface, as bind's
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    except (socket.gaierror, UnicodeError) as e:
+        reason = getattr(e, "strerror", None) or e  # an IDNA error for a malformed name has none
+        raise ConfigError(f"serve.host: {host!r} does not resolve ({reason}); give an address of this "
+                          "machine (127.0.0.1, 0.0.0.0 for every interface, ::1) or a name that "
+                          "resolves to one") from None
+    sock = socket.socket(family, kind, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind((host, port))
+        sock.bind(address)
     except OSError as e:
         sock.close()
-        raise ConfigError(f"serve.port: cannot listen on {host}:{port} ({e.strerror or e}); "
-                          "choose another port, or 0 for any free one") from None
+        raise ConfigError(bind_error(host, port, e)) from None
     sock.listen(2048)
     return sock
+
+
+def bind_error(host: str, port: int, e: OSError) -> str:
+    """The message of a failed bind, naming the key at fault."""
+    where = f"cannot listen on {host}:{port} ({e.strerror or e})"
+    if e.errno == errno.EADDRNOTAVAIL:
+        return (f"serve.host: {where}: it is no address of this machine; give one of its "
+                "addresses (127.0.0.1, or 0.0.0.0 for every interface)")
+    if e.errno in (errno.EACCES, errno.EPERM) and 0 < port < 1024:
+        return f"serve.port: {where}: ports below 1024 are reserved to root; choose 1024..65535, or 0 for any free one"
+    if e.errno == errno.EADDRINUSE:
+        return f"serve.port: {where}: the port is in use; choose another port, or 0 for any free one"
+    return f"serve.host, serve.port: {where}; choose another address or port"
 
 
 def server_for(app, sock: socket.socket) -> DrainingServer:

@@ -6,7 +6,6 @@ holds one choice, the path the vote chose. `prune: false` (beside the OpenAI fie
 the request's paths unpruned."""
 from __future__ import annotations
 
-import json
 import math
 import secrets
 import threading
@@ -16,6 +15,7 @@ from dataclasses import dataclass, replace
 from stopexp.config import MIN_TEMPERATURE
 from stopexp.search.decode import SamplingParams
 from stopexp.search.sample import prompt_ids
+from stopexp.serve.bodies import BadRequest, read_json
 
 # the fields that would change the output, which this server does not serve: field -> the
 # values that leave the output as it makes it (others, user, metadata, ..., are ignored)
@@ -24,14 +24,6 @@ UNSUPPORTED = {"logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": 
                "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0),
                "tools": (None, []), "functions": (None, []), "response_format": (None, {"type": "text"})}
 MAX_STOPS = 4  # as OpenAI's API
-
-
-class BadRequest(ValueError):
-    """A request the server refuses (HTTP 400); `param` is the field."""
-
-    def __init__(self, param: str, message: str):
-        super().__init__(f"{param}: {message}")
-        self.param = param
 
 
 @dataclass(frozen=True)
@@ -71,12 +63,7 @@ class RequestReader:
         self.tokenizer, self.limits, self.template, self.lock = tokenizer, limits, template, lock
 
     def read(self, raw: bytes, chat: bool) -> Generation:
-        try:
-            body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise BadRequest("body", f"not valid JSON ({e})") from None
-        if not isinstance(body, dict):
-            raise BadRequest("body", f"a JSON object is expected, got {type(body).__name__}")
+        body = read_json(raw)
         lim = self.limits
         model = body.get("model")
         if model != lim.model_name:
@@ -98,11 +85,12 @@ class RequestReader:
         options = body.get("stream_options") or {}
         if not isinstance(options, dict):
             raise BadRequest("stream_options", "an object is expected")
+        include_usage = _flag(options, "include_usage", False, "stream_options.")
         return Generation(
             id=f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(12)}", chat=chat, prompt=text,
             prompt_ids=ids, n=n, params=params,
             seed=secrets.randbits(63) if seed is None else seed,  # no seed: fresh streams
-            stream=_flag(body, "stream", False), include_usage=_flag(options, "include_usage", False),
+            stream=_flag(body, "stream", False), include_usage=include_usage,
             prune=_flag(body, "prune", True), created=int(time.time()))
 
     def _prompt(self, body: dict, chat: bool) -> tuple[str, str, list[int]]:
@@ -129,9 +117,9 @@ class RequestReader:
                                                        for t in prompt):
             with self.lock:
                 vocab = len(self.tokenizer)
+                if not all(0 <= t < vocab for t in prompt):  # before decode, which overflows on them
+                    raise BadRequest("prompt", f"token ids must lie in 0..{vocab - 1}")
                 text = self.tokenizer.decode(prompt)
-            if not all(0 <= t < vocab for t in prompt):
-                raise BadRequest("prompt", f"token ids must lie in 0..{vocab - 1}")
             return "prompt", text, list(prompt)
         if not isinstance(prompt, str) or not prompt:
             raise BadRequest("prompt", "one non-empty string (or a list of token ids) is expected")
@@ -192,17 +180,17 @@ def _number(body: dict, key: str, default: float, low: float, high: float = math
     value = body.get(key)
     if value is None:
         return float(default)
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
-        and (value > low if low_open else value >= low) and value <= high
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) < 1e300 \
+        and (value > low if low_open else value >= low) and value <= high  # a huge int: no float
     if not ok:
         raise BadRequest(key, f"must be a number in {'(' if low_open else '['}{low}, {high}], got {value!r}")
     return float(value)
 
 
-def _flag(body: dict, key: str, default: bool) -> bool:
+def _flag(body: dict, key: str, default: bool, within: str = "") -> bool:
     value = body.get(key, default)
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise BadRequest(key, f"true or false is expected, got {value!r}")
+        raise BadRequest(within + key, f"true or false is expected, got {value!r}")
     return value

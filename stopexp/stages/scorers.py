@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from stopexp.core.commands import make_with, stage_command
 from stopexp.core.errors import ConfigError, NotFound, error_text
 from stopexp.core.names import REGISTRY, lookup, names as registered, predictor_names, runs_the_lm
 from stopexp.core.protocol import checkpoint_tokens
@@ -57,10 +58,11 @@ def load_trained(sub, spec, features: FeatureSet, overrides: list[str] | None = 
     """The predictor of `sub` (cfg or one of its controls) as train saved it; NotFound, or
     the damage, with the train command that makes it."""
     ckpt = build.predictor_dir(sub, features)
-    command = f"python -m stopexp.train {' '.join(overrides or [])}".rstrip()
     if not (ckpt / "predictor.json").exists():
-        raise NotFound(f"no trained {sub.predictor.name} predictor for this config at {ckpt}; make "
-                       f"it with: {command} (or run python -m stopexp.pipeline, which makes it for you)")
+        # train reads the features: without them its command would only name the next gap
+        how = make_with("train", overrides) if feature_sets.is_complete(features.root) else \
+            f"nor its features; make them all with: {stage_command('pipeline', overrides)}"
+        raise NotFound(f"no trained {sub.predictor.name} predictor for this config at {ckpt}; {how}")
     try:
         if runs_the_lm(sub.predictor.name):  # on its own copy of the LM; online it reads the engine's cache
             predictor, _ = lookup("lm_predictor", sub.predictor.name).from_checkpoint(
@@ -69,7 +71,7 @@ def load_trained(sub, spec, features: FeatureSet, overrides: list[str] | None = 
         else:
             predictor, _ = load_predictor(ckpt, spec, sub.predictor, _trained_on(features, overrides))
     except (CheckpointDamaged, CheckpointMismatch) as e:
-        raise type(e)(f"{e}; rebuild it with: {command}") from e
+        raise type(e)(f"{e}; rebuild it with: {stage_command('train', overrides)}") from e
     return predictor
 
 

@@ -33,14 +33,15 @@ import numpy as np
 from datasets import Dataset, Features, List, Value, concatenate_datasets, load_from_disk
 from datasets.utils.logging import disable_progress_bar
 
+from stopexp.core.commands import make_with, stage_command
 from stopexp.core.errors import UserError, error_text, writing
 from stopexp.runtime.artifacts import publish_dir, staging_dir, write_json
 from stopexp.runtime.integrity import dir_problem, records
+from stopexp.store.bank_records import MANIFEST, meta_problem, read_record
 from stopexp.store.keys import BANK_VERSION, BankSpec
 
 disable_progress_bar()  # one bar per shard save would drown the collect progress bar
 
-MANIFEST = "shard.json"
 REPAIR = ("rerun the collect command that made it (python -m stopexp.collect with the same "
           "overrides); it recomputes damaged or missing shards and rewrites meta.json")
 
@@ -183,22 +184,13 @@ def finished_shards(root: Path) -> set[str]:
             if read_record(root / n) is not None}
 
 
-def read_record(shard: Path) -> dict | None:
-    """A shard's own record (`shard.json`), or None when it is missing or unreadable."""
-    try:
-        rec = json.loads((shard / MANIFEST).read_text())
-        return rec if isinstance(rec, dict) and "files" in rec and "rows" in rec else None
-    except (OSError, ValueError):
-        return None
-
-
 def shard_problem(shard: Path, record: dict | None = None, full: bool = False) -> str | None:
     """Why a shard differs from `record` (default: its own `shard.json`), or None."""
     if not shard.is_dir():
         return "missing"
     own = read_record(shard)
     if own is None:
-        return f"{MANIFEST} is missing or unreadable"
+        return f"{MANIFEST} is missing, unreadable or malformed"
     record = record or own
     if own != record:
         return f"{MANIFEST} differs from the bank's record (another shard put in its place?)"
@@ -243,6 +235,8 @@ def verify_bank(root: Path, full: bool = False, repair: str = REPAIR, kind: str 
                           + ("; since version 4 a bank holds the paths only and the hidden "
                              "features are a separate artifact" if kind == "trace bank" else "")
                           + f"); repair: {repair}")
+    if malformed := meta_problem(meta):
+        raise BankDamaged(f"{kind} {root}: meta.json is malformed ({malformed}); repair: {repair}")
     if not meta.get("complete"):
         missing = meta.get("missing", [])
         raise BankMissing(f"{kind} {root} is incomplete ({len(missing)} of "
@@ -337,12 +331,11 @@ def require_bank(spec: BankSpec, overrides: list[str] | None = None) -> Path:
     the config (`spec.want`) and its shards' records (`shard_misfit`), or an error that
     names what is missing, damaged or misfitting and prints the collect command."""
     root = spec.root
-    command = f"python -m stopexp.collect {' '.join(overrides or [])}".rstrip()
     if not (root / "meta.json").exists():
-        raise BankMissing(f"no complete trace bank for this config at {root}; make it with: "
-                          f"{command} (or run python -m stopexp.pipeline, which makes it for you)")
-    repair = (f"{command} (collect recomputes only the damaged, missing or misfitting shards "
-              "and rewrites meta.json; python -m stopexp.pipeline does too)")
+        raise BankMissing(f"no complete trace bank for this config at {root}; "
+                          + make_with("collect", overrides))
+    repair = (f"{stage_command('collect', overrides)} (collect recomputes only the damaged, missing "
+              "or misfitting shards and rewrites meta.json; the pipeline does too)")
     meta = verify_bank(root, repair=repair)
     check_fit("trace bank", root, meta, spec.want, repair)
     plan = {p["index"]: p for p in meta.get("plan", [])}

@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 from datasets import Array3D, Features, List, Value
 
+from stopexp.core.commands import make_with, stage_command
 from stopexp.core.errors import ConfigError
 from stopexp.core.protocol import attention_heads, checkpoint_tokens, resolve_layers
 from stopexp.models import load_lm
@@ -155,14 +156,9 @@ def feature_columns(n_layers: int, hidden: int, dtype: str) -> Features:
 
 
 # ---- the artifact ------------------------------------------------------------------------
-def featurize_command(overrides: list[str] | None = None) -> str:
-    return f"python -m stopexp.featurize {' '.join(overrides or [])}".rstrip()
-
-
 def repair_text(overrides: list[str] | None = None) -> str:
-    return (f"{featurize_command(overrides)} (it recomputes only the damaged, missing or "
-            "misfitting shards, from the trace bank, and rewrites meta.json; python -m "
-            "stopexp.pipeline does too)")
+    return (f"{stage_command('featurize', overrides)} (it recomputes only the damaged, missing or "
+            "misfitting shards, from the trace bank, and rewrites meta.json; the pipeline does too)")
 
 
 def summarize_features(out: Path, meta: dict, wall_s: float) -> dict:
@@ -200,9 +196,8 @@ def require_features(feats: FeatureSet, overrides: list[str] | None = None) -> P
     repair = repair_text(overrides)
     broot = bank.require_bank(feats.bank, overrides)
     if not (out / "meta.json").exists() or not bank.read_meta(out, repair, KIND).get("complete"):
-        raise bank.BankMissing(f"no features for this config at {out}; make them with: "
-                               f"{featurize_command(overrides)} (or run python -m stopexp.pipeline, "
-                               "which makes them for you)")
+        raise bank.BankMissing(f"no features for this config at {out}; "
+                               + make_with("featurize", overrides, "them"))
     meta = bank.verify_bank(out, repair=repair, kind=KIND, version=FEATURES_VERSION)
     bmeta = bank.read_meta(broot)
     bank.check_fit(KIND, out, meta, expected_meta(feats, bmeta), repair)

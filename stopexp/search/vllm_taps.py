@@ -206,11 +206,12 @@ class EngineTaps:
         mean = self.pooling == "mean"
         starts, first = rows.starts.tolist(), rows.first.tolist()
         drafts = None if rows.drafts is None else rows.drafts.tolist()
+        alias, watched = self._alias, self.watched  # once per step: 256 requests in ~0.1 ms
         for k, rid in enumerate(rows.req_ids):
-            ours = self._ours(rid)
+            ours = alias.get(rid) or self._ours(rid)
             if ours is None:
                 continue
-            w = self.watched[ours]
+            w = watched[ours]
             end = starts[k + 1]
             if drafts is not None and drafts[k]:
                 accepted = 0 if sampled is None else max(int(sampled[k]) - 1, 0)
@@ -230,19 +231,18 @@ class EngineTaps:
             return  # nothing leaves the device
         at = torch.tensor(index, device=self.buffers[0].device)
         got = torch.stack([b.index_select(0, at) for b in self.buffers], dim=1)
-        got = got.float().cpu().numpy()  # (rows, layers, H)
+        got = got.cpu().float().numpy()  # (rows, layers, H): the copy in the model's dtype
         if self.pooling == "last":  # rounded as featurize stores them, one array per step
-            got = self._stored(got)
-        for (w, c), state in zip(owners, got):
-            if self.pooling == "mean":
-                if c <= w.summed:  # a preempted request's recomputed position: counted and kept
-                    continue
-                w.total = state.astype(np.float64) if w.total is None else w.total + state
-                w.summed = c
-                if w.wanted(c):
-                    w.states[c] = self._stored(w.total / c)
-            else:
+            for (w, c), state in zip(owners, self._stored(got)):
                 w.states[c] = state
+            return
+        for (w, c), state in zip(owners, got):  # mean pooling
+            if c <= w.summed:  # a preempted request's recomputed position: counted and kept
+                continue
+            w.total = state.astype(np.float64) if w.total is None else w.total + state
+            w.summed = c
+            if w.wanted(c):
+                w.states[c] = self._stored(w.total / c)
 
     def _stored(self, state: np.ndarray) -> np.ndarray:
         if self.dtype == np.float32:

@@ -44,7 +44,7 @@ import torch
 from stopexp.search.stops import StopStrings
 from stopexp.search.vllm_memory import gpu_memory_fraction, release_device_memory
 from stopexp.search.vllm_steps import VllmSteps
-from stopexp.search.vllm_taps import tapped_architecture
+from stopexp.search.vllm_taps import engine_config, tapped_architecture
 from stopexp.signals.confidence import entropy, token_confidence
 
 log = logging.getLogger(__name__)
@@ -121,11 +121,13 @@ def build_llm(s: VllmSettings):
     log.info("starting vLLM %s for %s (%s, max_model_len %d%s)", vllm_package()[1], s.model,
              s.dtype, s.max_model_len, ", in process" if s.in_process else "")
     threads = torch.get_num_threads()  # an in-process CPU engine sets this process's to 1
-    overrides = {}
+    overrides, tapped = {}, {}
     if s.tap_layers:
         if not s.in_process:
             raise ValueError("in-engine taps need the engine core in this process (VllmSettings.in_process)")
-        overrides["architectures"] = [tapped_architecture(_architecture(s.model), s.tap_layers)]
+        overrides["architectures"] = [tapped_architecture(_architecture(s.model))]
+        # the layers in the config vLLM hashes, so its compile cache is keyed by them
+        tapped["additional_config"] = engine_config(s.tap_layers)
     # on a GPU: the share left by what this process holds there, or refused before loading
     fraction = gpu_memory_fraction(s.gpu_memory_utilization, s.tensor_parallel_size)
     with _environ(VLLM_ENABLE_V1_MULTIPROCESSING="0" if s.in_process else None,
@@ -139,7 +141,7 @@ def build_llm(s: VllmSettings):
                   enable_chunked_prefill=False,
                   max_num_batched_tokens=s.max_num_batched_tokens or max(s.max_model_len,
                                                                          MIN_BATCHED_TOKENS),
-                  generation_config="vllm", hf_overrides=overrides, **memory,
+                  generation_config="vllm", hf_overrides=overrides, **memory, **tapped,
                   **({"async_scheduling": False} if s.in_process else {}))
     torch.set_num_threads(threads)
     return llm

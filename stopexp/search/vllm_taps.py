@@ -12,7 +12,13 @@ Design (it holds under torch.compile and CUDA graphs, not only in eager mode):
 - Outside the graph. The model runner's `execute_model` is wrapped so that after each
   forward, still in the engine's step, the rows of the watched requests are read out of
   the buffer: which request owns which row and at which position comes from the runner's
-  batch (`input_batch.req_ids`, `query_start_loc`, `positions`), as vLLM laid it out.
+  batch on the host (stopexp.search.vllm_batches: vLLM's V1 and V2 model runners). Rows
+  of draft tokens (speculative decoding) wait for `sample_tokens`, which says which
+  drafts were accepted: a rejected draft's state is never stored. A step where no
+  watched request is at a wanted position copies nothing from the device.
+- Keyed by what it taps. The layers come from the engine's config
+  (`additional_config[TAP_CONFIG]`), which vLLM hashes into the key of its compile cache,
+  so a graph compiled for one layer set is never loaded for another.
 
 The engine core must run in this process (`VllmSettings.in_process`): the buffer and the
 runner live where the model runs. A path's feature at generated position c is the state
@@ -20,8 +26,6 @@ of the token that fed generated token c (sequence position prompt_len + c - 1), 
 teacher-forced extraction reads it (stopexp.models.extract); pooling `mean` keeps the
 running sum of positions 1..c. Attention entropy is not tapped here (vLLM's attention
 kernels return no weights): a tap with attention heads is read teacher-forced.
-
-The runner attributes read are those of vLLM's v1 GPU/CPU model runners (0.1x-0.3x).
 """
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ import numpy as np
 import torch
 
 from stopexp.search.taps import decoder_layers
+from stopexp.search.vllm_batches import StepRows, runner_rows
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +54,8 @@ def _(out, hidden, residual) -> None:
     return None
 
 
-class _Plan:
-    """What the model class taps: set before vLLM builds the model (in this process)."""
-    layers: tuple[int, ...] = ()
+# the key of the tapped layers in vLLM's `additional_config`, which its config hash includes
+TAP_CONFIG = "stopexp_tap_layers"
 
 
 def _wrap_layer(layer: torch.nn.Module, out: torch.Tensor) -> None:
@@ -66,13 +70,13 @@ def _wrap_layer(layer: torch.nn.Module, out: torch.Tensor) -> None:
     layer.forward = forward
 
 
-def tapped_architecture(architecture: str, layers: tuple[int, ...]) -> str:
-    """Register (in this process) a model class that taps `layers` of vLLM's class for
-    `architecture`, and return its name, for `hf_overrides={"architectures": [name]}`."""
+def tapped_architecture(architecture: str) -> str:
+    """Register (in this process) a model class that taps the layers its engine's config names
+    (`engine_config(layers)`) of vLLM's class for `architecture`, and return its name, for
+    `hf_overrides={"architectures": [name]}`."""
     from vllm import ModelRegistry
 
     name = f"StopexpTapped{architecture}"
-    _Plan.layers = tuple(layers)
     if name in ModelRegistry.get_supported_archs():
         return name
     base = ModelRegistry._try_load_model_cls(architecture)
@@ -82,20 +86,27 @@ def tapped_architecture(architecture: str, layers: tuple[int, ...]) -> str:
     class Tapped(base):
         def __init__(self, *, vllm_config, prefix: str = ""):
             super().__init__(vllm_config=vllm_config, prefix=prefix)
+            layers = tuple(vllm_config.additional_config.get(TAP_CONFIG, ()))
             modules = decoder_layers(self)
             text = vllm_config.model_config.hf_text_config
             rows = vllm_config.scheduler_config.max_num_batched_tokens
             ref = next(self.parameters())
-            self.stopexp_tap_layers = _Plan.layers
+            self.stopexp_tap_layers = layers
             # one (rows, H) buffer per layer: a slice of a stacked one would be a view
             self.stopexp_tap_buffers = [torch.zeros(rows, text.hidden_size, dtype=ref.dtype,
-                                                    device=ref.device) for _ in _Plan.layers]
-            for i, buf in zip(_Plan.layers, self.stopexp_tap_buffers):
+                                                    device=ref.device) for _ in layers]
+            for i, buf in zip(layers, self.stopexp_tap_buffers):
                 _wrap_layer(modules[i], buf)
 
     Tapped.__name__ = Tapped.__qualname__ = name
     ModelRegistry.register_model(name, Tapped)
     return name
+
+
+def engine_config(layers: tuple[int, ...]) -> dict:
+    """vLLM's `additional_config` for a tapped model of `layers`: part of the config hash
+    that keys vLLM's compile cache (pooling is read on the host: the graph is the same)."""
+    return {TAP_CONFIG: sorted(set(layers))}
 
 
 @dataclass
@@ -116,14 +127,25 @@ class EngineTaps:
     `close` unwraps the runner."""
 
     def __init__(self, llm, layers, pooling: str = "last", dtype: str = "float32"):
+        self._attach(model_runner(llm), layers, pooling, dtype)
+
+    @classmethod
+    def of_runner(cls, runner, layers, pooling: str = "last", dtype: str = "float32") -> "EngineTaps":
+        """Taps on a model runner (one of an in-process engine, or a test's)."""
+        taps = cls.__new__(cls)
+        taps._attach(runner, layers, pooling, dtype)
+        return taps
+
+    def _attach(self, runner, layers, pooling: str, dtype: str) -> None:
         if pooling not in ("last", "mean"):
             raise ValueError(f"tap.pooling: {pooling!r} unknown; allowed: last, mean")
-        self.runner = model_runner(llm)
-        model = self.runner.get_model()
+        self.runner, self.batch = runner, runner_rows(runner)
+        model = runner.get_model()
         built = tuple(getattr(model, "stopexp_tap_layers", ()))
         if not set(layers) <= set(built):
             raise RuntimeError(f"the vLLM engine taps layers {list(built)}, not all of {list(layers)} "
                                "(VllmSettings.tap_layers)")
+        log.info("in-engine taps of layers %s read vLLM's %s model runner", list(layers), self.batch.name)
         self.layers = tuple(sorted(layers))  # shallowest first, as stopexp.search.taps.Taps
         self.buffers = [model.stopexp_tap_buffers[built.index(i)] for i in self.layers]
         self.pooling = pooling
@@ -131,12 +153,13 @@ class EngineTaps:
         self.watched: dict[str, Watch] = {}
         self._alias: dict[str, str] = {}  # vLLM's internal request id -> ours
         self._internal: dict[str, list[str]] = {}  # ours -> vLLM's, dropped with the watch
-        self._inner = self.runner.execute_model
-        self.runner.execute_model = self._execute_model
+        self._drafted: StepRows | None = None  # a step with drafts, read once they are sampled
+        self._inner = runner.execute_model, runner.sample_tokens
+        runner.execute_model, runner.sample_tokens = self._execute_model, self._sample_tokens
 
     def close(self) -> None:
         """Unwrap the runner (the buffers stay: the model is compiled with them)."""
-        self.runner.execute_model = self._inner
+        self.runner.execute_model, self.runner.sample_tokens = self._inner
         self.watched.clear()
 
     def watch(self, request_id: str, prompt_len: int, wanted: Callable[[int], bool]) -> Watch:
@@ -158,47 +181,68 @@ class EngineTaps:
         return self._alias[rid]
 
     def _execute_model(self, scheduler_output, *args, **kwargs):
-        out = self._inner(scheduler_output, *args, **kwargs)
+        out = self._inner[0](scheduler_output, *args, **kwargs)
+        self._drafted = None
         if self.watched and scheduler_output.total_num_scheduled_tokens:
-            self._read()
+            rows = self.batch.rows(self.runner, scheduler_output)
+            if rows.drafts is not None and out is None:
+                self._drafted = rows  # which drafts hold: sample_tokens says
+            else:
+                self._read(rows)
         return out
 
-    @torch.no_grad()
-    def _read(self) -> None:
-        r = self.runner
-        n_reqs = r.input_batch.num_reqs
-        starts = np.asarray(r.query_start_loc.np[: n_reqs + 1])
-        held = r.positions if isinstance(r.positions, torch.Tensor) else r.positions.cpu  # CpuGpuBuffer
-        positions = held[: int(starts[-1])].to("cpu").numpy()
-        rows, owners = [], []
-        for k, rid in enumerate(r.input_batch.req_ids[:n_reqs]):
-            ours = self._ours(rid)
+    def _sample_tokens(self, *args, **kwargs):
+        out = self._inner[1](*args, **kwargs)
+        rows, self._drafted = self._drafted, None
+        if rows is not None:
+            self._read(rows, None if out is None else self.batch.sampled(out, rows))
+        return out
+
+    def _wanted_rows(self, rows: StepRows, sampled: np.ndarray | None) -> tuple[list[int], list]:
+        """The buffer rows to read and their (watch, c): a watched request's generated
+        positions (c >= 1), all of them under mean pooling, else those it wants; of its
+        drafts, those accepted (sampled - 1; none where `sampled` is None)."""
+        index, owners = [], []
+        mean = self.pooling == "mean"
+        starts, first = rows.starts.tolist(), rows.first.tolist()
+        drafts = None if rows.drafts is None else rows.drafts.tolist()
+        alias, watched = self._alias, self.watched  # once per step: 256 requests in ~0.1 ms
+        for k, rid in enumerate(rows.req_ids):
+            ours = alias.get(rid) or self._ours(rid)
             if ours is None:
                 continue
-            w = self.watched[ours]
-            start = int(starts[k])
-            generated = positions[start: int(starts[k + 1])] - (w.prompt_len - 1)  # c per row
-            for i in np.nonzero(generated >= 1)[0]:  # one row per decode step; none in a prefill
-                c = int(generated[i])
-                if self.pooling == "mean" or w.wanted(c):
-                    rows.append(start + int(i))
+            w = watched[ours]
+            end = starts[k + 1]
+            if drafts is not None and drafts[k]:
+                accepted = 0 if sampled is None else max(int(sampled[k]) - 1, 0)
+                end -= drafts[k] - min(accepted, drafts[k])
+            offset = first[k] - w.prompt_len + 1 - starts[k]  # row -> c
+            for row in range(max(starts[k], 1 - offset), end):  # none in a prefill
+                c = row + offset
+                if mean or w.wanted(c):
+                    index.append(row)
                     owners.append((w, c))
-        if not rows:
-            return
-        index = torch.tensor(rows, device=self.buffers[0].device)
-        got = torch.stack([b.index_select(0, index) for b in self.buffers], dim=1)
-        got = got.float().cpu().numpy()  # (rows, layers, H)
+        return index, owners
+
+    @torch.no_grad()
+    def _read(self, rows: StepRows, sampled: np.ndarray | None = None) -> None:
+        index, owners = self._wanted_rows(rows, sampled)
+        if not index:
+            return  # nothing leaves the device
+        at = torch.tensor(index, device=self.buffers[0].device)
+        got = torch.stack([b.index_select(0, at) for b in self.buffers], dim=1)
+        got = got.cpu().float().numpy()  # (rows, layers, H): the copy in the model's dtype
         if self.pooling == "last":  # rounded as featurize stores them, one array per step
-            got = self._stored(got)
-        for (w, c), state in zip(owners, got):
-            if self.pooling == "mean":
-                if c > w.summed:  # a preempted request's recomputed positions count once
-                    w.total = state.astype(np.float64) if w.total is None else w.total + state
-                    w.summed = c
-                if w.wanted(c):
-                    w.states[c] = self._stored(w.total / c)
-            else:
+            for (w, c), state in zip(owners, self._stored(got)):
                 w.states[c] = state
+            return
+        for (w, c), state in zip(owners, got):  # mean pooling
+            if c <= w.summed:  # a preempted request's recomputed position: counted and kept
+                continue
+            w.total = state.astype(np.float64) if w.total is None else w.total + state
+            w.summed = c
+            if w.wanted(c):
+                w.states[c] = self._stored(w.total / c)
 
     def _stored(self, state: np.ndarray) -> np.ndarray:
         if self.dtype == np.float32:

@@ -112,7 +112,7 @@ def serving(cfg, overrides: list[str] | None = None):
                     cfg.evaluate.vote_top, scorer, request_policies(cfg.policy, plan, cfg.search.n_paths),
                     controller)
     limits = Limits(s.model_name or cfg.model.name, s.max_n, cfg.search.n_paths, most,
-                    positions_of(cfg.engine, lm), params)
+                    positions_of(cfg.engine, lm), params, max_prompts=s.max_concurrent)
     adapter = Adapter(predictor, build_loss(cfg.loss), cfg.adapt, task, s.remember) if s.feedback else None
     sections = Sections(cfg.model, cfg.engine, cfg.task, cfg.search, cfg.tap, cfg.seed, cfg.paths.cache_dir)
     with engine.serve(lm, tokenizer, sections=sections, params=params, checks=tuple(checks),

@@ -1,8 +1,8 @@
 """`python -m stopexp.serve +exp=NAME`: the OpenAI-compatible server over the exp's engine
-(docs/serve.md). Every request runs N paths (`n`, default search.n_paths) with the served
+(docs/serve.md). Every request runs N paths (`paths`, default search.n_paths) with the served
 method (serve.method: the predictor train made for this config, found by its key as
 evaluate finds it, pruning at search.check_at by the policy; or a baseline, a stopping
-method inside the paths, or no_prune), and answers with the path the vote chose.
+method inside the paths, or no_prune), and answers with the `n` best distinct answers of the vote.
 
     python -m stopexp.serve +exp=toy_contrastive                 # http://127.0.0.1:8000
     python -m stopexp.serve +exp=smollm2_contrastive engine=vllm serve.port=8001

@@ -131,7 +131,7 @@ def test_32_clients_with_4_requests_each_are_all_answered_each_with_its_own_prom
     before = served.service.loop.status()
 
     def ask(k: int):
-        r = served.client.completions.create(model="toy", prompt=prompts[k], n=4, seed=k)
+        r = served.client.completions.create(model="toy", prompt=prompts[k], seed=k, extra_body={"paths": 4})
         return k, r
 
     with ThreadPoolExecutor(32) as pool:
@@ -166,11 +166,11 @@ def error_of(response: httpx.Response) -> str:
     (b'{"model": "toy", "prompt": "3+4?",', "body"),
     ({"model": "gpt-4", "prompt": "3+4?"}, "model"),
     ({"model": "toy", "prompt": "3+4?", "n": 0}, "n"),
-    ({"model": "toy", "prompt": "3+4?", "n": 65}, "n"),
+    ({"model": "toy", "prompt": "3+4?", "paths": 65}, "paths"),
     ({"model": "toy", "prompt": "3+4?", "max_tokens": -1}, "max_tokens"),
     ({"model": "toy", "prompt": "3+4?" * 60}, "prompt"),
     ({"model": "toy", "prompt": "3+4?", "temperature": "hot"}, "temperature"),
-    ({"model": "toy", "prompt": "3+4?", "logprobs": 5}, "logprobs"),
+    ({"model": "toy", "prompt": "3+4?", "logprobs": 21}, "logprobs"),
     ({"model": "toy"}, "prompt"),
 ])
 def test_a_bad_request_is_a_400_naming_the_field_and_the_server_goes_on(served, body, field):
@@ -186,6 +186,7 @@ def test_a_bad_request_is_a_400_naming_the_field_and_the_server_goes_on(served, 
 def test_the_bad_request_messages(served):
     post = lambda **b: error_of(httpx.post(f"{served.url}/v1/completions", json={"model": "toy", **b}))
     assert post(prompt="1+2?", n=65) == "n: must lie in 1..64 (serve.max_n), got 65"
+    assert post(prompt="1+2?", n=5, paths=4) == "n: must lie in 1..4 (the paths sampled: `paths`), got 5"
     assert post(prompt="1+2?", max_tokens=-1) == "max_tokens: must lie in 1..64 (serve.max_tokens), got -1"
     assert post(prompt="9" * 200) == (  # 200 characters and the BOS token
         "prompt: 201 prompt tokens + 64 max_tokens exceed the model's 256 positions")
@@ -225,7 +226,7 @@ def test_a_client_that_goes_away_has_its_paths_aborted(served, monkeypatch):
     loop = served.service.loop
     real = loop.stepper.step
     monkeypatch.setattr(loop.stepper, "step", lambda: (time.sleep(0.02), real())[1])  # in flight for ~1 s
-    body = json.dumps({"model": "toy", "prompt": prompts_of(1)[0], "n": 16, "seed": 1,
+    body = json.dumps({"model": "toy", "prompt": prompts_of(1)[0], "paths": 16, "seed": 1,
                        "extra": "x"}).encode()
     before = loop.status().get("cancelled", 0)
     with socket.create_connection(("127.0.0.1", int(served.url.rsplit(":", 1)[1]))) as sock:
@@ -359,7 +360,7 @@ def test_sigterm_drains_the_requests_in_flight_then_exits_0(trained, tmp_path):
         assert line.startswith("stopexp serve: http://127.0.0.1:"), (tmp_path / "stderr").read_text()
         url = line.split()[2].removesuffix("/v1")
         # hot sampling, unpruned: the toy's 64 paths run long, so the requests are in flight
-        body = {"model": "toy", "prompt": "3+4*7?", "n": 64, "temperature": 3.0, "max_tokens": 200,
+        body = {"model": "toy", "prompt": "3+4*7?", "paths": 64, "temperature": 2.0, "max_tokens": 200,
                 "prune": False}
         results = []
         threads = [threading.Thread(target=lambda k=k: results.append(

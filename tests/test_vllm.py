@@ -511,7 +511,7 @@ def test_lm_eval_scores_the_vllm_server_and_a_client_that_goes_away_leaves_no_re
         real = loop.stepper.step
         monkeypatch.setattr(loop.stepper, "step", lambda: (time.sleep(0.1), real())[1])  # 40 steps: > 4 s
         before = loop.status().get("cancelled", 0)
-        body = json.dumps({"model": service.model_name, "prompt": problems[0].prompt, "n": 8,
+        body = json.dumps({"model": service.model_name, "prompt": problems[0].prompt, "paths": 8,
                            "seed": 1}).encode()
         with socket.create_connection(("127.0.0.1", port)) as client_sock:
             client_sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json"

@@ -23,7 +23,7 @@ class ServeConfig:
     # the policy), a stopping method that runs inside the paths (deepconf_online), or no_prune
     method: str = "learned"
     max_concurrent: int = 64          # requests in the engine at once; later ones wait in turn
-    max_n: int = 64                   # the most paths (`n`) a request may ask for
+    max_n: int = 64                   # the most paths (`paths`) a request may ask for
     max_tokens: Optional[int] = None  # the most `max_tokens` a request may ask; null: search.max_new_tokens
     # /v1/completions wraps the prompt in the model's chat template as the stages do (the
     # paths the predictor learned on); false: the prompt is encoded as it is

@@ -11,7 +11,8 @@ stopexp.search.vllm_steps). An abort drops the rows from their cohort's batch an
 
 The protocol a server steps (`OpenStepper`, also vLLM's `Stepper` from `VllmSteps.open`):
 `add(paths, params)`, `step()`, `abort(paths)`, `release(paths)` (forget ended paths),
-`held()` (the paths still running), `running`, and the check's `inputs`, `columns` and
+`held()` (the paths still running), `running`, `score` where the engine scores given tokens
+(the hf engine; vLLM's stepper has none), and the check's `inputs`, `columns` and
 `lm_state` of stopexp.search.stepping.Stepper.
 """
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Callable
 import torch
 
 from stopexp.search.decode_steps import DecodeStepper
+from stopexp.search.scoring import teacher_forced
 from stopexp.search.stepping import Running
 
 
@@ -80,6 +82,11 @@ class CohortStepper:
 
     def observe(self) -> None:
         """No KV meter here: a server reports no memory per prompt."""
+
+    def score(self, ids: list[int], start: int, top: int) -> list[tuple]:
+        """The LM's log-probs of ids[start:] after what precedes each, with the `top` most
+        likely ids (stopexp.search.scoring.teacher_forced)."""
+        return teacher_forced(self.engine_for(None).model, ids, start, top)
 
     def columns(self, paths: list[Running], upto: int | None = None) -> list[tuple]:
         got = {}

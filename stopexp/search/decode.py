@@ -22,6 +22,7 @@ from transformers import DynamicCache
 from stopexp.core.config_text import decode_escapes, stop_strings
 from stopexp.core.version import __version__
 from stopexp.search.decode_steps import DecodeSteps
+from stopexp.search.logits import Counts, adjust_logits, min_p_filter, penalised
 from stopexp.search.stops import StopStrings, eos_ids
 from stopexp.search.taps import Taps
 from stopexp.search.budget_forcing import ThinkingBudget, ThinkRows
@@ -40,6 +41,14 @@ class SamplingParams:
     # a thinking model's budget: then its end tag is forced (stopexp.search.budget_forcing)
     max_thinking_tokens: int | None = None
     think_end: str = "</think>"
+    # vLLM's sampling extras (a server's request; stopexp.search.logits)
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    min_tokens: int = 0          # EOS ids and stop strings do not end a path before this
+    ignore_eos: bool = False     # an EOS id does not end a path
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit)
 
     @classmethod
     def from_config(cls, search, task, thinking=None) -> "SamplingParams":
@@ -90,7 +99,7 @@ def sampling_distribution(logits: torch.Tensor, p: SamplingParams):
     full = torch.log_softmax(scaled, dim=-1)
     if not p.do_sample:
         return full, full
-    filtered = scaled
+    filtered = min_p_filter(scaled, p.min_p)
     if p.top_k and p.top_k < scaled.shape[-1]:
         kth = torch.topk(scaled, p.top_k, dim=-1).values[..., -1:]
         filtered = filtered.masked_fill(filtered < kth, float("-inf"))
@@ -149,6 +158,7 @@ class Decode:
     labels: list[str] | None = None        # (P,) names of the paths, for error messages
     tails: list[list[int]] | None = None   # (B,) recent tokens of each row, for stop strings
     think: ThinkRows | None = None         # (B,) rows' thinking, under a thinking budget
+    counts: Counts | None = None           # (B, V) token counts, under a penalty
 
     def label(self, row: int) -> str:
         p = int(self.paths[row])
@@ -175,6 +185,8 @@ class Decode:
             self.tails = [self.tails[r] for r in rows.tolist()]
         if self.think is not None:
             self.think = self.think.take(rows)
+        if self.counts is not None:
+            self.counts = self.counts.take(rows)
 
     def keep_paths(self, keep: torch.Tensor) -> None:
         """Keep the live rows whose path index is in `keep`; the others leave."""
@@ -265,14 +277,17 @@ class Engine:
             state.cache.reorder_cache(rows)
         state.attention_mask, state.positions = mask[rows], state.positions[rows]
         state.next_logits = state.next_logits[rows]
+        if penalised(self.params):
+            state.counts = Counts.of(prompts, state.next_logits.shape[-1], state.next_logits.device)
         return state
 
     @torch.no_grad()
     def step(self, state: Decode) -> None:
         """Sample one token for every live row, drop rows that ended, feed the others."""
         p = self.params
-        logp, full = sampling_distribution(state.next_logits, p)
         t = state.n_generated
+        logits = adjust_logits(state.next_logits, p, t, self.eos_ids, state.counts)
+        logp, full = sampling_distribution(logits, p)
         check_finite(logp, t, state.label)
         tokens = choose_tokens(logp, state.uniforms[:, t].to(logp.device), p.do_sample)
         chosen = logp.gather(-1, tokens[:, None]).squeeze(-1)
@@ -284,11 +299,18 @@ class Engine:
                                       token_confidence(full, p.conf_topk).cpu()))
         state.n_generated = t + 1
         state.lengths[state.paths] = t + 1
-        ended = torch.isin(tokens, torch.tensor(self.eos_ids, device=tokens.device))
+        if state.counts is not None:
+            state.counts.add(tokens)
+        ended = torch.zeros_like(tokens, dtype=torch.bool) if p.ignore_eos else \
+            torch.isin(tokens, torch.tensor(self.eos_ids, device=tokens.device))
         if self.stops is not None:
             state.tails = [self.stops.trim(tail + [token])
                            for tail, token in zip(state.tails, tokens.tolist())]
-            ended |= torch.tensor(self.stops.hits(state.tails), device=tokens.device)
+            hits = self.stops.hits(state.tails)
+            if t + 1 > p.min_tokens:
+                ended |= torch.tensor(hits, device=tokens.device)
+            else:  # as vLLM: a stop string completed before min_tokens ends nothing
+                state.tails = [[] if hit else tail for hit, tail in zip(hits, state.tails)]
         state.finished[state.paths[ended.cpu()]] = True
         if t + 1 >= p.max_new_tokens:
             ended = torch.ones_like(ended)
@@ -360,4 +382,5 @@ class Engine:
                       next_logits=state.next_logits[idx], n_generated=t, n_paths=P,
                       pool_sum=None, lengths=torch.full((P,), t, dtype=torch.long),
                       finished=torch.zeros(P, dtype=torch.bool), record_taps=False,
-                      labels=labels, tails=tails, think=state.think and state.think.take(idx))
+                      labels=labels, tails=tails, think=state.think and state.think.take(idx),
+                      counts=state.counts and state.counts.take(idx))

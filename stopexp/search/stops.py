@@ -93,3 +93,14 @@ def boundary_stop(stops: StopStrings, prefix: list[int], ids: list[int]) -> int:
         if seen >= stops.window:  # a stop spans fewer tokens that decode to something
             break
     return len(ids)
+
+
+def split_stop(text: str, stops) -> tuple[str, str]:
+    """`text` cut at its first stop string: (the text before it, the stop string; "" where
+    none occurs). A path's last token may carry characters past its stop (see above); they
+    are dropped with it, as vLLM drops them."""
+    found = [(text.find(s), s) for s in stops if s in text]
+    if not found:
+        return text, ""
+    at, stop = min(found, key=lambda f: (f[0], -len(f[1])))
+    return text[:at], stop

@@ -262,7 +262,10 @@ class VllmEngine:
             n=1, temperature=p.temperature if p.do_sample else 0.0, top_p=p.top_p, top_k=p.top_k,
             max_tokens=p.max_new_tokens if max_tokens is None else max_tokens,
             seed=seed if p.do_sample else None, stop=list(p.stop),
-            stop_token_ids=list(self.eos_ids),
+            stop_token_ids=[] if p.ignore_eos else list(self.eos_ids), ignore_eos=p.ignore_eos,
+            min_p=p.min_p, repetition_penalty=p.repetition_penalty,
+            presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
+            min_tokens=p.min_tokens, logit_bias=dict(p.logit_bias) or None,
             logprobs={"alternatives": self.max_logprobs, "sampled": 0, None: None}[logprobs],
             skip_special_tokens=True, **kind)
 

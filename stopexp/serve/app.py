@@ -49,34 +49,41 @@ def make_app(service: Service) -> FastAPI:
 
 
 async def generate(service: Service, request: Request, chat: bool):
-    gen = service.reader.read(await request.body(), chat)
+    gens = service.reader.read(await request.body(), chat)  # one per prompt
+    futures: list = []
     try:
-        future = service.loop.submit(gen)
+        for gen in gens:
+            futures.append(service.submit(gen))
     except Closed as e:
+        for future in futures:
+            service.loop.cancel(future)
         return JSONResponse(error(str(e), kind="server_error"), status_code=503)
-    if gen.stream:
-        return StreamingResponse(stream(service, gen, future), media_type="text/event-stream")
-    answered = await until_answered(service, request, future)
+    if gens[0].stream:  # one prompt (the reader refuses a streamed batch)
+        return StreamingResponse(stream(service, gens[0], futures[0]), media_type="text/event-stream")
+    answered = await until_answered(service, request, futures)
     if answered is None:  # the client went away; nobody reads this
         return Response(status_code=499)
     try:
-        answer = answered.result()
+        answers = [a.result() for a in answered]
     except Exception as e:  # noqa: BLE001  (the request's own failure, one line)
         return JSONResponse(error(f"the request failed: {e}", kind="server_error"), status_code=500)
-    return JSONResponse(body(gen, answer, service.model_name))
+    return JSONResponse(body(gens, answers, service.model_name))
 
 
-async def until_answered(service: Service, request: Request, future):
-    """The answered asyncio future of `future`, or None when the client disconnected first
-    (its request is cancelled: its paths are aborted between two engine steps)."""
-    answered = asyncio.wrap_future(future)
+async def until_answered(service: Service, request: Request, futures: list):
+    """The answered asyncio futures of `futures` (a request's prompts), or None when the
+    client disconnected first (its runs are cancelled: their paths are aborted between two
+    engine steps)."""
+    answered = [asyncio.wrap_future(f) for f in futures]
+    everything = asyncio.gather(*answered, return_exceptions=True)
     gone = asyncio.ensure_future(disconnected(request))
-    done, _ = await asyncio.wait({answered, gone}, return_when=asyncio.FIRST_COMPLETED)
-    if answered in done:
+    done, _ = await asyncio.wait({everything, gone}, return_when=asyncio.FIRST_COMPLETED)
+    if everything in done:
         gone.cancel()
         return answered
-    service.loop.cancel(future)
-    answered.cancel()  # nobody reads its answer
+    for future, a in zip(futures, answered):
+        service.loop.cancel(future)
+        a.cancel()  # nobody reads its answer
     return None
 
 

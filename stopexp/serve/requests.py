@@ -1,57 +1,75 @@
-"""An OpenAI request body read into what the engine runs (`Generation`), or refused with
-one line naming the field (`BadRequest`: HTTP 400), before anything is queued.
+"""An OpenAI request body read into what the engine runs (`Generation`, one per prompt of
+the body), or refused with one line naming the field (`BadRequest`: HTTP 400), before
+anything is queued.
 
-`n` is the number of paths (default search.n_paths), not of returned choices: the response
-holds one choice, the path the vote chose. `prune: false` (beside the OpenAI fields) runs
-the request's paths unpruned."""
+As OpenAI's and vLLM's servers: `n` is the number of choices returned; the paths sampled
+per prompt are `paths` (an extension field beside the OpenAI fields; default the larger of
+search.n_paths and `n`, at most serve.max_n), of which the choices are the best distinct
+answers by the vote. `prompt` is a string, a list of token ids, or a list of either (a
+batch: one Generation per prompt). `prune: false` runs the request's paths unpruned. The
+sampling fields are read by stopexp.serve.sampling."""
 from __future__ import annotations
 
-import math
 import secrets
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from stopexp.config import MIN_TEMPERATURE
 from stopexp.search.decode import SamplingParams
 from stopexp.search.sample import prompt_ids
 from stopexp.serve.bodies import BadRequest, read_json
+from stopexp.serve.fields import flag, integer
+from stopexp.serve.sampling import read_sampling
 
 # the fields that would change the output, which this server does not serve: field -> the
 # values that leave the output as it makes it (others, user, metadata, ..., are ignored)
-UNSUPPORTED = {"logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (None, False),
-               "best_of": (None, 1), "suffix": (None, ""), "logit_bias": (None, {}),
-               "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0),
+UNSUPPORTED = {"best_of": (None, 1), "suffix": (None, ""),
                "tools": (None, []), "functions": (None, []), "response_format": (None, {"type": "text"})}
-MAX_STOPS = 4  # as OpenAI's API
+CHAT_ONLY_OFF = {"logprobs": (None, False), "top_logprobs": (None, 0)}  # chat: not served
+MAX_LOGPROBS = 20  # as vLLM's default max_logprobs
 
 
 @dataclass(frozen=True)
 class Limits:
     """What a request may ask: the served model's name, paths, tokens, the model's positions
-    (prompt + max_tokens; None: unbounded) and the exp's defaults."""
+    (prompt + max_tokens; None: unbounded), the exp's defaults, the prompts of one body, and
+    whether the engine scores tokens (logprobs, echo)."""
     model_name: str
     max_n: int
     default_n: int
     max_tokens: int
     positions: int | None
     params: SamplingParams  # the exp's sampling (search section, the task's stop strings)
+    max_prompts: int = 64
+    scores: bool = True
 
 
 @dataclass
 class Generation:
-    """One request as the engine runs it: its paths' prompt and sampling, and how to answer."""
+    """One prompt of a request as the engine runs it: its paths' prompt and sampling, and
+    how to answer."""
     id: str
     chat: bool
     prompt: str            # the text the prompt ids encode (it names the paths' streams)
     prompt_ids: list[int]
-    n: int
-    params: SamplingParams  # the exp's, with the request's max_tokens, temperature, top_p, stop
+    paths: int             # paths sampled
+    params: SamplingParams  # the exp's, with the request's sampling fields
     seed: int              # the paths' streams: stream_seed(seed, prompt, path)
+    choices: int = 1       # `n`: the choices returned, at most `paths`
     stream: bool = False
     include_usage: bool = False
     prune: bool = True
     created: int = 0
+    include_stop: bool = False   # the stop string stays at the end of a choice's text
+    logprobs: int | None = None  # per-token log-probs with this many alternatives
+    echo: bool = False           # the prompt before each choice's text (and its log-probs)
+    index: int = 0               # its prompt's place in the body's batch
+    batch: int = 1               # the prompts of the body
+
+    @property
+    def feedback_id(self) -> str:
+        """What POST /v1/feedback names it by: the response id (`id:index` in a batch)."""
+        return self.id if self.batch == 1 else f"{self.id}:{self.index}"
 
 
 class RequestReader:
@@ -62,85 +80,98 @@ class RequestReader:
     def __init__(self, tokenizer, limits: Limits, template: bool, lock: threading.Lock):
         self.tokenizer, self.limits, self.template, self.lock = tokenizer, limits, template, lock
 
-    def read(self, raw: bytes, chat: bool) -> Generation:
+    def read(self, raw: bytes, chat: bool) -> list[Generation]:
+        """The Generations of a request body, one per prompt (chat: one)."""
         body = read_json(raw)
         lim = self.limits
         model = body.get("model")
         if model != lim.model_name:
             raise BadRequest("model", f"{model!r} is not served here; this server serves "
                                       f"{lim.model_name!r} (GET /v1/models)")
-        for key, fine in UNSUPPORTED.items():
+        for key, fine in {**UNSUPPORTED, **(CHAT_ONLY_OFF if chat else {})}.items():
             if body.get(key) not in fine:
-                raise BadRequest(key, f"{body[key]!r} is not supported by this server")
-        n = _integer(body, "n", lim.default_n, 1, lim.max_n, "serve.max_n")
+                hint = "; the paths sampled per prompt are `paths`" if key == "best_of" else ""
+                raise BadRequest(key, f"{body[key]!r} is not supported by this server{hint}")
+        n = integer(body, "n", 1, 1, lim.max_n, "serve.max_n")
+        paths = integer(body, "paths", max(lim.default_n, n), 1, lim.max_n, "serve.max_n")
+        if n > paths:
+            raise BadRequest("n", f"must lie in 1..{paths} (the paths sampled: `paths`), got {n}")
+        echo = False if chat else flag(body, "echo", False)
+        logprobs = None if chat else integer(body, "logprobs", None, 0, MAX_LOGPROBS)
+        if (echo or logprobs is not None) and not lim.scores:
+            raise BadRequest("echo" if echo else "logprobs", "not served by this engine (engine=hf scores tokens)")
         tokens_key = "max_completion_tokens" if chat and "max_completion_tokens" in body else "max_tokens"
-        max_tokens = _integer(body, tokens_key, lim.params.max_new_tokens, 1, lim.max_tokens,
-                              "serve.max_tokens")
-        field, text, ids = self._prompt(body, chat)
-        if lim.positions is not None and len(ids) + max_tokens > lim.positions:
-            raise BadRequest(field, f"{len(ids)} prompt tokens + {max_tokens} max_tokens exceed the "
-                                    f"model's {lim.positions} positions")
-        seed = _integer(body, "seed", None, 0, 2 ** 63 - 1, None)
-        params = self._params(body, max_tokens)
+        max_tokens = integer(body, tokens_key, lim.params.max_new_tokens, 0 if echo else 1,
+                             lim.max_tokens, "serve.max_tokens")
+        prompts = self._prompts(body, chat)
+        stream = flag(body, "stream", False)
+        if stream and (len(prompts) > 1 or max_tokens == 0):
+            raise BadRequest("stream", "a list of prompts and max_tokens 0 are answered whole; "
+                                       "stream one prompt per request")
+        for field, _, ids in prompts:
+            if lim.positions is not None and len(ids) + max_tokens > lim.positions:
+                raise BadRequest(field, f"{len(ids)} prompt tokens + {max_tokens} max_tokens exceed "
+                                        f"the model's {lim.positions} positions")
+        seed = integer(body, "seed", None, 0, 2 ** 63 - 1)
+        with self.lock:
+            vocab = len(self.tokenizer)
+        params = read_sampling(body, lim.params, max_tokens, vocab)
         options = body.get("stream_options") or {}
         if not isinstance(options, dict):
             raise BadRequest("stream_options", "an object is expected")
-        include_usage = _flag(options, "include_usage", False, "stream_options.")
-        return Generation(
-            id=f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(12)}", chat=chat, prompt=text,
-            prompt_ids=ids, n=n, params=params,
-            seed=secrets.randbits(63) if seed is None else seed,  # no seed: fresh streams
-            stream=_flag(body, "stream", False), include_usage=include_usage,
-            prune=_flag(body, "prune", True), created=int(time.time()))
+        shared = dict(
+            id=f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(12)}", chat=chat, paths=paths,
+            choices=n, params=params, seed=secrets.randbits(63) if seed is None else seed,  # no seed: fresh streams
+            stream=stream, include_usage=flag(options, "include_usage", False, "stream_options."),
+            prune=flag(body, "prune", True), created=int(time.time()),
+            include_stop=flag(body, "include_stop_str_in_output", False), logprobs=logprobs, echo=echo,
+            batch=len(prompts))
+        return [Generation(prompt=text, prompt_ids=ids, index=i, **shared)
+                for i, (_, text, ids) in enumerate(prompts)]
 
-    def _prompt(self, body: dict, chat: bool) -> tuple[str, str, list[int]]:
-        """(field, prompt text, prompt ids)."""
+    def _prompts(self, body: dict, chat: bool) -> list[tuple[str, str, list[int]]]:
+        """(field, prompt text, prompt ids) of each prompt: chat's one, or completions' one or
+        batch (a list of strings or of lists of token ids)."""
         if chat:
-            messages = body.get("messages")
-            if not isinstance(messages, list) or not messages:
-                raise BadRequest("messages", "a non-empty list of {role, content} is expected")
-            turns = [_turn(m, i) for i, m in enumerate(messages)]
-            with self.lock:
-                if self.tokenizer.chat_template:
-                    text = self.tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
-                    ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-                else:  # a model without a template (the toy LM) reads the last user turn
-                    users = [t["content"] for t in turns if t["role"] == "user"]
-                    if not users:
-                        raise BadRequest("messages", "no user message (this model has no chat template)")
-                    text, ids = users[-1], self.tokenizer(users[-1])["input_ids"]
-            return "messages", text, _nonempty("messages", ids)
+            return [self._messages(body.get("messages"))]
         prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-            prompt = prompt[0]
+        if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+            if len(prompt) > self.limits.max_prompts:
+                raise BadRequest("prompt", f"at most {self.limits.max_prompts} prompts per request "
+                                           f"(serve.max_concurrent), got {len(prompt)}")
+            return [self._prompt(p, f"prompt[{i}]") for i, p in enumerate(prompt)]
+        return [self._prompt(prompt, "prompt")]
+
+    def _messages(self, messages) -> tuple[str, str, list[int]]:
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest("messages", "a non-empty list of {role, content} is expected")
+        turns = [_turn(m, i) for i, m in enumerate(messages)]
+        with self.lock:
+            if self.tokenizer.chat_template:
+                text = self.tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+                ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            else:  # a model without a template (the toy LM) reads the last user turn
+                users = [t["content"] for t in turns if t["role"] == "user"]
+                if not users:
+                    raise BadRequest("messages", "no user message (this model has no chat template)")
+                text, ids = users[-1], self.tokenizer(users[-1])["input_ids"]
+        return "messages", text, _nonempty("messages", ids)
+
+    def _prompt(self, prompt, field: str) -> tuple[str, str, list[int]]:
+        """One completions prompt: a string, or a list of token ids."""
         if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
                                                        for t in prompt):
             with self.lock:
                 vocab = len(self.tokenizer)
                 if not all(0 <= t < vocab for t in prompt):  # before decode, which overflows on them
-                    raise BadRequest("prompt", f"token ids must lie in 0..{vocab - 1}")
+                    raise BadRequest(field, f"token ids must lie in 0..{vocab - 1}")
                 text = self.tokenizer.decode(prompt)
-            return "prompt", text, list(prompt)
+            return field, text, list(prompt)
         if not isinstance(prompt, str) or not prompt:
-            raise BadRequest("prompt", "one non-empty string (or a list of token ids) is expected")
+            raise BadRequest(field, "one non-empty string or list of token ids, or a list of them, is expected")
         with self.lock:
             ids = prompt_ids(self.tokenizer, prompt) if self.template else self.tokenizer(prompt)["input_ids"]
-        return "prompt", prompt, _nonempty("prompt", ids)
-
-    def _params(self, body: dict, max_tokens: int) -> SamplingParams:
-        base = self.limits.params
-        temperature = _number(body, "temperature", base.temperature if base.do_sample else 0.0, 0.0)
-        if 0 < temperature < MIN_TEMPERATURE:
-            raise BadRequest("temperature", f"0 (greedy) or at least {MIN_TEMPERATURE}, got {temperature}")
-        top_p = _number(body, "top_p", base.top_p, 0.0, 1.0, low_open=True)
-        stop = body.get("stop")
-        stops = [] if stop is None else [stop] if isinstance(stop, str) else stop
-        if not isinstance(stops, list) or len(stops) > MAX_STOPS or \
-                not all(isinstance(s, str) and s for s in stops):
-            raise BadRequest("stop", f"a non-empty string or a list of up to {MAX_STOPS} is expected")
-        return replace(base, max_new_tokens=max_tokens, temperature=temperature or 1.0,
-                       do_sample=temperature > 0, top_p=top_p,
-                       stop=tuple(dict.fromkeys((*base.stop, *stops))))
+        return field, prompt, _nonempty(field, ids)
 
 
 def _turn(message, i: int) -> dict:
@@ -161,36 +192,3 @@ def _nonempty(field: str, ids: list[int]) -> list[int]:
     if not ids:
         raise BadRequest(field, "encodes to no token")
     return list(ids)
-
-
-def _integer(body: dict, key: str, default, low: int, high: int, setting: str | None):
-    value = body.get(key)
-    if value is None:
-        return default
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise BadRequest(key, f"an integer is expected, got {value!r}")
-    if not low <= value <= high:
-        where = f" ({setting})" if setting else ""
-        raise BadRequest(key, f"must lie in {low}..{high}{where}, got {value}")
-    return value
-
-
-def _number(body: dict, key: str, default: float, low: float, high: float = math.inf,
-            low_open: bool = False) -> float:
-    value = body.get(key)
-    if value is None:
-        return float(default)
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) < 1e300 \
-        and (value > low if low_open else value >= low) and value <= high  # a huge int: no float
-    if not ok:
-        raise BadRequest(key, f"must be a number in {'(' if low_open else '['}{low}, {high}], got {value!r}")
-    return float(value)
-
-
-def _flag(body: dict, key: str, default: bool, within: str = "") -> bool:
-    value = body.get(key, default)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise BadRequest(within + key, f"true or false is expected, got {value!r}")
-    return value

@@ -1,6 +1,8 @@
-"""What a request's run becomes in OpenAI's schema: a completion or chat completion whose
-one choice is the chosen path, `usage` counting every generated token of every path, and
-a `stopexp` field; the same as server-sent event chunks when the request streams.
+"""What a request's runs become in OpenAI's schema: a completion or chat completion whose
+choices are the vote's best paths (prompt-major in a batch: index = prompt * n + choice),
+`usage` counting every generated token of every path, summed over the prompts, and a
+`stopexp` field (a list of them, one per prompt, in a batch); the same as server-sent event
+chunks when the request streams.
 
 Tokens saved against no pruning: a pruned path's length had it run on is never seen, so
 `tokens_saved` estimates it by the mean final length of the request's paths that ran to
@@ -16,8 +18,9 @@ import numpy as np
 from stopexp.serve.requests import Generation
 
 
-def outcome(gen: Generation, run, ballot, predictor: dict | None) -> dict:
-    """The run's answer: the chosen path's text and end, usage, and the `stopexp` field."""
+def outcome(gen: Generation, run, ballot, predictor: dict | None, choices: list[dict]) -> dict:
+    """The run's answer: its `choices` ({text, finish_reason, logprobs} each, the vote's
+    first), usage, and the `stopexp` field."""
     paths = run.launched
     pruned = [p for p in paths if p.key in run.record.pruned_at]
     ended = [len(p.tokens) for p in paths if p.key not in run.record.pruned_at]
@@ -33,6 +36,7 @@ def outcome(gen: Generation, run, ballot, predictor: dict | None) -> dict:
         "tokens_saved_max": sum(gen.params.max_new_tokens - len(p.tokens) for p in pruned),
         "checks": run.checks,
         "vote": {"rule": ballot.rule, "winner": ballot.winner, "chosen_path": ballot.chosen.key[1],
+                 "choice_paths": [p.key[1] for p in ballot.picks],
                  "answers": {str(j): a for j, a in ballot.answers.items()}, "counts": ballot.counts},
         "paths": [{"id": p.key[1], "tokens": len(p.tokens),
                    "pruned_at": run.record.pruned_at.get(p.key), "finish_reason": p.finish_reason}
@@ -40,35 +44,64 @@ def outcome(gen: Generation, run, ballot, predictor: dict | None) -> dict:
         "seed": gen.seed}
     if predictor is not None:
         info["predictor"] = {**predictor, "version": run.versions[-1] if run.versions else m.version()}
-    return {"text": ballot.text, "finish_reason": ballot.chosen.finish_reason or "stop",
-            "usage": {"prompt_tokens": len(gen.prompt_ids), "completion_tokens": generated,
-                      "total_tokens": len(gen.prompt_ids) + generated},
-            "stopexp": info}
+    return {"choices": choices, "usage": usage(gen, generated), "stopexp": info}
 
 
-def body(gen: Generation, answer: dict, model: str) -> dict:
-    """The response of a request that does not stream."""
-    choice = {"index": 0, "finish_reason": answer["finish_reason"], "logprobs": None}
-    if gen.chat:
-        choice["message"] = {"role": "assistant", "content": answer["text"]}
-    else:
-        choice["text"] = answer["text"]
+def scored(gen: Generation, choice: dict) -> dict:
+    """The answer of a request that generates nothing (echo with max_tokens 0): its `n`
+    choices are the echoed prompt."""
+    return {"choices": [choice] * gen.choices, "usage": usage(gen, 0),
+            "stopexp": {"paths_launched": 0, "tokens_generated": 0, "seed": gen.seed}}
+
+
+def usage(gen: Generation, generated: int) -> dict:
+    return {"prompt_tokens": len(gen.prompt_ids), "completion_tokens": generated,
+            "total_tokens": len(gen.prompt_ids) + generated}
+
+
+def completion_logprobs(tokens: list[str], scores: list, offset: int = 0) -> dict:
+    """OpenAI's completions `logprobs` of token texts `tokens` and their `scores`
+    ((log-prob, [(token text, log-prob)] alternatives) each; None: the first prompt token
+    of an echo, which has no context), text offsets counted from `offset`."""
+    offsets = []
+    for t in tokens:
+        offsets.append(offset)
+        offset += len(t)
+    return {"tokens": tokens, "token_logprobs": [None if s is None else s[0] for s in scores],
+            "top_logprobs": [None if s is None else dict(s[1]) for s in scores],
+            "text_offset": offsets}
+
+
+def body(gens: list[Generation], answers: list[dict], model: str) -> dict:
+    """The response of a request that does not stream: each prompt's choices in turn."""
+    gen, choices = gens[0], []
+    for answer in answers:
+        for c in answer["choices"]:
+            choice = {"index": len(choices), "finish_reason": c["finish_reason"], "logprobs": c["logprobs"]}
+            if gen.chat:
+                choice["message"] = {"role": "assistant", "content": c["text"]}
+            else:
+                choice["text"] = c["text"]
+            choices.append(choice)
+    total = {k: sum(a["usage"][k] for a in answers) for k in answers[0]["usage"]}
+    info = answers[0]["stopexp"] if gen.batch == 1 else [a["stopexp"] for a in answers]
     return {"id": gen.id, "object": "chat.completion" if gen.chat else "text_completion",
-            "created": gen.created, "model": model, "choices": [choice],
-            "usage": answer["usage"], "stopexp": answer["stopexp"]}
+            "created": gen.created, "model": model, "choices": choices, "usage": total, "stopexp": info}
 
 
 def events(gen: Generation, answer: dict, model: str) -> list[str]:
     """The server-sent events of a streamed request once its vote is decided: the chosen
     path's text, its end (with the `stopexp` field), usage if asked, and [DONE]."""
-    def chunk(delta, finish=None, **extra) -> dict:
-        choice = {"index": 0, "finish_reason": finish, "logprobs": None}
+    def chunk(delta, finish=None, index=0, logprobs=None, **extra) -> dict:
+        choice = {"index": index, "finish_reason": finish, "logprobs": logprobs}
         choice.update({"delta": delta} if gen.chat else {"text": delta.get("content", "")})
         return {"id": gen.id, "object": "chat.completion.chunk" if gen.chat else "text_completion",
                 "created": gen.created, "model": model, "choices": [choice], **extra}
 
-    out = [chunk({"role": "assistant", "content": answer["text"]}),
-           chunk({}, answer["finish_reason"], stopexp=answer["stopexp"])]
+    out = [chunk({"role": "assistant", "content": c["text"]}, index=i, logprobs=c["logprobs"])
+           for i, c in enumerate(answer["choices"])]
+    out += [chunk({}, c["finish_reason"], index=i, **({"stopexp": answer["stopexp"]} if i == 0 else {}))
+            for i, c in enumerate(answer["choices"])]
     if gen.include_usage:
         out.append({**chunk({}), "choices": [], "usage": answer["usage"]})
     return [f"data: {json.dumps(c)}\n\n" for c in out] + ["data: [DONE]\n\n"]

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
+import torch
 
 from stopexp.core.seeds import stream_seed
 from stopexp.search.inpath import controller_stops
@@ -50,19 +51,19 @@ class RequestRun:
     def __init__(self, key: int, gen: Generation, method: Method, unpruned: bool = False):
         self.key, self.gen, self.method = key, gen, method
         self.paths = [Running((key, j), gen.prompt_ids, stream_seed(gen.seed, gen.prompt, j))
-                      for j in range(gen.n)]
+                      for j in range(gen.paths)]
         self.record = OnlineRun()   # pruned_at, signal as evaluate's runs hold them
         self.history: dict = {}     # path key -> its raw scores, check by check
         self.checks: list[dict] = []
         self.first: dict = {}       # path key -> its check batch row at the first check
         self.versions: list[int] = []
         inside = method.controller is not None and not unpruned
-        self.controller = method.controller(gen.n) if inside else None
+        self.controller = method.controller(gen.paths) if inside else None
         checked = method.scorer is not None and not unpruned
         self.schedule = CheckSchedule(method.checks if checked else [], self.paths)
-        self.policies = method.policies(gen.n) if checked else []
+        self.policies = method.policies(gen.paths) if checked else []
         self.waves = [self.paths] if self.controller is None else \
-            [[self.paths[j] for j in ids] for ids in self.controller.waves(gen.n)]
+            [[self.paths[j] for j in ids] for ids in self.controller.waves(gen.paths)]
         self.wave, self.ended = 0, set()
         self.launched: list[Running] = []  # the paths added to the engine so far
 
@@ -100,7 +101,8 @@ class RequestRun:
             keep = decide_check(m.scorer, batch, self.policies[i], keys,
                                 prompt_groups(np.array([k[0] for k in keys])), self.history,
                                 m.score_rule, self.record)
-            gone = [p for p, k in zip(live, keep.tolist()) if not k]
+            gone = self._spare([p for p, k in zip(live, keep.tolist()) if not k])
+            keep = torch.tensor([all(p is not g for g in gone) for p in live])
             if gone:
                 stepper.abort(gone)
                 for p in gone:
@@ -113,9 +115,20 @@ class RequestRun:
                 self.first = {k: {name: batch[name][r] for name in ("hidden", "signals", "prefix_len")}
                               for r, k in enumerate(keys)}
 
+    def _spare(self, gone: list[Running]) -> list[Running]:
+        """`gone` less the best-scored of them that the request's choices need: at least
+        `choices` of its paths are never pruned (each choice is a path that ran to its end)."""
+        need = self.gen.choices - (len(self.paths) - len(self.record.pruned_at) - len(gone))
+        if need <= 0:
+            return gone
+        best = {p.key for p in sorted(gone, key=lambda p: -self.record.signal.get(p.key, -math.inf))[:need]}
+        return [p for p in gone if p.key not in best]
+
     def _stop_inside(self, stepper) -> None:
         wave = self.waves[self.wave]
         stopped = controller_stops(self.controller, stepper, wave, self.ended)
+        room = len(self.paths) - len(self.record.pruned_at) - self.gen.choices
+        stopped = stopped[:max(room, 0)]  # as _spare: the choices' paths are never stopped
         running = [p for p, _ in stopped if not (p.finished or p.pruned)]
         if running:
             stepper.abort(running)
@@ -130,12 +143,13 @@ class RequestRun:
             stepper.abort(running)
         self.wave = len(self.waves)
 
-    def ballot(self, task, decode: Callable) -> Ballot:
-        """The vote over the paths never pruned (`decode(ids)`: a path's text)."""
+    def ballot(self, task, text_of: Callable) -> Ballot:
+        """The vote over the paths never pruned, and the request's choices (`text_of(path)`:
+        its text before any stop string)."""
         voters = [p for p in self.paths if p.key not in self.record.pruned_at]
         m = self.method
         if self.controller is not None:  # DeepConf: weighted by the voters' confidence
             weights = [float(self.controller.weights.get(p.key, math.nan)) for p in voters]
-            return elect_path(voters, weights, task, decode, "deepconf_weighted")
+            return elect_path(voters, weights, task, text_of, "deepconf_weighted", choices=self.gen.choices)
         weights = [self.record.signal.get(p.key, math.nan) for p in voters]
-        return elect_path(voters, weights, task, decode, m.vote, m.vote_top)
+        return elect_path(voters, weights, task, text_of, m.vote, m.vote_top, self.gen.choices)

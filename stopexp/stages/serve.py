@@ -1,8 +1,8 @@
 """`python -m stopexp.serve +exp=NAME`: the OpenAI-compatible server over the exp's engine
-(docs/serve.md). Every request runs N paths (`n`, default search.n_paths) with the served
+(docs/serve.md). Every request runs N paths (`paths`, default search.n_paths) with the served
 method (serve.method: the predictor train made for this config, found by its key as
 evaluate finds it, pruning at search.check_at by the policy; or a baseline, a stopping
-method inside the paths, or no_prune), and answers with the path the vote chose.
+method inside the paths, or no_prune), and answers with the `n` best distinct answers of the vote.
 
     python -m stopexp.serve +exp=toy_contrastive                 # http://127.0.0.1:8000
     python -m stopexp.serve +exp=smollm2_contrastive engine=vllm serve.port=8001
@@ -112,7 +112,7 @@ def serving(cfg, overrides: list[str] | None = None):
                     cfg.evaluate.vote_top, scorer, request_policies(cfg.policy, plan, cfg.search.n_paths),
                     controller)
     limits = Limits(s.model_name or cfg.model.name, s.max_n, cfg.search.n_paths, most,
-                    positions_of(cfg.engine, lm), params)
+                    positions_of(cfg.engine, lm), params, max_prompts=s.max_concurrent)
     adapter = Adapter(predictor, build_loss(cfg.loss), cfg.adapt, task, s.remember) if s.feedback else None
     sections = Sections(cfg.model, cfg.engine, cfg.task, cfg.search, cfg.tap, cfg.seed, cfg.paths.cache_dir)
     with engine.serve(lm, tokenizer, sections=sections, params=params, checks=tuple(checks),

@@ -1,7 +1,8 @@
 """A features shard whose arrays do not have the artifact's shape (another width, another
 number of layers), its record and digests made consistent with it, is refused by every
-consumer (train, evaluate, adapt: they read the shards through one function) in one line naming the shard and the repair, by the one
-check that reads the shards (stopexp.store.feature_rows)."""
+consumer (train, evaluate, adapt: they read the shards through one function,
+stopexp.store.feature_rows) in one line naming the shard and the repair, and featurize
+recomputes it."""
 from __future__ import annotations
 
 import json

@@ -4,10 +4,11 @@ half-written file behind (write to a temporary name, then rename).
 Temporary files and directories come from `tempfile`, which makes them private (0600 /
 0700), and some libraries write through private temporaries of their own (safetensors);
 each published file and directory, and everything in a published directory, is given the
-user's umask, so a shared group can read the outputs like any other file the user writes. Their names carry the writer's host and
-process id, so that a writer killed mid-write (SIGKILL, power loss) leaves nothing behind
-for long: the next write into the same folder removes the temporaries of dead writers on
-its host, and never those of a live one (concurrent runs share the cache).
+user's umask, so a shared group can read the outputs like any other file the user writes.
+Their names carry the writer's host and process id, so that a writer killed mid-write
+(SIGKILL, power loss) leaves nothing behind for long: the next write into the same folder
+removes the temporaries of dead writers on its host, and never those of a live one
+(concurrent runs share the cache).
 
 Writers of one artifact take turns (`artifact_lock`): the one holding its lock checks what
 is there, sets aside what is damaged, computes what is missing and publishes it; the others

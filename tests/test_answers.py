@@ -202,10 +202,10 @@ DISPROOFS = [
 def test_a_disproof_is_never_a_pair_math_verify_accepts(answer, reference, fast):
     from math_verify import verify
 
-    from stopexp.metrics.answers import _parse_latex
+    from stopexp.metrics.exact_values import parse_latex
     from stopexp.metrics.disproof import differ
 
-    gold, pred = _parse_latex(reference), _parse_latex(answer)
+    gold, pred = parse_latex(reference), parse_latex(answer)
     assert differ(gold, pred) is fast
     if fast:  # sound: math-verify finds them unequal too
         assert verify(list(gold), list(pred)) is False
@@ -283,6 +283,47 @@ def test_minus_sign_is_never_lost():
 def test_strict_and_flexible_extraction(text, fmt, strict, flexible):
     assert extract_answer(text, fmt, "strict") == strict
     assert extract_answer(text, fmt, "flexible") == flexible
+
+
+# a mark whose answer canonical() cannot read never blocks the next mark or the last number;
+# brackets around the whole math, math delimiters and code marks are dropped
+@pytest.mark.parametrize("text, fmt, strict, flexible", [
+    ("#### (5)", "numeric", "5", "5"),
+    ("#### (5)\nThe answer is 5", "numeric", "5", "5"),
+    ("#### Step 1: add\nThe answer is 12", "numeric", "12", "12"),
+    ("The answer is $(12)$", "numeric", "12", "12"),
+    ("#### [5]", "numeric", "5", "5"),
+    ("#### {5}", "numeric", "5", "5"),
+    ("#### ((5))", "numeric", "5", "5"),
+    ("#### ( 5 )", "numeric", "5", "5"),
+    ("#### ($5)", "numeric", "5", "5"),
+    ("The answer is **(5)**.", "numeric", "5", "5"),
+    ("The answer is: (−5).", "numeric", "-5", "-5"),
+    ("#### (5) apples", "numeric", "5", "5"),
+    ("#### (5/2)", "numeric", "5/2", "5/2"),
+    ("#### (2 + 3) = (5)", "numeric", "5", "5"),
+    ("The answer is \\(5\\).", "numeric", "5", "5"),
+    ("The answer is \\[5\\]", "numeric", "5", "5"),
+    ("#### `5`", "numeric", "5", "5"),
+    ("#### **5**", "numeric", "5", "5"),
+    ("#### 5.", "numeric", "5", "5"),
+    ("\\boxed{(5)}", "numeric", "5", "5"),
+    ("#### (2, 3)", "numeric", "", "3"),         # a pair states no one number
+    ("\\boxed{(5)}", "boxed", "5", "5"),
+    ("\\boxed{[5]}", "boxed", "5", "5"),
+    ("So 3 + 4 = 7. \\boxed{}", "boxed", "", "7"),  # an empty box is no answer
+    ("\\boxed{7}, checked: \\boxed{ }", "boxed", "7", "7"),
+])
+def test_an_unreadable_mark_leaves_the_next_one_to_count(text, fmt, strict, flexible):
+    assert (answer_of(text, fmt, "strict"), answer_of(text, fmt, "flexible")) == (strict, flexible)
+
+
+@pytest.mark.parametrize("text", ["\\boxed{(5)}", "\\boxed{[5]}", "The answer is $(12)$",
+                                  "The answer is \\(5\\).", "#### ( 5 )", "$\\boxed{((7))}$"])
+def test_bracketed_answers_read_as_math_verify_reads_them(text):
+    from math_verify import parse
+
+    assert answer_of(text, "numeric", "strict") == str(parse(text)[0])
 
 
 def test_unknown_format_or_mode_is_refused():

@@ -112,8 +112,8 @@ def test_a_registered_predictor_that_cannot_be_imported_is_one_line(monkeypatch)
     monkeypatch.setitem(REGISTRY["predictor"], "ghost", "no_such_package.probe:Ghost")
     cfg = compose("train", ["predictor=linear"]).predictor
     cfg.name = "ghost"
-    with pytest.raises(ConfigError, match=r"^predictor.name: 'ghost' is registered as "
-                                          r"'no_such_package.probe:Ghost', which cannot be imported "
+    with pytest.raises(ConfigError, match=r"^predictor.name: 'ghost' \(registered as "
+                                          r"'no_such_package.probe:Ghost'\) cannot be imported "
                                           r"\(ModuleNotFoundError: No module named 'no_such_package'\); "
                                           r"install the package that registers it"):
         build_predictor(cfg, FeatureSpec("toy", 8, [0], ()))

@@ -85,17 +85,44 @@ def installed_plugins() -> dict[str, dict[str, str]]:
     return found
 
 
+# what an installed plugin could not take: (kind, name, its entry point's target, why)
+CONFLICTS: list[tuple[str, str, str, str]] = []
+
+
 def _add_installed() -> None:
+    built_in = {kind: dict(entries) for kind, entries in REGISTRY.items()}
     for kind, entries in installed_plugins().items():
         for name, target in entries.items():
-            REGISTRY.setdefault(kind, {}).setdefault(name, target)  # a built-in name stays built in
+            taken = REGISTRY.setdefault(kind, {}).get(name)
+            if taken is None:
+                REGISTRY[kind][name] = target
+            elif name in built_in.get(kind, {}):  # a built-in name stays built in
+                CONFLICTS.append((kind, name, target, f"shadows the built-in {taken!r}"))
+            elif taken != target:
+                CONFLICTS.append((kind, name, target, f"is also installed as {taken!r}"))
+
+
+def check_plugins() -> None:
+    """ConfigError naming an installed plugin that takes a name already taken (a built-in's,
+    or another installed package's): it would be silently lost. Run where a stage starts."""
+    if CONFLICTS:
+        kind, name, target, why = CONFLICTS[0]
+        raise ConfigError(f"entry point stopexp.{kind} {name} = {target!r} {why}; rename it in "
+                          "its package's entry points (the names of a kind: "
+                          "stopexp.core.names.names(kind))")
 
 
 _add_installed()
 
 
-def register(kind: str, name: str, target: str) -> None:
-    """Register `target` ("module:attr") as the `kind` named `name` (where it is defined)."""
+def register(kind: str, name: str, target: str, replace: bool = False) -> None:
+    """Register `target` ("module:attr") as the `kind` named `name` (where it is defined).
+    A name taken by another target is refused (ConfigError) unless `replace=True` (tests);
+    registering the same target again (a notebook's cell run twice) changes nothing."""
+    taken = REGISTRY.get(kind, {}).get(name)
+    if taken is not None and taken != target and not replace:
+        raise ConfigError(f"{kind} {name!r} is already registered as {taken!r}; register "
+                          f"{target!r} under another name (or pass replace=True to replace it)")
     REGISTRY.setdefault(kind, {})[name] = target
 
 
@@ -109,15 +136,32 @@ def lookup(kind: str, name: str) -> Any:
         raise ValueError(f"{kind}.name: {name!r} unknown; allowed: {', '.join(names(kind))}")
     target = REGISTRY[kind][name]
     module, _, attr = target.partition(":")
-    try:
+    if module.split(".")[0] == "stopexp":  # the package's own: a failure is a bug or a missing extra
         return getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as e:
-        if module.split(".")[0] == "stopexp":  # the package's own: a bug or a missing extra
-            raise
-        # registered by another package or a script: its failure is the user's to fix
-        raise ConfigError(f"{kind}.name: {name!r} is registered as {target!r}, which cannot be "
-                          f"imported ({error_text(e)}); install the package that registers it "
-                          f"(its entry point in group stopexp.{kind}) or fix the target") from e
+    # registered by another package or a script: its failure is the user's to fix
+    return import_target(module, attr, f"{kind}.name: {name!r} (registered as {target!r})",
+                         f"install the package that registers it (its entry point in group "
+                         f"stopexp.{kind}) or fix the target")
+
+
+def import_target(module: str, attr: str, what: str, todo: str) -> Any:
+    """`attr` of `module` imported now, where `module` is a user's (a plugin's, a reward's):
+    ConfigError "<what> cannot be imported (...); <todo>" when the module or the
+    attribute is not there, and "<what>: importing <module> (<file>) raised <exception>"
+    when the module's own code fails (a syntax error, a raise at import)."""
+    try:
+        loaded = import_current(module)
+    except Exception as e:  # noqa: BLE001  (the module's own code may raise anything)
+        not_there = isinstance(e, ImportError) and f"{module}.".startswith(f"{e.name}.")
+        if not_there or not module:  # no such module, or none named (ValueError)
+            raise ConfigError(f"{what} cannot be imported ({error_text(e)}); {todo}") from None
+        raise ConfigError(f"{what}: importing {module} ({module_file(module)}) raised "
+                          f"{error_text(e)}; fix the module (STOPEXP_DEBUG=1 shows the "
+                          "traceback)") from e
+    try:
+        return getattr(loaded, attr)
+    except AttributeError as e:
+        raise ConfigError(f"{what} cannot be imported ({error_text(e)}); {todo}") from None
 
 
 SPLITS = ("train", "val", "test")
@@ -187,17 +231,7 @@ def resolve_external(name: str) -> Callable:
         return _takes_problem_and_text(name, _REGISTERED[name])
     module, _, attr = name.partition(":")
     if attr:
-        try:
-            fn = getattr(import_current(module), attr)
-        except Exception as e:  # noqa: BLE001  (the module's own code may fail: a syntax error, a raise)
-            missing = isinstance(e, (AttributeError, ValueError)) or (
-                isinstance(e, ImportError) and f"{module}.".startswith(f"{e.name}."))
-            if missing:  # no such module or function
-                raise ValueError(f"{name!r} cannot be imported ({e.__class__.__name__}: {e}); give "
-                                 "module:function, e.g. mypkg.rewards:score") from None
-            raise ValueError(f"{name!r}: importing {module} ({module_file(module)}) raised "
-                             f"{error_text(e)}; fix the module (STOPEXP_DEBUG=1 shows the "
-                             "traceback)") from e
+        fn = import_target(module, attr, repr(name), "give module:function, e.g. mypkg.rewards:score")
         if not callable(fn):
             raise ValueError(f"{name!r} is a {type(fn).__name__}, not a function "
                              "fn(problem, text) -> float")

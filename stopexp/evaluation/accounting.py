@@ -137,6 +137,7 @@ def outcome(paths: Paths, kept: np.ndarray, checkpoint, n: int, vote: str = "maj
     stopped = use & paths.alive & ~kept
     pruned_at = np.array(stop_at[stopped])
     return {"correct": correct, "chosen": chosen, "winner": winners, "avg": avg, "tokens": per_prompt_tokens,
+            "no_path_left": np.bincount(paths.group[voter], minlength=G) == 0,  # every path pruned
             "seq_tokens": seq, "survival": survival, "pruned_at": pruned_at, "stopped": stopped,
             "alive_at_check": float((use & paths.alive).sum() / use.sum()), "spent": spent,
             "kv_peaks": kv_peaks(paths, spent),
@@ -276,9 +277,6 @@ def account_methods(names: list[str], scorers: dict, policies: dict, paths: Path
         r["check_s"] = check_s
         if name in scores:
             r.update(signal_quality(paths, scores[name], N, n_boot, seed))
-            if r["nonfinite_scores"]:
-                log.warning("%s: %d scores are NaN or infinite; NaN ranks lowest (pruned first), "
-                            "+-inf at the extremes", name, r["nonfinite_scores"])
             # K of a threshold policy: what its rule kept, per prompt on average
             ks[name] = K if topk else round(float(decision.kept.sum()) / n_prompts, 2)
             if len(plan) > 1 or not topk:  # pareto_points' sweep is for one top-K check: this run's point

@@ -3,7 +3,6 @@ and its W&B sample table."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +14,7 @@ from stopexp.store.path_table import Paths
 from stopexp.evaluation.accounting import keep_by_policy
 from stopexp.evaluation.paired import best_non_learned
 from stopexp.evaluation.table import protocol_line
+from stopexp.runtime.artifacts import atomic_path
 from stopexp.signals import methods as M
 
 
@@ -110,11 +110,9 @@ def write_prompt_records(path: Path, paths: Paths, outcomes: dict) -> None:
     document): the prompt id, the voted answer (null: no voter had one), whether it is
     correct, the tokens spent and the chosen path's text. Written whole or not at all."""
     ids = paths.prompt_ids if paths.prompt_ids is not None else np.arange(int(paths.group.max()) + 1)
-    tmp = path.with_suffix(".jsonl.tmp")
-    with open(tmp, "w") as f:
+    with atomic_path(path) as tmp, open(tmp, "w") as f:
         for method, o in outcomes.items():
             for g, prompt_id in enumerate(ids):
                 f.write(json.dumps({"method": method, "prompt_id": int(prompt_id), "answer": o["winner"][g],
                                     "correct": bool(o["correct"][g]), "tokens": int(o["tokens"][g]),
                                     "text": str(o["chosen"][g])}) + "\n")
-    os.replace(tmp, path)

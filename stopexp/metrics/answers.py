@@ -5,9 +5,10 @@ Two answer formats and two extraction modes:
 - ``numeric`` (GSM8K): **strict** reads the first answer mark of any kind: a line marked
   ``#### 42`` (GSM8K's own grader and lm-evaluation-harness' strict-match take the first
   mark, so text a model invents after its answer is ignored) or ``The answer is 42`` (the
-  chain-of-thought variant), or a ``\\boxed{}``; a marked line or box must start with a
-  number (``#### Step 1``, a markdown heading, is none, and the next mark counts).
-- ``boxed`` (MATH): **strict** reads the last ``\\boxed{...}`` (braces balanced).
+  chain-of-thought variant), or a ``\\boxed{}``; a mark whose answer `canonical` cannot
+  read is none and the next mark counts (``#### Step 1``, a markdown heading).
+- ``boxed`` (MATH): **strict** reads the last ``\\boxed{...}`` (braces balanced) that holds
+  an answer (an empty box is none).
 - **flexible** (either format): the strict answer when there is one, else the last number
   written anywhere in the completion (lm-evaluation-harness' flexible-extract takes the
   last number even when a mark exists; preferring the mark means flexible never rejects an
@@ -29,14 +30,14 @@ math-verify; ``#### 3 * 4`` is 12; ``3 4`` states no number). ``1,000`` and ``1{
 which math-verify reads as a product); Unicode minus signs are minus signs; with ``=`` the value after the last ``=`` counts
 (``#### 3 * 4 = 12`` is 12); ``2 1/2`` is the mixed number 5/2; a number followed by a
 space and a bracket is the answer and the bracket an aside (``18 (9 * 2)`` is 18); percent
-signs, ``$`` and units after the number are dropped. Numbers up to MAX_DIGITS digits are
-read exactly (a 5000-digit answer is a number); longer ones, and values that would be
-longer, are none.
+signs, ``$`` and units after the number are dropped, and so are brackets around the whole
+math, math delimiters and code marks (``(5)``, ``[5]``, ``$(12)$``, ``\\(5\\)``, `` `5` ``).
+Numbers up to MAX_DIGITS digits are read exactly (a 5000-digit answer is a number); longer
+ones, and values that would be longer, are none.
 """
 from __future__ import annotations
 
 import re
-import threading
 import unicodedata
 from collections import Counter
 from decimal import Decimal
@@ -45,12 +46,12 @@ from functools import lru_cache
 
 from stopexp.core.config_text import has_answer
 from stopexp.metrics.disproof import differ, tame
+from stopexp.metrics.exact_values import (MAX_ANSWER_CHARS, MAX_DIGITS, arithmetic, as_string,
+                                          is_arithmetic, latex_canonical, latex_value,
+                                          parse_latex, parse_timeout, sympy_tame)
 
 FORMATS = ("numeric", "boxed")
 MODES = ("strict", "flexible")
-MAX_ANSWER_CHARS = 300    # longer "answers" are compared as strings, never parsed by sympy
-MAX_DIGITS = 10_000      # no exact value is read or built past this many digits
-PARSE_TIMEOUT_S = 5       # math-verify's own limit (SIGALRM; only in the main thread)
 
 # hyphen-like characters that models and PDFs write for a minus sign
 _MINUS = str.maketrans({c: "-" for c in "\u2212\u2012\u2013\ufe63\uff0d"})
@@ -65,9 +66,9 @@ _NUMBER = re.compile(rf"(?<![\w.])(?P<sign>-)?(?:(?:(?P<whole>\d+) )?(?P<num>{_D
 # one token of the math an answer line starts with: a number, an operator, a bracket, a LaTeX
 # command other than text and spacing (\text{ cm} and \quad start the words after it)
 _MATH_TOKEN = re.compile(rf"\s+|{_DEC}|[-+*/×÷^()\[\]{{}}]|\\(?!text|mbox|mathrm|q?quad)[a-zA-Z]+")
-_ARITHMETIC = re.compile(r"[\d\s.,+\-*/×÷()^]*\d[\d\s.,+\-*/×÷()^]*")
 _LATEX_SPACE = re.compile(r"\\[!,;: ]|~")
-_LATEX_DROP = re.compile(r"\\left|\\right|\\%|%|\^\{?\\circ\}?|\\\$|\$")  # -$5 is -5
+# -$5 is -5; \(5\), \[5\] and `5` are 5 (math and code delimiters)
+_LATEX_DROP = re.compile(r"\\left|\\right|\\%|%|\^\{?\\circ\}?|\\\$|\$|\\[()\[\]]|`")
 # \text{(2, 1)}: text markup around something that is not words
 _TEXT_WITHOUT_WORDS = re.compile(r"\\(?:text|textbf|mbox|mathrm)\{([^{}a-zA-Z]*)\}")
 # thin spaces, LaTeX spaces and {,} between digit groups: 1\u2009000, 1\\,000, 1{,}000
@@ -76,12 +77,6 @@ _SPACE_IN_NUMBER = re.compile(r"(?<=\d)(?:[\u00a0\u2009\u202f]|\\[,!]|\{,\})(?=\
 # of three after one to three digits, so 3 4, 2 1/2 and 2 \cdot 3 stay
 _GROUP_SEP = r"(?:[ \u00a0\u2009\u202f]|\\[,!;: ]|\\thinspace ?|~|\{,\})"
 _GROUPED = re.compile(rf"(?<![\d.,])\d{{1,3}}(?:{_GROUP_SEP}\d{{3}})+(?![\d/]|{_GROUP_SEP}\d)")
-
-
-def last_boxed(text: str) -> str | None:
-    """The content of the last ``\\boxed{...}`` or ``\\fbox{...}`` (braces balanced), else None."""
-    start, command = max((text.rfind(c), c) for c in ("\\boxed", "\\fbox"))
-    return None if start < 0 else _box_content(text, start + len(command))
 
 
 def _box_content(text: str, i: int) -> str | None:
@@ -140,12 +135,6 @@ def _too_long(number: str) -> bool:
     return len(mantissa) > MAX_DIGITS or len(exponent) > 6 or abs(int(exponent or 0)) > MAX_DIGITS
 
 
-def _as_string(value: Fraction) -> str:
-    # str(Decimal(int)) has no int conversion limit and writes every digit
-    p, q = str(Decimal(value.numerator)), str(Decimal(value.denominator))
-    return p if q == "1" else f"{p}/{q}"
-
-
 def last_number(text: str) -> str | None:
     """The last number written in `text` (e.g. ``1,000`` or ``2 1/2``; Unicode digits and
     minus signs normalised), else None."""
@@ -156,92 +145,32 @@ def last_number(text: str) -> str | None:
 def extract_answer(text: str, fmt: str, mode: str = "strict") -> str | None:
     """The final answer written in a completion, as written; None when there is none.
 
-    fmt: ``numeric`` | ``boxed``; mode: ``strict`` | ``flexible`` (see the module doc).
-    Raises ValueError for an unknown fmt or mode."""
+    fmt: ``numeric`` | ``boxed``; mode: ``strict`` | ``flexible`` (see the module doc). A
+    mark whose answer `canonical` cannot read (``#### Step 1``, an empty box) is no answer:
+    the next mark counts, then (flexible) the last number. Raises ValueError for an unknown
+    fmt or mode."""
     if fmt not in FORMATS or mode not in MODES:
         raise ValueError(f"answer format {fmt!r} / extraction {mode!r} unknown; allowed: "
                          f"{', '.join(FORMATS)} / {', '.join(MODES)}")
-    answer = first_marked(text) if fmt == "numeric" else last_boxed(text)
+    marked = _marked_answers(text) if fmt == "numeric" else reversed(_boxed_answers(text))
+    answer = next((a for a in marked if a is not None and canonical(a, fmt)), None)
     if answer is None and mode == "flexible":
         answer = last_number(text)
     return answer
 
 
-def first_marked(text: str) -> str | None:
-    """The answer of the first mark in `text`, of any kind: the rest of a ``####`` or ``The
-    answer is`` line, or a box's content; a mark whose answer does not start with a number
-    is skipped. None without one."""
+def _marked_answers(text: str) -> list[str | None]:
+    """The answer of every mark in `text`, of any kind, in order: the rest of a ``####`` or
+    ``The answer is`` line, or a box's content (None: a box never closed)."""
     marks = sorted([(m.start(), m.end(), True) for mark in _MARKS for m in mark.finditer(text)]
                    + [(m.start(), m.end(), False) for m in _BOX.finditer(text)])
-    for _, end, line in marks:
-        answer = text[end:].split("\n", 1)[0].strip() if line else _box_content(text, end)
-        if answer is not None and _states_number(answer):
-            return answer
-    return None
+    return [text[end:].split("\n", 1)[0].strip() if line else _box_content(text, end)
+            for _, end, line in marks]
 
 
-def _states_number(line: str) -> bool:
-    """Whether a marked line starts with a number (after ``$``, ``**``, a sign, a LaTeX
-    command or ``x =``), as the graders' ``#### (-?[0-9.,]+)`` requires: a markdown
-    heading ``#### Step 1`` is no answer."""
-    s = re.sub(r"^[a-zA-Z]\s*=", "", unicodedata.normalize("NFKC", line).lstrip(" *_$({")).lstrip()
-    return bool(s) and (s[0].isdigit() or s[0] in "-−–+.\\") and any(c.isdigit() for c in s)
-
-
-def _timeout() -> int | None:
-    # math-verify's timeout uses signal.alarm, which only the main thread may set
-    return PARSE_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
-
-
-@lru_cache(maxsize=65536)
-def _parse_latex(latex: str) -> tuple:
-    """math-verify's parse of one answer: (sympy value or string, normalised LaTeX), or ()."""
-    from math_verify import parse
-
-    return tuple(parse(f"$\\boxed{{{latex}}}$", parsing_timeout=_timeout()))
-
-
-def _exact(expr) -> Fraction | None:
-    """The exact rational value of a sympy expression built from numbers with + * / and
-    small integer powers; None for anything else (symbols, roots, pi, huge powers)."""
-    import sympy
-
-    if isinstance(expr, sympy.Rational):
-        return Fraction(int(expr.p), int(expr.q))
-    if isinstance(expr, sympy.Float):
-        return Fraction(str(expr)) if expr.is_finite else None
-    if isinstance(expr, (sympy.Add, sympy.Mul)):
-        parts = [_exact(a) for a in expr.args]
-        if any(p is None for p in parts):
-            return None
-        out = Fraction(0) if isinstance(expr, sympy.Add) else Fraction(1)
-        for p in parts:
-            out = out + p if isinstance(expr, sympy.Add) else out * p
-        return out
-    if isinstance(expr, sympy.Pow):
-        base, exp = _exact(expr.base), _exact(expr.exp)
-        if base is None or exp is None or exp.denominator != 1 or (base == 0 and exp < 0):
-            return None
-        size = max(abs(base.numerator), base.denominator).bit_length() * abs(exp.numerator)
-        return base ** int(exp) if size <= MAX_DIGITS * 3.33 else None
-    return None
-
-
-def _is_arithmetic(segment: str) -> bool:
-    """Only numbers, operators and brackets, with at least one binary operator."""
-    return bool(_ARITHMETIC.fullmatch(segment) and re.search(r"\d\s*[+\-*/×÷^]{1,2}\s*[\d(]", segment))
-
-
-def _arithmetic(segment: str) -> Fraction | None:
-    """The exact value of a plain arithmetic line such as ``3 * 4`` or ``(10 - 4) / 3``;
-    None when it is too long or its value too large to be an answer."""
-    if len(segment) > MAX_ANSWER_CHARS:
-        return None
-    from math_verify import ExprExtractionConfig, parse
-
-    s = segment.replace("×", "*").replace("÷", "/").replace(",", "")
-    parsed = parse(s, [ExprExtractionConfig()], parsing_timeout=_timeout())
-    return _exact(parsed[0]) if parsed and not isinstance(parsed[0], str) else None
+def _boxed_answers(text: str) -> list[str | None]:
+    """The content of every ``\\boxed{...}`` or ``\\fbox{...}`` in `text`, in order."""
+    return [_box_content(text, m.end()) for m in _BOX.finditer(text)]
 
 
 def _numeric_value(answer: str) -> Fraction | None:
@@ -250,15 +179,28 @@ def _numeric_value(answer: str) -> Fraction | None:
     if "=" in s:
         s = s.rsplit("=", 1)[1]
     s = re.sub(r"(?<=\d) ?[x×] ?(?=\d)", " * ", s.strip().lstrip("*_"))  # "3 x 4": x for times
-    math = _leading_math(s).lstrip("+ ")  # +7 is 7
+    math = _unbracketed(_leading_math(s)).lstrip("+ ")  # +7 is 7
     m = _NUMBER.fullmatch(math)
     if m:
         return _value(m)
     if len(math) > MAX_ANSWER_CHARS:
         return None
     if "\\" in math or "{" in math:  # LaTeX: 2^{10}, 3 \times 4, 1\frac{1}{2}
-        return _latex_value(math)
-    return _arithmetic(math) if _is_arithmetic(math) else None  # "3 4" is no one number
+        return latex_value(math)
+    return arithmetic(math) if is_arithmetic(math) else None  # "3 4" is no one number
+
+
+def _unbracketed(math: str) -> str:
+    """`math` without the brackets around all of it: ``(5)``, ``[5]``, ``((5))`` state 5
+    (``(2) + (3)`` keeps its brackets)."""
+    while len(math) > 1 and math[0] + math[-1] in ("()", "[]", "{}"):
+        depth = 0
+        for i, c in enumerate(math):
+            depth += (c in "([{") - (c in ")]}")
+            if depth == 0 and i < len(math) - 1:
+                return math  # the first bracket closes before the end
+        math = math[1:-1].strip()
+    return math
 
 
 def _leading_math(s: str) -> str:
@@ -286,31 +228,13 @@ def canonical(answer: str | None, fmt: str) -> str:
     answer = _GROUPED.sub(lambda m: re.sub(_GROUP_SEP, "", m.group()), answer)
     if fmt == "numeric":
         value = _numeric_value(answer)
-        return _as_string(value) if value is not None else ""
+        return as_string(value) if value is not None else ""
     plain = re.sub(r"\s+", "", answer)
     answer = _TEXT_WITHOUT_WORDS.sub(r"\1", answer)
     m = _NUMBER.fullmatch(_clean(answer).strip().rstrip("."))
     if m and _value(m) is not None:  # a number of any length up to MAX_DIGITS digits
-        return _as_string(_value(m))
-    return plain if len(answer) > MAX_ANSWER_CHARS else _latex_canonical(answer) or plain
-
-
-def _latex_value(answer: str) -> Fraction | None:
-    parsed = _parse_latex(answer.replace("$", ""))
-    return _exact(parsed[0]) if parsed and not isinstance(parsed[0], str) else None
-
-
-def _latex_canonical(answer: str) -> str:
-    import sympy
-
-    parsed = _parse_latex(re.sub(r"(?<!\\)\$", "", answer))
-    if not parsed:
-        return ""
-    value, latex = parsed[0], parsed[-1]
-    if isinstance(value, sympy.Eq) and isinstance(value.lhs, sympy.Symbol):
-        value, latex = value.rhs, latex.split("=")[-1]  # x = 3 answers 3
-    exact = None if isinstance(value, str) else _exact(value)
-    return _as_string(exact) if exact is not None else re.sub(r"\s+", "", latex)
+        return as_string(_value(m))
+    return plain if len(answer) > MAX_ANSWER_CHARS else latex_canonical(answer) or plain
 
 
 @lru_cache(maxsize=65536)
@@ -328,32 +252,12 @@ def equivalent(answer: str, reference: str, fmt: str = "boxed") -> bool:
         return False
     from math_verify import verify
 
-    gold, pred = _parse_latex(reference), _parse_latex(answer)
-    if not (gold and pred) or not all(tame(x, _tame) for x in (*gold, *pred)):
+    gold, pred = parse_latex(reference), parse_latex(answer)
+    if not (gold and pred) or not all(tame(x, sympy_tame) for x in (*gold, *pred)):
         return False
     if differ(gold, pred):  # values apart at a point: no simplify needed (stopexp.metrics.disproof)
         return False
-    return verify(list(gold), list(pred), timeout_seconds=_timeout())
-
-
-def _tame(value) -> bool:
-    """Whether sympy can compare `value` quickly: no huge powers or factorials (a model
-    that boxes 10^{10^{10}} would otherwise cost seconds, or hang outside the main thread)."""
-    import sympy
-
-    if isinstance(value, str) or not isinstance(value, sympy.Basic):
-        return True
-    for node in sympy.preorder_traversal(value):
-        big = None
-        if isinstance(node, sympy.Pow):
-            big = node.exp
-        elif isinstance(node, sympy.factorial):
-            big = node.args[0]
-        if big is not None and not big.free_symbols:
-            exact = _exact(big)
-            if exact is None or abs(exact) > 1000:
-                return False
-    return True
+    return verify(list(gold), list(pred), timeout_seconds=parse_timeout())
 
 
 def answer_of(text: str, fmt: str, mode: str = "strict") -> str:

@@ -37,8 +37,8 @@ def differ(gold: tuple, pred: tuple) -> bool:
 
 
 def tame(value, check) -> bool:
-    """`check(value)` (stopexp.metrics.answers._tame: whether sympy compares `value` quickly),
-    once per value: a vote compares each answer with many others."""
+    """`check(value)` (stopexp.metrics.exact_values.sympy_tame: whether sympy compares
+    `value` quickly), once per value: a vote compares each answer with many others."""
     try:
         return _checked(value, check)
     except TypeError:  # an unhashable value (a mutable matrix): not cached

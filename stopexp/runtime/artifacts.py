@@ -2,11 +2,13 @@
 half-written file behind (write to a temporary name, then rename).
 
 Temporary files and directories come from `tempfile`, which makes them private (0600 /
-0700); each is given the user's umask before it is published, so a shared group can read
-the outputs like any other file the user writes. Their names carry the writer's host and
-process id, so that a writer killed mid-write (SIGKILL, power loss) leaves nothing behind
-for long: the next write into the same folder removes the temporaries of dead writers on
-its host, and never those of a live one (concurrent runs share the cache).
+0700), and some libraries write through private temporaries of their own (safetensors);
+each published file and directory, and everything in a published directory, is given the
+user's umask, so a shared group can read the outputs like any other file the user writes.
+Their names carry the writer's host and process id, so that a writer killed mid-write
+(SIGKILL, power loss) leaves nothing behind for long: the next write into the same folder
+removes the temporaries of dead writers on its host, and never those of a live one
+(concurrent runs share the cache).
 
 Writers of one artifact take turns (`artifact_lock`): the one holding its lock checks what
 is there, sets aside what is damaged, computes what is missing and publishes it; the others
@@ -67,6 +69,18 @@ def _public_mode(path: Path, is_dir: bool) -> None:
     """Give a tempfile-made file (0600) or directory (0700) the mode a plain `open` or
     `mkdir` would have given it under the user's umask."""
     os.chmod(path, (0o777 if is_dir else 0o666) & ~current_umask())
+
+
+def _public_modes(root: Path) -> None:
+    """`_public_mode` for `root` and everything under it: what a library wrote through
+    temporaries of its own is private too (safetensors' `save_file`, hence
+    `save_pretrained`, writes 0600). Links are left alone (a chmod follows them)."""
+    _public_mode(root, is_dir=True)
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            entry = Path(folder, name)
+            if not entry.is_symlink():
+                _public_mode(entry, is_dir=name in dirs)
 
 
 def _writer_tag() -> str:
@@ -181,7 +195,7 @@ def publish_dir(tmp_dir: Path, final_dir: Path) -> bool:
     (both were made from the same config), and the caller reads what is now in place."""
     with writing(final_dir):
         final_dir.parent.mkdir(parents=True, exist_ok=True)
-        _public_mode(tmp_dir, is_dir=True)
+        _public_modes(tmp_dir)
         try:
             os.rename(tmp_dir, final_dir)
         except OSError:

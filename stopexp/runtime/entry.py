@@ -10,11 +10,13 @@ import importlib
 import sys
 
 from stopexp.core.errors import reported
+from stopexp.core.names import check_plugins
 from stopexp.runtime.overrides import check_overrides
 
 
 def launch(config_name: str, module: str) -> None:
     """Check the command line for conf/<config_name>.yaml, then run `module`'s `main`."""
     with reported():
+        check_plugins()  # an installed plugin that takes a taken name
         check_overrides(config_name, sys.argv[1:], validate_run=True, launch=True)
     importlib.import_module(module).main(checked=True)

@@ -30,6 +30,7 @@ from stopexp.config import checkpoint_tokens
 from stopexp.core.policies import policy_params
 from stopexp.evaluation import plots
 from stopexp.evaluation.accounting import replay_paths
+from stopexp.evaluation.degenerate import diverged_updates
 from stopexp.evaluation.learning_curves import flat_summary, summarize_variants, variants_table
 from stopexp.stages import build
 from stopexp.stages.cli import Stage, stage_main
@@ -68,7 +69,7 @@ def adapt(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
         decide, continue_ = replay_decider(paths, cfg.policy, cfg.search.n_paths), \
             replay_continuations(a.mc_rollouts)
     loss = build_loss(cfg.loss)
-    curves, held_aurocs = {}, {}  # held_aurocs: variant -> each held-out prompt's final AUROC
+    curves, held_aurocs, warnings = {}, {}, []  # held_aurocs: variant -> each held-out prompt's final AUROC
     for variant in a.variants:
         source = {"no_prune": None, "retrained": predictors.get("retrained")}.get(
             variant, predictors["frozen"])
@@ -77,6 +78,7 @@ def adapt(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
                                      n_paths=cfg.search.n_paths, checkpoint=checkpoint,
                                      seconds_per_token=meta.get("seconds_per_token", 0.0),
                                      continue_=continue_)
+        warnings += diverged_updates(variant, curves[variant], predictor)
         if heldout is not None and predictor is not None:
             scores = predictor_scores(predictor, heldout.batch)
             held_aurocs[variant] = prompt_aurocs(heldout, scores, cfg.search.n_paths)
@@ -90,7 +92,7 @@ def adapt(cfg, run=None, overrides: list[str] | None = None, run_dir: Path | Non
                             "policy": cfg.policy.name, "policy_params": policy_params(cfg.policy),
                             "stream_prompts": len(order), "heldout_prompts": len(held),
                             "batch_prompts": a.batch_prompts, "split": a.split},
-               "bank": root.name}
+               "bank": root.name, "warnings": warnings}
     if run_dir is not None:
         metrics["plots"] = {"learning_curves": str(plots.learning_curves(
             curves, run_dir / "learning_curves.png"))}

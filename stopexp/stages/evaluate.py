@@ -39,6 +39,7 @@ from stopexp.evaluation.accounting import (account_methods, add_text_metrics, ba
 from stopexp.evaluation.analyses import add_analyses
 from stopexp.evaluation.beam import beam_metrics, compare_with_beam
 from stopexp.evaluation.curves import prefix_curves
+from stopexp.evaluation.degenerate import degenerate_warnings
 from stopexp.evaluation.first_errors import bank_timing
 from stopexp.evaluation.online import online_paths, online_stopping
 from stopexp.evaluation.paired import combined_pairs, paired_stats, scores_at_checks
@@ -154,6 +155,7 @@ def evaluate(cfg, run=None, run_dir: Path | None = None, overrides: list[str] | 
         ds, rows, scorers, baseline, ev.bootstrap, ev.seed)
     if lookup("task", cfg.task.name).wrong_value_end is not None:  # where the first wrong values lie
         metrics["first_wrong_value"] = bank_timing(bank.load_bank(root, split), checks)
+    metrics["warnings"] = degenerate_warnings(outcomes, scores)
     metrics["eval_wall_s"] = round(time.time() - start, 2)
     record(metrics, paths, outcomes, scores, policies, N, root.name, run, run_dir)  # plot, log
     return metrics
@@ -163,5 +165,7 @@ def evaluate(cfg, run=None, run_dir: Path | None = None, overrides: list[str] | 
 def main(stage: Stage) -> dict:
     metrics = evaluate(stage.cfg, stage.run, stage.run_dir, stage.overrides)
     print(print_table(metrics))
+    for warning in metrics.get("warnings", []):  # under the table, where it is read
+        print(f"WARNING: {warning}")
     log.info("plots and metrics.json in %s", stage.run_dir)
     return metrics

@@ -31,7 +31,8 @@ from stopexp.store import bank
 from stopexp.store.bank_growth import donor_features, grown_features
 from stopexp.signals.feature_spec import SIGNAL_NAMES
 from stopexp.store.feature_sets import (FEATURES_VERSION, KIND, TAP_INFO, FeatureSet, feature_columns,
-                                    expected_meta, old_meta, repair_text, summarize_features)
+                                    expected_meta, old_meta, repair_text, shape_problem,
+                                    summarize_features)
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,8 @@ def _make(feats: FeatureSet, overrides: list[str] | None) -> dict:
         rec = bank.read_record(out / name) if (out / name).is_dir() else None
         fresh = rec is not None and rec.get("bank_files") == bmeta["shards"][name]["files"] \
             and rec.get("features", legacy) == out.name
-        if fresh and bank.shard_problem(out / name, full=True) is None:
+        if fresh and bank.shard_problem(out / name, full=True) is None \
+                and _fits(out / name, (len(want["tap_layers"]), want["hidden_size"])):
             good[name] = rec
             continue
         if (out / name).exists():
@@ -100,6 +102,14 @@ def _make(feats: FeatureSet, overrides: list[str] | None) -> dict:
     meta = _write_meta(feats, root, bmeta, good, info)
     bank.check_fit(KIND, out, meta, want, repair_text(overrides))  # the LM is the bank's
     return summarize_features(out, meta, time.time() - start)
+
+
+def _fits(shard: Path, shape: tuple[int, int]) -> bool:
+    """Whether a shard's hidden states are `shape` (layers, width) per position (an empty
+    shard holds none)."""
+    if not (shard / "dataset_info.json").exists():
+        return True
+    return shape_problem(load_from_disk(str(shard)).features["hidden"], shape) is None
 
 
 def _tap_info(good: dict, old: dict | None, tap, bmeta: dict) -> dict:

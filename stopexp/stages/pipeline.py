@@ -45,6 +45,8 @@ def run_pipeline(cfg, run_dir: Path, overrides: list[str] | None = None) -> dict
     print(print_table(evaluated))
     for warning in trained.get("warnings", []):  # under the table, where it is read
         print(f"WARNING: predictor {trained.get('predictor')}: {warning}")
+    for warning in evaluated.get("warnings", []):
+        print(f"WARNING: {warning}")
     return metrics
 
 

@@ -59,6 +59,7 @@ def spent_outcome(paths, spent: np.ndarray, voter: np.ndarray, weight: np.ndarra
     steps = np.arange(1, int(paths.length.max()) + 1)
     stopped = use & (spent > 0) & (spent < paths.length)
     return {"correct": correct, "chosen": chosen, "winner": winners, "avg": avg,
+            "no_path_left": np.bincount(paths.group[voter], minlength=G) == 0,  # every path stopped
             "tokens": np.bincount(paths.group, weights=spent, minlength=G), "seq_tokens": seq,
             "survival": ((spent[use][:, None] >= steps[None, :]).mean(0)).tolist(),
             "pruned_at": spent[stopped], "alive_at_check": float((spent[use] > 0).mean()),

@@ -16,7 +16,8 @@ from stopexp.core.errors import error_text
 from stopexp.signals.columns import signal_matrix
 from stopexp.signals.feature_spec import SIGNAL_NAMES
 from stopexp.store import bank
-from stopexp.store.feature_sets import FEATURES_VERSION, KIND, FeatureSet, repair_text, require_features
+from stopexp.store.feature_sets import (FEATURES_VERSION, KIND, FeatureSet, repair_text, require_features,
+                                       shape_problem)
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +64,8 @@ def _read_features(root: str, split: str | None, repair: str, _mtime_ns: int, _s
     counts, pos, hid, att, keys, splits = [], [], [], [], [], []
     for name in names:
         try:
-            table = load_from_disk(str(root / name)).data
-            n = table.num_rows
+            shard = load_from_disk(str(root / name))
+            table, n = shard.data, shard.num_rows
             p = table.column("positions").combine_chunks()
             h = table.column("hidden").combine_chunks()
             h = getattr(h, "storage", h)  # the extension array's list<list<list<float>>>
@@ -76,6 +77,7 @@ def _read_features(root: str, split: str | None, repair: str, _mtime_ns: int, _s
         if n != meta["shards"][name]["rows"]:
             raise bank.BankDamaged(f"features {root}: shard {name} holds {n} rows, "
                                    f"{meta['shards'][name]['rows']} recorded; repair: {repair}")
+        _check_shape(shard, len(flat), len(p.flatten()), (L, H), f"features {root}: shard {name}", repair)
         counts.append(np.diff(p.offsets.to_numpy()))
         pos.append(p.flatten().to_numpy().astype(np.int64))
         hid.append(flat.reshape(-1, L, H))
@@ -98,6 +100,18 @@ def _read_features(root: str, split: str | None, repair: str, _mtime_ns: int, _s
     for array in (offsets, positions, hidden, attn, keys, splits):
         array.flags.writeable = False  # shared by every caller of this version and split
     return PathFeatures(meta, offsets, positions, hidden, attn, keys, splits)
+
+
+def _check_shape(shard, values: int, positions: int, shape: tuple[int, int], where: str,
+                 repair: str) -> None:
+    """BankDamaged (`where`, `repair`) when a shard's hidden states are not `shape` (layers,
+    width) per position, by its schema (feature_sets.shape_problem) or by its count of
+    `values` for `positions`."""
+    problem = shape_problem(shard.features["hidden"], shape)
+    if problem is None and values != positions * shape[0] * shape[1]:
+        problem = f"holds {values} hidden values for {positions} positions of {shape[0]} x {shape[1]}"
+    if problem:
+        raise bank.BankDamaged(f"{where} {problem}; repair: {repair}")
 
 
 def _check_join(ds, feats: PathFeatures) -> None:

@@ -155,6 +155,18 @@ def feature_columns(n_layers: int, hidden: int, dtype: str) -> Features:
     })
 
 
+def shape_problem(hidden_column, shape: tuple[int, int]) -> str | None:
+    """Why a features shard's hidden-state column (its `datasets` feature) does not hold
+    `shape` (layers, width) per position, or None: what every reader and featurize's
+    keeping of a shard check, since a shard of another tap or LM can carry consistent
+    digests."""
+    found = tuple(getattr(hidden_column, "shape", (None, *shape)))[1:]
+    if found == tuple(shape):
+        return None
+    return (f"holds hidden states of {found[0]} x {found[1]} per position, the artifact "
+            f"{shape[0]} x {shape[1]}")
+
+
 # ---- the artifact ------------------------------------------------------------------------
 def repair_text(overrides: list[str] | None = None) -> str:
     return (f"{stage_command('featurize', overrides)} (it recomputes only the damaged, missing or "

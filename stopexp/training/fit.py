@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from stopexp.core.errors import UserError
 from stopexp.metrics import (auprc, brier, ece, is_binary, length_correlation, nonfinite,
                              pooled_auroc, reward_ranking, within_prompt_auroc)
 from stopexp.signals.centring import peer_chunks
@@ -88,9 +89,10 @@ def fit(predictor, data: dict, train, loss, progress: bool = True) -> tuple[dict
     reward where it is continuous: `selection_value`); returns the best state and the
     per-epoch history. Only a trained epoch with a finite validation AUROC
     is ever selected; `best["init_auroc"]` is the untrained initialisation's, for
-    comparison. Raises ValueError when no epoch has a finite validation AUROC. With
-    train.early_stopping=false every epoch runs and the last is kept, whatever its
-    validation AUROC (recorded, never used)."""
+    comparison. An epoch whose loss, validation scores or weights are not finite is never
+    kept (training stops once the weights are); NoEpochKept when no epoch can be kept.
+    With train.early_stopping=false every epoch runs and the last finite one is kept,
+    whatever its validation AUROC (recorded, never used)."""
     loss_fn = build_loss(loss)
     params = [p for p in predictor.parameters() if p.requires_grad]
     init_auroc = selection_value(evaluate_scores(score(predictor, data["val"]), data["val"]))
@@ -121,24 +123,46 @@ def fit(predictor, data: dict, train, loss, progress: bool = True) -> tuple[dict
         # the value epochs are selected by, under its name (Spearman for a continuous reward)
         bar.set_postfix({"loss": f"{np.mean(losses):.4f}",
                          selection_name(val): f"{selection_value(val):.3f}"})
-        # NaN never wins; a tie goes to the later epoch: a flat validation AUROC (coarse with
-        # few mixed prompts) is no reason to keep an earlier, less trained state. Keeping
-        # the first of tied epochs kept epoch 1, a single Adam step of lr * sign(gradient),
-        # which is the same for every loss whose gradient has the same signs.
-        better = math.isfinite(selection_value(val)) and selection_value(val) >= best["auroc"]
-        if better or not early:  # without early stopping: the last epoch, however it ranks
+        # A diverged epoch never wins (a NaN loss or NaN scores: NaN scores all tie, whose
+        # AUROC is a finite 0.5). A tie goes to the later epoch: a flat validation AUROC
+        # (coarse with few mixed prompts) is no reason to keep an earlier, less trained
+        # state. Keeping the first of tied epochs kept epoch 1, a single Adam step of
+        # lr * sign(gradient), which is the same for every loss whose gradient has the same signs.
+        finite = finite_epoch(history[-1], params)
+        better = finite and math.isfinite(selection_value(val)) and selection_value(val) >= best["auroc"]
+        if better or (finite and not early):  # without early stopping: the last finite epoch
             best.update(state={k: v.clone() for k, v in predictor.state_dict().items()},
                         auroc=selection_value(val), epoch=epoch)
         stale = 0 if better else stale + 1
-        if early and stale >= train.patience:
-            break
+        if (early and stale >= train.patience) or not all(p.isfinite().all() for p in params):
+            break  # NaN weights stay NaN: no later epoch recovers
     if best["epoch"] == 0:
-        raise ValueError(
-            f"train: the validation within-prompt AUROC was not finite after any of "
-            f"{len(history)} epochs (train losses {[round(h['train_loss'], 4) for h in history]}), "
-            "so no trained epoch can be selected and the untrained initialisation is not saved; "
-            "the scores diverged (lower train.lr) or the validation split lacks mixed prompts")
+        raise NoEpochKept(no_epoch_message(history, train.lr))
     return best, history
+
+
+class NoEpochKept(UserError, ValueError):
+    """No trained epoch can be kept: each diverged (a non-finite loss or validation
+    score) or ranked the validation paths by no finite value."""
+
+
+def finite_epoch(record: dict, params: list) -> bool:
+    """Whether an epoch (its history `record`, the weights it left) is finite: its mean
+    training loss, every validation score and every weight."""
+    return (math.isfinite(record["train_loss"]) and not record.get("val_nonfinite_scores")
+            and all(p.isfinite().all() for p in params))
+
+
+def no_epoch_message(history: list[dict], lr: float) -> str:
+    losses = [round(h["train_loss"], 4) for h in history]
+    if any(not math.isfinite(h["train_loss"]) or h.get("val_nonfinite_scores") for h in history):
+        return (f"train.lr: {lr:g} diverged: no epoch of {len(history)} ended with a finite "
+                f"training loss and finite validation scores (train losses {losses}), so no "
+                "predictor is saved; allowed: a smaller train.lr")
+    return (f"train: the validation within-prompt AUROC was not finite after any of "
+            f"{len(history)} epochs (train losses {losses}), so no trained epoch can be "
+            "selected and the untrained initialisation is not saved; the validation split "
+            "lacks mixed prompts (more collect.prompts.val)")
 
 
 def learning_warnings(best: dict, params: list, metric: str = "auroc") -> list[str]:

@@ -26,7 +26,7 @@ loss from the first way (other kernels and padding: float reductions reorder).
     .venv/bin/python scripts/bench_super_token_train.py
     .venv/bin/python scripts/bench_super_token_train.py --prompts 32 --epochs 3
     .venv/bin/python scripts/bench_super_token_train.py --exp smollm2_super_token_paper \
-        --ways "stop, kept" --prompts 8 --epochs 2     # the paper's recipe, as train runs it
+        --way "stop, kept" --prompts 8 --epochs 2      # the paper's recipe, as train runs it
 
 About 7 minutes on 2 cores. Run it on an idle machine: it prints the load average.
 """
@@ -171,13 +171,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads")
     ap.add_argument("--exp", default=EXP, help="the exp whose predictor, loss and train sections "
                                                "train (e.g. smollm2_super_token_paper)")
-    ap.add_argument("--ways", default=",".join(WAYS), help="the ways to run, comma-separated; "
-                                                          "the first is the base of the ratios")
+    ap.add_argument("--way", action="append", dest="ways", help="a way to run (repeat it for "
+                                                                "more; default: every way); the "
+                                                                "first is the base of the ratios")
     args = ap.parse_args()
-    ways_run = [w.strip() for w in args.ways.split(",")]
+    ways_run = args.ways or list(WAYS)
     unknown = [w for w in ways_run if w not in WAYS]
     if unknown:
-        ap.error(f"--ways: {unknown[0]!r} unknown; allowed: {', '.join(WAYS)}")
+        ap.error(f"--way: {unknown[0]!r} unknown; allowed: {'; '.join(WAYS)}")
     print(f"load average {os.getloadavg()[0]:.2f}; torch threads {args.threads}")
     ways = {}
     for name in ways_run:  # one at a time: each in its own process, for its own peak memory

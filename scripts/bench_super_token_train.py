@@ -25,6 +25,8 @@ loss from the first way (other kernels and padding: float reductions reorder).
 
     .venv/bin/python scripts/bench_super_token_train.py
     .venv/bin/python scripts/bench_super_token_train.py --prompts 32 --epochs 3
+    .venv/bin/python scripts/bench_super_token_train.py --exp smollm2_super_token_paper \
+        --way "stop, kept" --prompts 8 --epochs 2      # the paper's recipe, as train runs it
 
 About 7 minutes on 2 cores. Run it on an idle machine: it prints the load average.
 """
@@ -48,10 +50,13 @@ sys.path.insert(0, str(ROOT))
 PATHS = 16
 
 
-def config(extra: list[str]):
+EXP = "smollm2_super_token"
+
+
+def config(extra: list[str], exp: str = EXP):
     from stopexp.runtime.overrides import stage_config
 
-    return stage_config("train", ["+exp=smollm2_super_token", *extra])
+    return stage_config("train", [f"+exp={exp}", *extra])
 
 
 def data(cfg, tokenizer, n_prompts: int, prefix: int, seed: int = 0) -> dict:
@@ -88,7 +93,7 @@ def way(name: str, args) -> dict:
     from stopexp.stages import build
 
     torch.set_num_threads(args.threads)
-    cfg = config([])
+    cfg = config([], args.exp)
     lm, tokenizer = build.lm(cfg, progress=False)
     rows = data(cfg, tokenizer, args.prompts, args.prefix)
     prompt_tokens = sum(len(prompt_ids(tokenizer, p)) for p in set(rows["prompt"]))
@@ -98,7 +103,8 @@ def way(name: str, args) -> dict:
                                 fused=name == "fused, encoded", float32_copy=name == "stop, float32")
     return {"seconds": seconds, "losses": losses, "kept_gib": kept, "rss_before_gib": before,
             "peak_gib": resident_gib("VmHWM"), "prompt_tokens": prompt_tokens,
-            "rows": len(rows["group"]), "batch_prompts": cfg.train.batch_prompts}
+            "rows": len(rows["group"]), "batch_prompts": cfg.train.batch_prompts,
+            "accumulate": cfg.train.accumulate}
 
 
 def run(cfg, lm, tokenizer, rows: dict, epochs: int, budget_gb: float,
@@ -136,18 +142,18 @@ def run(cfg, lm, tokenizer, rows: dict, epochs: int, budget_gb: float,
 def _epochs(st, rows, epochs, loss_fn, opt, rng, cfg) -> tuple[list[float], list[float]]:
     """(seconds, mean loss) of each of `epochs` epochs of training steps."""
     from stopexp.store import bank
-    from stopexp.training.fit import prompt_batches
+    from stopexp.training.fit import accumulated_backward, prompt_batches
 
     seconds, losses = [], []
     for _ in range(epochs):
         start, epoch_losses = time.perf_counter(), []
-        for idx in prompt_batches(rows["group"], cfg.train.batch_prompts, rng):
-            batch = bank.select_rows(rows, idx)
-            loss = loss_fn(st(batch), batch)
+        batches = list(prompt_batches(rows["group"], cfg.train.batch_prompts, rng))
+        for i in range(0, len(batches), cfg.train.accumulate):  # as train steps
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            epoch_losses += accumulated_backward(st, [bank.select_rows(rows, idx) for idx in
+                                                      batches[i:i + cfg.train.accumulate]],
+                                                 loss_fn, cfg.loss)
             opt.step()
-            epoch_losses.append(loss.item())
         seconds.append(time.perf_counter() - start)
         losses.append(sum(epoch_losses) / len(epoch_losses))
     return seconds, losses
@@ -163,15 +169,26 @@ def main() -> None:
     ap.add_argument("--prefix", type=int, default=49, help="generated tokens per prefix")
     ap.add_argument("--budget-gb", type=float, default=8.0, help="the cached way's budget (GiB)")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads")
+    ap.add_argument("--exp", default=EXP, help="the exp whose predictor, loss and train sections "
+                                               "train (e.g. smollm2_super_token_paper)")
+    ap.add_argument("--way", action="append", dest="ways", help="a way to run (repeat it for "
+                                                                "more; default: every way); the "
+                                                                "first is the base of the ratios")
     args = ap.parse_args()
+    ways_run = args.ways or list(WAYS)
+    unknown = [w for w in ways_run if w not in WAYS]
+    if unknown:
+        ap.error(f"--way: {unknown[0]!r} unknown; allowed: {'; '.join(WAYS)}")
     print(f"load average {os.getloadavg()[0]:.2f}; torch threads {args.threads}")
     ways = {}
-    for name in WAYS:  # one at a time: each in its own process, for its own peak memory
+    for name in ways_run:  # one at a time: each in its own process, for its own peak memory
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
             ways[name] = pool.submit(way, name, args).result()
-    base, enc, kept = ways["fused, encoded"], ways["stop, encoded"], ways["stop, kept"]
+    base = ways[ways_run[0]]
+    enc, kept = ways.get("stop, encoded", base), ways.get("stop, kept", base)
     print(f"{args.prompts} prompts ({base['prompt_tokens'] / args.prompts:.0f} tokens on average) x "
-          f"{PATHS} paths x {args.prefix} generated tokens; batch_prompts={base['batch_prompts']}")
+          f"{PATHS} paths x {args.prefix} generated tokens; +exp={args.exp}: batch_prompts="
+          f"{base['batch_prompts']}, train.accumulate={base['accumulate']}")
     print(f"\n| epoch | {' (s) | '.join(ways)} (s) | stop, encoded vs fused | stop, kept vs fused |")
     print("|---" * (len(ways) + 3) + "|")
     for e in range(args.epochs):
@@ -185,7 +202,7 @@ def main() -> None:
     later = sum(base["seconds"][1:]) / max(sum(kept["seconds"][1:]), 1e-9)
     diff = max(abs(a - b) for w in ways.values() for a, b in zip(base["losses"], w["losses"]))
     gib = kept["kept_gib"]
-    f32, own = ways["stop, float32"], enc
+    f32, own = ways.get("stop, float32", base), enc
     print(f"\nepochs after the first, stop + kept against fused + encoded: {later:.2f}x; kept {gib:.2f} GiB "
           f"({gib * 2**30 / kept['rows'] / 2**20:.2f} MiB a path with its share of the prompt); "
           f"the prefix saved in its own precision against a float32 copy: peak - before "

@@ -34,8 +34,8 @@ def test_every_section_hashes_as_pinned(name):
 
 
 # The predictor's artifact key (build.predictor_dir) of these compositions, as it was before
-# train.max_prompts, train.early_stopping, predictor.centre_prompts and
-# predictor.pca_components existed: keys added later are left out at
+# train.max_prompts, train.early_stopping, train.accumulate, train.mixed_only,
+# predictor.centre_prompts, predictor.pca_components and predictor.lora_dropout existed: keys added later are left out at
 # their defaults (stopexp.core.added_keys), so every predictor trained before keeps its key
 # although the sections above hash otherwise.
 PREDICTOR_KEYS = {
@@ -57,7 +57,8 @@ def test_a_predictors_key_leaves_the_added_keys_out_at_their_defaults(overrides)
         control = build.controls(cfg)["mlp@5"]
         assert build.predictor_dir(control, features).name == "fc0b4d4fb837"
     others = [validate(compose("pipeline", [*overrides.split(), extra])) for extra in
-            (*(["train.max_prompts=150", "train.early_stopping=false"]
+            (*(["train.max_prompts=150", "train.early_stopping=false", "train.accumulate=2",
+                "train.mixed_only=true"]
                if cfg.predictor.name != "statistic" else []),  # a statistic reads neither
              *(["predictor.centre_prompts=true"] if cfg.predictor.name in ("linear", "mlp", "fusion") else []),
              *(["predictor.pca_components=8"] if cfg.predictor.name in ("linear", "mlp") else []))]

@@ -176,6 +176,26 @@ def monte_carlo_labels_are_tapped(cfg) -> None:
                                  "train on the outcomes with loss.labels=reward")
 
 
+# the losses whose value is a mean over terms a batch's labels count (stopexp.training.losses.loss_terms)
+TERMED_LOSSES = ("contrastive", "pairwise", "reward_regression", "mse")
+
+
+def accumulation_is_one_batch(cfg) -> None:
+    """train.accumulate steps on the gradient of one batch of its batches together, which
+    holds where the loss is a mean over terms each batch counts (paths or pairs)."""
+    n, loss = cfg.train.accumulate, cfg.loss
+    if n == 1:
+        return
+    if loss.name not in TERMED_LOSSES:
+        fail("train.accumulate", f"{n}: loss={loss.name} is not known to be a mean over paths or "
+                                 f"pairs, so its accumulated gradient need not be one batch's; allowed "
+                                 f"with loss={'|'.join(TERMED_LOSSES)}, or train.accumulate=1")
+    if loss.length_reg > 0:
+        fail("train.accumulate", f"{n}: loss.length_reg={loss.length_reg} correlates the scores "
+                                 "of one batch, which batches accumulated apart do not share; set "
+                                 "loss.length_reg=0, or train.accumulate=1")
+
+
 def online_reward_needs_no_logprobs(cfg) -> None:
     if cfg.reward.name == "neg_perplexity" and cfg.evaluate.mode == "online":
         fail("evaluate.mode", "online paths carry text only; reward=neg_perplexity needs the per-token "

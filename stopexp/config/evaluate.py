@@ -2,6 +2,7 @@
 prompt's output is chosen; and its checks (run for the evaluate and pipeline stages)."""
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional
@@ -44,6 +45,10 @@ class EvaluateConfig:
     stopping: TracesStopping = field(default_factory=TracesStopping)
     vote: str = "majority"          # majority | weighted (by the final signal) | filtered (stopexp.core.voting)
     vote_top: float = 0.5           # filtered: share of the scored kept paths that vote
+    # the predictors scored are those `python -m stopexp.train <these overrides>` trains
+    # (another bank's: its predictor, loss and train sections replace this config's), scored
+    # on this config's bank; None: this config's own (stopexp.stages.trained_with)
+    trained_with: Optional[str] = None
 
 
 def check_method_names(names) -> None:
@@ -96,10 +101,35 @@ def check_evaluate(cfg) -> None:
             fail("evaluate.n_points", f"N={n} must lie in 1..{s.n_paths} (search.n_paths)"
                                       f"{TOGETHER.format(key='evaluate.n_points')}")
     check_stopping(ev.stopping, "evaluate.stopping", "traces", ev.methods, s.n_paths)
+    if ev.trained_with is not None:
+        check_trained_with(ev.trained_with, cfg.stage)
     if "combined" in ev.methods:
         check_combined(ev, cfg.predictor.name)
     if "step" in ev.methods:
         check_step(cfg)
+
+
+def trained_with_overrides(text: str) -> list[str]:
+    """evaluate.trained_with as the train command line's overrides (shell words: a value with
+    spaces is quoted inside it); ConfigError naming the key where it cannot be split."""
+    try:
+        words = shlex.split(text)
+    except ValueError as e:
+        fail("evaluate.trained_with", f"{text!r} cannot be split into overrides ({e}); give the "
+                                      "train command's overrides, e.g. \"+exp=toy_contrastive seed=1\"")
+    if not words:
+        fail("evaluate.trained_with", "empty; give the train command's overrides, or leave it "
+                                      "unset to score this config's own predictors")
+    return words
+
+
+def check_trained_with(text: str, stage: str) -> None:
+    """The overrides split; the pipeline trains its own config's predictors only."""
+    trained_with_overrides(text)
+    if stage == "pipeline":
+        fail("evaluate.trained_with", "the pipeline trains and scores this config's own predictors; "
+                                      "train the other config with python -m stopexp.train, then "
+                                      "score it here with python -m stopexp.evaluate")
 
 
 def check_step(cfg) -> None:

@@ -128,9 +128,11 @@ class SuperTokenPredictorConfig(PredictorBaseConfig):
     lora_alpha: float = 16.0
     lora_targets: List[str] = field(default_factory=lambda: [
         "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    lora_dropout: float = 0.0  # dropout on the adapter's input while it trains
 
     @staticmethod
     def ranges(pred) -> None:
+        within("predictor.lora_dropout", pred.lora_dropout, 0, 1, high_open=True)
         if pred.n_tokens < 1 or pred.lora_rank < 1 or not pred.lora_targets:
             fail("predictor", f"super_token needs n_tokens >= 1, lora_rank >= 1 and lora_targets; "
                               f"got n_tokens={pred.n_tokens}, lora_rank={pred.lora_rank}, "
@@ -188,6 +190,15 @@ class TrainConfig:
     # trains): rows beyond it are encoded again every epoch; null = half the memory free
     # there once the LM has loaded; 0 = no cache. Sizes memory only, changes no result.
     prefix_cache_gb: Optional[float] = None
+    # optimizer steps every `accumulate` batches of batch_prompts prompts, on their gradient
+    # as one batch's (each batch's loss weighed by its share of the losses' terms: paths, or
+    # pairs for a pairwise loss): an effective batch of accumulate x batch_prompts prompts
+    # with one batch's memory
+    accumulate: int = 1
+    # true: train on the prompts whose training paths have mixed outcomes only (some end
+    # correct, some not: the prompts a within-prompt ranking can learn from); validation
+    # and test keep every prompt
+    mixed_only: bool = False
 
 
 def check_predictor(pred) -> None:
@@ -197,7 +208,7 @@ def check_predictor(pred) -> None:
 
 
 def check_train(tr) -> None:
-    for key in ("epochs", "batch_prompts", "patience"):
+    for key in ("epochs", "batch_prompts", "patience", "accumulate"):
         at_least(f"train.{key}", tr[key], 1)
     within("train.lr", tr.lr, 0, math.inf, low_open=True, high_open=True)
     at_least("train.weight_decay", tr.weight_decay, 0)

@@ -75,7 +75,7 @@ READ_ONLY_BY = {
     # stopexp.training.fit: a statistic has no weights to fit (it is evaluated as is)
     **{f"train.{k}": ("predictor.name", AllBut(UNTRAINED_PREDICTORS))
        for k in ("epochs", "batch_prompts", "lr", "weight_decay", "seed", "early_stopping",
-                 "max_prompts")},
+                 "max_prompts", "accumulate", "mixed_only")},
     # stopexp.training.fit: patience counts epochs without a better one, with early stopping
     "train.patience": (("predictor.name", AllBut(UNTRAINED_PREDICTORS)),
                        ("train.early_stopping", (True,))),

@@ -110,6 +110,7 @@ RULES = (
     (cross.positions_fit_the_predictor, STAGES),
     (cross.regression_needs_bounded_reward, STAGES),
     (cross.monte_carlo_labels_are_tapped, TRAINING),
+    (cross.accumulation_is_one_batch, TRAINING),
     (cross.online_reward_needs_no_logprobs, EVALUATING),
     (cross.min_gap_below_reward_range, STAGES),
     (cross.vllm_serves_it, STAGES),

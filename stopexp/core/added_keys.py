@@ -5,6 +5,6 @@ trained at it (stopexp.signals.saved_predictor.check_saved_predictor), so no pre
 before they existed is retrained or refused."""
 from __future__ import annotations
 
-PREDICTOR_KEYS_ADDED = {"centre_prompts": False, "pca_components": None}
-TRAIN_KEYS_ADDED = {"max_prompts": None, "early_stopping": True}
+PREDICTOR_KEYS_ADDED = {"centre_prompts": False, "pca_components": None, "lora_dropout": 0.0}
+TRAIN_KEYS_ADDED = {"max_prompts": None, "early_stopping": True, "accumulate": 1, "mixed_only": False}
 LOSS_KEYS_ADDED = {"labels": "mc"}

@@ -51,9 +51,12 @@ class SuperTokenPredictor(nn.Module):
         self.tokenizer, self.n_tokens, self.max_rows = tokenizer, predictor.n_tokens, max_rows
         self.prefixes: PrefixCache | None = None
         inject_adapter_in_model(LoraConfig(r=predictor.lora_rank, lora_alpha=predictor.lora_alpha,
-                                           target_modules=list(predictor.lora_targets), lora_dropout=0.0),
+                                           target_modules=list(predictor.lora_targets),
+                                           lora_dropout=float(getattr(predictor, "lora_dropout", 0.0))),
                                 lm, adapter_name=ADAPTER)
         self._layers = [m for m in lm.modules() if isinstance(m, BaseTunerLayer)]
+        # the adapter's dropout sits in the LM, which is no submodule: train() switches it
+        self._dropouts = [m.lora_dropout[ADAPTER] for m in self._layers]
         # registered here (shared with the LM) so the optimizer and state_dict() see them
         self.lora = nn.ParameterDict({n.replace(".", "__"): p for n, p in lm.named_parameters()
                                       if "lora_" in n})
@@ -63,6 +66,13 @@ class SuperTokenPredictor(nn.Module):
         emb = lm.get_input_embeddings().weight
         self.stop = nn.Parameter(emb.detach().float().mean(0))  # a neutral, in-distribution start
         self.head = nn.Linear(emb.shape[1], 1, device=emb.device)
+
+    def train(self, mode: bool = True):
+        """Training mode for the head and the adapter's dropout (the frozen LM stays as it is)."""
+        super().train(mode)
+        for dropout in self._dropouts:
+            dropout.train(mode)
+        return self
 
     def keep_prefixes(self, budget_gb: float, free_gib=None, reserve_gb: float = 0.0) -> None:
         """Keep the replayed prefixes' K/V (LoRA-free, so fixed while the adapter trains)

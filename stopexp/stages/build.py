@@ -153,15 +153,20 @@ def training_data(cfg, features: FeatureSet, meta: dict, overrides: list[str] | 
     """The predictor's splits from the trace bank of `features` (feature_set(cfg); `meta` the
     bank's meta.json) and the features (made when missing): at train.checkpoint (with
     `prefixes`, also the prompts and tokens), or with train.positions=all at every stored
-    position; the train split of the first train.max_prompts prompts only."""
+    position; the train split of the first train.max_prompts prompts only, and with
+    train.mixed_only of those whose paths there have mixed outcomes only."""
     min_gap, limit = data.pair_min_gap(cfg.loss), cfg.train.max_prompts
     if cfg.train.positions == "all":
-        return per_step.split_data_all({s: feature_rows.load_split(features, s, overrides)
-                                        for s in ("train", "val", "test")
-                                        if bank_store.split_rows(meta, s)}, min_gap, limit)
-    ckpt = checkpoint_tokens(cfg.train.checkpoint, cfg.search.max_new_tokens)
-    return data.split_data(features.bank.root, meta, feature_sets.require_features(features, overrides),
-                           ckpt, cfg.search.n_paths, min_gap, prefixes, limit)
+        out = per_step.split_data_all({s: feature_rows.load_split(features, s, overrides)
+                                       for s in ("train", "val", "test")
+                                       if bank_store.split_rows(meta, s)}, min_gap, limit)
+    else:
+        ckpt = checkpoint_tokens(cfg.train.checkpoint, cfg.search.max_new_tokens)
+        out = data.split_data(features.bank.root, meta, feature_sets.require_features(features, overrides),
+                              ckpt, cfg.search.n_paths, min_gap, prefixes, limit)
+    if cfg.train.mixed_only:
+        out["train"] = data.mixed_only(out["train"])
+    return out
 
 
 def kv_budget(cfg):

@@ -52,6 +52,7 @@ from stopexp.search.memory import add_memory
 from stopexp.stages import build
 from stopexp.stages.cli import Stage, stage_main
 from stopexp.stages.scorers import build_scorers, single_checkpoint_baseline
+from stopexp.stages.trained_with import predictors_for, trained_record
 from stopexp.stopping.replay import stopping_outcomes, trace_methods
 from stopexp.store import bank
 from stopexp.store import feature_sets
@@ -70,6 +71,9 @@ def evaluate(cfg, run=None, run_dir: Path | None = None, overrides: list[str] | 
     ev = cfg.evaluate
     check_method_names(ev.methods)  # unknown names fail before any compute (as validate does)
     feats = build.feature_set(cfg)
+    # evaluate.trained_with: another bank's predictors, with the sections they were trained by
+    cfg, home = predictors_for(cfg, feats, overrides)
+    ev = cfg.evaluate
     root = bank.require_bank(feats.bank, overrides)
     meta = bank.read_meta(root)
     plan = check_plan(cfg.search, cfg.policy)  # (prefix tokens, K) per check; the first is where AUROC is read
@@ -83,7 +87,7 @@ def evaluate(cfg, run=None, run_dir: Path | None = None, overrides: list[str] | 
         warn_off_checkpoint(names, plan, checkpoint_tokens(cfg.train.checkpoint, cfg.search.max_new_tokens),
                             cfg.train.positions)
     spec = feature_sets.spec_of(cfg.tap.layers, meta)
-    scorers = build_scorers(cfg, names, spec, feats, overrides)
+    scorers = build_scorers(cfg, names, spec, feats, overrides, home)
     start = time.time()
     if cfg.search.name == "beam":
         n = min(prompts_in(root, split), ev.max_prompts or float("inf"))
@@ -145,12 +149,12 @@ def evaluate(cfg, run=None, run_dir: Path | None = None, overrides: list[str] | 
                "select": ev.select, **({"beam_search": beam} if beam else {}),
                "protocol": protocol_record(plan, N, cfg.policy, cfg.search, ev, int(paths.group.max()) + 1, {
                    m: calibration_record(c)["thresholds"] for m, c in calibrated.items()}),
-               "bank": root.name}
+               "bank": root.name, **({"trained_with": trained_record(home)} if ev.trained_with else {})}
     metrics["paired"] = paired_stats(paths, scores_at_checks(scorers, scores, paths), plan, N,
                                      outcomes, ev.bootstrap, ev.seed)
     metrics["paired_combined"] = combined_pairs(outcomes, ev.bootstrap, ev.seed)
     ds, rows = position_rows(feats, split, overrides)  # every stored position of the split's paths
-    baseline = single_checkpoint_baseline(cfg, spec, feats, overrides) if rows is not None else None
+    baseline = single_checkpoint_baseline(home, spec) if rows is not None else None
     metrics["auroc_by_prefix"], metrics["paired_by_prefix"] = prefix_curves(
         ds, rows, scorers, baseline, ev.bootstrap, ev.seed)
     if lookup("task", cfg.task.name).wrong_value_end is not None:  # where the first wrong values lie

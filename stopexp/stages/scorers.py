@@ -12,17 +12,20 @@ from stopexp.core.protocol import checkpoint_tokens
 from stopexp.signals import methods as M
 from stopexp.signals.saved_predictor import CheckpointDamaged, CheckpointMismatch, load_predictor
 from stopexp.stages import build
+from stopexp.stages.trained_with import Trained
 from stopexp.store import feature_sets
 from stopexp.store.feature_sets import FeatureSet
 from stopexp.training.data import trained_on
 
 
 def build_scorers(cfg, names: list[str], spec, features: FeatureSet,
-                  overrides: list[str] | None = None) -> dict:
+                  overrides: list[str] | None = None, home: Trained | None = None) -> dict:
     """name -> scorer for every method but no_prune; learned ones load the checkpoint train
     made (`load_trained`). `features`: the stage's (build.feature_set(cfg)), which every
     predictor of cfg's bank and tap reads; `overrides`: the command line's, which the
-    repair commands repeat."""
+    repair commands repeat; `home`: where the predictors were trained, when not on cfg's
+    own bank (stopexp.stages.trained_with)."""
+    home = home or Trained(cfg, features, list(overrides or []))
     scorers = {}
     for name in names:
         if name == "no_prune" or name in registered("stopping"):  # no scorer: their own protocol
@@ -34,8 +37,8 @@ def build_scorers(cfg, names: list[str], spec, features: FeatureSet,
         elif name in REGISTRY["baseline"]:
             scorers[name] = lookup("baseline", name)
         elif name in predictor_names():
-            sub = cfg if name == cfg.predictor.name else build.with_predictor(cfg, name)
-            scorers[name] = M.learned(load_trained(sub, spec, features, overrides))
+            sub = home.cfg if name == home.cfg.predictor.name else build.with_predictor(home.cfg, name)
+            scorers[name] = M.learned(load_trained(sub, spec, home.features, made_by(home, name)))
         else:
             scorers[name] = users_scorer(name, M.external(name))
     return scorers
@@ -75,15 +78,24 @@ def load_trained(sub, spec, features: FeatureSet, overrides: list[str] | None = 
     return predictor
 
 
-def single_checkpoint_baseline(cfg, spec, features: FeatureSet,
-                               overrides: list[str] | None = None) -> tuple[str, object] | None:
+def made_by(home: Trained, name: str) -> list[str]:
+    """The overrides of the train command that makes predictor `name` under `home`: its own,
+    which train the configured predictor and the controls of its evaluate.methods, and
+    otherwise those with `name` among evaluate.methods."""
+    if name == home.cfg.predictor.name or name in build.controls(home.cfg):
+        return home.overrides
+    return [*home.overrides, f"evaluate.methods=[learned,{name}]"]
+
+
+def single_checkpoint_baseline(home: Trained, spec) -> tuple[str, object] | None:
     """With train.positions=all: (label, predictor) of the same predictor trained the
-    standard way (a control of build.controls), to be scored at every position. None
-    otherwise."""
+    standard way (a control of build.controls) where `home` trained its predictors, to be
+    scored at every position. None otherwise."""
+    cfg = home.cfg
     if cfg.train.positions != "all":
         return None
     label = f"{cfg.predictor.name}@{checkpoint_tokens(cfg.train.checkpoint, cfg.search.max_new_tokens)}"
-    return label, load_trained(build.controls(cfg)[label], spec, features, overrides)
+    return label, load_trained(build.controls(cfg)[label], spec, home.features, home.overrides)
 
 
 def _trained_on(features: FeatureSet, overrides: list[str] | None) -> dict:

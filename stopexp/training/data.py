@@ -41,6 +41,23 @@ def feature_spec(meta: dict) -> FeatureSpec:
     return feature_sets.feature_spec(meta)
 
 
+def mixed_only(rows: dict) -> dict:
+    """The rows (a split's training data) of the prompts whose rows hold both outcomes (some
+    paths end correct, some not): train.mixed_only. The prompt is "prompt_group" where rows
+    are grouped by (prompt, position) (train.positions=all), else "group"."""
+    prompt = np.asarray(rows.get("prompt_group", rows["group"]))
+    correct = np.asarray(rows["correct"]) > 0.5
+    held = np.unique(prompt)
+    some_right = np.isin(held, prompt[correct])
+    some_wrong = np.isin(held, prompt[~correct])
+    keep = np.isin(prompt, held[some_right & some_wrong])
+    if not keep.any():
+        raise ConfigError(f"train.mixed_only: none of the {len(held)} training prompts has paths "
+                          "with both outcomes here, so nothing is left to train on; set "
+                          "train.mixed_only=false, or train on more prompts")
+    return bank.select_rows(rows, torch.from_numpy(keep))
+
+
 def first_prompts(prompt_ids: np.ndarray, max_prompts: int | None) -> np.ndarray:
     """(R,) bool: the rows (`prompt_ids`: the prompt id of each row of the bank's train
     split) whose prompt is among the split's first `max_prompts` (train.max_prompts), those

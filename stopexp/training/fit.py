@@ -18,7 +18,7 @@ from stopexp.signals.centring import peer_chunks
 from stopexp.store import bank
 from stopexp.metrics.ranking import auroc_by_position
 from stopexp.training import per_step
-from stopexp.training.losses import build_loss
+from stopexp.training.losses import build_loss, loss_terms
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +84,23 @@ def selection_name(metrics: dict) -> str:
     return "val_spearman" if "spearman_within" in metrics else "val_auroc"
 
 
+def accumulated_backward(predictor, batches: list[dict], loss_fn, loss_cfg) -> list[float]:
+    """The gradient of `batches` as of one batch of them all: each batch's loss is weighed
+    by its share of their loss terms (paths, or pairs: stopexp.training.losses.loss_terms)
+    before its backward, so that one batch at a time is held. Returns their losses."""
+    terms = [loss_terms(loss_cfg, batch) for batch in batches]
+    total, losses = sum(terms), []
+    for batch, n in zip(batches, terms):
+        value = loss_fn(predictor(batch), batch)
+        # no term anywhere (no pair in any batch): each loss is 0, still attached
+        (value * (n / total if total > 0 else 1 / len(batches))).backward()
+        losses.append(value.item())
+    return losses
+
+
 def fit(predictor, data: dict, train, loss, progress: bool = True) -> tuple[dict, list[dict]]:
-    """AdamW (the `train` section's settings, the `loss` section's loss) with early stopping on validation within-prompt AUROC (Spearman's rho with the
+    """AdamW (the `train` section's settings, the `loss` section's loss; a step every
+    train.accumulate batches, `accumulated_backward`) with early stopping on validation within-prompt AUROC (Spearman's rho with the
     reward where it is continuous: `selection_value`); returns the best state and the
     per-epoch history. Only a trained epoch with a finite validation AUROC
     is ever selected; `best["init_auroc"]` is the untrained initialisation's, for
@@ -105,17 +120,18 @@ def fit(predictor, data: dict, train, loss, progress: bool = True) -> tuple[dict
     opt = torch.optim.AdamW(params, lr=train.lr, weight_decay=train.weight_decay)
     rng, stale = random.Random(train.seed), 0
     early = bool(getattr(train, "early_stopping", True))  # a section saved without the key: on
+    accumulate = int(getattr(train, "accumulate", 1))
     bar = tqdm(range(1, train.epochs + 1), desc="train", unit="epoch", disable=not progress)
     for epoch in bar:
         predictor.train()
         losses = []
-        for rows in prompt_batches(data["train"]["group"], train.batch_prompts, rng):
-            batch = bank.select_rows(data["train"], rows)
-            batch_loss = loss_fn(predictor(batch), batch)
+        batches = list(prompt_batches(data["train"]["group"], train.batch_prompts, rng))
+        for i in range(0, len(batches), accumulate):  # one optimizer step per `accumulate` batches
             opt.zero_grad(set_to_none=True)
-            batch_loss.backward()
+            losses += accumulated_backward(predictor, [bank.select_rows(data["train"], rows)
+                                                       for rows in batches[i:i + accumulate]],
+                                           loss_fn, loss)
             opt.step()
-            losses.append(batch_loss.item())
         val = evaluate_scores(score(predictor, data["val"]), data["val"])
         history.append({"epoch": epoch, "train_loss": float(np.mean(losses)),
                         **{f"val_{k}": v for k, v in val.items()

@@ -87,6 +87,20 @@ def mse(scores, batch, loss):
 
 
 LOSSES = names("loss")  # each registered in stopexp.core.names as this module's function
+PAIR_LOSSES = ("contrastive", "pairwise")
+
+
+def loss_terms(loss_cfg, batch: dict) -> float:
+    """What the loss of `batch` is a mean over: its pairs (`PAIR_LOSSES`) or its paths,
+    weighted by batch["weight"] where given. Batches accumulated into one step weigh their
+    losses by their share of it, so that the step's gradient is that of one batch of them
+    all (stopexp.training.fit)."""
+    if loss_cfg.name in PAIR_LOSSES:
+        mask = _pair_mask(batch, _min_gap(loss_cfg)).float()
+        if "weight" in batch:
+            mask = mask * batch["weight"][:, None] * batch["weight"][None, :]
+        return float(mask.sum())
+    return float(batch["weight"].sum()) if "weight" in batch else float(len(batch["correct"]))
 
 
 def length_correlation(scores: torch.Tensor, prefix_len: torch.Tensor) -> torch.Tensor:

@@ -239,8 +239,8 @@ def test_a_missing_target_bank_names_the_collect_command(small_bank):
     from stopexp.stages.adapt import adapt
 
     cfg = validate(compose("adapt", [*small_bank, *ADAPT, "++adapt.target={task.n_steps:5}"]))
-    with pytest.raises(bank.BankMissing, match=r"python -m stopexp.collect .*\"task.n_steps=5\" "
-                                              r"\"\+model.toy.train_task.n_steps=6\""):
+    with pytest.raises(bank.BankMissing, match=r"python -m stopexp.collect .* task.n_steps=5 "
+                                              r"\+model.toy.train_task.n_steps=6 "):
         adapt(cfg, overrides=[*small_bank, "++adapt.target={task.n_steps:5}"])
 
 

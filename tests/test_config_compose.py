@@ -21,8 +21,14 @@ STAGES = ["collect", "train", "evaluate", "pipeline", "toy_lm"]
 @pytest.mark.parametrize("exp", EXPERIMENTS)
 def test_every_experiment_composes_and_validates(exp):
     for stage in STAGES:
-        cfg = validate(compose(stage, [f"+exp={exp}"]))
-        assert cfg.stage == stage
+        cfg = compose(stage, [f"+exp={exp}"])
+        if stage in ("train", "pipeline") and cfg.collect.prompts.train == 0:
+            # a split to score other banks' predictors on (evaluate.trained_with): nothing to fit
+            with pytest.raises(ConfigError, match=r"^collect\.prompts\.train: train needs train "
+                                                  r"prompts in the trace bank, got 0$"):
+                validate(cfg)
+            continue
+        assert validate(cfg).stage == stage
 
 
 def test_experiments_exist():

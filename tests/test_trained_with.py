@@ -115,7 +115,7 @@ def test_a_predictor_not_trained_there_names_the_command_that_trains_it(banks):
     evaluating, home = predictors_for(cfg, build.feature_set(cfg))
     spec = feature_sets.spec_of(cfg.tap.layers, bank.read_meta(build.feature_set(cfg).bank.root))
     with pytest.raises(NotFound, match=r"make it with: python -m stopexp\.train " + " ".join(
-            map(re.escape, trainer)) + r" evaluate\.methods=\[learned,hidden_conf\] "):
+            map(re.escape, trainer)) + r" 'evaluate\.methods=\[learned,hidden_conf\]' "):
         build_scorers(evaluating, ["hidden_conf"], spec, build.feature_set(cfg), home=home)
 
 

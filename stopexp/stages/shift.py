@@ -6,6 +6,7 @@ from __future__ import annotations
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from stopexp.config import shifted_config
+from stopexp.core.commands import override
 from stopexp.models.toy_lm import ARITH_KEYS
 
 
@@ -25,23 +26,15 @@ def target_config(cfg) -> DictConfig:
     return tgt
 
 
-def _value(v) -> str:
-    if isinstance(v, (list, tuple)):
-        return "[" + ",".join(_value(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{" + ",".join(f"{k}:{_value(x)}" for k, x in v.items()) + "}"
-    return f"'{v}'" if isinstance(v, str) else str(v)
-
-
 def target_overrides(cfg, overrides: list[str]) -> list[str]:
     """The command-line overrides that compose the target bank's config (for the collect
     and train commands printed when it or its predictor is missing)."""
     out = [o for o in overrides if not o.lstrip("+~").startswith("adapt.")]  # also ++adapt.target=...
     tgt = target_config(cfg)
-    out += [f'"{k}={_value(OmegaConf.to_container(cfg.adapt.target, resolve=True)[k])}"'
-            for k in cfg.adapt.target]
+    target = OmegaConf.to_container(cfg.adapt.target, resolve=True)
+    out += [override(k, target[k]) for k in target]
     if cfg.model.name == "toy":
-        out += [f'"+model.toy.train_task.{k}={_value(v)}"'
+        out += [override(f"+model.toy.train_task.{k}", v)
                 for k, v in OmegaConf.to_container(tgt.model.toy.train_task).items()
                 if k not in cfg.model.toy.train_task]
     return out

@@ -127,7 +127,7 @@ class ArithTask(Task):
         return cls(n_steps=task_cfg.n_steps, operators=list(task_cfg.operators),
                    multipliers=list(task_cfg.multipliers), styles=dict(task_cfg.styles),
                    seed=task_cfg.seed, split_fractions=dict(task_cfg.split_fractions),
-                   prompt_offset=task_cfg.prompt_offset)
+                   prompt_offset=task_cfg.get("prompt_offset", 0))
 
     def split_of(self, prompt: str) -> str:
         return hash_split(prompt, self.split_fractions)

@@ -107,7 +107,7 @@ class DataToTextTask(Task):
         """The task of a task section (task=datatotext), its text decoded (stopexp.tasks.build_task)."""
         return cls(shots=task_cfg.shots, format=task_cfg.format, instruction=task_cfg.instruction,
                    stop=list(task_cfg.stop), seed=task_cfg.seed, split_fractions=dict(task_cfg.split_fractions),
-                   prompt_offset=task_cfg.prompt_offset)
+                   prompt_offset=task_cfg.get("prompt_offset", 0))
 
     # --- generation -------------------------------------------------------------------
     def split_of(self, data: str) -> str:

@@ -174,7 +174,7 @@ class WordProblemTask(Task):
                    instruction=task_cfg.instruction, stop=list(task_cfg.stop),
                    solution_style=task_cfg.solution_style, shot_match=task_cfg.shot_match,
                    seed=task_cfg.seed, split_fractions=dict(task_cfg.split_fractions),
-                   prompt_offset=task_cfg.prompt_offset)
+                   prompt_offset=task_cfg.get("prompt_offset", 0))
 
     def _check_knobs(self) -> None:
         lo, hi = self.number_range

@@ -184,6 +184,8 @@ def bank_key(*, model, task, search, collect, tap, seed: int, reward=None, engin
         questions.pop("solution_style", None)
     if questions.get("shot_match") == "first_operation":  # the default: left out
         questions.pop("shot_match")
+    if not questions.get("components"):  # read by task=mixture only: left out elsewhere
+        questions.pop("components", None)
     content = task_content(task, store)
     if content is not None:
         questions = {**questions, "content": content}

@@ -12,6 +12,7 @@ from __future__ import annotations
 from omegaconf import OmegaConf
 
 from stopexp.config.ranges import fail, is_list, n_layers_of
+from stopexp.config.task import step_separator_of, task_sections
 from stopexp.config.thinking import thinks
 from stopexp.core.names import BOUNDED_REWARDS, lookup, names, runs_the_lm
 from stopexp.core.protocol import check_values, checkpoint_tokens, checkpoints_of, resolve_layers
@@ -20,10 +21,12 @@ from stopexp.core.config_text import decode_escapes, stop_strings
 
 def fewshot_is_plain_text(cfg) -> None:
     m = cfg.model
-    if "fewshot" in lookup("task", cfg.task.name).formats and cfg.task.format == "fewshot" \
-            and m.chat_template and m.name != "toy":
-        fail("model.chat_template", "task.format=fewshot is plain text after solved examples; "
-                                    "set model.chat_template=false (or task.format=chat)")
+    for key, t in task_sections(cfg.task):  # a mixture's components share the chat template
+        if "fewshot" in lookup("task", t.name).formats and t.get("format", "fewshot") == "fewshot" \
+                and m.chat_template and m.name != "toy":
+            fail("model.chat_template", f"{key}.format=fewshot is plain text after solved "
+                                        f"examples; set model.chat_template=false (or "
+                                        f"{key}.format=chat)")
 
 
 def step_ends_need_a_separator(cfg) -> None:
@@ -35,7 +38,7 @@ def step_ends_need_a_separator(cfg) -> None:
     name = cfg.task.name
     # a thinking model's reasoning steps end at its own separator (model.thinking.step_separator)
     sep = decode_escapes(cfg.model.thinking.step_separator) if thinks(cfg.model) else \
-        lookup("task", name).step_separator
+        step_separator_of(cfg.task)
     if not sep:
         with_steps = [n for n in names("task") if lookup("task", n).step_separator]
         fail("tap.positions.step_ends", f"task {name} has no step separator (a path is one "

@@ -5,20 +5,24 @@ reads `TaskBaseConfig`'s keys and those its yaml adds; its class's capabilities
 (stopexp.tasks.task.Task) are read through the registry, which imports no torch."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from stopexp.config.machine import TOY_POSITIONS
-from stopexp.config.options import Group
+from stopexp.config.options import Group, filled
 from stopexp.config.ranges import at_least, fail
+from stopexp.core.errors import ConfigError
 from stopexp.core.names import BENCHMARKS, SPLITS, lookup, names
 
-__all__ = ["TASK", "ArithTaskConfig", "DataToTextTaskConfig", "QATaskConfig", "TaskConfig",
-           "WordProblemTaskConfig", "check_task", "task_draws_the_prompts"]
+__all__ = ["TASK", "ArithTaskConfig", "DataToTextTaskConfig", "MixtureTaskConfig", "QATaskConfig",
+           "TaskConfig", "WordProblemTaskConfig", "check_task", "component_section",
+           "step_separator_of", "task_draws_the_prompts", "task_sections"]
 
 
 @dataclass
@@ -176,19 +180,110 @@ class DataToTextTaskConfig(FewShotTaskConfig):
     name: str = "datatotext"
 
 
+COMPONENT_KEYS = ("task", "weight", "label")
+
+
 @dataclass
-class TaskConfig(DataToTextTaskConfig, WordProblemTaskConfig, QATaskConfig, ArithTaskConfig):
+class MixtureTaskConfig(TaskBaseConfig):
+    """mixture (stopexp/tasks/mixture.py): prompts drawn from several tasks by weight, each
+    component {task: <a task section>, weight: <share>, label: <its name in the bank's task
+    column; default the task's name>}."""
+    name: str = "mixture"
+    components: List[Any] = field(default_factory=list)
+
+    @staticmethod
+    def ranges(t) -> None:
+        seen = {}
+        for i, c in enumerate(t.components):
+            key = f"task.components.{i}"
+            if not isinstance(c, DictConfig) or set(c) - set(COMPONENT_KEYS) or "task" not in c:
+                fail(key, f"{_shown(c)}: give {{task: {{name: <task>, ...}}, weight: <number > 0>, "
+                          "label: <optional name>}")
+            w = c.get("weight")
+            if isinstance(w, bool) or not isinstance(w, (int, float)) or not w > 0 or w != w or w == float("inf"):
+                fail(f"{key}.weight", f"{w!r}: a component's weight must be a finite number > 0")
+            label = component_section(c["task"], f"{key}.task").name if c.get("label") is None \
+                else c["label"]
+            if not isinstance(label, str) or not label or label in seen:
+                fail(f"{key}.label", f"{label!r}: each component needs a label of its own (a "
+                                     f"non-empty string; {label!r} is also component "
+                                     f"{seen.get(label)}'s); set task.components.{i}.label")
+            seen[label] = i
+
+    @staticmethod
+    def needs(t) -> None:
+        if len(t.components) < 2:
+            fail("task.components", f"{len(t.components)} components: a mixture draws from two "
+                                    "tasks or more (one task: task=<its name>)")
+
+
+def _shown(value) -> str:
+    return repr(OmegaConf.to_container(value) if OmegaConf.is_config(value) else value)
+
+
+@dataclass
+class TaskConfig(MixtureTaskConfig, DataToTextTaskConfig, WordProblemTaskConfig, QATaskConfig,
+                 ArithTaskConfig):
     """Every task's keys (the view: what cfg.task holds, whichever task is chosen)."""
     name: str = "arith"
 
 
 TASK = Group("task", {"arith": ArithTaskConfig, "qa": QATaskConfig,
-                       "wordprob": WordProblemTaskConfig, "datatotext": DataToTextTaskConfig},
+                       "wordprob": WordProblemTaskConfig, "datatotext": DataToTextTaskConfig,
+                       "mixture": MixtureTaskConfig},
               TaskConfig, base=TaskBaseConfig, registered=functools.partial(names, "task"))
 
 
 def check_task(t) -> None:
     TASK.check(t)
+
+
+def task_sections(t) -> list[tuple[str, DictConfig]]:
+    """(key, section) of each task that poses prompts: a mixture's components, else `t`."""
+    if t.name != "mixture":
+        return [("task", t)]
+    return [(f"task.components.{i}.task", component_section(c["task"], f"task.components.{i}.task"))
+            for i, c in enumerate(t.components)]
+
+
+def step_separator_of(t) -> str | None:
+    """What ends a reasoning step in the prompts of the task section `t` (its class's
+    `step_separator`); a mixture's components must share theirs."""
+    seps = {s.name: lookup("task", s.name).step_separator for _, s in task_sections(t)}
+    if len(set(seps.values())) > 1:
+        fail("tap.positions.step_ends", "the components of task mixture end a step differently ("
+                                        + ", ".join(f"{n}: {s!r}" for n, s in seps.items())
+                                        + "); step ends need one separator shared by every "
+                                        "component: use tap.positions.stride or "
+                                        "tap.positions.checkpoints")
+    return next(iter(seps.values()), None)
+
+
+def component_section(section, key: str = "task.components.0.task") -> DictConfig:
+    """A mixture component's task section (`key` names it in messages) over its task's
+    schema, checked as `check_task` checks a task: a key its task does not read, a value out
+    of its range or an unknown name is one line naming `key`."""
+    if not isinstance(section, DictConfig) or not isinstance(section.get("name"), str):
+        fail(key, f"{_shown(section)}: a task section with a name "
+                  f"({', '.join(n for n in names('task') if n != 'mixture')})")
+    name = section.name
+    if name == "mixture" or name not in names("task"):
+        fail(f"{key}.name", f"{name!r} is not allowed; allowed: "
+                            f"{', '.join(n for n in names('task') if n != 'mixture')}")
+    schema = TASK.options.get(name)
+    try:
+        out = OmegaConf.merge(OmegaConf.structured(schema), section) if schema else \
+            OmegaConf.merge(OmegaConf.to_container(OmegaConf.structured(TaskBaseConfig)), section)
+    except ConfigKeyError as e:
+        fail(f"{key}.{e.key}", f"not a key of task {name}; its keys: "
+                               f"{', '.join(f.name for f in dataclasses.fields(schema))}")
+    except OmegaConfBaseException as e:  # a value of the wrong type
+        fail(f"{key}.{e.key}", f"{_shown(section.get(e.key))}: {str(e).splitlines()[0]}")
+    try:
+        check_task(OmegaConf.merge(filled(TaskConfig), out))
+    except ConfigError as e:
+        raise ConfigError(str(e).replace("task.", f"{key}.", 1)) from None
+    return out
 
 
 MAX_DRAWN = 100_000  # validate draws at most this many problems of a split (~1 s per 10_000)

@@ -73,5 +73,7 @@ def has_answer(answer) -> bool:
 
 def stop_strings(task, search) -> tuple[str, ...]:
     """The stop strings a path ends at: the task's own (`task.stop`, where a new example
-    would start) then `search.stop`, escapes decoded, each once."""
-    return tuple(dict.fromkeys(map(decode_escapes, [*task.stop, *search.stop])))
+    would start; a mixture's and each of its components'), then `search.stop`, escapes
+    decoded, each once."""
+    own = [*task.stop, *(s for c in task.get("components") or [] for s in c["task"].get("stop") or [])]
+    return tuple(dict.fromkeys(map(decode_escapes, [*own, *search.stop])))

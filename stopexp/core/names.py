@@ -22,7 +22,8 @@ REGISTRY: dict[str, dict[str, str]] = {
     "engine": {"hf": "stopexp.engines.hf:HF", "vllm": "stopexp.engines.vllm:VLLM"},
     "task": {"arith": "stopexp.tasks.arith:ArithTask", "qa": "stopexp.tasks.qa:QATask",
              "wordprob": "stopexp.tasks.wordprob:WordProblemTask",
-             "datatotext": "stopexp.tasks.datatotext:DataToTextTask"},
+             "datatotext": "stopexp.tasks.datatotext:DataToTextTask",
+             "mixture": "stopexp.tasks.mixture:MixtureTask"},
     # predictors of a feature batch: cls(predictor config, FeatureSpec) (stopexp.signals)
     "predictor": {"statistic": "stopexp.signals.statistic:StatisticPredictor",
                   "linear": "stopexp.signals.linear:LinearPredictor",

@@ -52,7 +52,7 @@ def online_paths(lm: OnlineLM, names, scorers, policies: dict, plan: list[tuple[
     views, timing = {}, {}
     for name, run in runs.items():
         text = np.asarray([run.text[k] for k in keys], dtype=object)
-        answer = np.asarray([task.answer_of(t) for t in text], dtype=object)
+        answer = np.asarray([task.answer_for(problems[i], t) for (i, _), t in zip(keys, text)], dtype=object)
         views[name] = (Paths(
             group=np.repeat(np.arange(len(problems)), N), path_id=np.tile(np.arange(N), len(problems)),
             length=np.asarray([run.length[k] for k in keys]),
@@ -122,7 +122,8 @@ def online_stopping(lm: OnlineLM, methods: dict, no_prune: Paths, n_paths: int,
         voter = np.asarray([run.kept[k] for k in keys])
         text = np.where(voter, np.asarray([run.text[k] for k in keys], dtype=object), no_prune.text)
         view = replace(no_prune, text=text,
-                       answer=np.asarray([lm.task.answer_of(t) for t in text], dtype=object),
+                       answer=np.asarray([lm.task.answer_for(lm.problems[i], t) for (i, _), t in zip(keys, text)],
+                                         dtype=object),
                        correct=np.asarray([lm.task.grade(lm.problems[i], t) for (i, _), t in zip(keys, text)]))
         spent = np.asarray([run.pruned_at.get(k, run.length[k]) for k in keys], np.int64)
         weight = np.asarray([run.signal.get(k, 0.0) for k in keys])

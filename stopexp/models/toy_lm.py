@@ -20,6 +20,7 @@ from safetensors import safe_open
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from stopexp.config.machine import TOY_POSITIONS
+from stopexp.config.task import task_sections
 from stopexp.core.errors import ConfigError, NotMade, writing
 from stopexp.core.names import lookup, names
 from stopexp.models.tokenizer import CHARS, build_char_tokenizer
@@ -43,11 +44,13 @@ def toy_key(toy_cfg, task_cfg) -> str:
     """What determines the toy LM: its own settings (screening sampler included) and the
     task's keys it learns from (its class's `toy_keys`); fields of other tasks stay out, so
     the arith LM keeps the committed checkpoint."""
-    if not lookup("task", task_cfg.name).toy_keys:
-        learnable = [n for n in names("task") if lookup("task", n).toy_keys]
-        raise ConfigError(f"task.name: the toy LM learns only task={' or '.join(learnable)}, not "
-                          f"{task_cfg.name!r}; use a real model (model=smollm2, model=llama or "
-                          "model.path=DIR)")
+    components = task_sections(task_cfg) if task_cfg.name == "mixture" else []
+    for key, t in [("task", task_cfg), *components]:
+        if not lookup("task", t.name).toy_keys:
+            learnable = [n for n in names("task") if lookup("task", n).toy_keys]
+            raise ConfigError(f"{key}.name: the toy LM learns only task={' or '.join(learnable)}, "
+                              f"not {t.name!r}; use a real model (model=smollm2, model=llama or "
+                              "model.path=DIR)")
     toy = OmegaConf.to_container(toy_cfg, resolve=True)
     toy.pop("train_task", None)  # folded into the task below: a pinned LM keeps its key
     return config_hash(toy, lm_task(toy_cfg, task_cfg))

@@ -93,6 +93,8 @@ def trace_problems(steps, tokenizer, task, problems, n_paths: int, seed: int,
     values = has_values(task)
     if values:
         cols["first_wrong_value"] = []
+    if task.mixed:
+        cols["task"] = []
     thinking = task.end_tag is not None  # a thinking model (stopexp.tasks.thinking)
     if thinking:
         cols["thinking_tokens"] = []
@@ -134,7 +136,7 @@ def trace_problems(steps, tokenizer, task, problems, n_paths: int, seed: int,
             cols["path_id"].append(j)
             cols["tokens"].append(list(paths[p].tokens))
             cols["text"].append(text)
-            cols["answer"].append(task.answer_of(text))
+            cols["answer"].append(task.answer_for(problem, text))
             cols["correct"].append(correct)
             cols["reward"].append(float(rewards[p]))
             cols["length"].append(n)
@@ -147,6 +149,8 @@ def trace_problems(steps, tokenizer, task, problems, n_paths: int, seed: int,
             for name, column in zip(("token_logprob", "token_entropy", "token_conf"), stats[p]):
                 cols[name].append(column)
             cols["mc"].append(mc[p])
+            if task.mixed:
+                cols["task"].append(task.task_of(problem))
             if thinking:
                 cols["thinking_tokens"].append(thinking_length(tokenizer, cols["tokens"][-1], task.end_tag))
     return cols, mc_tokens

@@ -155,7 +155,8 @@ def _fill(job, root: Path, task, shards: list, pending: list[int], rank: int,
                                               "positions": job.features.positions}
     with job.open_engine(params, **tapped) as (engine, model, tokenizer):
         facts = engine_facts(engine, model)
-        feats = bank.path_columns(len(checkpoints), task.end_tag is not None, has_values(task))
+        feats = bank.path_columns(len(checkpoints), task.end_tag is not None, has_values(task),
+                                 task.labels if task.mixed else None)
         step_end = StepEnds(tokenizer, job.features.positions["separator"]) if job.features else None
         for shard in sample_shards(engine, model, tokenizer, task, {i: shards[i] for i in pending},
                                    job, checkpoints, reward):

@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
-from datasets import Dataset, Features, List, Value, concatenate_datasets, load_from_disk
+from datasets import ClassLabel, Dataset, Features, List, Value, concatenate_datasets, load_from_disk
 from datasets.utils.logging import disable_progress_bar
 
 from stopexp.core.commands import make_with, stage_command
@@ -98,16 +98,18 @@ def shard_misfit(root: Path, name: str, rec: dict, plan: dict[int, dict], want: 
     return None
 
 
-def path_columns(n_checkpoints: int, thinking: bool = False, wrong_values: bool = False) -> Features:
+def path_columns(n_checkpoints: int, thinking=False, wrong_values=False, tasks=None) -> Features:
     """The bank's columns; `mc` holds one rate per Monte Carlo checkpoint (none without
     rollouts); a thinking model's bank also counts each path's thinking tokens
     (`thinking_tokens`: stopexp.tasks.thinking.thinking_length), and the bank of a task with
     intermediate values where each path first writes a wrong one (`first_wrong_value`:
-    tokens up to it, -1 none; stopexp.search.trace.first_wrong_value)."""
+    tokens up to it, -1 none; stopexp.search.trace.first_wrong_value), and a mixture's bank
+    each path's task (`task`: a ClassLabel over its components' labels, `tasks`)."""
     f32 = Value("float32")
     return Features({
         **({"thinking_tokens": Value("int32")} if thinking else {}),
         **({"first_wrong_value": Value("int32")} if wrong_values else {}),
+        **({"task": ClassLabel(names=list(tasks))} if tasks else {}),
         "split": Value("string"), "prompt_id": Value("int32"), "prompt": Value("string"),
         "prompt_len": Value("int32"), "path_id": Value("int32"), "tokens": List(Value("int32")), "text": Value("string"),
         "answer": Value("string"), "correct": Value("bool"), "reward": Value("float32"),

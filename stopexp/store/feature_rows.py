@@ -144,6 +144,21 @@ def _wrong_values(ds, rows=None) -> dict:
     return {"first_wrong_value": torch.from_numpy(col if rows is None else col[rows])}
 
 
+def task_labels(ds) -> list[str]:
+    """The tasks of a mixture's bank (its `task` column's names, in component order); []
+    for a bank of one task."""
+    return list(ds.features["task"].names) if "task" in ds.column_names else []
+
+
+def _tasks(ds, rows=None) -> dict:
+    """{"task": (R,) int64, each row's index in `task_labels`} where the bank records its
+    paths' tasks (a mixture); {} otherwise."""
+    if "task" not in ds.column_names:
+        return {}
+    col = np.asarray(ds["task"][:]).astype(np.int64)
+    return {"task": torch.from_numpy(col if rows is None else col[rows])}
+
+
 def _groups(ds) -> np.ndarray:
     splits, prompt_ids = np.asarray(ds["split"][:]), np.asarray(ds["prompt_id"][:])
     keys = np.char.add(np.char.add(splits.astype(str), "/"), prompt_ids.astype(str))
@@ -171,7 +186,8 @@ def tensors_at(ds, feats: PathFeatures, checkpoint: int) -> dict:
     for every path of `ds` (a numpy-formatted bank split) joined with its features `feats`
     (`load_features` of the same split), as float32/int64 torch tensors: "hidden" (R,
     layers, H), "signals" (R, S), "group", "correct", "reward", "mc", "alive" (bool),
-    "prefix_len", "remaining", "length" (R,), and "first_wrong_value" where the bank has it. Rows not alive at the checkpoint have zero hidden states
+    "prefix_len", "remaining", "length" (R,), "first_wrong_value" and "task" where the bank
+    has them. Rows not alive at the checkpoint have zero hidden states
     (their confidence columns cover the whole path). ValueError when an alive path's
     features lack the position (it is not among tap.checkpoints / tap.positions)."""
     _check_join(ds, feats)
@@ -203,7 +219,7 @@ def tensors_at(ds, feats: PathFeatures, checkpoint: int) -> dict:
         "mc": torch.from_numpy(mc), "alive": torch.from_numpy(alive),
         "prefix_len": torch.from_numpy(prefix.astype(np.float32)),
         "remaining": torch.from_numpy(np.maximum(length - checkpoint, 0).astype(np.float32)),
-        "length": torch.from_numpy(length.astype(np.float32)), **_wrong_values(ds),
+        "length": torch.from_numpy(length.astype(np.float32)), **_wrong_values(ds), **_tasks(ds),
     }
 
 
@@ -234,6 +250,7 @@ def position_batch(ds, feats: PathFeatures, positions=None) -> dict:
         "length": torch.from_numpy(length[rows].astype(np.float32)),
         "position": torch.from_numpy(pos.astype(np.int64)),
         "path": torch.from_numpy(rows.astype(np.int64)), **_wrong_values(ds, rows),
+        **_tasks(ds, rows),
     }
 
 

@@ -189,6 +189,8 @@ def bank_key(*, model, task, search, collect, tap, seed: int, reward=None, engin
         questions.pop("shot_match")
     if questions.get("prompt_offset") == 0:  # the default: left out
         questions.pop("prompt_offset")
+    if not questions.get("components"):  # read by task=mixture only: left out elsewhere
+        questions.pop("components", None)
     content = task_content(task, store)
     if content is not None:
         questions = {**questions, "content": content}

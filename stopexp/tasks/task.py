@@ -66,6 +66,9 @@ class Task(abc.ABC):
     # the task keys the toy LM learns this task from (its cache key: other keys keep it);
     # empty: the toy LM cannot learn this task (stopexp.models.toy_lm)
     toy_keys: ClassVar[tuple[str, ...]] = ()
+    # whether its prompts come from several tasks (task=mixture): the bank records each
+    # path's task (`task_of`)
+    mixed: ClassVar[bool] = False
     # the characters of the toy LM's tokenizer when it learns this task; None: its default
     # alphabet (stopexp.models.tokenizer.CHARS)
     toy_chars: ClassVar[str | None] = None
@@ -84,6 +87,15 @@ class Task(abc.ABC):
     # which source rows form each split, saved in the bank's meta (file-based tasks); None:
     # problems are drawn
     split_rows: dict[str, list[int]] | None = None
+
+    def answer_for(self, problem, completion: str) -> str:
+        """The answer of a path of `problem` (`answer_of`; a mixture reads it by the
+        problem's task)."""
+        return self.answer_of(completion)
+
+    def task_of(self, problem) -> str:
+        """The task a problem is of (the bank's task column of a mixture)."""
+        return self.name
 
     def references(self, problem) -> list[str]:
         """Every reference for `problem` (text metrics take the best match)."""

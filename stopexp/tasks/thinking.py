@@ -52,6 +52,7 @@ class ThinkingTask(Task):
     tokenize = _of_task("tokenize")
     shots = _of_task("shots")
     split_rows = _of_task("split_rows")
+    mixed = _of_task("mixed")
 
     def __init__(self, task: Task, end_tag: str = "</think>", step_separator: str = "\n\n"):
         self.task, self.end_tag, self.step_separator = task, end_tag, step_separator
@@ -100,6 +101,12 @@ class ThinkingTask(Task):
 
     def answer_of(self, text: str):
         return self.task.answer_of(self.answer_text(text))
+
+    def answer_for(self, problem, text: str) -> str:
+        return self.task.answer_for(problem, self.answer_text(text))
+
+    def task_of(self, problem) -> str:
+        return self.task.task_of(problem)
 
     def diagnose(self, problem, text: str) -> dict:
         return self.task.diagnose(problem, self.answer_text(text))

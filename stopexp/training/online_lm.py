@@ -114,7 +114,8 @@ def _view(run, batch: dict, problems: list, task, n: int, checkpoint: int) -> Pa
     view = Paths(group=np.repeat(np.arange(len(problems)), n), path_id=np.tile(np.arange(n), len(problems)),
                  length=np.asarray([run.length[k] for k in keys]),
                  correct=np.asarray([task.grade(problems[i], t) for (i, _), t in zip(keys, text)]),
-                 answer=np.asarray([task.answer_of(t) for t in text], dtype=object), text=text,
+                 answer=np.asarray([task.answer_for(problems[i], t) for (i, _), t in zip(keys, text)], dtype=object),
+                 text=text,
                  alive=np.asarray([k in batch["row"] for k in keys]), batch={},
                  prompt_ids=np.asarray([p.prompt_id for p in problems]), answer_format=vote_format(task))
     view.batch = scatter_batch(batch, [batch["row"][k] for k in keys if k in batch["row"]], len(keys), view)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from stopexp.config import MIN_TEMPERATURE
 from stopexp.search.decode import SamplingParams
 from stopexp.search.sample import prompt_ids
-from stopexp.serve.bodies import BadRequest, read_json
+from stopexp.serve.bodies import BadRequest, ModelNotFound, read_json
 
 # the fields that would change the output, which this server does not serve: field -> the
 # values that leave the output as it makes it (others, user, metadata, ..., are ignored)
@@ -67,8 +67,8 @@ class RequestReader:
         lim = self.limits
         model = body.get("model")
         if model != lim.model_name:
-            raise BadRequest("model", f"{model!r} is not served here; this server serves "
-                                      f"{lim.model_name!r} (GET /v1/models)")
+            raise ModelNotFound("model", f"{model!r} is not served here; this server serves "
+                                         f"{lim.model_name!r} (GET /v1/models)")
         for key, fine in UNSUPPORTED.items():
             if body.get(key) not in fine:
                 raise BadRequest(key, f"{body[key]!r} is not supported by this server")

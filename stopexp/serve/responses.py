@@ -58,22 +58,23 @@ def body(gen: Generation, answer: dict, model: str) -> dict:
             "usage": answer["usage"], "stopexp": answer["stopexp"]}
 
 
-def events(gen: Generation, answer: dict, model: str) -> list[str]:
+def chunk(gen: Generation, model: str, delta: dict, finish=None, **extra) -> dict:
+    """One server-sent event's chunk of choice 0 (`delta`: the chat delta; a completion's
+    text is its content)."""
+    choice = {"index": 0, "finish_reason": finish, "logprobs": None}
+    choice.update({"delta": delta} if gen.chat else {"text": delta.get("content", "")})
+    return {"id": gen.id, "object": "chat.completion.chunk" if gen.chat else "text_completion",
+            "created": gen.created, "model": model, "choices": [choice], **extra}
+
+
+def events(gen: Generation, answer: dict, model: str, sent: str = "") -> list[str]:
     """The server-sent events of a streamed request once its vote is decided: the chosen
-    path's text, its end (with the `stopexp` field), usage if asked, and [DONE]."""
-    def chunk(delta, finish=None, **extra) -> dict:
-        choice = {"index": 0, "finish_reason": finish, "logprobs": None}
-        choice.update({"delta": delta} if gen.chat else {"text": delta.get("content", "")})
-        return {"id": gen.id, "object": "chat.completion.chunk" if gen.chat else "text_completion",
-                "created": gen.created, "model": model, "choices": [choice], **extra}
-
-    out = [chunk({"role": "assistant", "content": answer["text"]}),
-           chunk({}, answer["finish_reason"], stopexp=answer["stopexp"])]
+    path's text (past `sent`, what went out as it was generated: stopexp.serve.streaming),
+    its end (with the `stopexp` field), usage if asked, and [DONE]."""
+    rest = answer["text"][len(sent):]
+    out = [chunk(gen, model, {"content": rest})] if sent and rest else [] if sent else \
+        [chunk(gen, model, {"role": "assistant", "content": rest})]
+    out.append(chunk(gen, model, {}, answer["finish_reason"], stopexp=answer["stopexp"]))
     if gen.include_usage:
-        out.append({**chunk({}), "choices": [], "usage": answer["usage"]})
+        out.append({**chunk(gen, model, {}), "choices": [], "usage": answer["usage"]})
     return [f"data: {json.dumps(c)}\n\n" for c in out] + ["data: [DONE]\n\n"]
-
-
-def error(message: str, param: str | None = None, kind: str = "invalid_request_error") -> dict:
-    """OpenAI's error body."""
-    return {"error": {"message": message, "type": kind, "param": param, "code": None}}

@@ -79,9 +79,10 @@ def errors(app: FastAPI) -> None:
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, e: HTTPException):
         where = f"{request.method} {request.url.path}"
+        allow = {k.lower(): v for k, v in (e.headers or {}).items()}.get("allow", "")
         message = {404: f"{where}: no such route (POST /v1/completions, POST /v1/chat/completions, "
                         "GET /v1/models, GET /health, GET /metrics)",
-                   405: f"{where}: the route takes {e.headers.get('allow', '') if e.headers else ''}"}
+                   405: f"{where}: the route takes {allow}"}
         return JSONResponse(error_body(message.get(e.status_code, f"{where}: {e.detail}")),
                             status_code=e.status_code, headers=e.headers)
 

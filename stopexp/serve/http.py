@@ -36,8 +36,8 @@ class DrainingServer(uvicorn.Server):
     the process with the signal's status instead of 0); its shutdown answers every
     connection accepted before it (above). `ready()`: called once it serves."""
 
-    def __init__(self, config: uvicorn.Config, ready: Callable | None = None):
-        super().__init__(config)
+    def __init__(self, options: uvicorn.Config, ready: Callable | None = None):
+        super().__init__(options)
         self.ready, self.unasked, self.adopted = ready, 0, 0
 
     @contextlib.contextmanager

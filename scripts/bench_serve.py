@@ -90,7 +90,7 @@ def main(argv: list[str]) -> None:
         cells = {(c, arm): load(client, model, problems, c, extra, task)
                  for c in levels for arm, extra in ARMS.items()}
     print(f"stopexp serve under load: engine={cfg.engine.name}, model {model}, method "
-          f"{service.method.name} (check at {service.method.checks}), n={cfg.search.n_paths}, "
+          f"{service.served.method.name} (check at {service.served.method.checks}), n={cfg.search.n_paths}, "
           f"{args.requests} test prompts per cell")
     print(f"{'clients':>7} {'arm':<9}{'req/s':>8}{'p50 s':>8}{'p95 s':>8}{'tokens/req':>11}{'accuracy':>9}{'wall s':>8}")
     for (c, arm), r in cells.items():

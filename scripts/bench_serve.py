@@ -2,8 +2,8 @@
 server in this process over the exp's engine and predictor, and 1, 8 and 32 concurrent
 clients (the real `openai` client over 127.0.0.1), each sending its share of `--requests`
 requests one after another. Both arms send the same requests (the task's test prompts,
-request k with seed k, n = search.n_paths): the pruned arm runs serve.method, the unpruned
-one the same paths to their end (`prune: false`). Before measuring, every prompt is sent
+request k with seed k, `paths` = search.n_paths): the pruned arm runs serve.method, the
+unpruned one the same paths to their end (`prune: false`). Before measuring, every prompt is sent
 once with max_tokens=1, so that both arms find the prompts in vLLM's prefix cache alike.
 Per cell: requests/s, p50 and p95 latency (seconds from sending to the answer), generated
 tokens per request and the vote's accuracy; then the ratios pruned / unpruned.
@@ -89,8 +89,9 @@ def main(argv: list[str]) -> None:
             client.completions.create(model=model, prompt=p.prompt, n=1, max_tokens=1, seed=0)
         cells = {(c, arm): load(client, model, problems, c, extra, task)
                  for c in levels for arm, extra in ARMS.items()}
+    method = service.served.method
     print(f"stopexp serve under load: engine={cfg.engine.name}, model {model}, method "
-          f"{service.method.name} (check at {service.method.checks}), n={cfg.search.n_paths}, "
+          f"{method.name} (check at {method.checks}), paths={cfg.search.n_paths}, "
           f"{args.requests} test prompts per cell")
     print(f"{'clients':>7} {'arm':<9}{'req/s':>8}{'p50 s':>8}{'p95 s':>8}{'tokens/req':>11}{'accuracy':>9}{'wall s':>8}")
     for (c, arm), r in cells.items():

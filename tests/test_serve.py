@@ -155,8 +155,8 @@ def test_32_clients_with_4_requests_each_are_all_answered_each_with_its_own_prom
         assert ask(k)[1].choices[0].text == answers[k].choices[0].text
 
 
-def error_of(response: httpx.Response) -> str:
-    assert response.status_code == 400, response.text
+def error_of(response: httpx.Response, status: int = 400) -> str:
+    assert response.status_code == status, response.text
     message = response.json()["error"]["message"]
     assert "\n" not in message
     return message
@@ -164,7 +164,6 @@ def error_of(response: httpx.Response) -> str:
 
 @pytest.mark.parametrize("body, field", [
     (b'{"model": "toy", "prompt": "3+4?",', "body"),
-    ({"model": "gpt-4", "prompt": "3+4?"}, "model"),
     ({"model": "toy", "prompt": "3+4?", "n": 0}, "n"),
     ({"model": "toy", "prompt": "3+4?", "paths": 65}, "paths"),
     ({"model": "toy", "prompt": "3+4?", "max_tokens": -1}, "max_tokens"),
@@ -190,7 +189,12 @@ def test_the_bad_request_messages(served):
     assert post(prompt="1+2?", max_tokens=-1) == "max_tokens: must lie in 1..64 (serve.max_tokens), got -1"
     assert post(prompt="9" * 200) == (  # 200 characters and the BOS token
         "prompt: 201 prompt tokens + 64 max_tokens exceed the model's 256 positions")
-    assert post(model="x", prompt="1+2?").startswith("model: 'x' is not served here; this server serves 'toy'")
+    unknown = httpx.post(f"{served.url}/v1/completions", json={"model": "x", "prompt": "1+2?"})
+    assert error_of(unknown, 404).startswith("model: 'x' is not served here; this server serves 'toy'")
+    assert unknown.json()["error"]["code"] == "model_not_found"
+    with pytest.raises(openai.NotFoundError, match="model: 'gpt-4' is not served here") as e:
+        served.client.completions.create(model="gpt-4", prompt="1+2?")
+    assert e.value.code == "model_not_found" and e.value.param == "model"
     with pytest.raises(openai.BadRequestError, match="n: must lie in 1..64"):
         served.client.completions.create(model="toy", prompt="1+2?", n=0)
 
@@ -255,7 +259,7 @@ def test_feedback_updates_the_predictor_and_every_response_names_its_version(tra
         prompt = prompts_of(1)[0]
         first = s.client.completions.create(model="toy", prompt=prompt, seed=0)
         assert first.model_extra["stopexp"]["predictor"]["version"] == 0
-        predictor = s.service.adapter.predictor
+        predictor = s.service.served.adapter.predictor
         weights = [p.detach().clone() for p in predictor.parameters()]
         r = httpx.post(f"{s.url}/v1/feedback", json={"id": first.id, "correct": True})
         assert r.status_code == 200, r.text

@@ -1,6 +1,7 @@
-"""stopexp's view of GSM8K for the harness: its test split in its order, its prompts and its
-grader (conf/task/gsm8k.yaml, read through stopexp's own task, so that the harness and
-stopexp's evaluate name the same prompts and grade a text alike)."""
+"""stopexp's tasks for the harness: GSM8K (conf/task/gsm8k.yaml) and the toy's chained
+arithmetic (conf/task/arith.yaml), each its test split in its order, its prompts and its
+grader, read through stopexp's own task, so that the harness and stopexp's evaluate name
+the same prompts and grade a text alike."""
 from __future__ import annotations
 
 import re
@@ -9,15 +10,44 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-TASK_YAML = Path(__file__).resolve().parents[2] / "conf" / "task" / "gsm8k.yaml"
+TASKS = Path(__file__).resolve().parents[2] / "conf" / "task"
 GSM8K_MARK = re.compile(r"#### (\-?[0-9\.\,]+)")  # GSM8K's strict match, as the harness' gsm8k task
 
 
-@lru_cache(maxsize=1)
-def _task():
+@lru_cache(maxsize=None)
+def _task(name: str = "gsm8k"):
+    """stopexp's task of conf/task/<name>.yaml (its schema's defaults left out: the file sets
+    every key)."""
     from stopexp.tasks import build_task
 
-    return build_task(OmegaConf.load(TASK_YAML))
+    config = OmegaConf.load(TASKS / f"{name}.yaml")
+    config.pop("defaults", None)
+    return build_task(config)
+
+
+ARITH_TEST = 200  # collect.prompts.test's default: the test prompts the toy's evaluate scores
+
+
+@lru_cache(maxsize=None)
+def _test_problems(name: str) -> list:
+    task = _task(name)
+    return task.problems("test", len(task.split_rows["test"]) if task.split_rows else ARITH_TEST)
+
+
+def stopexp_arith(**kwargs):
+    """The toy's task (task=arith, +exp=toy_contrastive's): its test split in the order
+    stopexp draws it, each row with stopexp's prompt and reference answer."""
+    import datasets
+
+    return datasets.DatasetDict({"test": datasets.Dataset.from_list([
+        {"prompt_id": p.prompt_id, "stopexp_prompt": p.prompt, "stopexp_answer": str(p.answer)}
+        for p in _test_problems("arith")])})
+
+
+def process_arith(doc, results) -> dict:
+    """acc: stopexp's grade of the returned text (the toy's answer after `#`), what
+    evaluate's vote accuracy counts."""
+    return {"acc": float(_task("arith").grade(_test_problems("arith")[doc["prompt_id"]], results[0]))}
 
 
 def stopexp_gsm8k(**kwargs):
@@ -27,8 +57,7 @@ def stopexp_gsm8k(**kwargs):
     by stopexp (no hub access), so the harness may run from any directory."""
     import datasets
 
-    task = _task()
-    problems = task.problems("test", len(task.split_rows["test"]))
+    problems = _test_problems("gsm8k")
     return datasets.DatasetDict({"test": datasets.Dataset.from_list([
         {"prompt_id": p.prompt_id, "source_row": p.source_row, "answer": p.reference,
          "stopexp_prompt": p.prompt, "stopexp_answer": p.answer} for p in problems])})

@@ -2,6 +2,7 @@
 server over the configured engine (stopexp/serve/), and its checks."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Optional
 
@@ -32,6 +33,16 @@ class ServeConfig:
     # with adapt.lr, adapt.weight_decay, adapt.steps and adapt.buffer)
     feedback: bool = False
     remember: int = 1024              # responses kept for their feedback (the oldest go first)
+    # the key every route but /health and /metrics asks for (Authorization: Bearer KEY);
+    # null: the environment's STOPEXP_API_KEY, else VLLM_API_KEY, else none (open)
+    api_key: Optional[str] = None
+    max_body_mb: int = 4              # a larger request body is refused (HTTP 413)
+
+
+def api_key(serve) -> str | None:
+    """The key the server asks for: serve.api_key, else STOPEXP_API_KEY, else VLLM_API_KEY
+    (a vLLM user's key protects this server too); None (or empty): none asked."""
+    return serve.api_key or os.environ.get("STOPEXP_API_KEY") or os.environ.get("VLLM_API_KEY") or None
 
 
 def served_method(cfg) -> str:
@@ -44,10 +55,15 @@ def check_serve(cfg) -> None:
     (search=parallel), a policy that needs no calibration, a method it can run."""
     s = cfg.serve
     within("serve.port", s.port, 0, 65535)
-    for key in ("max_concurrent", "max_n", "remember"):
+    for key in ("max_concurrent", "max_n", "remember", "max_body_mb"):
         at_least(f"serve.{key}", s[key], 1)
     if s.max_tokens is not None:
         at_least("serve.max_tokens", s.max_tokens, 1)
+    if s.api_key is not None and not (s.api_key.isascii() and s.api_key.isprintable()
+                                      and s.api_key.strip() == s.api_key != ""):
+        fail("serve.api_key", "the key is empty, has spaces at its ends or is not printable ASCII; "
+                              "give printable ASCII, or null for none (or the environment's "
+                              "STOPEXP_API_KEY / VLLM_API_KEY)")
     method = served_method(cfg)
     scoring = {"random", *names("baseline"), *predictor_names()}
     inside = [m for m in names("stopping") if lookup("stopping", m).inside and m not in NOT_SERVED]

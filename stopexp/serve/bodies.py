@@ -17,10 +17,22 @@ _BRACKET = re.compile(rb"[\[\]{}]")
 
 class BadRequest(ValueError):
     """A request the server refuses (HTTP 400); `param` is the field."""
+    status, code = 400, None
 
     def __init__(self, param: str, message: str):
         super().__init__(f"{param}: {message}")
         self.param = param
+
+
+class ModelNotFound(BadRequest):
+    """A request for a model this server does not serve (HTTP 404, as OpenAI's and vLLM's)."""
+    status, code = 404, "model_not_found"
+
+
+def error_body(message: str, param: str | None = None, kind: str = "invalid_request_error",
+               code: str | None = None) -> dict:
+    """OpenAI's error body."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 class NonFinite:

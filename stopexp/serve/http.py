@@ -1,23 +1,44 @@
 """Serving the app with uvicorn on a socket bound first (so that port 0 gives a free port
 known before the first request). SIGTERM and SIGINT drain: no new connection is taken,
-every request in flight is answered, then `serve_forever` returns (the stage exits 0)."""
+every connection accepted before is answered, then `HeldSigterm.serve` returns (the
+stage exits 0).
+
+Where uvicorn's own graceful shutdown loses connections, and what this one does instead:
+the connections the kernel accepted that uvicorn had not yet taken from the listening
+socket's backlog were reset when the socket closed (they are taken and served first), and
+a connection whose request had not yet arrived in full was closed at once (it is given
+REQUEST_GRACE seconds to send it; those that send nothing are counted). A SIGTERM that
+comes before the server runs (the model still loading) is held, not fatal: the server
+starts, answers what connected, and stops."""
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
+import functools
+import logging
 import signal
 import socket
 import threading
+from typing import Callable
 
 import uvicorn
 
 from stopexp.core.errors import ConfigError
 
+log = logging.getLogger(__name__)
+REQUEST_GRACE = 2.0  # seconds a connection accepted before the drain has to send its request
+
 
 class DrainingServer(uvicorn.Server):
     """uvicorn's server, whose SIGTERM / SIGINT handler starts its graceful shutdown and,
     unlike uvicorn's own, does not raise the signal again once it is done (which would end
-    the process with the signal's status instead of 0)."""
+    the process with the signal's status instead of 0); its shutdown answers every
+    connection accepted before it (above). `ready()`: called once it serves."""
+
+    def __init__(self, options: uvicorn.Config, ready: Callable | None = None):
+        super().__init__(options)
+        self.ready, self.unasked, self.adopted = ready, 0, 0
 
     @contextlib.contextmanager
     def capture_signals(self):
@@ -30,6 +51,45 @@ class DrainingServer(uvicorn.Server):
         finally:
             for s, handler in old.items():
                 signal.signal(s, handler)
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started and self.ready is not None:
+            self.ready()
+
+    async def shutdown(self, sockets=None) -> None:
+        await self.adopt_backlog(sockets or [])
+        for server in self.servers:  # no new connection from here on
+            server.close()
+        await self.await_requests(REQUEST_GRACE)
+        self.unasked = sum(1 for c in self.server_state.connections
+                           if getattr(c, "cycle", None) is None and not c.transport.is_closing())
+        await super().shutdown(sockets=sockets)
+
+    async def adopt_backlog(self, sockets: list[socket.socket]) -> None:
+        """Serve the connections the kernel accepted on `sockets` that are still in their
+        backlog (closing a listening socket resets them)."""
+        make = functools.partial(self.config.http_protocol_class, config=self.config,
+                                 server_state=self.server_state, app_state=self.lifespan.state)
+        loop = asyncio.get_running_loop()
+        for sock in sockets:
+            while True:
+                try:
+                    conn, _ = sock.accept()
+                except (BlockingIOError, InterruptedError, OSError):
+                    break
+                conn.setblocking(False)
+                await loop.connect_accepted_socket(make, conn)
+                self.adopted += 1
+
+    async def await_requests(self, grace: float) -> None:
+        """Until every open connection has a request under way or answered, or `grace`
+        seconds have passed."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + grace
+        while loop.time() < end and any(getattr(c, "cycle", None) is None and not c.transport.is_closing()
+                                        for c in self.server_state.connections):
+            await asyncio.sleep(0.01)
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -68,21 +128,49 @@ def bind_error(host: str, port: int, e: OSError) -> str:
     return f"serve.host, serve.port: {where}; choose another address or port"
 
 
-def server_for(app, sock: socket.socket) -> DrainingServer:
+def server_for(app, ready: Callable | None = None) -> DrainingServer:
     return DrainingServer(uvicorn.Config(app, log_level="warning", access_log=False,
-                                         timeout_keep_alive=30, lifespan="off"))
+                                         timeout_keep_alive=30, lifespan="off"), ready)
 
 
-def serve_forever(app, sock: socket.socket) -> None:
-    """Serve until SIGTERM / SIGINT, then drain and return."""
-    server_for(app, sock).run(sockets=[sock])
+class HeldSigterm:
+    """SIGTERM from now on (in the main thread) held for the server that `serve` runs: one
+    that comes before it serves makes it drain as soon as it starts."""
+
+    def __init__(self):
+        self.server: DrainingServer | None = None
+        self.caught = False
+        self.old = None
+
+    def __enter__(self) -> "HeldSigterm":
+        if threading.current_thread() is threading.main_thread():
+            self.old = signal.signal(signal.SIGTERM, self.handle)
+        return self
+
+    def handle(self, sig, frame) -> None:
+        if self.server is not None:
+            self.server.handle_exit(sig, frame)
+        self.caught = True
+
+    def __exit__(self, *exc) -> None:
+        if self.old is not None:
+            signal.signal(signal.SIGTERM, self.old)
+
+    def serve(self, app, sock: socket.socket, ready: Callable | None = None) -> DrainingServer:
+        """Serve `app` on `sock` until SIGTERM / SIGINT (a held one included), then drain
+        and return the server (its `adopted` and `unasked` connections)."""
+        server = self.server = server_for(app, ready)
+        if self.caught:
+            server.should_exit = True
+        server.run(sockets=[sock])
+        return server
 
 
 @contextlib.contextmanager
 def serving_in_thread(app, sock: socket.socket):
     """The app served from a thread while inside (tests, benchmarks); on exit the server
     drains and stops."""
-    server = server_for(app, sock)
+    server = server_for(app)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:

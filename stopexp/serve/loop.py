@@ -1,10 +1,12 @@
 """The engine loop: one thread owns the engine and steps it; every request's paths are in
 flight together. Between two steps it admits waiting requests (up to `max_concurrent` in
 the engine; their paths added, those of one sampling together), aborts the paths of
-requests whose client went away, and runs queued tasks (a feedback update); after each
-step every request in the engine sees its paths' new tokens (the stepper takes them in,
-tapped states included) and checks, prunes and votes (stopexp.serve.run). A request that
-is done is answered through its future and its paths are released from the engine.
+requests whose client went away, and runs queued tasks (a feedback update, a prompt scored
+without generating); after each step every request in the engine sees its paths' new
+tokens (the stepper takes them in, tapped states included) and checks, prunes and votes
+(stopexp.serve.run). A request that is done is answered through its future and its paths
+are released from the engine; one that streams is shown its committed path's tokens after
+each step (`watch`).
 
 `submit` and `cancel` are called from the server's event loop; everything that touches
 the engine or the predictor runs in this thread, with the torch thread count of the thread
@@ -36,14 +38,16 @@ class EngineLoop:
         self.stepper, self.start_run, self.answer = stepper, start_run, answer
         self.max_concurrent = max_concurrent
         self.cond = threading.Condition()
-        self.waiting: list[tuple] = []     # (request, future) in arrival order
+        self.waiting: list[tuple] = []     # (request, future, watch) in arrival order
         self.active: dict = {}             # future -> its RequestRun in the engine
+        self.watches: dict = {}            # future -> watch(path key, tokens) of a streamed request
         self.cancels: list[Future] = []
-        self.tasks: list[tuple] = []       # (function, future) to run between steps
+        self.tasks: list[tuple] = []       # (function, future, request or None) to run between steps
         self.closed = False
         # completion_tokens: every generated token of every path, as the responses' `usage`
         self.counts: Counter = Counter(dict.fromkeys(("answered", "cancelled", "failed", "steps",
-                                                      "peak_active", "completion_tokens"), 0))
+                                                      "peak_active", "prompt_tokens",
+                                                      "completion_tokens"), 0))
         self.keys = 0
         self.threads = torch.get_num_threads()  # this thread's, which opened the engine
         self.thread = threading.Thread(target=self._main, name="stopexp-engine", daemon=True)
@@ -52,12 +56,15 @@ class EngineLoop:
         self.thread.start()
         return self
 
-    def submit(self, gen) -> Future:
+    def submit(self, gen, watch: Callable | None = None) -> Future:
+        """The future of request `gen`'s answer. `watch(path key, tokens)`, if given, is
+        called in this loop's thread after each step once the request has committed to a
+        path (stopexp.serve.run.RequestRun.committed) while that path runs, with its tokens."""
         future: Future = Future()
         with self.cond:
             if self.closed:
                 raise Closed("the server is shutting down")
-            self.waiting.append((gen, future))
+            self.waiting.append((gen, future, watch))
             self.cond.notify()
         return future
 
@@ -67,11 +74,14 @@ class EngineLoop:
             self.cancels.append(future)
             self.cond.notify()
 
-    def call(self, fn: Callable) -> Future:
-        """Run `fn()` in this thread between two steps."""
+    def call(self, fn: Callable, gen=None) -> Future:
+        """Run `fn()` in this thread between two steps; with `gen`, `fn()` is the answer of
+        that request (one that generates nothing), counted as the requests are."""
         future: Future = Future()
         with self.cond:
-            self.tasks.append((fn, future))
+            if self.closed:
+                raise Closed("the server is shutting down")
+            self.tasks.append((fn, future, gen))
             self.cond.notify()
         return future
 
@@ -95,7 +105,7 @@ class EngineLoop:
             log.exception("the engine loop stopped")
             with self.cond:
                 self.closed = True
-                pending = [f for _, f in self.waiting] + list(self.active) + [f for _, f in self.tasks]
+                pending = [w[1] for w in self.waiting] + list(self.active) + [t[1] for t in self.tasks]
                 self.waiting, self.tasks = [], []
             self.active.clear()
             for future in pending:
@@ -114,8 +124,8 @@ class EngineLoop:
                 admitted, self.waiting = self.waiting[:room], self.waiting[room:]
                 cancels, self.cancels = self.cancels, []
                 tasks, self.tasks = self.tasks, []
-            for fn, future in tasks:
-                _settle(future, fn)
+            for fn, future, gen in tasks:
+                self._settle(future, fn, gen)
             self._admit(admitted)
             for future in cancels:  # after admitting: a request admitted just now is found
                 self._cancel(future)
@@ -123,7 +133,7 @@ class EngineLoop:
 
     def _admit(self, admitted: list[tuple]) -> None:
         by_params: dict = {}
-        for gen, future in admitted:
+        for gen, future, watch in admitted:
             if not future.set_running_or_notify_cancel():  # cancelled while it waited
                 self.counts["cancelled"] += 1
                 continue
@@ -135,6 +145,9 @@ class EngineLoop:
                 self.counts["failed"] += 1
                 continue
             self.active[future] = run
+            self.counts["prompt_tokens"] += len(gen.prompt_ids)
+            if watch is not None:
+                self.watches[future] = watch
             by_params.setdefault(gen.params, []).append(future)
         for params, futures in by_params.items():  # one sampling: one batch (hf: one cohort)
             try:
@@ -164,12 +177,22 @@ class EngineLoop:
                     raise RuntimeError("a request has no running path but is not done")
                 if run.done:
                     self._finish(future)
+                elif future in self.watches:
+                    self._show(future, run)
             except Exception as e:  # noqa: BLE001  (this request fails, the others go on)
                 log.exception("request failed")
                 self._finish(future, error=e)
 
+    def _show(self, future: Future, run) -> None:
+        """A streamed request's committed path, while it runs (a finished one's end, stop
+        string included, is for the answer to cut)."""
+        path = run.committed()
+        if path is not None and not (path.finished or path.pruned) and path.tokens:
+            self.watches[future](path.key, list(path.tokens))
+
     def _finish(self, future: Future, error: Exception | None = None) -> None:
         run = self.active.pop(future)
+        self.watches.pop(future, None)
         if error is not None:
             run.abort(self.stepper)
         else:
@@ -188,6 +211,7 @@ class EngineLoop:
 
     def _cancel(self, future: Future) -> None:
         run = self.active.pop(future, None)
+        self.watches.pop(future, None)
         if run is None:  # still waiting, or answered meanwhile
             with self.cond:
                 waiting = [w for w in self.waiting if w[1] is not future]
@@ -202,11 +226,16 @@ class EngineLoop:
         self.counts["cancelled"] += 1
         future.cancel() or future.set_exception(Closed("cancelled: the client went away"))
 
-
-def _settle(future: Future, fn: Callable) -> None:
-    if not future.set_running_or_notify_cancel():
-        return
-    try:
-        future.set_result(fn())
-    except Exception as e:  # noqa: BLE001  (the caller gets it)
-        future.set_exception(e)
+    def _settle(self, future: Future, fn: Callable, gen) -> None:
+        if not future.set_running_or_notify_cancel():
+            self.counts["cancelled"] += gen is not None
+            return
+        if gen is not None:
+            self.counts["prompt_tokens"] += len(gen.prompt_ids)
+        try:
+            future.set_result(fn())
+        except Exception as e:  # noqa: BLE001  (the caller gets it)
+            self.counts["failed"] += gen is not None
+            future.set_exception(e)
+        else:
+            self.counts["answered"] += gen is not None

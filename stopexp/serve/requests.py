@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from stopexp.search.decode import SamplingParams
 from stopexp.search.sample import prompt_ids
-from stopexp.serve.bodies import BadRequest, read_json
+from stopexp.serve.bodies import BadRequest, ModelNotFound, read_json
 from stopexp.serve.fields import flag, integer
 from stopexp.serve.sampling import read_sampling
 
@@ -80,14 +80,15 @@ class RequestReader:
     def __init__(self, tokenizer, limits: Limits, template: bool, lock: threading.Lock):
         self.tokenizer, self.limits, self.template, self.lock = tokenizer, limits, template, lock
 
-    def read(self, raw: bytes, chat: bool) -> list[Generation]:
-        """The Generations of a request body, one per prompt (chat: one)."""
+    def read(self, raw: bytes, chat: bool, request_id: str | None = None) -> list[Generation]:
+        """The Generations of a request body, one per prompt (chat: one); `request_id` (the
+        X-Request-Id) names the response, `cmpl-<it>` (none: a fresh one)."""
         body = read_json(raw)
         lim = self.limits
         model = body.get("model")
         if model != lim.model_name:
-            raise BadRequest("model", f"{model!r} is not served here; this server serves "
-                                      f"{lim.model_name!r} (GET /v1/models)")
+            raise ModelNotFound("model", f"{model!r} is not served here; this server serves "
+                                         f"{lim.model_name!r} (GET /v1/models)")
         for key, fine in {**UNSUPPORTED, **(CHAT_ONLY_OFF if chat else {})}.items():
             if body.get(key) not in fine:
                 hint = "; the paths sampled per prompt are `paths`" if key == "best_of" else ""
@@ -120,7 +121,7 @@ class RequestReader:
         if not isinstance(options, dict):
             raise BadRequest("stream_options", "an object is expected")
         shared = dict(
-            id=f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(12)}", chat=chat, paths=paths,
+            id=f"{'chatcmpl' if chat else 'cmpl'}-{request_id or secrets.token_hex(12)}", chat=chat, paths=paths,
             choices=n, params=params, seed=secrets.randbits(63) if seed is None else seed,  # no seed: fresh streams
             stream=stream, include_usage=flag(options, "include_usage", False, "stream_options."),
             prune=flag(body, "prune", True), created=int(time.time()),

@@ -89,24 +89,30 @@ def body(gens: list[Generation], answers: list[dict], model: str) -> dict:
             "created": gen.created, "model": model, "choices": choices, "usage": total, "stopexp": info}
 
 
-def events(gen: Generation, answer: dict, model: str) -> list[str]:
-    """The server-sent events of a streamed request once its vote is decided: the chosen
-    path's text, its end (with the `stopexp` field), usage if asked, and [DONE]."""
-    def chunk(delta, finish=None, index=0, logprobs=None, **extra) -> dict:
-        choice = {"index": index, "finish_reason": finish, "logprobs": logprobs}
-        choice.update({"delta": delta} if gen.chat else {"text": delta.get("content", "")})
-        return {"id": gen.id, "object": "chat.completion.chunk" if gen.chat else "text_completion",
-                "created": gen.created, "model": model, "choices": [choice], **extra}
+def chunk(gen: Generation, model: str, delta: dict, finish=None, index: int = 0, logprobs=None,
+          **extra) -> dict:
+    """One server-sent event's chunk of choice `index` (`delta`: the chat delta; a
+    completion's text is its content)."""
+    choice = {"index": index, "finish_reason": finish, "logprobs": logprobs}
+    choice.update({"delta": delta} if gen.chat else {"text": delta.get("content", "")})
+    return {"id": gen.id, "object": "chat.completion.chunk" if gen.chat else "text_completion",
+            "created": gen.created, "model": model, "choices": [choice], **extra}
 
-    out = [chunk({"role": "assistant", "content": c["text"]}, index=i, logprobs=c["logprobs"])
-           for i, c in enumerate(answer["choices"])]
-    out += [chunk({}, c["finish_reason"], index=i, **({"stopexp": answer["stopexp"]} if i == 0 else {}))
-            for i, c in enumerate(answer["choices"])]
+
+def events(gen: Generation, answer: dict, model: str, sent: str = "") -> list[str]:
+    """The server-sent events of a streamed request once its vote is decided: each choice's
+    text (of a request of one choice, only the text past `sent`, what went out as it was
+    generated: stopexp.serve.streaming), each choice's end (the first with the `stopexp`
+    field), usage if asked, and [DONE]."""
+    choices = answer["choices"]
+    if sent:
+        rest = choices[0]["text"][len(sent):]
+        out = [chunk(gen, model, {"content": rest})] if rest else []
+    else:
+        out = [chunk(gen, model, {"role": "assistant", "content": c["text"]}, index=i, logprobs=c["logprobs"])
+               for i, c in enumerate(choices)]
+    out += [chunk(gen, model, {}, c["finish_reason"], index=i, **({"stopexp": answer["stopexp"]} if i == 0 else {}))
+            for i, c in enumerate(choices)]
     if gen.include_usage:
-        out.append({**chunk({}), "choices": [], "usage": answer["usage"]})
+        out.append({**chunk(gen, model, {}), "choices": [], "usage": answer["usage"]})
     return [f"data: {json.dumps(c)}\n\n" for c in out] + ["data: [DONE]\n\n"]
-
-
-def error(message: str, param: str | None = None, kind: str = "invalid_request_error") -> dict:
-    """OpenAI's error body."""
-    return {"error": {"message": message, "type": kind, "param": param, "code": None}}

@@ -10,6 +10,7 @@ controller sees the request's paths after every step and stops some, wave by wav
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -57,6 +58,7 @@ class RequestRun:
         self.checks: list[dict] = []
         self.first: dict = {}       # path key -> its check batch row at the first check
         self.versions: list[int] = []
+        self.check_seconds: list[float] = []  # each check's scoring and decision (the metrics')
         inside = method.controller is not None and not unpruned
         self.controller = method.controller(gen.paths) if inside else None
         checked = method.scorer is not None and not unpruned
@@ -75,6 +77,14 @@ class RequestRun:
     @property
     def done(self) -> bool:
         return self.wave >= len(self.waves)
+
+    def committed(self) -> Running | None:
+        """The path the answer is, once that is decided before the end: the one path of the
+        request that nothing pruned (every other pruned, none left to launch), which is
+        then the vote's only voter and its one choice; None while several may still vote
+        (always with n > 1: `_spare` keeps a path per choice)."""
+        voters = [p for p in self.paths if p.key not in self.record.pruned_at]
+        return voters[0] if len(voters) == 1 else None
 
     def advance(self, stepper) -> None:
         """After an engine step: run the checks (or the controller) that are due, abort what
@@ -96,11 +106,13 @@ class RequestRun:
         for i, live in self.schedule.due():
             if not live:
                 continue
+            start = time.perf_counter()
             batch = check_batch(stepper, live, m.checks[i], m.group_window, {self.key: self.gen})
             keys = [p.key for p in live]
             keep = decide_check(m.scorer, batch, self.policies[i], keys,
                                 prompt_groups(np.array([k[0] for k in keys])), self.history,
                                 m.score_rule, self.record)
+            self.check_seconds.append(time.perf_counter() - start)
             gone = self._spare([p for p, k in zip(live, keep.tolist()) if not k])
             keep = torch.tensor([all(p is not g for g in gone) for p in live])
             if gone:

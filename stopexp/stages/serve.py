@@ -9,27 +9,32 @@ method inside the paths, or no_prune), and answers with the `n` best distinct an
 
 Before any compute: the config is validated, the port bound and the predictor found (a
 missing one is refused with the train command that makes it), each an `error:` line and
-exit 2. SIGTERM drains the requests in flight, then the stage writes its metrics.json
-(requests answered, cancelled, failed) and exits 0.
+exit 2; feedback on an address other machines reach needs an API key. SIGTERM drains:
+every connection accepted before it is answered (one that comes while the model loads is
+held until the server runs), then the stage writes its metrics.json (requests answered,
+cancelled, failed) and exits 0.
 """
 from __future__ import annotations
 
+import ipaddress
 import logging
 import time
 from contextlib import closing, contextmanager
 from dataclasses import replace
 
-from stopexp.config.serve import served_method
+from stopexp.config.serve import api_key, served_method
+from stopexp.core.errors import ConfigError
 from stopexp.core.names import predictor_names
 from stopexp.core.policies import check_policies
 from stopexp.core.protocol import check_plan
 from stopexp.engines import Sections, backend
 from stopexp.serve.app import make_app
 from stopexp.serve.feedback import Adapter
-from stopexp.serve.http import bind, serve_forever
+from stopexp.serve.access import Access
+from stopexp.serve.http import HeldSigterm, bind
 from stopexp.serve.requests import Limits
 from stopexp.serve.run import Method
-from stopexp.serve.service import Service, open_service
+from stopexp.serve.service import Served, Service, open_service
 from stopexp.signals import methods as M
 from stopexp.stages import build
 from stopexp.stages.cli import Stage, stage_main
@@ -108,17 +113,19 @@ def serving(cfg, overrides: list[str] | None = None):
     inside = trace_methods([method], cfg.evaluate.stopping).get(method)
     controller = None if inside is None else (lambda n: inside.controller(
         n, cfg.search.group_window, task=task, predictor=cfg.predictor.name))
-    served = Method(method, checks, cfg.search.group_window, cfg.search.score_rule, cfg.evaluate.vote,
-                    cfg.evaluate.vote_top, scorer, request_policies(cfg.policy, plan, cfg.search.n_paths),
-                    controller)
+    pruning = Method(method, checks, cfg.search.group_window, cfg.search.score_rule, cfg.evaluate.vote,
+                     cfg.evaluate.vote_top, scorer, request_policies(cfg.policy, plan, cfg.search.n_paths),
+                     controller)
     limits = Limits(s.model_name or cfg.model.name, s.max_n, cfg.search.n_paths, most,
                     positions_of(cfg.engine, lm), params, max_prompts=s.max_concurrent)
     adapter = Adapter(predictor, build_loss(cfg.loss), cfg.adapt, task, s.remember) if s.feedback else None
     sections = Sections(cfg.model, cfg.engine, cfg.task, cfg.search, cfg.tap, cfg.seed, cfg.paths.cache_dir)
+    served = Served(pruning, artifact, adapter)
     with engine.serve(lm, tokenizer, sections=sections, params=params, checks=tuple(checks),
                       max_rows=cfg.search.max_batch_rows) as stepper, \
             open_service(stepper, tokenizer, task, served, limits, max_concurrent=s.max_concurrent,
-                         template=s.completions_template, predictor=artifact, adapter=adapter) as service:
+                         template=s.completions_template,
+                         access=Access(api_key(s), s.max_body_mb << 20)) as service:
         yield service
 
 
@@ -127,14 +134,30 @@ def main(stage: Stage) -> dict:
     cfg, start = stage.cfg, time.time()
     sock = bind(cfg.serve.host, cfg.serve.port)  # a taken port is refused before the LM loads
     host, port = sock.getsockname()[:2]
-    with closing(sock), serving(cfg, stage.overrides) as service:
-        print(announce(service, host, port), flush=True)
-        serve_forever(make_app(service), sock)
-        log.info("drained: every request in flight was answered")
-    return {"serve": service.status(), "wall_s": round(time.time() - start, 2)}
+    with closing(sock), HeldSigterm() as held:
+        open_feedback_refused(cfg.serve, host)
+        with serving(cfg, stage.overrides) as service:
+            server = held.serve(make_app(service), sock,
+                                ready=lambda: print(announce(service, host, port), flush=True))
+            unasked = f"; {server.unasked} connection(s) closed without sending a request" \
+                if server.unasked else ""
+            log.info("drained: every request received was answered (%d taken from the backlog at "
+                     "the signal)%s", server.adopted, unasked)
+    return {"serve": {**service.status(), "closed_unasked": server.unasked},
+            "wall_s": round(time.time() - start, 2)}
+
+
+def open_feedback_refused(serve, host: str) -> None:
+    """Feedback changes the predictor every later request uses: on an address that other
+    machines reach it is served only behind an API key."""
+    if serve.feedback and api_key(serve) is None and not ipaddress.ip_address(host.split("%")[0]).is_loopback:
+        raise ConfigError(f"serve.feedback: POST /v1/feedback changes the predictor every later request "
+                          f"uses, and {host} is reachable from other machines; set serve.api_key (or "
+                          "STOPEXP_API_KEY), or serve on 127.0.0.1")
 
 
 def announce(service: Service, host: str, port: int) -> str:
-    predictor = f", predictor {service.predictor['key']}" if service.predictor else ""
+    served = service.served
+    predictor = f", predictor {served.predictor['key']}" if served.predictor else ""
     return (f"stopexp serve: http://{host}:{port}/v1 (model {service.model_name!r}, method "
-            f"{service.method.name}{predictor}); SIGTERM or Ctrl-C drains and stops")
+            f"{served.method.name}{predictor}); SIGTERM or Ctrl-C drains and stops")

@@ -19,15 +19,15 @@ def test_the_target_config_shifts_the_lm_or_pins_it():
     assert tgt.model.toy.seed == 1 and cfg.model.toy.seed == 0 and not tgt.adapt.target
     assert tgt.collect.mc_rollouts == 4 and cfg.collect.mc_rollouts == 0  # MC labels: target only
     assert target_overrides(cfg, ["+exp=toy_shift", "adapt.lr=0.1"]) == [
-        "+exp=toy_shift", '"task.styles={careful:0.8,shortcut:0.2}"', '"model.toy.seed=1"',
-        '"collect.mc_rollouts=4"']
+        "+exp=toy_shift", 'task.styles={careful:0.8,shortcut:0.2}', 'model.toy.seed=1',
+        'collect.mc_rollouts=4']
     # a prompt shift with the LM pinned: the same LM, another bank
     pinned = compose("adapt", ["++adapt.target={task.n_steps:8}"])
     tgt = target_config(validate(pinned))
     assert tgt.task.n_steps == 8 and OmegaConf.to_container(tgt.model.toy.train_task) == {"n_steps": 6}
     assert toy_key(tgt.model.toy, tgt.task) == toy_key(pinned.model.toy, pinned.task) == "27c2bc494cd4"
     assert build.bank(tgt).key != build.bank(pinned).key
-    assert target_overrides(pinned, []) == ['"task.n_steps=8"', '"+model.toy.train_task.n_steps=6"']
+    assert target_overrides(pinned, []) == ['task.n_steps=8', '+model.toy.train_task.n_steps=6']
 
 
 def test_the_target_bank_may_hold_more_prompts_than_the_source():
@@ -89,7 +89,7 @@ def test_mc_feedback_validates_with_monte_carlo_labels_in_the_target_only():
     # the command line's target replaces toy_shift's (its task.styles is gone)
     assert target_overrides(cfg, ["+exp=toy_shift", "++adapt.target={model.toy.seed:1,collect.mc_rollouts:4}",
                                   "~adapt.seed"]) == [
-        "+exp=toy_shift", '"model.toy.seed=1"', '"collect.mc_rollouts=4"']
+        "+exp=toy_shift", 'model.toy.seed=1', 'collect.mc_rollouts=4']
     online = validate(compose("adapt", ["adapt.variants=[mc_feedback]", "evaluate.mode=online"]))
     assert online.adapt.mc_rollouts == 4  # online forks the LM: no bank labels needed
 

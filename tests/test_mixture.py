@@ -86,7 +86,7 @@ def test_smollm2_mixture_keeps_each_tasks_prompt_and_grader():
      "task.components: 1 components: a mixture draws from two tasks or more (one task: task=<its name>)"),
     ("task.components=[{task:{name:arith},weight:1},{task:{name:arith,n_stepz:3},weight:1,label:b}]",
      "task.components.1.task.n_stepz: not a key of task arith; its keys: name, split_fractions, "
-     "seed, stop, n_steps, operators, multipliers, styles"),
+     "seed, stop, n_steps, operators, multipliers, styles, prompt_offset"),
     ("task.components=[{task:{name:arith},weight:1},{task:{name:arith},weight:1,size:2}]",
      "task.components.1: {'task': {'name': 'arith'}, 'weight': 1, 'size': 2}: give {task: {name: "
      "<task>, ...}, weight: <number > 0>, label: <optional name>}"),

@@ -178,7 +178,7 @@ def _value(v) -> str:
         return "[" + ", ".join(_value(x) for x in v) + "]"
     if isinstance(v, dict):
         return "{" + ", ".join(f"{k}: {_value(x)}" for k, x in v.items()) + "}"
-    return str(v)
+    return str(v).replace("\n", "\\n")  # a table row is one line
 
 
 def _leaves(node, prefix=""):

@@ -232,7 +232,7 @@ def test_reward_is_in_the_bank_key_only_when_not_the_outcome():
                                                                      "max_prompt_tokens", "thinking")}
     model["toy"] = {k: v for k, v in model["toy"].items() if k != "train_task"}
     task = {k: v for k, v in plain(cfg.task).items() if k not in ("tokenize", "solution_style", "shot_match",
-                                                                   "prompt_offset")}  # left out at their defaults
+                                                                   "prompt_offset", "components")}  # left out at their defaults
     by_hand = config_hash({"version": bank.BANK_VERSION, "model": model, "task": task,
                           "tap": {},  # no Monte Carlo rollouts: no checkpoints in the key
                           "search": sampling_section(cfg.search),

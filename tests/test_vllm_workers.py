@@ -1,8 +1,7 @@
 """In-engine taps driven inside vLLM's workers (stopexp.search.vllm_workers), without an
 engine: two workers (tensor parallel ranks 0 and 1) of the tap extension, each over a stub
-model runner of tests/test_vllm_taps.py, reached by a `collective_rpc` that pickles what
-travels as vLLM's multi-process executor does."""
-import pickle
+model runner of tests/test_vllm_taps.py, reached by a `collective_rpc` that carries its arguments and answers as vLLM's messages
+do (msgpack: plain values and bytes)."""
 
 import numpy as np
 import pytest
@@ -20,16 +19,24 @@ class Worker(TapWorker):
         self.model_runner = self.stub.runner
 
 
+def carried(value):
+    """`value` after a trip through vLLM's message encoding (an engine core in its own
+    process: vllm.v1.serial_utils)."""
+    from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
+
+    return MsgpackDecoder().decode(MsgpackEncoder().encode(value))
+
+
 class LLM:
     """Two workers behind `collective_rpc`: every call reaches both, its arguments and
-    answers pickled on the way."""
+    answers carried as vLLM carries them."""
 
     def __init__(self, kind):
         self.workers = [Worker(0, kind), Worker(1, kind)]
 
     def collective_rpc(self, method, args=()):
-        args = pickle.loads(pickle.dumps(args))
-        return [pickle.loads(pickle.dumps(getattr(w, method)(*args))) for w in self.workers]
+        args = carried(args)
+        return [carried(getattr(w, method)(*args)) for w in self.workers]
 
 
 @pytest.mark.parametrize("kind", ["v1", "v2"])

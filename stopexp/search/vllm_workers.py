@@ -28,12 +28,14 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
+
 from stopexp.search.vllm_taps import TAPPED, EngineTaps, tapped_class_path
 
 
 @dataclass(frozen=True)
 class Candidates:
-    """The generated positions a worker keeps (picklable: it travels to the workers)."""
+    """The generated positions a worker keeps."""
     checkpoints: frozenset = frozenset()
     stride: int | None = None
     every: bool = False  # a step end decides: every position, filtered here
@@ -43,6 +45,10 @@ class Candidates:
         """Of a features position spec (checkpoints, stride, separator)."""
         return cls(frozenset(positions["checkpoints"]), positions["stride"],
                    positions["separator"] is not None)
+
+    def plain(self) -> list:
+        """As it travels to a worker (vLLM's messages carry plain values only)."""
+        return [sorted(self.checkpoints), self.stride, self.every]
 
     def __call__(self, c: int) -> bool:
         return self.every or c in self.checkpoints or bool(self.stride and c % self.stride == 0)
@@ -61,24 +67,29 @@ class TapWorker:
         self.stopexp_taps = EngineTaps(self.model_runner, layers, pooling, dtype)
         return self.stopexp_taps.batch.name
 
-    def stopexp_taps_watch(self, watches: list[tuple[str, int, Candidates]]) -> None:
+    def stopexp_taps_watch(self, watches: list) -> None:
+        """Watch each (request id, prompt length, `Candidates.plain()`)."""
         taps = getattr(self, "stopexp_taps", None)
-        for request_id, prompt_len, candidates in watches if taps is not None else ():
-            taps.watch(request_id, prompt_len, candidates)
+        for request_id, prompt_len, (checkpoints, stride, every) in watches if taps else ():
+            taps.watch(request_id, prompt_len, Candidates(frozenset(checkpoints), stride, every))
 
-    def stopexp_taps_sync(self, forget: list[str]) -> dict[str, dict] | None:
-        """The states read since the last call ({request id: {c: (layers, H) float32}}),
-        then `forget`'s requests dropped."""
+    def stopexp_taps_sync(self, forget: list[str]) -> list | None:
+        """The states read since the last call, then `forget`'s requests dropped: [[request
+        id, c], ...], their (n, layers, H) float32 states as bytes, and that shape (vLLM's
+        messages carry bytes, not arrays)."""
         taps = getattr(self, "stopexp_taps", None)
         if taps is None:
             return None
-        read = {}
+        keys, states = [], []
         for request_id, w in taps.watched.items():
-            if w.states:
-                read[request_id], w.states = w.states, {}
+            for c, state in w.states.items():
+                keys.append([request_id, c])
+                states.append(state)
+            w.states = {}
         for request_id in forget:
             taps.forget(request_id)
-        return read
+        stacked = np.stack(states) if states else np.zeros((0, 0, 0), np.float32)
+        return [keys, stacked.tobytes(), list(stacked.shape)]
 
     def stopexp_taps_disarm(self) -> None:
         taps = getattr(self, "stopexp_taps", None)
@@ -151,7 +162,7 @@ class WorkerTaps:
         """Watch a request (sent with the next `flush`); `tokens`, the path's generated ids
         as they arrive, where `wanted` reads them (step ends)."""
         self.watched[request_id] = w = PathWatch(wanted, tokens if self.candidates.every else None)
-        self._new.append((request_id, prompt_len, self.candidates))
+        self._new.append([request_id, prompt_len, self.candidates.plain()])
         return w
 
     def flush(self) -> None:
@@ -168,11 +179,15 @@ class WorkerTaps:
         """Take what the worker read since the last call; drop the requests forgotten."""
         if not self.watched:
             return
-        read = self._call("stopexp_taps_sync", self._gone) or {}
-        for request_id, states in read.items():
+        keys, data, shape = self._call("stopexp_taps_sync", self._gone)
+        states = np.frombuffer(data, np.float32).reshape(shape).copy()
+        read: dict[str, dict] = {}
+        for (request_id, c), state in zip(keys, states):
+            read.setdefault(request_id, {})[int(c)] = state
+        for request_id, got in read.items():
             w = self.watched.get(request_id)
             if w is not None:
-                w.take(states)
+                w.take(got)
         for request_id in self._gone:
             self.watched.pop(request_id, None)
         self._gone = []

@@ -147,6 +147,7 @@ class WorkerTaps:
     def __init__(self, llm, layers, pooling: str = "last", dtype: str = "float32",
                  positions: dict | None = None, rank: int = 0):
         self.llm, self.rank = llm, rank
+        self.layers, self.pooling = tuple(sorted(layers)), pooling  # shallowest first, as read
         self.candidates = Candidates.of(positions) if positions else Candidates(every=True)
         self.runner = self._call("stopexp_taps_arm", tuple(layers), pooling, dtype, rank)
         self.watched: dict[str, PathWatch] = {}

@@ -12,7 +12,7 @@ the task (wordprob), checked at 30 and 60 generated tokens (--checks):
   vllm ids         a request of prompt + prefix + 4 placeholder token ids for [STOP],
                    max_tokens=1, sent to the engine that runs the paths (prefix caching
                    shares the paths' full blocks), the last [STOP] state read by the
-                   in-engine tap (stopexp/search/vllm_taps.py) and scored by the head. No
+                   in-engine tap (stopexp/search/vllm_workers.py) and scored by the head. No
                    LoRA and not the learned [STOP] embedding: NOT the trained predictor, only
                    the least a check inside vLLM can cost;
   vllm lora        the same request with the super token's LoRA as a vLLM LoRARequest
@@ -78,6 +78,7 @@ OVERRIDES = ["+exp=smollm2_contrastive", "engine=vllm", "engine.dtype=float32",
              "engine.enforce_eager=true", "engine.max_model_len=1024",
              "engine.cpu_kvcache_space=1", "logger=none", "predictor=super_token"]
 TAP = 29  # SmolLM2's last decoder layer: the super token reads the last layer
+FIRST = {"checkpoints": [1], "stride": None, "separator": None}  # the one state a check reads
 
 
 def config():
@@ -188,6 +189,8 @@ class Bench:
         watches = {}
         for rid, prompt, lora, tapped in reqs:
             watches[rid] = self.taps.watch(rid, tapped, lambda k: k == 1)
+        self.taps.flush()
+        for rid, prompt, lora, tapped in reqs:
             self.core.add_request(rid, prompt, SamplingParams(max_tokens=1, temperature=0.0),
                                   lora_request=lora)
         n_steps, cached = 0, {}
@@ -199,6 +202,7 @@ class Bench:
                         cached[o.request_id] = o.num_cached_tokens
                 else:
                     tokens[o.request_id] += list(o.outputs[0].token_ids)
+            self.taps.collect()
         hidden = torch.from_numpy(np.stack([watches[rid].states[1][0] for rid, *_ in reqs]))
         with torch.no_grad():
             scores = self.st.head(self.norm(hidden)).squeeze(-1)
@@ -275,7 +279,7 @@ def main():
     from stopexp.models.vllm_lm import vllm_settings
     from stopexp.search.sample import path_seeds, prompt_ids
     from stopexp.search.vllm_engine import build_llm, shutdown, vllm_package
-    from stopexp.search.vllm_taps import EngineTaps
+    from stopexp.search.vllm_workers import WorkerTaps
     from stopexp.tasks import build_task
 
     cfg = config()
@@ -304,7 +308,7 @@ def main():
     # -- the plain engine: generation, and the [STOP] check as placeholder ids ---------------
     ids = placeholder_check(prompt, stop_id, n_stop)
     llm = build_llm(settings)
-    taps = EngineTaps(llm, (TAP,))
+    taps = WorkerTaps(llm, (TAP,), positions=FIRST)
     b = Bench(llm, taps, prompt, seeds, args.checks, gen_tokens, st, norm)
     b.run()  # warm-up
     runs = {"vllm ids": b.repeat(args.runs, {"vllm ids": ids})}
@@ -343,7 +347,7 @@ def main():
     with llm_args(enable_lora=True, max_lora_rank=cfg.predictor.lora_rank, max_loras=2,
                   enable_prompt_embeds=True):  # 2: see the docstring
         llm = build_llm(settings)
-    taps = EngineTaps(llm, (TAP,))
+    taps = WorkerTaps(llm, (TAP,), positions=FIRST)
     b = Bench(llm, taps, prompt, seeds, args.checks, gen_tokens, st, norm)
     # LoRA-keyed and embedding-keyed blocks never meet: one run serves both
     both = b.repeat(args.runs, {"vllm lora": placeholder_check(prompt, stop_id, n_stop, lora),

@@ -88,7 +88,7 @@ def per_step(kind: str, args, wanted: bool) -> tuple[list[float], int]:
                             stopexp_tap_buffers=[counted(b) for b in buffers])
     runner.get_model = lambda: model
     runner.execute_model = runner.sample_tokens = lambda *a, **k: None
-    taps = EngineTaps.of_runner(runner, tuple(range(args.layers)))
+    taps = EngineTaps(runner, tuple(range(args.layers)))
     watches = [taps.watch(f"r{k}", prompt, (lambda c: True) if wanted else (lambda c: False))
                for k in range(n)]
     out = SimpleNamespace(total_num_scheduled_tokens=n, scheduled_spec_decode_tokens={})

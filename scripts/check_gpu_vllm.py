@@ -35,7 +35,7 @@ from stopexp.search.vllm_engine import VllmEngine, VllmSettings, build_llm, shut
 from stopexp.search.lcr import launch_check_resume
 from stopexp.search.stepping import Running
 from stopexp.search.vllm_steps import Stepper, VllmSteps
-from stopexp.search.vllm_taps import EngineTaps
+from stopexp.search.vllm_workers import WorkerTaps
 from stopexp.signals.methods import BASELINES
 from stopexp.tasks import ArithTask
 
@@ -67,10 +67,10 @@ def engine(model: Path, dtype: str, gpu: bool, layers: tuple[int, ...], params, 
                      enable_prefix_caching=True, block_size=16 if gpu else 32,
                      enforce_eager=False, seed=0, max_logprobs=5, in_process=True, tap_layers=layers)
     llm = build_llm(s)
-    taps = EngineTaps(llm, layers, "last", "float32") if layers else None
+    taps = WorkerTaps(llm, layers, "last", "float32", positions) if layers else None
     tok = AutoTokenizer.from_pretrained(model)
     wanted = position_filter(positions, StepEnds(tok, None)) if layers else None
-    return VllmEngine(llm, s, params, (tok.eos_token_id,), tok.pad_token_id, taps, wanted), tok
+    return VllmEngine(llm, s, params, (tok.eos_token_id,), tok, taps, wanted), tok
 
 
 def decode(eng: VllmEngine, tok, problems, n: int) -> tuple[list[Running], float]:

@@ -1,8 +1,9 @@
+import numpy as np
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from conftest import compose
+from conftest import FP32_REORDER, compose
 from stopexp.models import ModelNotAvailable
 from stopexp.stages import build
 from stopexp.models.tokenizer import CHARS, build_char_tokenizer
@@ -56,3 +57,33 @@ def test_local_path_that_is_not_a_model_is_a_clear_error(tmp_path):
     cfg = compose("collect", ["+exp=llama_contrastive", f"model.path={tmp_path}"])
     with pytest.raises(ModelNotAvailable, match="from that directory"):
         build.lm(cfg)
+
+
+def test_device_map_loads_through_accelerate_and_featurizes_as_one_device(monkeypatch):
+    """model.device_map reaches from_pretrained (accelerate places the weights, on this
+    machine all on the CPU) and the teacher-forced features equal those of the model
+    loaded on one device; a placement accelerate does not have is refused before loading."""
+    from stopexp.config import ConfigError, validate
+    from stopexp.models.extract import extract
+    from stopexp.search.taps import Taps
+
+    seen = []
+    original = AutoModelForCausalLM.from_pretrained.__func__
+
+    def recording(cls, *args, **kwargs):
+        seen.append(kwargs.get("device_map"))
+        return original(cls, *args, **kwargs)
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", classmethod(recording))
+    features = []
+    for placement in ([], ["model.device_map=auto"]):
+        lm, tok = build.lm(validate(compose("featurize", ["model.device=cpu", *placement])))
+        ids = tok("1+2=3")["input_ids"]
+        with Taps(lm, [0, 1], "last", sequence=True) as taps:
+            (states, _), = extract(lm, taps, [(ids, ids[:3], [1, 2, 3])], tok.pad_token_id)
+        features.append(states)
+    assert seen == [None, "auto"]
+    np.testing.assert_allclose(features[1], features[0], **FP32_REORDER)
+    with pytest.raises(ConfigError, match="model.device_map: 'everywhere' is not a placement; "
+                                          "allowed: null, auto, balanced, balanced_low_0, sequential"):
+        validate(compose("featurize", ["model.device_map=everywhere"]))

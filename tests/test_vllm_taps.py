@@ -119,9 +119,9 @@ class Stub:
         return SimpleNamespace(copy_event=SimpleNamespace(synchronize=lambda: None),
                                num_sampled_tokens_np=np.array([self.sampled[r] for r in ids]))
 
-    def run(self, taps, steps=STEPS) -> list[int]:
-        """Step the engine core's way (execute_model, then sample_tokens); the buffer reads
-        of each step."""
+    def run(self, taps, steps=STEPS, after=lambda: None) -> list[int]:
+        """Step the engine core's way (execute_model, then sample_tokens; `after` each
+        step); the buffer reads of each step."""
         reads = []
         for self.step_no, (schedule, sampled) in enumerate(steps, start=1):
             self.schedule, self.sampled = schedule, sampled
@@ -132,6 +132,7 @@ class Stub:
             if self.runner.execute_model(out) is None:
                 self.runner.sample_tokens(None)
             reads.append(self.buffers[0].reads - before)
+            after()
         return reads
 
 
@@ -146,7 +147,7 @@ def test_taps_read_each_requests_rows_under_the_v1_and_v2_model_runners(kind):
     ones; of the speculative rows only the accepted drafts', a rejected position's state
     being the later step's that computed it again."""
     stub = Stub(kind)
-    taps = EngineTaps.of_runner(stub.runner, LAYERS)
+    taps = EngineTaps(stub.runner, LAYERS)
     assert taps.batch.name == kind.upper()
     watches = watched(taps)
     reads = stub.run(taps)
@@ -162,7 +163,7 @@ def test_taps_read_each_requests_rows_under_the_v1_and_v2_model_runners(kind):
 def test_taps_read_nothing_from_the_device_in_a_step_where_no_request_is_at_a_wanted_position(kind):
     """Wanted: even c only. Steps 1-2 hold no even c (a's prompt, b's c = 1): no read."""
     stub = Stub(kind)
-    taps = EngineTaps.of_runner(stub.runner, LAYERS)
+    taps = EngineTaps(stub.runner, LAYERS)
     watches = watched(taps, lambda c: c % 2 == 0)
     assert stub.run(taps) == [0, 0, 1, 1, 1, 0]
     assert {rid: sorted(w.states) for rid, w in watches.items()} == \
@@ -174,7 +175,7 @@ def test_mean_pooled_taps_count_a_recomputed_or_rejected_position_once(kind):
     """Mean pooling: b's states at c = 1..7 summed once each (its preemption recomputes
     c = 1..3), a's rejected drafts (c = 5, 6 at step 5) never summed."""
     stub = Stub(kind)
-    taps = EngineTaps.of_runner(stub.runner, LAYERS, pooling="mean")
+    taps = EngineTaps(stub.runner, LAYERS, pooling="mean")
     watches = watched(taps)
     stub.run(taps)
     for rid, expected in EXPECTED.items():
@@ -196,8 +197,8 @@ def test_taps_refuse_a_runner_they_cannot_read():
     other = SimpleNamespace(get_model=lambda: None)
     with pytest.raises(RuntimeError, match="read vLLM's V1 and V2 model runners, not SimpleNamespace; "
                                            "set engine.taps=false"):
-        EngineTaps.of_runner(other, LAYERS)
+        EngineTaps(other, LAYERS)
     stub = Stub("v2")
     stub.runner.adaptive_verification = object()
     with pytest.raises(RuntimeError, match="V2 model runner with adaptive_verification on"):
-        EngineTaps.of_runner(stub.runner, LAYERS)
+        EngineTaps(stub.runner, LAYERS)

@@ -42,6 +42,9 @@ class ToyLMConfig:
     train_task: Dict[str, Any] = field(default_factory=dict)
 
 
+DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")  # accelerate's
+
+
 @dataclass
 class ModelBaseConfig:
     """How any LM runs."""
@@ -49,6 +52,9 @@ class ModelBaseConfig:
     # auto = float32 on a CPU, bfloat16 on a GPU that supports it (else float16)
     dtype: str = "auto"               # auto | float32 | bfloat16 | float16
     device: str = "auto"              # auto = cuda when present, else cpu
+    # spread the weights over every device (accelerate's device_map) for a model too big
+    # for one: auto | balanced | balanced_low_0 | sequential; None = all on model.device
+    device_map: Optional[str] = None
     attn_implementation: Optional[str] = None
     # longest prompt in tokens; None = the model's max_position_embeddings - max_new_tokens
     max_prompt_tokens: Optional[int] = None
@@ -116,6 +122,9 @@ def check_model(cfg) -> None:
         fail("model.gguf_file", "give either model.path or model.gguf_file, not both")
     if not DEVICE.fullmatch(m.device):
         fail("model.device", f"{m.device!r} is not a device; allowed: auto, cpu, mps, cuda, cuda:N")
+    if m.device_map is not None and m.device_map not in DEVICE_MAPS:
+        fail("model.device_map", f"{m.device_map!r} is not a placement; allowed: null, "
+                                 f"{', '.join(DEVICE_MAPS)}")
     for key in ("num_layers", "hidden_size", "max_batch_tokens", "max_prompt_tokens"):
         if m[key] is not None:
             at_least(f"model.{key}", m[key], 1)

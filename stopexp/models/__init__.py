@@ -106,6 +106,8 @@ def load_lm(model, cache_dir, task, tap=None, progress: bool = True):
              str(kwargs["dtype"]).removeprefix("torch."), m.dtype)
     if m.revision:
         kwargs["revision"] = m.revision
+    if m.get("device_map"):  # over every device (accelerate), for a model too big for one
+        kwargs["device_map"] = m.device_map
     if m.attn_implementation:
         kwargs["attn_implementation"] = m.attn_implementation
     if tap is not None and tap.get("attention_heads") is not None and m.attn_implementation != "eager":
@@ -119,7 +121,9 @@ def load_lm(model, cache_dir, task, tap=None, progress: bool = True):
     except (OSError, ValueError) as e:
         raise ModelNotAvailable(not_available_message(source, e)) from e
     prepare_tokenizer(tokenizer, m)
-    lm.to(device).eval().requires_grad_(False)
+    if not m.get("device_map"):
+        lm.to(device)
+    lm.eval().requires_grad_(False)
     check_sizes(m, lm)
     return lm, tokenizer
 

@@ -17,7 +17,7 @@ from stopexp.models.extract import StepEnds, position_filter
 from stopexp.runtime.hub import offline_unless_reachable
 from stopexp.search.stops import eos_ids
 from stopexp.search.vllm_engine import VllmEngine, open_llm, settings_of
-from stopexp.search.vllm_taps import EngineTaps
+from stopexp.search.vllm_workers import WorkerTaps
 
 
 def model_skeleton(model, engine, cache_dir, task):
@@ -67,14 +67,14 @@ def open_vllm_engine(model, engine, cache_dir, task, params, in_process: bool = 
     """(engine, model skeleton, tokenizer) under engine=vllm (`vllm_settings`), for collect
     or, `in_process`, for online Launch-Check-Resume (VllmSettings.in_process); the LLM is
     shut down on exit unless `hold` keeps it open. With a `tap` section the states of
-    tap.layers are tapped inside the engine (an in-process one:
-    stopexp.search.vllm_taps) at the generated `positions` (a features position spec:
+    tap.layers are tapped inside the engine's workers
+    (stopexp.search.vllm_workers) at the generated `positions` (a features position spec:
     checkpoints, stride, step separator; stopexp.store.feature_sets.position_spec)."""
     s, model, tokenizer = vllm_settings(model, engine, cache_dir, task)
     layers = () if tap is None else \
         tuple(resolve_layers(list(tap.layers), model.config.get_text_config().num_hidden_layers))
-    with open_llm(replace(s, in_process=in_process or bool(layers), tap_layers=layers)) as llm:
-        taps = EngineTaps(llm, layers, tap.pooling, tap.positions.dtype) if layers else None
+    with open_llm(replace(s, in_process=in_process, tap_layers=layers)) as llm:
+        taps = WorkerTaps(llm, layers, tap.pooling, tap.positions.dtype, positions) if layers else None
         wanted = None if taps is None else \
             position_filter(positions, StepEnds(tokenizer, positions["separator"]))
         # vLLM matches stop strings on text without special tokens: a stop that is one stops by id

@@ -21,11 +21,12 @@ shares (stopexp.search.vllm_steps.Stepper.rollouts).
 The LM's weightless skeleton and the engine opened for a config (`vllm_settings`,
 `open_vllm_engine`) are stopexp.models.vllm_lm's: loading reads the models.
 
-With in-engine taps (`VllmSettings.tap_layers`, stopexp.search.vllm_taps) and for online
-Launch-Check-Resume the engine core runs in this process (`VllmSettings.in_process`), so
-each step is one decode step, an abort costs no token more and the taps see the model
-runner. Otherwise (collect without taps) the engine core runs in a spawned process, which
-runs ahead of its caller: a script using it needs the `if __name__ == "__main__":` guard.
+For online Launch-Check-Resume the engine core runs in this process
+(`VllmSettings.in_process`), so each step is one decode step and an abort costs no token
+more. Otherwise (collect) the engine core runs in a spawned process, which runs ahead of
+its caller: a script using it needs the `if __name__ == "__main__":` guard. In-engine taps
+(`VllmSettings.tap_layers`) run in vLLM's workers either way, on one GPU or several
+(stopexp.search.vllm_workers).
 Starting it takes tens of seconds, so an LLM held open by `hold` (a test session, a
 benchmark) is reused by every `open_llm` of the same settings; a held in-process one also
 serves collect without taps.
@@ -45,6 +46,7 @@ from stopexp.search.stops import StopStrings
 from stopexp.search.vllm_memory import gpu_memory_fraction, release_device_memory
 from stopexp.search.vllm_steps import VllmSteps
 from stopexp.search.vllm_taps import engine_config, tapped_architecture
+from stopexp.search.vllm_workers import WORKER_EXTENSION
 from stopexp.signals.confidence import entropy, token_confidence
 
 log = logging.getLogger(__name__)
@@ -72,7 +74,7 @@ class VllmSettings:
     # the engine core in this process, each step one decode step (in-engine taps, online
     # Launch-Check-Resume: stopexp.search.lcr); else vLLM's own process, which runs ahead
     in_process: bool = False
-    # decoder layers whose states are tapped in the engine (stopexp.search.vllm_taps; in_process)
+    # decoder layers whose states are tapped in the engine's workers (stopexp.search.vllm_workers)
     tap_layers: tuple[int, ...] = ()
 
 
@@ -123,11 +125,12 @@ def build_llm(s: VllmSettings):
     threads = torch.get_num_threads()  # an in-process CPU engine sets this process's to 1
     overrides, tapped = {}, {}
     if s.tap_layers:
-        if not s.in_process:
-            raise ValueError("in-engine taps need the engine core in this process (VllmSettings.in_process)")
         overrides["architectures"] = [tapped_architecture(_architecture(s.model))]
-        # the layers in the config vLLM hashes, so its compile cache is keyed by them
-        tapped["additional_config"] = engine_config(s.tap_layers)
+        # the layers in the config vLLM hashes, so its compile cache is keyed by them; the
+        # reader in every worker (stopexp.search.vllm_workers), which reads host arrays
+        # that only a synchronous scheduler keeps exact
+        tapped = {"additional_config": engine_config(s.tap_layers),
+                  "worker_extension_cls": WORKER_EXTENSION}
     # on a GPU: the share left by what this process holds there, or refused before loading
     fraction = gpu_memory_fraction(s.gpu_memory_utilization, s.tensor_parallel_size)
     with _environ(VLLM_ENABLE_V1_MULTIPROCESSING="0" if s.in_process else None,
@@ -142,7 +145,7 @@ def build_llm(s: VllmSettings):
                   max_num_batched_tokens=s.max_num_batched_tokens or max(s.max_model_len,
                                                                          MIN_BATCHED_TOKENS),
                   generation_config="vllm", hf_overrides=overrides, **memory, **tapped,
-                  **({"async_scheduling": False} if s.in_process else {}))
+                  **({"async_scheduling": False} if s.in_process or s.tap_layers else {}))
     torch.set_num_threads(threads)
     return llm
 
@@ -241,7 +244,7 @@ class VllmEngine:
         # a rollout request cannot see a stop string that starts in its prefix (vllm_steps)
         self.stops = StopStrings(params.stop, tokenizer) if params.stop else None
         self.max_logprobs = settings.max_logprobs
-        # in-engine taps (stopexp.search.vllm_taps.EngineTaps) and, per path, which generated
+        # in-engine taps (stopexp.search.vllm_workers.WorkerTaps) and, per path, which generated
         # positions they keep: wanted(tokens so far) -> (c -> bool)
         self.taps, self.wanted = taps, wanted
 

@@ -1,7 +1,7 @@
 """Paths as requests of a vLLM engine (its core in this process, one decode step per step,
 for taps and online checks; in vLLM's own process, which runs ahead, for collect without
 taps: stopexp.search.vllm_engine.build_llm): added with their seeds, stepped, aborted by id, each request's new tokens, log-probs and (with the engine's
-in-engine taps, stopexp.search.vllm_taps) states taken in as they arrive:
+in-engine taps, stopexp.search.vllm_workers) states taken in as they arrive:
 stopexp.search.stepping's `Stepper`. Collect (stopexp.search.trace) and online
 Launch-Check-Resume (stopexp.search.lcr) run on it. A Monte Carlo rollout cannot fork a
 request's cache: it is a new request whose prompt is the path's prompt and prefix (prefix
@@ -62,29 +62,33 @@ class Stepper:
         # rollouts: id -> (token ids, log-probs or None, finished)
         self.pending: dict[str, tuple] = {}
         self.paths, self.added = paths, 0
-        for p in paths:
-            self._request(p)
+        self._requests(paths)
         if meter is not None:
             meter.observe(torch.tensor([len(p.prompt) for p in paths]), [p.key[0] for p in paths])
 
     def add(self, paths: list[Running], params=None) -> None:
         """Add `paths` as requests now, sampled with `params` (stopexp.search.decode.
         SamplingParams; None: the engine's); they run from the next step with those running."""
-        for p in paths:
-            self._request(p, params)
+        self._requests(paths, params)
         self.paths += paths
 
-    def _request(self, p: Running, params=None) -> None:
+    def _requests(self, paths: list[Running], params=None) -> None:
+        """Add `paths` as requests, each watched by the taps before any of them runs."""
         from vllm.inputs import TokensPrompt
 
-        p.request_id = f"path{self.added}"
-        self.added += 1
-        self.ids[p.request_id] = p
+        for p in paths:
+            p.request_id = f"path{self.added}"
+            self.added += 1
+            self.ids[p.request_id] = p
+            if self.taps is not None:
+                p.watch = self.taps.watch(p.request_id, len(p.prompt), self.engine.wanted(p.tokens),
+                                          p.tokens)
+                p.lag = 1
         if self.taps is not None:
-            p.watch = self.taps.watch(p.request_id, len(p.prompt), self.engine.wanted(p.tokens))
-            p.lag = 1
-        self.core.add_request(p.request_id, TokensPrompt(prompt_token_ids=list(p.prompt)),
-                              self.engine.request(p.seed, delta=True, params=params))
+            self.taps.flush()
+        for p in paths:
+            self.core.add_request(p.request_id, TokensPrompt(prompt_token_ids=list(p.prompt)),
+                                  self.engine.request(p.seed, delta=True, params=params))
 
     def release(self, paths: list[Running]) -> None:
         """Forget `paths`, which have ended or were aborted (a server's finished request)."""
@@ -131,6 +135,8 @@ class Stepper:
             p.finish_reason = o.finish_reason or p.finish_reason
             if out.finished and self.taps is not None:
                 self.taps.forget(p.request_id)
+        if self.taps is not None:
+            self.taps.collect()  # the step's states (a finished path's last ones)
 
     def _queue(self, seconds: float) -> None:
         """The meter sees the step's queue. A preempted request waits, so preemptions are

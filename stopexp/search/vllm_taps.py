@@ -20,11 +20,11 @@ Design (it holds under torch.compile and CUDA graphs, not only in eager mode):
   (`additional_config[TAP_CONFIG]`), which vLLM hashes into the key of its compile cache,
   so a graph compiled for one layer set is never loaded for another.
 
-The engine core must run in this process (`VllmSettings.in_process`): the buffer and the
-runner live where the model runs. A path's feature at generated position c is the state
-of the token that fed generated token c (sequence position prompt_len + c - 1), as the
-teacher-forced extraction reads it (stopexp.models.extract); pooling `mean` keeps the
-running sum of positions 1..c. Attention entropy is not tapped here (vLLM's attention
+The reader runs where the model runner is, in a vLLM worker (stopexp.search.vllm_workers
+drives it from this process, on one GPU or under tensor parallel). A path's feature at
+generated position c is the state of the token that fed generated token c (sequence
+position prompt_len + c - 1), as the teacher-forced extraction reads it
+(stopexp.models.extract); pooling `mean` keeps the running sum of positions 1..c. Attention entropy is not tapped here (vLLM's attention
 kernels return no weights): a tap with attention heads is read teacher-forced.
 """
 from __future__ import annotations
@@ -70,15 +70,17 @@ def _wrap_layer(layer: torch.nn.Module, out: torch.Tensor) -> None:
     layer.forward = forward
 
 
-def tapped_architecture(architecture: str) -> str:
-    """Register (in this process) a model class that taps the layers its engine's config names
-    (`engine_config(layers)`) of vLLM's class for `architecture`, and return its name, for
-    `hf_overrides={"architectures": [name]}`."""
+TAPPED = "StopexpTapped"  # the tapped twin of architecture A is named TAPPED + A
+_CLASSES: dict[str, type] = {}
+
+
+def tapped_class(architecture: str) -> type:
+    """vLLM's model class for `architecture`, subclassed to tap the layers its engine's
+    config names (`engine_config(layers)`); built once per process."""
+    if architecture in _CLASSES:
+        return _CLASSES[architecture]
     from vllm import ModelRegistry
 
-    name = f"StopexpTapped{architecture}"
-    if name in ModelRegistry.get_supported_archs():
-        return name
     base = ModelRegistry._try_load_model_cls(architecture)
     if base is None:
         raise ValueError(f"vLLM has no model class for architecture {architecture!r}")
@@ -98,8 +100,34 @@ def tapped_architecture(architecture: str) -> str:
             for i, buf in zip(layers, self.stopexp_tap_buffers):
                 _wrap_layer(modules[i], buf)
 
-    Tapped.__name__ = Tapped.__qualname__ = name
-    ModelRegistry.register_model(name, Tapped)
+    Tapped.__name__ = Tapped.__qualname__ = TAPPED + architecture
+    Tapped.__module__ = __name__
+    _CLASSES[architecture] = Tapped
+    return Tapped
+
+
+def tapped_class_path(architecture: str) -> str:
+    """Where vLLM finds the tapped twin of `architecture` in another process (a worker):
+    this module's attribute of its name (`__getattr__` builds it)."""
+    return f"{__name__}:{TAPPED}{architecture}"
+
+
+def __getattr__(name: str):
+    if name.startswith(TAPPED):
+        return tapped_class(name.removeprefix(TAPPED))
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def tapped_architecture(architecture: str) -> str:
+    """Register in this process the tapped twin of `architecture` (the class itself, which
+    vLLM inspects here) and return its name, for `hf_overrides={"architectures": [name]}`.
+    A worker in another process finds it by its name (stopexp.search.vllm_workers)."""
+    from vllm import ModelRegistry
+
+    name = TAPPED + architecture
+    model = ModelRegistry.models.get(name)
+    if getattr(model, "model_cls", None) is not tapped_class(architecture):
+        ModelRegistry.register_model(name, tapped_class(architecture))
     return name
 
 
@@ -126,17 +154,7 @@ class EngineTaps:
     `tapped_architecture`'s, rounded to `dtype` as featurize stores them (float32 arrays).
     `close` unwraps the runner."""
 
-    def __init__(self, llm, layers, pooling: str = "last", dtype: str = "float32"):
-        self._attach(model_runner(llm), layers, pooling, dtype)
-
-    @classmethod
-    def of_runner(cls, runner, layers, pooling: str = "last", dtype: str = "float32") -> "EngineTaps":
-        """Taps on a model runner (one of an in-process engine, or a test's)."""
-        taps = cls.__new__(cls)
-        taps._attach(runner, layers, pooling, dtype)
-        return taps
-
-    def _attach(self, runner, layers, pooling: str, dtype: str) -> None:
+    def __init__(self, runner, layers, pooling: str = "last", dtype: str = "float32"):
         if pooling not in ("last", "mean"):
             raise ValueError(f"tap.pooling: {pooling!r} unknown; allowed: last, mean")
         self.runner, self.batch = runner, runner_rows(runner)
@@ -249,11 +267,3 @@ class EngineTaps:
             return state.astype(np.float32, copy=False)
         return state.astype(self.dtype).astype(np.float32)
 
-
-def model_runner(llm):
-    """The model runner of an LLM whose engine core runs in this process."""
-    core = getattr(llm.llm_engine.engine_core, "engine_core", None)
-    if core is None:
-        raise RuntimeError("in-engine taps need the vLLM engine core in this process "
-                           "(VllmSettings.in_process: VLLM_ENABLE_V1_MULTIPROCESSING=0)")
-    return core.model_executor.driver_worker.worker.model_runner

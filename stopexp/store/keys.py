@@ -166,7 +166,8 @@ def bank_key(*, model, task, search, collect, tap, seed: int, reward=None, engin
     left out at their defaults, so a bank's key names only what differs from the defaults
     and a new setting leaves the key of every bank that does not use it."""
     store = content_store(cache_dir)
-    lm = {k: v for k, v in plain(model).items() if k != "max_batch_tokens"}
+    # where the weights sit (one device or several) changes no number: left out
+    lm = {k: v for k, v in plain(model).items() if k not in ("max_batch_tokens", "device_map")}
     weights = model_content(lm, store)
     if weights is not None:  # None: a hub id or the toy LM, which the section names in full
         lm["content"] = weights

@@ -26,6 +26,7 @@ import numpy as np
 
 from stopexp.core.names import lookup
 from stopexp.evaluation.by_task import per_task
+from stopexp.metrics.multiplicity import holm_text
 from stopexp.metrics.ranking import per_group_auroc
 from stopexp.runtime.overrides import stage_config
 from stopexp.signals.by_task import BY_TASK
@@ -53,7 +54,7 @@ def main(overrides: list[str]) -> str:
     labels = task_labels(bank.load_bank(features.bank.root, "test"))
     test = data["test"]
     tasks, base = per_prompt(lookup("baseline", "confidence")(test).numpy(), test)
-    lines = ["| predictor | task | prompts | mixed | AUROC | confidence | difference [Holm CI] |",
+    lines = ["| predictor | task | prompts | mixed | AUROC | confidence | difference [95% CI], Holm over the tasks |",
              "|---|---|---|---|---|---|---|"]
     for way in BY_TASK:
         predictor = fit_by_task(way, {s: data[s] for s in ("train", "val")}, labels, cfg.predictor,
@@ -64,7 +65,7 @@ def main(overrides: list[str]) -> str:
             d, mine = diffs[label], tasks == k
             lines.append(f"| {way} | {label} | {d['task_prompts']} | {d['prompts']} | "
                          f"{np.nanmean(values[mine]):.3f} | {np.nanmean(base[mine]):.3f} | "
-                         f"{d['diff']:+.3f} [{d['ci'][0]:+.3f}, {d['ci'][1]:+.3f}] |")
+                         f"{d['diff']:+.3f} [{d['ci'][0]:+.3f}, {d['ci'][1]:+.3f}]{holm_text(d)} |")
     return "\n".join(lines)
 
 

@@ -1,11 +1,12 @@
 """Predictors across a mixture's tasks: routing by task, the one-hot input, the rows each
-task's predictor trains on, Holm's levels."""
+task's predictor trains on, the tasks one family under Holm."""
 import numpy as np
 import pytest
 import torch
 from omegaconf import OmegaConf
 
-from stopexp.evaluation.by_task import holm_levels
+from stopexp.evaluation.by_task import per_task
+from stopexp.metrics.ranking import paired_difference
 from stopexp.signals.by_task import OneHotMLP, TaskRouted
 from stopexp.signals.feature_spec import FeatureSpec
 from stopexp.signals.mlp import MLPPredictor
@@ -52,7 +53,17 @@ def test_leave_one_out_trains_on_every_other_tasks_rows_exactly():
     assert own["train"]["task"].tolist() == [1, 1, 1] and own["val"]["group"].tolist() == [0]
 
 
-def test_holm_draws_the_smallest_p_at_alpha_over_m():
-    levels = holm_levels({"a": 0.03, "b": 0.001, "c": float("nan"), "d": 0.2})
-    assert levels == pytest.approx({"b": 0.0125, "a": 0.05 / 3, "d": 0.025, "c": 0.05})
-    assert np.isclose(sum(1 / v for v in levels.values()), 80 + 60 + 40 + 20)
+def test_the_tasks_are_one_family_under_holm():
+    from stopexp.metrics.multiplicity import holm
+
+    rng = np.random.default_rng(0)
+    tasks = np.repeat([0, 1, 2], 40)
+    a = rng.normal(size=120) + np.repeat([1.0, 0.3, 0.0], 40)  # clear, borderline, none
+    b = np.zeros(120)
+    got = per_task(a, b, tasks, ["x", "y", "z"], 1000, 0)
+    assert [got[k]["task_prompts"] for k in "xyz"] == [40, 40, 40]
+    for k, i in zip("xyz", range(3)):  # each task's cell is its own paired difference
+        own = paired_difference(a[tasks == i], b[tasks == i], 1000, 0)
+        assert got[k]["diff"] == own["diff"] and got[k]["ci"] == own["ci"] and got[k]["p"] == own["p"]
+    assert [got[k]["p_holm"] for k in "xyz"] == holm([got[k]["p"] for k in "xyz"]).tolist()
+    assert got["x"]["holm"] and not got["z"]["holm"]

@@ -228,8 +228,8 @@ def test_reward_is_in_the_bank_key_only_when_not_the_outcome():
     from stopexp.store import bank
 
     cfg = compose("collect")
-    model = {k: v for k, v in plain(cfg.model).items() if k not in ("max_batch_tokens", "long_prompts",
-                                                                     "max_prompt_tokens", "thinking")}
+    model = {k: v for k, v in plain(cfg.model).items()
+             if k not in ("max_batch_tokens", "long_prompts", "device_map", "max_prompt_tokens", "thinking")}
     model["toy"] = {k: v for k, v in model["toy"].items() if k != "train_task"}
     task = {k: v for k, v in plain(cfg.task).items() if k not in ("tokenize", "solution_style", "shot_match",
                                                                    "prompt_offset", "components")}  # left out at their defaults

@@ -123,6 +123,9 @@ def build_llm(s: VllmSettings):
     log.info("starting vLLM %s for %s (%s, max_model_len %d%s)", vllm_package()[1], s.model,
              s.dtype, s.max_model_len, ", in process" if s.in_process else "")
     threads = torch.get_num_threads()  # an in-process CPU engine sets this process's to 1
+    # and replaces torch.set_num_threads with a no-op (vllm/v1/worker/cpu_worker.py): both
+    # are given back below, or every later set_num_threads of this process would be lost
+    set_num_threads = torch.set_num_threads
     overrides, tapped = {}, {}
     if s.tap_layers:
         overrides["architectures"] = [tapped_architecture(_architecture(s.model))]
@@ -146,6 +149,7 @@ def build_llm(s: VllmSettings):
                                                                          MIN_BATCHED_TOKENS),
                   generation_config="vllm", hf_overrides=overrides, **memory, **tapped,
                   **({"async_scheduling": False} if s.in_process or s.tap_layers else {}))
+    torch.set_num_threads = set_num_threads
     torch.set_num_threads(threads)
     return llm
 

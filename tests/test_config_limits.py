@@ -174,6 +174,50 @@ def test_every_bool_key_takes_only_a_boolean(base, key):
     check_bool_overrides(base, [f"{key}=true", f"{key}=false", f"{key}=${{oc.env:X,true}}"])
 
 
+@pytest.mark.parametrize("key", BOOLS)
+def test_every_bool_key_written_in_a_yaml_takes_only_a_boolean(tmp_path, key):
+    from stopexp.config.option_files import check_bool_file
+
+    group, _, rest = key.partition(".")
+    nullable = next(leaf.type for leaf in leaves() if leaf.key == key) is not bool
+    for value, shown in (("2", "2"), ("'yes'", "'yes'"), ("0", "0")):
+        nested = f"{group}:\n  " + rest.replace(".", ":\n    ") + f": {value}\n"
+        exp, option = tmp_path / "exp.yaml", tmp_path / "option.yaml"
+        exp.write_text("# @package _global_\n" + nested)
+        option.write_text(rest.replace(".", ":\n  ") + f": {value}\n")  # in its group's package
+        for path, in_group in ((exp, "exp"), (option, group)):
+            with pytest.raises(ConfigError) as e:
+                check_bool_file(path, in_group)
+            assert str(e.value) == (f"{key}: {shown} in {path} is not a boolean; give true or false"
+                                    + (" (or null)" if nullable else ""))
+        exp.write_text("# @package _global_\n" + nested.replace(f": {value}", ": true"))
+        check_bool_file(exp, "exp")
+
+
+def test_a_bool_written_as_a_number_in_an_exp_is_refused_as_it_composes(tmp_path):
+    from stopexp.config import validate
+
+    (tmp_path / "exp").mkdir()
+    (tmp_path / "exp" / "mine.yaml").write_text("# @package _global_\ndefaults:\n  - toy_contrastive\n"
+                                                "predictor:\n  centre_prompts: 2\n")
+    cfg = compose("train", [f"hydra.searchpath=[file://{tmp_path}]", "+exp=mine"],
+                  return_hydra_config=True)
+    assert cfg.predictor.centre_prompts is True  # what OmegaConf made of it
+    with pytest.raises(ConfigError, match=rf"^predictor.centre_prompts: 2 in {tmp_path}/exp/mine.yaml "
+                                          r"is not a boolean; give true or false$"):
+        validate(cfg)
+
+
+def test_every_shipped_yaml_writes_its_bools_as_booleans():
+    from stopexp.config.option_files import check_bool_file
+    from stopexp.runtime.overrides import CONF_DIR
+
+    files = [p for p in CONF_DIR.rglob("*.yaml") if "hydra" not in p.relative_to(CONF_DIR).parts]
+    assert len(files) > 50
+    for path in files:  # a stage's own config (conf/train.yaml) is in no group
+        check_bool_file(path, "/".join(path.relative_to(CONF_DIR).parts[:-1]))
+
+
 def test_every_bool_key_of_the_answers_replay_schema_takes_only_a_boolean():
     cfg = OmegaConf.create({"stage": "answers_replay"})
     keys = [leaf.key for leaf in leaves(AnswersReplayConfig) if is_bool(leaf.type)]

@@ -15,7 +15,7 @@ from stopexp.config import (adapt, answers_replay, collect, cross, engine, evalu
                             policy, predictor, reward, search, serve, tap, task)
 from stopexp.config.limits import check_bounds, check_whole
 from stopexp.config.machine import check_machine
-from stopexp.config.option_files import check_option_files
+from stopexp.config.option_files import check_bool_files, check_option_files
 from stopexp.config.options import view_of
 from stopexp.config.ranges import at_least, fail, get, n_layers_of
 from stopexp.config.reads import (ALLOWED, check_beam_width_read, check_bertscore_model_read,
@@ -156,6 +156,7 @@ def validate(cfg: DictConfig, runtime=None, machine: bool = True) -> DictConfig:
         runtime = cfg.hydra.runtime
     if runtime is not None:
         check_option_files(cfg, runtime)
+        check_bool_files(runtime)
     for key, allowed in ALLOWED.items():
         v = get(cfg, key)
         if v is not None and v not in allowed:

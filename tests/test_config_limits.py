@@ -63,13 +63,13 @@ def refusal(stage, overrides) -> str:
      "10000000000000000000000 exceeds the 200 train prompts"),
     # a key nothing reads
     ("train", ["predictor=mlp", "train.prefix_cache_gb=2"], "train.prefix_cache_gb: 2.0 is read only "
-     "by predictor=super_token, not under predictor=mlp; leave it unset (default None)"),
+     "by predictor=super_token, not under predictor=mlp; leave it unset (default null)"),
     ("train", ["predictor=statistic", "train.max_prompts=7"], "train.max_prompts: 7 is read only by "
-     "a predictor other than statistic, not under predictor=statistic; leave it unset (default None)"),
+     "a predictor other than statistic, not under predictor=statistic; leave it unset (default null)"),
     ("train", ["train.patience=3", "train.early_stopping=false"], "train.patience: 3 is read only by "
      "train.early_stopping=true, not under train.early_stopping=false; leave it unset (default 5)"),
     ("evaluate", ["engine.kv_budget=4"], "engine.kv_budget: 4.0 is read only by the method step, not "
-     "under evaluate.methods without step; leave it unset (default None)"),
+     "under evaluate.methods without step; leave it unset (default null)"),
     ("collect", ["engine.kv_budget=4"], "engine.kv_budget: 4.0 is read only by the method step"),
     # a loose type
     ("train", ["predictor.centre_prompts=2"], "predictor.centre_prompts: 2 is not a boolean; give "

@@ -19,7 +19,8 @@ from stopexp.config.option_files import check_bool_files, check_option_files
 from stopexp.config.options import view_of
 from stopexp.config.ranges import at_least, fail, get, n_layers_of
 from stopexp.config.reads import (ALLOWED, check_beam_width_read, check_bertscore_model_read,
-                                  check_sweeps_read, check_unread)
+                                  check_block_size_read, check_score_rule_read, check_sweeps_read,
+                                  check_unread)
 from stopexp.config.root import GROUPS
 from stopexp.core.errors import ConfigError
 
@@ -117,6 +118,8 @@ RULES = (
     (check_unread, STAGES),
     (check_bounds, STAGES),  # after check_unread: a key nothing reads is named as such first
     (check_beam_width_read, STAGES),
+    (check_block_size_read, STAGES),
+    (check_score_rule_read, STAGES),
     (task.task_draws_the_prompts, STAGES),  # after the rules on values: it draws the problems
     (cross.bank_has_training_prompts, TRAINING),
     (evaluate.check_evaluate, EVALUATING),

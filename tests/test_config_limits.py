@@ -31,8 +31,8 @@ def refusal(stage, overrides) -> str:
     ("train", ["train.checkpoint=5.5"], "train.checkpoint: 5.5 is neither a share in (0, 1) of "
      "search.max_new_tokens nor a whole count; give one of them"),
     ("evaluate", ["evaluate.methods=[deepconf_online]", "evaluate.stopping.deepconf_online.warmup=2.7"],
-     "evaluate.stopping.deepconf_online.warmup: 2.7 is neither a share in (0, 1) nor a whole "
-     "count; give one of them"),
+     "evaluate.stopping.deepconf_online.warmup: 2.7 is neither a share in (0, 1) of search.n_paths "
+     "nor a whole count; give one of them"),
     ("evaluate", ["policy.keep=4.5"], "policy.keep: 4.5 is not a whole number; give an integer"),
     ("evaluate", ["evaluate.methods=[learned,step]", "engine.kv_budget=40.5"],
      "engine.kv_budget: 40.5 is neither a share in (0, 1) nor a whole count; give one of them"),
@@ -47,6 +47,12 @@ def refusal(stage, overrides) -> str:
      "of a path (search.max_new_tokens); give at most 64"),
     ("collect", ["search.conf_topk=1000"], "search.conf_topk: 1000 exceeds the 21 tokens of the "
      "vocabulary of model 'toy' (model.toy); give at most 21"),
+    ("collect", ["engine=vllm", "engine.max_logprobs=100"], "engine.max_logprobs: 100 exceeds the 21 "
+     "tokens of the vocabulary of model 'toy' (model.toy); give at most 21"),
+    ("serve", ["serve.max_tokens=100000"], "serve.max_tokens: 100000 exceeds the 256 positions of "
+     "model 'toy' (model.toy); give at most 255"),
+    ("serve", ["engine=vllm", "engine.max_model_len=128", "serve.max_tokens=128"], "serve.max_tokens: "
+     "128 reaches the 128 positions of a sequence (engine.max_model_len); give at most 127"),
     # a value known before loading, refused before loading
     ("train", ["predictor.pca_components=97"], "predictor.pca_components: 97 exceeds the 96-wide "
      "hidden state of model 'toy' (model.toy.hidden_size); give at most 96"),
@@ -148,6 +154,7 @@ BOUNDED = [leaf for leaf in leaves() if leaf.bound is not None]
 def test_every_bound_is_known_for_the_toy_config_and_declared(base):
     assert set(bounds_of(base)) == set(BOUNDS) == {leaf.bound for leaf in BOUNDED}
     assert bounds_of(base)["vocab"][0] == 21 and bounds_of(base)["width"][0] == 96
+    assert bounds_of(base)["positions"][0] == 256
 
 
 @pytest.mark.parametrize("leaf", BOUNDED, ids=lambda leaf: leaf.key)

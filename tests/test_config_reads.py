@@ -78,6 +78,10 @@ README = "\n".join(p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "
     ("collect", ["search.score_rule=running_mean"], "search.score_rule", "'running_mean' is read only "
      "with several checks (search.check_at a list of prefixes), not with the one check "
      "search.check_at=0.08; leave it unset (default 'last')"),
+    ("train", ["predictor=conf_features", "predictor.layer=5"], "predictor.layer", "5 is read only by "
+     "predictor=statistic|linear|mlp|hidden_conf, not under predictor=conf_features; leave it unset "
+     "(default -1)"),
+    ("train", ["predictor=fusion", "predictor.layer=0"], "predictor.layer", "not under predictor=fusion"),
     ("collect", ["collect.keep_correct_splits=[train]"], "collect.keep_correct_splits", "['train'] is "
      "read only by collect.keep_correct set (a band [lo, hi]), not under collect.keep_correct=null; "
      "leave it unset (default ['train', 'val'])"),

@@ -31,8 +31,8 @@ def refusal(stage, overrides) -> str:
     ("train", ["train.checkpoint=5.5"], "train.checkpoint: 5.5 is neither a share in (0, 1) of "
      "search.max_new_tokens nor a whole count; give one of them"),
     ("evaluate", ["evaluate.methods=[deepconf_online]", "evaluate.stopping.deepconf_online.warmup=2.7"],
-     "evaluate.stopping.deepconf_online.warmup: 2.7 is neither a share in (0, 1) nor a whole "
-     "count; give one of them"),
+     "evaluate.stopping.deepconf_online.warmup: 2.7 is neither a share in (0, 1) of search.n_paths "
+     "nor a whole count; give one of them"),
     ("evaluate", ["policy.keep=4.5"], "policy.keep: 4.5 is not a whole number; give an integer"),
     ("evaluate", ["evaluate.methods=[learned,step]", "engine.kv_budget=40.5"],
      "engine.kv_budget: 40.5 is neither a share in (0, 1) nor a whole count; give one of them"),
@@ -47,6 +47,12 @@ def refusal(stage, overrides) -> str:
      "of a path (search.max_new_tokens); give at most 64"),
     ("collect", ["search.conf_topk=1000"], "search.conf_topk: 1000 exceeds the 21 tokens of the "
      "vocabulary of model 'toy' (model.toy); give at most 21"),
+    ("collect", ["engine=vllm", "engine.max_logprobs=100"], "engine.max_logprobs: 100 exceeds the 21 "
+     "tokens of the vocabulary of model 'toy' (model.toy); give at most 21"),
+    ("serve", ["serve.max_tokens=100000"], "serve.max_tokens: 100000 exceeds the 256 positions of "
+     "model 'toy' (model.toy); give at most 255"),
+    ("serve", ["engine=vllm", "engine.max_model_len=128", "serve.max_tokens=128"], "serve.max_tokens: "
+     "128 reaches the 128 positions of a sequence (engine.max_model_len); give at most 127"),
     # a value known before loading, refused before loading
     ("train", ["predictor.pca_components=97"], "predictor.pca_components: 97 exceeds the 96-wide "
      "hidden state of model 'toy' (model.toy.hidden_size); give at most 96"),
@@ -63,13 +69,13 @@ def refusal(stage, overrides) -> str:
      "10000000000000000000000 exceeds the 200 train prompts"),
     # a key nothing reads
     ("train", ["predictor=mlp", "train.prefix_cache_gb=2"], "train.prefix_cache_gb: 2.0 is read only "
-     "by predictor=super_token, not under predictor=mlp; leave it unset (default None)"),
+     "by predictor=super_token, not under predictor=mlp; leave it unset (default null)"),
     ("train", ["predictor=statistic", "train.max_prompts=7"], "train.max_prompts: 7 is read only by "
-     "a predictor other than statistic, not under predictor=statistic; leave it unset (default None)"),
+     "a predictor other than statistic, not under predictor=statistic; leave it unset (default null)"),
     ("train", ["train.patience=3", "train.early_stopping=false"], "train.patience: 3 is read only by "
      "train.early_stopping=true, not under train.early_stopping=false; leave it unset (default 5)"),
     ("evaluate", ["engine.kv_budget=4"], "engine.kv_budget: 4.0 is read only by the method step, not "
-     "under evaluate.methods without step; leave it unset (default None)"),
+     "under evaluate.methods without step; leave it unset (default null)"),
     ("collect", ["engine.kv_budget=4"], "engine.kv_budget: 4.0 is read only by the method step"),
     # a loose type
     ("train", ["predictor.centre_prompts=2"], "predictor.centre_prompts: 2 is not a boolean; give "
@@ -148,6 +154,7 @@ BOUNDED = [leaf for leaf in leaves() if leaf.bound is not None]
 def test_every_bound_is_known_for_the_toy_config_and_declared(base):
     assert set(bounds_of(base)) == set(BOUNDS) == {leaf.bound for leaf in BOUNDED}
     assert bounds_of(base)["vocab"][0] == 21 and bounds_of(base)["width"][0] == 96
+    assert bounds_of(base)["positions"][0] == 256
 
 
 @pytest.mark.parametrize("leaf", BOUNDED, ids=lambda leaf: leaf.key)
@@ -172,6 +179,50 @@ def test_every_bool_key_takes_only_a_boolean(base, key):
         with pytest.raises(ConfigError, match=rf"^{key}: .* is not a boolean; give true or false"):
             check_bool_overrides(base, [f"{key}={value}"])
     check_bool_overrides(base, [f"{key}=true", f"{key}=false", f"{key}=${{oc.env:X,true}}"])
+
+
+@pytest.mark.parametrize("key", BOOLS)
+def test_every_bool_key_written_in_a_yaml_takes_only_a_boolean(tmp_path, key):
+    from stopexp.config.option_files import check_bool_file
+
+    group, _, rest = key.partition(".")
+    nullable = next(leaf.type for leaf in leaves() if leaf.key == key) is not bool
+    for value, shown in (("2", "2"), ("'yes'", "'yes'"), ("0", "0")):
+        nested = f"{group}:\n  " + rest.replace(".", ":\n    ") + f": {value}\n"
+        exp, option = tmp_path / "exp.yaml", tmp_path / "option.yaml"
+        exp.write_text("# @package _global_\n" + nested)
+        option.write_text(rest.replace(".", ":\n  ") + f": {value}\n")  # in its group's package
+        for path, in_group in ((exp, "exp"), (option, group)):
+            with pytest.raises(ConfigError) as e:
+                check_bool_file(path, in_group)
+            assert str(e.value) == (f"{key}: {shown} in {path} is not a boolean; give true or false"
+                                    + (" (or null)" if nullable else ""))
+        exp.write_text("# @package _global_\n" + nested.replace(f": {value}", ": true"))
+        check_bool_file(exp, "exp")
+
+
+def test_a_bool_written_as_a_number_in_an_exp_is_refused_as_it_composes(tmp_path):
+    from stopexp.config import validate
+
+    (tmp_path / "exp").mkdir()
+    (tmp_path / "exp" / "mine.yaml").write_text("# @package _global_\ndefaults:\n  - toy_contrastive\n"
+                                                "predictor:\n  centre_prompts: 2\n")
+    cfg = compose("train", [f"hydra.searchpath=[file://{tmp_path}]", "+exp=mine"],
+                  return_hydra_config=True)
+    assert cfg.predictor.centre_prompts is True  # what OmegaConf made of it
+    with pytest.raises(ConfigError, match=rf"^predictor.centre_prompts: 2 in {tmp_path}/exp/mine.yaml "
+                                          r"is not a boolean; give true or false$"):
+        validate(cfg)
+
+
+def test_every_shipped_yaml_writes_its_bools_as_booleans():
+    from stopexp.config.option_files import check_bool_file
+    from stopexp.runtime.overrides import CONF_DIR
+
+    files = [p for p in CONF_DIR.rglob("*.yaml") if "hydra" not in p.relative_to(CONF_DIR).parts]
+    assert len(files) > 50
+    for path in files:  # a stage's own config (conf/train.yaml) is in no group
+        check_bool_file(path, "/".join(path.relative_to(CONF_DIR).parts[:-1]))
 
 
 def test_every_bool_key_of_the_answers_replay_schema_takes_only_a_boolean():

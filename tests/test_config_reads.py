@@ -72,6 +72,19 @@ README = "\n".join(p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "
     ("collect", ["search.beam_width=8"], "search.beam_width", "8 is read only by search=beam or "
      "evaluate.compare_beam=true, not under search=parallel without compare_beam; leave it unset "
      "(default 4)"),
+    ("evaluate", ["engine.block_size=64"], "engine.block_size", "64 is read only by engine=vllm or by "
+     "STEP's budget (engine.kv_budget), not under engine=hf without engine.kv_budget; leave it "
+     "unset (default 32)"),
+    ("collect", ["search.score_rule=running_mean"], "search.score_rule", "'running_mean' is read only "
+     "with several checks (search.check_at a list of prefixes), not with the one check "
+     "search.check_at=0.08; leave it unset (default 'last')"),
+    ("train", ["predictor=conf_features", "predictor.layer=5"], "predictor.layer", "5 is read only by "
+     "predictor=statistic|linear|mlp|hidden_conf, not under predictor=conf_features; leave it unset "
+     "(default -1)"),
+    ("train", ["predictor=fusion", "predictor.layer=0"], "predictor.layer", "not under predictor=fusion"),
+    ("collect", ["collect.keep_correct_splits=[train]"], "collect.keep_correct_splits", "['train'] is "
+     "read only by collect.keep_correct set (a band [lo, hi]), not under collect.keep_correct=null; "
+     "leave it unset (default ['train', 'val'])"),
 ])
 def test_a_key_the_chosen_option_does_not_read_is_refused(stage, overrides, key, says):
     with pytest.raises(ConfigError) as e:
@@ -96,6 +109,11 @@ def test_the_same_keys_pass_under_the_options_that_read_them():
     validate(compose("train", ["predictor=fusion", "predictor.depth=2", "train.lr=0.01"]))
     validate(compose("train", ["predictor=statistic", "train.checkpoint=0.25"]))  # the prefix it scores
     validate(compose("evaluate", ["+exp=toy_beam", "policy=fixed"]))  # the exp's quantile drops
+    validate(compose("evaluate", ["evaluate.methods=[learned,step]", "tap.positions.step_ends=true",
+                                  "engine.kv_budget=4", "engine.block_size=64"]))
+    validate(compose("evaluate", ["search.check_at=[0.08,0.25]", "policy.keep=[8,4]",
+                                  "search.score_rule=running_mean"]))
+    validate(compose("collect", ["collect.keep_correct=[1,63]", "collect.keep_correct_splits=[train]"]))
 
 
 @pytest.mark.parametrize("overrides", [

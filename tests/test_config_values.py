@@ -5,6 +5,7 @@ import pytest
 
 from conftest import compose
 from stopexp.config import ConfigError, validate
+from stopexp.config.predictor import PREDICTOR
 
 
 @pytest.mark.parametrize("override, key", [
@@ -175,6 +176,14 @@ def test_every_float_of_the_schema_is_checked_for_finiteness():
         with pytest.raises(ConfigError) as e:
             validate(compose("pipeline", [override]))
         assert str(e.value) == f"{key}: nan is not a finite number", override
+
+
+@pytest.mark.parametrize("predictor", PREDICTOR.readers("layer"))
+def test_every_predictor_of_one_layer_refuses_an_untapped_layer(predictor):
+    with pytest.raises(ConfigError) as e:
+        validate(compose("train", [f"predictor={predictor}", "predictor.layer=5"]))
+    assert str(e.value) == ("predictor.layer: 5 is not a tapped layer; allowed: [2] (tap.layers) or "
+                            "-1..-1 counted from the deepest tapped layer")
 
 
 @pytest.mark.parametrize("stage, override, key", [

@@ -42,7 +42,7 @@ def test_damaged_predictor_is_named_and_train_rebuilds_it(copied, small_bank):
         meta = json.loads(meta_path.read_text())
         if damage == "truncate_json":
             meta_path.write_text(meta_path.read_text()[:50])
-            with pytest.raises(CheckpointDamaged, match=f"file {meta_path} is missing or unreadable"):
+            with pytest.raises(CheckpointDamaged, match=f"file {meta_path} is missing, unreadable or malformed"):
                 load_predictor(ckpt, spec, cfg.predictor)
         elif damage == "drop_json":  # retrained in its place, once
             meta_path.unlink()
@@ -74,7 +74,7 @@ def test_super_token_checkpoint_damage_is_named(tmp_path):
 
     (tmp_path / "predictor.json").write_text('{"predictor": {"name": "super_token"}, "feat')
     spec = FeatureSpec("toy", 96, [2], ("a",))
-    with pytest.raises(CheckpointDamaged, match=f"{tmp_path / 'predictor.json'} is missing or unreadable"):
+    with pytest.raises(CheckpointDamaged, match=f"{tmp_path / 'predictor.json'} is missing, unreadable or malformed"):
         checkpoint_meta(tmp_path, spec, compose("train", ["predictor=super_token"]).predictor)
     (tmp_path / "predictor.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{\"a\"")
     with pytest.raises(CheckpointDamaged, match=f"file {tmp_path / 'predictor.safetensors'} cannot be read"):
@@ -122,3 +122,20 @@ def test_a_damaged_job_file_of_a_sweep_is_named(tmp_path):
     with pytest.raises(ValueError, match=rf"job {job}: metrics.json or .hydra/config.yaml is "
                                          r"unreadable \(JSONDecodeError.*or delete"):
         sweeps.dir_runs(job.parent)
+
+
+@pytest.mark.parametrize("meta, why", [
+    ([], "it is list, an object expected"),
+    ({"predictor": {"name": "mlp"}, "feature_spec": 7}, "it records feature_spec=7, an object expected"),
+    ({"predictor": "mlp", "feature_spec": {}}, "it records predictor='mlp', an object expected"),
+    ({"predictor": {"name": "mlp"}, "feature_spec": {}, "weights": {"size": "many"}},
+     "its record of predictor.safetensors is {'size': 'many'}, not a size and SHA-256"),
+])
+def test_checkpoint_metadata_of_another_shape_is_damage(tmp_path, meta, why):
+    from stopexp.signals.saved_predictor import read_checkpoint
+
+    (tmp_path / "predictor.json").write_text(json.dumps(meta))
+    with pytest.raises(CheckpointDamaged) as e:
+        read_checkpoint(tmp_path, compose("train", []).predictor)
+    assert str(e.value).startswith(f"predictor checkpoint file {tmp_path / 'predictor.json'} is missing, unreadable "
+                                   f"or malformed (ValueError: {why}); rerun python -m stopexp.train")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from omegaconf import OmegaConf
 
+from stopexp.config.predictor import PREDICTOR
 from stopexp.config.ranges import fail, is_list, n_layers_of
 from stopexp.config.task import step_separator_of, task_sections
 from stopexp.config.thinking import thinks
@@ -128,8 +129,8 @@ def signals_are_tapped(cfg) -> None:
 def predictor_layer_is_tapped(cfg) -> None:
     """predictor.layer must be a tapped layer, or -1..-len(tap.layers) counted from the
     deepest tapped one (stopexp.signals.feature_spec.tap_index), as far as the config tells;
-    for the stages that load a single-tap predictor (statistic, linear, mlp)."""
-    if cfg.predictor.name not in ("statistic", "linear", "mlp"):
+    for the stages that load a predictor of one tapped layer (the readers of the key)."""
+    if cfg.predictor.name not in PREDICTOR.readers("layer"):
         return
     layer, entries = cfg.predictor.layer, list(cfg.tap.layers)
     n_layers = n_layers_of(cfg.model)

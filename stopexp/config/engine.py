@@ -52,7 +52,7 @@ class VLLMEngineConfig(EngineBaseConfig):
     enforce_eager: bool = False           # true: no graph capture / compile (faster start, slower steps)
     seed: int = 0                         # vLLM's global seed; every path samples from its own seed
     # alternatives returned per token: the entropy column is over these, renormalised
-    max_logprobs: int = 20
+    max_logprobs: int = field(default=20, metadata=count("vocab"))
     # tap hidden states inside vLLM while it generates (stopexp/search/vllm_taps.py): collect
     # writes the features with the bank, online checks load no second model; false: both
     # read them from a teacher-forced forward of the HF model

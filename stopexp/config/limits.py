@@ -133,6 +133,12 @@ def bounds_of(cfg) -> dict[str, tuple[int, str]]:
         width, where = shape.hidden, shape.source
     if width is not None:
         out["width"] = (width, f"the {width}-wide hidden state of model {m.name!r} ({where})")
+    if cfg.engine.name == "vllm" and cfg.engine.max_model_len is not None:
+        out["positions"] = (cfg.engine.max_model_len, f"the {cfg.engine.max_model_len} positions "
+                                                      "of a sequence (engine.max_model_len)")
+    elif shape is not None and shape.positions is not None:
+        out["positions"] = (shape.positions, f"the {shape.positions} positions of model "
+                                             f"{m.name!r} ({shape.source})")
     if shape is not None and shape.vocab is not None:
         out["vocab"] = (shape.vocab, f"the {shape.vocab} tokens of the vocabulary of model {m.name!r} "
                                      f"({shape.source})")

@@ -4,7 +4,10 @@ another option written in an option's yaml without a word: at its default nothin
 read it, off it `check_unread` would name the key but not the file. This check reads the
 option files a composition used (Hydra's runtime: the group choices and the config
 sources, in search-path order) and refuses such a key whatever its value, naming the
-file, the key and the keys the option has."""
+file, the key and the keys the option has.
+
+The same files are read for their bool keys (`check_bool_files`): OmegaConf merges 2 or
+"yes" written in a yaml into a bool key as true, so the value is checked as written."""
 from __future__ import annotations
 
 import importlib.resources
@@ -13,6 +16,7 @@ from typing import Any, Iterator
 
 from omegaconf import OmegaConf
 
+from stopexp.config.limits import is_bool, leaves
 from stopexp.config.options import Group
 from stopexp.config.ranges import fail
 from stopexp.config.root import GROUPS
@@ -45,22 +49,56 @@ def option_of(group: Group, section) -> str:
     return typed[0] if typed else group.chosen(section)
 
 
-def option_keys(group: str, choice: str, sources, seen=()) -> Iterator[tuple[str, list[str]]]:
-    """(file, its top-level keys but `defaults`) of `<group>/<choice>.yaml`, the first on
-    the search path, then of each yaml of the same group in its defaults list, in turn
-    (a `<option>_schema` there is a structured config, not a file)."""
+def option_keys(group: str, choice: str, sources) -> Iterator[tuple[str, list[str]]]:
+    """(file, its top-level keys but `defaults`) of each of `group_files` whose keys land in
+    the group's section."""
+    for found in group_files(group, choice, sources):
+        if _package(found) in (None, "_group_", group):  # else its keys land elsewhere
+            yield str(found), [k for k in OmegaConf.load(found) if k != "defaults"]
+
+
+def group_files(group: str, choice: str, sources, seen=()) -> Iterator[Any]:
+    """`<group>/<choice>.yaml`, the first on the search path, then each yaml of the same
+    group in its defaults list, in turn (a `<option>_schema` there is a structured config,
+    not a file)."""
     found = find_config_file(f"{group}/{choice}.yaml", sources)
     if found is None or found in seen:
         return
-    raw = OmegaConf.load(found)
-    if _package(found) not in (None, "_group_", group):  # its keys land elsewhere
-        return
-    yield str(found), [k for k in raw if k != "defaults"]
-    for entry in raw.get("defaults", []):
+    yield found
+    for entry in OmegaConf.load(found).get("defaults", []):
         if isinstance(entry, str) and entry != "_self_" and "@" not in entry:
             parent = entry[1:] if entry.startswith("/") else f"{group}/{entry}"
             if parent.startswith(f"{group}/") and "/" not in parent[len(group) + 1:]:
-                yield from option_keys(group, parent[len(group) + 1:], sources, (*seen, found))
+                yield from group_files(group, parent[len(group) + 1:], sources, (*seen, found))
+
+
+def check_bool_files(runtime) -> None:
+    """Every bool key set in a yaml that the composition read (`runtime.choices`, the exp
+    included) is written true or false (null where the key may be null, or an
+    interpolation)."""
+    for group, choice in runtime.choices.items():
+        if choice is not None and not group.startswith("hydra"):
+            for path in group_files(group, choice, runtime.config_sources):
+                check_bool_file(path, group)
+
+
+def check_bool_file(path, group: str) -> None:
+    """`check_bool_files` for one yaml of `group` ("" for a stage's own config)."""
+    data = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    package = _package(path)
+    prefix = (group.replace("/", ".") if package in (None, "_group_") else
+              "" if package == "_global_" else package.removeprefix("_global_."))
+    for leaf in leaves():
+        if not is_bool(leaf.type) or (prefix and not leaf.key.startswith(prefix + ".")):
+            continue
+        value = data
+        for part in (leaf.key[len(prefix) + 1:] if prefix else leaf.key).split("."):
+            value = value.get(part, ...) if isinstance(value, dict) else ...
+        if value is ... or isinstance(value, bool) or (value is None and leaf.type is not bool) \
+                or (isinstance(value, str) and value.startswith("${")):
+            continue
+        fail(leaf.key, f"{value!r} in {path} is not a boolean; give true or false"
+                       + (" (or null)" if leaf.type is not bool else ""))
 
 
 def find_config_file(relative: str, sources) -> Any:

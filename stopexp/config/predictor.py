@@ -19,11 +19,17 @@ from stopexp.core.names import SIGNAL_NAMES, predictor_names
 class PredictorBaseConfig:
     """What every predictor reads."""
     name: str = "mlp"       # statistic | linear | mlp | fusion | conf_features | hidden_conf | super_token
+
+
+@dataclass
+class OneLayerConfig(PredictorBaseConfig):
+    """What the predictors of one tapped layer's hidden state read (fusion reads every
+    tapped layer, conf_features none, super_token the LM's own states)."""
     layer: int = -1         # which tap layer single-tap predictors read
 
 
 @dataclass
-class StatisticPredictorConfig(PredictorBaseConfig):
+class StatisticPredictorConfig(OneLayerConfig):
     """statistic: a statistic of the tap, evaluated as is (no weights)."""
     name: str = "statistic"
     statistic: str = "l2"   # l2 | mean | var
@@ -47,7 +53,7 @@ class PositionInputConfig(CentringConfig):
 
 
 @dataclass
-class PCAConfig(PredictorBaseConfig):
+class PCAConfig(OneLayerConfig):
     """What the predictors on one tapped layer's hidden state read."""
     # the hidden state standardised and projected onto its first k principal components,
     # whitened, in place of the LayerNorm (stopexp.signals.pca): fitted on the training rows
@@ -153,7 +159,9 @@ PREDICTOR = Group("predictor", {
     "mlp": MLPPredictorConfig, "fusion": FusionPredictorConfig,
     "conf_features": ConfFeaturesPredictorConfig, "hidden_conf": HiddenConfPredictorConfig,
     "super_token": SuperTokenPredictorConfig},
-    PredictorConfig, base=PredictorBaseConfig, registered=predictor_names)
+    # a predictor registered without a schema reads the keys of one on a tapped layer (as a
+    # subclass of stopexp.signals.base.OnTappedLayer does)
+    PredictorConfig, base=OneLayerConfig, registered=predictor_names)
 # the predictors evaluated as they are, with no weights to fit (train.* and loss unread)
 UNTRAINED_PREDICTORS = ("statistic",)
 # the predictors whose head takes the position as an extra input (predictor.position_input)

@@ -71,6 +71,18 @@ class AllBut:
         return f"a {group} other than {'|'.join(self.options)}"
 
 
+@dataclass(frozen=True)
+class Given:
+    """The readers of a key: any value of the option key but null."""
+    what: str  # what the value is, as a message names it
+
+    def __contains__(self, option) -> bool:
+        return option is not None
+
+    def text(self, key: str) -> str:
+        return f"{key} set ({self.what})"
+
+
 READ_ONLY_BY = {
     # stopexp.training.fit: a statistic has no weights to fit (it is evaluated as is)
     **{f"train.{k}": ("predictor.name", AllBut(UNTRAINED_PREDICTORS))
@@ -92,6 +104,8 @@ READ_ONLY_BY = {
     "evaluate.retention": ("policy.name", ("topk",)),
     # replay and online Launch-Check-Resume evaluate every prompt of the bank's split
     "evaluate.max_prompts": ("search.name", ("beam",)),
+    # stopexp.store.bank_plan: the splits the difficulty band filters
+    "collect.keep_correct_splits": ("collect.keep_correct", Given("a band [lo, hi]")),
 }
 _GROUPS = {g.name: g for g in GROUPS if g.refuse_unread}
 
@@ -168,25 +182,31 @@ def unread_by_rule(cfg) -> list[tuple[str, str, str]]:
                         f"evaluate.methods without {' or '.join(readers)}"))
         else:  # a group's option by the group's name (predictor=mlp), another key by its own
             label = option_key.split(".")[0] if option_key.endswith(".name") else option_key
-            out.append((key, readers.text(label) if isinstance(readers, AllBut) else
+            out.append((key, readers.text(label) if hasattr(readers, "text") else
                         f"{label}={'|'.join(map(_shown, readers))}",
                         f"{label}={_shown(OmegaConf.select(cfg, option_key))}"))
     return out
 
 
 def _shown(value) -> str:
-    """A value as a command line writes it (true, not True)."""
-    return str(value).lower() if isinstance(value, bool) else str(value)
+    """A value as a command line writes it (true, not True; null, not None)."""
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _written(value) -> str:
+    """A value in a message: a config's as a container; null and booleans as a command line
+    writes them, anything else as Python shows it."""
+    if OmegaConf.is_config(value):
+        value = OmegaConf.to_container(value)
+    return _shown(value) if value is None or isinstance(value, bool) else repr(value)
 
 
 def check_unread(cfg) -> None:
     """Every key that the chosen options do not read is at its default."""
     for key, readers, chosen in [*unread_by_option(cfg), *unread_by_rule(cfg)]:
         if is_set(cfg, key):
-            value, default = OmegaConf.select(cfg, key), default_in(cfg, key)
-            shown = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
-            fail(key, f"{shown!r} is read only by {readers}, not under {chosen}; leave it "
-                      f"unset (default {default!r})")
+            fail(key, f"{_written(OmegaConf.select(cfg, key))} is read only by {readers}, not "
+                      f"under {chosen}; leave it unset (default {_written(default_in(cfg, key))})")
 
 
 def check_unread_overrides(cfg, overrides) -> None:
@@ -245,3 +265,27 @@ def check_bertscore_model_read(cfg) -> None:
         fail("evaluate.bertscore_model", f"{ev.bertscore_model!r} is read only with "
                                          "evaluate.text_metrics=true or evaluate.compare_beam=true; "
                                          "leave it unset (default null)")
+
+
+def check_block_size_read(cfg) -> None:
+    """engine.block_size: vLLM's paging unit (engine=vllm), and the unit of STEP's budget
+    (engine.kv_budget, read only with the method step); under engine=hf without a budget,
+    nothing reads it."""
+    e = cfg.engine
+    if e.name != "vllm" and e.kv_budget is None and is_set(cfg, "engine.block_size"):
+        fail("engine.block_size", f"{e.block_size} is read only by engine=vllm or by STEP's budget "
+                                  f"(engine.kv_budget), not under engine={e.name} without "
+                                  "engine.kv_budget; leave it unset (default "
+                                  f"{schema_default('engine.block_size')})")
+
+
+def check_score_rule_read(cfg) -> None:
+    """search.score_rule combines a path's scores over several checks: with one check
+    (search.check_at one prefix) last and running_mean are the same score. (search=beam
+    has a rule of its own: stopexp.config.cross.beam_scores_each_step.)"""
+    s = cfg.search
+    if s.name != "beam" and len(check_values(s.check_at)) == 1 and is_set(cfg, "search.score_rule"):
+        fail("search.score_rule", f"{s.score_rule!r} is read only with several checks "
+                                  f"(search.check_at a list of prefixes), not with the one check "
+                                  f"search.check_at={s.check_at}; leave it unset (default "
+                                  f"{schema_default('search.score_rule')!r})")

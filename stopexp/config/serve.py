@@ -3,10 +3,11 @@ server over the configured engine (stopexp/serve/), and its checks."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 from stopexp.config.ranges import at_least, fail, within
+from stopexp.core.limits import count
 from stopexp.core.names import ALWAYS_METHODS, ORACLE_METHODS, lookup, method_name, names, predictor_names, runs_the_lm
 
 # stopping methods that run inside the paths but not in a server, and why
@@ -25,7 +26,9 @@ class ServeConfig:
     method: str = "learned"
     max_concurrent: int = 64          # requests in the engine at once; later ones wait in turn
     max_n: int = 64                   # the most paths (`paths`) a request may ask for
-    max_tokens: Optional[int] = None  # the most `max_tokens` a request may ask; null: search.max_new_tokens
+    # the most `max_tokens` a request may ask (below the model's positions, with room for a
+    # prompt); null: search.max_new_tokens
+    max_tokens: Optional[int] = field(default=None, metadata=count("positions", below=True))
     # /v1/completions wraps the prompt in the model's chat template as the stages do (the
     # paths the predictor learned on); false: the prompt is encoded as it is
     completions_template: bool = True

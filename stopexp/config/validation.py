@@ -15,11 +15,12 @@ from stopexp.config import (adapt, answers_replay, collect, cross, engine, evalu
                             policy, predictor, reward, search, serve, tap, task)
 from stopexp.config.limits import check_bounds, check_whole
 from stopexp.config.machine import check_machine
-from stopexp.config.option_files import check_option_files
+from stopexp.config.option_files import check_bool_files, check_option_files
 from stopexp.config.options import view_of
 from stopexp.config.ranges import at_least, fail, get, n_layers_of
 from stopexp.config.reads import (ALLOWED, check_beam_width_read, check_bertscore_model_read,
-                                  check_sweeps_read, check_unread)
+                                  check_block_size_read, check_score_rule_read, check_sweeps_read,
+                                  check_unread)
 from stopexp.config.root import GROUPS
 from stopexp.core.errors import ConfigError
 
@@ -117,6 +118,8 @@ RULES = (
     (check_unread, STAGES),
     (check_bounds, STAGES),  # after check_unread: a key nothing reads is named as such first
     (check_beam_width_read, STAGES),
+    (check_block_size_read, STAGES),
+    (check_score_rule_read, STAGES),
     (task.task_draws_the_prompts, STAGES),  # after the rules on values: it draws the problems
     (cross.bank_has_training_prompts, TRAINING),
     (evaluate.check_evaluate, EVALUATING),
@@ -156,6 +159,7 @@ def validate(cfg: DictConfig, runtime=None, machine: bool = True) -> DictConfig:
         runtime = cfg.hydra.runtime
     if runtime is not None:
         check_option_files(cfg, runtime)
+        check_bool_files(runtime)
     for key, allowed in ALLOWED.items():
         v = get(cfg, key)
         if v is not None and v not in allowed:

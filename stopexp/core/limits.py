@@ -12,9 +12,10 @@ it must stay under it."""
 from __future__ import annotations
 
 # what a count may not exceed: the paths of a prompt, the tokens of a path, the LM's
-# vocabulary and the width of its hidden state, the trace bank's train prompts and the
-# prompts of the evaluated split
-BOUNDS = ("n_paths", "max_new_tokens", "vocab", "width", "train_prompts", "split_prompts")
+# vocabulary, the width of its hidden state and its positions (engine.max_model_len under
+# vLLM), the trace bank's train prompts and the prompts of the evaluated split
+BOUNDS = ("n_paths", "max_new_tokens", "vocab", "width", "positions", "train_prompts",
+          "split_prompts")
 
 
 def count(bound: str | None = None, share: bool = False, below: bool = False) -> dict:

@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 from stopexp.core.added_keys import PREDICTOR_KEYS_ADDED
 from stopexp.core.errors import UserError, error_text, writing
 from stopexp.runtime.artifacts import plain, publish_dir, staging_dir, write_json
-from stopexp.runtime.integrity import file_problem, file_record
+from stopexp.runtime.integrity import file_problem, file_record, records_problem
 from stopexp.signals import FeatureSpec, build_predictor
 
 WEIGHTS, META = "predictor.safetensors", "predictor.json"
@@ -112,6 +112,20 @@ def check_trained_on(meta: dict, current: dict | None, where: Path) -> None:
                               + REBUILD.format(dir=where), why)
 
 
+def meta_problem(meta) -> str | None:
+    """Why META read back is not one that `save_predictor` writes (edited, or garbled into
+    valid JSON), or None: the predictor config and the feature spec are objects, the weights'
+    record a size and SHA-256."""
+    if not isinstance(meta, dict):
+        return f"it is {type(meta).__name__}, an object expected"
+    for field in ("predictor", "feature_spec"):
+        if not isinstance(meta.get(field), dict):
+            return f"it records {field}={meta.get(field)!r}, an object expected"
+    if "weights" in meta:
+        return records_problem({WEIGHTS: meta["weights"]})
+    return None
+
+
 def read_checkpoint(ckpt_dir: Path, pred_cfg) -> dict:
     """The checkpoint's metadata, its weights file checked against the recorded size and
     SHA-256 (checkpoints saved without a record: only that the file is there). Raises
@@ -122,11 +136,11 @@ def read_checkpoint(ckpt_dir: Path, pred_cfg) -> dict:
     path = ckpt_dir / META
     try:
         meta = json.loads(path.read_text())
-        if not isinstance(meta, dict) or not {"predictor", "feature_spec"} <= set(meta) \
-                or not isinstance(meta["predictor"], dict):
-            raise ValueError("not a predictor checkpoint's metadata")
+        problem = meta_problem(meta)
+        if problem:
+            raise ValueError(problem)
     except (OSError, ValueError) as e:
-        raise CheckpointDamaged(f"predictor checkpoint file {path} is missing or unreadable "
+        raise CheckpointDamaged(f"predictor checkpoint file {path} is missing, unreadable or malformed "
                                 f"({error_text(e, 120)}); " + REBUILD.format(dir=ckpt_dir)) from e
     if meta.get("key", ckpt_dir.name) != ckpt_dir.name:
         raise CheckpointMismatch(f"predictor checkpoint {ckpt_dir} does not fit this config: its "

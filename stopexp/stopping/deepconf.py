@@ -45,7 +45,7 @@ class DeepConfOnline(StoppingMethod):
     """DeepConf online's settings: warmup, the warm-up paths per prompt (below 1: a share
     of N; this project's 0.25, see the module doc), and keep_percent (the threshold is the
     (100 - keep_percent)-th percentile of their lowest group confidences)."""
-    warmup: float = field(default=0.25, metadata=count(share=True))
+    warmup: float = field(default=0.25, metadata=count("n_paths", share=True, below=True))
     keep_percent: float = KEEP_PERCENT
     name: ClassVar[str] = "deepconf_online"
     source: ClassVar[str] = SOURCE

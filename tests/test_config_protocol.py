@@ -57,7 +57,7 @@ def test_the_allowed_neighbours_pass(overrides):
     (["search.beam_checks=[0.08]"], "search.beam_checks",
      "[0.08] is read only by search=beam, not under search=parallel"),
     (["search.refill=false"], "search.refill",
-     "False is read only by search=beam, not under search=parallel"),
+     "false is read only by search=beam, not under search=parallel"),
     (["evaluate.vote_top=0.2"], "evaluate.vote_top",
      "0.2: only evaluate.vote=filtered reads it, not vote=majority"),
     (["evaluate.select=signal", "evaluate.vote=weighted"], "evaluate.vote",

@@ -83,9 +83,9 @@ def test_stopping_outcomes_by_hand(paths):
      r"evaluate.stopping.adaptive_consistency.threshold: must lie in \(0, 1\], got 1.5"),
     ("evaluate.stopping.deepconf_top.keep_percent=0",
      r"evaluate.stopping.deepconf_top.keep_percent: must lie in \(0, 100\]"),
-    ("evaluate.stopping.deepconf_online.warmup=8", "evaluate.stopping.deepconf_online.warmup: 8.0 "
-                                                   r"gives 8 warm-up paths; they must lie in 1..7 "
-                                                   r"\(below search.n_paths\)"),
+    ("evaluate.stopping.deepconf_online.warmup=8", r"evaluate.stopping.deepconf_online.warmup: 8 "
+                                                   r"reaches the 8 paths of a prompt \(search.n_paths\); "
+                                                   r"give at most 7"),
 ])
 def test_stopping_settings_fail_before_compute(override, message):
     from conftest import compose

@@ -11,6 +11,7 @@ prefix cache is sized where its LM has loaded (`prefix_cache_budget`, called by 
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -107,6 +108,7 @@ _GGUF_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12:
 _GGUF_INTS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 10: "Q", 11: "q"}
 
 
+@functools.lru_cache(maxsize=8)  # every validation asks (bounds, positions): read it once
 def _from_gguf(path: Path) -> Shape | None:
     """The shape in a GGUF file's header (its key-value pairs, read up to the ones needed;
     the gguf package's reader parses the whole vocabulary first, seconds)."""
